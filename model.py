@@ -1,0 +1,482 @@
+"""
+One Llama-style decoder whose attention switches by one flag between the variants compared in
+"Affine-Scaled Attention: Towards Flexible and Stable Transformer Attention" (Bae et al.):
+
+    softmax       Eq. 1   softmax(QK^T/sqrt(d)) V                        (the baseline)
+    sink          Eq. 3   a learnable logit s_h joins every softmax denominator (gpt-oss)
+    gated         Eq. 4-5 SDPA(Q,K,V) * sigmoid(X W_g)                 (Qiu et al. 2025, "G1")
+    affine        Eq. 6-9 [alpha(X) softmax(QK^T/sqrt(d)) + beta(X)] V  (this paper)
+    affine_gated  Table 2 affine, then the gate of `gated`
+
+None of them builds the T x T attention matrix: every variant is a fused SDPA/flash kernel plus
+O(T) work (see Attention.forward). Parameter names follow Hugging Face's Llama/Qwen2 layout, so
+the state_dict of a softmax model is an HF checkpoint and vice versa.
+"""
+import math
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+ATTENTIONS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
+AFFINE_ACTS = ('linear_clip', 'sigmoid')
+AFFINE_BIAS_NORMS = ('seq_len', 'visible')
+IGNORE_INDEX = -100  # targets with this value are left out of the loss (PyTorch's default)
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int = 4  # < n_head: grouped-query attention (n_head // n_kv_head queries share a key)
+    n_embd: int = 128
+    intermediate_size: int = 344  # SwiGLU hidden width
+    vocab_size: int = 512
+    block_size: int = 256  # longest sequence the model is used with (KV cache size, generate's window)
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None  # HF's Llama-3 dict: {'rope_type': 'llama3', 'factor': 32.0, ...}
+    rms_norm_eps: float = 1e-5
+    qkv_bias: bool = False  # Qwen1.5/Qwen2 have biases on q/k/v (not on o)
+    tie_embeddings: bool = False
+    init_std: float = 0.02  # HF's initializer_range
+    attention: str = 'softmax'  # one of ATTENTIONS
+    affine_act: str = 'linear_clip'  # phi of Eq. 7: Eq. 11 (paper default) or sigmoid (Eq. 10, Table 3 ablation)
+    affine_momentum: float = 0.9  # rho of Eq. 9
+    # N of Eq. 8. 'seq_len': the key sequence length of the call (the paper's wording; with right padding
+    # each sequence's real length). 'visible': N_i = i + 1, the keys query i sees (every row then sums to alpha_ma).
+    affine_bias_norm: str = 'seq_len'
+
+    def __post_init__(self):
+        for name, value, choices in [('attention', self.attention, ATTENTIONS), ('affine_act', self.affine_act, AFFINE_ACTS),
+                                     ('affine_bias_norm', self.affine_bias_norm, AFFINE_BIAS_NORMS)]:
+            if value not in choices:
+                raise ValueError(f"ModelConfig.{name}={value!r}; valid values: {', '.join(choices)}")
+        if self.n_embd % self.n_head or self.n_head % self.n_kv_head or (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"need n_embd % n_head == 0, n_head % n_kv_head == 0 and an even head_dim; got "
+                             f"n_embd={self.n_embd}, n_head={self.n_head}, n_kv_head={self.n_kv_head}")
+        if not 0.0 <= self.affine_momentum <= 1.0:
+            raise ValueError(f"ModelConfig.affine_momentum={self.affine_momentum} must be in [0, 1]")
+        if self.rope_scaling is not None:
+            need = {'rope_type', 'factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'}
+            if self.rope_scaling.get('rope_type') != 'llama3' or not need <= set(self.rope_scaling):
+                raise ValueError(f"rope_scaling must be None or Llama-3's dict with keys {sorted(need)} and "
+                                 f"rope_type='llama3'; got {self.rope_scaling}")
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+
+FIELD_NAMES = tuple(f.name for f in fields(ModelConfig))
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks shared by every variant: RMSNorm, RoPE, SwiGLU
+
+def at_least_fp32(t):
+    """Upcast half precision to float32 for norms, exponentials and sums; float64 stays float64."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in float32, scale in the input dtype: the order HF's LlamaRMSNorm uses
+        xf = at_least_fp32(x)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_cos_sin(config, positions):
+    """cos/sin tables (T, head_dim) for the given absolute positions, HF rotate-half layout.
+    Computed per forward from the config (cheap: T x head_dim/2) rather than stored, so a model built
+    on the meta device needs no buffer re-initialisation."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, device=positions.device).float() / dim))
+    if config.rope_scaling is not None:  # Llama 3.1 frequency scaling (HF "llama3" rope_type)
+        s = config.rope_scaling
+        old_ctx, low, high, factor = (s['original_max_position_embeddings'], s['low_freq_factor'],
+                                      s['high_freq_factor'], s['factor'])
+        wavelen = 2 * math.pi / inv_freq
+        smooth = ((old_ctx / wavelen - low) / (high - low)).clamp(0.0, 1.0)  # 0: long waves, 1: short waves
+        inv_freq = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x: (B, H, T, D). Rotate-half convention: pairs (i, i + D/2), as in HF-format checkpoints."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention sink (Eq. 3) with O(T) memory: a flash kernel's output and log-sum-exp, corrected
+
+def linear_clip(x):
+    """Eq. 11: 0 for x <= -5, 0.1 x + 0.5 in between, 1 for x >= 5."""
+    return (0.1 * x + 0.5).clamp(0.0, 1.0)
+
+
+def _flash_forward(q, k, v, is_causal):
+    """Fused attention that also returns lse_i = logsumexp_j(q_i.k_j / sqrt(d)) over the visible keys.
+    PyTorch exposes the LSE only through backend-specific aten ops; `state` is what that kernel's
+    backward needs besides (q, k, v, out, lse)."""
+    aten = torch.ops.aten
+    if q.device.type == 'cpu':
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal)
+        return out, lse, ()
+    if q.dtype in (torch.float16, torch.bfloat16):  # CUDA FlashAttention-2
+        out, lse, *state, _ = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal)
+        return out, lse, tuple(state)  # cum_seq_q, cum_seq_k, max_q, max_k, philox seed, offset
+    # CUDA float32: the memory-efficient kernel; its lse is padded along T (to a multiple of 32)
+    out, lse_padded, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, is_causal)
+    return out, lse_padded[..., :q.size(2)], (lse_padded, seed, offset)
+
+
+def _flash_backward(grad_out, q, k, v, out, lse, is_causal, state):
+    """(dq, dk, dv) from the kernel's own backward, for the output `out` and normaliser `lse` given."""
+    aten = torch.ops.aten
+    if q.device.type == 'cpu':
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, lse, 0.0, is_causal)
+    if len(state) == 6:
+        cum_q, cum_k, max_q, max_k, seed, offset = state
+        return aten._scaled_dot_product_flash_attention_backward(
+            grad_out, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, is_causal, seed, offset)
+    lse_padded, seed, offset = state
+    lse_padded = lse_padded.clone()
+    lse_padded[..., :q.size(2)] = lse
+    return aten._scaled_dot_product_efficient_attention_backward(
+        grad_out, q, k, v, None, out, lse_padded, seed, offset, 0.0, [True, True, True, False], is_causal)[:3]
+
+
+class SinkAttention(torch.autograd.Function):
+    """Eq. 3 exactly, without a T x T matrix. The sink adds e^s to every softmax denominator, so with
+    lse_i from a flash kernel:  out'_i = out_i * exp(lse_i - lse'_i),  lse'_i = logaddexp(lse_i, s).
+    Backward: flash backward recomputes P = exp(S - lse') and uses rowsum(dO * O'), so handing it
+    (O', lse') differentiates the sink-normalised weights exactly; and, with p_sink,i = exp(s - lse'_i),
+    d s = -sum_i p_sink,i * rowsum(dO_i * O'_i)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, is_causal):
+        out, lse, ctx.state = _flash_forward(q, k, v, is_causal)
+        lse = at_least_fp32(lse)
+        lse_sink = torch.logaddexp(lse, sinks.to(lse.dtype).view(1, -1, 1))
+        out = (at_least_fp32(out) * torch.exp(lse - lse_sink).unsqueeze(-1)).to(q.dtype)
+        ctx.save_for_backward(q, k, v, sinks, out, lse_sink.to(lse.dtype))
+        ctx.is_causal = is_causal
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, sinks, out, lse_sink = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        dq, dk, dv = _flash_backward(grad_out, q, k, v, out, lse_sink, ctx.is_causal, ctx.state)
+        lse_sink = at_least_fp32(lse_sink)
+        p_sink = torch.exp(sinks.to(lse_sink.dtype).view(1, -1, 1) - lse_sink)
+        dsinks = -(p_sink * (at_least_fp32(grad_out) * at_least_fp32(out)).sum(-1)).sum(dim=(0, 2))
+        return dq, dk, dv, dsinks.to(sinks.dtype), None
+
+
+def sink_attention_explicit(q, k, v, sinks, is_causal):
+    """Eq. 3 with the explicit (T x T) weight matrix: the fallback for devices without an LSE-returning
+    kernel (anything but CPU and CUDA), and the slow reference the benchmark compares against."""
+    scores = at_least_fp32(q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    if is_causal:
+        T_q, T_k = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).triu(1), float('-inf'))
+    sink_column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    weights = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
+    return (weights.to(v.dtype) @ v)
+
+
+def sink_attention(q, k, v, sinks, is_causal):
+    if q.size(1) != k.size(1):  # the LSE-returning ops take equal head counts
+        k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
+    if q.device.type in ('cpu', 'cuda'):
+        return SinkAttention.apply(q, k, v, sinks, is_causal)
+    return sink_attention_explicit(q, k, v, sinks, is_causal)
+
+
+# ----------------------------------------------------------------------------------------------
+# The attention layer: one module, five variants
+
+class KVCache:
+    """Keys and values of one layer for incremental decoding; affine also keeps the running sum of V."""
+
+    def __init__(self, max_len):
+        self.max_len, self.length = max_len, 0
+        self.k = self.v = None
+        self.v_sum = 0.0  # sum of all cached values (float32), for affine's beta term
+
+    def update(self, k, v):
+        if self.k is None:  # allocate on first use, in the dtype/device the layer actually produces
+            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
+            self.k, self.v = k.new_empty(shape), v.new_empty(shape)
+        start, self.length = self.length, self.length + k.size(2)
+        self.k[:, :, start:self.length], self.v[:, :, start:self.length] = k, v
+        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+
+
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        H, H_kv, D, C = config.n_head, config.n_kv_head, config.head_dim, config.n_embd
+        self.q_proj = nn.Linear(C, H * D, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(C, H_kv * D, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(C, H_kv * D, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(H * D, C, bias=False)
+        if config.attention == 'sink':
+            self.sinks = nn.Parameter(torch.zeros(H))  # s_h of Eq. 3, one logit per head
+        if config.attention in ('gated', 'affine_gated'):
+            self.g_proj = nn.Linear(C, H * D, bias=False)  # W_g of Eq. 5: one gate per output channel
+        if config.attention in ('affine', 'affine_gated'):
+            self.alpha_proj = nn.Linear(C, H, bias=False)  # W_alpha of Eq. 7: one scale per (token, head)
+            self.register_buffer('alpha_ma', torch.zeros(H))  # Eq. 9, alpha_ma,0 = 0; saved in checkpoints
+            # sum of alpha and token count since the last update_alpha_ma() (train mode only)
+            self.register_buffer('alpha_sum', torch.zeros(H), persistent=False)
+            self.register_buffer('alpha_count', torch.zeros(()), persistent=False)
+
+    def forward(self, x, cos, sin, positions, seq_lens=None, cache=None):
+        """x: (B, T, C), the normed hidden state X that feeds q/k/v, alpha and the gate."""
+        B, T, _ = x.shape
+        H, H_kv, D = self.config.n_head, self.config.n_kv_head, self.config.head_dim
+        q = apply_rope(self.q_proj(x).view(B, T, H, D).transpose(1, 2), cos, sin)
+        k = apply_rope(self.k_proj(x).view(B, T, H_kv, D).transpose(1, 2), cos, sin)
+        v = self.v_proj(x).view(B, T, H_kv, D).transpose(1, 2)
+        v_new = v
+        # prefill (empty cache) is causal; later calls decode one token that sees every cached key
+        is_causal = cache is None or cache.length == 0
+        if cache is not None:
+            if not is_causal and T != 1:
+                raise ValueError(f"a KV cache holding {cache.length} tokens takes one new token per call, got {T}")
+            k, v = cache.update(k, v)
+
+        attention = self.config.attention
+        if attention == 'sink':
+            y = sink_attention(q, k, v, self.sinks, is_causal)  # Eq. 3
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=H != H_kv)  # Eq. 1
+
+        if attention in ('affine', 'affine_gated'):
+            # Eq. 7: alpha = phi(W_alpha X), one scale per (token, head); float32 for the bias arithmetic
+            a = at_least_fp32(self.alpha_proj(x))
+            alpha = linear_clip(a) if self.config.affine_act == 'linear_clip' else torch.sigmoid(a)  # Eq. 11 / 10
+            if self.training:
+                self._accumulate_alpha(alpha, positions, seq_lens)
+            alpha = alpha.transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
+            # Eq. 6 + 8 on visible keys j <= i only (adding beta to future keys would leak them):
+            #   sum_j [alpha_i a_ij + (alpha_ma - alpha_i)/N] V_j = alpha_i SDPA_i + (alpha_ma - alpha_i) (sum_{j<=i} V_j)/N
+            # so a causal running sum of V replaces the T x T matrix.
+            v_cumsum = at_least_fp32(v_new).cumsum(dim=2)
+            if cache is not None:
+                v_cumsum = v_cumsum + cache.v_sum
+                cache.v_sum = v_cumsum[:, :, -1:]
+            if self.config.affine_bias_norm == 'visible':
+                N = (positions + 1).view(1, 1, T, 1)  # the keys query i can see
+            elif seq_lens is not None:
+                N = seq_lens.view(B, 1, 1, 1)  # right padding: each sequence's real length
+            else:
+                N = k.size(2)  # key length of this call (with a cache: every cached key)
+            G = H // H_kv  # GQA: query heads h = g*G .. g*G+G-1 share value head g
+            v_mean = (v_cumsum / N).unsqueeze(2)  # (B, H_kv, 1, T, D), broadcast over the G query heads
+            beta_scale = self.alpha_ma.view(1, H_kv, G, 1, 1) - alpha.view(B, H_kv, G, T, 1)
+            y = (alpha.view(B, H_kv, G, T, 1) * y.view(B, H_kv, G, T, D) + beta_scale * v_mean)
+            y = y.view(B, H, T, D).to(q.dtype)
+
+        y = y.transpose(1, 2).reshape(B, T, H * D)
+        if attention in ('gated', 'affine_gated'):
+            y = y * torch.sigmoid(self.g_proj(x))  # Eq. 4-5: elementwise gate after SDPA, before o_proj
+        return self.o_proj(y)
+
+    def _accumulate_alpha(self, alpha, positions, seq_lens):
+        """Add this micro-batch's sum of alpha (per head) and token count; padding is left out."""
+        alpha = alpha.detach()
+        if seq_lens is None:
+            self.alpha_sum += alpha.sum(dim=(0, 1))
+            self.alpha_count += alpha.size(0) * alpha.size(1)
+        else:
+            real = (positions[None, :] < seq_lens[:, None]).unsqueeze(-1)  # (B, T, 1)
+            self.alpha_sum += (alpha * real).sum(dim=(0, 1))
+            self.alpha_count += real.sum()
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.n_embd, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.n_embd, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, positions, seq_lens=None, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, seq_lens, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# The model
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.model = nn.ModuleDict(dict(
+            embed_tokens=nn.Embedding(config.vocab_size, config.n_embd),
+            layers=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            norm=RMSNorm(config.n_embd, config.rms_norm_eps),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        """HF Llama's init: normal(0, init_std) for matrices (and the sink logits, as gpt-oss), zero biases,
+        unit norms, alpha_ma = 0. Also what a meta-device model needs after to_empty()."""
+        std = self.config.init_std
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, 'bias', None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+        elif isinstance(module, Attention):
+            if hasattr(module, 'sinks'):
+                nn.init.normal_(module.sinks, mean=0.0, std=std)
+            for name in ('alpha_ma', 'alpha_sum', 'alpha_count'):
+                if hasattr(module, name):
+                    getattr(module, name).zero_()
+
+    def forward(self, idx, targets=None, *, seq_lens=None, kv_caches=None, return_hidden=False):
+        """idx: (B, T) token ids. Returns (logits (B, T, vocab) for every position, mean cross-entropy
+        against targets or None); with return_hidden=True the final normed hidden states (B, T, n_embd)
+        replace the logits (for fused losses that apply lm_head chunk by chunk).
+        seq_lens: (B,) real lengths of right-padded sequences (affine's N). kv_caches: one KVCache per layer."""
+        B, T = idx.shape
+        start = kv_caches[0].length if kv_caches else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
+        if seq_lens is not None and (seq_lens.shape != (B,) or seq_lens.min() < 1 or seq_lens.max() > T):
+            raise ValueError(f"seq_lens must have shape ({B},) with values in [1, {T}], got {seq_lens.tolist()}")
+        if return_hidden and targets is not None:
+            raise ValueError("return_hidden=True returns hidden states, not logits: compute the loss yourself")
+        positions = torch.arange(start, start + T, device=idx.device)
+        cos, sin = rope_cos_sin(self.config, positions)
+        x = self.model.embed_tokens(idx)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, positions, seq_lens, kv_caches[i] if kv_caches else None)
+        x = self.model.norm(x)
+        if return_hidden:
+            return x, None
+        logits = self.lm_head(x)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+        return logits, loss
+
+    @torch.no_grad()
+    def update_alpha_ma(self):
+        """Eq. 9, once per optimizer step: alpha_ma <- rho * alpha_ma + (1 - rho) * E[alpha], E over every
+        token of the global batch. Each train-mode forward added its sum of alpha and token count; here they
+        are summed over DDP ranks (one all_reduce of a few numbers per layer) and cleared. The mean is
+        therefore the same however the global batch is split into micro-batches and ranks.
+        Our reading of the paper, where it is silent: the forward of step t uses the stored alpha_ma,t-1
+        (a constant, no gradient), and alpha_ma,t includes step t's batch. Eval-mode forwards add
+        nothing, so this never changes alpha_ma for them. Under DDP, wrap the model with
+        broadcast_buffers=False so rank 0 does not overwrite the other ranks' sums.
+        Returns the number of tokens averaged (0: nothing accumulated, nothing changed)."""
+        layers = [m for m in self.modules() if isinstance(m, Attention) and hasattr(m, 'alpha_ma')]
+        if not layers:
+            return 0
+        stats = torch.stack([torch.cat([m.alpha_sum, m.alpha_count.view(1)]) for m in layers])  # (L, H + 1)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(stats)
+        count = int(stats[0, -1].item())
+        rho = self.config.affine_momentum
+        for m, s in zip(layers, stats):
+            if count > 0:
+                m.alpha_ma.mul_(rho).add_((1 - rho) * s[:-1] / s[-1])
+            m.alpha_sum.zero_()
+            m.alpha_count.zero_()
+        return count
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=None):
+        """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 is greedy. Contexts longer than
+        block_size keep their last block_size tokens (the cache is refilled then). With a KV cache the
+        result equals recomputing the full sequence each step, except for affine with
+        affine_bias_norm='seq_len': there N is the length of the whole call, so cached keys of earlier
+        steps would have been computed with a different N. That case recomputes by default;
+        use_cache=True forces the cache anyway (N = current key length, an approximation)."""
+        if temperature < 0 or (top_k is not None and top_k < 1):
+            raise ValueError(f"need temperature >= 0 and top_k >= 1 or None, got {temperature}, {top_k}")
+        cfg = self.config
+        if use_cache is None:
+            use_cache = not (cfg.attention in ('affine', 'affine_gated') and cfg.affine_bias_norm == 'seq_len')
+        caches = None
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits, _ = self(idx[:, -cfg.block_size:])
+            elif caches is None or caches[0].length == cfg.block_size:  # (re)fill the cache
+                caches = [KVCache(cfg.block_size) for _ in range(cfg.n_layer)]
+                logits, _ = self(idx[:, -cfg.block_size:], kv_caches=caches)
+            else:
+                logits, _ = self(idx[:, -1:], kv_caches=caches)
+            logits = logits[:, -1, :].float()
+            if temperature == 0:
+                next_token = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, float('-inf'))
+                next_token = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, next_token), dim=1)
+        return idx
+
+    def get_num_params(self):
+        """Number of parameters, tied embeddings counted once."""
+        return sum(p.numel() for p in self.parameters())
+
+    def configure_optimizers(self, weight_decay, lr, betas, fused=None):
+        """AdamW; matrices (embeddings and projections) decay, vectors (norms, biases, sinks) do not."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
+                  {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+        if fused is None:
+            fused = all(p.device.type == 'cuda' for p in params)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
+
+    def flops_per_token(self, seq_len=None):
+        """Training FLOPs per token (PaLM, appendix B): 6 x (weights used in matmuls, lm_head included even
+        when tied) + 12 x n_layer x n_head x head_dim x seq_len for QK^T and AV (causal masking not credited)."""
+        cfg = self.config
+        matmul_weights = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        return 6 * matmul_weights + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * (seq_len or cfg.block_size)
+
+    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops, seq_len=None):
+        """Model FLOPs utilisation: fwdbwd_per_iter sequences of seq_len tokens took dt seconds; peak_flops is
+        the device's peak (measure it, e.g. bench.py; nothing is hard-coded here)."""
+        seq_len = seq_len or self.config.block_size
+        return self.flops_per_token(seq_len) * seq_len * fwdbwd_per_iter / dt / peak_flops

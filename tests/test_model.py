@@ -1,0 +1,418 @@
+"""model.py against slow, obviously-correct references.
+
+The reference below builds the explicit masked T x T attention matrix in float64 straight from the
+paper's equations (Eq. 1, 3, 4-5, 6-8, 10-11) and its own RoPE (pairwise rotations, not model.py's
+tables), then the fast path (flash/SDPA + O(T) identities, custom sink backward) must match it,
+forward and backward, on fresh random inputs.
+"""
+import copy
+import math
+
+import pytest
+import torch
+
+from model import ATTENTIONS, GPT, Attention, KVCache, ModelConfig, rope_cos_sin, sink_attention_explicit
+
+torch.set_num_threads(2)
+
+
+def tiny_config(**kw):
+    base = dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=48, vocab_size=97,
+                block_size=64, rope_theta=10000.0)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+# ------------------------------------------------------------------------------------------------
+# The reference: explicit attention matrix, float64
+
+def reference_angles(T, D, theta):
+    inv_freq = [theta ** (-2.0 * i / D) for i in range(D // 2)]
+    return torch.tensor([[p * f for f in inv_freq] for p in range(T)], dtype=torch.float64)  # (T, D/2)
+
+
+def reference_rotate(t, angles):
+    """Rotate pairs (i, i + D/2) by angle[pos, i]: the rotate-half RoPE convention. t: (B, T, H, D)."""
+    half = t.size(-1) // 2
+    c, s = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+    t1, t2 = t[..., :half], t[..., half:]
+    return torch.cat([t1 * c - t2 * s, t2 * c + t1 * s], dim=-1)
+
+
+def reference_attention(attn, x, angles, seq_lens=None):
+    """Attention layer output from the paper's equations with an explicit (B, H, T, T) matrix."""
+    cfg = attn.config
+    p = {n: t.double() for n, t in attn.named_parameters()}
+    x = x.double()
+    B, T, _ = x.shape
+    H, H_kv, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+
+    def proj(name):
+        y = x @ p[f'{name}.weight'].T
+        return y + p[f'{name}.bias'] if f'{name}.bias' in p else y
+
+    q = reference_rotate(proj('q_proj').view(B, T, H, D), angles)
+    k = reference_rotate(proj('k_proj').view(B, T, H_kv, D), angles)
+    v = proj('v_proj').view(B, T, H_kv, D)
+    kv_head = [h // (H // H_kv) for h in range(H)]  # GQA: query head h reads key/value head h // G
+    k, v = k[:, :, kv_head], v[:, :, kv_head]
+    scores = torch.einsum('bihd,bjhd->bhij', q, k) / math.sqrt(D)
+    visible = torch.ones(T, T, dtype=torch.bool).tril()  # key j visible to query i iff j <= i
+    exp_scores = torch.where(visible, scores.exp(), torch.zeros(()))
+    denominator = exp_scores.sum(-1, keepdim=True)
+    if cfg.attention == 'sink':  # Eq. 3: e^{s_h} joins the denominator
+        denominator = denominator + p['sinks'].exp().view(1, H, 1, 1)
+    A = exp_scores / denominator  # Eq. 1 / Eq. 3
+    if cfg.attention in ('affine', 'affine_gated'):
+        a = x @ p['alpha_proj.weight'].T  # (B, T, H)
+        if cfg.affine_act == 'linear_clip':  # Eq. 11, written piecewise
+            alpha = torch.where(a <= -5, torch.zeros(()), torch.where(a >= 5, torch.ones(()), 0.1 * a + 0.5))
+        else:
+            alpha = 1 / (1 + torch.exp(-a))  # Eq. 10
+        alpha = alpha.permute(0, 2, 1)[..., None]  # (B, H, T, 1)
+        if cfg.affine_bias_norm == 'visible':
+            N = torch.arange(1, T + 1, dtype=torch.float64).view(1, 1, T, 1)
+        elif seq_lens is not None:
+            N = seq_lens.double().view(B, 1, 1, 1)
+        else:
+            N = float(T)
+        beta = (attn.alpha_ma.double().view(1, H, 1, 1) - alpha) / N  # Eq. 8
+        A = alpha * A + beta * visible  # Eq. 6, beta on visible keys only
+    y = torch.einsum('bhij,bjhd->bihd', A, v).reshape(B, T, H * D)
+    if cfg.attention in ('gated', 'affine_gated'):
+        y = y * torch.sigmoid(x @ p['g_proj.weight'].T)  # Eq. 4-5
+    return y @ p['o_proj.weight'].T
+
+
+def random_attention(cfg, dtype):
+    attn = Attention(cfg)
+    for name, t in attn.named_parameters():  # fresh random weights, larger than init so the math is exercised
+        torch.nn.init.normal_(t, std=0.3 if name != 'sinks' else 1.0)
+    if hasattr(attn, 'alpha_ma'):
+        attn.alpha_ma.uniform_(0.2, 0.8)
+    return attn.to(dtype)
+
+
+def grads_of(attn, x, out, weight):
+    (out * weight).sum().backward()
+    g = {n: t.grad.double().clone() for n, t in attn.named_parameters()}
+    g['input'] = x.grad.double().clone()
+    return g
+
+
+VARIANTS = [(a, act, norm) for a in ATTENTIONS for act, norm in
+            ([('linear_clip', 'seq_len'), ('sigmoid', 'seq_len'), ('linear_clip', 'visible')]
+             if a.startswith('affine') else [('linear_clip', 'seq_len')])]
+
+
+@pytest.mark.parametrize('attention,act,bias_norm', VARIANTS)
+@pytest.mark.parametrize('qkv_bias', [False, True])
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-10), (torch.float32, 2e-5)])
+def test_attention_matches_explicit_reference(attention, act, bias_norm, qkv_bias, dtype, tol):
+    torch.manual_seed(hash((attention, act, bias_norm, qkv_bias)) % 2**31)
+    cfg = tiny_config(attention=attention, affine_act=act, affine_bias_norm=bias_norm, qkv_bias=qkv_bias)
+    B, T = 3, 37
+    attn = random_attention(cfg, dtype)
+    ref_attn = copy.deepcopy(attn).double()
+    x = torch.randn(B, T, cfg.n_embd, dtype=dtype, requires_grad=True)
+    x_ref = x.detach().double().requires_grad_()
+    angles = reference_angles(T, cfg.head_dim, cfg.rope_theta)
+    emb = torch.cat([angles, angles], dim=-1)  # the module takes cos/sin tables; feed it the reference angles
+    positions = torch.arange(T)
+
+    out = attn(x, emb.cos().to(dtype), emb.sin().to(dtype), positions)
+    ref = reference_attention(ref_attn, x_ref, angles)
+    scale = ref.abs().max()
+    assert (out.double() - ref).abs().max() <= tol * scale
+
+    weight = torch.randn_like(ref)
+    g, g_ref = grads_of(attn, x, out, weight.to(dtype)), grads_of(ref_attn, x_ref, ref, weight)
+    assert set(g) == set(g_ref)
+    for name in g:
+        err = (g[name] - g_ref[name]).abs().max() / g_ref[name].abs().max().clamp_min(1e-12)
+        assert err <= 10 * tol, f'gradient of {name}: relative error {err:.2e}'
+
+
+def test_sink_explicit_fallback_matches_reference():
+    torch.manual_seed(1)
+    B, H, T, D = 2, 3, 19, 8
+    q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    sinks = torch.randn(H, dtype=torch.float64, requires_grad=True)
+    from model import SinkAttention
+    fast = SinkAttention.apply(q, k, v, sinks, True)
+    slow = sink_attention_explicit(q, k, v, sinks, True)
+    torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
+    w = torch.randn_like(fast)
+    g_fast = torch.autograd.grad((fast * w).sum(), (q, k, v, sinks))
+    g_slow = torch.autograd.grad((slow * w).sum(), (q, k, v, sinks))
+    for a, b in zip(g_fast, g_slow):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    # a sink gradient with the wrong sign would still pass a symmetric check; compare to finite differences
+    eps = 1e-6
+    s_plus, s_minus = sinks.detach().clone(), sinks.detach().clone()
+    s_plus[0] += eps
+    s_minus[0] -= eps
+    numeric = ((SinkAttention.apply(q, k, v, s_plus, True) * w).sum()
+               - (SinkAttention.apply(q, k, v, s_minus, True) * w).sum()) / (2 * eps)
+    assert abs(numeric.item() - g_fast[3][0].item()) < 1e-6 * max(1.0, abs(numeric.item()))
+
+
+def test_rope_tables_match_reference_and_llama3_scaling():
+    cfg = tiny_config()
+    cos, sin = rope_cos_sin(cfg, torch.arange(50))
+    angles = reference_angles(50, cfg.head_dim, cfg.rope_theta)
+    torch.testing.assert_close(cos.double(), torch.cat([angles, angles], -1).cos(), rtol=0, atol=2e-5)
+    # Llama-3 frequency scaling, written as the piecewise rule (reference_facts.md section 2)
+    scaling = dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=64)
+    cfg = tiny_config(n_embd=128, n_head=2, n_kv_head=2, rope_theta=500000.0, rope_scaling=scaling)
+    D = cfg.head_dim
+    expected, regimes = [], set()
+    for i in range(D // 2):
+        f = cfg.rope_theta ** (-2.0 * i / D)
+        wavelen = 2 * math.pi / f
+        if wavelen > 64 / 1.0:
+            regimes.add('long: divided by factor')
+            expected.append(f / 8.0)
+        elif wavelen < 64 / 4.0:
+            regimes.add('short: unchanged')
+            expected.append(f)
+        else:
+            regimes.add('between: smoothed')
+            smooth = (64 / wavelen - 1.0) / (4.0 - 1.0)
+            expected.append((1 - smooth) * f / 8.0 + smooth * f)
+    assert len(regimes) == 3  # the head_dim/theta above exercise all three regimes
+    cos, sin = rope_cos_sin(cfg, torch.tensor([1]))
+    got = torch.atan2(sin[0, :D // 2], cos[0, :D // 2]).double()  # position 1: angle = inv_freq
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------------------------
+# Whole model: causality, padding, alpha_ma, KV cache
+
+ALL_MODEL_VARIANTS = [('softmax', 'seq_len'), ('sink', 'seq_len'), ('gated', 'seq_len'), ('affine', 'seq_len'),
+                      ('affine', 'visible'), ('affine_gated', 'seq_len')]
+
+
+def random_model(attention, bias_norm='seq_len', **kw):
+    torch.manual_seed(0)
+    model = GPT(tiny_config(attention=attention, affine_bias_norm=bias_norm, **kw))
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            if name.endswith('alpha_proj.weight') or name.endswith('sinks'):
+                t.normal_(std=1.0)  # spread alpha over its range, make sinks matter
+        for m in model.modules():
+            if hasattr(m, 'alpha_ma'):
+                m.alpha_ma.uniform_(0.2, 0.8)
+    return model
+
+
+@pytest.mark.parametrize('attention,bias_norm', ALL_MODEL_VARIANTS)
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+def test_causality(attention, bias_norm, mode):
+    model = random_model(attention, bias_norm)
+    model.train(mode == 'train')
+    idx = torch.randint(0, 97, (2, 24))
+    for t in (0, 9, 23):
+        changed = idx.clone()
+        changed[:, t] = (changed[:, t] + 1 + torch.randint(0, 95, (2,))) % 97
+        a, _ = model(idx)
+        b, _ = model(changed)
+        assert torch.allclose(a[:, :t], b[:, :t], atol=1e-6, rtol=0), f'position < {t} saw token {t}'
+        assert not torch.allclose(a[:, t:], b[:, t:]), 'the changed token must matter from its position on'
+
+
+@pytest.mark.parametrize('attention,bias_norm', ALL_MODEL_VARIANTS)
+def test_right_padding_with_seq_lens_changes_nothing(attention, bias_norm):
+    model = random_model(attention, bias_norm).eval()
+    lengths = [11, 17, 6]
+    seqs = [torch.randint(0, 97, (n,)) for n in lengths]
+    padded = torch.zeros(3, 20, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        padded[i, :len(s)] = s
+    logits, _ = model(padded, seq_lens=torch.tensor(lengths))
+    for i, s in enumerate(seqs):
+        alone, _ = model(s[None])
+        torch.testing.assert_close(logits[i, :len(s)], alone[0], rtol=1e-5, atol=1e-5)
+
+
+def test_affine_seq_len_is_the_call_length_not_visible_count():
+    """The two readings of N really differ (so the option is not a no-op). One layer, so that only N differs."""
+    idx = torch.randint(0, 97, (1, 16))
+    a, _ = random_model('affine', 'seq_len', n_layer=1).eval()(idx)
+    b, _ = random_model('affine', 'visible', n_layer=1).eval()(idx)
+    assert torch.allclose(a[:, -1], b[:, -1], atol=1e-6)  # last query: N = T = i + 1 in both readings
+    assert not torch.allclose(a[:, 0], b[:, 0], atol=1e-3)
+
+
+def alpha_means(model, idx):
+    """Per-layer mean over tokens of alpha (per head), recomputed from each layer's input independently."""
+    inputs = []
+    hooks = [layer.self_attn.register_forward_pre_hook(lambda m, args: inputs.append(args[0].detach()))
+             for layer in model.model.layers]
+    with torch.no_grad():
+        model(idx)
+    for h in hooks:
+        h.remove()
+    out = []
+    for layer, x in zip(model.model.layers, inputs):
+        a = x.double() @ layer.self_attn.alpha_proj.weight.double().T
+        out.append((0.1 * a + 0.5).clamp(0, 1).mean(dim=(0, 1)))
+    return out
+
+
+def test_alpha_ma_ema_update_and_frozen_in_eval():
+    model = random_model('affine')
+    for m in model.modules():
+        if hasattr(m, 'alpha_ma'):
+            m.alpha_ma.zero_()
+    rho = model.config.affine_momentum
+    idx1, idx2 = torch.randint(0, 97, (4, 16)), torch.randint(0, 97, (4, 16))
+    model.train()
+    expected1 = alpha_means(model, idx1)  # (train-mode forward; its stats are dropped below)
+    model.update_alpha_ma()
+    assert all(float(layer.self_attn.alpha_ma.abs().sum()) > 0 for layer in model.model.layers)
+    for layer in model.model.layers:  # restart from alpha_ma = 0
+        layer.self_attn.alpha_ma.zero_()
+    model(idx1)
+    assert model.update_alpha_ma() == 4 * 16
+    for layer, e in zip(model.model.layers, expected1):
+        torch.testing.assert_close(layer.self_attn.alpha_ma.double(), (1 - rho) * e, rtol=1e-5, atol=1e-7)
+    before = [layer.self_attn.alpha_ma.clone() for layer in model.model.layers]
+    expected2 = alpha_means(model, idx2)
+    model.update_alpha_ma()  # the stats of the forward inside alpha_means
+    for layer, b, e in zip(model.model.layers, before, expected2):
+        torch.testing.assert_close(layer.self_attn.alpha_ma.double(), rho * b.double() + (1 - rho) * e,
+                                   rtol=1e-5, atol=1e-7)
+    # eval mode: forwards accumulate nothing, so alpha_ma never moves
+    frozen = [layer.self_attn.alpha_ma.clone() for layer in model.model.layers]
+    model.eval()
+    model(idx1)
+    assert model.update_alpha_ma() == 0
+    for layer, f in zip(model.model.layers, frozen):
+        assert torch.equal(layer.self_attn.alpha_ma, f)
+
+
+def test_alpha_ma_invariant_to_micro_batch_split():
+    base = random_model('affine_gated')
+    one, four = copy.deepcopy(base).train(), copy.deepcopy(base).train()
+    idx = torch.randint(0, 97, (4, 16))
+    one(idx)
+    for i in range(4):
+        four(idx[i:i + 1])
+    one.update_alpha_ma(), four.update_alpha_ma()
+    for a, b in zip(one.model.layers, four.model.layers):
+        torch.testing.assert_close(a.self_attn.alpha_ma, b.self_attn.alpha_ma, rtol=1e-6, atol=1e-7)
+        assert not torch.equal(a.self_attn.alpha_ma, base.model.layers[0].self_attn.alpha_ma)
+
+
+def test_alpha_ma_state_dict_holds_the_moving_average_only():
+    sd = random_model('affine').state_dict()
+    assert 'model.layers.0.self_attn.alpha_ma' in sd
+    assert not any('alpha_sum' in k or 'alpha_count' in k for k in sd)
+
+
+@pytest.mark.parametrize('attention,bias_norm', ALL_MODEL_VARIANTS)
+def test_kv_cache_decoding_equals_full_recomputation(attention, bias_norm):
+    model = random_model(attention, bias_norm, block_size=24).eval()
+    idx = torch.randint(0, 97, (2, 7))
+    exact = not (attention.startswith('affine') and bias_norm == 'seq_len')
+    if exact:  # step by step: the cached logits equal the full forward's last-position logits
+        caches = [KVCache(24) for _ in range(model.config.n_layer)]
+        logits, _ = model(idx, kv_caches=caches)
+        seq = idx
+        for _ in range(10):
+            full, _ = model(seq)
+            torch.testing.assert_close(logits[:, -1], full[:, -1], rtol=1e-5, atol=1e-5)
+            seq = torch.cat([seq, full[:, -1].argmax(-1, keepdim=True)], dim=1)
+            logits, _ = model(seq[:, -1:], kv_caches=caches)
+    # generate(): cached (default where exact) vs recompute, past block_size (window slides, cache refills)
+    cached = model.generate(idx, 30, temperature=0)
+    recomputed = model.generate(idx, 30, temperature=0, use_cache=False)
+    assert torch.equal(cached, recomputed)
+    expected = idx  # and recomputation is exactly the greedy argmax of the full forward
+    for _ in range(30):
+        logits, _ = model(expected[:, -24:])
+        expected = torch.cat([expected, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(recomputed, expected)
+
+
+def test_affine_seq_len_cache_is_an_approximation_only_when_forced():
+    model = random_model('affine', 'seq_len').eval()
+    idx = torch.randint(0, 97, (1, 5))
+    caches = [KVCache(64) for _ in range(2)]
+    model(idx[:, :4], kv_caches=caches)
+    cached, _ = model(idx[:, 4:], kv_caches=caches)
+    full, _ = model(idx)
+    assert not torch.allclose(cached[:, -1], full[:, -1], atol=1e-4)  # why generate() recomputes by default
+
+
+def test_sampling_is_reproducible_and_respects_top_k():
+    model = random_model('sink').eval()
+    idx = torch.randint(0, 97, (3, 4))
+    torch.manual_seed(5)
+    a = model.generate(idx, 12, temperature=0.8, top_k=5)
+    torch.manual_seed(5)
+    b = model.generate(idx, 12, temperature=0.8, top_k=5, use_cache=False)
+    assert torch.equal(a, b)
+    greedy = model.generate(idx, 1, temperature=0)
+    top1 = model.generate(idx, 1, temperature=1.0, top_k=1)
+    assert torch.equal(greedy, top1)
+    with pytest.raises(ValueError, match='temperature'):
+        model.generate(idx, 1, temperature=-1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Interfaces: loss, hidden states, optimizer groups, FLOPs, config validation
+
+def test_loss_hidden_states_and_ignore_index():
+    model = random_model('affine')
+    idx = torch.randint(0, 97, (2, 10))
+    targets = torch.randint(0, 97, (2, 10))
+    logits, loss = model(idx, targets)
+    assert logits.shape == (2, 10, 97)
+    manual = torch.nn.functional.log_softmax(logits.double(), -1).gather(-1, targets[..., None]).mean().neg()
+    torch.testing.assert_close(loss.double(), manual, rtol=1e-5, atol=1e-6)
+    hidden, none = model(idx, return_hidden=True)
+    assert none is None and hidden.shape == (2, 10, model.config.n_embd)
+    torch.testing.assert_close(model.lm_head(hidden), logits)
+    targets[:, :5] = -100
+    _, partial = model(idx, targets)
+    manual = torch.nn.functional.log_softmax(logits.double(), -1)[:, 5:].gather(-1, targets[:, 5:, None]).mean().neg()
+    torch.testing.assert_close(partial.double(), manual, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match='block_size'):
+        model(torch.zeros(1, 65, dtype=torch.long))
+
+
+def test_optimizer_groups_and_tied_embeddings():
+    model = random_model('sink', qkv_bias=True, tie_embeddings=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    opt = model.configure_optimizers(weight_decay=0.1, lr=1e-3, betas=(0.9, 0.95))
+    decay, no_decay = opt.param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
+    assert all(names[id(p)].endswith(('norm.weight', 'bias', 'sinks')) for p in no_decay['params'])
+    assert all(names[id(p)].endswith(('proj.weight', 'embed_tokens.weight')) for p in decay['params'])
+    assert sum(p.numel() for g in opt.param_groups for p in g['params']) == model.get_num_params()
+
+
+def test_flops_per_token_formula():
+    cfg = tiny_config(attention='affine_gated', tie_embeddings=True)
+    model = GPT(cfg)
+    L, C, H, Hkv, D, I, V, T = 2, 32, 4, 2, 8, 48, 97, 64
+    per_layer = C * H * D * 2 + 2 * C * Hkv * D + 3 * C * I + C * H + C * H * D  # q,o + k,v + mlp + alpha + gate
+    assert model.flops_per_token() == 6 * (L * per_layer + V * C) + 12 * L * H * D * T
+    assert model.estimate_mfu(4, 2.0, 1e9) == pytest.approx(model.flops_per_token() * T * 4 / 2.0 / 1e9)
+
+
+def test_config_validation_messages():
+    with pytest.raises(ValueError, match='softmax, sink, gated, affine, affine_gated'):
+        ModelConfig(attention='linear')
+    with pytest.raises(ValueError, match='linear_clip, sigmoid'):
+        ModelConfig(affine_act='relu')
+    with pytest.raises(ValueError, match='n_kv_head'):
+        ModelConfig(n_head=4, n_kv_head=3)
+    with pytest.raises(ValueError, match='rope_scaling'):
+        ModelConfig(rope_scaling={'factor': 8.0})
+    with pytest.raises(ValueError, match='seq_lens'):
+        random_model('affine')(torch.zeros(2, 5, dtype=torch.long), seq_lens=torch.tensor([3, 6]))
