@@ -416,3 +416,31 @@ def test_config_validation_messages():
         ModelConfig(rope_scaling={'factor': 8.0})
     with pytest.raises(ValueError, match='seq_lens'):
         random_model('affine')(torch.zeros(2, 5, dtype=torch.long), seq_lens=torch.tensor([3, 6]))
+
+
+def _ddp_alpha_worker(rank, world_size, init_file, idx, result_file):
+    import torch.distributed as dist
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world_size)
+    try:
+        model = random_model('affine').train()
+        ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+        shard = idx[rank::world_size]  # each rank sees only its part; two micro-batches per rank
+        for micro in shard.split(1):
+            ddp(micro)
+        model.update_alpha_ma()
+        if rank == 0:
+            torch.save([layer.self_attn.alpha_ma for layer in model.model.layers], result_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_alpha_ma_is_global_batch_exact_under_ddp(tmp_path):
+    """2 gloo ranks x 2 micro-batches of 1 sequence give the same alpha_ma as 1 process with the batch of 4."""
+    idx = torch.randint(0, 97, (4, 16))
+    torch.multiprocessing.spawn(_ddp_alpha_worker, args=(2, str(tmp_path / 'init'), idx, str(tmp_path / 'out.pt')),
+                                nprocs=2, join=True)
+    single = random_model('affine').train()
+    single(idx)
+    single.update_alpha_ma()
+    for got, layer in zip(torch.load(tmp_path / 'out.pt'), single.model.layers):
+        torch.testing.assert_close(got, layer.self_attn.alpha_ma, rtol=1e-6, atol=1e-7)

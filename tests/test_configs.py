@@ -1,0 +1,76 @@
+"""The paper's student configs: shapes, extra parameters (ΔParams of Tables 1-2), meta-device build."""
+import glob
+import os
+import resource
+
+import pytest
+import torch
+
+from model import FIELD_NAMES, GPT, ModelConfig
+
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), '..', 'config')
+
+# Extra parameters over the softmax model of the same size: the paper's Table 1-2 figures (Delta Params)
+# in full, from reference_facts.md section 1. Sink adds one logit per head and layer (the paper's "0.0M").
+PAPER_DELTA = {
+    ('affine', '0.5b'): 393_216, ('affine', '1b'): 1_048_576, ('affine', '3b'): 2_064_384,
+    ('gated', '1b'): 67_108_864, ('gated', '3b'): 264_241_152,
+    ('affine_gated', '1b'): 67_108_864 + 1_048_576, ('affine_gated', '3b'): 264_241_152 + 2_064_384,
+    ('affine_gated_sigmoid', '1b'): 67_108_864 + 1_048_576,
+    ('sink', '0.5b'): 24 * 16, ('sink', '1b'): 16 * 32, ('sink', '3b'): 28 * 24,
+    ('softmax', '0.5b'): 0, ('softmax', '1b'): 0, ('softmax', '3b'): 0,
+}
+# Total parameters of the softmax students = the HF models they copy (tied embeddings): Llama-3.2-1B and -3B
+# are 1,235,814,400 and 3,212,749,824 (Meta's model cards: 1.23B / 3.21B); Qwen1.5-0.5B with tied embeddings
+# is 463,987,712.
+HF_TOTAL = {'0.5b': 463_987_712, '1b': 1_235_814_400, '3b': 3_212_749_824}
+
+
+def read_config(path):
+    values = {}
+    exec(open(path).read(), {}, values)
+    return values
+
+
+def paper_configs():
+    for path in sorted(glob.glob(os.path.join(CONFIG_DIR, '*_*b.py'))):
+        variant, size = os.path.basename(path)[:-3].rsplit('_', 1)
+        yield variant, size, path
+
+
+def build_on_meta(values):
+    with torch.device('meta'):
+        return GPT(ModelConfig(**values))
+
+
+def test_every_paper_row_has_a_config():
+    assert {(v, s) for v, s, _ in paper_configs()} == set(PAPER_DELTA)
+
+
+@pytest.mark.parametrize('variant,size,path', list(paper_configs()), ids=lambda x: str(x).split('/')[-1])
+def test_paper_config_delta_params(variant, size, path):
+    values = read_config(path)
+    assert set(values) <= set(FIELD_NAMES), f'unknown keys {set(values) - set(FIELD_NAMES)}'
+    model = build_on_meta(values)
+    softmax = build_on_meta(read_config(os.path.join(CONFIG_DIR, f'softmax_{size}.py')))
+    assert softmax.get_num_params() == HF_TOTAL[size]
+    assert model.get_num_params() - softmax.get_num_params() == PAPER_DELTA[(variant, size)]
+    expected_act = 'sigmoid' if variant == 'affine_gated_sigmoid' else 'linear_clip'
+    assert model.config.attention == variant.replace('_sigmoid', '') and model.config.affine_act == expected_act
+
+
+def test_meta_device_build_allocates_nothing():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    model = build_on_meta(read_config(os.path.join(CONFIG_DIR, 'affine_gated_3b.py')))
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert all(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+    assert grown_mib < 200, f'building a 3.5B-parameter model on meta grew peak RSS by {grown_mib:.0f} MiB'
+    # and it becomes a real model after to_empty + the model's own init (what loaders will do)
+    tiny = ModelConfig(attention='affine_gated')
+    with torch.device('meta'):
+        model = GPT(tiny)
+    model = model.to_empty(device='cpu')
+    model.apply(model._init_weights)
+    assert all(float(layer.self_attn.alpha_ma.abs().sum()) == 0 for layer in model.model.layers)
+    logits, loss = model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
+    assert torch.isfinite(loss)
