@@ -257,13 +257,24 @@ class Attention(nn.Module):
             self.register_buffer('alpha_sum', torch.zeros(H), persistent=False)
             self.register_buffer('alpha_count', torch.zeros(()), persistent=False)
 
-    def forward(self, x, cos, sin, positions, seq_lens=None, cache=None):
-        """x: (B, T, C), the normed hidden state X that feeds q/k/v, alpha and the gate."""
+    def project(self, x, cos, sin):
+        """q (B, H, T, D) and k, v (B, H_kv, T, D) from the normed input x (B, T, C), RoPE applied."""
         B, T, _ = x.shape
         H, H_kv, D = self.config.n_head, self.config.n_kv_head, self.config.head_dim
         q = apply_rope(self.q_proj(x).view(B, T, H, D).transpose(1, 2), cos, sin)
         k = apply_rope(self.k_proj(x).view(B, T, H_kv, D).transpose(1, 2), cos, sin)
-        v = self.v_proj(x).view(B, T, H_kv, D).transpose(1, 2)
+        return q, k, self.v_proj(x).view(B, T, H_kv, D).transpose(1, 2)
+
+    def scale(self, x):
+        """Eq. 7: alpha = phi(W_alpha X), one scale per (token, head): (B, T, H), at least float32."""
+        a = at_least_fp32(self.alpha_proj(x))
+        return linear_clip(a) if self.config.affine_act == 'linear_clip' else torch.sigmoid(a)  # Eq. 11 / Eq. 10
+
+    def forward(self, x, cos, sin, positions, seq_lens=None, cache=None):
+        """x: (B, T, C), the normed hidden state X that feeds q/k/v, alpha and the gate."""
+        B, T, _ = x.shape
+        H, H_kv, D = self.config.n_head, self.config.n_kv_head, self.config.head_dim
+        q, k, v = self.project(x, cos, sin)
         v_new = v
         # prefill (empty cache) is causal; later calls decode one token that sees every cached key
         is_causal = cache is None or cache.length == 0
@@ -279,9 +290,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=H != H_kv)  # Eq. 1
 
         if attention in ('affine', 'affine_gated'):
-            # Eq. 7: alpha = phi(W_alpha X), one scale per (token, head); float32 for the bias arithmetic
-            a = at_least_fp32(self.alpha_proj(x))
-            alpha = linear_clip(a) if self.config.affine_act == 'linear_clip' else torch.sigmoid(a)  # Eq. 11 / 10
+            alpha = self.scale(x)
             if self.training:
                 self._accumulate_alpha(alpha, positions, seq_lens)
             alpha = alpha.transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)

@@ -105,32 +105,46 @@ VARIANTS = [(a, act, norm) for a in ATTENTIONS for act, norm in
              if a.startswith('affine') else [('linear_clip', 'seq_len')])]
 
 
+def check_against_reference(attention, act, bias_norm, qkv_bias, device, dtype, tol):
+    torch.manual_seed(hash((attention, act, bias_norm, qkv_bias)) % 2**31)
+    cfg = tiny_config(attention=attention, affine_act=act, affine_bias_norm=bias_norm, qkv_bias=qkv_bias)
+    B, T = 3, 37
+    attn = random_attention(cfg, torch.float64)
+    ref_attn = copy.deepcopy(attn)
+    attn = attn.to(device=device, dtype=dtype)
+    x_ref = torch.randn(B, T, cfg.n_embd, dtype=torch.float64, requires_grad=True)
+    x = x_ref.detach().to(device=device, dtype=dtype).requires_grad_()
+    angles = reference_angles(T, cfg.head_dim, cfg.rope_theta)
+    emb = torch.cat([angles, angles], dim=-1)  # the module takes cos/sin tables; feed it the reference angles
+    cos, sin = (t.to(device=device, dtype=dtype) for t in (emb.cos(), emb.sin()))
+
+    out = attn(x, cos, sin, torch.arange(T, device=device))
+    ref = reference_attention(ref_attn, x_ref, angles)
+    scale = ref.abs().max()
+    assert (out.double().cpu() - ref).abs().max() <= tol * scale
+
+    weight = torch.randn_like(ref)
+    g, g_ref = grads_of(attn, x, out, weight.to(device=device, dtype=dtype)), grads_of(ref_attn, x_ref, ref, weight)
+    assert set(g) == set(g_ref)
+    for name in g:
+        err = (g[name].cpu() - g_ref[name]).abs().max() / g_ref[name].abs().max().clamp_min(1e-12)
+        assert err <= 10 * tol, f'gradient of {name}: relative error {err:.2e}'
+
+
 @pytest.mark.parametrize('attention,act,bias_norm', VARIANTS)
 @pytest.mark.parametrize('qkv_bias', [False, True])
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-10), (torch.float32, 2e-5)])
 def test_attention_matches_explicit_reference(attention, act, bias_norm, qkv_bias, dtype, tol):
-    torch.manual_seed(hash((attention, act, bias_norm, qkv_bias)) % 2**31)
-    cfg = tiny_config(attention=attention, affine_act=act, affine_bias_norm=bias_norm, qkv_bias=qkv_bias)
-    B, T = 3, 37
-    attn = random_attention(cfg, dtype)
-    ref_attn = copy.deepcopy(attn).double()
-    x = torch.randn(B, T, cfg.n_embd, dtype=dtype, requires_grad=True)
-    x_ref = x.detach().double().requires_grad_()
-    angles = reference_angles(T, cfg.head_dim, cfg.rope_theta)
-    emb = torch.cat([angles, angles], dim=-1)  # the module takes cos/sin tables; feed it the reference angles
-    positions = torch.arange(T)
+    check_against_reference(attention, act, bias_norm, qkv_bias, 'cpu', dtype, tol)
 
-    out = attn(x, emb.cos().to(dtype), emb.sin().to(dtype), positions)
-    ref = reference_attention(ref_attn, x_ref, angles)
-    scale = ref.abs().max()
-    assert (out.double() - ref).abs().max() <= tol * scale
 
-    weight = torch.randn_like(ref)
-    g, g_ref = grads_of(attn, x, out, weight.to(dtype)), grads_of(ref_attn, x_ref, ref, weight)
-    assert set(g) == set(g_ref)
-    for name in g:
-        err = (g[name] - g_ref[name]).abs().max() / g_ref[name].abs().max().clamp_min(1e-12)
-        assert err <= 10 * tol, f'gradient of {name}: relative error {err:.2e}'
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA (run this file on a GPU machine)')
+@pytest.mark.parametrize('attention,act,bias_norm', VARIANTS)
+@pytest.mark.parametrize('dtype,tol', [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_cuda_kernels_match_explicit_reference(attention, act, bias_norm, dtype, tol):
+    """CUDA: float32 runs the memory-efficient kernel (sink: its padded LSE), bf16 FlashAttention-2."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    check_against_reference(attention, act, bias_norm, True, 'cuda', dtype, tol)
 
 
 def test_sink_explicit_fallback_matches_reference():
