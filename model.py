@@ -132,11 +132,6 @@ class MLP(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # Attention sink (Eq. 3) with O(T) memory: a flash kernel's output and log-sum-exp, corrected
 
-def linear_clip(x):
-    """Eq. 11: 0 for x <= -5, 0.1 x + 0.5 in between, 1 for x >= 5."""
-    return (0.1 * x + 0.5).clamp(0.0, 1.0)
-
-
 def _flash_forward(q, k, v, is_causal):
     """Fused attention that also returns lse_i = logsumexp_j(q_i.k_j / sqrt(d)) over the visible keys.
     PyTorch exposes the LSE only through backend-specific aten ops; `state` is what that kernel's
@@ -182,7 +177,7 @@ class SinkAttention(torch.autograd.Function):
         lse = at_least_fp32(lse)
         lse_sink = torch.logaddexp(lse, sinks.to(lse.dtype).view(1, -1, 1))
         out = (at_least_fp32(out) * torch.exp(lse - lse_sink).unsqueeze(-1)).to(q.dtype)
-        ctx.save_for_backward(q, k, v, sinks, out, lse_sink.to(lse.dtype))
+        ctx.save_for_backward(q, k, v, sinks, out, lse_sink)
         ctx.is_causal = is_causal
         return out
 
@@ -191,7 +186,6 @@ class SinkAttention(torch.autograd.Function):
         q, k, v, sinks, out, lse_sink = ctx.saved_tensors
         grad_out = grad_out.contiguous()
         dq, dk, dv = _flash_backward(grad_out, q, k, v, out, lse_sink, ctx.is_causal, ctx.state)
-        lse_sink = at_least_fp32(lse_sink)
         p_sink = torch.exp(sinks.to(lse_sink.dtype).view(1, -1, 1) - lse_sink)
         dsinks = -(p_sink * (at_least_fp32(grad_out) * at_least_fp32(out)).sum(-1)).sum(dim=(0, 2))
         return dq, dk, dv, dsinks.to(sinks.dtype), None
@@ -199,14 +193,14 @@ class SinkAttention(torch.autograd.Function):
 
 def sink_attention_explicit(q, k, v, sinks, is_causal):
     """Eq. 3 with the explicit (T x T) weight matrix: the fallback for devices without an LSE-returning
-    kernel (anything but CPU and CUDA), and the slow reference the benchmark compares against."""
+    kernel (anything but CPU and CUDA). Softmax over the scores plus one sink column, which is then dropped."""
     scores = at_least_fp32(q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
     if is_causal:
         T_q, T_k = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).triu(1), float('-inf'))
     sink_column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
     weights = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
-    return (weights.to(v.dtype) @ v)
+    return weights.to(v.dtype) @ v
 
 
 def sink_attention(q, k, v, sinks, is_causal):
@@ -235,6 +229,11 @@ class KVCache:
         start, self.length = self.length, self.length + k.size(2)
         self.k[:, :, start:self.length], self.v[:, :, start:self.length] = k, v
         return self.k[:, :, :self.length], self.v[:, :, :self.length]
+
+
+def linear_clip(x):
+    """Eq. 11: 0 for x <= -5, 0.1 x + 0.5 in between, 1 for x >= 5."""
+    return (0.1 * x + 0.5).clamp(0.0, 1.0)
 
 
 class Attention(nn.Module):

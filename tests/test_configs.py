@@ -1,5 +1,6 @@
 """The paper's student configs: shapes, extra parameters (ΔParams of Tables 1-2), meta-device build."""
 import glob
+import math
 import os
 import resource
 
@@ -74,3 +75,16 @@ def test_meta_device_build_allocates_nothing():
     assert all(float(layer.self_attn.alpha_ma.abs().sum()) == 0 for layer in model.model.layers)
     logits, loss = model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
     assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize('attention', ['softmax', 'sink', 'gated', 'affine', 'affine_gated'])
+def test_tiny_cpu_config_runs_every_variant(attention):
+    values = read_config(os.path.join(CONFIG_DIR, 'tiny_cpu.py'))
+    assert set(values) <= set(FIELD_NAMES)
+    values['attention'] = attention
+    model = GPT(ModelConfig(**values))
+    tokens = torch.randint(0, 257, (2, values['block_size'] + 1))
+    _, loss = model(tokens[:, :-1], tokens[:, 1:])
+    loss.backward()
+    assert abs(loss.item() - math.log(320)) < 0.2  # an untrained model predicts about uniformly
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
