@@ -76,10 +76,13 @@ class PeakMemory:
 
 
 def bench_attention_variants(args, device):
+    """Per sequence length: build every variant, then time them in interleaved rounds (one step of each
+    per round, median over rounds), so drift in machine load hits all variants alike."""
     use_bf16 = device.type == 'cuda'
-    rows = []
     variants = ['softmax', 'sink', 'gated', 'affine', 'affine_gated', 'affine (explicit T x T)']
+    rows = []
     for T in args.seq_lens:
+        steps = {}
         for variant in variants:
             cfg = ModelConfig(n_layer=args.n_layer, n_head=args.n_head, n_kv_head=args.n_kv_head, n_embd=args.n_embd,
                               intermediate_size=args.n_embd * 8 // 3 // 64 * 64, vocab_size=args.vocab_size,
@@ -92,29 +95,32 @@ def bench_attention_variants(args, device):
             step_model = torch.compile(model) if args.compile else model
             idx = torch.randint(0, cfg.vocab_size, (args.batch_size, T), device=device)
 
-            def step():
+            def step(model=model, step_model=step_model, idx=idx):
                 model.zero_grad(set_to_none=True)
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
                     _, loss = step_model(idx, idx)
                 loss.backward()
                 if device.type == 'cuda':
                     torch.cuda.synchronize()
+                model.zero_grad(set_to_none=True)
 
             step()  # warm-up (and compilation)
-            times = []
-            for _ in range(args.steps):
+            steps[variant] = step
+        times = {v: [] for v in variants}
+        for _ in range(args.steps):
+            for variant in variants:
                 t0 = time.perf_counter()
-                step()
-                times.append(time.perf_counter() - t0)
-            model.zero_grad(set_to_none=True)
+                steps[variant]()
+                times[variant].append(time.perf_counter() - t0)
+        for variant in variants:
             with PeakMemory(device) as mem:
-                step()
-            rows.append((variant, T, statistics.median(times), mem.peak))
+                steps[variant]()
+            rows.append((variant, T, statistics.median(times[variant]), mem.peak))
             print(f'  measured {variant:<24} T={T:<5} {rows[-1][2] * 1e3:9.1f} ms {mem.peak / 2**20:9.1f} MiB',
                   file=sys.stderr)
-            del model, step_model
+        del steps
     base = {T: (t, m) for v, T, t, m in rows if v == 'softmax'}
-    print(f'\n| variant | T | fwd+bwd (ms) | time / softmax | peak mem (MiB) | mem / softmax |')
+    print('\n| variant | T | fwd+bwd (ms) | time / softmax | peak mem (MiB) | mem / softmax |')
     print('|---|---|---|---|---|---|')
     for v, T, t, m in rows:
         print(f'| {v} | {T} | {t * 1e3:.1f} | {t / base[T][0]:.2f} | {m / 2**20:.1f} | {m / base[T][1]:.2f} |')
@@ -124,7 +130,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     p.add_argument('--seq_lens', default='1024,2048', type=lambda s: [int(x) for x in s.split(',')])
-    p.add_argument('--steps', type=int, default=3, help='timed steps per row (median reported)')
+    p.add_argument('--steps', type=int, default=3, help='timed rounds (one step of every variant each; median reported)')
     p.add_argument('--batch_size', type=int, default=1)
     p.add_argument('--n_layer', type=int, default=4)
     p.add_argument('--n_embd', type=int, default=512)
@@ -141,7 +147,7 @@ def main():
     name = torch.cuda.get_device_name(device) if device.type == 'cuda' else f'CPU, {torch.get_num_threads()} threads'
     print(f'# bench.py on {name}; torch {torch.__version__}; {dtype}; compile={args.compile}; '
           f'model n_layer={args.n_layer} n_embd={args.n_embd} n_head={args.n_head} n_kv_head={args.n_kv_head} '
-          f'vocab={args.vocab_size}; batch {args.batch_size}; median of {args.steps} steps')
+          f'vocab={args.vocab_size}; batch {args.batch_size}; median of {args.steps} interleaved rounds')
     print('# sink runs the LSE-corrected flash kernel on CPU and CUDA (an explicit T x T fallback elsewhere)')
     bench_attention_variants(args, device)
 
