@@ -289,7 +289,9 @@ def test_alpha_ma_ema_update_and_frozen_in_eval():
     for layer in model.model.layers:  # restart from alpha_ma = 0
         layer.self_attn.alpha_ma.zero_()
     model(idx1)
-    assert model.update_alpha_ma() == 4 * 16
+    means = model.update_alpha_ma()  # the global-batch E[alpha] it applied, per layer
+    for mean, e in zip(means, expected1):
+        torch.testing.assert_close(mean.double(), e, rtol=1e-5, atol=1e-7)
     for layer, e in zip(model.model.layers, expected1):
         torch.testing.assert_close(layer.self_attn.alpha_ma.double(), (1 - rho) * e, rtol=1e-5, atol=1e-7)
     before = [layer.self_attn.alpha_ma.clone() for layer in model.model.layers]
@@ -302,9 +304,18 @@ def test_alpha_ma_ema_update_and_frozen_in_eval():
     frozen = [layer.self_attn.alpha_ma.clone() for layer in model.model.layers]
     model.eval()
     model(idx1)
-    assert model.update_alpha_ma() == 0
+    assert model.update_alpha_ma() == []
     for layer, f in zip(model.model.layers, frozen):
         assert torch.equal(layer.self_attn.alpha_ma, f)
+
+
+def test_alpha_ma_discard_clears_a_skipped_step():
+    model = random_model('affine').train()
+    before = [layer.self_attn.alpha_ma.clone() for layer in model.model.layers]
+    model(torch.randint(0, 97, (2, 8)))
+    assert model.update_alpha_ma(discard=True) == []
+    assert model.update_alpha_ma() == []  # the discarded sums are gone
+    assert all(torch.equal(layer.self_attn.alpha_ma, b) for layer, b in zip(model.model.layers, before))
 
 
 def test_alpha_ma_invariant_to_micro_batch_split():

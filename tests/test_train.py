@@ -1,0 +1,165 @@
+"""train.py on tiny configs: learning, exact resume (also after SIGTERM), DDP = single process, guards."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import prepare_data
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp('data') / 'builtin_bytes')
+    prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={out}', '--val_every=10', '--num_proc=1'])
+    return out
+
+
+def tiny_args(data_dir, out_dir, *extra):
+    return ['--n_layer=2', '--n_head=2', '--n_kv_head=1', '--n_embd=32', '--intermediate_size=64', '--vocab_size=320',
+            '--block_size=32', '--global_batch_size=8', '--micro_batch_size=4', '--warmup_iters=2',
+            '--eval_interval=1000', '--eval_batches=2', '--log_interval=1000', '--peak_flops=1e12', '--device=cpu',
+            f'--data_dir={data_dir}', f'--out_dir={out_dir}', *extra]
+
+
+def metrics(out_dir):
+    with open(os.path.join(out_dir, 'metrics.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_loss_goes_down(data_dir, tmp_path):
+    train.main(tiny_args(data_dir, tmp_path, '--attention=affine', '--max_iters=40', '--learning_rate=3e-3'))
+    losses = [r['loss'] for r in metrics(tmp_path)]
+    assert len(losses) == 40
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
+    final = metrics(tmp_path)[-1]
+    assert {'val_loss', 'val_ppl', 'attn_logit_mean', 'alpha_mean', 'alpha_ma'} <= set(final)
+    assert json.load(open(tmp_path / 'config.json'))['attention'] == 'affine'
+
+
+@pytest.mark.parametrize('attention', ['affine', 'sink'])
+def test_resume_is_bit_exact(data_dir, tmp_path, attention):
+    full, part = tmp_path / 'full', tmp_path / 'part'
+    train.main(tiny_args(data_dir, full, f'--attention={attention}', '--max_iters=8', '--eval_interval=4'))
+    train.main(tiny_args(data_dir, part, f'--attention={attention}', '--max_iters=4', '--eval_interval=4'))
+    train.main(tiny_args(data_dir, part, f'--attention={attention}', '--max_iters=8', '--eval_interval=4',
+                         '--init_from=resume'))
+    a, b = metrics(full), metrics(part)
+    assert [r['step'] for r in b] == list(range(1, 9))
+    for key in ('loss', 'grad_norm', 'lr'):
+        assert [r[key] for r in a] == [r[key] for r in b]  # bit-exact, not approximately
+    assert a[-1]['val_loss'] == b[-1]['val_loss']
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(data_dir, tmp_path):
+    run, ref = tmp_path / 'run', tmp_path / 'ref'
+    common = ['--attention=affine', '--decay_frac=0.0']  # constant lr after warmup: max_iters may differ
+    proc = subprocess.Popen([sys.executable, 'train.py', *tiny_args(data_dir, run, *common, '--max_iters=1000000')],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(run / 'metrics.jsonl') and len(metrics(run)) >= 3):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert 'stopped by a signal' in out
+    stopped_at = torch.load(run / 'ckpt.pt', weights_only=False)['step']
+    assert stopped_at >= 3 and len(metrics(run)) == stopped_at
+    train.main(tiny_args(data_dir, run, *common, f'--max_iters={stopped_at + 3}', '--init_from=resume'))
+    train.main(tiny_args(data_dir, ref, *common, f'--max_iters={stopped_at + 3}'))
+    assert [r['loss'] for r in metrics(run)] == [r['loss'] for r in metrics(ref)]
+
+
+def test_two_ranks_match_one_process_with_twice_the_accumulation(data_dir, tmp_path):
+    one, two = tmp_path / 'one', tmp_path / 'two'
+    # init_std=0.3 spreads alpha over its range, so a wrong alpha_ma reduction shows
+    args = ['--attention=affine', '--max_iters=4', '--eval_interval=4', '--micro_batch_size=2', '--init_std=0.3']
+    train.main(tiny_args(data_dir, one, *args))  # 1 process x 4 micro-steps
+    result = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                             'train.py', *tiny_args(data_dir, two, *args)],  # 2 ranks x 2 micro-steps
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    a, b = metrics(one), metrics(two)
+    for key in ('loss', 'grad_norm'):
+        assert [r[key] for r in a] == pytest.approx([r[key] for r in b], rel=1e-5)
+    assert a[-1]['val_loss'] == pytest.approx(b[-1]['val_loss'], rel=1e-6)  # eval is split over the ranks
+    for layer in range(2):  # alpha_ma is global-batch exact, per head, at full precision
+        name = f'model.layers.{layer}.self_attn.alpha_ma'
+        ma_one, ma_two = (torch.load(d / 'ckpt.pt', weights_only=False)['model'][name] for d in (one, two))
+        torch.testing.assert_close(ma_one, ma_two, rtol=1e-6, atol=1e-7)
+
+
+def test_step_batches_cover_each_window_once_per_epoch(data_dir):
+    windows = train.Windows(data_dir, 'train', 64)
+    n, g = len(windows), 16
+    seen = [i for s in range(n // g) for i in windows.step_indices(7, s, g)]
+    assert len(set(seen)) == len(seen) == (n // g) * g
+    assert windows.step_indices(7, 3, g) == train.Windows(data_dir, 'train', 64).step_indices(7, 3, g)
+    assert windows.step_indices(7, 3, g) != windows.step_indices(8, 3, g)
+    x, y = windows.get([0, 5])
+    assert torch.equal(x[:, 1:], y[:, :-1]) and x.shape == (2, 64)
+
+
+def test_learning_rate_schedule():
+    c = dict(train.DEFAULTS, learning_rate=1.0, min_lr=0.1, warmup_iters=10, max_iters=100, decay_frac=0.2)
+    lrs = [train.learning_rate(s, c) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == 1.0  # linear warmup
+    assert set(lrs[10:80]) == {1.0}  # stable
+    assert lrs[80] == 1.0 and lrs[99] == pytest.approx(0.1 + 0.9 / 20)  # linear decay towards min_lr
+    assert all(a >= b for a, b in zip(lrs[80:], lrs[81:]))
+
+
+def test_checkpoint_from_compiled_model_has_plain_names(data_dir, tmp_path):
+    train.main(tiny_args(data_dir, tmp_path, '--compile=True', '--max_iters=1', '--n_layer=1'))
+    state = torch.load(tmp_path / 'ckpt.pt', weights_only=False)
+    assert not any(k.startswith('_orig_mod.') for k in state['model'])
+    assert 'model.layers.0.self_attn.q_proj.weight' in state['model']
+    assert state['tokenizer']['family'] == 'bytes' and state['step'] == 1
+
+
+def test_non_finite_loss_stops_or_is_skipped(data_dir, tmp_path):
+    with pytest.raises(SystemExit, match=r'step \d+: non-finite'):
+        train.main(tiny_args(data_dir, tmp_path / 'stop', '--learning_rate=1e30', '--max_iters=10'))
+    train.main(tiny_args(data_dir, tmp_path / 'skip', '--learning_rate=1e30', '--max_iters=5', '--nonfinite=skip'))
+    assert metrics(tmp_path / 'skip')[-1]['skipped_steps'] > 0
+
+
+def test_data_must_fit_the_model_vocabulary(data_dir, tmp_path):
+    with pytest.raises(SystemExit, match='257 token ids but the model has vocab_size=100'):
+        train.main(tiny_args(data_dir, tmp_path, '--vocab_size=100', '--max_iters=1'))
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--lr=1e-3'], "unknown config key 'lr'.*valid keys: .*learning_rate"),
+    (['--max_iters=1.5'], 'max_iters=1.5 has type float, expected int'),
+    (['--compile=maybe'], "compile='maybe' has type str, expected bool or NoneType"),
+    (['--warmup_iters', '5'], 'overrides are written --key=value'),
+    (['config/nope.py'], 'config file config/nope.py not found'),
+    (['--attention=linear'], 'valid values: softmax, sink, gated, affine, affine_gated'),
+    (['--init_from=gpt2'], "init_from='gpt2'; valid values: scratch, resume"),
+    (['--global_batch_size=6', '--micro_batch_size=4'], 'must be a multiple of world size'),
+])
+def test_config_errors_are_clear(data_dir, tmp_path, argv, message):
+    with pytest.raises(SystemExit, match=message):
+        train.main(tiny_args(data_dir, tmp_path, '--max_iters=1') + argv)
+
+
+def test_overrides_accept_none_lists_dicts_and_ints_for_floats(tmp_path):
+    scaling = "{'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0, " \
+              "'original_max_position_embeddings': 64}"
+    c = train.load_config(['config/tiny_cpu.py', '--teacher=None', '--learning_rate=1', f'--rope_scaling={scaling}',
+                           '--wandb_run_name=run 1'])
+    assert c['teacher'] is None and c['learning_rate'] == 1.0 and isinstance(c['learning_rate'], float)
+    assert c['rope_scaling']['factor'] == 8.0 and c['wandb_run_name'] == 'run 1' and c['n_layer'] == 4
+
+
+def test_dry_run_prints_parameter_counts(capsys):
+    train.main(['config/affine_gated_1b.py', '--dry_run=True'])
+    assert capsys.readouterr().out == 'params: total=1303971840 non_embedding=1041303552 attention_extra=68157440\n'
