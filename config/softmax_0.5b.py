@@ -1,7 +1,7 @@
 # Paper Table 1, 0.5B row "Baseline": a Qwen1.5-0.5B-shaped student (trained from scratch,
 # distilled from Qwen1.5-1.8B) with attention = 'softmax'.
-# Run on 8 GPUs (train.py is issue #4; until it lands this file defines the model, and
-# `python -m pytest tests/test_configs.py` checks its shape and extra parameters):
+# Check the model (no data needed):  python train.py config/softmax_0.5b.py --dry_run=True
+# Train on 8 GPUs (data and teacher: see the README):
 #   torchrun --standalone --nproc_per_node=8 train.py config/softmax_0.5b.py
 # Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): KD loss / C4 PPL / avg zero-shot acc = 2.82 / 71.7 / 50.6;
 # extra parameters over softmax: 0.
@@ -18,3 +18,7 @@ rms_norm_eps = 1e-6
 qkv_bias = True
 tie_embeddings = True
 attention = 'softmax'
+out_dir = 'out/softmax_0.5b'
+data_dir = 'data/fineweb_edu_qwen'  # made by prepare_data.py with the teacher's tokenizer (README)
+teacher = 'checkpoints/Qwen1.5-1.8B'  # the paper: Qwen1.5-1.8B
+micro_batch_size = 4  # per GPU and forward; accumulation steps follow from global_batch_size = 1024

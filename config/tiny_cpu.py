@@ -1,9 +1,8 @@
 # A tiny student for laptop CPUs (the offline quick start and smoke tests): 4 layers, 128 wide,
 # GQA 4:2, byte-level tokens (prepare_data.py --tokenizer=bytes: 257 ids, padded to 320), 256-token
-# sequences. About 0.6M parameters; a forward+backward of 8 x 256 tokens takes well under a second on
-# 2 CPU cores. Any variant: --attention=softmax|sink|gated|affine|affine_gated.
-# Run (train.py is issue #4; until it lands `python -m pytest tests/test_configs.py` builds it):
-#   python train.py config/tiny_cpu.py --attention=affine
+# sequences; 830,592 parameters (affine). Any variant: --attention=softmax|sink|gated|affine|affine_gated.
+# Run (first: python prepare_data.py --source=builtin --tokenizer=bytes --out_dir=data/builtin_bytes --val_every=10):
+#   python train.py config/tiny_cpu.py --attention=affine --data_dir=data/builtin_bytes
 n_layer = 4
 n_head = 4
 n_kv_head = 2
@@ -15,3 +14,13 @@ rope_theta = 10000.0
 rms_norm_eps = 1e-5
 tie_embeddings = True
 attention = 'affine'
+# training on the built-in corpus: 300 steps of 16 x 256 tokens
+data_dir = 'data/builtin_bytes'
+out_dir = 'out/tiny_cpu'
+max_iters = 300
+global_batch_size = 16
+micro_batch_size = 8
+warmup_iters = 20
+eval_interval = 100
+eval_batches = 8
+log_interval = 50

@@ -1,4 +1,5 @@
-"""The paper's student configs: shapes, extra parameters (ΔParams of Tables 1-2), meta-device build."""
+"""The paper's student configs: shapes, extra parameters (ΔParams of Tables 1-2), meta-device build, and
+the training keys every paper config must set."""
 import glob
 import math
 import os
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from model import FIELD_NAMES, GPT, ModelConfig
+from train import load_config
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), '..', 'config')
 
@@ -28,9 +30,9 @@ HF_TOTAL = {'0.5b': 463_987_712, '1b': 1_235_814_400, '3b': 3_212_749_824}
 
 
 def read_config(path):
-    values = {}
-    exec(open(path).read(), {}, values)
-    return values
+    """The model keys of a config file, read (and validated) by train.py's configurator."""
+    config = load_config([path])
+    return {k: config[k] for k in FIELD_NAMES}
 
 
 def paper_configs():
@@ -50,9 +52,7 @@ def test_every_paper_row_has_a_config():
 
 @pytest.mark.parametrize('variant,size,path', list(paper_configs()), ids=lambda x: str(x).split('/')[-1])
 def test_paper_config_delta_params(variant, size, path):
-    values = read_config(path)
-    assert set(values) <= set(FIELD_NAMES), f'unknown keys {set(values) - set(FIELD_NAMES)}'
-    model = build_on_meta(values)
+    model = build_on_meta(read_config(path))
     softmax = build_on_meta(read_config(os.path.join(CONFIG_DIR, f'softmax_{size}.py')))
     assert softmax.get_num_params() == HF_TOTAL[size]
     assert model.get_num_params() - softmax.get_num_params() == PAPER_DELTA[(variant, size)]
@@ -80,7 +80,6 @@ def test_meta_device_build_allocates_nothing():
 @pytest.mark.parametrize('attention', ['softmax', 'sink', 'gated', 'affine', 'affine_gated'])
 def test_tiny_cpu_config_runs_every_variant(attention):
     values = read_config(os.path.join(CONFIG_DIR, 'tiny_cpu.py'))
-    assert set(values) <= set(FIELD_NAMES)
     values['attention'] = attention
     model = GPT(ModelConfig(**values))
     tokens = torch.randint(0, 257, (2, values['block_size'] + 1))
@@ -88,3 +87,15 @@ def test_tiny_cpu_config_runs_every_variant(attention):
     loss.backward()
     assert abs(loss.item() - math.log(320)) < 0.2  # an untrained model predicts about uniformly
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize('variant,size,path', list(paper_configs()), ids=lambda x: str(x).split('/')[-1])
+def test_paper_configs_name_their_data_teacher_and_out_dir(variant, size, path):
+    config = load_config([path])
+    name = os.path.basename(path)[:-3]
+    assert config['out_dir'] == f'out/{name}'
+    tokenizer = 'qwen' if size == '0.5b' else 'llama3'
+    assert config['data_dir'] == f'data/fineweb_edu_{tokenizer}'
+    teacher = {'0.5b': 'Qwen1.5-1.8B', '1b': 'Llama-3.2-3B', '3b': 'Llama-3.1-8B'}[size]
+    assert config['teacher'] == f'checkpoints/{teacher}'
+    assert config['global_batch_size'] == 1024 and config['block_size'] == 2048 and config['max_iters'] == 9000
