@@ -26,7 +26,6 @@ if sys.platform == 'linux' and os.environ.get('MALLOC_MMAP_THRESHOLD_') is None:
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
 import torch
-import torch.nn.functional as F
 
 from model import GPT, ModelConfig
 

@@ -532,11 +532,12 @@ class GPT(nn.Module):
         if use_cache is None:
             use_cache = not (cfg.attention in ('affine', 'affine_gated') and cfg.affine_bias_norm == 'seq_len')
         caches = None
+        cache_len = min(cfg.block_size, idx.size(1) + max_new_tokens)  # what this call can fill, no more
         for _ in range(max_new_tokens):
             if not use_cache:
                 logits, _ = self(idx[:, -cfg.block_size:])
-            elif caches is None or caches[0].length == cfg.block_size:  # (re)fill the cache
-                caches = [KVCache(cfg.block_size) for _ in range(cfg.n_layer)]
+            elif caches is None or caches[0].length == cache_len:  # (re)fill the cache
+                caches = [KVCache(cache_len) for _ in range(cfg.n_layer)]
                 logits, _ = self(idx[:, -cfg.block_size:], kv_caches=caches)
             else:
                 logits, _ = self(idx[:, -1:], kv_caches=caches)

@@ -260,6 +260,47 @@ def read_shard(path):
                          f"the file has {actual} bytes; re-run prepare_data.py")
     return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=HEADER.size, shape=(count,))
 
+class Windows:
+    """A split cut into windows of block_size + 1 tokens (inputs and their next-token targets; consecutive
+    windows share one token), for training (train.py) and evaluation (distill.py). NumPy only, so that
+    importing this module stays cheap for the tokenizer workers."""
+
+    def __init__(self, data_dir, split, block_size):
+        with open(os.path.join(data_dir, "meta.json")) as f:
+            names = json.load(f)["splits"][split]["shards"]
+        self.shards = [read_shard(os.path.join(data_dir, name)) for name in names]
+        self.block_size = block_size
+        self.starts = np.cumsum([0] + [(len(s) - 1) // block_size for s in self.shards])  # first window of each shard
+        if self.starts[-1] == 0:
+            raise SystemExit(f"{data_dir}: the {split} split has fewer than block_size + 1 = {block_size + 1} tokens")
+        self.perm_key, self.perm = None, None  # the permutation of the current (seed, epoch)
+
+    def __len__(self):
+        return int(self.starts[-1])
+
+    def get(self, indices):
+        """(x, y): int64 arrays (len(indices), block_size), the windows at these indices and their targets."""
+        rows = []
+        for i in indices:
+            shard = int(np.searchsorted(self.starts, i, side="right")) - 1
+            offset = (int(i) - int(self.starts[shard])) * self.block_size
+            rows.append(self.shards[shard][offset:offset + self.block_size + 1])
+        batch = np.stack(rows).astype(np.int64)
+        return batch[:, :-1], batch[:, 1:]
+
+    def step_indices(self, seed, step, global_batch_size):
+        """The window indices of optimizer step `step`: positions step*G ... (step+1)*G - 1 of the stream of
+        epochs, each epoch a permutation of all windows seeded by (seed, epoch)."""
+        out = []
+        for position in range(step * global_batch_size, (step + 1) * global_batch_size):
+            epoch, k = divmod(position, len(self))
+            if (seed, epoch) != self.perm_key:
+                self.perm = np.random.default_rng([seed, epoch]).permutation(len(self))
+                self.perm_key = (seed, epoch)
+            out.append(int(self.perm[k]))
+        return out
+
+
 # -----------------------------------------------------------------------------
 # Sources: every source is a `datasets` IterableDataset, so reading is streamed (memory does not grow with
 # the dataset) and its state_dict() lets an interrupted run resume without re-reading finished data.

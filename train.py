@@ -8,6 +8,11 @@ Train a student with the paper's recipe (Section 5.1, Appendix B.1), on one CPU 
 Configuration, nanoGPT-style: the defaults below, then each config file (plain assignments), then
 --key=value overrides (Python literals: 3e-4, None, True, [1, 2], {'a': 1}; anything else is a string).
 Unknown keys and wrong types are errors. The resolved config is written to out_dir/config.json.
+
+Data: step s trains on windows perm[s*G : (s+1)*G] of the train split (prepare_data.Windows), G the global
+batch, perm a permutation seeded by (seed, epoch): every window once per epoch (the paper trains one epoch),
+and a step's data depends only on (seed, step), never on the number of ranks or the micro-batch size. The
+position to resume from is therefore just the step.
 """
 import ast
 import dataclasses
@@ -26,7 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import FIELD_NAMES, GPT, ModelConfig
-from prepare_data import read_shard
+from prepare_data import Windows
 
 # -----------------------------------------------------------------------------------------------
 # Defaults: the paper's recipe. Model keys (ModelConfig's fields) come from the config file.
@@ -110,50 +115,6 @@ def load_config(argv):
                     raise SystemExit(f"{arg}: unknown config key {key!r}; {valid}")
                 config[key] = check_value(key, value, arg)
     return config
-
-
-# -----------------------------------------------------------------------------------------------
-# Data: the train stream is cut into windows of block_size + 1 tokens (input and shifted target).
-# Step s trains on windows perm[s*G : (s+1)*G] of a permutation seeded by (seed, epoch), G = global
-# batch: every window once per epoch (the paper trains one epoch), and the data of a step depends only
-# on (seed, step), never on the number of ranks or the micro-batch size. The position to resume from
-# is therefore just the step.
-
-class Windows:
-    def __init__(self, data_dir, split, block_size):
-        with open(os.path.join(data_dir, 'meta.json')) as f:
-            names = json.load(f)['splits'][split]['shards']
-        self.shards = [read_shard(os.path.join(data_dir, name)) for name in names]
-        self.block_size = block_size
-        counts = [(len(s) - 1) // block_size for s in self.shards]  # windows overlap by the one target token
-        self.starts = np.cumsum([0] + counts)
-        if self.starts[-1] == 0:
-            raise SystemExit(f"{data_dir}: the {split} split has fewer than block_size + 1 = {block_size + 1} tokens")
-        self.perm_key, self.perm = None, None  # the permutation of the current (seed, epoch)
-
-    def __len__(self):
-        return int(self.starts[-1])
-
-    def get(self, indices):
-        """(x, y) int64 tensors (len(indices), block_size) for windows at these indices."""
-        rows = []
-        for i in indices:
-            shard = int(np.searchsorted(self.starts, i, side='right')) - 1
-            offset = (int(i) - int(self.starts[shard])) * self.block_size
-            rows.append(torch.from_numpy(self.shards[shard][offset:offset + self.block_size + 1].astype(np.int64)))
-        batch = torch.stack(rows)
-        return batch[:, :-1], batch[:, 1:]
-
-    def step_indices(self, seed, step, global_batch_size):
-        """The window indices of the global batch of optimizer step `step`."""
-        out = []
-        for position in range(step * global_batch_size, (step + 1) * global_batch_size):
-            epoch, k = divmod(position, len(self))
-            if (seed, epoch) != self.perm_key:
-                self.perm = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-                self.perm_key = (seed, epoch)
-            out.append(int(self.perm[k]))
-        return out
 
 
 # -----------------------------------------------------------------------------------------------
@@ -244,8 +205,8 @@ def mean_attention_logit(model, idx):
 
 
 def reduce_mean(values, device):
-    """The mean over ranks of a few floats (one all_reduce)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+    """The mean over ranks of a few numbers (a list of floats or a tensor), with one all_reduce."""
+    t = torch.as_tensor(values, dtype=torch.float64, device=device).clone()
     if dist.is_initialized():
         dist.all_reduce(t)
         t /= dist.get_world_size()
@@ -261,7 +222,7 @@ def evaluate(model, val_data, c, device, autocast):
     for b in range(rank, c['eval_batches'], world):
         first = b * c['micro_batch_size']
         indices = [i % len(val_data) for i in range(first, first + c['micro_batch_size'])]
-        x, y = (t.to(device) for t in val_data.get(indices))
+        x, y = (torch.from_numpy(t).to(device) for t in val_data.get(indices))
         with autocast:
             _, loss = model(x, y)
         total += torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64, device=device)
@@ -282,6 +243,33 @@ def attention_stats(model, alpha_means):
     if hasattr(layers[0], 'sinks'):
         stats['sinks'] = [round(m.sinks.mean().item(), 5) for m in layers]
     return stats
+
+
+class DeviceTimer:
+    """Time spent in code blocks on the device, without synchronising: CUDA events (read after the step's
+    own synchronisation), wall clock on CPU."""
+
+    def __init__(self, device):
+        self.cuda, self.spans = device.type == 'cuda', []
+
+    @contextmanager
+    def __call__(self):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self.spans.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self.spans.append(time.perf_counter() - t0)
+
+    def seconds(self):
+        """The total since the last call (after a synchronisation, on CUDA)."""
+        total = sum(s.elapsed_time(e) / 1000 for s, e in self.spans) if self.cuda else sum(self.spans)
+        self.spans = []
+        return total
 
 
 @contextmanager
@@ -407,6 +395,7 @@ def main(argv):
 
     # --- the loop ---
     skipped, alpha_means = 0, []
+    teacher_timer = DeviceTimer(device)  # the teacher's forward time, logged apart from the student's
     batch = c['micro_batch_size']
     tokens_per_step = c['global_batch_size'] * model_config.block_size
     model.train()
@@ -419,30 +408,27 @@ def main(argv):
                 group['lr'] = lr
             # this rank's part of the global batch, then its micro-batches
             mine = train_data.step_indices(c['seed'], step, c['global_batch_size'])[rank * accumulation * batch:]
-            loss_sum = kd_sum = ce_sum = teacher_time = 0.0
+            sums = torch.zeros(3, device=device)  # loss, KD, CE over micro-steps: read once per step (no syncs)
             for micro in range(accumulation):
-                x, y = (t.to(device) for t in train_data.get(mine[micro * batch:(micro + 1) * batch]))
+                x, y = (torch.from_numpy(t).to(device) for t in train_data.get(mine[micro * batch:(micro + 1) * batch]))
                 # DDP: gradients are all-reduced only in the backward of the last micro-step
                 with model.no_sync() if ddp and micro < accumulation - 1 else nullcontext():
                     with autocast:
                         if teacher is None:
                             _, loss = model(x, y)
+                            sums[0] += loss.detach()
                         else:
-                            t_teacher = time.perf_counter()
-                            with torch.no_grad():
+                            with teacher_timer(), torch.no_grad():
                                 teacher_hidden, _ = teacher(x, return_hidden=True)
-                            teacher_time += time.perf_counter() - t_teacher
                             hidden, _ = model(x, return_hidden=True)
                             loss, kd, ce = fused_kd_loss(hidden, raw_model.lm_head.weight, teacher_hidden,
                                                          raw_teacher.lm_head.weight, temperature=c['kd_temperature'],
                                                          targets=y, kd_alpha=c['kd_alpha'])
-                            kd_sum, ce_sum = kd_sum + float(kd), ce_sum + float(ce)
+                            sums += torch.stack([loss.detach(), kd, ce])
                     (loss / accumulation).backward()
-                loss_sum += loss.item()
             # the raw norm before clipping (paper Tables 4-5); grad_clip=0 only measures it
             grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c['grad_clip'] or math.inf).item()
-            loss_mean, kd_mean, ce_mean = reduce_mean([loss_sum / accumulation, kd_sum / accumulation,
-                                                       ce_sum / accumulation], device)
+            loss_mean, kd_mean, ce_mean = reduce_mean(sums / accumulation, device)
             if math.isfinite(loss_mean) and math.isfinite(grad_norm):
                 optimizer.step()
                 alpha_means = raw_model.update_alpha_ma()  # Eq. 9 with this step's global batch
@@ -459,7 +445,7 @@ def main(argv):
             record = dict(step=step, lr=lr, loss=loss_mean, grad_norm=grad_norm, tokens_per_sec=tokens_per_step / dt,
                           mfu=raw_model.estimate_mfu(c['global_batch_size'] / world, dt, peak_flops), dt=dt)
             if teacher is not None:
-                record.update(kd_loss=kd_mean, ce_loss=ce_mean, teacher_sec=teacher_time)
+                record.update(kd_loss=kd_mean, ce_loss=ce_mean, teacher_sec=teacher_timer.seconds())
             if c['nonfinite'] == 'skip':
                 record['skipped_steps'] = skipped
             if step % c['eval_interval'] == 0 or step == c['max_iters']:
@@ -467,7 +453,7 @@ def main(argv):
                 record['val_ppl'] = math.exp(min(record['val_loss'], 50))
                 with autocast:
                     record['attn_logit_mean'], record['attn_logit_abs_mean'] = mean_attention_logit(
-                        raw_model, val_data.get([0])[0].to(device))
+                        raw_model, torch.from_numpy(val_data.get([0])[0]).to(device))
                 record.update(attention_stats(raw_model, alpha_means))
             if master:
                 with open(metrics_path, 'a') as f:

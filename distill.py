@@ -1,0 +1,341 @@
+"""
+Knowledge distillation (the paper trains every student this way, Sections 2.1 and 5.1): load a teacher,
+check that it fits the data and the student, and the KD loss, computed without the full logits.
+
+    # before a multi-day run: does the teacher load, fit the data, and predict its val split well?
+    python distill.py --teacher=checkpoints/Llama-3.2-3B --data_dir=data/fineweb_edu_llama3
+    # a teacher trained by this repo (the CPU quick start): ckpt.pt, or the directory holding it
+    python distill.py --teacher=out/teacher --data_dir=data/builtin_bytes --block_size=256
+
+A teacher is a Hugging Face Llama / Qwen2 checkpoint directory (GPT.from_pretrained in model.py) or one of
+this repo's checkpoints (train.py's ckpt.pt). train.py uses load_teacher, check_compatibility, fused_kd_loss.
+
+The loss, with the paper's setting as the defaults (its "KD loss" curves are pure forward KL):
+    loss = kd_alpha * KD + (1 - kd_alpha) * CE        temperature T = 1.0, kd_alpha = 1.0
+    KD   = T^2 * KL(p_teacher || p_student), both softmax(logits / T), over the full vocabulary
+The KL is forward (teacher first: the student is pulled to cover all of the teacher's mass), and the T^2
+keeps gradient magnitudes independent of T (Hinton et al. 2015, "Distilling the Knowledge in a Neural
+Network"). KD and CE are means over tokens; with targets, over those whose target is not IGNORE_INDEX.
+
+Vocabulary rows: the teacher's and the student's lm_head must have equally many rows, since KL compares
+the two distributions entry by entry; the paper's pairs do (151,936 for Qwen1.5, 128,256 for Llama-3), and
+both must have at least the tokenizer's tokens. Rows past the tokenizer's (Qwen: 151,646 real tokens in
+151,936 rows) are padding that never occurs in the data; KD covers them like any other row, so the student
+learns whatever (small) probability the teacher gives them, and nothing about them is special-cased.
+
+Memory: at V = 128,256 the float32 logits of 8 x 1,024 tokens are 4.2 GB per tensor, and a plain KL needs
+several such tensors for each model. fused_kd_loss instead takes the final hidden states and lm_head weights
+and goes through chunks of tokens whose float32 logits are at most CHUNK_LOGITS elements (256 MB: 523
+tokens at V = 128,256), computing each chunk's loss and its gradients already in the forward.
+    python -c "import distill; print(distill.bench_kd_loss(8192, 128256, 2048, 'cpu'))"   # fused vs naive
+"""
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from model import GPT, IGNORE_INDEX, ModelConfig, at_least_fp32
+from prepare_data import Windows, load_tokenizer, tokenizer_info
+
+CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB
+
+# -----------------------------------------------------------------------------
+# Teachers
+
+
+def checkpoint_file(spec):
+    """The ckpt.pt of one of this repo's checkpoints (the file, or train.py's out_dir holding it, next to
+    the run's own config.json), or None for a Hugging Face checkpoint directory (config.json, no ckpt.pt)."""
+    if os.path.isfile(spec):
+        return spec
+    if os.path.isfile(os.path.join(spec, 'ckpt.pt')):
+        return os.path.join(spec, 'ckpt.pt')
+    if os.path.isfile(os.path.join(spec, 'config.json')):
+        return None
+    if os.path.isdir(spec):
+        raise SystemExit(f"teacher {spec}: a directory with neither config.json (a Hugging Face checkpoint) "
+                         f"nor ckpt.pt (this repo's)")
+    raise SystemExit(f"teacher {spec}: no such file or directory")
+
+
+def read_checkpoint(path):
+    """One of this repo's checkpoints, memory-mapped: only the tensors used are read from disk (the
+    optimizer state a training checkpoint also holds is not). Our own file, so pickles are trusted."""
+    ckpt = torch.load(path, map_location='cpu', mmap=True, weights_only=False)
+    missing = [key for key in ('model', 'model_config', 'tokenizer') if key not in ckpt]
+    if missing:
+        raise SystemExit(f"{path}: not a checkpoint written by train.py (no {', '.join(missing)})")
+    return ckpt
+
+
+def load_teacher(spec, device='cpu', dtype=torch.float32):
+    """The teacher as a GPT on device, in dtype, in eval mode, every parameter frozen."""
+    path = checkpoint_file(spec)
+    try:
+        if path is None:
+            model = GPT.from_pretrained(spec, dtype=dtype)
+        else:
+            ckpt = read_checkpoint(path)
+            model = GPT(ModelConfig(**ckpt['model_config']))
+            # a torch.compile'd model's parameters are saved under _orig_mod.
+            model.load_state_dict({key.removeprefix('_orig_mod.'): t for key, t in ckpt['model'].items()})
+    except (OSError, ValueError, RuntimeError) as e:  # unreadable file, unsupported config, tensors that do not fit
+        raise SystemExit(f"teacher {spec}: {e}") from e
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def teacher_tokenizer_info(spec):
+    """The teacher's tokenizer as prepare_data.py's meta.json records it (its sha256 identifies it): rebuilt
+    from a Hugging Face directory's tokenizer files, or the dict stored in one of this repo's checkpoints."""
+    path = checkpoint_file(spec)
+    if path is None:
+        return tokenizer_info(load_tokenizer(spec), spec)
+    return read_checkpoint(path)['tokenizer']
+
+
+def read_data_meta(data_dir):
+    """meta.json of a prepare_data.py output directory."""
+    path = os.path.join(data_dir, 'meta.json')
+    if not os.path.isdir(data_dir):
+        raise SystemExit(f"--data_dir={data_dir}: no such directory; run prepare_data.py first")
+    if not os.path.isfile(path):
+        raise SystemExit(f"{path}: no such file; --data_dir must be an output directory of prepare_data.py")
+    with open(path) as f:
+        return json.load(f)
+
+
+def check_compatibility(teacher, teacher_spec, student_config, data_meta, block_size):
+    """Before step 0: SystemExit listing every way the teacher does not fit the data (its meta.json), the
+    student (a ModelConfig; None checks the teacher against the data only) and the sequence length."""
+    data_tok, teacher_tok = data_meta['tokenizer'], teacher_tokenizer_info(teacher_spec)
+    n_vocab, teacher_rows = data_meta['vocab_size'], teacher.config.vocab_size
+    problems = []
+    if teacher_tok['sha256'] != data_tok['sha256']:
+        problems.append(f"its tokenizer ({teacher_tok['family']}, {teacher_tok['n_vocab']:,} tokens, from "
+                        f"{teacher_tok['spec']}) is not the one the data was tokenized with ({data_tok['family']}, "
+                        f"{data_tok['n_vocab']:,} tokens, from {data_tok['spec']}); re-run prepare_data.py with "
+                        f"--tokenizer=<the teacher>")
+    if n_vocab > teacher_rows:
+        problems.append(f"the data has {n_vocab:,} token ids but the teacher's lm_head only {teacher_rows:,} rows")
+    if student_config is not None:
+        if n_vocab > student_config.vocab_size:
+            problems.append(f"the data has {n_vocab:,} token ids but the student's vocab_size is "
+                            f"{student_config.vocab_size:,}")
+        if student_config.vocab_size != teacher_rows:
+            problems.append(f"the student has {student_config.vocab_size:,} vocabulary rows, the teacher "
+                            f"{teacher_rows:,}; KD compares the two distributions row by row: set the student's "
+                            f"vocab_size={teacher_rows}")
+    if block_size > teacher.config.block_size:
+        problems.append(f"block_size={block_size} is longer than the teacher's {teacher.config.block_size} "
+                        f"positions (its block_size, or max_position_embeddings)")
+    if problems:
+        raise SystemExit(f"teacher {teacher_spec} does not fit:\n  - " + "\n  - ".join(problems))
+
+# -----------------------------------------------------------------------------
+# The KD loss, fused with both lm_heads and chunked over tokens
+
+
+class FusedKDLoss(torch.autograd.Function):
+    """loss = kd_alpha * KD + (1 - kd_alpha) * CE from final hidden states and lm_head weights, one chunk of
+    tokens at a time. With s, t a token's student and teacher logits, q = softmax(s/T), p = softmax(t/T):
+        KD = T^2 * sum_v p (log p - log q)        dKD/ds = T (q - p)
+        CE = -log softmax(s)[y]                    dCE/ds = softmax(s) - onehot(y)
+    Each chunk's gradient w.r.t. its logits is turned into gradients w.r.t. the student's hidden states
+    (g @ W_s) and lm_head weight (g^T @ h_s) right away, so no logits outlive their chunk; backward only
+    scales the stored gradients. Computed in float32 (float64 for float64 inputs) even under autocast."""
+
+    @staticmethod
+    def forward(ctx, h_s, w_s, h_t, w_t, targets, temperature, kd_alpha, chunk_size):
+        T, shape = temperature, h_s.shape
+        h_s, h_t = h_s.flatten(0, -2), h_t.flatten(0, -2)  # (N, C_s), (N, C_t)
+        with torch.autocast(h_s.device.type, enabled=False):
+            w_s, w_t = at_least_fp32(w_s), at_least_fp32(w_t)
+            # each token's weight in the means: 1/N, or 1/(number of real targets) and 0 for ignored ones
+            if targets is None:
+                weight = w_s.new_full((h_s.size(0),), 1 / h_s.size(0))
+            else:
+                targets = targets.flatten()
+                valid = (targets != IGNORE_INDEX).to(w_s.dtype)
+                weight = valid / valid.sum().clamp(min=1)
+            grad_h = torch.empty_like(h_s, dtype=w_s.dtype) if ctx.needs_input_grad[0] else None
+            grad_w = torch.zeros_like(w_s) if ctx.needs_input_grad[1] else None
+            kd, ce = w_s.new_zeros(()), w_s.new_zeros(())
+            for i in range(0, h_s.size(0), chunk_size):
+                h, w = at_least_fp32(h_s[i:i + chunk_size]), weight[i:i + chunk_size, None]
+                s = h @ w_s.T  # the chunk's student logits (n, V)
+                log_p = torch.log_softmax((at_least_fp32(h_t[i:i + chunk_size]) @ w_t.T) / T, dim=-1)
+                log_q = torch.log_softmax(s / T, dim=-1)
+                p = log_p.exp()
+                kd += T * T * (w * (p * (log_p - log_q)).sum(-1, keepdim=True)).sum()
+                grad = log_q.exp_().sub_(p).mul_(kd_alpha * T * w)  # T (q - p), weighted
+                if targets is not None:  # CE of the same student logits: logged for free, mixed in if kd_alpha < 1
+                    y = targets[i:i + chunk_size, None].clamp(min=0)  # ignored tokens have weight 0
+                    log_r = torch.log_softmax(s, dim=-1)
+                    ce -= (w * log_r.gather(1, y)).sum()
+                    grad += log_r.exp_().scatter_add_(1, y, -torch.ones_like(w)).mul_((1 - kd_alpha) * w)
+                if grad_h is not None:
+                    grad_h[i:i + chunk_size] = grad @ w_s
+                if grad_w is not None:
+                    grad_w.addmm_(grad.T, h)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.shape = shape
+        ctx.mark_non_differentiable(kd, ce)
+        return kd_alpha * kd + (1 - kd_alpha) * ce, kd, ce
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_kd, grad_ce):
+        grad_h, grad_w = ctx.saved_tensors
+        if grad_h is not None:
+            grad_h = (grad_h * grad_loss).view(ctx.shape)
+        if grad_w is not None:
+            grad_w = grad_w * grad_loss
+        return grad_h, grad_w, None, None, None, None, None, None
+
+
+def fused_kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight, temperature=1.0, targets=None,
+                  kd_alpha=1.0, chunk_size=None):
+    """(loss, kd, ce): loss = kd_alpha * KD + (1 - kd_alpha) * CE, a scalar whose gradients reach
+    student_hidden and student_weight only (the teacher's inputs are constants); kd and ce are detached
+    scalar tensors for logging (ce is None without targets; .item() them when logging, not every step).
+    hidden: (B, T, C) or (N, C) final normed hidden states (model(idx, return_hidden=True)), weight: (V, C)
+    lm_head weights with equal V. targets (B, T) or (N,): KD and CE are means over tokens whose target is not
+    IGNORE_INDEX; without targets KD is the mean over all tokens and kd_alpha must be 1. chunk_size: tokens
+    per chunk, by default as many as fit CHUNK_LOGITS float32 logits."""
+    V, N = student_weight.size(0), student_hidden.shape[:-1].numel()
+    if teacher_weight.size(0) != V:
+        raise ValueError(f"student and teacher lm_heads have {V} and {teacher_weight.size(0)} rows; KD needs equal "
+                         f"vocabularies")
+    if teacher_hidden.shape[:-1].numel() != N or (targets is not None and targets.numel() != N):
+        raise ValueError(f"student hidden {tuple(student_hidden.shape)}, teacher hidden {tuple(teacher_hidden.shape)}"
+                         f" and targets {None if targets is None else tuple(targets.shape)} differ in tokens")
+    if temperature <= 0 or not 0 <= kd_alpha <= 1 or (kd_alpha < 1 and targets is None):
+        raise ValueError(f"need temperature > 0, 0 <= kd_alpha <= 1, and targets when kd_alpha < 1; got "
+                         f"temperature={temperature}, kd_alpha={kd_alpha}, targets={targets is not None}")
+    chunk_size = chunk_size or max(1, CHUNK_LOGITS // V)
+    if not torch.is_grad_enabled():  # evaluation: a Function's forward cannot see that, so skip the gradient work
+        student_hidden, student_weight = student_hidden.detach(), student_weight.detach()
+    loss, kd, ce = FusedKDLoss.apply(student_hidden, student_weight, teacher_hidden, teacher_weight, targets,
+                                     temperature, kd_alpha, chunk_size)
+    return loss, kd, ce if targets is not None else None
+
+# -----------------------------------------------------------------------------
+# Benchmark: fused vs naive, each in a fresh process
+
+
+def bench_kd_loss(n_tokens=8192, vocab=128256, hidden=2048, device='cpu'):
+    """Seconds and peak memory of one forward + backward of KD (T = 1) for n_tokens tokens: fused_kd_loss vs
+    the naive full-logits KL. Each runs in a fresh Python process, so neither inherits the other's memory
+    and an out-of-memory kill is reported, not fatal. Peak memory: CUDA's allocator peak, or on CPU the rise
+    of the resident set (VmHWM, reset through /proc/self/clear_refs; glibc's mmap threshold pinned so freed
+    tensors really leave the process). Returns {'naive': {...}, 'fused': {...}}."""
+    results = {}
+    for impl in ('naive', 'fused'):
+        code = f"import distill; distill.bench_one({impl!r}, {n_tokens}, {vocab}, {hidden}, {device!r})"
+        run = subprocess.run([sys.executable, '-c', code], cwd=os.path.dirname(os.path.abspath(__file__)),
+                             env=dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072'), capture_output=True, text=True)
+        if run.returncode == 0:
+            results[impl] = json.loads(run.stdout.splitlines()[-1])
+        else:
+            results[impl] = dict(error=f"exit code {run.returncode} (-9: killed, out of memory): {run.stderr[-300:]}")
+    return results
+
+
+def bench_one(impl, n_tokens, vocab, hidden, device):
+    """One case of bench_kd_loss, run in its own process; prints a JSON line."""
+    device = torch.device(device)
+    torch.manual_seed(0)
+    h_s = torch.randn(n_tokens, hidden, device=device, requires_grad=True)
+    w_s = (torch.randn(vocab, hidden, device=device) * hidden ** -0.5).requires_grad_()
+    h_t, w_t = torch.randn(n_tokens, hidden, device=device), torch.randn(vocab, hidden, device=device) * hidden ** -0.5
+
+    def step():
+        if impl == 'fused':
+            loss = fused_kd_loss(h_s, w_s, h_t, w_t)[0]
+        else:  # what one writes first: both models' full logits, then the KL
+            loss = F.kl_div(F.log_softmax(h_s @ w_s.T, dim=-1), F.log_softmax(h_t @ w_t.T, dim=-1),
+                            log_target=True, reduction='batchmean')
+        loss.backward()
+        return loss.item()
+
+    def resident(field):
+        return int(re.search(rf'{field}:\s+(\d+)', open('/proc/self/status').read()).group(1)) * 1024
+
+    if device.type == 'cuda':
+        step()  # warm-up: CUDA context, cuBLAS workspaces
+        h_s.grad = w_s.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+    else:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')  # VmHWM := the current resident size
+        start = resident('VmRSS')
+    t0 = time.perf_counter()
+    loss = step()
+    seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() if device.type == 'cuda' else resident('VmHWM')
+    print(json.dumps(dict(seconds=seconds, peak_bytes=peak - start, loss=loss)))
+
+# -----------------------------------------------------------------------------
+# The sanity tool: the teacher's loss on the data's val split
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="Load a KD teacher, check it against a data directory and print its "
+                                            "val loss.", allow_abbrev=False)
+    p.add_argument('--teacher', required=True, help="Hugging Face checkpoint directory, or this repo's ckpt.pt "
+                                                    "(or a directory holding it)")
+    p.add_argument('--data_dir', required=True, help="an output directory of prepare_data.py")
+    p.add_argument('--batches', type=int, default=8, help="val batches to evaluate")
+    p.add_argument('--batch_size', type=int, default=4, help="sequences per batch")
+    p.add_argument('--block_size', type=int, default=0, help="tokens per sequence (0: min(2048, the teacher's))")
+    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16', 'float16'],
+                   help="the teacher's dtype; auto: bfloat16 on CUDA, float32 elsewhere")
+    args = p.parse_args(argv)
+    for key, low in (('batches', 1), ('batch_size', 1), ('block_size', 0)):
+        if getattr(args, key) < low:
+            p.error(f"--{key} must be at least {low}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    meta = read_data_meta(args.data_dir)
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype != 'auto' else (
+        torch.bfloat16 if device.type == 'cuda' else torch.float32)
+    t0 = time.time()
+    teacher = load_teacher(args.teacher, device, dtype)
+    cfg = teacher.config
+    print(f"teacher {args.teacher}: {teacher.get_num_params():,} parameters, {cfg.n_layer} layers, vocab "
+          f"{cfg.vocab_size:,} rows, up to {cfg.block_size:,} positions; {dtype} on {device}, loaded in "
+          f"{time.time() - t0:.1f} s")
+    block_size = args.block_size or min(2048, cfg.block_size)
+    check_compatibility(teacher, args.teacher, None, meta, block_size)
+    print(f"fits the data: tokenizer {meta['tokenizer']['family']} (sha256 {meta['tokenizer']['sha256'][:12]}), "
+          f"{meta['vocab_size']:,} token ids, block_size {block_size}")
+    windows = Windows(args.data_dir, 'val', block_size)
+    x, y = (torch.from_numpy(t) for t in windows.get(range(min(args.batches * args.batch_size, len(windows)))))
+    total = 0.0
+    for i in range(0, len(x), args.batch_size):
+        t0 = time.time()
+        with torch.no_grad():
+            _, loss = teacher(x[i:i + args.batch_size].to(device), y[i:i + args.batch_size].to(device))
+        total += loss.item() * y[i:i + args.batch_size].numel()
+        print(f"batch {i // args.batch_size + 1}/{math.ceil(len(x) / args.batch_size)}: loss {loss.item():.4f} "
+              f"({time.time() - t0:.1f} s)")
+    mean = total / y.numel()
+    print(f"teacher val loss {mean:.4f}, perplexity {math.exp(mean):.2f} on {y.numel():,} tokens of {args.data_dir}")
+    return dict(loss=mean, perplexity=math.exp(mean), tokens=y.numel())
+
+
+if __name__ == '__main__':
+    main()

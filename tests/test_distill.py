@@ -1,0 +1,522 @@
+"""Tests for distill.py and GPT.from_pretrained: exact logits of tiny Hugging Face Llama / Qwen2 checkpoints built
+here with transformers, loading errors and memory, this repo's checkpoints as teachers, the fused KD loss
+against a float64 full-logits reference, a short distillation run, every compatibility error, the CLI."""
+import dataclasses
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+import distill
+import prepare_data as prep
+from model import GPT, ModelConfig, config_from_hf
+from test_prepare_data import write_tiktoken_file
+
+torch.set_num_threads(2)
+ROOT = Path(__file__).resolve().parents[1]
+HF_CLASSES = {'llama': LlamaForCausalLM, 'qwen2': Qwen2ForCausalLM}
+
+
+def rel_err(got, expected):
+    return ((got - expected).abs().max() / expected.abs().max()).item()
+
+
+def randomise(model, seed):
+    """Weights far from HF's init (std 0.02, unit norms, zero biases): norms, biases and RoPE all show in the logits."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if 'norm' in name:
+                p.copy_(1 + 0.3 * noise)
+            elif name.endswith('bias'):
+                p.copy_(0.5 * noise)
+            else:
+                p.copy_(noise if 'embed' in name else 0.15 * noise)
+
+
+@pytest.fixture(scope='module')
+def hf_dirs(tmp_path_factory):
+    """Tiny HF checkpoints: 'llama' (Llama-3 rope scaling, GQA 4:2, tied, sharded safetensors, a Llama-3-style
+    byte tokenizer: 256 ranks + 256 specials = 512 ids), 'llama_hub_config' (the same with config.json as the hub
+    ships Llama-3.2's: rope_theta + rope_scaling), 'qwen2' (q/k/v bias, untied, one safetensors file)."""
+    root = tmp_path_factory.mktemp('hf')
+    llama = LlamaForCausalLM(LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, rope_scaling=dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0,
+                                                    high_freq_factor=4.0, original_max_position_embeddings=32)))
+    randomise(llama, 0)
+    llama.save_pretrained(root / 'llama', safe_serialization=True, max_shard_size='20KB')
+    write_tiktoken_file(root / 'llama' / 'original' / 'tokenizer.model', {bytes([b]): b for b in range(256)})
+    shutil.copytree(root / 'llama', root / 'llama_hub_config')
+    config = json.loads((root / 'llama' / 'config.json').read_text())
+    rope = config.pop('rope_parameters', None) or config.pop('rope_scaling')  # transformers >= 5 / < 5
+    config['rope_theta'] = rope.pop('rope_theta', config.get('rope_theta'))
+    config['rope_scaling'] = rope
+    (root / 'llama_hub_config' / 'config.json').write_text(json.dumps(config))
+    qwen = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=256, rope_theta=1e6, rms_norm_eps=1e-6,
+        tie_word_embeddings=False))
+    randomise(qwen, 1)
+    qwen.save_pretrained(root / 'qwen2', safe_serialization=True)
+    return {name: root / name for name in ('llama', 'llama_hub_config', 'qwen2')}
+
+
+def hf_logits(path, idx):
+    model_type = json.loads((path / 'config.json').read_text())['model_type']
+    # eager: HF's explicit softmax(QK^T) attention, a different computation from our SDPA call
+    model = HF_CLASSES[model_type].from_pretrained(path, attn_implementation='eager').float().eval()
+    with torch.no_grad():
+        return model(idx).logits
+
+# -----------------------------------------------------------------------------
+# GPT.from_pretrained
+
+
+@pytest.mark.parametrize('kind', ['llama', 'llama_hub_config', 'qwen2'])
+def test_logits_match_hugging_face(kind, hf_dirs):
+    path = hf_dirs[kind]
+    ours = GPT.from_pretrained(str(path)).eval()
+    cfg = ours.config
+    idx = torch.randint(0, cfg.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
+    expected = hf_logits(path, idx)
+    with torch.no_grad():
+        got = ours(idx)[0]
+    err = rel_err(got, expected)
+    print(f"{kind}: max |logit diff| / max |logit| = {err:.2e} (max |logit| {expected.abs().max():.1f})")
+    assert err < 1e-4
+    # what the checkpoint is meant to exercise is really there and really matters
+    state = ours.state_dict()
+    if kind == 'qwen2':
+        assert cfg.qkv_bias and not cfg.tie_embeddings and cfg.rope_theta == 1e6 and cfg.rms_norm_eps == 1e-6
+        ablated = GPT(dataclasses.replace(cfg, qkv_bias=False)).eval()
+        ablated.load_state_dict({k: v for k, v in state.items() if not k.endswith('_proj.bias')})
+    else:
+        assert len(list(path.glob('model-*.safetensors'))) > 1 and cfg.n_kv_head == 2 and cfg.tie_embeddings
+        assert ours.lm_head.weight is ours.model.embed_tokens.weight
+        assert cfg.rope_scaling['rope_type'] == 'llama3' and cfg.rope_scaling['factor'] == 8.0
+        ablated = GPT(dataclasses.replace(cfg, rope_scaling=None)).eval()
+        ablated.load_state_dict(state)
+    with torch.no_grad():
+        assert rel_err(ablated(idx)[0], expected) > 1e-3
+
+
+def test_from_pretrained_dtype_and_teacher_mode(hf_dirs):
+    teacher = distill.load_teacher(str(hf_dirs['qwen2']), dtype=torch.bfloat16)
+    assert not teacher.training and all(p.dtype == torch.bfloat16 and not p.requires_grad for p in teacher.parameters())
+
+
+def edit_checkpoint(src, dst, config=None, tensors=None):
+    """A copy of the single-file checkpoint src with config.json and/or its tensors changed."""
+    shutil.copytree(src, dst)
+    if config:
+        cfg = json.loads((dst / 'config.json').read_text())
+        config(cfg)
+        (dst / 'config.json').write_text(json.dumps(cfg))
+    if tensors:
+        state = load_file(dst / 'model.safetensors')
+        tensors(state)
+        save_file(state, dst / 'model.safetensors')
+    return dst
+
+
+BAD_CHECKPOINTS = {  # name: (config edit, tensors edit, error, message)
+    'mistral': (lambda c: c.update(model_type='mistral'), None, ValueError, "model_type 'mistral'"),
+    'yarn': (lambda c: c.update(rope_parameters=dict(rope_type='yarn', factor=4.0, rope_theta=1e6)), None,
+             ValueError, "rope_type 'yarn'"),
+    'linear (hub style)': (lambda c: c.update(rope_parameters=None, rope_scaling=dict(type='linear', factor=2.0)),
+                           None, ValueError, "rope_type 'linear'"),
+    'gelu': (lambda c: c.update(hidden_act='gelu'), None, ValueError, "hidden_act"),
+    'sliding window': (lambda c: c.update(use_sliding_window=True), None, ValueError, "use_sliding_window"),
+    'head_dim': (lambda c: c.update(head_dim=32), None, ValueError, "head_dim"),
+    'missing bias': (None, lambda s: s.pop('model.layers.1.self_attn.k_proj.bias'), ValueError,
+                     r"missing \['model.layers.1.self_attn.k_proj.bias'\], unexpected \[\]"),
+    'missing lm_head (untied)': (None, lambda s: s.pop('lm_head.weight'), ValueError, r"missing \['lm_head.weight'\]"),
+    'extra tensor': (None, lambda s: s.update({'model.layers.0.self_attn.extra.weight': torch.zeros(2)}),
+                     ValueError, r"unexpected \['model.layers.0.self_attn.extra.weight'\]"),
+    'wrong shape': (lambda c: c.update(intermediate_size=80), None, RuntimeError, "mlp.gate_proj.weight"),
+    'no safetensors': (None, None, FileNotFoundError, "model.safetensors"),  # the file is deleted below
+}
+
+
+@pytest.mark.parametrize('name', BAD_CHECKPOINTS)
+def test_from_pretrained_errors(name, hf_dirs, tmp_path):
+    edit_config, edit_tensors, error, message = BAD_CHECKPOINTS[name]
+    path = edit_checkpoint(hf_dirs['qwen2'], tmp_path / 'ckpt', edit_config, edit_tensors)
+    if name == 'no safetensors':
+        (path / 'model.safetensors').unlink()
+    with pytest.raises(error, match=message):
+        GPT.from_pretrained(str(path))
+    with pytest.raises(SystemExit, match=message):  # the teacher loader turns it into a message, not a traceback
+        distill.load_teacher(str(path))
+
+
+def test_from_pretrained_ignores_rotary_buffers_and_llama_attention_bias_is_refused(hf_dirs, tmp_path):
+    inv_freq = {'model.layers.0.self_attn.rotary_emb.inv_freq': torch.ones(8)}  # older HF saves hold these
+    path = edit_checkpoint(hf_dirs['qwen2'], tmp_path / 'rotary', tensors=lambda s: s.update(inv_freq))
+    GPT.from_pretrained(str(path))
+    bias = edit_checkpoint(hf_dirs['llama_hub_config'], tmp_path / 'bias',
+                           config=lambda c: c.update(attention_bias=True))
+    with pytest.raises(ValueError, match='attention_bias'):
+        GPT.from_pretrained(str(bias))
+
+
+@pytest.mark.parametrize('attention', ['sink', 'affine_gated'])
+def test_from_pretrained_other_variants_initialise_their_extras(attention, hf_dirs, capsys):
+    softmax = GPT.from_pretrained(str(hf_dirs['llama']))
+    model = GPT.from_pretrained(str(hf_dirs['llama']), attention=attention)
+    out = capsys.readouterr().out
+    extras = {'sink': ['self_attn.sinks'], 'affine_gated': ['self_attn.alpha_ma', 'self_attn.alpha_proj.weight',
+                                                            'self_attn.g_proj.weight']}[attention]
+    assert 'initialised fresh' in out and all(name in out for name in extras)
+    state = model.state_dict()
+    for key, t in softmax.state_dict().items():  # every checkpoint tensor kept
+        assert torch.equal(state[key], t)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        if attention == 'sink':
+            assert 0.0 < attn.sinks.std() < 0.1  # normal(0, init_std), not garbage
+        else:
+            for buffer in (attn.alpha_ma, attn.alpha_sum, attn.alpha_count):
+                assert not buffer.is_meta and torch.equal(buffer, torch.zeros_like(buffer))
+            assert 0.01 < attn.g_proj.weight.std() < 0.03 and 0.01 < attn.alpha_proj.weight.std() < 0.03
+    logits, _ = model(torch.randint(0, 512, (1, 16)))
+    assert torch.isfinite(logits).all()
+
+
+MEASURE_LOADING = r"""
+import re, sys, torch
+from model import GPT, ModelConfig
+def rss(field):
+    return int(re.search(field + r':\s+(\d+)', open('/proc/self/status').read())[1]) * 1024
+with torch.device('meta'):
+    GPT(ModelConfig())  # the meta device's one-time setup (~70 MB), not part of loading
+open('/proc/self/clear_refs', 'w').write('5')  # VmHWM := VmRSS
+start = rss('VmRSS')
+model = GPT.from_pretrained(sys.argv[1])
+sum(float(p.detach().sum()) for p in model.parameters())  # touch every weight
+print(rss('VmHWM') - start)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='reads /proc/self/status')
+def test_from_pretrained_needs_about_one_model_of_memory(tmp_path):
+    """A 214 MB float32 checkpoint (written directly, no transformers needed) loads with a peak of about 1x its
+    size, every weight touched; building the model first and then copying the weights in would need 2x."""
+    cfg = dict(model_type='llama', vocab_size=16384, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
+               num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=256, rms_norm_eps=1e-5,
+               tie_word_embeddings=False)
+    (tmp_path / 'config.json').write_text(json.dumps(cfg))
+    with torch.device('meta'):
+        shapes = {k: v.shape for k, v in GPT(config_from_hf(cfg)).state_dict().items()}
+    save_file({k: torch.full(shape, 0.01) for k, shape in shapes.items()}, tmp_path / 'model.safetensors')
+    size = (tmp_path / 'model.safetensors').stat().st_size
+    run = subprocess.run([sys.executable, '-c', MEASURE_LOADING, str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, env=dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072'), check=True)
+    peak = int(run.stdout.split()[-1])
+    print(f"checkpoint {size / 2**20:.0f} MiB, peak while loading {peak / 2**20:.0f} MiB ({peak / size:.2f}x)")
+    assert 0.9 * size < peak < 1.2 * size
+
+# -----------------------------------------------------------------------------
+# This repo's checkpoints as teachers
+
+
+BYTES = prep.tokenizer_info(prep.load_tokenizer('bytes'), 'bytes')
+
+
+def tiny_config(**kw):
+    return ModelConfig(**dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=96, vocab_size=320,
+                              block_size=64, tie_embeddings=True) | kw)
+
+
+def save_our_checkpoint(model, path, prefix=''):
+    """What train.py writes (the contract): state dict, asdict(ModelConfig), the data's tokenizer, and training
+    state that is not plain tensors (numpy's RNG state)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(dict(model={prefix + k: v for k, v in model.state_dict().items()},
+                    model_config=dataclasses.asdict(model.config), tokenizer=BYTES, step=7, optimizer={'state': {}},
+                    rng=dict(numpy=np.random.get_state(), torch=torch.get_rng_state()), config={'teacher': None}), path)
+
+
+@pytest.fixture(scope='module')
+def our_teacher(tmp_path_factory):
+    """An affine teacher with a non-zero alpha_ma, saved from a compiled model (_orig_mod. prefixes). Its (tied)
+    embeddings are large, so its predictions are peaked and depend mostly on the current token: a student can
+    learn them in a few steps."""
+    torch.manual_seed(0)
+    model = GPT(tiny_config(attention='affine'))
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0.0, 0.3)
+        for layer in model.model.layers:
+            layer.self_attn.alpha_ma.uniform_(0.2, 0.8)
+    path = tmp_path_factory.mktemp('ours') / 'teacher' / 'ckpt.pt'
+    save_our_checkpoint(model, path, prefix='_orig_mod.')
+    (path.parent / 'config.json').write_text('{"n_layer": 2}')  # train.py writes its run config next to ckpt.pt
+    return model.eval(), path
+
+
+def test_load_teacher_from_our_checkpoint(our_teacher):
+    model, path = our_teacher
+    idx = torch.randint(0, 320, (2, 32))
+    with torch.no_grad():
+        expected = model(idx)[0]
+    for spec in (str(path), str(path.parent)):  # the file, or the directory holding it
+        teacher = distill.load_teacher(spec)
+        assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+        assert teacher.config == model.config
+        with torch.no_grad():
+            assert torch.equal(teacher(idx)[0], expected)
+        assert distill.teacher_tokenizer_info(spec)['sha256'] == BYTES['sha256']
+
+
+def test_bad_teacher_specs(tmp_path):
+    (tmp_path / 'empty').mkdir()
+    torch.save(dict(model={}), tmp_path / 'partial.pt')
+    for spec, message in [(tmp_path / 'nowhere', 'no such file or directory'),
+                          (tmp_path / 'empty', 'neither config.json'),
+                          (tmp_path / 'partial.pt', 'no model_config, tokenizer')]:
+        with pytest.raises(SystemExit, match=message):
+            distill.load_teacher(str(spec))
+
+# -----------------------------------------------------------------------------
+# The fused KD loss
+
+
+def reference_kd(h_s, w_s, h_t, w_t, temperature, targets, kd_alpha):
+    """The full-logits computation, written from the definition: (loss, kd, ce)."""
+    T = temperature
+    s, t = h_s @ w_s.T, h_t @ w_t.T
+    kl = F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t / T, -1), log_target=True, reduction='none').sum(-1)
+    if targets is None:
+        kd = T * T * kl.mean()
+        return kd, kd, None
+    kd = T * T * kl[targets != -100].mean()
+    ce = F.cross_entropy(s.flatten(0, -2), targets.flatten(), ignore_index=-100)
+    return kd_alpha * kd + (1 - kd_alpha) * ce, kd, ce
+
+
+def kd_inputs(dtype=torch.float64, B=2, T=13, C_s=16, C_t=24, V=37, seed=0):
+    """Random student/teacher hidden states and lm_heads of different widths; logits of a few units."""
+    g = torch.Generator().manual_seed(seed)
+    h_s = torch.randn(B, T, C_s, generator=g, dtype=dtype).requires_grad_()
+    w_s = (torch.randn(V, C_s, generator=g, dtype=dtype) * 0.5).requires_grad_()
+    h_t, w_t = torch.randn(B, T, C_t, generator=g, dtype=dtype), torch.randn(V, C_t, generator=g, dtype=dtype) * 0.7
+    targets = torch.randint(0, V, (B, T), generator=g)
+    targets[0, :4] = targets[1, -3:] = -100  # ignored tokens, e.g. padding
+    return h_s, w_s, h_t, w_t, targets
+
+
+@pytest.mark.parametrize('temperature', [1.0, 2.0, 0.5])
+@pytest.mark.parametrize('kd_alpha, with_targets', [(1.0, False), (1.0, True), (0.5, True), (0.0, True)])
+@pytest.mark.parametrize('chunk_size', [5, None])
+def test_fused_kd_loss_equals_full_logits_float64(temperature, kd_alpha, with_targets, chunk_size):
+    h_s, w_s, h_t, w_t, targets = kd_inputs()
+    targets = targets if with_targets else None
+    loss, kd, ce = distill.fused_kd_loss(h_s, w_s, h_t, w_t, temperature, targets, kd_alpha, chunk_size)
+    ref_loss, ref_kd, ref_ce = reference_kd(h_s, w_s, h_t, w_t, temperature, targets, kd_alpha)
+    upstream = 1.7  # backward must scale the stored gradients by grad_output
+    grads = torch.autograd.grad(upstream * loss, (h_s, w_s))
+    ref_grads = torch.autograd.grad(upstream * ref_loss, (h_s, w_s))
+    exact = dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(loss, ref_loss, **exact)
+    torch.testing.assert_close(kd, ref_kd.detach(), **exact)
+    assert not kd.requires_grad and (ce is None) == (targets is None)
+    if ce is not None:
+        torch.testing.assert_close(ce, ref_ce.detach(), **exact)
+    for got, expected in zip(grads, ref_grads):
+        torch.testing.assert_close(got, expected, **exact)
+
+
+def test_temperature_and_ce_mix_by_hand():
+    """One token, two classes: student logits (0, 0), teacher logits (0, ln 3), target class 1."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    w_t = torch.tensor([[0.0], [math.log(3)]], dtype=torch.float64)
+    for T, alpha in [(1.0, 1.0), (2.0, 1.0), (2.0, 0.25), (3.0, 0.0)]:
+        w_s = torch.zeros(2, 1, dtype=torch.float64, requires_grad=True)  # logits = w_s since h = 1
+        loss, kd, ce = distill.fused_kd_loss(h, w_s, h, w_t, T, torch.tensor([1]), alpha)
+        loss.backward()
+        p1 = 3 ** (1 / T) / (1 + 3 ** (1 / T))  # the teacher's softened probability of class 1
+        p = torch.tensor([1 - p1, p1], dtype=torch.float64)
+        kl = (p * (p / 0.5).log()).sum()  # KL(p || (1/2, 1/2))
+        assert kd.item() == pytest.approx(T * T * kl.item(), rel=1e-12)
+        assert ce.item() == pytest.approx(math.log(2), rel=1e-12)
+        assert loss.item() == pytest.approx(alpha * T * T * kl.item() + (1 - alpha) * math.log(2), rel=1e-12)
+        # d/ds: alpha T (q - p) + (1 - alpha)(softmax(s) - onehot(1)), with q = softmax(s) = (1/2, 1/2)
+        expected = alpha * T * (0.5 - p) + (1 - alpha) * torch.tensor([0.5, -0.5], dtype=torch.float64)
+        torch.testing.assert_close(w_s.grad[:, 0], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_fused_kd_loss_under_bf16_autocast_and_with_bf16_inputs():
+    h_s, w_s, h_t, w_t, targets = (t.detach().float() if t.is_floating_point() else t for t in kd_inputs())
+    h_s.requires_grad_(), w_s.requires_grad_()
+    ref = reference_kd(h_s.double(), w_s.double(), h_t.double(), w_t.double(), 2.0, targets, 0.5)[0]
+    with torch.autocast('cpu', dtype=torch.bfloat16):  # the loss must still be computed in float32
+        loss, _, _ = distill.fused_kd_loss(h_s, w_s, h_t, w_t, 2.0, targets, 0.5)
+    assert loss.dtype == torch.float32 and abs(loss.item() - ref.item()) < 1e-5 * ref.item()
+    # bf16 hidden states and teacher head (a bf16 teacher, autocast student): float32 loss, grads in input dtypes
+    h_bf = h_s.detach().bfloat16().requires_grad_()
+    loss, _, _ = distill.fused_kd_loss(h_bf, w_s, h_t.bfloat16(), w_t.bfloat16(), 2.0, targets, 0.5)
+    loss.backward()
+    assert loss.dtype == torch.float32 and abs(loss.item() - ref.item()) < 0.05 * ref.item()
+    assert h_bf.grad.dtype == torch.bfloat16 and w_s.grad.dtype == torch.float32
+
+
+def test_fused_kd_loss_without_grad_and_bad_arguments():
+    h_s, w_s, h_t, w_t, targets = kd_inputs()
+    with torch.no_grad():
+        loss, kd, ce = distill.fused_kd_loss(h_s, w_s, h_t, w_t, targets=targets)
+    assert not loss.requires_grad and loss.item() == pytest.approx(reference_kd(
+        h_s, w_s, h_t, w_t, 1.0, targets, 1.0)[0].item(), rel=1e-12)
+    for kwargs, message in [(dict(teacher_weight=w_t[:-1]), 'rows'), (dict(temperature=0.0), 'temperature > 0'),
+                            (dict(kd_alpha=0.5), 'targets when kd_alpha < 1'), (dict(kd_alpha=1.5), 'kd_alpha <= 1'),
+                            (dict(teacher_hidden=h_t[:, :-1]), 'differ in tokens')]:
+        args = dict(student_hidden=h_s, student_weight=w_s, teacher_hidden=h_t, teacher_weight=w_t) | kwargs
+        with pytest.raises(ValueError, match=message):
+            distill.fused_kd_loss(**args)
+
+
+def test_short_distillation_run_brings_student_to_teacher(our_teacher):
+    """train.py's KD step on a tiny scale: the student's KL to this repo's (affine) teacher falls."""
+    _, path = our_teacher
+    teacher = distill.load_teacher(str(path))
+    torch.manual_seed(1)
+    student = GPT(tiny_config(attention='softmax'))
+    opt = student.configure_optimizers(weight_decay=0.0, lr=1e-2, betas=(0.9, 0.95), fused=False)
+    held_out = torch.randint(0, 257, (4, 32))
+
+    def kl(idx):
+        with torch.no_grad():
+            h_s, _ = student(idx, return_hidden=True)
+            h_t, _ = teacher(idx, return_hidden=True)
+            return distill.fused_kd_loss(h_s, student.lm_head.weight, h_t, teacher.lm_head.weight)[1].item()
+
+    before = kl(held_out)
+    for _ in range(30):
+        idx = torch.randint(0, 257, (8, 32))
+        h_s, _ = student(idx, return_hidden=True)
+        with torch.no_grad():
+            h_t, _ = teacher(idx, return_hidden=True)
+        loss, _, ce = distill.fused_kd_loss(h_s, student.lm_head.weight, h_t, teacher.lm_head.weight,
+                                            targets=idx.roll(-1, 1))
+        assert torch.isfinite(ce)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = kl(held_out)
+    print(f"held-out KL(teacher || student): {before:.3f} -> {after:.3f}")
+    assert after < 0.1 * before
+
+# -----------------------------------------------------------------------------
+# Compatibility checks
+
+
+def bytes_meta(**kw):
+    return dict(tokenizer=BYTES, vocab_size=BYTES['n_vocab']) | kw
+
+
+@pytest.mark.parametrize('case', ['tokenizer', 'data vocab > teacher rows', 'data vocab > student vocab',
+                                  'student rows != teacher rows', 'block_size > teacher', 'everything'])
+def test_compatibility_errors(case, our_teacher, hf_dirs):
+    _, path = our_teacher
+    teacher, spec = distill.load_teacher(str(path)), str(path)
+    student, meta, block_size = tiny_config(), bytes_meta(), 64
+    distill.check_compatibility(teacher, spec, student, meta, block_size)  # the good case passes
+    llama_tokenizer = prep.tokenizer_info(prep.load_tokenizer(str(hf_dirs['llama'])), str(hf_dirs['llama']))
+    if case in ('tokenizer', 'everything'):
+        meta = bytes_meta(tokenizer=llama_tokenizer)
+    if case == 'data vocab > teacher rows':
+        meta, student = bytes_meta(vocab_size=321), None  # None: the teacher against the data only (the CLI)
+    if case in ('data vocab > student vocab', 'everything'):
+        student = tiny_config(vocab_size=256)
+    if case == 'student rows != teacher rows':
+        student = tiny_config(vocab_size=384)
+    if case in ('block_size > teacher', 'everything'):
+        block_size = 65
+    # one message per problem; a student smaller than the data's vocabulary also differs from the teacher
+    tokenizer, block = 'is not the one the data was tokenized with', "block_size=65 is longer than the teacher's 64"
+    small = ["student's vocab_size is 256", "the student has 256 vocabulary rows, the teacher 320; KD compares the two "
+                                            "distributions row by row: set the student's vocab_size=320"]
+    messages = {'tokenizer': [tokenizer], 'data vocab > teacher rows': ["teacher's lm_head only 320 rows"],
+                'data vocab > student vocab': small,
+                'student rows != teacher rows': ['the student has 384 vocabulary rows, the teacher 320'],
+                'block_size > teacher': [block], 'everything': [tokenizer, *small, block]}[case]
+    with pytest.raises(SystemExit) as e:
+        distill.check_compatibility(teacher, spec, student, meta, block_size)
+    text = str(e.value)
+    assert text.startswith(f'teacher {spec} does not fit') and text.count('\n  - ') == len(messages)
+    assert all(m in text for m in messages), text
+
+
+def test_hf_teacher_tokenizer_is_checked(hf_dirs):
+    spec = str(hf_dirs['llama'])
+    teacher = distill.load_teacher(spec)
+    own = prep.tokenizer_info(prep.load_tokenizer(spec), spec)
+    distill.check_compatibility(teacher, spec, teacher.config, dict(tokenizer=own, vocab_size=512), 128)
+    with pytest.raises(SystemExit, match='llama3, 512 tokens.*bytes, 257 tokens'):
+        distill.check_compatibility(teacher, spec, None, bytes_meta(), 128)
+
+# -----------------------------------------------------------------------------
+# The sanity tool
+
+
+@pytest.fixture(scope='module')
+def llama_data(hf_dirs, tmp_path_factory):
+    """The offline corpus tokenized with the tiny Llama's tokenizer."""
+    out = tmp_path_factory.mktemp('data') / 'llama'
+    prep.main(['--source=builtin', f'--tokenizer={hf_dirs["llama"]}', f'--out_dir={out}', '--num_proc=1',
+               '--val_every=10'])
+    return out
+
+
+def test_cli_prints_the_teachers_val_loss(hf_dirs, llama_data, capsys):
+    result = distill.main([f'--teacher={hf_dirs["llama"]}', f'--data_dir={llama_data}', '--batches=2',
+                           '--batch_size=2', '--block_size=16', '--device=cpu'])
+    out = capsys.readouterr().out
+    assert 'batch 2/2' in out and f"perplexity {result['perplexity']:.2f}" in out and result['tokens'] == 64
+    # the same number from transformers on the documented windows: the first 4 windows of 17 tokens of the val
+    # split, window k starting at token 16 k (consecutive windows share one token, as in training)
+    meta = json.loads((llama_data / 'meta.json').read_text())
+    ids = np.concatenate([prep.read_shard(llama_data / name) for name in meta['splits']['val']['shards']])
+    assert len(meta['splits']['val']['shards']) == 1  # (windows never cross shards)
+    windows = torch.stack([torch.from_numpy(ids[16 * k:16 * k + 17].astype(np.int64)) for k in range(4)])
+    logits = hf_logits(hf_dirs['llama'], windows[:, :-1])
+    expected = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()).item()
+    assert result['loss'] == pytest.approx(expected, rel=1e-5)
+    assert result['perplexity'] == pytest.approx(math.exp(expected), rel=1e-5)
+
+
+def test_cli_errors(hf_dirs, llama_data, our_teacher, tmp_path, capsys):
+    (tmp_path / 'no_meta').mkdir()
+    teacher, data = f'--teacher={hf_dirs["llama"]}', f'--data_dir={llama_data}'
+    cases = [([teacher, f'--data_dir={tmp_path / "nowhere"}'], 'no such directory'),
+             ([teacher, f'--data_dir={tmp_path / "no_meta"}'], 'meta.json: no such file'),
+             ([f'--teacher={tmp_path / "nowhere"}', data], 'no such file or directory'),
+             ([f'--teacher={our_teacher[1]}', data], 'is not the one the data was tokenized with'),
+             ([teacher, data, '--block_size=129'], "block_size=129 is longer than the teacher's 128"),
+             ([teacher, data, '--bogus=1'], 'unrecognized arguments: --bogus=1'),
+             ([teacher, data, '--batches=two'], "invalid int value: 'two'"),
+             ([teacher, data, '--batches=0'], '--batches must be at least 1'),
+             ([data], 'the following arguments are required: --teacher')]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as e:
+            distill.main(argv)
+        assert message in str(e.value) + capsys.readouterr().err, (argv, message)
+
+
+def test_bench_kd_loss_runs_both_paths():
+    result = distill.bench_kd_loss(n_tokens=64, vocab=1000, hidden=16, device='cpu')
+    assert set(result) == {'naive', 'fused'} and all(r['seconds'] > 0 and r['peak_bytes'] >= 0 for r in result.values())
+    assert result['fused']['loss'] == pytest.approx(result['naive']['loss'], rel=1e-5)
