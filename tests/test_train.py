@@ -167,3 +167,17 @@ def test_overrides_accept_none_lists_dicts_and_ints_for_floats(tmp_path):
 def test_dry_run_prints_parameter_counts(capsys):
     train.main(['config/affine_gated_1b.py', '--dry_run=True'])
     assert capsys.readouterr().out == 'params: total=1303971840 non_embedding=1041303552 attention_extra=68157440\n'
+
+
+def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = str(tmp_path / 'ckpt.pt')
+    train.save_checkpoint(path, {'step': 1})
+
+    def crash(obj, f):
+        f.write(b'half a checkpoint')
+        raise OSError('disk full')
+    monkeypatch.setattr(torch, 'save', crash)
+    with pytest.raises(OSError, match='disk full'):
+        train.save_checkpoint(path, {'step': 2})
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=False) == {'step': 1}
