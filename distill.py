@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, IGNORE_INDEX, ModelConfig, at_least_fp32
-from prepare_data import Windows, load_tokenizer, tokenizer_info
+from prepare_data import Windows, load_tokenizer, read_meta, tokenizer_info
 
 CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB
 
@@ -98,17 +98,6 @@ def teacher_tokenizer_info(spec):
     if path is None:
         return tokenizer_info(load_tokenizer(spec), spec)
     return read_checkpoint(path)['tokenizer']
-
-
-def read_data_meta(data_dir):
-    """meta.json of a prepare_data.py output directory."""
-    path = os.path.join(data_dir, 'meta.json')
-    if not os.path.isdir(data_dir):
-        raise SystemExit(f"--data_dir={data_dir}: no such directory; run prepare_data.py first")
-    if not os.path.isfile(path):
-        raise SystemExit(f"{path}: no such file; --data_dir must be an output directory of prepare_data.py")
-    with open(path) as f:
-        return json.load(f)
 
 
 def check_compatibility(teacher, teacher_spec, student_config, data_meta, block_size):
@@ -308,7 +297,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    meta = read_data_meta(args.data_dir)
+    meta = read_meta(args.data_dir)
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype != 'auto' else (
         torch.bfloat16 if device.type == 'cuda' else torch.float32)

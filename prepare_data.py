@@ -260,14 +260,24 @@ def read_shard(path):
                          f"the file has {actual} bytes; re-run prepare_data.py")
     return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=HEADER.size, shape=(count,))
 
+def read_meta(data_dir):
+    """meta.json of a prepare_data.py output directory (what train.py and distill.py read first)."""
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.isdir(data_dir):
+        raise SystemExit(f"data_dir={data_dir}: no such directory; run prepare_data.py first")
+    if not os.path.isfile(path):
+        raise SystemExit(f"{path}: no such file; data_dir must be an output directory of prepare_data.py")
+    with open(path) as f:
+        return json.load(f)
+
+
 class Windows:
     """A split cut into windows of block_size + 1 tokens (inputs and their next-token targets; consecutive
     windows share one token), for training (train.py) and evaluation (distill.py). NumPy only, so that
     importing this module stays cheap for the tokenizer workers."""
 
     def __init__(self, data_dir, split, block_size):
-        with open(os.path.join(data_dir, "meta.json")) as f:
-            names = json.load(f)["splits"][split]["shards"]
+        names = read_meta(data_dir)["splits"][split]["shards"]
         self.shards = [read_shard(os.path.join(data_dir, name)) for name in names]
         self.block_size = block_size
         self.starts = np.cumsum([0] + [(len(s) - 1) // block_size for s in self.shards])  # first window of each shard

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import FIELD_NAMES, GPT, ModelConfig
-from prepare_data import Windows
+from prepare_data import Windows, read_meta
 
 # -----------------------------------------------------------------------------------------------
 # Defaults: the paper's recipe. Model keys (ModelConfig's fields) come from the config file.
@@ -323,18 +323,13 @@ def main(argv):
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if c['dtype'] == 'bfloat16' else nullcontext()
     if c['compile'] is None:
         c['compile'] = device.type == 'cuda'
-    per_rank, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])
-    if rest or per_rank == 0:
+    accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])  # micro-steps per rank
+    if rest or accumulation == 0:
         raise SystemExit(f"global_batch_size={c['global_batch_size']} must be a multiple of world size ({world}) "
                          f"x micro_batch_size ({c['micro_batch_size']})")
-    accumulation = per_rank  # micro-steps per optimizer step on each rank
 
     # --- data, checked against the model before step 0 ---
-    meta_path = os.path.join(c['data_dir'], 'meta.json')
-    if not os.path.isfile(meta_path):
-        raise SystemExit(f"data_dir={c['data_dir']}: no meta.json; run prepare_data.py first")
-    with open(meta_path) as f:
-        data_meta = json.load(f)
+    data_meta = read_meta(c['data_dir'])
     if data_meta['vocab_size'] > model_config.vocab_size:
         raise SystemExit(f"data_dir={c['data_dir']} was tokenized with {data_meta['vocab_size']} token ids but the "
                          f"model has vocab_size={model_config.vocab_size}")
