@@ -37,6 +37,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +49,88 @@ CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB
 
 # -----------------------------------------------------------------------------
 # Teachers
+
+
+def config_from_hf(hf, attention='softmax'):
+    """The ModelConfig of a Hugging Face config.json (a dict) of a Llama (2/3/3.1/3.2) or Qwen2 (also Qwen1.5)
+    model. A setting this model does not reproduce exactly is a ValueError naming it, never a silent change."""
+    model_type = hf.get('model_type')
+    if model_type not in ('llama', 'qwen2'):
+        raise ValueError(f"config.json: model_type {model_type!r} is not supported; supported: 'llama' "
+                         f"(Llama 2/3), 'qwen2' (Qwen1.5/Qwen2)")
+    # transformers >= 5 writes rope_parameters (rope_theta inside it); checkpoints on the hub have rope_theta
+    # and rope_scaling (None, or Llama-3.1's dict) at the top level
+    rope = hf.get('rope_parameters') or hf.get('rope_scaling') or {}
+    rope_type = rope.get('rope_type', rope.get('type', 'default'))
+    if rope_type not in ('default', 'llama3'):
+        raise ValueError(f"config.json: rope_type {rope_type!r} is not supported; supported: 'default', 'llama3'")
+    n_head, n_embd = hf['num_attention_heads'], hf['hidden_size']
+    unsupported = {key: hf[key] for key in ('attention_bias', 'mlp_bias', 'use_sliding_window') if hf.get(key)}
+    if hf.get('hidden_act', 'silu') != 'silu':
+        unsupported['hidden_act'] = hf['hidden_act']
+    if hf.get('head_dim', n_embd // n_head) != n_embd // n_head:
+        unsupported['head_dim'] = hf['head_dim']
+    if unsupported:
+        raise ValueError(f"config.json: unsupported settings {unsupported}")
+    return ModelConfig(
+        n_layer=hf['num_hidden_layers'], n_head=n_head, n_kv_head=hf.get('num_key_value_heads') or n_head,
+        n_embd=n_embd, intermediate_size=hf['intermediate_size'], vocab_size=hf['vocab_size'],
+        block_size=hf['max_position_embeddings'], rope_theta=hf.get('rope_theta', rope.get('rope_theta', 10000.0)),
+        rope_scaling={k: v for k, v in rope.items() if k != 'rope_theta'} if rope_type == 'llama3' else None,
+        rms_norm_eps=hf['rms_norm_eps'], qkv_bias=model_type == 'qwen2',
+        tie_embeddings=hf.get('tie_word_embeddings', False), init_std=hf.get('initializer_range', 0.02),
+        attention=attention)
+
+
+def load_hf_checkpoint(path, attention='softmax', dtype=torch.float32):
+    """A Hugging Face Llama / Qwen2 checkpoint directory (config.json, and model.safetensors or the shards
+    listed in model.safetensors.index.json) as a GPT; with attention='softmax', model(idx) gives HF's logits.
+    The model is built on the meta device and takes the checkpoint's tensors as they are read (each cast to
+    dtype), so loading needs about 1x the model's size in RAM, not 2x. Other attention variants keep every
+    checkpoint tensor and initialise their extra parameters (sinks, g_proj, alpha_proj) fresh."""
+    from safetensors import safe_open  # imported here: only this function needs it
+    with open(os.path.join(path, 'config.json')) as f:
+        config = config_from_hf(json.load(f), attention)
+    index = os.path.join(path, 'model.safetensors.index.json')
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)['weight_map'].values()))
+    elif os.path.isfile(os.path.join(path, 'model.safetensors')):
+        files = ['model.safetensors']
+    else:
+        raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json "
+                                f"(only safetensors checkpoints are supported)")
+    state = {}
+    for name in files:
+        with safe_open(os.path.join(path, name), framework='pt') as f:
+            for key in f.keys():
+                if not key.endswith('rotary_emb.inv_freq'):  # older HF saves have it; we compute RoPE
+                    state[key] = f.get_tensor(key).to(dtype)
+    with torch.device('meta'):
+        model = GPT(config).to(dtype)
+        expected = set(GPT(replace(config, attention='softmax')).state_dict())  # what an HF checkpoint holds
+    if config.tie_embeddings:  # lm_head is embed_tokens; HF ignores a stored copy, and so do we
+        expected.discard('lm_head.weight')
+        state.pop('lm_head.weight', None)
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise ValueError(f"{path}: the tensors do not match its config.json: missing {missing}, "
+                         f"unexpected {unexpected}")
+    model.load_state_dict(state, strict=False, assign=True)
+    if config.tie_embeddings:  # assign=True gave embed_tokens a new Parameter: tie lm_head to it again
+        model.lm_head.weight = model.model.embed_tokens.weight
+    # what is still on meta is the variant's own: materialise and initialise it (alpha buffers zeroed)
+    fresh = set()
+    for name, module in model.named_modules():
+        own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
+        if any(t.is_meta for t in own.values()):
+            module.to_empty(device='cpu', recurse=False)
+            model._init_weights(module)
+            fresh |= {f"{name.split('.', 3)[-1]}.{key}" for key in own}  # 'model.layers.N.' dropped
+    if fresh:
+        print(f"from_pretrained: attention={attention!r} is not in {path}: initialised fresh in every "
+              f"layer: {', '.join(sorted(fresh))}")
+    return model
 
 
 def checkpoint_file(spec):
@@ -80,7 +163,7 @@ def load_teacher(spec, device='cpu', dtype=torch.float32):
     path = checkpoint_file(spec)
     try:
         if path is None:
-            model = GPT.from_pretrained(spec, dtype=dtype)
+            model = load_hf_checkpoint(spec, dtype=dtype)
         else:
             ckpt = read_checkpoint(path)
             model = GPT(ModelConfig(**ckpt['model_config']))

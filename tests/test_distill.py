@@ -19,7 +19,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 import distill
 import prepare_data as prep
-from model import GPT, ModelConfig, config_from_hf
+from distill import config_from_hf
+from model import GPT, ModelConfig
 from test_prepare_data import write_tiktoken_file
 
 torch.set_num_threads(2)
