@@ -309,7 +309,7 @@ class Attention(nn.Module):
             G = H // H_kv  # GQA: query heads h = g*G .. g*G+G-1 share value head g
             v_mean = (v_cumsum / N).unsqueeze(2)  # (B, H_kv, 1, T, D), broadcast over the G query heads
             beta_scale = self.alpha_ma.view(1, H_kv, G, 1, 1) - alpha.view(B, H_kv, G, T, 1)
-            y = (alpha.view(B, H_kv, G, T, 1) * y.view(B, H_kv, G, T, D) + beta_scale * v_mean)
+            y = alpha.view(B, H_kv, G, T, 1) * y.view(B, H_kv, G, T, D) + beta_scale * v_mean
             y = y.view(B, H, T, D).to(q.dtype)
 
         y = y.transpose(1, 2).reshape(B, T, H * D)
