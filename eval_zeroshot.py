@@ -1,0 +1,555 @@
+"""
+Zero-shot evaluation as in the paper's Tables 1-3: accuracy on ARC-Easy/Challenge, HellaSwag, PIQA, BoolQ and
+WinoGrande computed exactly as lm-evaluation-harness v0.4.9 does (without installing it), and C4 perplexity.
+
+    python eval_zeroshot.py --ckpt=out/ckpt.pt                                  # all six tasks + c4, from the hub
+    python eval_zeroshot.py --hf_model=checkpoints/Llama-3.2-1B --tasks=hellaswag,piqa --limit=200
+    python eval_zeroshot.py --ckpt=out/tiny --tasks=heldout                      # CPU quick start, offline
+    python eval_zeroshot.py --export_data=evaldata                               # on a machine with internet, then
+    python eval_zeroshot.py --ckpt=out/ckpt.pt --data_dir=evaldata               # offline
+
+Every rule below cites shared/notes/lmeval_spec.md ("spec §n"): what the harness does, read from its code.
+In short: context = the task's doc_to_text, continuation = " " + choice (spec §1.3-1.4); the context's trailing
+whitespace moves to the continuation and the pair is encoded jointly, with no BOS (spec §3); the input is the
+last max_length + 1 tokens minus the final one; the score of a choice is the sum of its continuation tokens'
+log-probabilities; acc = argmax, acc_norm = argmax of score / len(choice in characters), ties to the first
+(spec §1.5); the reported stderr is the sample standard deviation / sqrt(n) (spec §1.6).
+
+Speed: requests are deduplicated (identical model inputs share one forward pass, as the harness's logits
+cache), sorted by length, right-padded into batches with seq_lens (so affine's N is each sequence's real
+length), and lm_head runs only on the continuation rows. None of this changes a score (spec §3 "Batching").
+"""
+import argparse
+import json
+import math
+import os
+import random
+import re
+import statistics
+import sys
+import time
+from collections import namedtuple
+
+import torch
+import torch.nn.functional as F
+
+from distill import checkpoint_file, load_teacher, read_checkpoint
+from model import at_least_fp32
+from prepare_data import FAMILIES, load_tokenizer, read_meta, read_shard, tokenizer_info
+
+# task -> (hub dataset path, config name, the split the harness evaluates) (spec §2). datasets >= 4 cannot run
+# the dataset scripts behind v0.4.9's legacy names 'hellaswag', 'super_glue' and 'winogrande', so we read their
+# script-free copies, the ones later harness versions switched to (spec §2; spec §6: not verified row-identical).
+HUB = {
+    'arc_easy': ('allenai/ai2_arc', 'ARC-Easy', 'test'),
+    'arc_challenge': ('allenai/ai2_arc', 'ARC-Challenge', 'test'),
+    'hellaswag': ('Rowan/hellaswag', None, 'validation'),
+    'piqa': ('baber/piqa', None, 'validation'),
+    'boolq': ('aps/super_glue', 'boolq', 'validation'),
+    'winogrande': ('allenai/winogrande', 'winogrande_xl', 'validation'),
+    'c4': ('allenai/c4', None, 'validation'),
+}
+C4_SHARD = 'en/c4-validation.00000-of-00008.json.gz'  # spec §4.B: the only file the GPTQ protocol reads
+C4_DOCS = 1100  # spec §4.B-2 (c4-new): the first 1100 documents, joined with single spaces
+TASKS = tuple(HUB) + ('heldout',)
+DEFAULT_TASKS = tuple(HUB)
+
+# One document: its loglikelihood requests (context, continuation), the gold index, and the character length
+# of each choice for acc_norm (None where the harness reports acc only: BoolQ and Winogrande, spec §2).
+Doc = namedtuple('Doc', 'requests gold lengths')
+
+# -----------------------------------------------------------------------------
+# Documents: one function per task, from a row in the hub's own schema
+
+
+def field(row, name, kind=None):
+    if name not in row:
+        raise ValueError(f"missing field {name!r}")
+    if kind is not None and not isinstance(row[name], kind):
+        raise ValueError(f"field {name!r} is {type(row[name]).__name__}, expected {kind.__name__}")
+    return row[name]
+
+
+def label_index(value, n, name):
+    """An integer label in range(n); the strings "0".."n-1" too (HellaSwag's label is a string, spec §2)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not re.fullmatch(r'\d+', str(value)) \
+            or int(value) >= n:
+        raise ValueError(f"bad label {name}={value!r}: expected an integer in [0, {n})")
+    return int(value)
+
+
+def choice_doc(context, choices, gold, norm=True):
+    """spec §1.4: one request (context, " " + choice) per choice; §1.5: acc_norm divides by len(choice)."""
+    if not choices or not all(isinstance(c, str) for c in choices):
+        raise ValueError(f"choices must be a non-empty list of strings, got {choices!r}")
+    return Doc([(context, ' ' + c) for c in choices], gold, [float(len(c)) for c in choices] if norm else None)
+
+
+def arc_doc(row):
+    """spec §2 arc: "Question: {question}\\nAnswer:", choices.text, gold = position of answerKey in choices.label."""
+    choices = field(row, 'choices', dict)
+    texts, labels = field(choices, 'text', list), field(choices, 'label', list)
+    key = field(row, 'answerKey')
+    if len(texts) != len(labels) or key not in labels:
+        raise ValueError(f"bad label answerKey={key!r}: not one of choices.label {labels!r} (for {len(texts)} texts)")
+    return choice_doc('Question: ' + field(row, 'question', str) + '\nAnswer:', texts, labels.index(key))
+
+
+def hellaswag_preprocess(text):
+    """spec §2 hellaswag preprocess, in this order: strip once, " [title]" -> ". ", drop [...] (non-greedy),
+    one pass of "  " -> " " (so three spaces become two; a trailing " [step]" leaves a trailing space)."""
+    text = text.strip().replace(' [title]', '. ')
+    text = re.sub(r'\[.*?\]', '', text)
+    return text.replace('  ', ' ')
+
+
+def hellaswag_doc(row):
+    """spec §2 hellaswag process_docs: ctx = ctx_a + " " + ctx_b.capitalize() (str.capitalize lower-cases the
+    rest); query = preprocess(activity_label + ": " + ctx); choices = preprocess(each ending)."""
+    endings = field(row, 'endings', list)
+    ctx = field(row, 'ctx_a', str) + ' ' + field(row, 'ctx_b', str).capitalize()
+    query = hellaswag_preprocess(field(row, 'activity_label', str) + ': ' + ctx)
+    return choice_doc(query, [hellaswag_preprocess(e) for e in endings], label_index(field(row, 'label'), len(endings), 'label'))
+
+
+def piqa_doc(row):
+    """spec §2 piqa: "Question: {goal}\\nAnswer:", choices [sol1, sol2], gold = label."""
+    return choice_doc('Question: ' + field(row, 'goal', str) + '\nAnswer:',
+                      [field(row, 'sol1', str), field(row, 'sol2', str)], label_index(field(row, 'label'), 2, 'label'))
+
+
+def boolq_doc(row):
+    """spec §2 boolq: "{passage}\\nQuestion: {question}?\\nAnswer:" (a "?" always appended), choices no/yes, acc only."""
+    context = field(row, 'passage', str) + '\nQuestion: ' + field(row, 'question', str) + '?\nAnswer:'
+    return choice_doc(context, ['no', 'yes'], label_index(field(row, 'label'), 2, 'label'), norm=False)
+
+
+def winogrande_doc(row):
+    """spec §2 winogrande, partial scoring: the two contexts are sentence[:k] + option_i (k = the first "_"), the
+    shared continuation is " " + sentence[k+1:].strip(); acc only."""
+    sentence, answer = field(row, 'sentence', str), field(row, 'answer')
+    k = sentence.find('_')
+    if k < 0:
+        raise ValueError(f"sentence has no '_' blank: {sentence!r}")
+    if answer not in ('1', '2'):
+        raise ValueError(f"bad label answer={answer!r}: expected '1' or '2'")
+    suffix = ' ' + sentence[k + 1:].strip()
+    options = [field(row, 'option1', str), field(row, 'option2', str)]
+    return Doc([(sentence[:k] + option, suffix) for option in options], int(answer) - 1, None)
+
+
+def heldout_doc(row):
+    """Our quick-start task (not the harness's), scored exactly like HellaSwag: context, " " + each ending."""
+    return choice_doc(field(row, 'context', str), field(row, 'endings', list),
+                      label_index(field(row, 'label'), len(row['endings']), 'label'))
+
+
+DOC_BUILDERS = dict(arc_easy=arc_doc, arc_challenge=arc_doc, hellaswag=hellaswag_doc, piqa=piqa_doc,
+                    boolq=boolq_doc, winogrande=winogrande_doc, heldout=heldout_doc)
+
+
+def build_docs(task, rows, where):
+    docs = []
+    for i, row in enumerate(rows):
+        try:
+            if not isinstance(row, dict):
+                raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+            docs.append(DOC_BUILDERS[task](row))
+        except ValueError as e:
+            raise SystemExit(f"{task}: row {i} of {where}: {e}") from None
+    return docs
+
+# -----------------------------------------------------------------------------
+# Data: the hub (same dataset, config and split as the harness), or <data_dir>/<task>/<split>.jsonl offline
+
+
+def hub_rows(task, limit=None):
+    from datasets import load_dataset  # only here: offline runs never touch the hub
+    path, name, split = HUB[task]
+    try:
+        if task == 'c4':
+            ds = load_dataset(path, data_files={split: C4_SHARD}, split=split)
+        else:
+            ds = load_dataset(path, name, split=split)
+    except (ConnectionError, OSError, ValueError) as e:  # offline, unknown dataset, missing split
+        raise SystemExit(f"{task}: cannot load {path} ({name}, {split}) from the hub: {e}; offline, export it on a "
+                         f"machine with internet (--export_data=DIR) and pass --data_dir=DIR") from None
+    return ds.select(range(min(limit, len(ds)))) if limit is not None else ds
+
+
+def read_rows(task, data_dir, limit=None):
+    """(rows, where): the first `limit` rows (all if None) of the task's split, in the split's order."""
+    if data_dir is None:
+        return list(hub_rows(task, limit)), f"{HUB[task][0]} {HUB[task][2]}"
+    path = os.path.join(data_dir, task, HUB[task][2] + '.jsonl')
+    if not os.path.isfile(path):
+        raise SystemExit(f"{task}: {path}: no such file (export it with --export_data={data_dir})")
+    rows = []
+    with open(path, encoding='utf-8') as f:
+        for i, line in enumerate(f):
+            if limit is not None and len(rows) == limit:
+                break
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{task}: row {i} of {path}: not JSON: {e}") from None
+    return rows, path
+
+
+def export_data(out_dir, tasks):
+    """Write each task's evaluated split from the hub as <out_dir>/<task>/<split>.jsonl (c4: its first 1100 docs)."""
+    for task in tasks:
+        rows = hub_rows(task, C4_DOCS if task == 'c4' else None)
+        path = os.path.join(out_dir, task, HUB[task][2] + '.jsonl')
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, 'w', encoding='utf-8') as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + '\n')
+        print(f"{task}: {len(rows)} rows -> {path}")
+
+
+def heldout_rows(data_dir, n_docs, ctx_chars=160, cont_chars=48, n_choices=4, seed=0):
+    """The quick-start task: n_docs passages of a prepare_data.py val split (decoded with the data's tokenizer),
+    each cut at a space into a context and its true continuation; the other choices are the true continuations of
+    other passages. Deterministic; meaningful for tiny models trained on the same corpus (held-out documents)."""
+    meta = read_meta(data_dir)
+    enc = load_tokenizer(meta['tokenizer']['spec'])
+    special = set(meta['tokenizer']['special_tokens'].values())
+    ids = [int(t) for name in meta['splits']['val']['shards'] for t in read_shard(os.path.join(data_dir, name))]
+    text = enc.decode([t for t in ids if t not in special])
+    stride = len(text) // n_docs
+    if stride < ctx_chars + cont_chars:
+        raise SystemExit(f"heldout: {data_dir}'s val split ({len(text):,} characters) is too short for "
+                         f"{n_docs} passages of {ctx_chars + cont_chars} characters; lower --heldout_docs")
+    passages = []
+    for i in range(n_docs):
+        # cut where a space is, so that context + " " + continuation is the original text
+        cut = text.find(' ', i * stride + ctx_chars, (i + 1) * stride - cont_chars)
+        cut = cut if cut >= 0 else i * stride + ctx_chars
+        end = text.rfind(' ', cut + 1, cut + 1 + cont_chars)
+        passages.append((text[cut - ctx_chars:cut], text[cut + 1:end if end > cut + 1 else cut + 1 + cont_chars]))
+    rng = random.Random(seed)
+    rows = []
+    for i, (context, true) in enumerate(passages):
+        others = rng.sample([j for j in range(n_docs) if j != i], n_choices - 1)
+        endings = [passages[j][1] for j in others]
+        label = rng.randrange(n_choices)
+        endings.insert(label, true)
+        rows.append(dict(context=context, endings=endings, label=label))
+    return rows
+
+# -----------------------------------------------------------------------------
+# Requests: token ids, exactly as the harness builds them (spec §3)
+
+
+def encode_request(enc, context, continuation, max_length, bos_id=None, prefix_id=None):
+    """(model input ids, continuation ids) of one loglikelihood request. spec §3 Encoding: an empty context is
+    [prefix_id]; otherwise the context's trailing whitespace moves to the continuation and the pair is encoded
+    jointly, the continuation being whole[len(ctx_ids):]. BOS (spec §3 BOS handling) is off by default: v0.4.9
+    encodes with add_special_tokens=False. spec §3 Context length: keep the last max_length + 1 tokens, drop the
+    final one. Raises ValueError when the continuation alone does not fit."""
+    if context == '':
+        ctx_ids, cont_ids = [prefix_id], enc.encode_ordinary(continuation)
+    else:
+        n = len(context) - len(context.rstrip())
+        if n:
+            context, continuation = context[:-n], context[-n:] + continuation
+        whole, ctx_ids = enc.encode_ordinary(context + continuation), enc.encode_ordinary(context)
+        cont_ids = whole[len(ctx_ids):]
+        if bos_id is not None:
+            ctx_ids = [bos_id] + ctx_ids
+    if not cont_ids:
+        raise ValueError(f"the continuation {continuation!r} encodes to no tokens")
+    if len(cont_ids) > max_length:
+        raise ValueError(f"the continuation is {len(cont_ids)} tokens, longer than max_length={max_length} "
+                         f"(even after left truncation of the context)")
+    return tuple((ctx_ids + cont_ids)[-(max_length + 1):][:-1]), tuple(cont_ids)
+
+
+def encode_docs(task, docs, enc, max_length, bos_id=None, prefix_id=None):
+    """All requests of a task's documents, flat, in document then choice order."""
+    requests = []
+    for i, doc in enumerate(docs):
+        for context, continuation in doc.requests:
+            try:
+                requests.append(encode_request(enc, context, continuation, max_length, bos_id, prefix_id))
+            except ValueError as e:
+                raise SystemExit(f"{task}: row {i}: {e}") from None
+    return requests
+
+# -----------------------------------------------------------------------------
+# Scoring
+
+
+def shares_prefixes(config):
+    """Whether a position's output is independent of how many tokens follow it, so a request whose input is a
+    prefix of another's can be read from the longer one's forward pass. Causal attention gives that for every
+    variant except affine with affine_bias_norm='seq_len', where N (Eq. 8) is the whole sequence's length and
+    every position changes with it: there only identical inputs share a forward pass."""
+    return not (config.attention in ('affine', 'affine_gated') and config.affine_bias_norm == 'seq_len')
+
+
+def plan_forwards(requests, share_prefixes):
+    """owner[i] = the request whose forward pass request i reads. Sorted lexicographically, a sequence is a
+    prefix of some other exactly when it is a prefix of the next one, so one backward sweep finds the longest
+    sequence each request can read from (identical inputs always share: the harness's logits cache, spec §3)."""
+    order = sorted(range(len(requests)), key=lambda i: requests[i][0])
+    owner = list(range(len(requests)))
+    for a, b in zip(reversed(order[:-1]), reversed(order[1:])):
+        x, y = requests[a][0], requests[b][0]
+        if x == y or (share_prefixes and y[:len(x)] == x):
+            owner[a] = owner[b]
+    return owner
+
+
+class Progress:
+    """One line on stderr, rewritten in place."""
+
+    def __init__(self, name, total):
+        self.name, self.total, self.t0 = name, total, time.time()
+
+    def __call__(self, done):
+        rate = done / max(time.time() - self.t0, 1e-9)
+        end = '\n' if done == self.total else ''
+        print(f"\r{self.name}: {done}/{self.total} ({rate:.1f}/s)", end=end, file=sys.stderr, flush=True)
+
+
+@torch.inference_mode()
+def score_requests(model, requests, batch_size, progress=None):
+    """Sum of continuation log-probabilities of each (input ids, continuation ids) request (spec §3 Forward pass):
+    one forward pass per distinct input (see plan_forwards), longest first, right-padded batches with seq_lens;
+    log_softmax over the whole vocabulary in the logits' dtype, on the continuation rows only."""
+    owner = plan_forwards(requests, shares_prefixes(model.config))
+    readers = {}
+    for i, o in enumerate(owner):
+        readers.setdefault(o, []).append(i)
+    forwards = sorted(readers, key=lambda o: -len(requests[o][0]))
+    device = next(model.parameters()).device
+    scores = [None] * len(requests)
+    for start in range(0, len(forwards), batch_size):
+        batch = forwards[start:start + batch_size]
+        lens = [len(requests[o][0]) for o in batch]
+        x = torch.zeros(len(batch), max(lens), dtype=torch.long)  # right padding with id 0, as the harness
+        for b, o in enumerate(batch):
+            x[b, :lens[b]] = torch.tensor(requests[o][0])
+        hidden, _ = model(x.to(device), seq_lens=torch.tensor(lens, device=device), return_hidden=True)
+        rows, targets, sizes, ids = [], [], [], []
+        for b, o in enumerate(batch):
+            for i in readers[o]:
+                inp, cont = requests[i]
+                rows.append(hidden[b, len(inp) - len(cont):len(inp)])  # spec §3: rows inplen-C .. inplen-1
+                targets.extend(cont)
+                sizes.append(len(cont))
+                ids.append(i)
+        logp = F.log_softmax(model.lm_head(torch.cat(rows)), dim=-1)
+        picked = logp.gather(1, torch.tensor(targets, device=device)[:, None])[:, 0]
+        for i, s in zip(ids, picked.split(sizes)):
+            scores[i] = s.sum().item()
+        if progress:
+            progress(min(start + batch_size, len(forwards)))
+    return scores
+
+
+@torch.inference_mode()
+def score_one_by_one(model, requests, progress=None):
+    """The straightforward reference (the harness at batch_size=1): one full forward pass per request."""
+    device = next(model.parameters()).device
+    scores = []
+    for inp, cont in requests:
+        logits, _ = model(torch.tensor([inp], device=device))
+        logp = F.log_softmax(logits[0, -len(cont):], dim=-1)
+        scores.append(logp.gather(1, torch.tensor(cont, device=device)[:, None]).sum().item())
+        if progress:
+            progress(len(scores))
+    return scores
+
+
+def argmax_first(values):
+    """np.argmax semantics (spec §1.5): the first index of the maximum."""
+    return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
+def mean_stderr(values):
+    """spec §1.6: the mean, and the sample standard deviation (n - 1) / sqrt(n) (None for a single document)."""
+    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+
+
+def task_metrics(docs, logliks, log_samples=False):
+    """acc, acc_norm (spec §1.5) and their stderr over documents; logliks holds the docs' requests' scores, flat."""
+    acc, acc_norm, samples, k = [], [], [], 0
+    for i, doc in enumerate(docs):
+        ll = logliks[k:k + len(doc.requests)]
+        k += len(doc.requests)
+        pred = argmax_first(ll)
+        acc.append(float(pred == doc.gold))
+        if doc.lengths is not None:
+            acc_norm.append(float(argmax_first([v / n for v, n in zip(ll, doc.lengths)]) == doc.gold))
+        if log_samples:
+            samples.append(dict(doc_index=i, logliks=ll, pred=pred, gold=doc.gold))
+    result = dict(zip(('acc', 'acc_stderr'), mean_stderr(acc)))
+    result.update(zip(('acc_norm', 'acc_norm_stderr'), mean_stderr(acc_norm) if acc_norm else (None, None)))
+    return dict(result, n=len(docs), docs=samples)
+
+# -----------------------------------------------------------------------------
+# C4 perplexity (spec §4.B-2, GPTQ's "c4-new")
+
+
+def c4_tokens(enc, rows):
+    """The first 1100 documents joined with single spaces, tokenized once; a tokenizer that puts a BOS before a
+    text (Llama-3's) puts one at the very start, as the slow HF tokenizer GPTQ uses does (spec §4.B)."""
+    if len(rows) < C4_DOCS:
+        raise SystemExit(f"c4: the c4-new protocol needs the first {C4_DOCS} validation documents, got {len(rows)}")
+    text = ' '.join(field(row, 'text', str) for row in rows[:C4_DOCS])
+    bos = FAMILIES[enc.name]['bos']
+    return ([enc.encode_single_token(bos)] if bos else []) + enc.encode_ordinary(text)
+
+
+@torch.inference_mode()
+def c4_perplexity(model, ids, n_windows, seqlen, batch_size, progress=None):
+    """spec §4.B evaluation loop: min(n_windows, len(ids) // seqlen) disjoint windows from the start, each an
+    independent sequence; the mean cross-entropy of each window's seqlen - 1 predictions; exp of their mean."""
+    n = min(n_windows, len(ids) // seqlen)
+    if n == 0:
+        raise SystemExit(f"c4: {len(ids)} tokens are fewer than one window of {seqlen}")
+    device = next(model.parameters()).device
+    windows = torch.tensor(ids[:n * seqlen], dtype=torch.long).view(n, seqlen)
+    nlls = []
+    for start in range(0, n, batch_size):
+        x = windows[start:start + batch_size].to(device)
+        hidden, _ = model(x, return_hidden=True)
+        for h, w in zip(hidden, x):  # lm_head one window at a time: 2048 x 128k float32 logits are 1 GB
+            nlls.append(F.cross_entropy(at_least_fp32(model.lm_head(h[:-1])), w[1:]).item())
+        if progress:
+            progress(len(nlls))
+    nll = statistics.fmean(nlls)
+    return dict(ppl=math.exp(nll), nll=nll, n=n, seqlen=seqlen)
+
+# -----------------------------------------------------------------------------
+# Model, tokenizer, command line
+
+
+def load_model_and_tokenizer(args, device, dtype):
+    """(model, tokenizer): --hf_model's own tokenizer files, or the tokenizer recorded in --ckpt, rebuilt from its
+    spec (or --tokenizer) and checked by its sha256 to be the one the model was trained with."""
+    spec = args.hf_model or args.ckpt
+    model = load_teacher(spec, device, dtype)
+    path = checkpoint_file(spec)
+    if path is None:
+        return model, load_tokenizer(args.tokenizer or spec)
+    info = read_checkpoint(path)['tokenizer']
+    tok_spec = args.tokenizer or info['spec']
+    if tok_spec != 'bytes' and not os.path.exists(tok_spec):
+        raise SystemExit(f"{path}: its tokenizer {tok_spec} is gone; pass --tokenizer=<where it is now>")
+    enc = load_tokenizer(tok_spec)
+    if tokenizer_info(enc, tok_spec)['sha256'] != info['sha256']:
+        raise SystemExit(f"{path}: the tokenizer at {tok_spec} is not the one the model was trained with "
+                         f"(sha256 {info['sha256'][:12]}...); pass --tokenizer=<the right one>")
+    return model, enc
+
+
+def str2bool(s):
+    if s not in ('True', 'False', 'true', 'false', '1', '0'):
+        raise argparse.ArgumentTypeError(f"expected True or False, got {s!r}")
+    return s in ('True', 'true', '1')
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="Zero-shot accuracy as lm-evaluation-harness v0.4.9 computes it, and "
+                                            "C4 perplexity.", allow_abbrev=False)
+    p.add_argument('--ckpt', help="one of this repo's checkpoints (ckpt.pt or its out_dir)")
+    p.add_argument('--hf_model', help="a Hugging Face Llama / Qwen2 checkpoint directory")
+    p.add_argument('--tasks', default=','.join(DEFAULT_TASKS), help=f"comma-separated, from {', '.join(TASKS)}")
+    p.add_argument('--limit', type=int, default=None, help="only the first N documents of each task")
+    p.add_argument('--batch_size', type=int, default=32, help="sequences per forward pass")
+    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16', 'float16'],
+                   help="auto: bfloat16 on CUDA, float32 elsewhere")
+    p.add_argument('--data_dir', default=None, help="read <task>/<split>.jsonl from here instead of the hub")
+    p.add_argument('--export_data', default=None, help="write the tasks' data from the hub to this directory, exit")
+    p.add_argument('--out', default=None, help="write the results as JSON here")
+    p.add_argument('--log_samples', type=str2bool, default=False, help="per-document logliks/pred/gold in --out")
+    p.add_argument('--add_bos', type=str2bool, default=False, help="prepend BOS to every context (v0.4.9: off)")
+    p.add_argument('--max_length', type=int, default=0, help="left-truncation length (0: the model's block_size)")
+    p.add_argument('--tokenizer', default=None, help="override the tokenizer spec a checkpoint records")
+    p.add_argument('--c4_windows', type=int, default=256, help="c4: number of windows")
+    p.add_argument('--c4_seqlen', type=int, default=0, help="c4: tokens per window (0: min(2048, max_length))")
+    p.add_argument('--heldout_data', default='data/builtin_bytes', help="heldout: a prepare_data.py output dir")
+    p.add_argument('--heldout_docs', type=int, default=100, help="heldout: number of documents")
+    p.add_argument('--one_by_one', type=str2bool, default=False, help="score with the one-request-per-forward "
+                                                                      "reference loop (for timing comparisons)")
+    args = p.parse_args(argv)
+    tasks = args.tasks.split(',')
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        p.error(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
+    args.tasks = tasks
+    if args.export_data is None and (args.ckpt is None) == (args.hf_model is None):
+        p.error("give exactly one of --ckpt and --hf_model")
+    for key, low in (('limit', 1), ('batch_size', 1), ('max_length', 0), ('c4_windows', 1), ('c4_seqlen', 0),
+                     ('heldout_docs', 2)):
+        if getattr(args, key) is not None and getattr(args, key) < low:
+            p.error(f"--{key} must be at least {low}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.export_data:
+        return export_data(args.export_data, [t for t in args.tasks if t != 'heldout'])
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype != 'auto' else (
+        torch.bfloat16 if device.type == 'cuda' else torch.float32)
+    model, enc = load_model_and_tokenizer(args, device, dtype)
+    cfg = model.config
+    max_length = args.max_length or cfg.block_size  # spec §3: the user's max_length, else the model's positions
+    conv = FAMILIES[enc.name]
+    bos_id = enc.encode_single_token(conv['bos']) if conv['bos'] else None
+    if args.add_bos and bos_id is None:
+        raise SystemExit(f"--add_bos: the {enc.name} tokenizer has no BOS token (its HF tokenizer adds none either)")
+    prefix_id = bos_id if bos_id is not None else enc.encode_single_token(conv['eos'])  # spec §3: BOS, else EOS
+    print(f"model {args.hf_model or args.ckpt}: {cfg.attention}, {cfg.n_layer} layers, max_length {max_length}, "
+          f"tokenizer {enc.name}, BOS {'on' if args.add_bos else 'off'}, {dtype} on {device}", file=sys.stderr)
+    results = {}
+    for task in args.tasks:
+        t0 = time.time()
+        if task == 'c4':
+            rows, _ = read_rows(task, args.data_dir, C4_DOCS)
+            ids, seqlen = c4_tokens(enc, rows), args.c4_seqlen or min(2048, max_length)
+            r = c4_perplexity(model, ids, args.c4_windows, seqlen, args.batch_size,
+                              Progress('c4 windows', min(args.c4_windows, len(ids) // seqlen)))
+            r['protocol'] = (f"c4-new (GPTQ --new-eval, spec §4.B-2): first {C4_DOCS} docs of {C4_SHARD} joined by "
+                             f"' ', {'BOS + ' if conv['bos'] else ''}tokenized once, {r['n']} windows of {seqlen} "
+                             f"tokens from the start, PPL = exp(mean of per-window mean NLL)")
+            print(r['protocol'], file=sys.stderr)
+            results[task] = r
+            continue
+        if task == 'heldout':
+            rows, where = heldout_rows(args.heldout_data, args.heldout_docs)[:args.limit], args.heldout_data
+        else:
+            rows, where = read_rows(task, args.data_dir, args.limit)
+        docs = build_docs(task, rows, where)
+        requests = encode_docs(task, docs, enc, max_length, bos_id if args.add_bos else None, prefix_id)
+        if args.one_by_one:
+            logliks = score_one_by_one(model, requests, Progress(f"{task} requests", len(requests)))
+        else:
+            n_forwards = len(set(plan_forwards(requests, shares_prefixes(cfg))))
+            logliks = score_requests(model, requests, args.batch_size, Progress(f"{task} forwards", n_forwards))
+        results[task] = task_metrics(docs, logliks, args.log_samples)
+        print(f"{task}: {len(docs)} docs in {time.time() - t0:.1f} s ({len(docs) / (time.time() - t0):.1f} docs/s)",
+              file=sys.stderr)
+    print(f"{'task':<14} {'n':>6} {'acc':>7} {'acc_norm':>9} {'stderr':>7}")
+    for task, r in results.items():
+        if task == 'c4':
+            print(f"{task:<14} {r['n']:>6} ppl {r['ppl']:.3f} ({r['n']} x {r['seqlen']} tokens, c4-new)")
+            continue
+        norm = f"{r['acc_norm']:.4f}" if r['acc_norm'] is not None else '-'
+        stderr = f"{r['acc_stderr']:.4f}" if r['acc_stderr'] is not None else '-'
+        print(f"{task:<14} {r['n']:>6} {r['acc']:>7.4f} {norm:>9} {stderr:>7}")
+    if args.out:
+        with open(args.out, 'w') as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,244 @@
+"""Tests for eval_zeroshot.py: the exact context/continuation strings of hand-written rows of each task's schema
+(lmeval_spec.md §2), the harness's tokenisation (§3), acc/acc_norm and their tie-breaking (§1.5), batched scoring
+against a one-request-per-forward loop and the model's own loss for every attention variant, C4 windowing (§4.B),
+the heldout task, every bad-input error and the command line."""
+import json
+import math
+import statistics
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eval_zeroshot as ez
+import prepare_data as prep
+from model import GPT, IGNORE_INDEX, ModelConfig
+from test_prepare_data import write_tiktoken_file
+
+torch.set_num_threads(2)
+BYTES = prep.load_tokenizer('bytes')
+
+ROWS = {
+    'arc_easy': dict(id='x', question='Which is a gas?', choices=dict(text=['ice', 'steam', 'rock'], label=['1', '2', '3']),
+                     answerKey='2'),
+    'arc_challenge': dict(question='Pick D.', choices=dict(text=['a', 'b', 'c', 'd'], label=list('ABCD')), answerKey='D'),
+    'hellaswag': dict(ind=4, activity_label='Roof shingle removal', ctx_a='A man is sitting on a roof.',
+                      ctx_b='he starts pulling up Roofing. [title] Then', ctx='(unused)', split='val',
+                      endings=['  uses a ladder [step] ', 'a [header] b   c', 'x [title] y', 'plain.'], label='2'),
+    'piqa': dict(goal='How do I boil water?', sol1='Heat it.', sol2='Freeze it.', label=0),
+    'boolq': dict(question='is the sky blue', passage='The sky is blue.', idx=0, label=1),
+    'winogrande': dict(sentence="The cup didn't fit in the box because _ was too big. Really _.", option1='the cup',
+                       option2='the box', answer='1'),
+}
+
+
+def test_task_strings():
+    """spec §2: every task's requests, gold and acc_norm lengths, character for character."""
+    docs = {task: ez.DOC_BUILDERS[task](row) for task, row in ROWS.items()}
+    assert docs['arc_easy'] == ez.Doc([('Question: Which is a gas?\nAnswer:', ' ' + c) for c in ['ice', 'steam', 'rock']],
+                                      1, [3.0, 5.0, 4.0])
+    assert docs['arc_challenge'].gold == 3
+    # capitalize() lower-cases the rest of ctx_b; " [title]" -> ". " then "  " -> " "; strip first, so
+    # " [step] " leaves a trailing space; three spaces become two
+    assert docs['hellaswag'] == ez.Doc(
+        [('Roof shingle removal: A man is sitting on a roof. He starts pulling up roofing.. then', ' ' + e)
+         for e in ['uses a ladder ', 'a b  c', 'x. y', 'plain.']], 2, [14.0, 6.0, 4.0, 6.0])
+    assert docs['piqa'] == ez.Doc([('Question: How do I boil water?\nAnswer:', ' Heat it.'),
+                                   ('Question: How do I boil water?\nAnswer:', ' Freeze it.')], 0, [8.0, 10.0])
+    assert docs['boolq'] == ez.Doc([('The sky is blue.\nQuestion: is the sky blue?\nAnswer:', ' no'),
+                                    ('The sky is blue.\nQuestion: is the sky blue?\nAnswer:', ' yes')], 1, None)
+    # partial scoring: contexts end with the option, the shared continuation is what follows the first "_"
+    assert docs['winogrande'] == ez.Doc([("The cup didn't fit in the box because the cup", ' was too big. Really _.'),
+                                         ("The cup didn't fit in the box because the box", ' was too big. Really _.')],
+                                        0, None)
+    assert ez.hellaswag_preprocess(' [header] Go  [title] now   ok ') == ' Go . now  ok'  # strip, then the rest
+    assert ez.choice_doc('c', ['é', 'ab'], 0).lengths == [1.0, 2.0]  # characters, not bytes
+
+
+@pytest.fixture(scope='module')
+def bpe(tmp_path_factory):
+    """A Llama-3-convention tokenizer whose only merges are "ab" then "bc": joint encoding shows."""
+    path = tmp_path_factory.mktemp('tok') / 'tokenizer.model'
+    ranks = {bytes([b]): b for b in range(256)}
+    ranks.update({b'ab': 256, b'bc': 257})
+    write_tiktoken_file(path, ranks)
+    return prep.load_tokenizer(str(path))
+
+
+def test_encoding(bpe):
+    ids = lambda s: list(s.encode())
+    # spec §3: trailing whitespace of the context moves to the continuation
+    assert ez.encode_request(BYTES, 'Answer: ', ' yes', 100) == (tuple(ids('Answer:  ye')), tuple(ids('  yes')))
+    # joint encoding: continuation = whole[len(enc(ctx)):], not enc(continuation)
+    x, a, c, d = (ord(ch) for ch in 'xacd')
+    # (the input is enc(ctx) + that, not the joint encoding: "xa" + "cd" although "xabcd" encodes as x ab c d)
+    assert bpe.encode_ordinary('xabcd') == [x, 256, c, d] and bpe.encode_ordinary('bcd') == [257, d]
+    assert ez.encode_request(bpe, 'xa', 'bcd', 100) == ((x, a, c), (c, d))
+    bos = bpe.encode_single_token('<|begin_of_text|>')
+    assert ez.encode_request(bpe, 'xa', 'bcd', 100, bos_id=bos) == ((bos, x, a, c), (c, d))
+    assert ez.encode_request(BYTES, '', 'ab', 100, prefix_id=256) == ((256, ord('a')), tuple(ids('ab')))
+    # left truncation: the last max_length + 1 tokens, minus the final one
+    assert ez.encode_request(BYTES, 'abcdefgh', ' xy', 5) == (tuple(ids('fgh x')), tuple(ids(' xy')))
+    with pytest.raises(ValueError, match='longer than max_length=2'):
+        ez.encode_request(BYTES, 'abc', ' xy', 2)
+    with pytest.raises(SystemExit, match=r'piqa: row 1: .*longer than max_length'):
+        ez.encode_docs('piqa', [ez.piqa_doc(ROWS['piqa']), ez.piqa_doc(dict(ROWS['piqa'], sol2='y' * 50))], BYTES, 20)
+
+
+def test_metrics_tie_breaking():
+    docs = [ez.Doc([None] * 3, 1, [2.0, 2.0, 3.0]), ez.Doc([None] * 2, 1, [1.0, 3.0]), ez.Doc([None] * 2, 0, None)]
+    r = ez.task_metrics(docs, [-4.0, -4.0, -6.0, -4.0, -3.0, -1.0, -1.0], log_samples=True)
+    # doc 0: ties -> first index for acc (0) and acc_norm (-2, -2, -2 -> 0); doc 1: both 1; doc 2: a tie -> 0
+    assert [d['pred'] for d in r['docs']] == [0, 1, 0]
+    assert r['acc'] == pytest.approx(2 / 3) and r['acc_norm'] == 0.5 and r['n'] == 3
+    assert r['acc_stderr'] == pytest.approx(statistics.stdev([0, 1, 1]) / math.sqrt(3))
+    assert r['docs'][1] == dict(doc_index=1, logliks=[-4.0, -3.0], pred=1, gold=1)
+    assert ez.task_metrics(docs[2:], [-1.0, -2.0])['acc_norm'] is None
+
+
+def tiny_model(attention='softmax', bias_norm='seq_len', dtype=torch.float64, seed=0):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, intermediate_size=64, vocab_size=257,
+                      block_size=64, attention=attention, affine_bias_norm=bias_norm)
+    model = GPT(cfg).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)  # far from init, so that every term shows in the logits
+        for name, b in model.named_buffers():
+            if name.endswith('alpha_ma'):
+                b.uniform_(0.2, 0.8)
+    return model
+
+
+def random_requests(seed=0, n=24):
+    """Varied lengths, shared contexts, identical inputs, and inputs that are prefixes of others."""
+    g = torch.Generator().manual_seed(seed)
+    reqs = []
+    for _ in range(n // 3):
+        ctx = torch.randint(0, 257, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(2):
+            cont = torch.randint(0, 257, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist()
+            reqs.append((tuple(ctx + cont)[:-1], tuple(cont)))
+        reqs.append((reqs[-1][0][:-1], reqs[-1][0][-1:]))  # a prefix of the previous input
+    return reqs + [reqs[0], (reqs[1][0], reqs[1][0][-1:])]  # an identical request; identical input, other target
+
+
+@pytest.mark.parametrize('attention,bias_norm', [('softmax', 'seq_len'), ('sink', 'seq_len'), ('gated', 'seq_len'),
+                                                 ('affine', 'seq_len'), ('affine_gated', 'seq_len'), ('affine', 'visible')])
+def test_batched_equals_one_by_one(attention, bias_norm):
+    """Padding, batching, deduplication and prefix sharing change no score, for every variant: with affine's
+    seq_len, N must be each sequence's own length and prefixes must not be shared."""
+    model, reqs = tiny_model(attention, bias_norm), random_requests()
+    reference = ez.score_one_by_one(model, reqs)
+    for batch_size in (1, 5, 64):
+        assert ez.score_requests(model, reqs, batch_size) == pytest.approx(reference, rel=1e-10, abs=1e-10)
+    # one forward per distinct input; with prefix sharing, only per input that is no other's proper prefix
+    inputs = {inp for inp, _ in reqs}
+    longest = {a for a in inputs if not any(len(b) > len(a) and b[:len(a)] == a for b in inputs)}
+    share = ez.shares_prefixes(model.config)
+    assert share == (attention not in ('affine', 'affine_gated') or bias_norm == 'visible')
+    assert len(set(ez.plan_forwards(reqs, share))) == len(longest if share else inputs) < len(reqs)
+
+
+def test_scores_equal_the_models_own_loss():
+    """Sum of continuation log-probs = -(mean cross-entropy over the continuation targets) x their number."""
+    model, reqs = tiny_model('affine', dtype=torch.float32), random_requests(seed=1)
+    scores = ez.score_requests(model, reqs, 4)
+    for (inp, cont), score in zip(reqs, scores):
+        targets = torch.tensor([IGNORE_INDEX] * (len(inp) - len(cont)) + list(cont))  # row t predicts token t + 1
+        with torch.no_grad():
+            _, loss = model(torch.tensor([inp]), targets=targets[None])
+        assert score == pytest.approx(-loss.item() * len(cont), rel=1e-4, abs=1e-4)
+
+
+def test_c4_windows(bpe):
+    rows = [dict(text=f'document {i} says hello.') for i in range(ez.C4_DOCS + 5)]
+    text = ' '.join(r['text'] for r in rows[:ez.C4_DOCS])
+    assert ez.c4_tokens(BYTES, rows) == list(text.encode())  # first 1100 docs, one space, no BOS for bytes
+    assert ez.c4_tokens(bpe, rows)[0] == bpe.encode_single_token('<|begin_of_text|>')  # Llama-3: one BOS at the start
+    with pytest.raises(SystemExit, match='needs the first 1100'):
+        ez.c4_tokens(BYTES, rows[:10])
+    model, ids = tiny_model('affine'), ez.c4_tokens(BYTES, rows)
+    r = ez.c4_perplexity(model, ids, 5, 16, batch_size=2)
+    windows = torch.tensor(ids[:80]).view(5, 16)
+    with torch.no_grad():
+        nlls = [F.cross_entropy(model(w[None])[0][0, :-1], w[1:]).item() for w in windows]
+    assert r['n'] == 5 and r['seqlen'] == 16 and r['ppl'] == pytest.approx(math.exp(sum(nlls) / 5), rel=1e-10)
+    assert ez.c4_perplexity(model, ids[:50], 256, 16, 4)['n'] == 3  # fewer tokens: total // seqlen windows
+
+
+@pytest.mark.parametrize('task,row,message', [
+    ('arc_easy', dict(ROWS['arc_easy'], answerKey='E'), "bad label answerKey='E'"),
+    ('hellaswag', {k: v for k, v in ROWS['hellaswag'].items() if k != 'ctx_b'}, "missing field 'ctx_b'"),
+    ('hellaswag', dict(ROWS['hellaswag'], label=''), "bad label label=''"),
+    ('piqa', dict(ROWS['piqa'], label=2), 'bad label label=2'),
+    ('boolq', dict(ROWS['boolq'], label=True), 'bad label label=True'),
+    ('winogrande', dict(ROWS['winogrande'], answer=1), "bad label answer=1"),
+    ('winogrande', dict(ROWS['winogrande'], sentence='no blank'), "no '_' blank"),
+    ('piqa', ['not', 'a', 'dict'], 'expected a JSON object'),
+])
+def test_bad_rows(task, row, message):
+    with pytest.raises(SystemExit, match=rf"^{task}: row 1 of here: .*{message}"):
+        ez.build_docs(task, [ROWS[task], row], 'here')
+
+
+def write_data_dir(root):
+    for task, row in ROWS.items():
+        path = root / task / (ez.HUB[task][2] + '.jsonl')
+        path.parent.mkdir(parents=True)
+        rows = [row, dict(row, label=0) if 'label' in row and task != 'hellaswag' else row, row]
+        path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    (root / 'c4').mkdir()
+    (root / 'c4' / 'validation.jsonl').write_text(''.join(json.dumps(dict(text=f'doc {i}')) + '\n' for i in range(1100)))
+    return root
+
+
+def write_checkpoint(path, model):
+    torch.save(dict(model=model.state_dict(), model_config=asdict(model.config),
+                    tokenizer=prep.tokenizer_info(BYTES, 'bytes')), path)
+    return path
+
+
+def test_cli(tmp_path, bpe, capsys):
+    ckpt = write_checkpoint(tmp_path / 'ckpt.pt', tiny_model('affine', dtype=torch.float32))
+    data = write_data_dir(tmp_path / 'data')
+    common = [f'--ckpt={ckpt}', f'--data_dir={data}', '--log_samples=True', '--batch_size=3', '--c4_seqlen=32',
+              '--c4_windows=4']
+    results = ez.main(common + [f'--out={tmp_path / "r.json"}'])
+    saved = json.loads((tmp_path / 'r.json').read_text())
+    assert list(saved) == list(ez.DEFAULT_TASKS)
+    for task in ROWS:
+        r = saved[task]
+        assert r['n'] == 3 and 0 <= r['acc'] <= 1 and len(r['docs']) == 3 and r['docs'][2]['doc_index'] == 2
+        assert (r['acc_norm'] is None) == (task in ('boolq', 'winogrande'))
+        assert len(r['docs'][0]['logliks']) == len(ez.DOC_BUILDERS[task](ROWS[task]).requests)
+    assert saved['c4']['n'] == 4 and 'c4-new' in saved['c4']['protocol']
+    assert 'hellaswag' in capsys.readouterr().out
+    slow = ez.main(common + ['--tasks=hellaswag,boolq', '--one_by_one=True', '--limit=2'])
+    for task in ('hellaswag', 'boolq'):
+        for a, b in zip(slow[task]['docs'], results[task]['docs'][:2]):
+            assert a['logliks'] == pytest.approx(b['logliks'], rel=1e-5)
+    with pytest.raises(SystemExit):
+        ez.main(common + ['--tasks=arc_easy,nope'])
+    with pytest.raises(SystemExit):
+        ez.main(common + ['--limit=two'])
+    write_tiktoken_file(tmp_path / 'tok.model', {bytes([b]): b for b in range(256)})  # not the checkpoint's
+    with pytest.raises(SystemExit, match='not the one the model was trained with'):
+        ez.main(common + [f'--tokenizer={tmp_path / "tok.model"}'])
+
+
+def test_heldout(tmp_path):
+    words = [f'w{i % 97}{"." if i % 11 == 0 else ""}' for i in range(6000)]
+    text = ' '.join(words)
+    prep.write_shard(str(tmp_path / 'val_000000.bin'), [np.frombuffer(text.encode(), np.uint8)], 'uint16')
+    (tmp_path / 'meta.json').write_text(json.dumps(dict(tokenizer=prep.tokenizer_info(BYTES, 'bytes'),
+                                                        splits=dict(val=dict(shards=['val_000000.bin'])))))
+    rows = ez.heldout_rows(str(tmp_path), 50)
+    assert rows == ez.heldout_rows(str(tmp_path), 50) and len(rows) == 50
+    for row in rows:
+        assert len(row['endings']) == 4 and row['context'] + ' ' + row['endings'][row['label']] in text
+    assert len({r['label'] for r in rows}) == 4
+    with pytest.raises(SystemExit, match='too short'):
+        ez.heldout_rows(str(tmp_path), 1000)
