@@ -191,16 +191,21 @@ class SinkAttention(torch.autograd.Function):
         return dq, dk, dv, dsinks.to(sinks.dtype), None
 
 
+def sink_weights(scores, sinks):
+    """Eq. 3 as a matrix: softmax over the (masked) scores plus one sink logit per head, whose column is then
+    dropped; rows sum to less than 1 (the sink's own mass)."""
+    sink_column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
+
+
 def sink_attention_explicit(q, k, v, sinks, is_causal):
     """Eq. 3 with the explicit (T x T) weight matrix: the fallback for devices without an LSE-returning
-    kernel (anything but CPU and CUDA). Softmax over the scores plus one sink column, which is then dropped."""
+    kernel (anything but CPU and CUDA)."""
     scores = at_least_fp32(q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
     if is_causal:
         T_q, T_k = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).triu(1), float('-inf'))
-    sink_column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-    weights = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
-    return weights.to(v.dtype) @ v
+    return sink_weights(scores, sinks).to(v.dtype) @ v
 
 
 def sink_attention(q, k, v, sinks, is_causal):
@@ -300,12 +305,7 @@ class Attention(nn.Module):
             if cache is not None:
                 v_cumsum = v_cumsum + cache.v_sum
                 cache.v_sum = v_cumsum[:, :, -1:]
-            if self.config.affine_bias_norm == 'visible':
-                N = (positions + 1).view(1, 1, T, 1)  # the keys query i can see
-            elif seq_lens is not None:
-                N = seq_lens.view(B, 1, 1, 1)  # right padding: each sequence's real length
-            else:
-                N = k.size(2)  # key length of this call (with a cache: every cached key)
+            N = self.bias_norm(positions, seq_lens, k.size(2))
             G = H // H_kv  # GQA: query heads h = g*G .. g*G+G-1 share value head g
             v_mean = (v_cumsum / N).unsqueeze(2)  # (B, H_kv, 1, T, D), broadcast over the G query heads
             beta_scale = self.alpha_ma.view(1, H_kv, G, 1, 1) - alpha.view(B, H_kv, G, T, 1)
@@ -316,6 +316,34 @@ class Attention(nn.Module):
         if attention in ('gated', 'affine_gated'):
             y = y * torch.sigmoid(self.g_proj(x))  # Eq. 4-5: elementwise gate after SDPA, before o_proj
         return self.o_proj(y)
+
+    def bias_norm(self, positions, seq_lens, n_keys):
+        """N of Eq. 8, broadcastable to (B, H, T, 1)."""
+        if self.config.affine_bias_norm == 'visible':
+            return (positions + 1).view(1, 1, -1, 1)  # the keys query i can see
+        if seq_lens is not None:
+            return seq_lens.view(-1, 1, 1, 1)  # right padding: each sequence's real length
+        return n_keys  # the key length of the call (with a cache: every cached key)
+
+    @torch.no_grad()
+    def weights(self, x, cos, sin, positions, seq_lens=None):
+        """The effective attention weights (B, H, T, T) as an explicit matrix, for analysis only (the forward
+        never builds it): softmax's (Eq. 1; also gated's, whose gate acts after), sink's without the sink's own
+        mass (Eq. 3), affine's alpha * softmax + beta on the visible keys (Eq. 6-8). weights @ V is what the
+        forward attends to. Same projections as forward; a train-mode call adds nothing to alpha_ma."""
+        q, k, _ = self.project(x, cos, sin)
+        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+        T = q.size(2)
+        visible = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        scores = (at_least_fp32(q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))).masked_fill(~visible, float('-inf'))
+        if self.config.attention == 'sink':
+            return sink_weights(scores, self.sinks)
+        weights = torch.softmax(scores, dim=-1)
+        if self.config.attention in ('affine', 'affine_gated'):
+            alpha = self.scale(x).transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
+            beta = (self.alpha_ma.view(1, -1, 1, 1) - alpha) / self.bias_norm(positions, seq_lens, T)
+            weights = alpha * weights + beta * visible
+        return weights
 
     def _accumulate_alpha(self, alpha, positions, seq_lens):
         """Add this micro-batch's sum of alpha (per head) and token count; padding is left out."""

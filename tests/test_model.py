@@ -469,3 +469,30 @@ def test_alpha_ma_is_global_batch_exact_under_ddp(tmp_path):
     single.update_alpha_ma()
     for got, layer in zip(torch.load(tmp_path / 'out.pt'), single.model.layers):
         torch.testing.assert_close(got, layer.self_attn.alpha_ma, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize('attention,act,bias_norm', VARIANTS)
+def test_explicit_weights_reproduce_the_forward(attention, act, bias_norm):
+    """Attention.weights (the analysis path) @ V, then gate and o_proj, equals the fast forward: the analyses
+    see exactly the attention the model computes. Also the row sums each variant implies."""
+    torch.manual_seed(3)
+    cfg = tiny_config(attention=attention, affine_act=act, affine_bias_norm=bias_norm)
+    attn = random_attention(cfg, torch.float64)
+    B, T = 2, 19
+    x = torch.randn(B, T, cfg.n_embd, dtype=torch.float64)
+    positions = torch.arange(T)
+    cos, sin = (t.double() for t in rope_cos_sin(cfg, positions))
+    w = attn.weights(x, cos, sin, positions)
+    assert w.shape == (B, cfg.n_head, T, T) and (w.triu(1) == 0).all()  # causal
+    _, _, v = attn.project(x, cos, sin)
+    y = (w @ v.repeat_interleave(cfg.n_head // cfg.n_kv_head, dim=1)).transpose(1, 2).reshape(B, T, -1)
+    if attention in ('gated', 'affine_gated'):
+        y = y * torch.sigmoid(attn.g_proj(x))
+    torch.testing.assert_close(attn.o_proj(y), attn(x, cos, sin, positions), rtol=1e-10, atol=1e-12)
+    rows = w.sum(-1)
+    if attention in ('softmax', 'gated'):
+        torch.testing.assert_close(rows, torch.ones_like(rows))
+    elif attention == 'sink':
+        assert (rows < 1).all()
+    elif bias_norm == 'visible':  # every row sums to alpha_ma of its head
+        torch.testing.assert_close(rows, attn.alpha_ma.view(1, -1, 1).expand_as(rows))
