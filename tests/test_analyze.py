@@ -1,4 +1,5 @@
 """analyze.py's statistics against direct computations from an explicit attention matrix built here."""
+import json
 import math
 
 import numpy as np
@@ -83,3 +84,49 @@ def test_grad_norm_statistics_and_spikes_on_a_known_series():
     assert s['cv'] == pytest.approx(g[:500].std() / g[:500].mean())
     with pytest.raises(ValueError, match='only 600 steps'):
         analyze.spike_counts(g, end=700)
+
+
+def fake_run(path, attention, grad_norms, n_layer=2, kd=False):
+    path.mkdir(parents=True)
+    (path / 'config.json').write_text(json.dumps(dict(attention=attention, n_layer=n_layer, n_embd=32)))
+    with open(path / 'metrics.jsonl', 'w') as f:
+        for step, g in enumerate(grad_norms, 1):
+            record = dict(step=step, loss=3.0 - step / 1000, grad_norm=g, lr=1e-3)
+            if kd:
+                record['kd_loss'] = 1.0 - step / 2000
+            if step % 100 == 0:
+                record['attn_logit_mean'] = -step / 1000
+            f.write(json.dumps(record) + '\n')
+
+
+def test_runs_report_writes_tables_figures_and_numbers(tmp_path):
+    quiet = [1.0 + 0.001 * (i % 7) for i in range(600)]
+    spiky = list(quiet)
+    spiky[50] = spiky[300] = 10.0
+    fake_run(tmp_path / 'softmax', 'softmax', spiky, kd=True)
+    fake_run(tmp_path / 'affine', 'affine', quiet, kd=True)
+    out = tmp_path / 'report'
+    analyze.main(['runs', str(tmp_path / 'softmax'), str(tmp_path / 'affine'), f'--out_dir={out}', '--late=100'])
+    numbers = json.loads((out / 'numbers.json').read_text())['runs']
+    softmax = numbers[str(tmp_path / 'softmax')]
+    assert softmax['spikes'] == {'6': 2, '9': 2} and numbers[str(tmp_path / 'affine')]['spikes'] == {'6': 0, '9': 0}
+    assert softmax['grad_norm']['mean'] == pytest.approx(np.mean(spiky[:500]))
+    assert softmax['final_loss'] == pytest.approx(1.0 - 600 / 2000)  # the KD loss when every run logs it
+    report = (out / 'report.md').read_text()
+    assert '| softmax | 2 | 2 |' in report and '| affine | 0 | 0 |' in report
+    for name in ('fig2_attn_logit.png', 'fig7_loss.png', 'fig8_grad_norm.png', 'fig10_loss_late.png'):
+        assert (out / name).stat().st_size > 1000 and f'({name})' in report
+
+
+def test_runs_report_bad_input_leaves_no_report(tmp_path):
+    fake_run(tmp_path / 'a', 'softmax', [1.0] * 100)
+    fake_run(tmp_path / 'b', 'affine', [1.0] * 600, n_layer=4)
+    fake_run(tmp_path / 'c', 'affine', [1.0] * 600)
+    (tmp_path / 'empty').mkdir()
+    out = tmp_path / 'report'
+    for dirs, message in [(['a', 'c'], 'asked for steps 0-500, but the run has only 100 steps'),
+                          (['b', 'c'], 'different model sizes'),
+                          (['empty'], 'no metrics.jsonl')]:
+        with pytest.raises(SystemExit, match=message):
+            analyze.main(['runs', *(str(tmp_path / d) for d in dirs), f'--out_dir={out}'])
+        assert not out.exists()
