@@ -26,19 +26,95 @@ import torch
 from model import rope_cos_sin
 
 
+"""
+The paper's analyses (Section 4, Appendix A-B) and its tables, one command per job; each job writes PNG figures
+(runs overlaid or side by side, labelled by method), numbers.json with every number behind them and report.md
+embedding both into --out_dir, all at once (a failure leaves no half-written report). matplotlib is needed for
+the figures (pip install matplotlib).
+
+    python analyze.py attention out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_attention
+    python analyze.py runs out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_runs
+    python analyze.py table out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_table
+
+attention: from checkpoints (train.py out_dirs, ckpt.pt files or Hugging Face directories) on held-out text
+    (default as Appendix A.1: 10 sequences of 1,024 tokens of C4 validation; or --data=a prepare_data.py directory
+    or a text file, offline): per layer and head, from each variant's effective attention weights (Attention.weights,
+    the model's own q/k/v/alpha code): Figure 3 (per-query row sums), 4 (first-token weight), 5 (per-head total
+    weight), 6 (entropy), 9 (a layer's top-left 30 x 30 block), and alpha / alpha_ma (affine) or sink logits.
+runs: from train.py's metrics.jsonl: Figures 2, 7, 8, 10 and Tables 4-5 (gradient-norm statistics and spikes).
+table: Tables 1-3: per method, ΔParams, final training loss, perplexity and the zero-shot accuracies of
+    eval_zeroshot.py --out=<run>/eval.json with their average, best per column in bold; several seeds of one
+    method are reported as mean ± std.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+
+import numpy as np
+import torch
+
+from distill import teacher_tokenizer_info
+from eval_zeroshot import C4_DOCS, Progress, c4_tokens, load_model_and_tokenizer, read_rows
+from model import FIELD_NAMES, GPT, ModelConfig, rope_cos_sin
+from prepare_data import Windows, read_meta
+
+METHODS = dict(softmax='Baseline', sink='Sink', gated='Gated', affine='Affine-Scaled',
+               affine_gated='Affine-Scaled + Gated')  # the paper's row names
+
+
+def method_name(config):
+    """The paper's name for a model config (a dict); the sigmoid ablation of Table 3 says so."""
+    name = METHODS[config.get('attention', 'softmax')]
+    if 'affine' in config.get('attention', '') and config.get('affine_act', 'linear_clip') != 'linear_clip':
+        name += f" ({config['affine_act']})"
+    return name
+
+
+def write_atomically(out_dir, build):
+    """build(tmp) writes every output into a fresh temporary directory, which then replaces out_dir whole."""
+    tmp = out_dir.rstrip('/') + '.tmp'
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        result = build(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    return result
+
+
+def pyplot():
+    import matplotlib
+    matplotlib.use('Agg')  # files only, no display
+    import matplotlib.pyplot as plt
+    return plt
+
+# -----------------------------------------------------------------------------
+# From checkpoints: Figures 3, 4, 5, 6, 9, alpha and sink logits
+
+
 @torch.no_grad()
 def attention_statistics(model, idx, corner=30):
-    """Per-layer statistics of the effective attention weights on the sequences idx (B, T), B*T <= the model's
-    block_size each. Weights come from each layer's Attention.weights on the inputs the model's own forward
-    gives that layer (eval mode, so affine's alpha_ma is untouched). Definitions, for weights w (B, H, T, T):
-      first_token: w[:, :, i, 0] averaged over heads, sequences and queries i >= 1 (query 0 sees only token 0);
-      row_sums:    sum_j w_ij per query, averaged over heads (every query of every sequence; Figure 3's histogram);
-      head_total:  per head, the mean row sum (Figure 5; normalise for display);
-      entropy:     -sum_j p_ij log p_ij with p_ij = |w_ij| / sum_j |w_ij|, averaged over heads, sequences and
-                   queries i >= 1. Affine weights can be negative and rows need not sum to 1, so the entropy is
-                   that of the distribution of attention *magnitude* over the visible keys; for softmax it is
-                   the usual entropy, for sink that of the weights renormalised without the sink's mass;
-      corner:      the head-averaged top-left corner x corner block of sequence 0 (Figure 9)."""
+    """Per-layer statistics of the effective attention weights on the sequences idx (B, T), T <= block_size,
+    each per sequence so that batches concatenate (torch.cat along dim 0) into the statistics of all sequences.
+    Weights come from each layer's Attention.weights on the inputs the model's own forward gives that layer (eval
+    mode, so affine's alpha_ma is untouched). For weights w (B, H, T, T):
+      first_token (B,):    w[:, :, i, 0] averaged over heads and queries i >= 1 (query 0 sees only token 0);
+      row_sums (B, T):     sum_j w_ij per query, averaged over heads (Figure 3's histogram; sink: the real tokens
+                           only, so softmax's rows give exactly 1 and sink's 1 - the sink's weight);
+      head_total (B, H):   per head, the mean row sum (Figure 5);
+      entropy (B,):        -sum_j p_ij log p_ij with p_ij = |w_ij| / sum_j |w_ij|, averaged over heads and queries
+                           i >= 1. Affine weights can be negative and rows need not sum to 1, so this is the
+                           entropy of the distribution of attention *magnitude* over the visible keys; for softmax
+                           the usual entropy, for sink that of the weights renormalised without the sink's mass;
+      corner (B, c, c):    the head-averaged top-left corner x corner block (Figure 9);
+      alpha (B, T, H):     affine's scale per token and head (Eq. 7), with alpha_ma (H,); sink: sinks (H,)."""
     layers = [layer.self_attn for layer in model.model.layers]
     inputs = []
     hooks = [a.register_forward_pre_hook(lambda m, args: inputs.append(args[0])) for a in layers]
@@ -58,19 +134,233 @@ def attention_statistics(model, idx, corner=30):
         w = attn.weights(x, cos, sin, positions).double()
         p = w.abs() / w.abs().sum(-1, keepdim=True).clamp_min(1e-30)
         entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # (B, H, T)
-        stats.append(dict(
-            first_token=w[:, :, 1:, 0].mean().item(),
-            row_sums=w.sum(-1).mean(1).flatten().tolist(),
-            head_total=w.sum(-1).mean(dim=(0, 2)).tolist(),
-            entropy=entropy[:, :, 1:].mean().item(),
-            corner=w[0, :, :corner, :corner].mean(0).tolist(),
-        ))
+        stats.append(dict(first_token=w[:, :, 1:, 0].mean(dim=(1, 2)), row_sums=w.sum(-1).mean(1),
+                          head_total=w.sum(-1).mean(2), entropy=entropy[:, :, 1:].mean(dim=(1, 2)),
+                          corner=w[:, :, :corner, :corner].mean(1)))
         if hasattr(attn, 'alpha_ma'):
-            stats[-1]['alpha'] = attn.scale(x).mean(dim=(0, 1)).tolist()  # per head, mean over tokens
-            stats[-1]['alpha_ma'] = attn.alpha_ma.tolist()
+            stats[-1].update(alpha=attn.scale(x).double(), alpha_ma=attn.alpha_ma.double())
         if hasattr(attn, 'sinks'):
-            stats[-1]['sinks'] = attn.sinks.tolist()
+            stats[-1]['sinks'] = attn.sinks.double()
     return stats
+
+
+def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):
+    """attention_statistics over all sequences (N, T), batch by batch (the weights of a whole 1B model at T = 1024
+    are gigabytes per sequence), reduced to plain numbers: per layer, means over sequences, the row sums' mean and
+    median, per-head totals, the corner, alpha's per-head means, quantiles and alpha_ma, the sink logits; and,
+    over all layers, the histogram of per-query row sums (Figure 3)."""
+    device = next(model.parameters()).device
+    parts = []
+    for start in range(0, len(sequences), batch_size):
+        parts.append(attention_statistics(model, sequences[start:start + batch_size].to(device), corner))
+        if progress:
+            progress(min(start + batch_size, len(sequences)))
+    layers = []
+    for per_batch in zip(*parts):
+        s = {key: torch.cat([b[key] for b in per_batch]) if key not in ('alpha_ma', 'sinks') else per_batch[0][key]
+             for key in per_batch[0]}
+        layer = dict(first_token=s['first_token'].mean().item(), entropy=s['entropy'].mean().item(),
+                     row_sum_mean=s['row_sums'].mean().item(), row_sum_median=s['row_sums'].median().item(),
+                     head_total=s['head_total'].mean(0).tolist(), corner=s['corner'].mean(0).tolist())
+        if 'alpha' in s:
+            alpha = s['alpha'].flatten(0, 1)  # (tokens, H)
+            qs = torch.tensor([0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0], dtype=alpha.dtype, device=alpha.device)
+            layer.update(alpha_head_mean=alpha.mean(0).tolist(), alpha_ma=s['alpha_ma'].tolist(),
+                         alpha_quantiles=dict(zip(('min', 'p5', 'p25', 'median', 'p75', 'p95', 'max'),
+                                                  torch.quantile(alpha.flatten(), qs).tolist())))
+        if 'sinks' in s:
+            layer['sinks'] = s['sinks'].tolist()
+        layers.append((layer, s['row_sums'].flatten().cpu().numpy()))
+    row_sums = np.concatenate([r for _, r in layers])
+    lo, hi = float(row_sums.min()), float(row_sums.max())
+    counts, edges = np.histogram(row_sums, bins=50, range=(lo - 1e-3, hi + 1e-3))  # softmax: every row is 1
+    return dict(layers=[layer for layer, _ in layers],
+                row_sums=dict(mean=float(row_sums.mean()), median=float(np.median(row_sums)), n=len(row_sums),
+                              histogram=dict(counts=counts.tolist(), edges=edges.tolist())))
+
+
+def heldout_sequences(source, enc, tokenizer_sha256, num_seqs, seq_len, seed=0, data_dir=None):
+    """num_seqs windows of seq_len tokens, drawn without replacement (seeded) from the non-overlapping windows of a
+    held-out token stream: 'c4' is the first 1100 C4 validation documents of the c4-new protocol (eval_zeroshot.py;
+    offline from --data_dir, exported with eval_zeroshot.py --export_data); a prepare_data.py directory gives its val
+    split (it must be tokenized with the model's tokenizer); a text file is tokenized with the model's tokenizer."""
+    if source == 'c4':
+        rows, _ = read_rows('c4', data_dir, C4_DOCS)
+        ids = np.asarray(c4_tokens(enc, rows), dtype=np.int64)
+    elif os.path.isdir(source):
+        meta = read_meta(source)
+        if meta['tokenizer']['sha256'] != tokenizer_sha256:
+            raise SystemExit(f"--data={source} was tokenized with {meta['tokenizer']['spec']}, not the model's "
+                             f"tokenizer; prepare it with the model's, or pass a text file")
+        windows = Windows(source, 'val', seq_len)
+        picks = draw(len(windows), num_seqs, seed, f"{source}'s val split", seq_len)
+        return torch.from_numpy(windows.get(picks)[0])
+    elif os.path.isfile(source):
+        with open(source, encoding='utf-8') as f:
+            ids = np.asarray(enc.encode_ordinary(f.read()), dtype=np.int64)
+    else:
+        raise SystemExit(f"--data={source}: not 'c4', a prepare_data.py directory or a text file")
+    n = len(ids) // seq_len
+    picks = draw(n, num_seqs, seed, f"{source} ({len(ids):,} tokens)", seq_len)
+    return torch.from_numpy(ids[:n * seq_len].reshape(n, seq_len)[picks])
+
+
+def draw(n, k, seed, what, seq_len):
+    if n < k:
+        raise SystemExit(f"{what} has {n} windows of {seq_len} tokens, fewer than --num_seqs={k}; lower --num_seqs "
+                         f"or --seq_len")
+    return np.sort(np.random.default_rng(seed).choice(n, k, replace=False))
+
+
+def attention_figures(out, models, layer):
+    """Figures 3, 4, 5, 6, 9 and, where present, alpha and sink logits; returns [(file, title)]."""
+    plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+    names, figures = list(models), []
+    n_layer = len(next(iter(models.values()))['layers'])
+    x = range(1, n_layer + 1)
+
+    def save(fig, name, title):
+        fig.savefig(os.path.join(out, name), dpi=120)
+        plt.close(fig)
+        figures.append((name, title))
+
+    def side_by_side(selected, rows=1):
+        fig, axes = plt.subplots(rows, len(selected), figsize=(4.5 * len(selected), 3.6 * rows), squeeze=False,
+                                 layout='constrained')
+        return fig, axes
+
+    def layer_by_head(fig, ax, grid, title, **kw):
+        """A (layer, head) grid as an image, both counted from 1."""
+        grid = np.asarray(grid)
+        image = ax.imshow(grid, aspect='auto', extent=(0.5, grid.shape[1] + 0.5, grid.shape[0] + 0.5, 0.5), **kw)
+        ax.set(title=title, xlabel='head', ylabel='layer')
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.colorbar(image, ax=ax)
+
+    fig, axes = side_by_side(names)
+    for ax, name in zip(axes[0], names):
+        r = models[name]['row_sums']
+        ax.stairs(r['histogram']['counts'], r['histogram']['edges'], fill=True)
+        ax.axvline(r['mean'], color='k', linestyle='--', label=f"mean {r['mean']:.3f}")
+        ax.axvline(r['median'], color='r', linestyle='--', label=f"median {r['median']:.3f}")
+        ax.set(title=name, xlabel='per-query attention weight sum', ylabel='queries')
+        ax.legend(fontsize=7)
+    save(fig, 'fig3_row_sums.png', 'Figure 3: per-query attention weight sums (all layers, head-averaged)')
+    for key, file, title in [('first_token', 'fig4_first_token.png', 'Figure 4: first-token attention weight'),
+                             ('entropy', 'fig6_entropy.png', 'Figure 6: mean attention entropy')]:
+        fig, ax = plt.subplots(figsize=(6, 4), layout='constrained')
+        for name in names:
+            ax.plot(x, [layer[key] for layer in models[name]['layers']], marker='o', label=name)
+        ax.set(title=title, xlabel='layer', ylabel=key.replace('_', ' '))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend()
+        save(fig, file, title)
+    fig, axes = side_by_side(names)
+    for ax, name in zip(axes[0], names):
+        total = np.array([layer['head_total'] for layer in models[name]['layers']])
+        span = total.max() - total.min()  # min-max over the model's grid (the paper: "normalized to [0, 1]")
+        layer_by_head(fig, ax, (total - total.min()) / (span if span > 0 else 1), name, vmin=0, vmax=1)
+    save(fig, 'fig5_head_total.png', 'Figure 5: total attention weight per layer and head, min-max normalised to [0, 1]')
+    fig, axes = side_by_side(names)
+    for ax, name in zip(axes[0], names):
+        image = ax.imshow(np.array(models[name]['layers'][layer - 1]['corner']))
+        ax.set(title=name, xlabel='key', ylabel='query')
+        fig.colorbar(image, ax=ax)
+    save(fig, f'fig9_heatmap_layer{layer}.png', f'Figure 9: attention weights of layer {layer}, head-averaged')
+    affine = [name for name in names if 'alpha_ma' in models[name]['layers'][0]]
+    if affine:
+        fig, axes = side_by_side(affine, rows=2)
+        for top, bottom, name in zip(axes[0], axes[1], affine):
+            layers = models[name]['layers']
+            top.bxp([dict(whislo=q['p5'], q1=q['p25'], med=q['median'], q3=q['p75'], whishi=q['p95'],
+                          fliers=[q['min'], q['max']]) for q in (l['alpha_quantiles'] for l in layers)],
+                    positions=list(x))
+            top.set(title=f"{name}: alpha", xlabel='layer', ylabel='alpha')
+            layer_by_head(fig, bottom, [l['alpha_ma'] for l in layers], f"{name}: alpha_ma")
+        save(fig, 'fig_alpha.png', 'alpha (Eq. 7) per layer (box p25-p75, whiskers p5-p95, circles min and max) '
+                                   'and alpha_ma (Eq. 9) per layer and head')
+    sink = [name for name in names if 'sinks' in models[name]['layers'][0]]
+    if sink:
+        fig, axes = side_by_side(sink)
+        for ax, name in zip(axes[0], sink):
+            layer_by_head(fig, ax, [l['sinks'] for l in models[name]['layers']], f"{name}: sink logits", cmap='coolwarm')
+        save(fig, 'fig_sinks.png', 'learned sink logits per layer and head')
+    return figures
+
+
+def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=0, layer=None, corner=30,
+                     data_dir=None, tokenizer=None, device='cpu', dtype='float32', batch_size=1):
+    """The `attention` job: statistics of every checkpoint in specs on the same held-out text, then figures,
+    numbers.json and report.md in out_dir."""
+    models, shapes, sources = {}, set(), {}
+    for spec in specs:
+        model, enc = load_model_and_tokenizer(argparse.Namespace(hf_model=None, ckpt=spec, tokenizer=tokenizer),
+                                              torch.device(device), getattr(torch, dtype))
+        cfg = model.config
+        shapes.add((cfg.n_layer, cfg.n_head))
+        if len(shapes) > 1:
+            raise SystemExit(f"models of different shapes (n_layer, n_head) {sorted(shapes)}; analyse each size "
+                             f"separately")
+        length = seq_len or min(1024, cfg.block_size)
+        if length > cfg.block_size:
+            raise SystemExit(f"{spec}: --seq_len={length} exceeds the model's block_size {cfg.block_size}")
+        sequences = heldout_sequences(data, enc, teacher_tokenizer_info(spec)['sha256'], num_seqs, length, seed,
+                                      data_dir)
+        name = method_name(vars(cfg))
+        name = name if name not in models else f"{name} ({spec})"
+        print(f"{spec}: {name}, {cfg.n_layer} layers, {num_seqs} x {length} tokens of {data}", file=sys.stderr)
+        models[name] = model_statistics(model, sequences, corner, batch_size, Progress(f"{name} sequences", num_seqs))
+        sources[name] = dict(spec=spec, attention=cfg.attention, seq_len=length)
+        del model
+    n_layer = shapes.pop()[0]
+    layer = layer or max(1, n_layer // 2)  # the paper's Figure 9 shows layer 8 of the 1B model's 16
+    if not 1 <= layer <= n_layer:
+        raise SystemExit(f"--layer={layer}: the models have layers 1-{n_layer}")
+
+    def build(tmp):
+        figures = attention_figures(tmp, models, layer)
+        with open(os.path.join(tmp, 'numbers.json'), 'w') as f:
+            json.dump(dict(data=data, num_seqs=num_seqs, seed=seed, layer=layer, corner=corner,
+                           models={name: dict(sources[name], **stats) for name, stats in models.items()}), f)
+        names = list(models)
+        lines = ['# Attention analysis', '',
+                 f"Held-out text: {num_seqs} sequences of {sources[names[0]]['seq_len']} tokens drawn (seed {seed}) "
+                 f"from `{data}`. Weights are each variant's effective attention weights (sink: without the sink's "
+                 f"mass; affine: alpha * softmax + beta on the visible keys; gated: the softmax, the gate acts after). "
+                 f"Entropy is that of |w| normalised over the visible keys (affine weights can be negative).", '',
+                 '| model | checkpoint |', '|---|---|'] + [f"| {n} | `{sources[n]['spec']}` |" for n in names]
+        lines += ['', '## Per-query attention weight sums (Figure 3)', '', '| model | mean | median |', '|---|---|---|']
+        lines += [f"| {n} | {models[n]['row_sums']['mean']:.4f} | {models[n]['row_sums']['median']:.4f} |" for n in names]
+        for key, title in [('first_token', 'First-token attention weight per layer (Figure 4)'),
+                           ('entropy', 'Mean attention entropy per layer (Figure 6)')]:
+            lines += ['', f"## {title}", '', '| layer | ' + ' | '.join(names) + ' |', '|---|' + '---|' * len(names)]
+            lines += [f"| {i + 1} | " + ' | '.join(f"{models[n]['layers'][i][key]:.4f}" for n in names) + ' |'
+                      for i in range(n_layer)]
+        for n in names:
+            layers = models[n]['layers']
+            if 'alpha_ma' in layers[0]:
+                lines += ['', f"## {n}: alpha and alpha_ma per layer (mean over heads)", '',
+                          '| layer | alpha mean | alpha p5-p95 | alpha_ma |', '|---|---|---|---|']
+                lines += [f"| {i + 1} | {np.mean(l['alpha_head_mean']):.4f} | {l['alpha_quantiles']['p5']:.3f}-"
+                          f"{l['alpha_quantiles']['p95']:.3f} | {np.mean(l['alpha_ma']):.4f} |"
+                          for i, l in enumerate(layers)]
+            if 'sinks' in layers[0]:
+                lines += ['', f"## {n}: sink logits per layer (mean, min, max over heads)", '',
+                          '| layer | mean | min | max |', '|---|---|---|---|']
+                lines += [f"| {i + 1} | {np.mean(l['sinks']):.3f} | {min(l['sinks']):.3f} | {max(l['sinks']):.3f} |"
+                          for i, l in enumerate(layers)]
+        lines += ['', '## Figures', ''] + [f"![{title}]({file})" for file, title in sorted(figures)]
+        with open(os.path.join(tmp, 'report.md'), 'w') as f:
+            f.write('\n'.join(lines) + '\n')
+        return figures
+
+    figures = write_atomically(out_dir, build)
+    return models, figures
+
+# -----------------------------------------------------------------------------
+# From training runs: Figures 2, 7, 8, 10 and Tables 4-5
 
 
 def grad_norm_statistics(grad_norms, start=0, end=500):
@@ -95,28 +385,47 @@ def spike_counts(grad_norms, ks=(6, 9), start=0, end=500):
     return {k: int((g > median + k * mad).sum()) for k in ks}
 
 
-# -----------------------------------------------------------------------------
-# From training runs: figures 2, 7, 8, 10 and tables 4-5
-
-
 def load_run(out_dir):
-    """A train.py run: its metrics.jsonl records, config.json, and a label (the attention variant)."""
+    """A train.py run: its metrics.jsonl records and config.json (the resolved training and model config)."""
     path = os.path.join(out_dir, 'metrics.jsonl')
     if not os.path.isfile(path):
         raise SystemExit(f"{out_dir}: no metrics.jsonl (not a train.py out_dir)")
     with open(path) as f:
         records = [json.loads(line) for line in f]
+    if not records:
+        raise SystemExit(f"{path}: empty (the run has not finished a step)")
     config_path = os.path.join(out_dir, 'config.json')
     config = json.load(open(config_path)) if os.path.isfile(config_path) else {}
-    return dict(dir=out_dir, label=config.get('attention', os.path.basename(os.path.normpath(out_dir))),
-                config=config, records=records)
+    return dict(dir=out_dir, config=config, records=records, method=method_name(config))
+
+
+def label_runs(runs):
+    """Each run's label: its method, with the seed (or the directory) where several runs share a method."""
+    methods = [r['method'] for r in runs]
+    for r in runs:
+        r['label'] = r['method']
+        if methods.count(r['method']) > 1:
+            seeds = [s['config'].get('seed') for s in runs if s['method'] == r['method']]
+            seed = r['config'].get('seed')
+            r['label'] += f" seed {seed}" if seed is not None and seeds.count(seed) == 1 else f" ({r['dir']})"
+    return runs
+
+
+def check_one_size(runs):
+    shapes = {(r['config'].get('n_layer'), r['config'].get('n_embd')) for r in runs}
+    if len(shapes) > 1:
+        raise SystemExit(f"runs of different model sizes (n_layer, n_embd) {sorted(shapes, key=str)} in one report; "
+                         f"analyse each size separately")
+
+
+def loss_key(runs):
+    """The paper's training loss is the KD loss (Figure 7); runs without a teacher have only the loss."""
+    return 'kd_loss' if all('kd_loss' in r['records'][0] for r in runs) else 'loss'
 
 
 def plot(path, runs, y_key, title, ylabel, first_step=0, logy=False):
     """One figure: y_key over steps for every run that logged it, overlaid."""
-    import matplotlib
-    matplotlib.use('Agg')  # files only, no display
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in runs:
         points = [(r['step'], r[y_key]) for r in run['records'] if y_key in r and r['step'] > first_step]
@@ -132,36 +441,25 @@ def plot(path, runs, y_key, title, ylabel, first_step=0, logy=False):
 
 
 def runs_report(run_dirs, out_dir, window=(0, 500), ks=(6, 9), late=2000):
-    """Figures 2, 7, 8, 10 and Tables 4-5 for runs of one model size, written to out_dir all at once (built in
-    a temporary directory first, so a failure leaves no half-written report)."""
-    runs = [load_run(d) for d in run_dirs]
-    shapes = {(r['config'].get('n_layer'), r['config'].get('n_embd')) for r in runs}
-    if len(shapes) > 1:
-        raise SystemExit(f"runs of different model sizes (n_layer, n_embd) {sorted(shapes, key=str)} in one report; "
-                         f"analyse each size separately")
-    numbers, loss_key = {}, 'kd_loss' if all('kd_loss' in r['records'][0] for r in runs if r['records']) else 'loss'
+    """The `runs` job: Figures 2, 7, 8, 10 and Tables 4-5 for runs of one model size."""
+    runs = label_runs([load_run(d) for d in run_dirs])
+    check_one_size(runs)
+    numbers, key = {}, loss_key(runs)
     for run in runs:
         g = [r['grad_norm'] for r in run['records']]
         try:
             stats, spikes = grad_norm_statistics(g, *window), spike_counts(g, ks, *window)
         except ValueError as e:
             raise SystemExit(f"{run['dir']}: {e}") from None
-        numbers[run['dir']] = dict(label=run['label'], steps=len(g), final_loss=run['records'][-1][loss_key],
+        numbers[run['dir']] = dict(label=run['label'], steps=len(g), final_loss=run['records'][-1][key],
                                    grad_norm=stats, spikes={str(k): n for k, n in spikes.items()})
-    tmp = out_dir.rstrip('/') + '.tmp'
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
     last = max(len(r['records']) for r in runs)
-    figures = [('fig7_loss.png', loss_key, f"Figure 7: {loss_key.replace('_', ' ')}", loss_key, 0, True),
-               ('fig10_loss_late.png', loss_key, f"Figure 10: {loss_key.replace('_', ' ')}, last {late} steps",
-                loss_key, max(0, last - late), False),
+    figures = [('fig7_loss.png', key, f"Figure 7: {key.replace('_', ' ')}", key, 0, True),
+               ('fig10_loss_late.png', key, f"Figure 10: {key.replace('_', ' ')}, last {late} steps",
+                key, max(0, last - late), False),
                ('fig8_grad_norm.png', 'grad_norm', 'Figure 8: gradient norm (before clipping)', 'grad norm', 0, True),
                ('fig2_attn_logit.png', 'attn_logit_mean', 'Figure 2: mean attention logit q.k/sqrt(d)', 'mean logit',
                 0, False)]
-    for name, key, title, ylabel, first, logy in figures:
-        plot(os.path.join(tmp, name), runs, key, title, ylabel, first, logy)
-    with open(os.path.join(tmp, 'numbers.json'), 'w') as f:
-        json.dump(dict(window=list(window), ks=list(ks), runs=numbers), f, indent=1)
     lo, hi = window
     run_list = ', '.join(f"`{d}` ({n['label']})" for d, n in numbers.items())
     lines = ['# Training runs', '', f"Runs: {run_list}.", '',
@@ -173,30 +471,191 @@ def runs_report(run_dirs, out_dir, window=(0, 500), ks=(6, 9), late=2000):
               '| run | ' + ' | '.join(f'k={k}' for k in ks) + ' |', '|---|' + '---|' * len(ks)]
     lines += [f"| {n['label']} | " + ' | '.join(str(n['spikes'][str(k)]) for k in ks) + ' |' for n in numbers.values()]
     lines += ['', '## Figures', ''] + [f"![{title}]({name})" for name, _, title, *_ in figures]
-    with open(os.path.join(tmp, 'report.md'), 'w') as f:
-        f.write('\n'.join(lines) + '\n')
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+
+    def build(tmp):
+        for name, y, title, ylabel, first, logy in figures:
+            plot(os.path.join(tmp, name), runs, y, title, ylabel, first, logy)
+        with open(os.path.join(tmp, 'numbers.json'), 'w') as f:
+            json.dump(dict(window=list(window), ks=list(ks), runs=numbers), f, indent=1)
+        with open(os.path.join(tmp, 'report.md'), 'w') as f:
+            f.write('\n'.join(lines) + '\n')
+
+    write_atomically(out_dir, build)
     return numbers
+
+# -----------------------------------------------------------------------------
+# Tables 1-3: method, ΔParams, loss, perplexity, zero-shot accuracies
+
+
+ACCURACY_COLUMNS = [('winogrande', 'Wino'), ('piqa', 'PIQA'), ('hellaswag', 'Hella'), ('arc_challenge', 'ARC-c'),
+                    ('arc_easy', 'ARC-e'), ('boolq', 'BoolQ'), ('heldout', 'Held-out')]  # the paper's order
+
+
+def attention_params(config):
+    """(total parameters, ΔParams): ΔParams = what the variant adds to the same model with softmax attention,
+    counted on the meta device (no memory, no checkpoint needed)."""
+    model_config = {k: v for k, v in config.items() if k in FIELD_NAMES}
+    with torch.device('meta'):
+        total = GPT(ModelConfig(**model_config)).get_num_params()
+        softmax = GPT(ModelConfig(**dict(model_config, attention='softmax'))).get_num_params()
+    return total, total - softmax
+
+
+def count(n):
+    """A parameter count as the paper prints it (millions, one decimal), exact below 0.1M (tiny models)."""
+    return f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
+
+
+def mean_std(values):
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def table_report(run_dirs, out_dir, eval_file='eval.json', metric='acc_norm'):
+    """The `table` job: Tables 1-3 for runs of one model size. Columns: ΔParams, final training loss (Figure 7's:
+    the KD loss where every run has a teacher), perplexity (C4 where evaluated, else the run's last val_ppl), the
+    accuracies of each task every run was evaluated on (x 100; `metric` = acc_norm where the task reports it, else
+    acc — the paper does not say which it quotes) and their average. Runs of one method (several seeds) are one
+    row, mean ± sample std; the best mean per column is bold (lowest loss and perplexity, highest accuracy)."""
+    runs = [load_run(d) for d in run_dirs]
+    check_one_size(runs)
+    key = loss_key(runs)
+    for run in runs:
+        path = os.path.join(run['dir'], eval_file)
+        if not os.path.isfile(path):
+            raise SystemExit(f"{run['dir']}: no {eval_file}; run eval_zeroshot.py --ckpt={run['dir']} --out={path}")
+        with open(path) as f:
+            run['eval'] = json.load(f)
+        if not run['config']:
+            raise SystemExit(f"{run['dir']}: no config.json (needed for ΔParams)")
+    tasks = [(t, name) for t, name in ACCURACY_COLUMNS if all(t in r['eval'] for r in runs)]
+    ppl = ('C4 PPL', lambda r: r['eval']['c4']['ppl']) if all('c4' in r['eval'] for r in runs) else \
+        ('Val PPL', lambda r: [x['val_ppl'] for x in r['records'] if 'val_ppl' in x][-1])
+    if ppl[0] == 'Val PPL' and not all(any('val_ppl' in x for x in r['records']) for r in runs):
+        raise SystemExit("neither a c4 result in every eval file nor a val_ppl in every run's metrics.jsonl")
+
+    def accuracy(r, task):
+        result = r['eval'][task]
+        return 100 * (result['acc_norm'] if metric == 'acc_norm' and result.get('acc_norm') is not None
+                      else result['acc'])
+
+    columns = [('Loss', lambda r: r['records'][-1][key], min, 3), (ppl[0], ppl[1], min, 2)]
+    columns += [(name, lambda r, t=t: accuracy(r, t), max, 1) for t, name in tasks]
+    if tasks:
+        columns.append(('Avg.', lambda r: statistics.fmean(accuracy(r, t) for t, _ in tasks), max, 1))
+    rows = {}
+    for run in runs:
+        rows.setdefault(run['method'], []).append(run)
+    numbers = {}
+    for method, group in rows.items():
+        total, extra = attention_params(group[0]['config'])
+        numbers[method] = dict(params=total, delta_params=extra, runs=[r['dir'] for r in group],
+                               seeds=[r['config'].get('seed') for r in group],
+                               columns={name: mean_std([get(r) for r in group]) for name, get, _, _ in columns})
+    lines = ['| Method | ΔParams | ' + ' | '.join(name for name, *_ in columns) + ' |',
+             '|---|---|' + '---|' * len(columns)]
+    cells = {m: {} for m in numbers}
+    for name, _, best, digits in columns:
+        shown = {m: f"{n['columns'][name][0]:.{digits}f}" for m, n in numbers.items()}
+        top = best(float(v) for v in shown.values())
+        for m, n in numbers.items():
+            mean, std = n['columns'][name]
+            text = f"**{shown[m]}**" if float(shown[m]) == top and len(numbers) > 1 else shown[m]
+            cells[m][name] = text + (f" ± {std:.{digits}f}" if std is not None else '')
+    lines += [f"| {m} | {count(n['delta_params'])} | " + ' | '.join(cells[m][name] for name, *_ in columns) + ' |'
+              for m, n in numbers.items()]
+    size = numbers[next(iter(numbers))]['params'] - numbers[next(iter(numbers))]['delta_params']
+    cfg = runs[0]['config']
+    seeds = sorted({s for n in numbers.values() for s in n['seeds']}, key=str)
+    notes = [f"Model: {cfg.get('n_layer')} layers, width {cfg.get('n_embd')}, {size / 1e6:,.1f}M parameters with "
+             f"softmax attention. Loss: the final step's {key.replace('_', ' ')}. Accuracies x 100 "
+             f"({metric} where the task reports it, else acc). Seeds: {', '.join(map(str, seeds))}."]
+    if all(len(group) > 1 for group in rows.values()) and len(rows) > 1:
+        notes.append(noise_note(numbers, columns))
+    else:
+        notes.append("One run per method: there is no estimate of run-to-run noise, so small differences between "
+                     "rows are not evidence that one method is better (run several seeds).")
+    report = ['# Results table', '', *lines, '', *notes]
+
+    def build(tmp):
+        with open(os.path.join(tmp, 'numbers.json'), 'w') as f:
+            json.dump(dict(metric=metric, loss=key, methods=numbers), f, indent=1)
+        with open(os.path.join(tmp, 'report.md'), 'w') as f:
+            f.write('\n'.join(report) + '\n')
+
+    write_atomically(out_dir, build)
+    return numbers, lines
+
+
+def noise_note(numbers, columns):
+    """Which columns separate the best method from the rest by more than noise: a difference counts only when it
+    exceeds two standard errors of the difference of two means, 2 sqrt(s_a^2 / n_a + s_b^2 / n_b)."""
+    within = []
+    for name, _, best, _ in columns:
+        means = {m: n['columns'][name][0] for m, n in numbers.items()}
+        top = best(means, key=means.get)
+        for m, n in numbers.items():
+            (a, sa), (b, sb) = numbers[top]['columns'][name], n['columns'][name]
+            if m != top and abs(a - b) <= 2 * math.sqrt(sa ** 2 / len(numbers[top]['runs']) + sb ** 2 / len(n['runs'])):
+                within.append(f"{name}: {top} vs {m}")
+    if not within:
+        return "Every column's best method is ahead of every other by more than two standard errors."
+    return ("Within noise (the difference to the column's best is at most two standard errors of the difference): "
+            + '; '.join(within) + '.')
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="The paper's analyses from training runs.", allow_abbrev=False)
+    p = argparse.ArgumentParser(description="The paper's analyses and tables; see the docstring of analyze.py.",
+                                allow_abbrev=False)
     jobs = p.add_subparsers(dest='job', required=True)
+    attention = jobs.add_parser('attention', allow_abbrev=False,
+                                help="Figures 3-6, 9, alpha and sinks from checkpoints on held-out text")
+    attention.add_argument('checkpoints', nargs='+', help="train.py out_dirs, ckpt.pt files or HF model directories")
+    attention.add_argument('--out_dir', required=True)
+    attention.add_argument('--data', default='c4', help="held-out text: c4 (Appendix A.1), a prepare_data.py "
+                           "directory (its val split) or a text file")
+    attention.add_argument('--data_dir', default=None, help="c4 offline: a directory of eval_zeroshot.py --export_data")
+    attention.add_argument('--num_seqs', type=int, default=10, help="sequences (Appendix A.1: 10)")
+    attention.add_argument('--seq_len', type=int, default=0, help="tokens per sequence (0: min(1024, block_size))")
+    attention.add_argument('--seed', type=int, default=0, help="which windows are drawn")
+    attention.add_argument('--layer', type=int, default=0, help="Figure 9's layer, 1-based (0: n_layer // 2)")
+    attention.add_argument('--corner', type=int, default=30, help="Figure 9's block size")
+    attention.add_argument('--tokenizer', default=None, help="where a checkpoint's tokenizer is now, if it moved")
+    attention.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    attention.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16', 'float64'])
+    attention.add_argument('--batch_size', type=int, default=1, help="sequences per forward")
     runs = jobs.add_parser('runs', allow_abbrev=False, help="Figures 2, 7, 8, 10 and Tables 4-5 from metrics.jsonl")
     runs.add_argument('run_dirs', nargs='+', help="train.py out_dirs of one model size")
     runs.add_argument('--out_dir', required=True)
     runs.add_argument('--window', default='0,500', help="steps for Tables 4-5: start,end (the paper: 0,500)")
     runs.add_argument('--ks', default='6,9', help="spike thresholds k in median + k MAD (the paper: 6,9)")
     runs.add_argument('--late', type=int, default=2000, help="steps in Figure 10's late-phase zoom")
+    table = jobs.add_parser('table', allow_abbrev=False, help="Tables 1-3 from runs and their eval_zeroshot results")
+    table.add_argument('run_dirs', nargs='+', help="train.py out_dirs of one model size, several seeds allowed")
+    table.add_argument('--out_dir', required=True)
+    table.add_argument('--eval_file', default='eval.json', help="eval_zeroshot.py --out file inside each run dir")
+    table.add_argument('--metric', default='acc_norm', choices=['acc_norm', 'acc'],
+                       help="acc_norm: where a task reports it (ARC, HellaSwag, PIQA), else acc")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        window, ks = tuple(int(v) for v in args.window.split(',')), tuple(float(v) for v in args.ks.split(','))
-    except ValueError:
-        p.error(f"--window and --ks are comma-separated numbers, got {args.window!r} and {args.ks!r}")
-    numbers = runs_report(args.run_dirs, args.out_dir, window, tuple(int(k) if k.is_integer() else k for k in ks),
-                          args.late)
-    print(f"wrote {args.out_dir}/report.md, numbers.json and 4 figures for {len(numbers)} runs")
+    if args.job == 'attention':
+        for key in ('num_seqs', 'corner', 'batch_size'):
+            if getattr(args, key) < 1:
+                p.error(f"--{key} must be at least 1")
+        models, figures = attention_report(args.checkpoints, args.out_dir, args.data, args.num_seqs, args.seq_len,
+                                           args.seed, args.layer, args.corner, args.data_dir, args.tokenizer,
+                                           args.device, args.dtype, args.batch_size)
+        print(f"wrote {args.out_dir}/report.md, numbers.json and {len(figures)} figures for {len(models)} models")
+    elif args.job == 'runs':
+        try:
+            window, ks = tuple(int(v) for v in args.window.split(',')), tuple(float(v) for v in args.ks.split(','))
+        except ValueError:
+            p.error(f"--window and --ks are comma-separated numbers, got {args.window!r} and {args.ks!r}")
+        numbers = runs_report(args.run_dirs, args.out_dir, window, tuple(int(k) if k.is_integer() else k for k in ks),
+                              args.late)
+        print(f"wrote {args.out_dir}/report.md, numbers.json and 4 figures for {len(numbers)} runs")
+    else:
+        numbers, lines = table_report(args.run_dirs, args.out_dir, args.eval_file, args.metric)
+        print('\n'.join(lines))
+        print(f"wrote {args.out_dir}/report.md and numbers.json for {len(numbers)} methods")
 
 
 if __name__ == '__main__':

@@ -1,12 +1,15 @@
 """analyze.py's statistics against direct computations from an explicit attention matrix built here."""
 import json
 import math
+import os
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 import torch
 
 import analyze
+import prepare_data
 from model import GPT, ModelConfig, rope_cos_sin
 
 
@@ -29,7 +32,7 @@ def explicit_weights(model, idx):
         if cfg.attention == 'sink':
             denominator = denominator + a.sinks.double().exp().view(1, -1, 1, 1)
         w = e / denominator
-        if cfg.attention == 'affine':
+        if 'affine' in cfg.attention:
             alpha = (0.1 * (h @ a.alpha_proj.weight.double().T) + 0.5).clamp(0, 1).transpose(1, 2)[..., None]
             w = alpha * w + (a.alpha_ma.double().view(1, -1, 1, 1) - alpha) / T * visible
         out.append(w)
@@ -37,35 +40,55 @@ def explicit_weights(model, idx):
     return out
 
 
-@pytest.mark.parametrize('attention', ['softmax', 'sink', 'affine'])
-def test_attention_statistics_match_the_explicit_matrix(attention):
-    torch.manual_seed(0)
-    model = GPT(ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64, vocab_size=50,
-                            block_size=32, attention=attention, init_std=0.3)).double()
+def tiny_model(attention, seed=0):
+    torch.manual_seed(seed)
+    model = GPT(ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64, vocab_size=300,
+                            block_size=32, attention=attention, init_std=0.3))
     for m in model.modules():
         if hasattr(m, 'alpha_ma'):
             m.alpha_ma.uniform_(0.2, 0.8)
-    idx = torch.randint(0, 50, (3, 16))
+    return model
+
+
+@pytest.mark.parametrize('attention', ['softmax', 'sink', 'gated', 'affine', 'affine_gated'])
+def test_attention_statistics_match_the_explicit_matrix(attention):
+    model = tiny_model(attention).double()
+    idx = torch.randint(0, 300, (3, 16))
     stats = analyze.attention_statistics(model, idx, corner=5)
     for s, w in zip(stats, explicit_weights(model, idx)):
-        assert s['first_token'] == pytest.approx(w[:, :, 1:, 0].mean().item(), rel=1e-9)
-        assert s['row_sums'] == pytest.approx(w.sum(-1).mean(1).flatten().tolist(), rel=1e-9)
-        assert s['head_total'] == pytest.approx(w.sum(-1).mean(dim=(0, 2)).tolist(), rel=1e-9)
-        entropies = []  # written out entry by entry
+        assert torch.allclose(s['first_token'], w[:, :, 1:, 0].mean(dim=(1, 2)), rtol=1e-9)
+        assert torch.allclose(s['row_sums'], w.sum(-1).mean(1), rtol=1e-9)
+        assert torch.allclose(s['head_total'], w.sum(-1).mean(2), rtol=1e-9)
         for b in range(3):
+            entropies = []  # written out entry by entry
             for h in range(4):
                 for i in range(1, 16):
                     p = w[b, h, i, :i + 1].abs()
                     p = p / p.sum()
                     entropies.append(-(p * p.log()).sum().item())
-        assert s['entropy'] == pytest.approx(np.mean(entropies), rel=1e-9)
-        assert np.allclose(s['corner'], w[0, :, :5, :5].mean(0).numpy())
-        if attention == 'softmax':
-            assert s['row_sums'] == pytest.approx([1.0] * 48)
+            assert s['entropy'][b].item() == pytest.approx(np.mean(entropies), rel=1e-9)
+        assert torch.allclose(s['corner'], w[:, :, :5, :5].mean(1))
+        if attention in ('softmax', 'gated'):
+            assert torch.allclose(s['row_sums'], torch.ones(3, 16, dtype=torch.float64))
         if attention == 'sink':
-            assert max(s['row_sums']) < 1 and 'sinks' in s
-        if attention == 'affine':
-            assert min(s['row_sums']) != max(s['row_sums']) and len(s['alpha']) == 4
+            assert s['row_sums'].max() < 1 and s['sinks'].shape == (4,)
+        if 'affine' in attention:
+            assert s['row_sums'].min() != s['row_sums'].max() and s['alpha'].shape == (3, 16, 4)
+
+
+def test_model_statistics_are_the_same_for_any_batch_size():
+    model = tiny_model('affine')
+    idx = torch.randint(0, 300, (4, 16))
+    one, all_four = analyze.model_statistics(model, idx, 5, batch_size=1), analyze.model_statistics(model, idx, 5, 4)
+    assert json.dumps(one)[:200] and one['row_sums']['n'] == 4 * 16 * 2
+    for a, b in zip(one['layers'], all_four['layers']):
+        for key in ('first_token', 'entropy', 'row_sum_mean', 'row_sum_median'):
+            assert a[key] == pytest.approx(b[key], rel=1e-6)
+        assert np.allclose(a['corner'], b['corner']) and np.allclose(a['alpha_head_mean'], b['alpha_head_mean'])
+    w = explicit_weights(model.double(), idx)  # the pooled row sums of Figure 3: every query of every layer
+    pooled = torch.cat([layer.sum(-1).mean(1).flatten() for layer in w])
+    assert one['row_sums']['mean'] == pytest.approx(pooled.mean().item(), rel=1e-5)
+    assert sum(one['row_sums']['histogram']['counts']) == len(pooled)
 
 
 def test_grad_norm_statistics_and_spikes_on_a_known_series():
@@ -113,7 +136,7 @@ def test_runs_report_writes_tables_figures_and_numbers(tmp_path):
     assert softmax['grad_norm']['mean'] == pytest.approx(np.mean(spiky[:500]))
     assert softmax['final_loss'] == pytest.approx(1.0 - 600 / 2000)  # the KD loss when every run logs it
     report = (out / 'report.md').read_text()
-    assert '| softmax | 2 | 2 |' in report and '| affine | 0 | 0 |' in report
+    assert '| Baseline | 2 | 2 |' in report and '| Affine-Scaled | 0 | 0 |' in report
     for name in ('fig2_attn_logit.png', 'fig7_loss.png', 'fig8_grad_norm.png', 'fig10_loss_late.png'):
         assert (out / name).stat().st_size > 1000 and f'({name})' in report
 
@@ -129,4 +152,144 @@ def test_runs_report_bad_input_leaves_no_report(tmp_path):
                           (['empty'], 'no metrics.jsonl')]:
         with pytest.raises(SystemExit, match=message):
             analyze.main(['runs', *(str(tmp_path / d) for d in dirs), f'--out_dir={out}'])
+        assert not out.exists()
+
+
+def save_checkpoint(path, model):
+    """A checkpoint as train.py writes it (the keys analyze.py reads), with the byte tokenizer."""
+    path.mkdir(parents=True)
+    torch.save(dict(model=model.state_dict(), model_config=asdict(model.config),
+                    tokenizer=prepare_data.tokenizer_info(prepare_data.load_tokenizer('bytes'), 'bytes')),
+               path / 'ckpt.pt')
+    return str(path)
+
+
+TEXT = "".join(f"Line {i}: {i * i} is its square and {i ** 3} its cube.\n" for i in range(60))
+
+
+def test_heldout_sequences_from_text_and_token_shards(tmp_path):
+    enc = prepare_data.load_tokenizer('bytes')
+    sha = prepare_data.tokenizer_info(enc, 'bytes')['sha256']
+    (tmp_path / 'text.txt').write_text(TEXT)
+    seqs = analyze.heldout_sequences(str(tmp_path / 'text.txt'), enc, sha, num_seqs=5, seq_len=32, seed=1)
+    ids = np.frombuffer(TEXT.encode(), dtype=np.uint8)
+    windows = {tuple(ids[i:i + 32]) for i in range(0, len(ids) - 31, 32)}  # non-overlapping, from the start
+    assert seqs.shape == (5, 32) and len({tuple(s.tolist()) for s in seqs}) == 5
+    assert all(tuple(s.tolist()) in windows for s in seqs)
+    assert torch.equal(seqs, analyze.heldout_sequences(str(tmp_path / 'text.txt'), enc, sha, 5, 32, seed=1))
+    with pytest.raises(SystemExit, match='fewer than --num_seqs=1000'):
+        analyze.heldout_sequences(str(tmp_path / 'text.txt'), enc, sha, 1000, 32)
+    prepare_data.main([f'--source={tmp_path / "text.txt"}', '--tokenizer=bytes', f'--out_dir={tmp_path / "data"}',
+                       '--txt_sample_by=line', '--val_every=2'])
+    seqs = analyze.heldout_sequences(str(tmp_path / 'data'), enc, sha, 3, 32)
+    assert seqs.shape == (3, 32)
+    with pytest.raises(SystemExit, match="not the model's tokenizer"):
+        analyze.heldout_sequences(str(tmp_path / 'data'), enc, 'another tokenizer', 3, 32)
+
+
+def test_attention_job_writes_every_figure_and_the_numbers(tmp_path):
+    (tmp_path / 'text.txt').write_text(TEXT)
+    specs = [save_checkpoint(tmp_path / a, tiny_model(a)) for a in ('softmax', 'sink', 'affine')]
+    out = tmp_path / 'report'
+    analyze.main(['attention', *specs, f'--out_dir={out}', f'--data={tmp_path / "text.txt"}', '--num_seqs=4',
+                  '--corner=8', '--batch_size=3'])
+    numbers = json.loads((out / 'numbers.json').read_text())
+    models = numbers['models']
+    assert list(models) == ['Baseline', 'Sink', 'Affine-Scaled'] and numbers['layer'] == 1
+    assert models['Baseline']['row_sums']['mean'] == pytest.approx(1.0)
+    assert models['Sink']['row_sums']['mean'] < 1 and 'sinks' in models['Sink']['layers'][0]
+    assert len(models['Affine-Scaled']['layers'][1]['alpha_ma']) == 4
+    # the numbers are those of the function on the same sequences
+    enc = prepare_data.load_tokenizer('bytes')
+    seqs = analyze.heldout_sequences(str(tmp_path / 'text.txt'), enc, prepare_data.tokenizer_info(enc, 'bytes')['sha256'],
+                                     4, 32)
+    direct = analyze.model_statistics(tiny_model('affine'), seqs, 8)
+    assert models['Affine-Scaled']['layers'][1]['first_token'] == pytest.approx(direct['layers'][1]['first_token'])
+    report = (out / 'report.md').read_text()
+    for name in ('fig3_row_sums.png', 'fig4_first_token.png', 'fig5_head_total.png', 'fig6_entropy.png',
+                 'fig9_heatmap_layer1.png', 'fig_alpha.png', 'fig_sinks.png'):
+        assert (out / name).stat().st_size > 1000 and f'({name})' in report
+    assert '## First-token attention weight per layer (Figure 4)' in report
+
+
+def test_attention_job_bad_input_leaves_no_report(tmp_path):
+    (tmp_path / 'text.txt').write_text(TEXT)
+    small = save_checkpoint(tmp_path / 'small', tiny_model('softmax'))
+    torch.manual_seed(0)
+    big = save_checkpoint(tmp_path / 'big', GPT(ModelConfig(n_layer=3, n_head=4, n_kv_head=2, n_embd=32,
+                                                            intermediate_size=64, vocab_size=300, block_size=32)))
+    out = tmp_path / 'report'
+    for args, message in [([small, big], 'different shapes'), ([small, '--seq_len=64'], "exceeds the model's block"),
+                          ([small, '--layer=5'], 'layers 1-2'), ([str(tmp_path / 'nothing')], 'no such file')]:
+        with pytest.raises(SystemExit, match=message):
+            analyze.main(['attention', *args, f'--out_dir={out}', f'--data={tmp_path / "text.txt"}', '--num_seqs=2'])
+        assert not out.exists() and not (tmp_path / 'report.tmp').exists()
+
+
+def table_run(path, attention, seed, loss, accs, c4=None, **config):
+    """A finished run as the table job reads it: config.json, metrics.jsonl and eval.json."""
+    path.mkdir(parents=True)
+    cfg = dict(attention=attention, seed=seed, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64,
+               vocab_size=300, **config)
+    (path / 'config.json').write_text(json.dumps(cfg))
+    records = [dict(step=1, loss=9.0, kd_loss=9.0, grad_norm=1.0),
+               dict(step=2, loss=loss + 1, kd_loss=loss, grad_norm=1.0, val_loss=2.0, val_ppl=math.exp(2.0))]
+    (path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+    results = {task: dict(acc=a, acc_norm=a + 0.01 if task == 'hellaswag' else None) for task, a in accs.items()}
+    if c4:
+        results['c4'] = dict(ppl=c4)
+    (path / 'eval.json').write_text(json.dumps(results))
+    return str(path)
+
+
+def test_table_job_lays_out_tables_1_to_3(tmp_path):
+    runs = [table_run(tmp_path / 'softmax', 'softmax', 0, 2.82, dict(hellaswag=0.45, boolq=0.60), c4=71.7),
+            table_run(tmp_path / 'sink', 'sink', 0, 2.83, dict(hellaswag=0.44, boolq=0.61), c4=81.5),
+            table_run(tmp_path / 'affine', 'affine', 0, 2.80, dict(hellaswag=0.46, boolq=0.58), c4=70.6),
+            table_run(tmp_path / 'sigmoid', 'affine', 0, 2.81, dict(hellaswag=0.40, boolq=0.50), c4=75.0,
+                      affine_act='sigmoid')]
+    out = tmp_path / 'table'
+    analyze.main(['table', *runs, f'--out_dir={out}'])
+    report = (out / 'report.md').read_text()
+    # ΔParams: W_alpha is d x H per layer (2 * 32 * 4 = 256), the sink one logit per head (2 * 4 = 8)
+    assert '| Method | ΔParams | Loss | C4 PPL | PIQA |' not in report  # only the tasks evaluated
+    assert '| Method | ΔParams | Loss | C4 PPL | Hella | BoolQ | Avg. |' in report
+    assert '| Baseline | 0 | 2.820 | 71.70 | 46.0 | 60.0 | **53.0** |' in report  # hellaswag: acc_norm; ties: both
+    assert '| Sink | 8 | 2.830 | 81.50 | 45.0 | **61.0** | **53.0** |' in report
+    assert '| Affine-Scaled | 256 | **2.800** | **70.60** | **47.0** | 58.0 | **52.5** |' not in report
+    assert '| Affine-Scaled | 256 | **2.800** | **70.60** | **47.0** | 58.0 | 52.5 |' in report
+    assert '| Affine-Scaled (sigmoid) |' in report
+    methods = json.loads((out / 'numbers.json').read_text())['methods']
+    assert methods['Affine-Scaled']['delta_params'] == 2 * 32 * 4 and methods['Sink']['delta_params'] == 2 * 4
+    assert 'One run per method' in report
+    analyze.main(['table', *runs[:2], f'--out_dir={out}', '--metric=acc'])
+    assert '| Baseline | 0 | **2.820** | **71.70** | **45.0** | 60.0 | **52.5** |' in (out / 'report.md').read_text()
+
+
+def test_table_job_seeds_give_mean_std_and_a_noise_verdict(tmp_path):
+    runs = []
+    for seed, (a, b) in enumerate([(0.50, 0.52), (0.52, 0.50), (0.51, 0.51)]):
+        runs.append(table_run(tmp_path / f'softmax{seed}', 'softmax', seed, 2.0 + seed / 100, dict(heldout=a)))
+        runs.append(table_run(tmp_path / f'affine{seed}', 'affine', seed, 1.0 + seed / 100, dict(heldout=b)))
+    out = tmp_path / 'table'
+    analyze.main(['table', *runs, f'--out_dir={out}'])
+    report = (out / 'report.md').read_text()
+    assert '| Method | ΔParams | Loss | Val PPL | Held-out | Avg. |' in report  # no c4: the runs' val PPL
+    assert '| Baseline | 0 | 2.010 ± 0.010 | **7.39** ± 0.00 | **51.0** ± 1.0 | **51.0** ± 1.0 |' in report
+    assert '| Affine-Scaled | 256 | **1.010** ± 0.010 |' in report
+    assert 'Seeds: 0, 1, 2' in report
+    assert 'Held-out: Baseline vs Affine-Scaled' in report or 'Held-out: Affine-Scaled vs Baseline' in report
+    assert 'Loss:' not in report.split('Within noise')[1]  # 1.0 vs 2.0 with std 0.01 is far outside noise
+
+
+def test_table_job_bad_input(tmp_path):
+    a = table_run(tmp_path / 'a', 'softmax', 0, 2.0, dict(boolq=0.5))
+    b = table_run(tmp_path / 'b', 'affine', 0, 2.0, dict(boolq=0.5))
+    (tmp_path / 'b' / 'config.json').write_text(json.dumps(dict(attention='affine', n_layer=4, n_embd=32)))
+    c = table_run(tmp_path / 'c', 'affine', 0, 2.0, dict(boolq=0.5))
+    os.remove(os.path.join(c, 'eval.json'))
+    out = tmp_path / 'table'
+    for runs, message in [([a, b], 'different model sizes'), ([a, c], 'no eval.json; run eval_zeroshot.py')]:
+        with pytest.raises(SystemExit, match=message):
+            analyze.main(['table', *runs, f'--out_dir={out}'])
         assert not out.exists()
