@@ -574,7 +574,7 @@ def table_report(run_dirs, out_dir, eval_file='eval.json', metric='acc_norm'):
     else:
         notes.append("One run per method: there is no estimate of run-to-run noise, so small differences between "
                      "rows are not evidence that one method is better (run several seeds).")
-    report = ['# Results table', '', *lines, '', *notes]
+    report = ['# Results table', '', *lines, '', '\n\n'.join(notes)]
 
     def build(tmp):
         with open(os.path.join(tmp, 'numbers.json'), 'w') as f:
