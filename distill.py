@@ -26,21 +26,18 @@ learns whatever (small) probability the teacher gives them, and nothing about th
 Memory: at V = 128,256 the float32 logits of 8 x 1,024 tokens are 4.2 GB per tensor, and a plain KL needs
 several such tensors for each model. fused_kd_loss instead takes the final hidden states and lm_head weights
 and goes through chunks of tokens whose float32 logits are at most CHUNK_LOGITS elements (256 MB: 523
-tokens at V = 128,256), computing each chunk's loss and its gradients already in the forward.
-    python -c "import distill; print(distill.bench_kd_loss(8192, 128256, 2048, 'cpu'))"   # fused vs naive
+tokens at V = 128,256), computing each chunk's loss and its gradients already in the forward; bench.py
+(--sections=kd) measures it against the naive full-logits KL.
 """
 import argparse
 import json
 import math
 import os
-import re
-import subprocess
 import sys
 import time
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
 from model import GPT, IGNORE_INDEX, ModelConfig, at_least_fp32
 from prepare_data import Windows, load_tokenizer, read_meta, tokenizer_info
@@ -296,64 +293,6 @@ def fused_kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight
     loss, kd, ce = FusedKDLoss.apply(student_hidden, student_weight, teacher_hidden, teacher_weight, targets,
                                      temperature, kd_alpha, chunk_size)
     return loss, kd, ce if targets is not None else None
-
-# -----------------------------------------------------------------------------
-# Benchmark: fused vs naive, each in a fresh process
-
-
-def bench_kd_loss(n_tokens=8192, vocab=128256, hidden=2048, device='cpu'):
-    """Seconds and peak memory of one forward + backward of KD (T = 1) for n_tokens tokens: fused_kd_loss vs
-    the naive full-logits KL. Each runs in a fresh Python process, so neither inherits the other's memory
-    and an out-of-memory kill is reported, not fatal. Peak memory: CUDA's allocator peak, or on CPU the rise
-    of the resident set (VmHWM, reset through /proc/self/clear_refs; glibc's mmap threshold pinned so freed
-    tensors really leave the process). Returns {'naive': {...}, 'fused': {...}}."""
-    results = {}
-    for impl in ('naive', 'fused'):
-        code = f"import distill; distill.bench_one({impl!r}, {n_tokens}, {vocab}, {hidden}, {device!r})"
-        run = subprocess.run([sys.executable, '-c', code], cwd=os.path.dirname(os.path.abspath(__file__)),
-                             env=dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072'), capture_output=True, text=True)
-        if run.returncode == 0:
-            results[impl] = json.loads(run.stdout.splitlines()[-1])
-        else:
-            results[impl] = dict(error=f"exit code {run.returncode} (-9: killed, out of memory): {run.stderr[-300:]}")
-    return results
-
-
-def bench_one(impl, n_tokens, vocab, hidden, device):
-    """One case of bench_kd_loss, run in its own process; prints a JSON line."""
-    device = torch.device(device)
-    torch.manual_seed(0)
-    h_s = torch.randn(n_tokens, hidden, device=device, requires_grad=True)
-    w_s = (torch.randn(vocab, hidden, device=device) * hidden ** -0.5).requires_grad_()
-    h_t, w_t = torch.randn(n_tokens, hidden, device=device), torch.randn(vocab, hidden, device=device) * hidden ** -0.5
-
-    def step():
-        if impl == 'fused':
-            loss = fused_kd_loss(h_s, w_s, h_t, w_t)[0]
-        else:  # what one writes first: both models' full logits, then the KL
-            loss = F.kl_div(F.log_softmax(h_s @ w_s.T, dim=-1), F.log_softmax(h_t @ w_t.T, dim=-1),
-                            log_target=True, reduction='batchmean')
-        loss.backward()
-        return loss.item()
-
-    def resident(field):
-        return int(re.search(rf'{field}:\s+(\d+)', open('/proc/self/status').read()).group(1)) * 1024
-
-    if device.type == 'cuda':
-        step()  # warm-up: CUDA context, cuBLAS workspaces
-        h_s.grad = w_s.grad = None
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start = torch.cuda.memory_allocated()
-    else:
-        with open('/proc/self/clear_refs', 'w') as f:
-            f.write('5')  # VmHWM := the current resident size
-        start = resident('VmRSS')
-    t0 = time.perf_counter()
-    loss = step()
-    seconds = time.perf_counter() - t0
-    peak = torch.cuda.max_memory_allocated() if device.type == 'cuda' else resident('VmHWM')
-    print(json.dumps(dict(seconds=seconds, peak_bytes=peak - start, loss=loss)))
 
 # -----------------------------------------------------------------------------
 # The sanity tool: the teacher's loss on the data's val split

@@ -1,0 +1,106 @@
+"""Smoke tests for bench.py: every section at tiny sizes, run as the README runs it (python bench.py, one
+process); the output must be one well-formed Markdown table per section with every row present and finite
+ratios. Timings are never checked against a threshold."""
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import bench
+
+torch.set_num_threads(2)
+ROOT = Path(__file__).resolve().parents[1]
+# big enough that every step allocates MiBs (the CPU peak is read from resident pages), small enough for seconds
+TINY = ['--device=cpu', '--n_layer=1', '--n_embd=64', '--n_head=2', '--n_kv_head=1', '--vocab_size=512',
+        '--seq_lens=256,512', '--steps=1', '--kd_tokens=256', '--kd_vocab=2000', '--kd_hidden=32',
+        '--variants=softmax,affine', '--train_steps=1', '--train_batch_size=2', '--train_seq_len=64',
+        '--eval_docs=3', '--eval_batch_size=4']
+TITLES = {'attention': 'Attention variants', 'kd': 'KD loss', 'train': 'Training throughput',
+          'eval': 'Zero-shot evaluation'}
+
+
+def tables(stdout):
+    """{section: list of rows as {column: cell}} for each '## title' section of bench.py's output, checking
+    that each is a well-formed Markdown table: header, separator, rows with as many cells as the header."""
+    result = {}
+    for block in stdout.split('\n## ')[1:]:
+        title, lines = block.splitlines()[0], [line for line in block.splitlines() if line.startswith('|')]
+        header = [cell.strip() for cell in lines[0].strip('|').split('|')]
+        assert lines[1] == '|' + '---|' * len(header), title
+        rows = [[cell.strip() for cell in line.strip('|').split('|')] for line in lines[2:]]
+        assert rows and all(len(row) == len(header) for row in rows), title
+        section = next(key for key, prefix in TITLES.items() if title.startswith(prefix))
+        result[section] = [dict(zip(header, row)) for row in rows]
+    return result
+
+
+def finite(cell):
+    return math.isfinite(float(cell.rstrip('%').replace(',', '')))
+
+
+@pytest.fixture(scope='module')
+def output():
+    run = subprocess.run([sys.executable, 'bench.py', *TINY], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith('# bench.py on CPU') and 'float32' in run.stdout.splitlines()[0]
+    return tables(run.stdout)
+
+
+def test_every_section_prints_one_table(output):
+    assert list(output) == ['attention', 'kd', 'train', 'eval']
+
+
+def test_attention_table(output):
+    rows = output['attention']
+    assert [(r['variant'], r['T']) for r in rows] == [(v, T) for T in ('256', '512')
+                                                      for v in (*bench.ATTENTIONS, bench.EXPLICIT)]
+    for r in rows:
+        assert all(finite(r[key]) for key in ('fwd+bwd (ms)', 'time / softmax', 'peak mem (MiB)', 'mem / softmax'))
+        if r['variant'] == 'softmax':
+            assert r['time / softmax'] == r['mem / softmax'] == '1.00'
+
+
+def test_kd_table(output):
+    rows = output['kd']
+    assert [r['path'] for r in rows] == ['naive', 'fused_kd_loss']
+    assert all(finite(r[key]) for r in rows for key in ('time (s)', 'time / naive', 'peak mem (MiB)', 'mem / naive'))
+    assert float(rows[0]['loss']) == pytest.approx(float(rows[1]['loss']), rel=1e-4)
+
+
+def test_train_table(output):
+    rows = output['train']
+    assert [r['variant'] for r in rows] == ['softmax', 'affine']
+    assert all(finite(r[key]) and float(r[key].rstrip('%').replace(',', '')) > 0
+               for r in rows for key in ('step (ms)', 'tokens/s', 'MFU'))
+
+
+def test_eval_table(output):
+    rows = output['eval']
+    assert [r['variant'] for r in rows] == ['softmax', 'affine']
+    for r in rows:
+        assert (r['docs'], r['requests'], r['forwards (batched)']) == ('3', '12', '12')
+        assert all(finite(r[key]) for key in ('batched docs/s', 'one-by-one docs/s', 'speedup'))
+        assert float(r['max abs loglik diff']) < 1e-3  # both scorers score the same requests
+
+
+def test_kd_skips_the_naive_path_when_it_cannot_fit(monkeypatch, capsys):
+    monkeypatch.setattr(bench, 'available_memory', lambda device: 2**20)
+    args = bench.parse_args(['--device=cpu', '--kd_tokens=64', '--kd_vocab=1000', '--kd_hidden=16'])
+    bench.bench_kd(args, torch.device('cpu'))
+    out, err = capsys.readouterr()
+    rows = tables(out)['kd']
+    assert [r['path'] for r in rows] == ['naive', 'fused_kd_loss'] and rows[0]['time (s)'].startswith('skipped')
+    estimate = 5 * 64 * 1000 * 4
+    assert f'~{estimate / 2**20:.1f} (estimate)' in rows[0]['peak mem (MiB)'] and 'naive skipped' in err
+    assert finite(rows[1]['time (s)']) and rows[1]['time / naive'] == '-'
+
+
+def test_bad_arguments(capsys):
+    for argv, message in [(['--sections=attention,bogus'], 'unknown bogus; choose from attention, kd, train, eval'),
+                          (['--variants=flash'], 'unknown flash; choose from softmax')]:
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+        assert message in capsys.readouterr().err
