@@ -14,7 +14,7 @@ Sections:
   kd         distill.fused_kd_loss vs the naive full-logits KL at V = 128,256, 8,192 tokens, hidden 2048; the
              naive path (~20 GiB) is skipped, with its estimate printed, where it would not fit in memory
   train      tokens/s and MFU of real AdamW steps of a small model: GPT.flops_per_token x tokens/s over the
-             device's peak from train.default_peak_flops
+             device's measured matmul peak (train.measured_matmul_flops)
   eval       docs/s of eval_zeroshot's batched scoring vs one request per forward, synthetic 4-choice docs
 
 Peak memory: CUDA's allocator peak (max_memory_allocated) on GPU; on CPU the rise of the process's peak
@@ -40,7 +40,7 @@ from eval_zeroshot import (Progress, choice_doc, encode_docs, plan_forwards, sco
                            shares_prefixes)
 from model import ATTENTIONS, FIELD_NAMES, GPT, ModelConfig
 from prepare_data import load_tokenizer
-from train import default_peak_flops, load_config
+from train import default_peak_flops, load_config, measured_matmul_flops
 
 EXPLICIT = 'affine (explicit T x T)'
 TINY_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config', 'tiny_cpu.py')
@@ -271,9 +271,8 @@ def bench_train(args, device):
     """Forward, backward, AdamW step and alpha_ma update, on one fixed random batch (no data loading), after
     two warm-up steps (compilation, AdamW's state). MFU as train.py logs it: GPT.estimate_mfu."""
     B, T = args.train_batch_size, args.train_seq_len
-    # the best of a few measurements: on a shared machine a single one can land in a busy moment
-    peak = max(default_peak_flops(device, torch.bfloat16 if device.type == 'cuda' else torch.float32)
-               for _ in range(5))
+    dtype = torch.bfloat16 if device.type == 'cuda' else torch.float32
+    peak, datasheet = measured_matmul_flops(device, dtype), default_peak_flops(device, dtype)
     rows = []
     for variant in args.variants:
         torch.manual_seed(0)
@@ -304,9 +303,10 @@ def bench_train(args, device):
         log(f'  train: {variant:<14} {dt * 1e3:9.1f} ms/step {B * T / dt:10,.0f} tokens/s')
     print_table('Training throughput',
                 f'Model {model_shape(args)}, batch {B} x {T} tokens, {args.train_steps} timed AdamW steps; '
-                f'{dtype_name(device)}, compile={args.compile}. MFU = GPT.flops_per_token x tokens/s over a peak of '
-                f'{peak / 1e12:.2f} TFLOP/s (train.default_peak_flops: the bf16 datasheet value for known GPUs, '
-                f'else the best of 5 measured matmuls).',
+                f'{dtype_name(device)}, compile={args.compile}. MFU = GPT.flops_per_token x tokens/s over the '
+                f'measured matmul peak, {peak / 1e12:.2f} TFLOP/s (train.measured_matmul_flops, best of 5)'
+                + (f'; the datasheet peak train.py uses on this GPU is {datasheet / 1e12:.0f} TFLOP/s.'
+                   if device.type == 'cuda' and datasheet != peak else '.'),
                 ['variant', 'params', 'step (ms)', 'tokens/s', 'model TFLOP/s', 'MFU'], rows)
 
 # -----------------------------------------------------------------------------

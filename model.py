@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 ATTENTIONS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 AFFINE_ACTS = ('linear_clip', 'sigmoid')
@@ -274,8 +275,9 @@ class Attention(nn.Module):
         a = at_least_fp32(self.alpha_proj(x))
         return linear_clip(a) if self.config.affine_act == 'linear_clip' else torch.sigmoid(a)  # Eq. 11 / Eq. 10
 
-    def forward(self, x, cos, sin, positions, seq_lens=None, cache=None):
-        """x: (B, T, C), the normed hidden state X that feeds q/k/v, alpha and the gate."""
+    def forward(self, x, cos, sin, positions, seq_lens=None, cache=None, count_alpha=True):
+        """x: (B, T, C), the normed hidden state X that feeds q/k/v, alpha and the gate. count_alpha=False: the
+        caller adds alpha to alpha_ma's sums itself (activation checkpointing, see Block.forward)."""
         B, T, _ = x.shape
         H, H_kv, D = self.config.n_head, self.config.n_kv_head, self.config.head_dim
         q, k, v = self.project(x, cos, sin)
@@ -295,7 +297,7 @@ class Attention(nn.Module):
 
         if attention in ('affine', 'affine_gated'):
             alpha = self.scale(x)
-            if self.training:
+            if self.training and count_alpha:
                 self._accumulate_alpha(alpha, positions, seq_lens)
             alpha = alpha.transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
             # Eq. 6 + 8 on visible keys j <= i only (adding beta to future keys would leak them):
@@ -364,9 +366,23 @@ class Block(nn.Module):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.n_embd, config.rms_norm_eps)
         self.mlp = MLP(config)
+        self.activation_checkpointing = False  # keep only this layer's inputs for backward, recompute the rest
 
     def forward(self, x, cos, sin, positions, seq_lens=None, cache=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, seq_lens, cache)
+        if not (self.activation_checkpointing and torch.is_grad_enabled()):
+            return self.compute(x, cos, sin, positions, seq_lens, cache)
+        # Keep only the inputs for backward and recompute the rest there. The recomputation would add affine's
+        # alpha to alpha_ma's sums a second time (also under torch.compile), so alpha is counted here, outside
+        # the checkpointed part: one more RMSNorm and C x H projection. Checkpointing inside forward keeps
+        # hooks on this module (FSDP's all-gather) out of the recomputation.
+        attn = self.self_attn
+        if attn.training and hasattr(attn, 'alpha_ma'):
+            with torch.no_grad():
+                attn._accumulate_alpha(attn.scale(self.input_layernorm(x)), positions, seq_lens)
+        return checkpoint(self.compute, x, cos, sin, positions, seq_lens, count_alpha=False, use_reentrant=False)
+
+    def compute(self, x, cos, sin, positions, seq_lens=None, cache=None, count_alpha=True):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, seq_lens, cache, count_alpha)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -134,7 +134,7 @@ def main(argv=None):
     p.add_argument('--variants', default=','.join(VARIANTS), help="comma-separated attention variants")
     p.add_argument('--out_dir', default='out/quickstart')
     p.add_argument('--data_dir', default='data/builtin_bytes')
-    p.add_argument('--teacher_iters', type=int, default=0, help="teacher steps (0: the config's 400)")
+    p.add_argument('--teacher_iters', type=int, default=0, help="teacher steps (0: the config's)")
     p.add_argument('--student_iters', type=int, default=0, help="student steps (0: the config's)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     if args.tests:

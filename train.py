@@ -2,8 +2,10 @@
 Train a student with the paper's recipe (Section 5.1, Appendix B.1), on one CPU or many GPUs.
 
     python train.py config/tiny_cpu.py --data_dir=data/builtin_bytes --max_iters=200      # a laptop CPU
-    torchrun --standalone --nproc_per_node=8 train.py config/affine_1b.py                # one 8-GPU node
-    python train.py config/affine_1b.py --dry_run=True                                    # parameter counts only
+    torchrun --standalone --nproc_per_node=8 train.py config/affine_1b.py                # one 8-GPU node (DDP)
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 --rdzv_id=JOB \
+        train.py config/affine_3b.py                                                      # 16 GPUs, FSDP (fsdp=True)
+    python train.py config/affine_3b.py --dry_run=True                      # parameter counts, per-GPU memory plan
 
 Configuration, nanoGPT-style: the defaults below, then each config file (plain assignments), then
 --key=value overrides (Python literals: 3e-4, None, True, [1, 2], {'a': 1}; anything else is a string).
@@ -13,6 +15,11 @@ Data: step s trains on windows perm[s*G : (s+1)*G] of the train split (prepare_d
 batch, perm a permutation seeded by (seed, epoch): every window once per epoch (the paper trains one epoch),
 and a step's data depends only on (seed, step), never on the number of ranks or the micro-batch size. The
 position to resume from is therefore just the step.
+
+Scale: DDP keeps a full fp32 student and its AdamW state on every GPU (16 bytes a parameter); fsdp=True shards
+them over the ranks with PyTorch's FSDP2 (fully_shard per decoder layer), activation_checkpointing=True trades
+a recomputed forward for most activation memory. Checkpoints hold full (unsharded) state keyed by parameter
+name either way, so a run resumes on any number of ranks, with or without FSDP. memory_estimate() is the plan.
 """
 import ast
 import dataclasses
@@ -28,6 +35,10 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import FIELD_NAMES, GPT, ModelConfig
@@ -65,7 +76,14 @@ DEFAULTS = dict(
     wandb_log=False,
     wandb_project='affine-scaled-attention',
     wandb_run_name=None,
-    dry_run=False,  # build the model on the meta device, print its parameter counts, exit
+    # FSDP2: shard the student's weights, gradients and AdamW state over the ranks (fully_shard, one group per
+    # decoder layer); with bfloat16, layers are gathered and computed in bf16 from fp32 shards and gradients are
+    # reduce-scattered in fp32. The teacher stays whole on every rank (inference only). Needs torchrun.
+    fsdp=False,
+    activation_checkpointing=False,  # keep only each decoder layer's input, recompute the layer in backward
+    dry_run=False,  # build the model on the meta device, print parameter counts and the memory plan, exit
+    dry_run_world_size=8,  # GPUs the dry run's per-GPU memory estimate assumes (a real run: torchrun's ranks)
+    dry_run_gpu_gib=80.0,  # memory of one GPU, for the dry run's verdict on whether the config fits
 )
 MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 # Keys whose default is None (or a dict) and the types they may also take; every other key takes the
@@ -141,6 +159,25 @@ def save_checkpoint(path, state):
     os.replace(tmp, path)
 
 
+def shard(model, dtype):
+    """FSDP2 in place: one group per decoder layer (gathered just before its forward and its backward, freed
+    after), the root group for the rest. bfloat16: gathered and computed in bf16 from the fp32 shards (the master
+    weights), gradients reduce-scattered and accumulated in fp32. The root keeps its parameters gathered from
+    forward to backward (FSDP's default for the root, stated here because the KD loss reads lm_head.weight after
+    the forward)."""
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if dtype == 'bfloat16' \
+        else MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=False)
+
+
+def full_tensor(t):
+    """A DTensor (an FSDP-sharded parameter, or a reduction over one) gathered whole; other tensors as they are.
+    A collective under FSDP: every rank must call it."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def rng_state():
     return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
                 cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
@@ -157,6 +194,25 @@ def set_rng_state(state):
 KNOWN_PEAK_BF16 = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 125e12, '4090': 165e12}
 
 
+def measured_matmul_flops(device, dtype, trials=5):
+    """FLOP/s of a large square matmul on this device: the best of a few timings, since on a shared machine one
+    can land in a busy moment (and an MFU above 100% would follow)."""
+    n = 1024 if device.type == 'cpu' else 8192
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    a @ a  # warm-up
+    best = 0.0
+    for _ in range(trials):
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+        t0, reps = time.perf_counter(), 5
+        for _ in range(reps):
+            a @ a
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t0))
+    return best
+
+
 def default_peak_flops(device, dtype):
     """Dense peak FLOP/s of one device: datasheet values for known GPUs (bf16), else measured with a matmul."""
     if device.type == 'cuda':
@@ -164,27 +220,25 @@ def default_peak_flops(device, dtype):
         for key, flops in KNOWN_PEAK_BF16.items():
             if key in name:
                 return flops
-    n = 1024 if device.type == 'cpu' else 8192
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    a @ a  # warm-up
-    if device.type == 'cuda':
-        torch.cuda.synchronize()
-    t0, reps = time.perf_counter(), 5
-    for _ in range(reps):
-        a @ a
-    if device.type == 'cuda':
-        torch.cuda.synchronize()
-    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
+    return measured_matmul_flops(device, dtype)
 
 
 @torch.no_grad()
 def mean_attention_logit(model, idx):
     """Mean of q_i.k_j/sqrt(d) over layers, heads and causal pairs j <= i (paper Figure 2), and of its
-    absolute value, on one sequence. Uses the model's own q/k projections; the T x T logits are built
-    one layer at a time for this one sequence only."""
-    inputs = []
-    hooks = [layer.self_attn.register_forward_pre_hook(lambda m, args: inputs.append(args[:3]))
-             for layer in model.model.layers]
+    absolute value, on one sequence. Uses the model's own q/k projections, inside each layer's forward (where
+    FSDP has gathered the layer's weights); the T x T logits are built one layer at a time for this one
+    sequence only. Under FSDP every rank must call it."""
+    stats = []  # (signed, absolute) per layer
+
+    def record(attn, args):
+        q, k, _ = attn.project(*args[:3])  # x, cos, sin
+        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+        logits = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))
+        visible = logits[..., torch.ones(logits.shape[-2:], dtype=torch.bool, device=logits.device).tril()]
+        stats.append(torch.stack([visible.mean(), visible.abs().mean()]))
+
+    hooks = [layer.self_attn.register_forward_pre_hook(record) for layer in model.model.layers]
     was_training = model.training
     model.eval()  # eval mode: affine must not count this sequence in alpha_ma's next update
     try:
@@ -193,14 +247,7 @@ def mean_attention_logit(model, idx):
         model.train(was_training)
         for h in hooks:
             h.remove()
-    signed, absolute = [], []
-    for layer, (x, cos, sin) in zip(model.model.layers, inputs):
-        q, k, _ = layer.self_attn.project(x, cos, sin)
-        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
-        logits = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))
-        visible = torch.ones(logits.shape[-2:], dtype=torch.bool, device=logits.device).tril()
-        signed.append(logits[..., visible].mean().item())
-        absolute.append(logits[..., visible].abs().mean().item())
+    signed, absolute = zip(*torch.stack(stats).tolist())  # one transfer from the device
     return sum(signed) / len(signed), sum(absolute) / len(absolute)
 
 
@@ -215,17 +262,19 @@ def reduce_mean(values, device):
 
 @torch.no_grad()
 def evaluate(model, val_data, c, device, autocast):
-    """Mean validation loss per token over eval_batches batches of micro_batch_size windows, split over ranks."""
+    """Mean validation loss per token over eval_batches batches of micro_batch_size windows, split over ranks.
+    Every rank runs equally many forwards (FSDP's all-gathers are collective); the padding ones are not counted."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # summed loss, token count
-    for b in range(rank, c['eval_batches'], world):
+    for b in range(rank, math.ceil(c['eval_batches'] / world) * world, world):
         first = b * c['micro_batch_size']
         indices = [i % len(val_data) for i in range(first, first + c['micro_batch_size'])]
         x, y = (torch.from_numpy(t).to(device) for t in val_data.get(indices))
         with autocast:
             _, loss = model(x, y)
-        total += torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64, device=device)
+        if b < c['eval_batches']:
+            total += torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64, device=device)
     model.train()
     if dist.is_initialized():
         dist.all_reduce(total)
@@ -240,8 +289,8 @@ def attention_stats(model, alpha_means):
         stats['alpha_mean'] = [round(a.mean().item(), 5) for a in alpha_means]
     if hasattr(layers[0], 'alpha_ma'):
         stats['alpha_ma'] = [round(m.alpha_ma.mean().item(), 5) for m in layers]
-    if hasattr(layers[0], 'sinks'):
-        stats['sinks'] = [round(m.sinks.mean().item(), 5) for m in layers]
+    if hasattr(layers[0], 'sinks'):  # a parameter: under FSDP a shard, gathered (every rank calls this)
+        stats['sinks'] = [round(full_tensor(m.sinks).mean().item(), 5) for m in layers]
     return stats
 
 
@@ -287,6 +336,139 @@ def preemption_flag():
 
 
 # -----------------------------------------------------------------------------------------------
+# Memory plan: what one GPU holds at the peak of a training step, before launching
+
+# The paper's teachers, as their Hugging Face config.json gives them (notes/reference_facts.md, section 2): a dry
+# run sizes the teacher from these when its checkpoint is not on this machine.
+KNOWN_TEACHERS = {
+    'Qwen1.5-1.8B': dict(n_layer=24, n_head=16, n_kv_head=16, n_embd=2048, intermediate_size=5504,
+                         vocab_size=151936, qkv_bias=True),
+    'Llama-3.2-3B': dict(n_layer=28, n_head=24, n_kv_head=8, n_embd=3072, intermediate_size=8192,
+                         vocab_size=128256, tie_embeddings=True),
+    'Llama-3.1-8B': dict(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, intermediate_size=14336,
+                         vocab_size=128256),
+}
+
+
+def teacher_shape(spec):
+    """(ModelConfig or None, where it came from) of a teacher, without reading its weights: the checkpoint's
+    config if it is here, else KNOWN_TEACHERS by the directory's name, else None."""
+    from distill import checkpoint_file, config_from_hf, read_checkpoint
+    if os.path.exists(spec):
+        path = checkpoint_file(spec)
+        if path is None:
+            with open(os.path.join(spec, 'config.json')) as f:
+                return config_from_hf(json.load(f)), spec
+        return ModelConfig(**read_checkpoint(path)['model_config']), path
+    name = os.path.basename(os.path.normpath(spec))
+    if name in KNOWN_TEACHERS:
+        return ModelConfig(**KNOWN_TEACHERS[name]), f"{name}'s published shape (no checkpoint at {spec})"
+    return None, (f"unknown (no checkpoint at {spec}, and not one of {', '.join(KNOWN_TEACHERS)}): teacher and KD "
+                  f"terms left out, estimated as training without a teacher")
+
+
+def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointing, teacher=None):
+    """Bytes one GPU holds at the peak of a training step, by component, for the student cfg (a ModelConfig),
+    `world` ranks, micro_batch sequences of cfg.block_size tokens per forward, dtype 'float32' | 'bfloat16' (the
+    autocast / FSDP compute dtype) and the teacher's ModelConfig (None: plain cross-entropy). Components peak at
+    nearly the same moment (end of forward, start of backward), so their sum slightly overestimates the peak.
+    Not counted: the CUDA context, NCCL buffers and allocator fragmentation (leave ~10% of the GPU for them).
+      weights      DDP: fp32 (4 B/param), plus autocast's bf16 copies of the layers' matrices, which autograd
+                   keeps for backward. FSDP: fp32 shards (4/world), plus the gathered (compute-dtype) root group
+                   (embeddings, final norm, untied lm_head: gathered from forward to the end of backward) and
+                   two decoder layers (the one computing and the one prefetched).
+      gradients    held from the first micro-step's backward to the optimizer step. DDP: fp32 (DDP's buckets are
+                   the .grad tensors, gradient_as_bucket_view). FSDP: fp32 shards, plus the root's unsharded
+                   gradients and one layer's, with that layer's fp32 reduce-scatter input.
+      optimizer    AdamW's exp_avg and exp_avg_sq, fp32 (8 B/param; FSDP: 8/world).
+      teacher      its weights in the compute dtype, whole on every rank, and its output hidden states. (Its
+                   no-grad forward's intermediates are gone before the student's forward starts.)
+      activations  what autograd saves per token and decoder layer, counted tensor by tensor for this model
+                   (saved_tensors_hooks; tests/test_fsdp.py checks the count): the two RMSNorms, q/k/v, the
+                   attention output and log-sum-exp, the variant's extras, the SwiGLU MLP; plus one layer's worth
+                   of gradients in flight during backward. Activation checkpointing keeps only each layer's input
+                   and holds one recomputed layer and its gradients at a time.
+      kd_loss      distill.fused_kd_loss: its fp32 gradients w.r.t. the student's hidden states and lm_head (kept
+                   from forward to backward, and their scaled copies in backward), fp32 copies of bf16 lm_head
+                   weights, one chunk's float32 logits (student, teacher, log p, log q, p, log softmax for CE).
+                   Without a teacher: the full logits, their float copy, log-softmax and gradient."""
+    from distill import CHUNK_LOGITS
+    with torch.device('meta'):
+        student = GPT(cfg)
+    n_params = student.get_num_params()
+    per_layer = sum(p.numel() for p in student.model.layers[0].parameters())
+    root = n_params - cfg.n_layer * per_layer  # FSDP's root group: embeddings, final norm, untied lm_head
+    a = 4 if dtype == 'float32' else 2  # bytes of a compute-dtype element
+    N = micro_batch * cfg.block_size  # tokens per forward
+    if fsdp:
+        weights = 4 * n_params / world + a * (root + 2 * per_layer)
+        grads = 4 * n_params / world + a * root + (a + 4) * per_layer
+    else:
+        weights = 4 * n_params + (2 * cfg.n_layer * per_layer if dtype == 'bfloat16' else 0)
+        grads = 4 * n_params
+
+    C, I, H = cfg.n_embd, cfg.intermediate_size, cfg.n_head
+    HD, KVD = H * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+    affine, gated = cfg.attention in ('affine', 'affine_gated'), cfg.attention in ('gated', 'affine_gated')
+    if dtype == 'float32':  # each RMSNorm keeps its input, normalised input and output (read by the linears)
+        norms = 2 * (12 * C + 4)
+    elif fsdp:  # bf16 weights: the input's fp32 upcast, then normalised and output in bf16
+        norms = 2 * (8 * C + 4)
+    else:  # fp32 weights under autocast: fp32 input and normalised; every linear keeps its own bf16 input copy
+        norms = 2 * (8 * C + 4) + 2 * C * (5 + affine + gated)
+    kv = 2 * (HD if cfg.attention == 'sink' else KVD)  # sink's kernel takes k and v repeated to every head
+    layer = (norms + a * (3 * HD + kv) + 4 * H  # q, attention output, o_proj's input, k, v; fp32 log-sum-exp
+             + gated * 2 * a * HD  # the gate's input and its sigmoid
+             + affine * (12 * H + 4 * KVD)  # alpha (fp32) and its views, the running mean of V (fp32)
+             + 4 * a * I)  # SwiGLU: gate and up outputs, silu, down_proj's input
+    layer_input = 2 * C if dtype == 'bfloat16' and fsdp else 4 * C  # the residual stream: fp32 but under FSDP bf16
+    if activation_checkpointing:
+        activations = N * (cfg.n_layer * layer_input + 2 * layer)
+    else:
+        activations = N * (cfg.n_layer + 1) * layer
+    activations += N * (8 * C + 4)  # the final RMSNorm
+
+    estimate = dict(weights=weights, gradients=grads, optimizer=8 * n_params / (world if fsdp else 1))
+    V = cfg.vocab_size
+    if teacher is not None:
+        with torch.device('meta'):
+            teacher_params = GPT(teacher).get_num_params()
+        estimate['teacher'] = a * teacher_params + N * a * teacher.n_embd  # + its output, kept for the loss
+        chunk = 4 * min(N, CHUNK_LOGITS // V) * V
+        forward_end = (4 * N * C + 4 * V * C + 6 * chunk + (4 * V * C if fsdp and a == 2 else 0)
+                       + (4 * V * teacher.n_embd if a == 2 else 0))
+        backward_start = 2 * (4 * N * C + 4 * V * C)
+        estimate['kd_loss'] = max(forward_end, backward_start)
+    else:
+        estimate['loss'] = N * V * (12 + (4 if a == 2 else 0))
+    estimate['activations'] = activations
+    return estimate
+
+
+def print_memory_plan(c, model_config):
+    """The dry run's table: memory_estimate for this config, dry_run_world_size GPUs, its micro-batch."""
+    world, gpu_gib = c['dry_run_world_size'], c['dry_run_gpu_gib']
+    if world < 1 or gpu_gib <= 0:
+        raise SystemExit(f"dry_run_world_size={world} must be >= 1 and dry_run_gpu_gib={gpu_gib} > 0")
+    dtype = 'bfloat16' if c['dtype'] == 'auto' else c['dtype']  # auto is bfloat16 on the GPUs this plans for
+    teacher, source = teacher_shape(c['teacher']) if c['teacher'] else (None, 'none (cross-entropy)')
+    estimate = memory_estimate(model_config, world, c['micro_batch_size'], dtype, c['fsdp'],
+                               c['activation_checkpointing'], teacher)
+    total = sum(estimate.values()) / 2 ** 30
+    verdict = ('fits' if total <= 0.9 * gpu_gib else 'tight: under 10% left for the CUDA context, NCCL and '
+               'fragmentation' if total <= gpu_gib else 'does not fit')
+    accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])
+    steps = (f"{accumulation} micro-steps" if accumulation and not rest else f"global_batch_size="
+             f"{c['global_batch_size']} is not a multiple of {world} x {c['micro_batch_size']}: a run would stop")
+    print(f"memory per GPU, estimated: {'FSDP' if c['fsdp'] else 'DDP'} on {world} GPUs, micro_batch_size="
+          f"{c['micro_batch_size']} x {model_config.block_size} tokens ({steps}), {dtype}, "
+          f"activation_checkpointing={c['activation_checkpointing']}; teacher: {source}")
+    for name, value in estimate.items():
+        print(f"  {name:<12} {value / 2 ** 30:7.2f} GiB")
+    print(f"  {'total':<12} {total:7.2f} GiB of {gpu_gib:g}: {verdict}")
+
+
+# -----------------------------------------------------------------------------------------------
 
 def main(argv):
     c = load_config(argv)
@@ -304,18 +486,22 @@ def main(argv):
             embedding += model.lm_head.weight.numel()
         print(f"params: total={total} non_embedding={total - embedding} "
               f"attention_extra={total - softmax.get_num_params()}")
+        print_memory_plan(c, model_config)
         return
 
     # --- distributed setup (torchrun sets RANK / WORLD_SIZE / LOCAL_RANK) ---
-    ddp = 'RANK' in os.environ
-    rank, world = (int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])) if ddp else (0, 1)
+    distributed = 'RANK' in os.environ  # DDP, or FSDP with fsdp=True
+    if c['fsdp'] and not distributed:
+        raise SystemExit("fsdp=True shards the model over the ranks torchrun starts: launch with torchrun "
+                         "--nproc_per_node=N train.py ... (N=1 works), or drop --fsdp=True for one process")
+    rank, world = (int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])) if distributed else (0, 1)
     if c['device'] == 'auto':
         c['device'] = 'cuda' if torch.cuda.is_available() else 'cpu'
     device = torch.device(c['device'])
-    if ddp and device.type == 'cuda':
+    if distributed and device.type == 'cuda':
         device = torch.device('cuda', int(os.environ['LOCAL_RANK']))
         torch.cuda.set_device(device)
-    if ddp:
+    if distributed:
         dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo')
     master = rank == 0
     if c['dtype'] == 'auto':
@@ -340,27 +526,38 @@ def main(argv):
     os.makedirs(c['out_dir'], exist_ok=True)
     ckpt_path = os.path.join(c['out_dir'], 'ckpt.pt')
     torch.manual_seed(c['seed'])
-    model = GPT(model_config).to(device)
-    optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
-    start_step = 0
+    model = GPT(model_config).to(device)  # whole on every rank first: FSDP then starts from DDP's initial weights
+    for layer in model.model.layers:
+        layer.activation_checkpointing = c['activation_checkpointing']
+    start_step, ckpt = 0, None
     if c['init_from'] == 'resume':
         if not os.path.isfile(ckpt_path):
             raise SystemExit(f"init_from=resume: no checkpoint at {ckpt_path}")
-        ckpt = torch.load(ckpt_path, map_location='cpu', weights_only=False)  # CPU first: no GPU memory spike
+        # memory-mapped: the ranks of a node share one copy in the page cache, and nothing lands on the GPU
+        ckpt = torch.load(ckpt_path, map_location='cpu', mmap=True, weights_only=False)
         if ckpt['model_config'] != dataclasses.asdict(model_config):
             changed = [k for k in FIELD_NAMES if ckpt['model_config'].get(k) != getattr(model_config, k)]
             raise SystemExit(f"{ckpt_path} holds a different model ({', '.join(changed)} differ)")
-        model.load_state_dict(ckpt['model'])
-        optimizer.load_state_dict(ckpt['optimizer'])  # moves the state to the parameters' device
+        if any(isinstance(key, int) for key in ckpt['optimizer']['state']):
+            raise SystemExit(f"{ckpt_path} keeps its optimizer state by parameter index (train.py before fsdp "
+                             f"support); this train.py resumes checkpoints keyed by parameter name only")
+        model.load_state_dict(ckpt['model'])  # full tensors, before any sharding
+    if c['fsdp']:
+        shard(model, c['dtype'])
+    optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
+    if ckpt is not None:  # the full state, keyed by parameter name; under FSDP each rank keeps its shard
+        set_optimizer_state_dict(model, optimizer, ckpt['optimizer'], options=StateDictOptions(full_state_dict=True))
         start_step = ckpt['step']
         set_rng_state(ckpt['rng'])
         del ckpt
     raw_model = model
     if c['compile']:
         model = torch.compile(model)
-    if ddp:
-        # alpha_ma's per-rank sums must not be overwritten by rank 0's buffers (see GPT.update_alpha_ma)
-        model = DDP(model, device_ids=[device.index] if device.type == 'cuda' else None, broadcast_buffers=False)
+    if distributed and not c['fsdp']:
+        # alpha_ma's per-rank sums must not be overwritten by rank 0's buffers (see GPT.update_alpha_ma);
+        # gradient_as_bucket_view: the .grad tensors are DDP's all-reduce buckets, not a second fp32 copy
+        model = DDP(model, device_ids=[device.index] if device.type == 'cuda' else None, broadcast_buffers=False,
+                    gradient_as_bucket_view=True)
 
     teacher = None
     if c['teacher']:
@@ -376,7 +573,9 @@ def main(argv):
             json.dump(c, f, indent=1)
         print(f"GPT: {raw_model.get_num_params():,} parameters, attention={model_config.attention}; {world} rank(s) x "
               f"{accumulation} micro-steps x {c['micro_batch_size']} sequences x {model_config.block_size} tokens; "
-              f"{device}, {c['dtype']}; {len(train_data):,} train windows")
+              f"{'FSDP' if c['fsdp'] else 'DDP' if distributed else 'one process'}, {device}, {c['dtype']}"
+              f"{', activation checkpointing' if c['activation_checkpointing'] else ''}; "
+              f"{len(train_data):,} train windows")
         if c['wandb_log']:
             import wandb
             wandb.init(project=c['wandb_project'], name=c['wandb_run_name'], config=c)
@@ -406,8 +605,9 @@ def main(argv):
             sums = torch.zeros(3, device=device)  # loss, KD, CE over micro-steps: read once per step (no syncs)
             for micro in range(accumulation):
                 x, y = (torch.from_numpy(t).to(device) for t in train_data.get(mine[micro * batch:(micro + 1) * batch]))
-                # DDP: gradients are all-reduced only in the backward of the last micro-step
-                with model.no_sync() if ddp and micro < accumulation - 1 else nullcontext():
+                # DDP: gradients are all-reduced only in the backward of the last micro-step. FSDP reduce-scatters
+                # every micro-step: only the sharded gradients are kept between micro-steps
+                with model.no_sync() if isinstance(model, DDP) and micro < accumulation - 1 else nullcontext():
                     with autocast:
                         if teacher is None:
                             _, loss = model(x, y)
@@ -422,7 +622,8 @@ def main(argv):
                             sums += torch.stack([loss.detach(), kd, ce])
                     (loss / accumulation).backward()
             # the raw norm before clipping (paper Tables 4-5); grad_clip=0 only measures it
-            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c['grad_clip'] or math.inf).item()
+            grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(raw_model.parameters(),
+                                                                   c['grad_clip'] or math.inf)).item()
             loss_mean, kd_mean, ce_mean = reduce_mean(sums / accumulation, device)
             if math.isfinite(loss_mean) and math.isfinite(grad_norm):
                 optimizer.step()
@@ -439,6 +640,8 @@ def main(argv):
 
             record = dict(step=step, lr=lr, loss=loss_mean, grad_norm=grad_norm, tokens_per_sec=tokens_per_step / dt,
                           mfu=raw_model.estimate_mfu(c['global_batch_size'] / world, dt, peak_flops), dt=dt)
+            if device.type == 'cuda':  # this rank's allocator peak so far, to hold against the dry run's estimate
+                record['peak_memory_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
             if teacher is not None:
                 record.update(kd_loss=kd_mean, ce_loss=ce_mean, teacher_sec=teacher_timer.seconds())
             if c['nonfinite'] == 'skip':
@@ -462,18 +665,23 @@ def main(argv):
                           f"mfu {100 * record['mfu']:.2f}% | {1000 * dt:.0f} ms", flush=True)
             stop = reduce_mean([float(bool(stop_signal))], device)[0] > 0  # all ranks stop at the same step
             if 'val_loss' in record or stop:
+                # full tensors on rank 0's CPU, keyed by name (every rank takes part in gathering FSDP's shards)
+                options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+                model_state = get_model_state_dict(raw_model, options=options)
+                optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
                 if master:
                     save_checkpoint(ckpt_path, dict(
-                        model=raw_model.state_dict(), optimizer=optimizer.state_dict(), step=step, rng=rng_state(),
-                        config=c, model_config=dataclasses.asdict(model_config), tokenizer=data_meta['tokenizer']))
-                if ddp:
+                        model=model_state, optimizer=optimizer_state, step=step, rng=rng_state(), config=c,
+                        model_config=dataclasses.asdict(model_config), tokenizer=data_meta['tokenizer']))
+                del model_state, optimizer_state
+                if distributed:
                     dist.barrier()
             if stop:
                 if master:
                     print(f"stopped by a signal: saved {ckpt_path} at step {step}; continue with --init_from=resume",
                           flush=True)
                 break
-    if ddp:
+    if distributed:
         dist.destroy_process_group()
 
 if __name__ == '__main__':

@@ -164,9 +164,13 @@ def test_overrides_accept_none_lists_dicts_and_ints_for_floats(tmp_path):
     assert c['rope_scaling']['factor'] == 8.0 and c['wandb_run_name'] == 'run 1' and c['n_layer'] == 4
 
 
-def test_dry_run_prints_parameter_counts(capsys):
+def test_dry_run_prints_parameter_counts_and_the_memory_plan(capsys):
     train.main(['config/affine_gated_1b.py', '--dry_run=True'])
-    assert capsys.readouterr().out == 'params: total=1303971840 non_embedding=1041303552 attention_extra=68157440\n'
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == 'params: total=1303971840 non_embedding=1041303552 attention_extra=68157440'
+    assert lines[1].startswith('memory per GPU, estimated: DDP on 8 GPUs, micro_batch_size=4 x 2048 tokens')
+    assert [line.split()[0] for line in lines[2:]] == ['weights', 'gradients', 'optimizer', 'teacher', 'kd_loss',
+                                                       'activations', 'total']
 
 
 def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
