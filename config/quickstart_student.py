@@ -2,7 +2,7 @@
 # distilled (pure KD, as the paper) from the quick start's teacher on the built-in corpus, 256-token sequences.
 # Run one alone, after the teacher (python train.py config/quickstart_teacher.py):
 #   python train.py config/quickstart_student.py --attention=affine --out_dir=out/quickstart/affine_seed0 --seed=0
-# Expect about 1.5 minutes each on 2 CPU cores; KD loss falls from ~4.5 to ~0.3.
+# Expect about 1 minute each on 2 CPU cores; KD loss falls from ~4.2 to ~0.3, val loss ends near 1.9-2.0.
 n_layer = 4
 n_head = 4
 n_kv_head = 2
