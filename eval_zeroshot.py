@@ -303,13 +303,17 @@ def plan_forwards(requests, share_prefixes):
 
 
 class Progress:
-    """One line on stderr, rewritten in place."""
+    """One line on stderr, rewritten in place at most twice a second (and at the end)."""
 
     def __init__(self, name, total):
-        self.name, self.total, self.t0 = name, total, time.time()
+        self.name, self.total, self.t0, self.shown = name, total, time.time(), 0.0
 
     def __call__(self, done):
-        rate = done / max(time.time() - self.t0, 1e-9)
+        now = time.time()
+        if done != self.total and now - self.shown < 0.5:
+            return
+        self.shown = now
+        rate = done / max(now - self.t0, 1e-9)
         end = '\n' if done == self.total else ''
         print(f"\r{self.name}: {done}/{self.total} ({rate:.1f}/s)", end=end, file=sys.stderr, flush=True)
 
