@@ -79,11 +79,12 @@ def config_from_hf(hf, attention='softmax'):
         attention=attention)
 
 
-def load_hf_checkpoint(path, attention='softmax', dtype=torch.float32):
+def load_hf_checkpoint(path, attention='softmax', dtype=torch.float32, device='cpu'):
     """A Hugging Face Llama / Qwen2 checkpoint directory (config.json, and model.safetensors or the shards
-    listed in model.safetensors.index.json) as a GPT; with attention='softmax', model(idx) gives HF's logits.
-    The model is built on the meta device and takes the checkpoint's tensors as they are read (each cast to
-    dtype), so loading needs about 1x the model's size in RAM, not 2x. Other attention variants keep every
+    listed in model.safetensors.index.json) as a GPT on device; with attention='softmax', model(idx) gives HF's
+    logits. The model is built on the meta device and takes the checkpoint's tensors as they are read (each cast
+    to dtype and moved to device), so loading needs about 1x the model's size on the device and, on a GPU, only
+    one tensor at a time in host RAM (every rank of an 8-GPU node loads the teacher). Other attention variants keep every
     checkpoint tensor and initialise their extra parameters (sinks, g_proj, alpha_proj) fresh."""
     from safetensors import safe_open  # imported here: only this function needs it
     with open(os.path.join(path, 'config.json')) as f:
@@ -102,7 +103,7 @@ def load_hf_checkpoint(path, attention='softmax', dtype=torch.float32):
         with safe_open(os.path.join(path, name), framework='pt') as f:
             for key in f.keys():
                 if not key.endswith('rotary_emb.inv_freq'):  # older HF saves have it; we compute RoPE
-                    state[key] = f.get_tensor(key).to(dtype)
+                    state[key] = f.get_tensor(key).to(device=device, dtype=dtype)
     with torch.device('meta'):
         model = GPT(config).to(dtype)
         expected = set(GPT(replace(config, attention='softmax')).state_dict())  # what an HF checkpoint holds
@@ -121,7 +122,7 @@ def load_hf_checkpoint(path, attention='softmax', dtype=torch.float32):
     for name, module in model.named_modules():
         own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
         if any(t.is_meta for t in own.values()):
-            module.to_empty(device='cpu', recurse=False)
+            module.to_empty(device=device, recurse=False)
             model._init_weights(module)
             fresh |= {f"{name.split('.', 3)[-1]}.{key}" for key in own}  # 'model.layers.N.' dropped
     if fresh:
@@ -160,7 +161,7 @@ def load_teacher(spec, device='cpu', dtype=torch.float32):
     path = checkpoint_file(spec)
     try:
         if path is None:
-            model = load_hf_checkpoint(spec, dtype=dtype)
+            model = load_hf_checkpoint(spec, dtype=dtype, device=device)
         else:
             ckpt = read_checkpoint(path)
             model = GPT(ModelConfig(**ckpt['model_config']))

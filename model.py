@@ -404,12 +404,12 @@ class GPT(nn.Module):
         self.apply(self._init_weights)
 
     @classmethod
-    def from_pretrained(cls, path, attention='softmax', dtype=torch.float32):
+    def from_pretrained(cls, path, attention='softmax', dtype=torch.float32, device='cpu'):
         """A Hugging Face Llama / Qwen2 checkpoint directory as a GPT (nanoGPT's name); with
         attention='softmax', model(idx) gives HF's logits. The reading of config.json and safetensors
         lives with the other checkpoint loading, in distill.load_hf_checkpoint."""
         from distill import load_hf_checkpoint
-        return load_hf_checkpoint(path, attention, dtype)
+        return load_hf_checkpoint(path, attention, dtype, device)
 
     def _init_weights(self, module):
         """HF Llama's init: normal(0, init_std) for matrices (and the sink logits, as gpt-oss), zero biases,
