@@ -1,32 +1,4 @@
 """
-The paper's analyses (Section 4, Appendix A-B).
-
-    python analyze.py runs out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_runs
-
-`runs` reads train.py's metrics.jsonl of several runs of one model size and writes, into --out_dir, the
-curves of Figures 2, 7, 8 and 10 (PNG, runs overlaid and labelled by variant), Tables 4-5 (gradient-norm
-statistics and spike counts over a window of steps), numbers.json with every number behind them, and
-report.md embedding both. matplotlib is needed for the figures (pip install matplotlib).
-
-From a model (explicit weights of Attention.weights, never the training path), attention_statistics gives
-per layer: first-token weight (Figure 4), per-query row sums (Figure 3), per-head total weight (Figure 5),
-entropy (Figure 6), a head-averaged corner of the matrix (Figure 9), alpha / alpha_ma / sinks. (Its command,
-and Tables 1-3 from evaluation results, are still to come.)
-"""
-import argparse
-import json
-import math
-import os
-import shutil
-import sys
-
-import numpy as np
-import torch
-
-from model import rope_cos_sin
-
-
-"""
 The paper's analyses (Section 4, Appendix A-B) and its tables, one command per job; each job writes PNG figures
 (runs overlaid or side by side, labelled by method), numbers.json with every number behind them and report.md
 embedding both into --out_dir, all at once (a failure leaves no half-written report). matplotlib is needed for
@@ -57,10 +29,9 @@ import sys
 import numpy as np
 import torch
 
-from distill import teacher_tokenizer_info
 from eval_zeroshot import C4_DOCS, Progress, c4_tokens, load_model_and_tokenizer, read_rows
 from model import FIELD_NAMES, GPT, ModelConfig, rope_cos_sin
-from prepare_data import Windows, read_meta
+from prepare_data import Windows, read_meta, tokenizer_info
 
 METHODS = dict(softmax='Baseline', sink='Sink', gated='Gated', affine='Affine-Scaled',
                affine_gated='Affine-Scaled + Gated')  # the paper's row names
@@ -296,8 +267,7 @@ def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=
     numbers.json and report.md in out_dir."""
     models, shapes, sources = {}, set(), {}
     for spec in specs:
-        model, enc = load_model_and_tokenizer(argparse.Namespace(hf_model=None, ckpt=spec, tokenizer=tokenizer),
-                                              torch.device(device), getattr(torch, dtype))
+        model, enc = load_model_and_tokenizer(spec, tokenizer, torch.device(device), getattr(torch, dtype))
         cfg = model.config
         shapes.add((cfg.n_layer, cfg.n_head))
         if len(shapes) > 1:
@@ -306,7 +276,7 @@ def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=
         length = seq_len or min(1024, cfg.block_size)
         if length > cfg.block_size:
             raise SystemExit(f"{spec}: --seq_len={length} exceeds the model's block_size {cfg.block_size}")
-        sequences = heldout_sequences(data, enc, teacher_tokenizer_info(spec)['sha256'], num_seqs, length, seed,
+        sequences = heldout_sequences(data, enc, tokenizer_info(enc, spec)['sha256'], num_seqs, length, seed,
                                       data_dir)
         name = method_name(vars(cfg))
         name = name if name not in models else f"{name} ({spec})"
@@ -494,11 +464,9 @@ ACCURACY_COLUMNS = [('winogrande', 'Wino'), ('piqa', 'PIQA'), ('hellaswag', 'Hel
 def attention_params(config):
     """(total parameters, ΔParams): ΔParams = what the variant adds to the same model with softmax attention,
     counted on the meta device (no memory, no checkpoint needed)."""
-    model_config = {k: v for k, v in config.items() if k in FIELD_NAMES}
     with torch.device('meta'):
-        total = GPT(ModelConfig(**model_config)).get_num_params()
-        softmax = GPT(ModelConfig(**dict(model_config, attention='softmax'))).get_num_params()
-    return total, total - softmax
+        model = GPT(ModelConfig(**{k: v for k, v in config.items() if k in FIELD_NAMES}))
+    return model.get_num_params(), model.get_num_params(variant_only=True)
 
 
 def count(n):

@@ -277,7 +277,7 @@ def bench_train(args, device):
     measured matmul peak."""
     B, T = args.train_batch_size, args.train_seq_len
     dtype = torch.bfloat16 if device.type == 'cuda' else torch.float32
-    peak, datasheet = measured_matmul_flops(device, dtype), default_peak_flops(device, dtype)
+    peak = measured_matmul_flops(device, dtype)
     rows = []
     for variant in args.variants:
         torch.manual_seed(0)
@@ -312,8 +312,8 @@ def bench_train(args, device):
                 f'Model {model_shape(args)}, batch {B} x {T} tokens, {args.train_steps} timed AdamW steps; '
                 f'{dtype_name(device)}, compile={args.compile}. MFU = GPT.flops_per_token x tokens/s over the '
                 f'measured matmul peak, {peak / 1e12:.2f} TFLOP/s (train.measured_matmul_flops, best of 5 before and 5 after)'
-                + (f'; the datasheet peak train.py uses on this GPU is {datasheet / 1e12:.0f} TFLOP/s.'
-                   if device.type == 'cuda' and datasheet != peak else '.'),
+                + (f'; the peak train.py uses for its MFU on this GPU is {default_peak_flops(device, dtype) / 1e12:.0f} '
+                   f'TFLOP/s.' if device.type == 'cuda' else '.'),
                 ['variant', 'params', 'step (ms)', 'tokens/s', 'model TFLOP/s', 'MFU'], rows)
 
 # -----------------------------------------------------------------------------

@@ -432,16 +432,16 @@ def c4_perplexity(model, ids, n_windows, seqlen, batch_size, progress=None):
 # Model, tokenizer, command line
 
 
-def load_model_and_tokenizer(args, device, dtype):
-    """(model, tokenizer): --hf_model's own tokenizer files, or the tokenizer recorded in --ckpt, rebuilt from its
-    spec (or --tokenizer) and checked by its sha256 to be the one the model was trained with."""
-    spec = args.hf_model or args.ckpt
+def load_model_and_tokenizer(spec, tokenizer, device, dtype):
+    """(model, tokenizer) of a checkpoint spec: a Hugging Face directory's own tokenizer files, or the tokenizer
+    recorded in one of our checkpoints, rebuilt from its spec (or from `tokenizer`, where it is now) and checked by
+    its sha256 to be the one the model was trained with."""
     model = load_teacher(spec, device, dtype)
     path = checkpoint_file(spec)
     if path is None:
-        return model, load_tokenizer(args.tokenizer or spec)
+        return model, load_tokenizer(tokenizer or spec)
     info = read_checkpoint(path)['tokenizer']
-    tok_spec = args.tokenizer or info['spec']
+    tok_spec = tokenizer or info['spec']
     if tok_spec != 'bytes' and not os.path.exists(tok_spec):
         raise SystemExit(f"{path}: its tokenizer {tok_spec} is gone; pass --tokenizer=<where it is now>")
     enc = load_tokenizer(tok_spec)
@@ -503,7 +503,7 @@ def main(argv=None):
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype != 'auto' else (
         torch.bfloat16 if device.type == 'cuda' else torch.float32)
-    model, enc = load_model_and_tokenizer(args, device, dtype)
+    model, enc = load_model_and_tokenizer(args.hf_model or args.ckpt, args.tokenizer, device, dtype)
     cfg = model.config
     max_length = args.max_length or cfg.block_size  # spec §3: the user's max_length, else the model's positions
     conv = FAMILIES[enc.name]

@@ -22,10 +22,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from sink_kernel import SinkAttention, at_least_fp32  # the LSE-kernel plumbing lives apart from the model
+
 ATTENTIONS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 AFFINE_ACTS = ('linear_clip', 'sigmoid')
 AFFINE_BIAS_NORMS = ('seq_len', 'visible')
 IGNORE_INDEX = -100  # targets with this value are left out of the loss (PyTorch's default)
+VARIANT_PARAMS = {'sinks', 'g_proj', 'alpha_proj'}  # what the variants add to softmax attention
 
 
 @dataclass
@@ -77,11 +80,6 @@ FIELD_NAMES = tuple(f.name for f in fields(ModelConfig))
 # ----------------------------------------------------------------------------------------------
 # Building blocks shared by every variant: RMSNorm, RoPE, SwiGLU
 
-def at_least_fp32(t):
-    """Upcast half precision to float32 for norms, exponentials and sums; float64 stays float64."""
-    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps):
         super().__init__()
@@ -131,66 +129,8 @@ class MLP(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# Attention sink (Eq. 3) with O(T) memory: a flash kernel's output and log-sum-exp, corrected
-
-def _flash_forward(q, k, v, is_causal):
-    """Fused attention that also returns lse_i = logsumexp_j(q_i.k_j / sqrt(d)) over the visible keys.
-    PyTorch exposes the LSE only through backend-specific aten ops; `state` is what that kernel's
-    backward needs besides (q, k, v, out, lse)."""
-    aten = torch.ops.aten
-    if q.device.type == 'cpu':
-        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal)
-        return out, lse, ()
-    if q.dtype in (torch.float16, torch.bfloat16):  # CUDA FlashAttention-2
-        out, lse, *state, _ = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal)
-        return out, lse, tuple(state)  # cum_seq_q, cum_seq_k, max_q, max_k, philox seed, offset
-    # CUDA float32: the memory-efficient kernel; its lse is padded along T (to a multiple of 32)
-    out, lse_padded, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, is_causal)
-    return out, lse_padded[..., :q.size(2)], (lse_padded, seed, offset)
-
-
-def _flash_backward(grad_out, q, k, v, out, lse, is_causal, state):
-    """(dq, dk, dv) from the kernel's own backward, for the output `out` and normaliser `lse` given."""
-    aten = torch.ops.aten
-    if q.device.type == 'cpu':
-        return aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, lse, 0.0, is_causal)
-    if len(state) == 6:
-        cum_q, cum_k, max_q, max_k, seed, offset = state
-        return aten._scaled_dot_product_flash_attention_backward(
-            grad_out, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, is_causal, seed, offset)
-    lse_padded, seed, offset = state
-    lse_padded = lse_padded.clone()
-    lse_padded[..., :q.size(2)] = lse
-    return aten._scaled_dot_product_efficient_attention_backward(
-        grad_out, q, k, v, None, out, lse_padded, seed, offset, 0.0, [True, True, True, False], is_causal)[:3]
-
-
-class SinkAttention(torch.autograd.Function):
-    """Eq. 3 exactly, without a T x T matrix. The sink adds e^s to every softmax denominator, so with
-    lse_i from a flash kernel:  out'_i = out_i * exp(lse_i - lse'_i),  lse'_i = logaddexp(lse_i, s).
-    Backward: flash backward recomputes P = exp(S - lse') and uses rowsum(dO * O'), so handing it
-    (O', lse') differentiates the sink-normalised weights exactly; and, with p_sink,i = exp(s - lse'_i),
-    d s = -sum_i p_sink,i * rowsum(dO_i * O'_i)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, sinks, is_causal):
-        out, lse, ctx.state = _flash_forward(q, k, v, is_causal)
-        lse = at_least_fp32(lse)
-        lse_sink = torch.logaddexp(lse, sinks.to(lse.dtype).view(1, -1, 1))
-        out = (at_least_fp32(out) * torch.exp(lse - lse_sink).unsqueeze(-1)).to(q.dtype)
-        ctx.save_for_backward(q, k, v, sinks, out, lse_sink)
-        ctx.is_causal = is_causal
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, sinks, out, lse_sink = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        dq, dk, dv = _flash_backward(grad_out, q, k, v, out, lse_sink, ctx.is_causal, ctx.state)
-        p_sink = torch.exp(sinks.to(lse_sink.dtype).view(1, -1, 1) - lse_sink)
-        dsinks = -(p_sink * (at_least_fp32(grad_out) * at_least_fp32(out)).sum(-1)).sum(dim=(0, 2))
-        return dq, dk, dv, dsinks.to(sinks.dtype), None
-
+# Attention sink (Eq. 3). On CPU and CUDA it runs in O(T) memory through sink_kernel.SinkAttention: a flash
+# kernel's output corrected by its log-sum-exp, with exact gradients; elsewhere as an explicit matrix.
 
 def sink_weights(scores, sinks):
     """Eq. 3 as a matrix: softmax over the (masked) scores plus one sink logit per head, whose column is then
@@ -521,9 +461,11 @@ class GPT(nn.Module):
             idx = torch.cat((idx, next_token), dim=1)
         return idx
 
-    def get_num_params(self):
-        """Number of parameters, tied embeddings counted once."""
-        return sum(p.numel() for p in self.parameters())
+    def get_num_params(self, variant_only=False):
+        """Number of parameters, tied embeddings counted once; variant_only: only those the attention variant adds
+        to softmax attention (sinks, g_proj, alpha_proj: the paper's ΔParams)."""
+        return sum(p.numel() for name, p in self.named_parameters()
+                   if not variant_only or VARIANT_PARAMS & set(name.split('.')))
 
     def configure_optimizers(self, weight_decay, lr, betas, fused=None):
         """AdamW; matrices (embeddings and projections) decay, vectors (norms, biases, sinks) do not."""

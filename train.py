@@ -479,13 +479,12 @@ def main(argv):
     if c['dry_run']:
         with torch.device('meta'):
             model = GPT(model_config)
-            softmax = GPT(dataclasses.replace(model_config, attention='softmax'))
         total = model.get_num_params()
         embedding = model.model.embed_tokens.weight.numel()
         if not model_config.tie_embeddings:
             embedding += model.lm_head.weight.numel()
         print(f"params: total={total} non_embedding={total - embedding} "
-              f"attention_extra={total - softmax.get_num_params()}")
+              f"attention_extra={model.get_num_params(variant_only=True)}")
         print_memory_plan(c, model_config)
         return
 

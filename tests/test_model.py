@@ -152,7 +152,7 @@ def test_sink_explicit_fallback_matches_reference():
     B, H, T, D = 2, 3, 19, 8
     q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
     sinks = torch.randn(H, dtype=torch.float64, requires_grad=True)
-    from model import SinkAttention
+    from sink_kernel import SinkAttention
     fast = SinkAttention.apply(q, k, v, sinks, True)
     slow = sink_attention_explicit(q, k, v, sinks, True)
     torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
