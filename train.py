@@ -23,6 +23,7 @@ name either way, so a run resumes on any number of ranks, with or without FSDP. 
 """
 import ast
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -43,6 +44,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import FIELD_NAMES, GPT, ModelConfig
 from prepare_data import Windows, read_meta
+
+# DDP must not sync buffers on each forward: alpha_ma's per-rank sums would be overwritten by rank 0's (see
+# GPT.update_alpha_ma). Newer torch (2.13 here) deprecates broadcast_buffers for forward_sync_buffers, which still
+# syncs once at init: harmless, all ranks start equal.
+DDP_NO_BUFFER_SYNC = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in inspect.signature(DDP).parameters
+                      else {'broadcast_buffers': False})
 
 # -----------------------------------------------------------------------------------------------
 # Defaults: the paper's recipe. Model keys (ModelConfig's fields) come from the config file.
@@ -553,10 +560,9 @@ def main(argv):
     if c['compile']:
         model = torch.compile(model)
     if distributed and not c['fsdp']:
-        # alpha_ma's per-rank sums must not be overwritten by rank 0's buffers (see GPT.update_alpha_ma);
         # gradient_as_bucket_view: the .grad tensors are DDP's all-reduce buckets, not a second fp32 copy
-        model = DDP(model, device_ids=[device.index] if device.type == 'cuda' else None, broadcast_buffers=False,
-                    gradient_as_bucket_view=True)
+        model = DDP(model, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True,
+                    **DDP_NO_BUFFER_SYNC)
 
     teacher = None
     if c['teacher']:

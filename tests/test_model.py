@@ -446,10 +446,11 @@ def test_config_validation_messages():
 
 def _ddp_alpha_worker(rank, world_size, init_file, idx, result_file):
     import torch.distributed as dist
+    from train import DDP_NO_BUFFER_SYNC
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world_size)
     try:
         model = random_model('affine').train()
-        ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, **DDP_NO_BUFFER_SYNC)
         shard = idx[rank::world_size]  # each rank sees only its part; two micro-batches per rank
         for micro in shard.split(1):
             ddp(micro)
