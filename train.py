@@ -32,6 +32,7 @@ import signal
 import sys
 import time
 from contextlib import contextmanager, nullcontext
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -50,6 +51,8 @@ from prepare_data import Windows, read_meta
 # syncs once at init: harmless, all ranks start equal.
 DDP_NO_BUFFER_SYNC = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in inspect.signature(DDP).parameters
                       else {'broadcast_buffers': False})
+
+SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0 to write a checkpoint (NCCL's default is 10 min)
 
 # -----------------------------------------------------------------------------------------------
 # Defaults: the paper's recipe. Model keys (ModelConfig's fields) come from the config file.
@@ -183,6 +186,65 @@ def full_tensor(t):
     """A DTensor (an FSDP-sharded parameter, or a reduction over one) gathered whole; other tensors as they are.
     A collective under FSDP: every rank must call it."""
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def prepare_for_training(model, c, device, distributed):
+    """Wrap the student for the run; returns the module the loop calls. In this order because:
+      FSDP  each decoder layer is compiled on its own, then sharded (FSDP2's hooks would break a graph spanning
+            several layers, and GPT.forward would then fall back to eager; torchtitan compiles per block too).
+      DDP   every .grad is created before DDP(...), which then turns them into views of its all-reduce buckets
+            (gradient_as_bucket_view) and the loop zeroes them in place (zero_grad(set_to_none=False)): the no_sync micro-steps
+            accumulate into the buckets instead of a second set of gradients. DDP is wrapped first and the wrapper is
+            compiled, so that the compiled backward can overlap the gradient all-reduce (PyTorch's documented order).
+      one process  the whole model compiled."""
+    if c['fsdp']:
+        if c['compile']:
+            for layer in model.model.layers:
+                layer.compile()
+        shard(model, c['dtype'])
+        return model
+    if distributed:
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        model = DDP(model, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True,
+                    **DDP_NO_BUFFER_SYNC)
+    return torch.compile(model) if c['compile'] else model
+
+
+def batch_to_device(arrays, device):
+    """Numpy arrays (a micro-batch) as tensors on device. On CUDA through pinned memory with non_blocking: a copy
+    from pageable memory waits for the GPU's queued work, so the host could not launch the next kernels meanwhile."""
+    if device.type != 'cuda':
+        return [torch.from_numpy(a).to(device) for a in arrays]
+    return [torch.from_numpy(a).pin_memory().to(device, non_blocking=True) for a in arrays]
+
+
+def accumulate_gradients(model, student, teacher, batches, accumulation, c, autocast, ddp, teacher_timer=None):
+    """Forward and backward of one optimizer step's micro-batches on this rank, `batches` yielding (x, y) on the
+    device; the gradients of the mean loss are left in .grad. model: the module to call (compiled / DDP / FSDP),
+    student: the GPT itself (its lm_head for the KD loss); teacher: None (cross-entropy) or a GPT in eval mode.
+    Returns the sums over micro-batches of (loss, KD, CE), one device tensor to read once per step (no host sync)."""
+    from distill import fused_kd_loss
+    sums = None
+    for micro, (x, y) in enumerate(batches):
+        # DDP all-reduces the gradients only in the backward of the last micro-step. FSDP reduce-scatters every
+        # micro-step: only the sharded gradients are kept between micro-steps
+        with model.no_sync() if ddp and micro < accumulation - 1 else nullcontext():
+            with autocast:
+                if teacher is None:
+                    _, loss = model(x, y)
+                    logged = torch.stack([loss.detach(), loss.detach().new_zeros(()), loss.detach().new_zeros(())])
+                else:
+                    with teacher_timer() if teacher_timer else nullcontext(), torch.no_grad():
+                        teacher_hidden, _ = teacher(x, return_hidden=True)
+                    hidden, _ = model(x, return_hidden=True)
+                    loss, kd, ce = fused_kd_loss(hidden, student.lm_head.weight, teacher_hidden,
+                                                 teacher.lm_head.weight, temperature=c['kd_temperature'],
+                                                 targets=y, kd_alpha=c['kd_alpha'])
+                    logged = torch.stack([loss.detach(), kd, ce])
+            (loss / accumulation).backward()
+        sums = logged.float() if sums is None else sums + logged
+    return sums
 
 
 def rng_state():
@@ -548,27 +610,27 @@ def main(argv):
             raise SystemExit(f"{ckpt_path} keeps its optimizer state by parameter index (train.py before fsdp "
                              f"support); this train.py resumes checkpoints keyed by parameter name only")
         model.load_state_dict(ckpt['model'])  # full tensors, before any sharding
-    if c['fsdp']:
-        shard(model, c['dtype'])
-    optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
+    raw_model = model  # the GPT itself (under FSDP: sharded in place); `model` becomes what the loop calls
+    model = prepare_for_training(raw_model, c, device, distributed)
+    ddp = distributed and not c['fsdp']
+    optimizer = raw_model.configure_optimizers(c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
     if ckpt is not None:  # the full state, keyed by parameter name; under FSDP each rank keeps its shard
-        set_optimizer_state_dict(model, optimizer, ckpt['optimizer'], options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(raw_model, optimizer, ckpt['optimizer'],
+                                 options=StateDictOptions(full_state_dict=True))
         start_step = ckpt['step']
         set_rng_state(ckpt['rng'])
         del ckpt
-    raw_model = model
-    if c['compile']:
-        model = torch.compile(model)
-    if distributed and not c['fsdp']:
-        # gradient_as_bucket_view: the .grad tensors are DDP's all-reduce buckets, not a second fp32 copy
-        model = DDP(model, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True,
-                    **DDP_NO_BUFFER_SYNC)
+    save_group = None
+    if distributed:  # rank 0 may write a checkpoint of tens of GB to slow storage while the others wait: they wait in
+        # a gloo barrier with a long timeout, with no NCCL collective pending that the watchdog would time out
+        save_group = dist.new_group(backend='gloo', timeout=SAVE_TIMEOUT)
 
     teacher = None
     if c['teacher']:
-        from distill import check_compatibility, fused_kd_loss, load_teacher
+        from distill import check_compatibility, load_teacher
         raw_teacher = load_teacher(c['teacher'], device, torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32)
         check_compatibility(raw_teacher, c['teacher'], model_config, data_meta, model_config.block_size)
+        # compiled on its own: under FSDP the student is compiled per layer, the teacher (whole on every rank) whole
         teacher = torch.compile(raw_teacher) if c['compile'] else raw_teacher
 
     peak_flops = c['peak_flops'] or default_peak_flops(device, torch.bfloat16 if c['dtype'] == 'bfloat16'
@@ -607,25 +669,10 @@ def main(argv):
                 group['lr'] = lr
             # this rank's part of the global batch, then its micro-batches
             mine = train_data.step_indices(c['seed'], step, c['global_batch_size'])[rank * accumulation * batch:]
-            sums = torch.zeros(3, device=device)  # loss, KD, CE over micro-steps: read once per step (no syncs)
-            for micro in range(accumulation):
-                x, y = (torch.from_numpy(t).to(device) for t in train_data.get(mine[micro * batch:(micro + 1) * batch]))
-                # DDP: gradients are all-reduced only in the backward of the last micro-step. FSDP reduce-scatters
-                # every micro-step: only the sharded gradients are kept between micro-steps
-                with model.no_sync() if isinstance(model, DDP) and micro < accumulation - 1 else nullcontext():
-                    with autocast:
-                        if teacher is None:
-                            _, loss = model(x, y)
-                            sums[0] += loss.detach()
-                        else:
-                            with teacher_timer(), torch.no_grad():
-                                teacher_hidden, _ = teacher(x, return_hidden=True)
-                            hidden, _ = model(x, return_hidden=True)
-                            loss, kd, ce = fused_kd_loss(hidden, raw_model.lm_head.weight, teacher_hidden,
-                                                         raw_teacher.lm_head.weight, temperature=c['kd_temperature'],
-                                                         targets=y, kd_alpha=c['kd_alpha'])
-                            sums += torch.stack([loss.detach(), kd, ce])
-                    (loss / accumulation).backward()
+            batches = (batch_to_device(train_data.get(mine[micro * batch:(micro + 1) * batch]), device)
+                       for micro in range(accumulation))
+            sums = accumulate_gradients(model, raw_model, teacher, batches, accumulation, c, autocast, ddp,
+                                        teacher_timer)
             # the raw norm before clipping (paper Tables 4-5); grad_clip=0 only measures it
             grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(raw_model.parameters(),
                                                                    c['grad_clip'] or math.inf)).item()
@@ -639,7 +686,7 @@ def main(argv):
             else:
                 skipped += 1
                 alpha_means = raw_model.update_alpha_ma(discard=True)
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=not ddp)  # DDP: in place, the gradients are its buckets
             dt = time.perf_counter() - t0
             step += 1
 
@@ -680,7 +727,7 @@ def main(argv):
                         model_config=dataclasses.asdict(model_config), tokenizer=data_meta['tokenizer']))
                 del model_state, optimizer_state
                 if distributed:
-                    dist.barrier()
+                    dist.barrier(group=save_group)
             if stop:
                 if master:
                     print(f"stopped by a signal: saved {ckpt_path} at step {step}; continue with --init_from=resume",

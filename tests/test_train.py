@@ -185,3 +185,68 @@ def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatc
         train.save_checkpoint(path, {'step': 2})
     monkeypatch.undo()
     assert torch.load(path, weights_only=False) == {'step': 1}
+
+
+def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
+    """train.py's DDP path (prepare_for_training, accumulate_gradients, zero_grad) for 2 steps x 3 micro-steps, on 2
+    gloo ranks; after every micro-step, the storages that hold the parameters' .grad, and the buffers DDP all-reduces
+    (read by a communication hook)."""
+    import gc
+    import torch.distributed as dist
+    from model import GPT, ModelConfig
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, intermediate_size=64, vocab_size=97,
+                                block_size=16, attention='affine'))
+        c = dict(fsdp=False, compile=False, dtype='float32')
+        ddp = train.prepare_for_training(model, c, torch.device('cpu'), distributed=True)
+        buckets = set()
+
+        def hook(state, bucket):  # DDP's own all-reduce, recording which buffers it reduces
+            buckets.add(bucket.buffer().untyped_storage().data_ptr())
+            fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+            return fut.then(lambda f: f.value()[0] / world_size)
+
+        ddp.register_comm_hook(None, hook)
+        optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
+        seen = []  # per micro-step: {storage pointer: bytes} of the .grad tensors
+        for step in range(2):
+            def batches():
+                for micro in range(3):
+                    x = torch.randint(0, 97, (2, 16))
+                    yield x, x
+                    seen.append({p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
+                                 for p in model.parameters() if p.grad is not None})
+            train.accumulate_gradients(ddp, model, None, batches(), 3, c,
+                                       torch.autocast('cpu', enabled=False), ddp=True)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=set_to_none)
+        if rank == 0:
+            param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            torch.save(dict(seen=seen, buckets=buckets, param_bytes=param_bytes), result_file)
+        dist.barrier()
+        del ddp
+        gc.collect()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize('set_to_none', [False, True])
+def test_ddp_accumulation_keeps_one_copy_of_the_gradients(tmp_path, set_to_none):
+    """DDP with gradient_as_bucket_view: in train.py's loop (zero_grad in place) every micro-step's .grad tensors are
+    views of the buffers DDP all-reduces, so the gradients exist once; set_to_none=True (the old loop) is the
+    counter-example that shows the check can fail: the no_sync micro-steps then allocate a second set."""
+    result = tmp_path / 'result.pt'
+    # the batch generator records after each micro-step's backward (when the next batch is asked for): 3 per step, the
+    # first 2 inside no_sync
+    torch.multiprocessing.spawn(_ddp_gradient_worker, args=(2, str(tmp_path / 'init'), set_to_none, str(result)),
+                                nprocs=2, join=True)
+    r = torch.load(result, weights_only=False)
+    assert len(r['seen']) == 6 and r['buckets']
+    one_copy = [set(storages) <= r['buckets'] and sum(storages.values()) == r['param_bytes']
+                for storages in r['seen']]
+    if set_to_none:
+        assert not all(one_copy[3:])  # step 1's no_sync micro-steps: fresh tensors beside the buckets
+    else:
+        assert all(one_copy)
