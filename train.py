@@ -188,27 +188,35 @@ def full_tensor(t):
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def compile_layers(model):
+    """torch.compile each decoder layer on its own, in place (nn.Module.compile), the way torchtitan does: one compiled
+    graph serves every layer of a shape, so compiling takes seconds, not minutes; under DDP each layer's gradients are
+    ready (and all-reduced in DDP's buckets) while the backward goes on through the layers below, which a single
+    whole-model graph would only allow through DDP's graph splitting; and under FSDP2, whose per-layer hooks break any
+    graph that spans layers, nothing falls back to eager. The rest (embeddings, final norm, lm_head, loss) runs eager."""
+    for layer in model.model.layers:
+        layer.compile()
+    return model
+
+
 def prepare_for_training(model, c, device, distributed):
-    """Wrap the student for the run; returns the module the loop calls. In this order because:
-      FSDP  each decoder layer is compiled on its own, then sharded (FSDP2's hooks would break a graph spanning
-            several layers, and GPT.forward would then fall back to eager; torchtitan compiles per block too).
+    """The module the loop calls, built around the GPT `model` (which stays reachable for the optimizer, the
+    checkpoint and the KD loss). Decoder layers compiled one by one (compile_layers), then:
+      FSDP  sharded in place (shard).
       DDP   every .grad is created before DDP(...), which then turns them into views of its all-reduce buckets
-            (gradient_as_bucket_view) and the loop zeroes them in place (zero_grad(set_to_none=False)): the no_sync micro-steps
-            accumulate into the buckets instead of a second set of gradients. DDP is wrapped first and the wrapper is
-            compiled, so that the compiled backward can overlap the gradient all-reduce (PyTorch's documented order).
-      one process  the whole model compiled."""
+            (gradient_as_bucket_view) and the loop zeroes them in place (zero_grad(set_to_none=False)), so the
+            no_sync micro-steps accumulate into the buckets: one copy of the gradients, not two."""
+    if c['compile']:
+        compile_layers(model)
     if c['fsdp']:
-        if c['compile']:
-            for layer in model.model.layers:
-                layer.compile()
         shard(model, c['dtype'])
         return model
-    if distributed:
-        for p in model.parameters():
-            p.grad = torch.zeros_like(p)
-        model = DDP(model, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True,
-                    **DDP_NO_BUFFER_SYNC)
-    return torch.compile(model) if c['compile'] else model
+    if not distributed:
+        return model
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    return DDP(model, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True,
+               **DDP_NO_BUFFER_SYNC)
 
 
 def batch_to_device(arrays, device):
@@ -628,10 +636,10 @@ def main(argv):
     teacher = None
     if c['teacher']:
         from distill import check_compatibility, load_teacher
-        raw_teacher = load_teacher(c['teacher'], device, torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32)
-        check_compatibility(raw_teacher, c['teacher'], model_config, data_meta, model_config.block_size)
-        # compiled on its own: under FSDP the student is compiled per layer, the teacher (whole on every rank) whole
-        teacher = torch.compile(raw_teacher) if c['compile'] else raw_teacher
+        teacher = load_teacher(c['teacher'], device, torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32)
+        check_compatibility(teacher, c['teacher'], model_config, data_meta, model_config.block_size)
+        if c['compile']:
+            compile_layers(teacher)
 
     peak_flops = c['peak_flops'] or default_peak_flops(device, torch.bfloat16 if c['dtype'] == 'bfloat16'
                                                        else torch.float32)
