@@ -22,25 +22,34 @@ resident set size during the measured step (VmHWM, reset through /proc/self/clea
 threshold pinned so that every freed tensor really leaves the process.
 """
 import argparse
+import contextlib
 import ctypes
+import gc
+import json
 import math
 import os
 import random
 import re
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import traceback
 import types
 
 import torch
 import torch.nn.functional as F
 
-from distill import fused_kd_loss
+import prepare_data
+from distill import fused_kd_loss, load_teacher
 from eval_zeroshot import (Progress, choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests,
                            shares_prefixes)
 from model import ATTENTIONS, FIELD_NAMES, GPT, ModelConfig
-from prepare_data import load_tokenizer
-from train import default_peak_flops, load_config, measured_matmul_flops
+from prepare_data import Windows, load_tokenizer
+from train import (KNOWN_TEACHERS, accumulate_gradients, compile_layers, default_peak_flops, load_config,
+                   measured_matmul_flops, memory_estimate)
 
 EXPLICIT = 'affine (explicit T x T)'
 TINY_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config', 'tiny_cpu.py')
@@ -367,8 +376,379 @@ def bench_eval(args, device):
 # -----------------------------------------------------------------------------
 
 
+# -----------------------------------------------------------------------------
+# --check: one command that validates a GPU machine end to end, before a long run
+
+
+ONE_B_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config', 'affine_1b.py')
+H100_BF16_PEAK = 989e12  # NVIDIA H100 SXM datasheet, dense bf16 (train.KNOWN_PEAK_BF16): what nanochat's MFU uses
+
+
+class Check:
+    """The rows of the --check table; every row is also appended to the JSON file as soon as it is measured, so a
+    run that is cut short keeps what it measured. ok: True / False for a pass-fail check, None for a report."""
+
+    def __init__(self, json_path, header):
+        self.json_path, self.record = json_path, dict(header, rows=[])
+        self.save()
+
+    def add(self, section, check, ok, value, target='', **data):
+        self.record['rows'].append(dict(section=section, check=check, ok=ok, value=value, target=target, **data))
+        self.save()
+        log(f'  [{ {True: "PASS", False: "FAIL", None: "info"}[ok]}] {section}: {check}: {value}')
+
+    def save(self):
+        tmp = self.json_path + '.tmp'
+        with open(tmp, 'w') as f:
+            json.dump(self.record, f, indent=1)
+        os.replace(tmp, self.json_path)
+
+    def failed(self):
+        return [r for r in self.record['rows'] if r['ok'] is False]
+
+    def print(self):
+        rows = [[r['section'], r['check'], {True: 'pass', False: '**FAIL**', None: '-'}[r['ok']], str(r['value']),
+                 str(r['target'])] for r in self.record['rows']]
+        print_table(f"bench.py --check on {self.record['device']}",
+                    f"torch {self.record['torch']}; {len(self.failed())} failed of "
+                    f"{sum(r['ok'] is not None for r in self.record['rows'])} pass/fail checks; JSON: {self.json_path}",
+                    ['section', 'check', 'result', 'measured', 'target'], rows)
+
+
+def check_kernel_tests(check, device):
+    """The test suite's fast-path-vs-float64-reference tests, run by pytest: on CUDA the tests named *cuda* (every
+    variant forward and backward, bf16 and fp32, with GQA; the KD loss), on CPU the CPU ones."""
+    suites = ([('tests/test_model.py', 'cuda'), ('tests/test_distill.py', 'cuda')] if device.type == 'cuda' else
+              [('tests/test_model.py', 'explicit_reference and not cuda'), ('tests/test_distill.py', 'fused_kd_loss')])
+    root = os.path.dirname(os.path.abspath(__file__))
+    for path, expression in suites:
+        t0 = time.perf_counter()
+        run = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', path, '-k', expression],
+                             cwd=root, capture_output=True, text=True)
+        summary = (run.stdout.strip().splitlines() or ['no output'])[-1]
+        passed = re.search(r'(\d+) passed', summary)
+        ok = run.returncode == 0 and passed is not None
+        check.add('kernels', f'{path} -k "{expression}"', ok, f'{summary} ({time.perf_counter() - t0:.0f} s)',
+                  'all pass', output=None if ok else run.stdout[-4000:] + run.stderr[-2000:])
+
+
+def train_step_fn(model, step_model, idx, device):
+    def step():
+        model.zero_grad(set_to_none=True)
+        with autocast(device):
+            _, loss = step_model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+    return step
+
+
+def time_cuda(fn, steps):
+    """Median seconds of `steps` calls after one warm-up, timed with CUDA events."""
+    fn()
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    return statistics.median(times)
+
+
+def free_cuda():
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def check_variants(check, device, args):
+    """One training step (forward + backward) of every variant at the 1B shape of config/affine_1b.py, T = 2048,
+    bf16 autocast, decoder layers compiled as train.py compiles them; vs softmax and vs Eq. 6 with an explicit T x T
+    matrix. One variant in memory at a time (a 1B model with its gradients is 10 GB)."""
+    shape = {key: value for key, value in load_config([ONE_B_CONFIG]).items() if key in FIELD_NAMES}
+    B, T = args.check_batch_size, shape['block_size']
+    results = {}
+    for variant in (*ATTENTIONS, EXPLICIT):
+        torch.manual_seed(0)
+        model = step = None
+        try:
+            with torch.device(device):  # initialised on the GPU: seconds, not a minute of CPU
+                model = GPT(ModelConfig(**shape | dict(attention=variant.split(' ')[0])))
+            if variant == EXPLICIT:
+                for layer in model.model.layers:
+                    layer.self_attn.forward = types.MethodType(explicit_affine_forward, layer.self_attn)
+            compile_layers(model)
+            idx = torch.randint(0, shape['vocab_size'], (B, T + 1), device=device)
+            step = train_step_fn(model, model, idx, device)
+            t0 = time.perf_counter()
+            step()  # compilation
+            compile_s = time.perf_counter() - t0
+            seconds = time_cuda(step, args.steps)
+            with PeakMemory(device) as mem:
+                step()
+            results[variant] = (seconds, mem.peak)
+            log(f'  variants: {variant:<24} {seconds * 1e3:8.1f} ms  {mem.peak / 2**30:6.2f} GiB  (compile {compile_s:.0f} s)')
+        except torch.OutOfMemoryError:
+            results[variant] = None
+            log(f'  variants: {variant:<24} out of memory at batch {B}')
+        del model, step
+        free_cuda()
+    base = results['softmax']
+    targets = {'affine': 1.03, 'sink': 1.05}
+    for variant, result in results.items():
+        if result is None:
+            check.add('variants (1B, T=2048)', f'{variant}: step', variant == EXPLICIT and None,
+                      f'out of memory at batch {B}')
+            continue
+        seconds, peak = result
+        time_ratio, mem_ratio = seconds / base[0], peak / base[1]
+        limit = targets.get(variant)
+        check.add('variants (1B, T=2048)', f'{variant}: fwd+bwd, batch {B}',
+                  None if limit is None else time_ratio <= limit,
+                  f'{seconds * 1e3:.1f} ms ({time_ratio:.3f}x softmax), peak {peak / 2**30:.2f} GiB '
+                  f'({mem_ratio:.2f}x)', f'<= {limit}x softmax' if limit else '', seconds=seconds, peak_bytes=peak)
+    if results.get(EXPLICIT) and results.get('affine'):
+        check.add('variants (1B, T=2048)', 'affine O(T) vs explicit T x T affine', None,
+                  f'{results["affine"][0] / results[EXPLICIT][0]:.2f}x the time, '
+                  f'{results["affine"][1] / results[EXPLICIT][1]:.2f}x the peak memory')
+
+
+def check_kd(check, device, args):
+    """fused_kd_loss vs the naive bf16 KD (both models' full bf16 logits, log-softmax in fp32) at V = 128,256, in the
+    dtypes of a DDP bf16 run (student hidden states and lm_head fp32 under autocast, teacher's bf16): forward +
+    backward, median time and peak memory."""
+    N, V, C_s, C_t = args.kd_tokens, 128256, 2048, 3072  # a 1B student (Llama-3.2-1B) and a 3B teacher's widths
+    torch.manual_seed(0)
+    h_s = torch.randn(N, C_s, device=device, requires_grad=True)
+    w_s = (torch.randn(V, C_s, device=device) * C_s ** -0.5).requires_grad_()
+    h_t = torch.randn(N, C_t, device=device, dtype=torch.bfloat16)
+    w_t = (torch.randn(V, C_t, device=device) * C_t ** -0.5).to(torch.bfloat16)
+
+    def naive():
+        return F.kl_div(F.log_softmax((h_s @ w_s.T).float(), dim=-1), F.log_softmax((h_t @ w_t.T).float(), dim=-1),
+                        log_target=True, reduction='batchmean')
+
+    paths = dict(naive=naive, fused_kd_loss=lambda: fused_kd_loss(h_s, w_s, h_t, w_t)[0])
+    results = {}
+    for name, loss_fn in paths.items():
+        losses = []
+
+        def step():
+            h_s.grad = w_s.grad = None
+            with autocast(device):
+                loss = loss_fn()
+            loss.backward()
+            losses.append(loss.detach())
+
+        try:
+            seconds = time_cuda(step, 5)
+            h_s.grad = w_s.grad = None
+            with PeakMemory(device) as mem:
+                step()
+            results[name] = (seconds, mem.peak, losses[-1].item(), h_s.grad.clone(), w_s.grad.clone())
+        except torch.OutOfMemoryError:
+            results[name] = None
+        free_cuda()
+    fused, base = results['fused_kd_loss'], results['naive']
+    if base is None:
+        check.add('KD loss (V=128,256)', 'naive bf16 KD', None, f'out of memory with {N} tokens')
+        return
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
+    agree = abs(fused[2] - base[2]) / abs(base[2]) < 1e-2 and rel(fused[3], base[3]) < 2e-2 and rel(fused[4], base[4]) < 2e-2
+    check.add('KD loss (V=128,256)', f'fused vs naive bf16: value and gradients agree, {N} tokens', agree,
+              f'loss {fused[2]:.5f} vs {base[2]:.5f}; grad rel. diff h {rel(fused[3], base[3]):.1e}, '
+              f'W {rel(fused[4], base[4]):.1e}', 'within bf16 rounding (1e-2, 2e-2)')
+    check.add('KD loss (V=128,256)', 'fused time vs naive bf16', fused[0] <= base[0],
+              f'{fused[0] * 1e3:.1f} ms vs {base[0] * 1e3:.1f} ms ({fused[0] / base[0]:.2f}x)', '<= 1.00x')
+    check.add('KD loss (V=128,256)', 'fused peak memory vs naive bf16', fused[1] <= 0.15 * base[1],
+              f'{fused[1] / 2**30:.2f} GiB vs {base[1] / 2**30:.2f} GiB ({fused[1] / base[1]:.3f}x)', '<= 0.15x')
+
+
+def check_torchrun(check, device, args, workdir):
+    """train.py under torchrun on one device, with a KD teacher, for each variant at once (small models): a DDP run
+    stopped by SIGTERM, resumed under FSDP, both compiled on CUDA. Checks: the signal saves the step reached, the
+    resumed run continues from it and the loss curve continues, the loss falls, and the checkpoint loads on CPU."""
+    cuda = device.type == 'cuda'
+    variants = ATTENTIONS if cuda else ('affine',)  # on CPU: the plumbing of one variant, in seconds
+    data = os.path.join(workdir, 'data')
+    with contextlib.redirect_stdout(sys.stderr):
+        prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={data}', '--val_every=10',
+                           '--num_proc=1'])
+    common = ['--n_layer=2', '--n_head=4', '--n_kv_head=2', '--n_embd=64', '--intermediate_size=128',
+              '--vocab_size=320', '--block_size=64', '--global_batch_size=16', '--micro_batch_size=8',
+              '--warmup_iters=5', '--learning_rate=3e-3', '--decay_frac=0.0', '--eval_batches=2', '--log_interval=1000',
+              '--peak_flops=1e12', f'--device={device.type}', f'--data_dir={data}']
+    root = os.path.dirname(os.path.abspath(__file__))
+
+    def command(*extra):
+        return [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1', 'train.py',
+                *common, *extra]
+
+    def records(out_dir):
+        path = os.path.join(out_dir, 'metrics.jsonl')
+        return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+    teacher = os.path.join(workdir, 'teacher')  # a teacher worth distilling: 60 steps of cross-entropy
+    subprocess.run([sys.executable, 'train.py', *common, '--max_iters=60', '--eval_interval=60', '--compile=False',
+                    f'--out_dir={teacher}'], cwd=root, check=True, capture_output=True)
+    kd = [f'--teacher={teacher}', '--eval_interval=10', f'--compile={cuda}']
+    stop_after = 12
+    runs = {v: subprocess.Popen(command(*kd, f'--attention={v}', '--max_iters=100000',
+                                        f'--out_dir={os.path.join(workdir, v)}'),
+                                cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for v in variants}
+    deadline, outputs = time.time() + 300, {}
+    while runs and time.time() < deadline:
+        for v, proc in list(runs.items()):
+            if len(records(os.path.join(workdir, v))) >= stop_after or proc.poll() is not None:
+                proc.send_signal(signal.SIGTERM)  # torchrun passes it on to its worker
+                outputs[v] = proc.communicate(timeout=300)[0]
+                del runs[v]
+        time.sleep(0.2)
+    for proc in runs.values():
+        proc.kill()
+    resumed = {}
+    for v in variants:
+        out_dir = os.path.join(workdir, v)
+        ckpt = os.path.join(out_dir, 'ckpt.pt')
+        stopped = torch.load(ckpt, map_location='cpu', weights_only=False)['step'] if os.path.exists(ckpt) else 0
+        saved = stopped >= stop_after and len(records(out_dir)) == stopped and 'stopped by a signal' in outputs.get(v, '')
+        check.add('torchrun', f'{v}: DDP run, SIGTERM saves the step reached', saved,
+                  f'stopped at step {stopped}, {len(records(out_dir))} records', f'>= {stop_after}',
+                  output=None if saved else outputs.get(v, 'timed out')[-3000:])
+        if saved:
+            resumed[v] = (stopped, subprocess.Popen(
+                command(*kd, f'--attention={v}', f'--max_iters={stopped + 10}', '--fsdp=True', '--init_from=resume',
+                        f'--out_dir={out_dir}'), cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for v, (stopped, proc) in resumed.items():
+        out = proc.communicate(timeout=600)[0]
+        out_dir = os.path.join(workdir, v)
+        losses = [r['loss'] for r in records(out_dir)]
+        steps = [r['step'] for r in records(out_dir)]
+        continued = proc.returncode == 0 and steps == list(range(1, stopped + 11))
+        # the curve continues: the first resumed loss is nearer the last losses before the stop than the first ones
+        before = losses[stopped - 3:stopped]
+        jump = abs(losses[stopped] - sum(before) / 3) if continued else math.inf
+        fell = losses[0] - (sum(losses[-3:]) / 3) if continued else -math.inf
+        check.add('torchrun', f'{v}: FSDP resume continues the run', continued and jump < 0.25 * fell,
+                  f'steps {stopped + 1}-{stopped + 10}; loss {losses[stopped - 1]:.3f} -> {losses[stopped]:.3f} '
+                  f'across the restart' if continued else f'exit {proc.returncode}', 'jump < 1/4 of the fall',
+                  output=None if continued else out[-3000:])
+        check.add('torchrun', f'{v}: KD loss falls', continued and fell > 0.3,
+                  f'{losses[0]:.3f} -> {sum(losses[-3:]) / 3:.3f}' if continued else '-', 'falls by > 0.3')
+        if continued:
+            model = load_teacher(out_dir, 'cpu')  # our checkpoint, on CPU, in float32
+            windows = Windows(data, 'val', model.config.block_size)
+            x, y = (torch.from_numpy(t) for t in windows.get(range(2 * 8)))
+            with torch.no_grad():
+                _, loss = model(x, y)
+            logged = records(out_dir)[-1]['val_loss']
+            check.add('torchrun', f'{v}: checkpoint loads on CPU', abs(loss.item() - logged) < 0.05,
+                      f'CPU float32 val loss {loss.item():.4f}, logged on {device.type} {logged:.4f}',
+                      'within 0.05 (bf16)')
+
+
+def check_mfu(check, device, args):
+    """Tokens/s and MFU of config/affine_1b.py's training step with a 3B-shaped teacher (Llama-3.2-3B's published
+    shape, random bf16 weights), one GPU, at the largest micro-batch the memory plan lets fit: train.py's own
+    accumulate_gradients, gradient clipping and AdamW step, decoder layers compiled."""
+    c = load_config([ONE_B_CONFIG])
+    shape = {key: c[key] for key in FIELD_NAMES}
+    cfg, T = ModelConfig(**shape), shape['block_size']
+    teacher_cfg = ModelConfig(**KNOWN_TEACHERS['Llama-3.2-3B'] | dict(block_size=T, rope_theta=500000.0))
+    gpu = torch.cuda.get_device_properties(device).total_memory
+    fits = [b for b in (16, 12, 8, 6, 4, 2, 1)
+            if sum(memory_estimate(cfg, 1, b, 'bfloat16', False, False, teacher_cfg).values()) <= 0.92 * gpu]
+    torch.manual_seed(0)
+    with torch.device(device):
+        student = GPT(cfg)
+        teacher = GPT(teacher_cfg).to(torch.bfloat16).eval().requires_grad_(False)
+    compile_layers(student)
+    compile_layers(teacher)
+    optimizer = student.configure_optimizers(0.1, 1e-4, (0.9, 0.95))
+    c.update(kd_temperature=1.0, kd_alpha=1.0)
+    accumulation = 2
+    flops_per_token = student.flops_per_token(T) + teacher.flops_per_token(T) / 3  # teacher: forward only
+    for B in fits:
+        batches = [(x[:, :-1], x[:, 1:]) for x in (torch.randint(0, cfg.vocab_size, (B, T + 1), device=device)
+                                                   for _ in range(accumulation))]
+
+        def step():
+            accumulate_gradients(student, student, teacher, iter(batches), accumulation, c,
+                                 torch.autocast('cuda', dtype=torch.bfloat16), ddp=False)
+            torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            student.update_alpha_ma()
+
+        try:
+            t0 = time.perf_counter()
+            step()
+            compile_s = time.perf_counter() - t0
+            torch.cuda.reset_peak_memory_stats()
+            seconds = time_cuda(step, args.steps)
+        except torch.OutOfMemoryError:
+            optimizer.zero_grad(set_to_none=True)
+            free_cuda()
+            log(f'  mfu: micro-batch {B} out of memory')
+            continue
+        tokens = accumulation * B * T / seconds
+        mfu = flops_per_token * tokens / H100_BF16_PEAK
+        measured_peak = measured_matmul_flops(device, torch.bfloat16)
+        check.add('1B affine KD step, 3B teacher', f'micro-batch {B} x {T}, {accumulation} micro-steps + AdamW',
+                  mfu >= 0.45 if 'H100' in torch.cuda.get_device_name(device) else None,
+                  f'{tokens:,.0f} tokens/s, MFU {100 * mfu:.1f}% of 989 TFLOP/s ({100 * flops_per_token * tokens / measured_peak:.1f}% '
+                  f'of the measured {measured_peak / 1e12:.0f}); peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB; '
+                  f'compile {compile_s:.0f} s', '>= 45% MFU (H100)', tokens_per_sec=tokens, mfu=mfu,
+                  step_seconds=seconds, micro_batch=B)
+        return
+    check.add('1B affine KD step, 3B teacher', 'a micro-batch that fits', False, f'none of {fits} fit')
+
+
+def run_check(args):
+    """python bench.py --check: the sections above, one table at the end, the JSON as it goes. Exit status 1 if a
+    pass/fail check failed; 0 on a machine without a GPU after the CPU parts."""
+    cuda = torch.cuda.is_available()
+    device = torch.device('cuda' if cuda else 'cpu')
+    name = torch.cuda.get_device_name(device) if cuda else f'CPU ({torch.get_num_threads()} threads), no GPU'
+    check = Check(args.check_json, dict(device=name, torch=torch.__version__, date=time.strftime('%Y-%m-%d %H:%M')))
+    if cuda:  # every variant, the teacher and several micro-batch sizes compile in this one process
+        for key in ('cache_size_limit', 'recompile_limit'):
+            if hasattr(torch._dynamo.config, key):
+                setattr(torch._dynamo.config, key, 64)
+        torch._dynamo.config.automatic_dynamic_shapes = False  # each micro-batch size its own static kernels
+    log(f'bench.py --check on {name}, torch {torch.__version__}')
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as workdir:
+        parts = [('kernels', lambda: check_kernel_tests(check, device)),
+                 ('torchrun', lambda: check_torchrun(check, device, args, workdir))]
+        if cuda:
+            parts += [('variants', lambda: check_variants(check, device, args)),
+                      ('kd', lambda: check_kd(check, device, args)),
+                      ('mfu', lambda: check_mfu(check, device, args))]
+        for part, fn in parts:
+            if args.check_parts and part not in args.check_parts:
+                continue
+            t0 = time.perf_counter()
+            log(f'{part} ...')
+            try:
+                fn()
+            except Exception as e:  # a broken part is a failed row, and the other parts still run
+                check.add(part, 'ran to the end', False, f'{type(e).__name__}: {e}'[:300],
+                          output=traceback.format_exc()[-4000:])
+            log(f'{part}: {time.perf_counter() - t0:.0f} s')
+            if cuda:
+                free_cuda()
+    if not cuda:
+        check.add('GPU', 'CUDA device', None, 'none found: the GPU sections (variants at 1B, KD at V=128,256, '
+                  'MFU) were skipped', 'a GPU')
+    check.record['seconds'] = time.perf_counter() - t_start
+    check.save()
+    check.print()
+    return 1 if check.failed() else 0
+
+
 SECTIONS = dict(attention=bench_attention, kd=bench_kd, train=bench_train, eval=bench_eval)
 MEMORY_SECTIONS = ('attention', 'kd')  # they measure peak memory
+CHECK_PARTS = ('kernels', 'torchrun', 'variants', 'kd', 'mfu')
 
 
 def comma_list(choices=None, kind=str):
@@ -384,6 +764,12 @@ def comma_list(choices=None, kind=str):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
+    p.add_argument('--check', action='store_true', help='validate this machine end to end (see "--check" above) '
+                   'instead of the benchmark sections')
+    p.add_argument('--check_json', default='bench_check.json', help='--check: where its JSON record goes')
+    p.add_argument('--check_parts', type=comma_list(CHECK_PARTS), default=None,
+                   help=f"--check: only these parts ({', '.join(CHECK_PARTS)}); default all")
+    p.add_argument('--check_batch_size', type=int, default=4, help='--check: micro-batch of the 1B variant steps')
     p.add_argument('--sections', type=comma_list(SECTIONS), default=list(SECTIONS))
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     p.add_argument('--compile', type=lambda s: s.lower() in ('1', 'true', 'yes'), default=None,
@@ -418,6 +804,8 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.check:
+        return run_check(args)
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == 'cuda' else f'CPU, {torch.get_num_threads()} threads'
     print(f'# bench.py on {name}; torch {torch.__version__}; {dtype_name(device)}')
@@ -432,4 +820,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())
