@@ -1,6 +1,6 @@
 """
 Benchmarks, measured side by side in one run on whatever device is found: CPU runs float32 eager; CUDA runs
-bf16 autocast, with torch.compile where a training step is timed. Each section prints a Markdown table under
+bf16 autocast, with torch.compile (each decoder layer, as train.py) where a training step is timed. Each section prints a Markdown table under
 its own heading; progress goes to stderr. Timings are reports, never pass/fail.
 
     python bench.py                                        # every section at the sizes below
@@ -187,7 +187,7 @@ def bench_attention(args, device):
             if variant == EXPLICIT:
                 for layer in model.model.layers:
                     layer.self_attn.forward = types.MethodType(explicit_affine_forward, layer.self_attn)
-            step_model = torch.compile(model) if args.compile else model
+            step_model = compile_layers(model) if args.compile else model  # as train.py compiles
             idx = torch.randint(0, args.vocab_size, (args.batch_size, T), device=device)
 
             def step(model=model, step_model=step_model, idx=idx):
@@ -292,7 +292,7 @@ def bench_train(args, device):
         torch.manual_seed(0)
         model = GPT(model_config(args, variant, T)).to(device)
         optimizer = model.configure_optimizers(weight_decay=0.1, lr=1e-4, betas=(0.9, 0.95))
-        step_model = torch.compile(model) if args.compile else model
+        step_model = compile_layers(model) if args.compile else model  # as train.py compiles
         x = torch.randint(0, args.vocab_size, (B, T + 1), device=device)
 
         def step():

@@ -8,7 +8,8 @@ check that it fits the data and the student, and the KD loss, computed without t
     python distill.py --teacher=out/teacher --data_dir=data/builtin_bytes --block_size=256
 
 A teacher is a Hugging Face Llama / Qwen2 checkpoint directory (GPT.from_pretrained in model.py) or one of
-this repo's checkpoints (train.py's ckpt.pt). train.py uses load_teacher, check_compatibility, fused_kd_loss.
+this repo's checkpoints (train.py's ckpt.pt). train.py uses load_teacher, check_compatibility, fused_kd_loss and
+kd_loss_memory.
 
 The loss, with the paper's setting as the defaults (its "KD loss" curves are pure forward KL):
     loss = kd_alpha * KD + (1 - kd_alpha) * CE        temperature T = 1.0, kd_alpha = 1.0
@@ -26,10 +27,22 @@ learns whatever (small) probability the teacher gives them, and nothing about th
 Memory: at V = 128,256 the float32 logits of 8 x 1,024 tokens are 4.2 GB per tensor, and a plain KL needs
 several such tensors for each model. fused_kd_loss instead takes the final hidden states and lm_head weights
 and goes through chunks of tokens whose float32 logits are at most CHUNK_LOGITS elements (256 MB: 523
-tokens at V = 128,256), computing each chunk's loss and its gradients already in the forward; bench.py
-(--sections=kd) measures it against the naive full-logits KL.
+tokens at V = 128,256), computing each chunk's loss and its gradients already in the forward. At its peak a
+chunk holds 3 (n, V) float32 tensors (4 when T != 1 and kd_alpha < 1), next to the float32 gradient of the
+student's lm_head and the gradient of its hidden states; kd_loss_memory counts it all, tensor by tensor (train.py's
+dry-run memory plan), and bench.py (--sections=kd) measures the loss against the naive full-logits KL.
+
+Precision: the four GEMMs of a chunk (both models' logits, the gradients w.r.t. the student's hidden states and
+lm_head) run in the compute dtype: the autocast dtype under autocast (bf16: an H100's ~989 dense TFLOP/s rather
+than float32's ~67), else the inputs' own (float32 stays float32, float64 float64). The teacher's lm_head, loaded
+in bf16, is used as it is; the student's float32 master lm_head is cast once per call, as autocast casts a plain
+lm_head. The logits come out in float32, straight from the GEMMs' float32 accumulators where PyTorch can (CUDA,
+PyTorch >= 2.8, sm_80+) and through bf16 elsewhere (as autocast's logits); log-softmaxes, the KL and CE terms and
+every sum are float32. The lm_head's gradient is accumulated in float32 (for the float32 master weight and its
+optimizer), the hidden states' is in their dtype.
 """
 import argparse
+import functools
 import json
 import math
 import os
@@ -39,7 +52,7 @@ from dataclasses import replace
 
 import torch
 
-from model import GPT, IGNORE_INDEX, ModelConfig, at_least_fp32
+from model import GPT, IGNORE_INDEX, ModelConfig
 from prepare_data import Windows, load_tokenizer, read_meta, tokenizer_info
 
 CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB
@@ -212,60 +225,175 @@ def check_compatibility(teacher, teacher_spec, student_config, data_meta, block_
 # The KD loss, fused with both lm_heads and chunked over tokens
 
 
+def kd_compute_dtype(*tensors):
+    """The dtype fused_kd_loss multiplies hidden states and lm_heads in: autocast's when autocast is on for the
+    tensors' device type (float64 stays float64, which autocast leaves alone too), else their promoted dtype."""
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    device_type = tensors[0].device.type
+    if torch.is_autocast_enabled(device_type) and dtype != torch.float64:
+        return torch.get_autocast_dtype(device_type)
+    return dtype
+
+
+@functools.cache
+def fp32_output_gemm(device, dtype):
+    """Whether torch.mm and torch.addmm(..., out=) take out_dtype=torch.float32 with dtype (bfloat16, float16)
+    operands on device: the GEMM then writes its float32 accumulator out as it is, neither rounded to dtype nor
+    copied. PyTorch has it from 2.8 on CUDA, through cuBLAS on sm_80 and newer (pytorch/pytorch#150812; older GPUs
+    raise), and has no CPU kernel for it (2.13). Tried once per device and dtype rather than kept in a table."""
+    a, acc = torch.ones(2, 2, device=device, dtype=dtype), torch.ones(2, 2, device=device)
+    try:
+        product = torch.mm(a, a, out_dtype=torch.float32)
+        torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+    except (TypeError, RuntimeError):  # no such overload (PyTorch < 2.8), no kernel (CPU), a GPU older than sm_80
+        return False
+    return product.dtype == acc.dtype == torch.float32 and bool((product == 2).all() and (acc == 3).all())
+
+
+def _mm(a, b, dtype):
+    """a @ b as dtype, a and b in the compute dtype. From bf16 operands, float32 comes straight out of the GEMM's
+    float32 accumulator where the device can (fp32_output_gemm); elsewhere the product is rounded to bf16 first
+    and then cast, as autocast's bf16 logits are."""
+    if a.dtype == dtype:
+        return a @ b
+    if dtype == torch.float32 and fp32_output_gemm(a.device, a.dtype):
+        return torch.mm(a, b, out_dtype=dtype)
+    return (a @ b).to(dtype)
+
+
+def _add_mm(acc, a, b):
+    """acc += a @ b: acc the float32 (float64) gradient of the lm_head, a and b in the compute dtype. Where the
+    device can (fp32_output_gemm), the bf16 GEMM adds its float32 accumulator into acc in place: no temporary,
+    no rounding. Elsewhere the product is rounded to bf16 (a V x C temporary) and then added in float32: one bf16
+    rounding per chunk's term, still at bf16 GEMM speed. Upcasting a and b instead would run this GEMM, a quarter
+    of the loss's FLOPs, in plain float32 (~67 vs ~989 TFLOP/s on an H100)."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    elif fp32_output_gemm(a.device, a.dtype):
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc += a @ b
+
+
+def _kd_chunk(h_s, w_s, h_t, w_t, y, valid, T, kd_alpha, acc, need_grad):
+    """One chunk of FusedKDLoss: (KL summed over its tokens, CE summed likewise or None without targets, the
+    gradient of kd_alpha * KD + (1 - kd_alpha) * CE w.r.t. the student's logits, or None without need_grad), tokens
+    with valid = 0 left out and the 1/count of the means not applied. Hidden states and heads come in the compute
+    dtype; the logits come out of their GEMMs in acc (float32), and everything after them stays in acc, in place
+    where it can: at most 3 (n, V) tensors at once, 4 when T != 1 and kd_alpha < 1."""
+    t = _mm(h_t, w_t.T, acc)  # the teacher's logits first, turned into log p before the student's exist
+    if T != 1:
+        t.div_(T)
+    log_p = torch.log_softmax(t, dim=-1)
+    del t
+    s = _mm(h_s, w_s.T, acc)
+    ce = r = None
+    if y is not None and T != 1:  # (with T = 1, CE takes log q below: softmax(s / T) is softmax(s))
+        if kd_alpha == 1:  # CE is only logged: logsumexp(s) - s[y], no (n, V) log-softmax of s
+            ce = torch.logsumexp(s, dim=-1, keepdim=True) - s.gather(1, y)
+        else:  # CE's gradient softmax(s) - onehot(y) needs softmax(s) besides softmax(s / T)
+            r = torch.log_softmax(s, dim=-1)
+            ce = -r.gather(1, y)
+            r = r.exp_()
+    if T != 1:
+        s.div_(T)
+    log_q = torch.log_softmax(s, dim=-1)
+    del s
+    if y is not None and T == 1:
+        ce = -log_q.gather(1, y)
+    p = log_p.exp()
+    kl = log_p.sub_(log_q).mul_(p).sum(-1, keepdim=True)  # sum_v p (log p - log q), in log p's memory
+    del log_p
+    if valid is not None:
+        kl, ce = kl * valid, ce * valid
+    kl, ce = kl.sum(), None if ce is None else ce.sum()
+    if not need_grad:
+        return kl, ce, None
+    grad = log_q.exp_()  # q, in log q's memory
+    if T == 1:  # kd_alpha (q - p) + (1 - kd_alpha) (q - onehot(y))
+        grad.sub_(p, alpha=kd_alpha)
+    else:  # kd_alpha T (q - p) + (1 - kd_alpha) (softmax(s) - onehot(y))
+        grad.sub_(p).mul_(kd_alpha * T)
+        if r is not None:
+            grad.add_(r, alpha=1 - kd_alpha)
+    if kd_alpha < 1:
+        grad.scatter_add_(1, y, grad.new_full(y.shape, kd_alpha - 1))
+    if valid is not None:
+        grad.mul_(valid)
+    return kl, ce, grad
+
+
 class FusedKDLoss(torch.autograd.Function):
     """loss = kd_alpha * KD + (1 - kd_alpha) * CE from final hidden states and lm_head weights, one chunk of
     tokens at a time. With s, t a token's student and teacher logits, q = softmax(s/T), p = softmax(t/T):
         KD = T^2 * sum_v p (log p - log q)        dKD/ds = T (q - p)
-        CE = -log softmax(s)[y]                    dCE/ds = softmax(s) - onehot(y)
+        CE = logsumexp(s) - s[y]                   dCE/ds = softmax(s) - onehot(y)
     Each chunk's gradient w.r.t. its logits is turned into gradients w.r.t. the student's hidden states
-    (g @ W_s) and lm_head weight (g^T @ h_s) right away, so no logits outlive their chunk; backward only
-    scales the stored gradients. Computed in float32 (float64 for float64 inputs) even under autocast."""
+    (g @ W_s) and lm_head weight (g^T @ h_s) right away, so no logits outlive their chunk; backward only scales
+    the stored gradients, in place (so a second backward through the same graph, retain_graph=True, is refused
+    by autograd's check of modified saved tensors).
+    Precision: the four GEMMs run in the compute dtype (kd_compute_dtype: bf16 under bf16 autocast, float32
+    without autocast, float64 for float64 inputs), their logits come out in float32 (float64), and the softmaxes,
+    KL, CE and sums are float32. The gradient w.r.t. the lm_head is accumulated in float32, the one w.r.t. the
+    hidden states is in their dtype; both are kept unscaled (O(1) entries, safe even in float16) until backward
+    multiplies them by grad_output / count in float32."""
 
     @staticmethod
     def forward(ctx, h_s, w_s, h_t, w_t, targets, temperature, kd_alpha, chunk_size):
-        T, shape = temperature, h_s.shape
+        T, shape, device = temperature, h_s.shape, h_s.device
+        dtype = kd_compute_dtype(h_s, w_s, h_t, w_t)
+        acc = torch.promote_types(dtype, torch.float32)  # logits, softmaxes, sums and the lm_head's gradient
         h_s, h_t = h_s.flatten(0, -2), h_t.flatten(0, -2)  # (N, C_s), (N, C_t)
-        with torch.autocast(h_s.device.type, enabled=False):
-            w_s, w_t = at_least_fp32(w_s), at_least_fp32(w_t)
-            # each token's weight in the means: 1/N, or 1/(number of real targets) and 0 for ignored ones
-            if targets is None:
-                weight = w_s.new_full((h_s.size(0),), 1 / h_s.size(0))
-            else:
+        N = h_s.size(0)
+        with torch.autocast(device.type, enabled=False):  # every cast below is explicit
+            # the heads in the compute dtype once per call, as autocast casts a plain lm_head; .to is no copy for
+            # a head already in it (the bf16 teacher's)
+            w_s_low, w_t_low = w_s.to(dtype), w_t.to(dtype)
+            # KD and CE are means over the tokens whose target is not IGNORE_INDEX (all without targets): sums
+            # here, divided by count; the gradients get the 1/count (and grad_output) in backward
+            valid, count = None, N
+            if targets is not None:
                 targets = targets.flatten()
-                valid = (targets != IGNORE_INDEX).to(w_s.dtype)
-                weight = valid / valid.sum().clamp(min=1)
-            grad_h = torch.empty_like(h_s, dtype=w_s.dtype) if ctx.needs_input_grad[0] else None
-            grad_w = torch.zeros_like(w_s) if ctx.needs_input_grad[1] else None
-            kd, ce = w_s.new_zeros(()), w_s.new_zeros(())
-            for i in range(0, h_s.size(0), chunk_size):
-                h, w = at_least_fp32(h_s[i:i + chunk_size]), weight[i:i + chunk_size, None]
-                s = h @ w_s.T  # the chunk's student logits (n, V)
-                log_p = torch.log_softmax((at_least_fp32(h_t[i:i + chunk_size]) @ w_t.T) / T, dim=-1)
-                log_q = torch.log_softmax(s / T, dim=-1)
-                p = log_p.exp()
-                kd += T * T * (w * (p * (log_p - log_q)).sum(-1, keepdim=True)).sum()
-                grad = log_q.exp_().sub_(p).mul_(kd_alpha * T * w)  # T (q - p), weighted
-                if targets is not None:  # CE of the same student logits: logged for free, mixed in if kd_alpha < 1
-                    y = targets[i:i + chunk_size, None].clamp(min=0)  # ignored tokens have weight 0
-                    log_r = torch.log_softmax(s, dim=-1)
-                    ce -= (w * log_r.gather(1, y)).sum()
-                    grad += log_r.exp_().scatter_add_(1, y, -torch.ones_like(w)).mul_((1 - kd_alpha) * w)
-                if grad_h is not None:
-                    grad_h[i:i + chunk_size] = grad @ w_s
-                if grad_w is not None:
-                    grad_w.addmm_(grad.T, h)
+                valid = (targets != IGNORE_INDEX).to(acc)[:, None]
+                count = valid.sum().clamp(min=1)
+            grad_h = torch.empty(h_s.shape, dtype=h_s.dtype, device=device) if ctx.needs_input_grad[0] else None
+            grad_w = torch.zeros(w_s.shape, dtype=acc, device=device) if ctx.needs_input_grad[1] else None
+            kd, ce = torch.zeros((), dtype=acc, device=device), torch.zeros((), dtype=acc, device=device)
+            for i in range(0, N, chunk_size):
+                j = i + chunk_size
+                h = h_s[i:j].to(dtype)
+                y = None if targets is None else targets[i:j, None].clamp(min=0)  # ignored tokens: valid = 0
+                kl, ce_sum, grad = _kd_chunk(h, w_s_low, h_t[i:j].to(dtype), w_t_low, y,
+                                             None if valid is None else valid[i:j], T, kd_alpha, acc,
+                                             grad_h is not None or grad_w is not None)
+                kd += T * T * kl
+                if ce_sum is not None:
+                    ce += ce_sum
+                if grad is not None:
+                    grad = grad.to(dtype)  # the GEMMs' operand, like autocast's bf16 gradient of bf16 logits
+                    if grad_h is not None:
+                        grad_h[i:j] = _mm(grad, w_s_low, grad_h.dtype)
+                    if grad_w is not None:
+                        _add_mm(grad_w, grad.T, h)
+                del grad  # freed now, not while the next chunk's logits are computed
+            kd, ce = kd / count, ce / count
         ctx.save_for_backward(grad_h, grad_w)
-        ctx.shape = shape
+        ctx.shape, ctx.count, ctx.weight_dtype = shape, count, w_s.dtype
         ctx.mark_non_differentiable(kd, ce)
         return kd_alpha * kd + (1 - kd_alpha) * ce, kd, ce
 
     @staticmethod
     def backward(ctx, grad_loss, grad_kd, grad_ce):
         grad_h, grad_w = ctx.saved_tensors
+        scale = grad_loss / ctx.count  # float32: the means' 1/count times the upstream gradient
         if grad_h is not None:
-            grad_h = (grad_h * grad_loss).view(ctx.shape)
-        if grad_w is not None:
-            grad_w = grad_w * grad_loss
+            if grad_h.dtype == scale.dtype:
+                grad_h.mul_(scale)
+            else:  # bf16 hidden states: scaled in float32, not by a bf16-rounded factor
+                grad_h = grad_h.to(scale.dtype).mul_(scale).to(grad_h.dtype)
+            grad_h = grad_h.view(ctx.shape)
+        if grad_w is not None:  # .to: no copy for a float32 master weight
+            grad_w = grad_w.mul_(scale).to(ctx.weight_dtype)
         return grad_h, grad_w, None, None, None, None, None, None
 
 
@@ -277,7 +405,8 @@ def fused_kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight
     hidden: (B, T, C) or (N, C) final normed hidden states (model(idx, return_hidden=True)), weight: (V, C)
     lm_head weights with equal V. targets (B, T) or (N,): KD and CE are means over tokens whose target is not
     IGNORE_INDEX; without targets KD is the mean over all tokens and kd_alpha must be 1. chunk_size: tokens
-    per chunk, by default as many as fit CHUNK_LOGITS float32 logits."""
+    per chunk, by default as many as fit CHUNK_LOGITS float32 logits. The GEMMs run in kd_compute_dtype (the
+    autocast dtype under autocast), the rest in float32; kd_loss_memory gives the memory it needs."""
     V, N = student_weight.size(0), student_hidden.shape[:-1].numel()
     if teacher_weight.size(0) != V:
         raise ValueError(f"student and teacher lm_heads have {V} and {teacher_weight.size(0)} rows; KD needs equal "
@@ -294,6 +423,66 @@ def fused_kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight
     loss, kd, ce = FusedKDLoss.apply(student_hidden, student_weight, teacher_hidden, teacher_weight, targets,
                                      temperature, kd_alpha, chunk_size)
     return loss, kd, ce if targets is not None else None
+
+
+def kd_loss_memory(n_tokens, vocab_size, student_hidden, teacher_hidden, compute_dtype,
+                   student_weight_dtype=torch.float32, teacher_weight_dtype=None, hidden_dtype=torch.float32,
+                   temperature=1.0, kd_alpha=1.0, device_type='cuda', chunk_size=None):
+    """Peak bytes fused_kd_loss allocates beyond its inputs in one training forward + backward (with targets, and
+    gradients w.r.t. the student's hidden states and lm_head): n_tokens (N) tokens, vocab_size (V) rows, lm_heads
+    student_hidden (C_s) and teacher_hidden (C_t) wide. compute_dtype: the GEMMs' dtype (kd_compute_dtype: the
+    autocast dtype, bfloat16 in training). The inputs' dtypes: the student's lm_head student_weight_dtype (a float32
+    master weight; FSDP: bfloat16), the teacher's teacher_weight_dtype (None: compute_dtype, as train.py loads it),
+    the student's hidden states hidden_dtype (float32: autocast's residual stream; FSDP: bfloat16).
+    device_type 'cuda' assumes bf16 GEMMs write float32 directly (PyTorch >= 2.8 on sm_80+: fp32_output_gemm);
+    elsewhere (CPU) the fallback's bf16 products are counted too. n = min(N, chunk_size or CHUNK_LOGITS // V)
+    tokens per chunk; float32 below is float64 for float64 compute. Tensor by tensor:
+      held from forward to backward
+        grad w.r.t. the student's lm_head        V x C_s float32, every chunk's g^T h accumulated into it
+        grad w.r.t. the hidden states            N x C_s hidden_dtype
+      forward
+        the student's lm_head in compute_dtype   V x C_s, unless student_weight_dtype is compute_dtype
+        the teacher's lm_head in compute_dtype   V x C_t, likewise (none for a bf16 teacher under bf16 autocast)
+        the valid-token mask                     N float32 (and N bools while it is made)
+        one chunk's working set, the largest of
+          3 (n, V) float32: log p, the student's logits and their logsumexp or log q; then log p, log q, p
+          4 of them when T != 1 and kd_alpha < 1: softmax(s) as well, for CE's gradient
+          log p, the student's logits and, fallback, the GEMM's (n, V) bf16 product before it is cast
+          the (n, V) float32 gradient and its compute_dtype copy (the GEMMs' operand)
+          that copy, the (n, C_s) block of grad_h on its way in, and, fallback, the V x C_s bf16 product added
+            into the float32 lm_head gradient
+        and all along: the chunk's hidden states in compute_dtype (n x C_s, n x C_t), (n,)-sized vectors
+      and, in both, a few float scalars
+      backward (in place): a bf16 grad_h scaled in float32 (N x C_s float32 and its new hidden_dtype copy); the
+        lm_head gradient cast to student_weight_dtype unless float32
+    Returns the larger of the forward's and backward's peaks. Kernels' own workspaces (cuBLAS, the allocator's
+    rounding) are not counted."""
+    N, V, C_s, C_t = n_tokens, vocab_size, student_hidden, teacher_hidden
+    n = min(N, chunk_size or max(1, CHUNK_LOGITS // V))
+    acc = torch.promote_types(compute_dtype, torch.float32)
+    teacher_weight_dtype = teacher_weight_dtype or compute_dtype
+    a, c, h = acc.itemsize, compute_dtype.itemsize, hidden_dtype.itemsize
+    low = compute_dtype != acc  # GEMMs in bf16 / fp16 with float32 logits
+    if low and device_type == 'cuda' and not torch.cuda.is_available():  # planning for GPUs from elsewhere
+        fallback = False
+    else:
+        fallback = low and not fp32_output_gemm(torch.device(device_type), compute_dtype)
+    chunk = n * V * a  # one (n, V) float32 tensor
+    low_grad = n * V * c if low else 0  # the gradient's compute-dtype copy
+    working = max((4 if temperature != 1 and kd_alpha < 1 else 3) * chunk,
+                  2 * chunk + (n * V * c if fallback else 0),
+                  chunk + low_grad,
+                  (low_grad or chunk) + n * C_s * (c + h) + (V * C_s * c if fallback else 0))
+    working += n * (C_s + C_t) * c + 128 * n  # the chunk's hidden states; a dozen (n,) vectors of 8 bytes at most
+    held = V * C_s * a + N * C_s * h
+    copies = (V * C_s * c if student_weight_dtype != compute_dtype else 0) + \
+             (V * C_t * c if teacher_weight_dtype != compute_dtype else 0)
+    scalars = 256  # the outputs, count, sums, grad_output, ...: a few dozen bytes
+    forward = held + copies + N * (a + 1) + working + scalars
+    backward = held + (N * C_s * (a + h) if hidden_dtype != acc else 0) + \
+        (V * C_s * student_weight_dtype.itemsize if student_weight_dtype != acc else 0) + scalars
+    return max(forward, backward)
+
 
 # -----------------------------------------------------------------------------
 # The sanity tool: the teacher's loss on the data's val split

@@ -129,6 +129,35 @@ class MLP(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
+# Grouped-query attention (n_kv_head < n_head): the fused kernels get K/V with n_kv_head heads where they read
+# the groups themselves, and repeated to every query head only where they do not. One rule for softmax-family
+# SDPA and the sink's LSE kernels.
+
+def needs_repeated_kv(device_type, dtype):
+    """True where the fused attention kernel for (device_type, dtype) cannot read grouped K/V. CUDA float32 runs
+    the memory-efficient kernel (flash needs half precision), which takes no GQA in torch <= 2.13: there
+    SDPA(enable_gqa=True) falls back to the math kernel, a T x T matrix per layer (out of memory at 1B), while
+    K/V repeated beforehand cost O(T) and keep the memory-efficient kernel. CUDA fp16/bf16 (FlashAttention-2,
+    cuDNN) and CPU's flash kernel (every dtype) take the groups, forward and backward (dk, dv come back with
+    n_kv_head heads). Other devices keep SDPA's own enable_gqa."""
+    return device_type == 'cuda' and dtype not in (torch.float16, torch.bfloat16)
+
+
+def kv_for_kernel(q, k, v):
+    """k, v (B, H_kv, T, D) as the fused kernel for q (B, H, T, D) takes them: as they are, or repeated to H heads."""
+    G = q.size(1) // k.size(1)
+    if G > 1 and needs_repeated_kv(q.device.type, q.dtype):
+        k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+    return k, v
+
+
+def softmax_attention(q, k, v, is_causal):
+    """Eq. 1 through PyTorch's fused SDPA kernels (flash / memory-efficient / cuDNN), GQA as kv_for_kernel says."""
+    k, v = kv_for_kernel(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=k.size(1) != q.size(1))
+
+
+# ----------------------------------------------------------------------------------------------
 # Attention sink (Eq. 3). On CPU and CUDA it runs in O(T) memory through sink_kernel.SinkAttention: a flash
 # kernel's output corrected by its log-sum-exp, with exact gradients; elsewhere as an explicit matrix.
 
@@ -150,11 +179,10 @@ def sink_attention_explicit(q, k, v, sinks, is_causal):
 
 
 def sink_attention(q, k, v, sinks, is_causal):
-    if q.size(1) != k.size(1):  # the LSE-returning ops take equal head counts
-        k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
-    if q.device.type in ('cpu', 'cuda'):
-        return SinkAttention.apply(q, k, v, sinks, is_causal)
-    return sink_attention_explicit(q, k, v, sinks, is_causal)
+    if q.device.type in ('cpu', 'cuda'):  # the LSE-returning ops are the SDPA kernels: the same GQA rule
+        return SinkAttention.apply(q, *kv_for_kernel(q, k, v), sinks, is_causal)
+    G = q.size(1) // k.size(1)  # the explicit matrix needs one K/V head per query head
+    return sink_attention_explicit(q, k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1), sinks, is_causal)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -183,6 +211,8 @@ def linear_clip(x):
 
 
 class Attention(nn.Module):
+    ALPHA_STATS = ('alpha_ma', 'alpha_sum', 'alpha_count')  # affine's buffers for Eq. 9, float32 (see _apply)
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -201,6 +231,19 @@ class Attention(nn.Module):
             # sum of alpha and token count since the last update_alpha_ma() (train mode only)
             self.register_buffer('alpha_sum', torch.zeros(H), persistent=False)
             self.register_buffer('alpha_count', torch.zeros(()), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        """nn.Module.to/half/bfloat16/cuda/to_empty all end here. A cast to half precision (bf16 evaluation casts
+        the whole model) leaves affine's alpha statistics in float32: alpha_ma ~ 0.5 in bf16 is off by up to 2e-3,
+        and beta of Eq. 8 would use that; alpha_count would round off past 256. Device moves, to_empty and
+        float64 still apply to them. FSDP2's mixed precision casts parameters only, and state_dict, load_state_dict
+        (copy_ into the buffer), deepcopy and torch.compile do not come through here."""
+        before = {name: self._buffers[name] for name in self.ALPHA_STATS if name in self._buffers}
+        super()._apply(fn, recurse)
+        for name, t in before.items():
+            if self._buffers[name].dtype in (torch.float16, torch.bfloat16):
+                self._buffers[name] = t.to(device=self._buffers[name].device, dtype=torch.float32)
+        return self
 
     def project(self, x, cos, sin):
         """q (B, H, T, D) and k, v (B, H_kv, T, D) from the normed input x (B, T, C), RoPE applied."""
@@ -233,7 +276,7 @@ class Attention(nn.Module):
         if attention == 'sink':
             y = sink_attention(q, k, v, self.sinks, is_causal)  # Eq. 3
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=H != H_kv)  # Eq. 1
+            y = softmax_attention(q, k, v, is_causal)  # Eq. 1
 
         if attention in ('affine', 'affine_gated'):
             alpha = self.scale(x)
@@ -364,7 +407,7 @@ class GPT(nn.Module):
         elif isinstance(module, Attention):
             if hasattr(module, 'sinks'):
                 nn.init.normal_(module.sinks, mean=0.0, std=std)
-            for name in ('alpha_ma', 'alpha_sum', 'alpha_count'):
+            for name in Attention.ALPHA_STATS:
                 if hasattr(module, name):
                     getattr(module, name).zero_()
 

@@ -6,7 +6,9 @@ model code never needs to know which backend-specific op ran.
 The sink adds e^s to every softmax denominator. A flash kernel returns the output and
 lse_i = logsumexp_j(q_i.k_j / sqrt(d)); with lse'_i = logaddexp(lse_i, s) the sink's output is
 out * exp(lse - lse'). PyTorch exposes the LSE only through backend-specific aten ops: the CPU flash
-kernel, CUDA FlashAttention-2 (fp16/bf16) and CUDA's memory-efficient kernel (fp32).
+kernel, CUDA FlashAttention-2 (fp16/bf16) and CUDA's memory-efficient kernel (fp32). The first two take
+grouped K/V (fewer heads than q) and return dk, dv with K/V's heads; the third needs equal head counts
+(model.kv_for_kernel decides which the model passes).
 """
 import torch
 
@@ -14,6 +16,15 @@ import torch
 def at_least_fp32(t):
     """Upcast half precision to float32 for norms, exponentials and sums; float64 stays float64."""
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+def bthd(t):
+    """t (B, H, T, D) with its memory laid out as (B, T, H, D): the layout of the model's q, k, v (one row of
+    q_proj per token), in which the kernels then write their output. The same tensor, no copy, when t has it.
+    CUDA's memory-efficient backward requires it of `out` without checking (it reads out's row stride as H * D)
+    and copies grad_out into it otherwise; grad_out arrives in it from the model (o_proj reads y.transpose(1, 2)),
+    so grad_out.contiguous() would cost two copies per layer: one away from it and the kernel's one back."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def _flash_forward(q, k, v, is_causal):
@@ -60,7 +71,7 @@ class SinkAttention(torch.autograd.Function):
         out, lse, ctx.state = _flash_forward(q, k, v, is_causal)
         lse = at_least_fp32(lse)
         lse_sink = torch.logaddexp(lse, sinks.to(lse.dtype).view(1, -1, 1))
-        out = (at_least_fp32(out) * torch.exp(lse - lse_sink).unsqueeze(-1)).to(q.dtype)
+        out = bthd((at_least_fp32(out) * torch.exp(lse - lse_sink).unsqueeze(-1)).to(q.dtype))
         ctx.save_for_backward(q, k, v, sinks, out, lse_sink)
         ctx.is_causal = is_causal
         return out
@@ -68,7 +79,7 @@ class SinkAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, sinks, out, lse_sink = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
+        grad_out = bthd(grad_out)
         dq, dk, dv = _flash_backward(grad_out, q, k, v, out, lse_sink, ctx.is_causal, ctx.state)
         p_sink = torch.exp(sinks.to(lse_sink.dtype).view(1, -1, 1) - lse_sink)
         dsinks = -(p_sink * (at_least_fp32(grad_out) * at_least_fp32(out)).sum(-1)).sum(dim=(0, 2))

@@ -59,7 +59,10 @@ SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0 to write a c
 DEFAULTS = dict(
     out_dir='out',
     data_dir='data/fineweb_edu_llama3',  # a prepare_data.py output directory
-    init_from='scratch',  # 'scratch' | 'resume' (continue from out_dir/ckpt.pt, bit-exactly)
+    # 'auto': continue from out_dir/ckpt.pt if there is one (bit-exactly), else start fresh; 'resume': continue, and
+    # refuse if there is none; 'scratch': start fresh, and refuse to replace an existing checkpoint unless overwrite
+    init_from='auto',
+    overwrite=False,  # with init_from='scratch': start over even though out_dir holds a checkpoint (it is replaced)
     max_iters=9000,  # optimizer steps (Appendix B.1)
     global_batch_size=1024,  # sequences per optimizer step, over all ranks (Section 5.1)
     micro_batch_size=8,  # sequences per forward on one rank; accumulation steps are derived
@@ -99,7 +102,7 @@ MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 # Keys whose default is None (or a dict) and the types they may also take; every other key takes the
 # type of its default (an int is accepted where a float is expected).
 NULLABLE = dict(compile=(bool,), peak_flops=(float, int), teacher=(str,), wandb_run_name=(str,), rope_scaling=(dict,))
-CHOICES = dict(init_from=('scratch', 'resume'), nonfinite=('stop', 'skip'),
+CHOICES = dict(init_from=('auto', 'resume', 'scratch'), nonfinite=('stop', 'skip'),
                dtype=('auto', 'float32', 'bfloat16'))
 
 
@@ -159,6 +162,41 @@ def learning_rate(step, c):
     return c['learning_rate'] + (c['min_lr'] - c['learning_rate']) * progress
 
 
+# What may differ between a checkpoint's run and the run that continues it: nothing here changes what a step
+# computes (the data of step s depends only on (seed, s, global_batch_size), not on the ranks or the micro-batch).
+# max_iters may grow to extend a run; note that with decay_frac > 0 the decay then starts later than it would have.
+# Every other training key, and the model, must be the same; data_dir may move, but must hold the same data.
+RESUME_MAY_CHANGE = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'max_iters', 'micro_batch_size', 'eval_interval',
+                     'eval_batches', 'log_interval', 'nonfinite', 'device', 'compile', 'peak_flops', 'wandb_log',
+                     'wandb_project', 'wandb_run_name', 'fsdp', 'activation_checkpointing', 'dry_run',
+                     'dry_run_world_size', 'dry_run_gpu_gib'}
+
+
+def check_resumable(ckpt, c, model_config, data_meta, path):
+    """SystemExit listing everything that would make continuing the checkpoint `ckpt` with config `c` differ from the
+    run that wrote it: the model, a training key outside RESUME_MAY_CHANGE, or the data (its tokenizer and size)."""
+    if any(isinstance(key, int) for key in ckpt['optimizer']['state']):
+        raise SystemExit(f"{path} keeps its optimizer state by parameter index (train.py before fsdp support); this "
+                         f"train.py resumes checkpoints keyed by parameter name only")
+    old = {**ckpt['config'], **ckpt['model_config']}
+    new = {**c, **dataclasses.asdict(model_config)}
+    changed = [f"{key}: {old[key]!r} -> {new[key]!r}" for key in sorted(new)
+               if key in old and key not in RESUME_MAY_CHANGE and old[key] != new[key]]
+    if 'data' in ckpt and ckpt['data'] != data_fingerprint(data_meta):
+        changed.append(f"the data: {ckpt['data']} -> {data_fingerprint(data_meta)} (data_dir={c['data_dir']})")
+    if changed:
+        raise SystemExit(f"{path} was written by a different run; continuing it with these settings would not be the "
+                         f"same run:\n  - " + "\n  - ".join(changed) + f"\nKeys that may change on resume: "
+                         f"{', '.join(sorted(RESUME_MAY_CHANGE))}. To start a new run instead: another --out_dir, or "
+                         f"--init_from=scratch --overwrite=True.")
+
+
+def data_fingerprint(meta):
+    """What identifies a prepare_data.py directory's contents (its meta.json): the tokenizer and each split's size."""
+    return dict(tokenizer=meta['tokenizer']['sha256'],
+                **{f'{split}_tokens': info['tokens'] for split, info in sorted(meta['splits'].items())})
+
+
 def save_checkpoint(path, state):
     """Atomic: write a temp file, fsync, rename. A crash mid-save leaves the previous checkpoint intact."""
     tmp = path + '.tmp'
@@ -199,24 +237,27 @@ def compile_layers(model):
     return model
 
 
-def prepare_for_training(model, c, device, distributed):
-    """The module the loop calls, built around the GPT `model` (which stays reachable for the optimizer, the
-    checkpoint and the KD loss). Decoder layers compiled one by one (compile_layers), then:
-      FSDP  sharded in place (shard).
-      DDP   every .grad is created before DDP(...), which then turns them into views of its all-reduce buckets
-            (gradient_as_bucket_view) and the loop zeroes them in place (zero_grad(set_to_none=False)), so the
-            no_sync micro-steps accumulate into the buckets: one copy of the gradients, not two."""
-    if c['compile']:
-        compile_layers(model)
-    if c['fsdp']:
-        shard(model, c['dtype'])
-        return model
-    if not distributed:
-        return model
+def wrap_ddp(model, device):
+    """DDP around the GPT, its gradients kept once: every .grad is created before DDP(...), which then turns them into
+    views of its all-reduce buckets (gradient_as_bucket_view), and the loop zeroes them in place
+    (zero_grad(set_to_none=False)), so the no_sync micro-steps accumulate into the buckets instead of a second set.
+    Wrap after the optimizer state is loaded (torch.distributed.checkpoint initialises AdamW's state only while no
+    .grad exists)."""
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     return DDP(model, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True,
                **DDP_NO_BUFFER_SYNC)
+
+
+def init_distributed(backend):
+    """init_process_group for torchrun's workers, with this attempt's keys apart from earlier attempts'. Under
+    torchrun --max-restarts the workers of every attempt meet in the agent's one store; a restarted rank could read
+    an address that a dead rank of the previous attempt had published there and fail to connect (seen with gloo:
+    'connectFullMesh failed ... Connection refused')."""
+    store, rank, world = next(dist.rendezvous('env://'))
+    attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
+    dist.init_process_group(backend, store=dist.PrefixStore(f'train.py/attempt_{attempt}', store), rank=rank,
+                            world_size=world)
 
 
 def batch_to_device(arrays, device):
@@ -454,8 +495,9 @@ def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointi
                    keeps for backward. FSDP: fp32 shards (4/world), plus the gathered (compute-dtype) root group
                    (embeddings, final norm, untied lm_head: gathered from forward to the end of backward) and
                    two decoder layers (the one computing and the one prefetched).
-      gradients    held from the first micro-step's backward to the optimizer step. DDP: fp32 (DDP's buckets are
-                   the .grad tensors, gradient_as_bucket_view). FSDP: fp32 shards, plus the root's unsharded
+      gradients    held from the first micro-step's backward to the optimizer step. DDP: fp32, once: the .grad
+                   tensors are views of DDP's all-reduce buckets (wrap_ddp; gradients created afresh by the no_sync
+                   micro-steps would be a second copy beside the buckets). FSDP: fp32 shards, plus the root's unsharded
                    gradients and one layer's, with that layer's fp32 reduce-scatter input.
       optimizer    AdamW's exp_avg and exp_avg_sq, fp32 (8 B/param; FSDP: 8/world).
       teacher      its weights in the compute dtype, whole on every rank, and its output hidden states. (Its
@@ -465,11 +507,12 @@ def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointi
                    attention output and log-sum-exp, the variant's extras, the SwiGLU MLP; plus one layer's worth
                    of gradients in flight during backward. Activation checkpointing keeps only each layer's input
                    and holds one recomputed layer and its gradients at a time.
-      kd_loss      distill.fused_kd_loss: its fp32 gradients w.r.t. the student's hidden states and lm_head (kept
-                   from forward to backward, and their scaled copies in backward), fp32 copies of bf16 lm_head
-                   weights, one chunk's float32 logits (student, teacher, log p, log q, p, log softmax for CE).
+      kd_loss      distill.fused_kd_loss's working set, tensor by tensor (distill.kd_loss_memory): its bf16 GEMMs'
+                   float32 logits for one chunk of tokens, the float32 gradient of the student's lm_head and the
+                   gradient of its hidden states (kept from forward to backward), the student head's bf16 copy
+                   (DDP's fp32 master), none of the bf16 teacher's head.
                    Without a teacher: the full logits, their float copy, log-softmax and gradient."""
-    from distill import CHUNK_LOGITS
+    from distill import kd_loss_memory
     with torch.device('meta'):
         student = GPT(cfg)
     n_params = student.get_num_params()
@@ -511,11 +554,10 @@ def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointi
         with torch.device('meta'):
             teacher_params = GPT(teacher).get_num_params()
         estimate['teacher'] = a * teacher_params + N * a * teacher.n_embd  # + its output, kept for the loss
-        chunk = 4 * min(N, CHUNK_LOGITS // V) * V
-        forward_end = (4 * N * C + 4 * V * C + 6 * chunk + (4 * V * C if fsdp and a == 2 else 0)
-                       + (4 * V * teacher.n_embd if a == 2 else 0))
-        backward_start = 2 * (4 * N * C + 4 * V * C)
-        estimate['kd_loss'] = max(forward_end, backward_start)
+        compute = torch.float32 if a == 4 else torch.bfloat16  # the GEMMs' dtype: autocast's, or float32
+        student_side = torch.bfloat16 if fsdp and a == 2 else torch.float32  # FSDP gathers bf16; DDP: fp32 masters
+        estimate['kd_loss'] = kd_loss_memory(N, V, C, teacher.n_embd, compute, student_weight_dtype=student_side,
+                                             hidden_dtype=student_side, device_type='cuda')
     else:
         estimate['loss'] = N * V * (12 + (4 if a == 2 else 0))
     estimate['activations'] = activations
@@ -578,7 +620,7 @@ def main(argv):
         device = torch.device('cuda', int(os.environ['LOCAL_RANK']))
         torch.cuda.set_device(device)
     if distributed:
-        dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo')
+        init_distributed('nccl' if device.type == 'cuda' else 'gloo')
     master = rank == 0
     if c['dtype'] == 'auto':
         c['dtype'] = 'bfloat16' if device.type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
@@ -606,28 +648,38 @@ def main(argv):
     for layer in model.model.layers:
         layer.activation_checkpointing = c['activation_checkpointing']
     start_step, ckpt = 0, None
-    if c['init_from'] == 'resume':
-        if not os.path.isfile(ckpt_path):
-            raise SystemExit(f"init_from=resume: no checkpoint at {ckpt_path}")
+    exists = os.path.isfile(ckpt_path)
+    if c['init_from'] == 'resume' and not exists:
+        raise SystemExit(f"init_from=resume: no checkpoint at {ckpt_path}")
+    if exists:
         # memory-mapped: the ranks of a node share one copy in the page cache, and nothing lands on the GPU
         ckpt = torch.load(ckpt_path, map_location='cpu', mmap=True, weights_only=False)
-        if ckpt['model_config'] != dataclasses.asdict(model_config):
-            changed = [k for k in FIELD_NAMES if ckpt['model_config'].get(k) != getattr(model_config, k)]
-            raise SystemExit(f"{ckpt_path} holds a different model ({', '.join(changed)} differ)")
-        if any(isinstance(key, int) for key in ckpt['optimizer']['state']):
-            raise SystemExit(f"{ckpt_path} keeps its optimizer state by parameter index (train.py before fsdp "
-                             f"support); this train.py resumes checkpoints keyed by parameter name only")
+        if c['init_from'] == 'scratch' and not c['overwrite']:
+            raise SystemExit(f"{ckpt_path} holds a run at step {ckpt['step']}, which init_from=scratch would replace at "
+                             f"its first save. To continue it: --init_from=auto (the default). To start over and "
+                             f"replace it: --init_from=scratch --overwrite=True. Or choose another --out_dir.")
+        if c['init_from'] == 'scratch':
+            ckpt = None
+    if ckpt is not None:
+        check_resumable(ckpt, c, model_config, data_meta, ckpt_path)
         model.load_state_dict(ckpt['model'])  # full tensors, before any sharding
-    raw_model = model  # the GPT itself (under FSDP: sharded in place); `model` becomes what the loop calls
-    model = prepare_for_training(raw_model, c, device, distributed)
-    ddp = distributed and not c['fsdp']
-    optimizer = raw_model.configure_optimizers(c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
+    if master:  # the first line of every run says how it started
+        print(f"init_from={c['init_from']}: " + (f"resuming from {ckpt_path} at step {ckpt['step']}" if ckpt is not None
+              else f"starting fresh{' (replacing ' + ckpt_path + ')' if exists else ''}"), flush=True)
+    if c['compile']:
+        compile_layers(model)
+    if c['fsdp']:
+        shard(model, c['dtype'])
+    optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
     if ckpt is not None:  # the full state, keyed by parameter name; under FSDP each rank keeps its shard
-        set_optimizer_state_dict(raw_model, optimizer, ckpt['optimizer'],
-                                 options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(model, optimizer, ckpt['optimizer'], options=StateDictOptions(full_state_dict=True))
         start_step = ckpt['step']
         set_rng_state(ckpt['rng'])
         del ckpt
+    ddp = distributed and not c['fsdp']
+    raw_model = model  # the GPT itself (the optimizer's, the checkpoint's, the KD loss's); `model` is what the loop calls
+    if ddp:
+        model = wrap_ddp(model, device)
     save_group = None
     if distributed:  # rank 0 may write a checkpoint of tens of GB to slow storage while the others wait: they wait in
         # a gloo barrier with a long timeout, with no NCCL collective pending that the watchdog would time out
@@ -732,13 +784,14 @@ def main(argv):
                 if master:
                     save_checkpoint(ckpt_path, dict(
                         model=model_state, optimizer=optimizer_state, step=step, rng=rng_state(), config=c,
-                        model_config=dataclasses.asdict(model_config), tokenizer=data_meta['tokenizer']))
+                        model_config=dataclasses.asdict(model_config), tokenizer=data_meta['tokenizer'],
+                        data=data_fingerprint(data_meta)))
                 del model_state, optimizer_state
                 if distributed:
                     dist.barrier(group=save_group)
             if stop:
                 if master:
-                    print(f"stopped by a signal: saved {ckpt_path} at step {step}; continue with --init_from=resume",
+                    print(f"stopped by a signal: saved {ckpt_path} at step {step}; the same command continues it",
                           flush=True)
                 break
     if distributed:

@@ -148,6 +148,188 @@ def test_cuda_kernels_match_explicit_reference(attention, act, bias_norm, dtype,
     check_against_reference(attention, act, bias_norm, True, 'cuda', dtype, tol)
 
 
+@pytest.mark.parametrize('attention,act,bias_norm', VARIANTS)
+@pytest.mark.parametrize('qkv_bias', [False, True])
+def test_attention_matches_explicit_reference_bf16_cpu(attention, act, bias_norm, qkv_bias):
+    """bfloat16 on CPU, GQA included (tiny_config: n_kv_head=2 < n_head=4; CPU's flash kernel reads the groups).
+    tol 3e-2 of the output's scale (gradients: check_against_reference's multiple of it), as for CUDA bf16: bf16 keeps
+    8 significant bits (rounding 2^-9 = 2e-3), and the bf16 model also rounds the reference's float64 weights,
+    input and RoPE tables, then q, k, v, the attention output and o_proj's input. Measured: outputs up to 2.5e-2,
+    gradients up to 3.7e-2 over these cases; a wrong head grouping or a dropped term is off by O(1)."""
+    check_against_reference(attention, act, bias_norm, qkv_bias, 'cpu', torch.bfloat16, 3e-2)
+
+
+class RecordOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every aten op that runs inside it, with its arguments (under the composite ops, e.g. the kernel
+    that F.scaled_dot_product_attention picked)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func.overloadpacket.__name__, args))
+        return func(*args, **(kwargs or {}))
+
+    def args_of(self, name):
+        return [args for op, args in self.calls if op == name]
+
+
+def has_bthd_layout(t):
+    """(B, H, T, D) with (B, T, H, D) memory: what o_proj's reshape and the kernels read without a copy."""
+    return t.transpose(1, 2).is_contiguous()
+
+
+def test_gqa_rule_repeats_kv_only_where_no_fused_kernel_takes_groups():
+    """One rule for SDPA and the sink: repeat K/V only on CUDA without half precision (the memory-efficient kernel
+    takes no GQA in torch <= 2.13, so enable_gqa=True would run the math kernel's T x T matrix)."""
+    from model import needs_repeated_kv
+    assert needs_repeated_kv('cuda', torch.float32) and needs_repeated_kv('cuda', torch.float64)
+    assert not needs_repeated_kv('cuda', torch.bfloat16) and not needs_repeated_kv('cuda', torch.float16)
+    assert not any(needs_repeated_kv('cpu', d) for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64))
+
+
+@pytest.mark.parametrize('attention', ['softmax', 'sink', 'affine_gated'])
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32, torch.bfloat16])
+def test_cpu_flash_kernel_gets_grouped_kv(attention, dtype):
+    """On CPU neither SDPA nor the sink's LSE op gets K/V repeated to every query head: the flash kernel reads the
+    groups itself, forward and backward (SDPA with enable_gqa=True picks it, not the math kernel), and no K/V copy
+    is made. The sink's backward gets grad_out and out in the (B, T, H, D) layout, as the model produces them."""
+    cfg = tiny_config(attention=attention)  # n_kv_head=2 < n_head=4
+    attn = random_attention(cfg, dtype)
+    T = 13
+    x = torch.randn(2, T, cfg.n_embd, dtype=dtype, requires_grad=True)
+    cos, sin = (t.to(dtype) for t in rope_cos_sin(cfg, torch.arange(T)))
+    with RecordOps() as forward:
+        y = attn(x, cos, sin, torch.arange(T))
+    with RecordOps() as backward:
+        y.sum().backward()
+    (q, k, v, *_), = forward.args_of('_scaled_dot_product_flash_attention_for_cpu')
+    (grad_out, _, k_b, v_b, out, *_), = backward.args_of('_scaled_dot_product_flash_attention_for_cpu_backward')
+    assert q.size(1) == cfg.n_head and k.size(1) == v.size(1) == k_b.size(1) == v_b.size(1) == cfg.n_kv_head
+    assert not forward.args_of('clone')  # what repeat_interleave would run
+    assert not forward.args_of('bmm') and not backward.args_of('bmm')  # what the math kernel would run
+    assert attn.k_proj.weight.grad.shape == attn.k_proj.weight.shape
+    if attention == 'sink':
+        assert has_bthd_layout(grad_out) and has_bthd_layout(out)
+
+
+@pytest.mark.parametrize('attention', ['softmax', 'sink', 'affine'])
+def test_repeated_kv_path_matches_grouped_kv(attention, monkeypatch):
+    """Where a kernel takes no groups (CUDA float32, model.needs_repeated_kv), K/V reach it repeated to every query
+    head. Forced here on CPU: the kernel sees n_head heads, and outputs and gradients equal the grouped path's
+    (float64; both are exact up to summation order)."""
+    import model
+    torch.manual_seed(4)
+    cfg = tiny_config(attention=attention)
+    attn = random_attention(cfg, torch.float64)
+    B, T = 2, 17
+    x0 = torch.randn(B, T, cfg.n_embd, dtype=torch.float64)
+    w = torch.randn(B, T, cfg.n_embd, dtype=torch.float64)
+    cos, sin = (t.double() for t in rope_cos_sin(cfg, torch.arange(T)))
+
+    def run():
+        x = x0.clone().requires_grad_()
+        with RecordOps() as ops:
+            out = attn(x, cos, sin, torch.arange(T))
+            grads = torch.autograd.grad((out * w).sum(), [x, *attn.parameters()])
+        (_, k, *_), = ops.args_of('_scaled_dot_product_flash_attention_for_cpu')
+        return out, grads, k.size(1)
+
+    out_grouped, grads_grouped, heads_grouped = run()
+    monkeypatch.setattr(model, 'needs_repeated_kv', lambda device_type, dtype: True)
+    out_repeated, grads_repeated, heads_repeated = run()
+    assert (heads_grouped, heads_repeated) == (cfg.n_kv_head, cfg.n_head)
+    torch.testing.assert_close(out_repeated, out_grouped, rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads_repeated, grads_grouped):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-10), (torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_sink_backward_takes_grad_out_as_received(dtype, tol):
+    """grad_out in the (B, T, H, D) memory layout (as o_proj's reshape hands it back) reaches the kernel's backward
+    as received: same storage, no clone or copy in the whole backward; `out` is saved in that layout. Gradients
+    (grouped K/V, n_kv_head=2 < n_head=4) match the explicit matrix: tol of each one's scale; bf16 as above."""
+    from model import sink_attention
+    torch.manual_seed(6)
+    B, T, H, H_kv, D = 2, 19, 4, 2, 8
+
+    def bthd_randn(heads):
+        return torch.randn(B, T, heads, D, dtype=dtype).transpose(1, 2)
+
+    q, k, v = bthd_randn(H).requires_grad_(), bthd_randn(H_kv).requires_grad_(), bthd_randn(H_kv).requires_grad_()
+    sinks = torch.randn(H, dtype=dtype, requires_grad=True)
+    out = sink_attention(q, k, v, sinks, True)
+    assert has_bthd_layout(out)
+    grad_out = bthd_randn(H)
+    with RecordOps() as ops:
+        grads = torch.autograd.grad(out, (q, k, v, sinks), grad_out)
+    backward, = ops.args_of('_scaled_dot_product_flash_attention_for_cpu_backward')
+    g, saved_out = backward[0], backward[4]  # (grad_out, q, k, v, out, lse, ...)
+    assert g.data_ptr() == grad_out.data_ptr() and g.stride() == grad_out.stride()
+    assert has_bthd_layout(saved_out)
+    assert not ops.args_of('clone') and not ops.args_of('copy_')
+
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+    G = H // H_kv
+    ref = sink_attention_explicit(exact[0], exact[1].repeat_interleave(G, 1), exact[2].repeat_interleave(G, 1),
+                                  exact[3], True)
+    ref_grads = torch.autograd.grad(ref, exact, grad_out.double())
+    assert (out.double() - ref).abs().max() <= tol * ref.abs().max()
+    for name, a, b in zip('q k v sinks'.split(), grads, ref_grads):
+        assert a.shape == b.shape, name
+        assert (a.double() - b).abs().max() <= tol * b.abs().max(), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA (run this file on a GPU machine)')
+@pytest.mark.parametrize('attention', ['softmax', 'sink'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_cuda_kernels_get_grouped_kv_where_they_take_it(attention, dtype):
+    """bf16: the fused kernel (FlashAttention-2 or cuDNN for SDPA, FlashAttention-2 for the sink) gets K/V with
+    n_kv_head heads, forward and backward; float32: the memory-efficient kernel gets them repeated to n_head (and
+    runs at all: SDPA did not fall back to the math kernel). The sink's float32 backward gets grad_out and out in
+    the (B, T, H, D) layout that kernel assumes."""
+    cfg = tiny_config(attention=attention)
+    attn = random_attention(cfg, dtype).cuda()
+    T = 64
+    x = torch.randn(2, T, cfg.n_embd, device='cuda', dtype=dtype, requires_grad=True)
+    cos, sin = (t.to(dtype) for t in rope_cos_sin(cfg, torch.arange(T, device='cuda')))
+    with RecordOps() as ops:
+        attn(x, cos, sin, torch.arange(T, device='cuda')).sum().backward()
+    kernels = [(name, args) for name, args in ops.calls if name.startswith('_scaled_dot_product_')]
+    assert {name.endswith('_backward') for name, _ in kernels} == {False, True}, [name for name, _ in kernels]
+    heads = cfg.n_kv_head if dtype == torch.bfloat16 else cfg.n_head
+    for name, args in kernels:  # forward ops: (q, k, v, ...); backward ops: (grad_out, q, k, v, ...)
+        k = args[2] if name.endswith('_backward') else args[1]
+        assert k.size(1) == heads, name
+        if dtype == torch.float32:
+            assert 'efficient' in name, name
+    if attention == 'sink' and dtype == torch.float32:
+        (grad_out, _, _, _, _, out, *_), = ops.args_of('_scaled_dot_product_efficient_attention_backward')
+        assert has_bthd_layout(grad_out) and has_bthd_layout(out)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA (run this file on a GPU machine)')
+@pytest.mark.parametrize('attention', ['softmax', 'sink'])
+def test_cuda_float32_gqa_memory_is_linear_in_T(attention):
+    """CUDA float32 with GQA at T = 8192: one layer's forward and backward stay far below one (n_head, T, T) float32
+    matrix (2 GiB; the math kernel would build it, and more, for softmax(QK^T) and its gradient). The O(T) tensors
+    of this layer come to about 0.3 GiB."""
+    T = 8192
+    cfg = ModelConfig(n_layer=1, n_head=8, n_kv_head=2, n_embd=512, block_size=T, attention=attention)
+    attn = Attention(cfg).cuda()
+    x = torch.randn(1, T, cfg.n_embd, device='cuda', requires_grad=True)
+    positions = torch.arange(T, device='cuda')
+    cos, sin = rope_cos_sin(cfg, positions)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    attn(x, cos, sin, positions).sum().backward()
+    torch.cuda.synchronize()
+    peak, matrix = torch.cuda.max_memory_allocated() - base, cfg.n_head * T * T * 4
+    assert peak < matrix / 4, f'peak {peak / 2**20:.0f} MiB, one T x T matrix per head {matrix / 2**20:.0f} MiB'
+
+
 def test_sink_explicit_fallback_matches_reference():
     torch.manual_seed(1)
     B, H, T, D = 2, 3, 19, 8
@@ -336,6 +518,73 @@ def test_alpha_ma_state_dict_holds_the_moving_average_only():
     sd = random_model('affine').state_dict()
     assert 'model.layers.0.self_attn.alpha_ma' in sd
     assert not any('alpha_sum' in k or 'alpha_count' in k for k in sd)
+
+
+def test_alpha_stats_stay_float32_when_the_model_is_cast_to_half_precision():
+    """bf16 evaluation casts the whole model: affine's alpha_ma, alpha_sum and alpha_count stay float32 and
+    unchanged (in bf16, alpha_ma ~ 0.5 would be off by up to 2e-3 and the count stuck past 256), through
+    state_dict / load_state_dict / deepcopy, and when built on the meta device, cast, then materialised
+    (distill.load_hf_checkpoint's way); float64 and device moves still apply to them."""
+    model = random_model('affine').train()
+    model(torch.randint(0, 97, (5, 61)))  # 305 tokens counted: bf16 has no 305 (steps of 2 above 256)
+    stats = dict(model.named_buffers())
+    assert len(stats) == 3 * model.config.n_layer and stats['model.layers.0.self_attn.alpha_count'].item() == 305
+
+    def same_stats(m, dtype=torch.float32):
+        return all(b.dtype == dtype and torch.equal(b, stats[name].to(dtype)) for name, b in m.named_buffers())
+
+    for cast in (lambda m: m.to(torch.bfloat16), lambda m: m.to('cpu', torch.float16), lambda m: m.bfloat16(),
+                 lambda m: m.half()):
+        m = cast(copy.deepcopy(model))
+        assert m.lm_head.weight.dtype in (torch.bfloat16, torch.float16) and same_stats(m)
+    m16 = copy.deepcopy(model).to(torch.bfloat16)
+    assert same_stats(m16.double(), torch.float64) and same_stats(copy.deepcopy(model).double().bfloat16())
+    m16 = copy.deepcopy(model).to(torch.bfloat16)
+    sd = m16.state_dict()
+    assert sd['model.layers.1.self_attn.alpha_ma'].dtype == torch.float32
+    fresh = GPT(model.config).to(torch.bfloat16)
+    fresh.load_state_dict(sd)
+    for loaded, saved in zip(fresh.model.layers, m16.model.layers):
+        assert loaded.self_attn.alpha_ma.dtype == torch.float32
+        assert torch.equal(loaded.self_attn.alpha_ma, saved.self_attn.alpha_ma)
+    assert same_stats(copy.deepcopy(m16))
+    with torch.device('meta'):
+        meta = GPT(model.config).to(torch.bfloat16)
+    assert all(b.is_meta and b.dtype == torch.float32 for b in meta.buffers())
+    meta.to_empty(device='cpu')
+    assert all(b.device.type == 'cpu' and b.dtype == torch.float32 for b in meta.buffers())
+    m16(torch.randint(0, 97, (5, 61)))  # a bf16 model keeps counting in float32
+    assert m16.model.layers[0].self_attn.alpha_count.item() == 610 and len(m16.update_alpha_ma()) == 2
+
+
+def test_bf16_affine_output_uses_the_float32_alpha_ma():
+    """The bf16 model's beta term (Eq. 8) uses alpha_ma at float32 precision. alpha = 0 here (a constant input
+    channel drives Eq. 11 below -5), so the output is o_proj(alpha_ma * mean of the visible V), linear in each
+    head's alpha_ma; alpha_ma sits 0.49 bf16 steps (2^-8 here) above bf16 numbers near 0.5, so a bf16 alpha_ma
+    would scale the output down by ~0.38%. bf16's rounding elsewhere is unbiased: the least-squares scale of the
+    output against a float64 reference of the same bf16 weights and input is 1 within 1.5e-3 only with the
+    float32 alpha_ma (measured over 10 seeds: |scale - 1| <= 5e-4 with it, >= 3.2e-3 with alpha_ma rounded to
+    bf16). Elementwise, the output matches within bf16's 3e-2 (see the bf16 reference test)."""
+    torch.manual_seed(8)
+    cfg = tiny_config(attention='affine')
+    attn = random_attention(cfg, torch.float32)
+    with torch.no_grad():
+        attn.alpha_proj.weight.zero_()
+        attn.alpha_proj.weight[:, 0] = -10.0
+        attn.alpha_ma.copy_(0.5 + 2.0 ** -8 * torch.tensor([0.49, 2.49, 4.49, 6.49]))
+    alpha_ma = attn.alpha_ma.clone()
+    attn = attn.to(torch.bfloat16)
+    assert attn.alpha_ma.dtype == torch.float32 and torch.equal(attn.alpha_ma, alpha_ma)
+    B, T = 4, 48
+    x = torch.randn(B, T, cfg.n_embd).to(torch.bfloat16)
+    x[..., 0] = 1.0
+    angles = reference_angles(T, cfg.head_dim, cfg.rope_theta)
+    emb = torch.cat([angles, angles], dim=-1)
+    out = attn(x, emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16), torch.arange(T)).double()
+    ref = reference_attention(copy.deepcopy(attn).double(), x.double(), angles)  # alpha_ma: the float32 values
+    assert (out - ref).abs().max() <= 3e-2 * ref.abs().max()
+    scale = (out * ref).sum() / (ref * ref).sum()
+    assert abs(scale.item() - 1) < 1.5e-3, f'output scaled by {scale.item():.5f}'
 
 
 @pytest.mark.parametrize('attention,bias_norm', ALL_MODEL_VARIANTS)

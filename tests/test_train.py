@@ -147,7 +147,7 @@ def test_data_must_fit_the_model_vocabulary(data_dir, tmp_path):
     (['--warmup_iters', '5'], 'overrides are written --key=value'),
     (['config/nope.py'], 'config file config/nope.py not found'),
     (['--attention=linear'], 'valid values: softmax, sink, gated, affine, affine_gated'),
-    (['--init_from=gpt2'], "init_from='gpt2'; valid values: scratch, resume"),
+    (["--init_from=gpt2"], "init_from='gpt2'; valid values: auto, resume, scratch"),
     (['--global_batch_size=6', '--micro_batch_size=4'], 'must be a multiple of world size'),
 ])
 def test_config_errors_are_clear(data_dir, tmp_path, argv, message):
@@ -188,7 +188,7 @@ def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatc
 
 
 def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
-    """train.py's DDP path (prepare_for_training, accumulate_gradients, zero_grad) for 2 steps x 3 micro-steps, on 2
+    """train.py's DDP path (wrap_ddp, accumulate_gradients, zero_grad) for 2 steps x 3 micro-steps, on 2
     gloo ranks; after every micro-step, the storages that hold the parameters' .grad, and the buffers DDP all-reduces
     (read by a communication hook)."""
     import gc
@@ -199,8 +199,7 @@ def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
         torch.manual_seed(0)
         model = GPT(ModelConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, intermediate_size=64, vocab_size=97,
                                 block_size=16, attention='affine'))
-        c = dict(fsdp=False, compile=False, dtype='float32')
-        ddp = train.prepare_for_training(model, c, torch.device('cpu'), distributed=True)
+        ddp = train.wrap_ddp(model, torch.device('cpu'))
         buckets = set()
 
         def hook(state, bucket):  # DDP's own all-reduce, recording which buffers it reduces
@@ -218,7 +217,7 @@ def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
                     yield x, x
                     seen.append({p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
                                  for p in model.parameters() if p.grad is not None})
-            train.accumulate_gradients(ddp, model, None, batches(), 3, c,
+            train.accumulate_gradients(ddp, model, None, batches(), 3, {},
                                        torch.autocast('cpu', enabled=False), ddp=True)
             optimizer.step()
             optimizer.zero_grad(set_to_none=set_to_none)
@@ -250,3 +249,97 @@ def test_ddp_accumulation_keeps_one_copy_of_the_gradients(tmp_path, set_to_none)
         assert not all(one_copy[3:])  # step 1's no_sync micro-steps: fresh tensors beside the buckets
     else:
         assert all(one_copy)
+
+
+def test_the_same_command_continues_the_run(data_dir, tmp_path, capsys):
+    """init_from='auto' (the default): a second run of the same command continues from out_dir/ckpt.pt, and the
+    first line of each run says which it did; the result is the uninterrupted run's, bit for bit."""
+    run, ref = tmp_path / 'run', tmp_path / 'ref'
+    common = ['--attention=affine', '--eval_interval=3']
+    train.main(tiny_args(data_dir, run, *common, '--max_iters=3'))
+    assert capsys.readouterr().out.startswith('init_from=auto: starting fresh\n')
+    train.main(tiny_args(data_dir, run, *common, '--max_iters=6', '--micro_batch_size=2'))  # may change on resume
+    assert capsys.readouterr().out.startswith(f"init_from=auto: resuming from {run / 'ckpt.pt'} at step 3\n")
+    train.main(tiny_args(data_dir, ref, *common, '--max_iters=6'))
+    assert [r['step'] for r in metrics(run)] == list(range(1, 7))
+    assert [r['loss'] for r in metrics(run)] == pytest.approx([r['loss'] for r in metrics(ref)], rel=1e-6)
+    ckpt = torch.load(run / 'ckpt.pt', weights_only=False)
+    assert ckpt['step'] == 6 and ckpt['data']['train_tokens'] > 0
+
+
+def test_scratch_never_replaces_a_checkpoint_silently(data_dir, tmp_path, capsys):
+    train.main(tiny_args(data_dir, tmp_path, '--max_iters=2', '--eval_interval=2'))
+    with pytest.raises(SystemExit, match=r'holds a run at step 2.*--init_from=scratch --overwrite=True'):
+        train.main(tiny_args(data_dir, tmp_path, '--max_iters=1', '--init_from=scratch'))
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 2
+    capsys.readouterr()
+    train.main(tiny_args(data_dir, tmp_path, '--max_iters=1', '--init_from=scratch', '--overwrite=True'))
+    assert capsys.readouterr().out.startswith(f"init_from=scratch: starting fresh (replacing {tmp_path / 'ckpt.pt'})")
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 1 and len(metrics(tmp_path)) == 1
+
+
+@pytest.mark.parametrize('change,message', [
+    (['--learning_rate=2e-3'], "learning_rate: 0.001 -> 0.002"),
+    (['--seed=7', '--global_batch_size=16'], "global_batch_size: 8 -> 16\n  - seed: 1337 -> 7"),
+    (['--attention=sink'], "attention: 'affine' -> 'sink'"),
+    (['--kd_alpha=0.5'], "kd_alpha: 1.0 -> 0.5"),
+])
+def test_resume_refuses_a_different_run(data_dir, tmp_path, change, message):
+    train.main(tiny_args(data_dir, tmp_path, '--attention=affine', '--max_iters=2', '--eval_interval=2'))
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(data_dir, tmp_path, '--attention=affine', '--max_iters=4', *change))
+    assert message in str(e.value) and 'Keys that may change on resume: ' in str(e.value)
+
+
+def test_resume_refuses_other_data(data_dir, tmp_path):
+    other = str(tmp_path / 'other')
+    prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={other}', '--val_every=5', '--num_proc=1'])
+    train.main(tiny_args(data_dir, tmp_path / 'run', '--max_iters=2', '--eval_interval=2'))
+    with pytest.raises(SystemExit, match=r'the data: .*train_tokens'):
+        train.main(tiny_args(other, tmp_path / 'run', '--max_iters=4'))
+
+
+def worker_pids(launcher_pid):
+    """{rank: pid} of the workers torchrun (launcher_pid) runs now."""
+    pids = {}
+    for pid in subprocess.run(['pgrep', '-P', str(launcher_pid)], capture_output=True, text=True).stdout.split():
+        try:
+            env = dict(item.split('=', 1) for item in open(f'/proc/{pid}/environ').read().split('\0') if '=' in item)
+        except OSError:  # exited meanwhile
+            continue
+        if 'RANK' in env:
+            pids[int(env['RANK'])] = int(pid)
+    return pids
+
+
+def test_elastic_restarts_continue_from_the_last_checkpoint(data_dir, tmp_path):
+    """torchrun --max-restarts: a worker killed (SIGKILL, no chance to save) twice mid-run; torchrun restarts every
+    rank with the same arguments, which continue from the last checkpoint: at most eval_interval steps are redone
+    per kill, and the final weights are bit-identical to an uninterrupted run's."""
+    args = ['--attention=affine', '--max_iters=24', '--eval_interval=4', '--micro_batch_size=2']
+    launch = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+    run, ref = tmp_path / 'run', tmp_path / 'ref'
+    proc = subprocess.Popen([*launch, '--max-restarts=2', 'train.py', *tiny_args(data_dir, run, *args)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    redone = []
+    for kill_at, rank in ((6, 1), (15, 0)):  # past a checkpoint (steps 4 and 12), before the next one
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(run / 'metrics.jsonl') and metrics(run)
+                                              and metrics(run)[-1]['step'] >= kill_at and len(worker_pids(proc.pid)) == 2):
+            time.sleep(0.02)
+        reached, workers = metrics(run)[-1]['step'], worker_pids(proc.pid)
+        os.kill(workers[rank], signal.SIGKILL)
+        redone.append(reached - torch.load(run / 'ckpt.pt', weights_only=False)['step'])
+        while time.time() < deadline and not (len(worker_pids(proc.pid)) == 2 and  # restarted: two new workers
+                                              not set(worker_pids(proc.pid).values()) & set(workers.values())):
+            time.sleep(0.02)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert out.count('init_from=auto: resuming from') == 2 and all(0 <= n <= 4 for n in redone), (redone, out)
+    result = subprocess.run([*launch, 'train.py', *tiny_args(data_dir, ref, *args)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    a, b = (torch.load(d / 'ckpt.pt', weights_only=False) for d in (run, ref))
+    assert a['step'] == b['step'] == 24 and a['model'].keys() == b['model'].keys()
+    assert all(torch.equal(a['model'][name], b['model'][name]) for name in b['model'])  # bit-identical
+    assert [r['loss'] for r in metrics(run)] == [r['loss'] for r in metrics(ref)]
