@@ -81,11 +81,9 @@ class Stages:
 
 
 def train_command(config, out_dir, *overrides):
-    """train.py on a config; where an earlier run left a checkpoint behind, it resumes from it."""
-    command = [sys.executable, 'train.py', config, f'--out_dir={out_dir}', *overrides]
-    if os.path.exists(os.path.join(HERE, out_dir, 'ckpt.pt')):
-        command.append("--init_from=resume")
-    return command
+    """train.py on a config; where an earlier run left a checkpoint behind, train.py continues from it by itself
+    (init_from='auto')."""
+    return [sys.executable, 'train.py', config, f'--out_dir={out_dir}', *overrides]
 
 
 def include(path, subdir):

@@ -5,9 +5,10 @@
 #   sbatch --nodes=1 scripts/slurm_train.sh config/affine_1b.py --max_iters=100  # overrides go to train.py
 # Submit from the repository root. out_dir, data_dir and the teacher must be on a filesystem every node sees:
 # rank 0 writes out_dir/ckpt.pt, every rank reads it on resume. If out_dir already holds a checkpoint (a requeued
-# or resubmitted job), the run continues from it. SLURM's SIGTERM (--signal below, scancel, preemption) reaches
-# train.py through srun and torchrun: it finishes the step, saves a checkpoint and exits; should torchrun kill
-# the ranks before that, the run continues from the last eval_interval checkpoint.
+# or resubmitted job), train.py continues from it by itself (init_from='auto'). SLURM's SIGTERM (--signal below,
+# scancel, preemption) reaches train.py through srun and torchrun: it finishes the step, saves a checkpoint and
+# exits; should torchrun kill the ranks before that, the run continues from the last eval_interval checkpoint.
+# Add torchrun's --max-restarts=N below to have a dead rank restarted in place (from the last checkpoint too).
 #SBATCH --job-name=affine-scaled
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
@@ -20,10 +21,6 @@ set -euo pipefail
 CONFIG=${1:?usage: sbatch [--nodes=N] scripts/slurm_train.sh config/ROW.py [--key=value ...]}
 shift
 
-OUT_DIR=$(python -c 'import sys, train; print(train.load_config(sys.argv[1:])["out_dir"])' "$CONFIG" "$@")
-if [ -f "$OUT_DIR/ckpt.pt" ]; then
-    set -- "$@" --init_from=resume
-fi
 HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 
 srun --kill-on-bad-exit=1 torchrun \

@@ -334,6 +334,7 @@ def test_elastic_restarts_continue_from_the_last_checkpoint(data_dir, tmp_path):
                                               not set(worker_pids(proc.pid).values()) & set(workers.values())):
             time.sleep(0.02)
     out, _ = proc.communicate(timeout=300)
+    print(f'steps redone per kill: {redone}')  # shown with pytest -s
     assert proc.returncode == 0, out
     assert out.count('init_from=auto: resuming from') == 2 and all(0 <= n <= 4 for n in redone), (redone, out)
     result = subprocess.run([*launch, 'train.py', *tiny_args(data_dir, ref, *args)], cwd=ROOT, capture_output=True,
