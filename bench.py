@@ -416,10 +416,13 @@ class Check:
 
 
 def check_kernel_tests(check, device):
-    """The test suite's fast-path-vs-float64-reference tests, run by pytest: on CUDA the tests named *cuda* (every
-    variant forward and backward, bf16 and fp32, with GQA; the KD loss), on CPU the CPU ones."""
-    suites = ([('tests/test_model.py', 'cuda'), ('tests/test_distill.py', 'cuda')] if device.type == 'cuda' else
-              [('tests/test_model.py', 'explicit_reference and not cuda'), ('tests/test_distill.py', 'fused_kd_loss')])
+    """The test suite's fast-path-vs-float64-reference tests, run by pytest: on CUDA the CUDA ones (every variant
+    forward and backward, bf16 and fp32, with GQA; grouped K/V reaching the kernels; fp32 GQA memory; the KD loss in
+    training precision), on CPU the float32 attention references and the KD loss in training precision."""
+    kd_tests = 'fused_kd_loss_in_training_precision and ' + device.type
+    suites = ([('tests/test_model.py', 'cuda'), ('tests/test_distill.py', kd_tests)] if device.type == 'cuda' else
+              [('tests/test_model.py', 'explicit_reference and float32 and not cuda'),
+               ('tests/test_distill.py', kd_tests)])
     root = os.path.dirname(os.path.abspath(__file__))
     for path, expression in suites:
         t0 = time.perf_counter()

@@ -536,7 +536,9 @@ def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointi
         norms = 2 * (8 * C + 4)
     else:  # fp32 weights under autocast: fp32 input and normalised; every linear keeps its own bf16 input copy
         norms = 2 * (8 * C + 4) + 2 * C * (5 + affine + gated)
-    kv = 2 * (HD if cfg.attention == 'sink' else KVD)  # sink's kernel takes k and v repeated to every head
+    # k and v as the kernels save them: grouped in bf16 (flash takes GQA), repeated to every head in float32 on CUDA
+    # (the memory-efficient kernel does not; model.kv_for_kernel)
+    kv = 2 * (HD if dtype == 'float32' else KVD)
     layer = (norms + a * (3 * HD + kv) + 4 * H  # q, attention output, o_proj's input, k, v; fp32 log-sum-exp
              + gated * 2 * a * HD  # the gate's input and its sigmoid
              + affine * (12 * H + 4 * KVD)  # alpha (fp32) and its views, the running mean of V (fp32)

@@ -1,6 +1,7 @@
 """Smoke tests for bench.py: every section at tiny sizes, run as the README runs it (python bench.py, one
 process); the output must be one well-formed Markdown table per section with every row present and finite
 ratios. Timings are never checked against a threshold."""
+import json
 import math
 import subprocess
 import sys
@@ -104,3 +105,22 @@ def test_bad_arguments(capsys):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
         assert message in capsys.readouterr().err
+
+
+def test_check_on_a_machine_without_a_gpu(tmp_path):
+    """python bench.py --check without CUDA: the CPU parts (the kernel tests on CPU; train.py under torchrun with a KD
+    teacher, stopped by SIGTERM and resumed under FSDP, its checkpoint loaded back) pass, the GPU parts are named as
+    skipped, exit status 0; one Markdown table, and the same rows in the JSON file."""
+    json_path = tmp_path / 'check.json'
+    run = subprocess.run([sys.executable, 'bench.py', '--check', f'--check_json={json_path}'], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith('|')]
+    header = [cell.strip() for cell in lines[0].strip('|').split('|')]
+    assert header == ['section', 'check', 'result', 'measured', 'target'] and lines[1] == '|' + '---|' * 5
+    rows = [[cell.strip() for cell in line.strip('|').split('|')] for line in lines[2:]]
+    record = json.loads(json_path.read_text())
+    assert [r['check'] for r in record['rows']] == [row[1] for row in rows]
+    assert [row[0] for row in rows] == ['kernels'] * 2 + ['torchrun'] * 4 + ['GPU']
+    assert all(row[2] == 'pass' for row in rows[:-1]) and rows[-1][2] == '-' and 'none found' in rows[-1][3]
+    assert 'no GPU' in record['device'] and record['torch'] == torch.__version__

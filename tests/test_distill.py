@@ -456,17 +456,20 @@ def training_inputs(precision, B=2, T=40, C_s=64, C_t=96, V=300, seed=0):
     return h_s, w_s, h_t, w_t, targets
 
 
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA (bench.py --check runs it on a GPU machine)'))])
 @pytest.mark.parametrize('precision', ['float32', 'bf16 autocast', 'bf16 autocast, bf16 hidden'])
 @pytest.mark.parametrize('temperature, kd_alpha', [(1.0, 1.0), (2.0, 1.0), (0.5, 0.3), (2.0, 0.5)])
-def test_fused_kd_loss_in_training_precision_against_float64(precision, temperature, kd_alpha):
-    h_s, w_s, h_t, w_t, targets = training_inputs(precision)
-    # the reference: the full logits in float64, from the very values the fused loss is given
-    ref_h, ref_w = h_s.detach().double().requires_grad_(), w_s.detach().double().requires_grad_()
-    ref = reference_kd(ref_h, ref_w, h_t.double(), w_t.double(), temperature, targets, kd_alpha)
+def test_fused_kd_loss_in_training_precision_against_float64(precision, temperature, kd_alpha, device):
+    h_s, w_s, h_t, w_t, targets = (t.detach().to(device) for t in training_inputs(precision))
+    h_s.requires_grad_(), w_s.requires_grad_()
+    # the reference: the full logits in float64 on the CPU, from the very values the fused loss is given
+    ref_h, ref_w = h_s.detach().cpu().double().requires_grad_(), w_s.detach().cpu().double().requires_grad_()
+    ref = reference_kd(ref_h, ref_w, h_t.cpu().double(), w_t.cpu().double(), temperature, targets.cpu(), kd_alpha)
     ref_grads = torch.autograd.grad(ref[0], (ref_h, ref_w))
-    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=PRECISIONS[precision][0]):
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=PRECISIONS[precision][0]):
         loss, kd, ce = distill.fused_kd_loss(h_s, w_s, h_t, w_t, temperature, targets, kd_alpha, chunk_size=24)
-    grads = torch.autograd.grad(loss, (h_s, w_s))
+    grads = [g.cpu() for g in torch.autograd.grad(loss, (h_s, w_s))]
     assert loss.dtype == kd.dtype == ce.dtype == torch.float32
     assert grads[0].dtype == h_s.dtype and grads[1].dtype == torch.float32  # grad_h as h; the lm_head's float32
     if precision == 'float32':

@@ -134,14 +134,14 @@ def check_against_reference(attention, act, bias_norm, qkv_bias, device, dtype, 
 
 @pytest.mark.parametrize('attention,act,bias_norm', VARIANTS)
 @pytest.mark.parametrize('qkv_bias', [False, True])
-@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-10), (torch.float32, 2e-5)])
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-10), (torch.float32, 2e-5)], ids=['float64', 'float32'])
 def test_attention_matches_explicit_reference(attention, act, bias_norm, qkv_bias, dtype, tol):
     check_against_reference(attention, act, bias_norm, qkv_bias, 'cpu', dtype, tol)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA (run this file on a GPU machine)')
 @pytest.mark.parametrize('attention,act,bias_norm', VARIANTS)
-@pytest.mark.parametrize('dtype,tol', [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize('dtype,tol', [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)], ids=['float32', 'bfloat16'])
 def test_cuda_kernels_match_explicit_reference(attention, act, bias_norm, dtype, tol):
     """CUDA: float32 runs the memory-efficient kernel (sink: its padded LSE), bf16 FlashAttention-2."""
     torch.backends.cuda.matmul.allow_tf32 = False
