@@ -503,7 +503,7 @@ def check_variants(check, device, args):
                       f'out of memory at batch {B}')
             continue
         seconds, peak = result
-        time_ratio, mem_ratio = seconds / base[0], peak / base[1]
+        time_ratio, mem_ratio = seconds / base[0], peak / base[1] if base[1] else math.nan
         limit = targets.get(variant)
         check.add('variants (1B, T=2048)', f'{variant}: fwd+bwd, batch {B}',
                   None if limit is None else time_ratio <= limit,
@@ -676,7 +676,7 @@ def check_mfu(check, device, args):
 
         def step():
             accumulate_gradients(student, student, teacher, iter(batches), accumulation, c,
-                                 torch.autocast('cuda', dtype=torch.bfloat16), ddp=False)
+                                 torch.autocast(device.type, dtype=torch.bfloat16), ddp=False)
             torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
