@@ -7,7 +7,7 @@ check that it fits the data and the student, and the KD loss, computed without t
     # a teacher trained by this repo (the CPU quick start): ckpt.pt, or the directory holding it
     python distill.py --teacher=out/teacher --data_dir=data/builtin_bytes --block_size=256
 
-A teacher is a Hugging Face Llama / Qwen2 checkpoint directory (GPT.from_pretrained in model.py) or one of
+A teacher is a Hugging Face Llama / Mistral / Qwen2 checkpoint directory (GPT.from_pretrained in model.py) or one of
 this repo's checkpoints (train.py's ckpt.pt). train.py uses load_teacher, check_compatibility, fused_kd_loss and
 kd_loss_memory.
 
@@ -62,12 +62,14 @@ CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB
 
 
 def config_from_hf(hf, attention='softmax'):
-    """The ModelConfig of a Hugging Face config.json (a dict) of a Llama (2/3/3.1/3.2) or Qwen2 (also Qwen1.5)
-    model. A setting this model does not reproduce exactly is a ValueError naming it, never a silent change."""
+    """The ModelConfig of a Hugging Face config.json (a dict) of a Llama (2/3/3.1/3.2), Mistral or Qwen2 (also
+    Qwen1.5, Qwen2.5) model. A setting this model does not reproduce exactly is a ValueError naming it, never a silent change."""
+    if 'model_config' in hf:  # export_hf.py's sink/gated/affine/affine_gated models: our own ModelConfig, as it is
+        return exported_model_config(hf, attention)
     model_type = hf.get('model_type')
-    if model_type not in ('llama', 'qwen2'):
+    if model_type not in ('llama', 'mistral', 'qwen2'):
         raise ValueError(f"config.json: model_type {model_type!r} is not supported; supported: 'llama' "
-                         f"(Llama 2/3), 'qwen2' (Qwen1.5/Qwen2)")
+                         f"(Llama 2/3), 'mistral' (Mistral), 'qwen2' (Qwen1.5/Qwen2/Qwen2.5)")
     # transformers >= 5 writes rope_parameters (rope_theta inside it); checkpoints on the hub have rope_theta
     # and rope_scaling (None, or Llama-3.1's dict) at the top level
     rope = hf.get('rope_parameters') or hf.get('rope_scaling') or {}
@@ -82,26 +84,43 @@ def config_from_hf(hf, attention='softmax'):
         unsupported['head_dim'] = hf['head_dim']
     if unsupported:
         raise ValueError(f"config.json: unsupported settings {unsupported}")
+    # Mistral's sliding window: each position attends to the last sliding_window positions (itself included). Up
+    # to that many tokens this is full causal attention, which is what this model computes, so the model's length
+    # is capped there: a longer block_size is then refused (check_compatibility), never computed differently.
+    block_size = hf['max_position_embeddings']
+    if model_type == 'mistral' and hf.get('sliding_window') is not None:
+        block_size = min(block_size, hf['sliding_window'])
     return ModelConfig(
         n_layer=hf['num_hidden_layers'], n_head=n_head, n_kv_head=hf.get('num_key_value_heads') or n_head,
         n_embd=n_embd, intermediate_size=hf['intermediate_size'], vocab_size=hf['vocab_size'],
-        block_size=hf['max_position_embeddings'], rope_theta=hf.get('rope_theta', rope.get('rope_theta', 10000.0)),
+        block_size=block_size, rope_theta=hf.get('rope_theta', rope.get('rope_theta', 10000.0)),
         rope_scaling={k: v for k, v in rope.items() if k != 'rope_theta'} if rope_type == 'llama3' else None,
         rms_norm_eps=hf['rms_norm_eps'], qkv_bias=model_type == 'qwen2',
         tie_embeddings=hf.get('tie_word_embeddings', False), init_std=hf.get('initializer_range', 0.02),
         attention=attention)
 
 
+def exported_model_config(hf, attention='softmax'):
+    """The ModelConfig that export_hf.py wrote into config.json. Such a model is always its own variant: its tensors
+    are that variant's (attention='softmax', the default everywhere, means "as it is")."""
+    config = ModelConfig(**hf['model_config'])
+    if attention not in ('softmax', config.attention):
+        raise ValueError(f"config.json: an exported {config.attention!r} model cannot be loaded as {attention!r}")
+    return config
+
+
 def load_hf_checkpoint(path, attention='softmax', dtype=torch.float32, device='cpu'):
-    """A Hugging Face Llama / Qwen2 checkpoint directory (config.json, and model.safetensors or the shards
+    """A Hugging Face Llama / Mistral / Qwen2 checkpoint directory (config.json, and model.safetensors or the shards
     listed in model.safetensors.index.json) as a GPT on device; with attention='softmax', model(idx) gives HF's
     logits. The model is built on the meta device and takes the checkpoint's tensors as they are read (each cast
     to dtype and moved to device), so loading needs about 1x the model's size on the device and, on a GPU, only
     one tensor at a time in host RAM (every rank of an 8-GPU node loads the teacher). Other attention variants keep every
-    checkpoint tensor and initialise their extra parameters (sinks, g_proj, alpha_proj) fresh."""
+    checkpoint tensor and initialise their extra parameters (sinks, g_proj, alpha_proj) fresh. A directory written by
+    export_hf.py is the variant it holds, every tensor read from it."""
     from safetensors import safe_open  # imported here: only this function needs it
     with open(os.path.join(path, 'config.json')) as f:
-        config = config_from_hf(json.load(f), attention)
+        hf = json.load(f)
+    config = config_from_hf(hf, attention)
     index = os.path.join(path, 'model.safetensors.index.json')
     if os.path.isfile(index):
         with open(index) as f:
@@ -116,10 +135,13 @@ def load_hf_checkpoint(path, attention='softmax', dtype=torch.float32, device='c
         with safe_open(os.path.join(path, name), framework='pt') as f:
             for key in f.keys():
                 if not key.endswith('rotary_emb.inv_freq'):  # older HF saves have it; we compute RoPE
-                    state[key] = f.get_tensor(key).to(device=device, dtype=dtype)
+                    # an exported affine model's alpha_ma stays float32, as Attention._apply keeps it
+                    keep = torch.float32 if key.endswith('.alpha_ma') else dtype
+                    state[key] = f.get_tensor(key).to(device=device, dtype=keep)
     with torch.device('meta'):
         model = GPT(config).to(dtype)
-        expected = set(GPT(replace(config, attention='softmax')).state_dict())  # what an HF checkpoint holds
+        # what the checkpoint holds: an HF model's softmax tensors, or every tensor of an exported variant
+        expected = set(GPT(config if 'model_config' in hf else replace(config, attention='softmax')).state_dict())
     if config.tie_embeddings:  # lm_head is embed_tokens; HF ignores a stored copy, and so do we
         expected.discard('lm_head.weight')
         state.pop('lm_head.weight', None)
@@ -130,6 +152,10 @@ def load_hf_checkpoint(path, attention='softmax', dtype=torch.float32, device='c
     model.load_state_dict(state, strict=False, assign=True)
     if config.tie_embeddings:  # assign=True gave embed_tokens a new Parameter: tie lm_head to it again
         model.lm_head.weight = model.model.embed_tokens.weight
+    if 'model_config' in hf:  # an exported variant has every tensor but affine's running alpha sums (zeros, never saved)
+        for module in model.modules():
+            for key in module._non_persistent_buffers_set:
+                module._buffers[key] = torch.zeros_like(module._buffers[key], device=device)
     # what is still on meta is the variant's own: materialise and initialise it (alpha buffers zeroed)
     fresh = set()
     for name, module in model.named_modules():
@@ -190,7 +216,9 @@ def teacher_tokenizer_info(spec):
     from a Hugging Face directory's tokenizer files, or the dict stored in one of this repo's checkpoints."""
     path = checkpoint_file(spec)
     if path is None:
-        return tokenizer_info(load_tokenizer(spec), spec)
+        with open(os.path.join(spec, 'config.json')) as f:  # export_hf.py records the run's tokenizer there
+            exported = json.load(f).get('tokenizer_info')
+        return exported or tokenizer_info(load_tokenizer(spec), spec)
     return read_checkpoint(path)['tokenizer']
 
 
@@ -217,7 +245,7 @@ def check_compatibility(teacher, teacher_spec, student_config, data_meta, block_
                             f"vocab_size={teacher_rows}")
     if block_size > teacher.config.block_size:
         problems.append(f"block_size={block_size} is longer than the teacher's {teacher.config.block_size} "
-                        f"positions (its block_size, or max_position_embeddings)")
+                        f"positions (its block_size, or max_position_embeddings, or Mistral's sliding_window)")
     if problems:
         raise SystemExit(f"teacher {teacher_spec} does not fit:\n  - " + "\n  - ".join(problems))
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from distill import checkpoint_file, load_teacher, read_checkpoint
 from model import at_least_fp32
-from prepare_data import FAMILIES, load_tokenizer, read_meta, read_shard, tokenizer_info
+from prepare_data import load_tokenizer, read_meta, read_shard, tokenizer_info
 
 # task -> (hub dataset path, config name, the split the harness evaluates) (spec §2). datasets >= 4 cannot run
 # the dataset scripts behind v0.4.9's legacy names 'hellaswag', 'super_glue' and 'winogrande', so we read their
@@ -249,6 +249,9 @@ def encode_request(enc, context, continuation, max_length, bos_id=None, prefix_i
     encodes with add_special_tokens=False. spec §3 Context length: keep the last max_length + 1 tokens, drop the
     final one. Raises ValueError when the continuation alone does not fit."""
     if context == '':
+        if prefix_id is None:
+            raise ValueError("an empty context is scored after the tokenizer's BOS, else its EOS, and this tokenizer "
+                             "names neither")
         ctx_ids, cont_ids = [prefix_id], enc.encode_ordinary(continuation)
     else:
         n = len(context) - len(context.rstrip())
@@ -399,13 +402,13 @@ def task_metrics(docs, logliks, log_samples=False):
 
 
 def c4_tokens(enc, rows):
-    """The first 1100 documents joined with single spaces, tokenized once; a tokenizer that puts a BOS before a
-    text (Llama-3's) puts one at the very start, as the slow HF tokenizer GPTQ uses does (spec §4.B)."""
+    """The first 1100 documents joined with single spaces, tokenized once with the special tokens the tokenizer
+    puts around a text (Llama-3's BOS at the very start; nothing for GPT-2 or Qwen), as the HF tokenizer GPTQ calls
+    does (spec §4.B)."""
     if len(rows) < C4_DOCS:
         raise SystemExit(f"c4: the c4-new protocol needs the first {C4_DOCS} validation documents, got {len(rows)}")
     text = ' '.join(field(row, 'text', str) for row in rows[:C4_DOCS])
-    bos = FAMILIES[enc.name]['bos']
-    return ([enc.encode_single_token(bos)] if bos else []) + enc.encode_ordinary(text)
+    return enc.ids(enc.prefix) + enc.encode_ordinary(text) + enc.ids(enc.suffix)
 
 
 @torch.inference_mode()
@@ -446,8 +449,14 @@ def load_model_and_tokenizer(spec, tokenizer, device, dtype):
         raise SystemExit(f"{path}: its tokenizer {tok_spec} is gone; pass --tokenizer=<where it is now>")
     enc = load_tokenizer(tok_spec)
     if tokenizer_info(enc, tok_spec)['sha256'] != info['sha256']:
+        # a record without 'boundary' predates reading tokenizers from their own files: if the files are unchanged,
+        # the data was tokenized with conventions guessed from config.json that differ from the files'
+        older = '' if 'boundary' in info else (
+            f"; it was recorded by an older prepare_data.py, which inferred the {info['family']} conventions from "
+            f"config.json where this one reads {enc.name} ones from the tokenizer's files: if those files are the "
+            f"same, prepare the data again and retrain")
         raise SystemExit(f"{path}: the tokenizer at {tok_spec} is not the one the model was trained with "
-                         f"(sha256 {info['sha256'][:12]}...); pass --tokenizer=<the right one>")
+                         f"(sha256 {info['sha256'][:12]}...); pass --tokenizer=<the right one>{older}")
     return model, enc
 
 
@@ -461,7 +470,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description="Zero-shot accuracy as lm-evaluation-harness v0.4.9 computes it, and "
                                             "C4 perplexity.", allow_abbrev=False)
     p.add_argument('--ckpt', help="one of this repo's checkpoints (ckpt.pt or its out_dir)")
-    p.add_argument('--hf_model', help="a Hugging Face Llama / Qwen2 checkpoint directory")
+    p.add_argument('--hf_model', help="a Hugging Face Llama / Mistral / Qwen2 checkpoint directory")
     p.add_argument('--tasks', default=','.join(DEFAULT_TASKS), help=f"comma-separated, from {', '.join(TASKS)}")
     p.add_argument('--limit', type=int, default=None, help="only the first N documents of each task")
     p.add_argument('--batch_size', type=int, default=32, help="sequences per forward pass")
@@ -506,11 +515,17 @@ def main(argv=None):
     model, enc = load_model_and_tokenizer(args.hf_model or args.ckpt, args.tokenizer, device, dtype)
     cfg = model.config
     max_length = args.max_length or cfg.block_size  # spec §3: the user's max_length, else the model's positions
-    conv = FAMILIES[enc.name]
-    bos_id = enc.encode_single_token(conv['bos']) if conv['bos'] else None
+    # the tokenizer's own conventions, read from its files (prepare_data.Tokenizer): the BOS it puts before a text
+    # (add_special_tokens=True, what --add_bos asks the harness for), and the harness's prefix token for an empty
+    # context (spec §3: the tokenizer's BOS, else its EOS)
+    bos_id = enc.ids(enc.prefix)[0] if enc.prefix else None
     if args.add_bos and bos_id is None:
-        raise SystemExit(f"--add_bos: the {enc.name} tokenizer has no BOS token (its HF tokenizer adds none either)")
-    prefix_id = bos_id if bos_id is not None else enc.encode_single_token(conv['eos'])  # spec §3: BOS, else EOS
+        raise SystemExit(f"--add_bos: the {enc.name} tokenizer puts no BOS before a text (its HF tokenizer adds none "
+                         f"either)")
+    if args.add_bos and enc.suffix:
+        raise SystemExit(f"--add_bos: this tokenizer also puts {', '.join(enc.suffix)} after every text, which the "
+                         f"harness would then put after each context; that is not reproduced")
+    prefix_id = enc.ids([enc.prefix_token])[0] if enc.prefix_token is not None else None
     print(f"model {args.hf_model or args.ckpt}: {cfg.attention}, {cfg.n_layer} layers, max_length {max_length}, "
           f"tokenizer {enc.name}, BOS {'on' if args.add_bos else 'off'}, {dtype} on {device}", file=sys.stderr)
     results = {}
@@ -522,7 +537,8 @@ def main(argv=None):
             r = c4_perplexity(model, ids, args.c4_windows, seqlen, args.batch_size,
                               Progress('c4 windows', min(args.c4_windows, len(ids) // seqlen)))
             r['protocol'] = (f"c4-new (GPTQ --new-eval, spec §4.B-2): first {C4_DOCS} docs of {C4_SHARD} joined by "
-                             f"' ', {'BOS + ' if conv['bos'] else ''}tokenized once, {r['n']} windows of {seqlen} "
+                             f"' ', {''.join(t + ' + ' for t in enc.prefix)}tokenized once"
+                             f"{''.join(' + ' + t for t in enc.suffix)}, {r['n']} windows of {seqlen} "
                              f"tokens from the start, PPL = exp(mean of per-window mean NLL)")
             print(r['protocol'], file=sys.stderr)
             results[task] = r

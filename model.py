@@ -22,7 +22,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from sink_kernel import SinkAttention, at_least_fp32  # the LSE-kernel plumbing lives apart from the model
+try:  # an exported model directory (export_hf.py) is imported by transformers as a package: only relative imports
+    # work there, and its remote-code check refuses absolute imports of modules that are not installed (outside a try)
+    from .sink_kernel import SinkAttention, at_least_fp32  # the LSE-kernel plumbing lives apart from the model
+except ImportError:  # this repository: model.py is a top-level module
+    from sink_kernel import SinkAttention, at_least_fp32
 
 ATTENTIONS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 AFFINE_ACTS = ('linear_clip', 'sigmoid')
@@ -388,10 +392,13 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, attention='softmax', dtype=torch.float32, device='cpu'):
-        """A Hugging Face Llama / Qwen2 checkpoint directory as a GPT (nanoGPT's name); with
-        attention='softmax', model(idx) gives HF's logits. The reading of config.json and safetensors
-        lives with the other checkpoint loading, in distill.load_hf_checkpoint."""
-        from distill import load_hf_checkpoint
+        """A Hugging Face Llama / Mistral / Qwen2 checkpoint directory (or one written by export_hf.py) as a GPT
+        (nanoGPT's name); with attention='softmax', model(idx) gives HF's logits. The reading of config.json and
+        safetensors lives with the other checkpoint loading, in distill.load_hf_checkpoint."""
+        try:  # in a try: transformers' remote-code check (see the sink_kernel import) must not ask for distill.py
+            from distill import load_hf_checkpoint
+        except ImportError as e:
+            raise ImportError("GPT.from_pretrained needs this repository's distill.py") from e
         return load_hf_checkpoint(path, attention, dtype, device)
 
     def _init_weights(self, module):

@@ -18,17 +18,19 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 import distill
 import prepare_data as prep
 from distill import config_from_hf
 from model import GPT, ModelConfig
-from test_prepare_data import write_tiktoken_file
+from test_prepare_data import (EOT, HF_QWEN2_REGEX, byte_level, digits_then_gpt2, hf_tokenizer, split_then_bytes,
+                               write_tiktoken_file)
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]
-HF_CLASSES = {'llama': LlamaForCausalLM, 'qwen2': Qwen2ForCausalLM}
+HF_CLASSES = {'llama': LlamaForCausalLM, 'mistral': MistralForCausalLM, 'qwen2': Qwen2ForCausalLM}
 
 
 def rel_err(got, expected):
@@ -137,7 +139,10 @@ def edit_checkpoint(src, dst, config=None, tensors=None):
 
 
 BAD_CHECKPOINTS = {  # name: (config edit, tensors edit, error, message)
-    'mistral': (lambda c: c.update(model_type='mistral'), None, ValueError, "model_type 'mistral'"),
+    # (mistral is supported since issue 14: a qwen2 checkpoint relabelled mistral has biases Mistral does not have)
+    'gemma': (lambda c: c.update(model_type='gemma'), None, ValueError, "model_type 'gemma'"),
+    'mistral with biases': (lambda c: c.update(model_type='mistral'), None, ValueError,
+                            r"unexpected \['model.layers.0.self_attn.k_proj.bias'"),
     'yarn': (lambda c: c.update(rope_parameters=dict(rope_type='yarn', factor=4.0, rope_theta=1e6)), None,
              ValueError, "rope_type 'yarn'"),
     'linear (hub style)': (lambda c: c.update(rope_parameters=None, rope_scaling=dict(type='linear', factor=2.0)),
@@ -704,3 +709,120 @@ def test_cli_errors(hf_dirs, llama_data, our_teacher, tmp_path, capsys):
             distill.main(argv)
         assert message in str(e.value) + capsys.readouterr().err, (argv, message)
 
+
+# -----------------------------------------------------------------------------
+# Teachers of every supported shape with any byte-level BPE tokenizer (issue 14)
+
+HF_CONFIGS = {'llama': LlamaConfig, 'mistral': MistralConfig, 'qwen2': Qwen2Config}
+CHAT = [EOT, '<|im_start|>', '<|im_end|>']
+
+
+def save_hf_teacher(path, model_type, tokenizer, tokenizer_config, vocab_size, seed, **config):
+    """A tiny randomised transformers model of model_type, with `tokenizer` (a tokenizers.Tokenizer) and its
+    tokenizer_config.json next to it, as the hub has them."""
+    config = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128) | config
+    model = HF_CLASSES[model_type](HF_CONFIGS[model_type](**config))
+    randomise(model, seed)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save(str(path / 'tokenizer.json'))
+    (path / 'tokenizer_config.json').write_text(json.dumps(tokenizer_config))
+    return path
+
+
+def family_teacher_dirs(root):
+    """'smollm_llama': a Llama with SmolLM's tokenizer (Digits + GPT-2's regex, <|endoftext|> at id 0, tied);
+    'mistral': no sliding window, a GPT-2 tokenizer; 'mistral_window': a sliding window of 16 positions;
+    'qwen2_padded': Qwen2.5's shape (q/k/v biases, tied, NFC, Qwen's regex, a non-special added token) with 1280
+    vocabulary rows for a tokenizer of fewer ids, as Qwen's 151,936 rows for 151,665 tokens;
+    'qwen2_gpt2_regex': a qwen2 model whose tokenizer.json pre-tokenizes with GPT-2's regex."""
+    gpt2_config = {'tokenizer_class': 'GPT2Tokenizer', 'bos_token': EOT, 'eos_token': EOT}
+    qwen_config = {'tokenizer_class': 'Qwen2Tokenizer', 'bos_token': None, 'eos_token': EOT}
+    smol = hf_tokenizer(digits_then_gpt2(True), leading_specials=CHAT)
+    gpt2 = hf_tokenizer(byte_level(), specials=[EOT])
+    qwen = hf_tokenizer(split_then_bytes(HF_QWEN2_REGEX), nfc=True, specials=CHAT, inline=[('<tool_call>', False)])
+    qwen_gpt2 = hf_tokenizer(byte_level(), nfc=True, specials=CHAT)
+    return {
+        'smollm_llama': save_hf_teacher(root / 'smollm_llama', 'llama', smol, gpt2_config, smol.get_vocab_size(), 0,
+                                        tie_word_embeddings=True),
+        'mistral': save_hf_teacher(root / 'mistral', 'mistral', gpt2, gpt2_config, gpt2.get_vocab_size(), 1,
+                                   sliding_window=None, rope_theta=1e6),
+        'mistral_window': save_hf_teacher(root / 'mistral_window', 'mistral', gpt2, gpt2_config,
+                                          gpt2.get_vocab_size(), 2, sliding_window=16),
+        'qwen2_padded': save_hf_teacher(root / 'qwen2_padded', 'qwen2', qwen, qwen_config, 1280, 3,
+                                        tie_word_embeddings=True, rope_theta=1e6),
+        'qwen2_gpt2_regex': save_hf_teacher(root / 'qwen2_gpt2_regex', 'qwen2', qwen_gpt2, qwen_config, 1280, 4,
+                                            tie_word_embeddings=False),
+    }
+
+
+@pytest.fixture(scope='module')
+def family_teachers(tmp_path_factory):
+    return family_teacher_dirs(tmp_path_factory.mktemp('families'))
+
+
+@pytest.mark.parametrize('kind', ['smollm_llama', 'mistral', 'mistral_window', 'qwen2_padded'])
+def test_teachers_of_every_shape_match_transformers(kind, family_teachers):
+    path = family_teachers[kind]
+    teacher = distill.load_teacher(str(path))
+    cfg, n_vocab = teacher.config, prep.load_tokenizer(str(path)).n_vocab
+    T = min(48, cfg.block_size)
+    idx = torch.randint(0, n_vocab, (2, T), generator=torch.Generator().manual_seed(0))
+    expected = hf_logits(path, idx)
+    with torch.no_grad():
+        got = teacher(idx)[0]
+    assert rel_err(got, expected) < 1e-4
+    if kind == 'qwen2_padded':
+        assert cfg.vocab_size == 1280 > n_vocab and cfg.qkv_bias and cfg.tie_embeddings
+    if kind == 'mistral_window':
+        # exact up to the window, which is therefore the teacher's length; beyond it HF attends to the last 16
+        # positions only, and full causal attention (what this model computes) would differ
+        assert cfg.block_size == 16 == T
+        longer = GPT(dataclasses.replace(cfg, block_size=128)).eval()
+        longer.load_state_dict(teacher.state_dict())
+        idx = torch.randint(0, n_vocab, (1, 24), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            assert rel_err(longer(idx)[0][:, :16], hf_logits(path, idx)[:, :16]) < 1e-4
+            assert rel_err(longer(idx)[0], hf_logits(path, idx)) > 1e-3
+    if kind.startswith('mistral'):
+        assert not cfg.qkv_bias and cfg.rope_theta == (1e6 if kind == 'mistral' else 10000.0)
+
+
+def test_any_tokenizer_family_prepares_and_distills(family_teachers, tmp_path):
+    """prepare_data.py and distill.py on a SmolLM-shaped Llama (refused before issue 14) and a Qwen2 teacher whose
+    lm_head is padded past its tokenizer: the teacher's val loss equals transformers' on the prepared windows; the
+    student must have the teacher's rows (a clear error before any step otherwise); a window longer than Mistral's
+    sliding window is refused."""
+    for kind in ('smollm_llama', 'qwen2_padded'):
+        teacher_dir = family_teachers[kind]
+        data = tmp_path / kind
+        prep.main(['--source=builtin', f'--tokenizer={teacher_dir}', f'--out_dir={data}', '--num_proc=1',
+                   '--val_every=10', '--max_tokens=20000'])
+        meta = json.loads((data / 'meta.json').read_text())
+        assert meta['tokenizer']['family'] == 'bpe' and meta['tokenizer']['eos_token'] == EOT
+        result = distill.main([f'--teacher={teacher_dir}', f'--data_dir={data}', '--batches=1', '--batch_size=2',
+                               '--block_size=16', '--device=cpu'])
+        ids = np.concatenate([prep.read_shard(data / name) for name in meta['splits']['val']['shards']])
+        windows = torch.stack([torch.from_numpy(ids[16 * k:16 * k + 17].astype(np.int64)) for k in range(2)])
+        logits = hf_logits(teacher_dir, windows[:, :-1])
+        assert result['loss'] == pytest.approx(F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()).item(),
+                                               rel=1e-5)
+        teacher = distill.load_teacher(str(teacher_dir))
+        rows = teacher.config.vocab_size
+        distill.check_compatibility(teacher, str(teacher_dir), tiny_config(vocab_size=rows), meta, 16)
+        if rows > meta['vocab_size']:  # padded: fine for the data, but the student needs the teacher's rows
+            with pytest.raises(SystemExit, match=f"set the student's vocab_size={rows}"):
+                distill.check_compatibility(teacher, str(teacher_dir), tiny_config(vocab_size=meta['vocab_size']),
+                                            meta, 16)
+    # the other teacher's data: its tokenizer differs, named by family and size
+    with pytest.raises(SystemExit, match='is not the one the data was tokenized with'):
+        distill.main([f'--teacher={family_teachers["smollm_llama"]}', f'--data_dir={tmp_path / "qwen2_padded"}'])
+    # Mistral's sliding window caps the teacher's length: a longer window is refused, alone among the checks
+    spec = str(family_teachers['mistral_window'])
+    own = prep.tokenizer_info(prep.load_tokenizer(spec), spec)
+    with pytest.raises(SystemExit) as e:
+        distill.check_compatibility(distill.load_teacher(spec), spec, None,
+                                    dict(tokenizer=own, vocab_size=own['n_vocab']), 17)
+    assert str(e.value).count('\n  - ') == 1
+    assert "block_size=17 is longer than the teacher's 16 positions" in str(e.value)
+    assert 'sliding_window' in str(e.value)

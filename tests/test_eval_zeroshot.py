@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import eval_zeroshot as ez
 import prepare_data as prep
 from model import GPT, IGNORE_INDEX, ModelConfig
-from test_prepare_data import write_tiktoken_file
+from test_prepare_data import EOT, write_tiktoken_file
 
 torch.set_num_threads(2)
 BYTES = prep.load_tokenizer('bytes')
@@ -242,3 +242,83 @@ def test_heldout(tmp_path):
     assert len({r['label'] for r in rows}) == 4
     with pytest.raises(SystemExit, match='too short'):
         ez.heldout_rows(str(tmp_path), 1000)
+
+
+# -----------------------------------------------------------------------------
+# Hugging Face models with any byte-level BPE tokenizer (issue 14), against the harness written out here
+
+# rows whose text the tokenizer families split differently: digit runs, unicode, CRLF, contractions, emoji, code
+FAMILY_ROWS = {
+    'arc_easy': dict(question='Which is larger: 1234567 or 999.5?', answerKey='A',
+                     choices=dict(text=['1234567', '999.5', '12,345 (½ of 24,690)'], label=['A', 'B', 'C'])),
+    'hellaswag': dict(activity_label='Cooking 🍳', ctx_a="They're making crêpes\r\nfor 4 people.", ctx_b='then they',
+                      endings=['flip them   twice.', 'add 250 g of flour 🥞', 'say "naïve" 3 times'], label='1'),
+    'piqa': dict(goal='How do I print 42 in Python?', sol1='print(40 + 2)  # prints 42', sol2='echo $((6*7))',
+                 label=0),
+    'boolq': dict(question="is 2024 a leap year", passage='2024 is divisible by 4 (2024 / 4 = 506).\nYes, it is.',
+                  label=1),
+    'winogrande': dict(sentence="Tom's 3 cats didn't fit the 2 boxes because _ were too many.", option1='the cats',
+                       option2='the boxes', answer='1'),
+}
+
+
+@pytest.fixture(scope='module')
+def family_models(tmp_path_factory):
+    from test_distill import family_teacher_dirs
+    return family_teacher_dirs(tmp_path_factory.mktemp('families'))
+
+
+def harness_logliks(model_dir, docs, max_length):
+    """What lm-evaluation-harness 0.4.9 computes per request (--model hf, batch size 1, float32), written out with
+    the `tokenizers` library (what transformers' fast tokenizer runs on tokenizer.json) and the transformers model:
+    the context's trailing whitespace moves to the continuation; continuation = enc(context + continuation)[len(
+    enc(context)):], no special tokens; the input is the last max_length + 1 tokens minus the last one; the score
+    is the sum of the continuation's log-probabilities."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+    tok = Tokenizer.from_file(str(model_dir / 'tokenizer.json'))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation='eager').float().eval()
+    scores = []
+    for doc in docs:
+        for context, continuation in doc.requests:
+            n = len(context) - len(context.rstrip())
+            if n:
+                context, continuation = context[:-n], context[-n:] + continuation
+            whole = tok.encode(context + continuation, add_special_tokens=False).ids
+            ctx = tok.encode(context, add_special_tokens=False).ids
+            cont = whole[len(ctx):]
+            inp = (ctx + cont)[-(max_length + 1):][:-1]
+            with torch.no_grad():
+                logp = F.log_softmax(model(torch.tensor([inp])).logits[0].double(), -1)
+            scores.append(sum(logp[len(inp) - len(cont) + i, t].item() for i, t in enumerate(cont)))
+    return scores
+
+
+@pytest.mark.parametrize('kind', ['smollm_llama', 'qwen2_gpt2_regex', 'qwen2_padded'])
+def test_hf_models_of_every_tokenizer_family_score_as_the_harness(kind, family_models, tmp_path):
+    """eval_zeroshot.py --hf_model with a SmolLM-shaped Llama (refused before issue 14), a qwen2 model whose
+    tokenizer.json uses GPT-2's regex (tokenized with Qwen's before), and a Qwen2.5-shaped model with a padded
+    vocabulary: every choice's log-likelihood equals the harness's to 1e-3."""
+    model_dir = family_models[kind]
+    data = tmp_path / 'data'
+    for task, row in FAMILY_ROWS.items():
+        (data / task).mkdir(parents=True)
+        (data / task / (ez.HUB[task][2] + '.jsonl')).write_text(json.dumps(row) + '\n' + json.dumps(ROWS[task]) + '\n')
+    results = ez.main([f'--hf_model={model_dir}', f'--data_dir={data}', f'--tasks={",".join(FAMILY_ROWS)}',
+                       '--log_samples=True', '--batch_size=4', '--device=cpu', '--dtype=float32'])
+    for task in FAMILY_ROWS:
+        docs = ez.build_docs(task, [FAMILY_ROWS[task], ROWS[task]], 'here')
+        ours = [s for d in results[task]['docs'] for s in d['logliks']]
+        assert ours == pytest.approx(harness_logliks(model_dir, docs, 128), abs=1e-3), task
+    # these tokenizers put no BOS before a text: --add_bos is refused, an empty context would be scored after EOS
+    with pytest.raises(SystemExit, match='--add_bos: the bpe tokenizer puts no BOS before a text'):
+        ez.main([f'--hf_model={model_dir}', f'--data_dir={data}', '--tasks=piqa', '--add_bos=True'])
+    enc = prep.load_tokenizer(str(model_dir))
+    assert ez.encode_request(enc, '', ' x', 8, prefix_id=enc.ids([enc.prefix_token])[0])[0] == tuple(enc.ids([EOT]))
+    with pytest.raises(ValueError, match='names neither'):
+        ez.encode_request(enc, '', ' x', 8, prefix_id=None)
+    # c4 is tokenized as the HF tokenizer tokenizes a text (no BOS for these tokenizers)
+    rows = [dict(text=f'doc {i}: 1234 naïve\r\n🤖') for i in range(ez.C4_DOCS)]
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(model_dir / 'tokenizer.json'))
+    assert ez.c4_tokens(enc, rows) == tok.encode(' '.join(r['text'] for r in rows)).ids

@@ -1,9 +1,13 @@
 """Tests for prepare_data.py: tokenizers (round trip, exact parity with Hugging Face `tokenizers` on tiny
 tokenizers built here), shard files, the CLI pipeline (determinism, resume, bad input)."""
 import base64
+import hashlib
 import json
 import os
+import pickle
+import random
 import re
+import shutil
 import sys
 import unicodedata
 from pathlib import Path
@@ -11,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiktoken
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
+                        trainers)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import prepare_data as prep  # noqa: E402
@@ -70,15 +75,17 @@ def checkpoints(tmp_path_factory):
     """Fake checkpoint directories (name -> (dir, the HF tokenizer it must match))."""
     root = tmp_path_factory.mktemp("checkpoints")
     qwen = train_hf_bpe(HF_QWEN2_REGEX, nfc=True, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    # Qwen as tokenizer.json ...
+    # Qwen as tokenizer.json ... (its tokenizer_config.json names the EOS and no BOS, as Qwen1.5's)
     write_json(root / "qwen_json" / "config.json", {"model_type": "qwen2"})
     qwen.save(str(root / "qwen_json" / "tokenizer.json"))
+    qwen_config = {"tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": "<|endoftext|>"}
+    write_json(root / "qwen_json" / "tokenizer_config.json", qwen_config)
     # ... and as vocab.json + merges.txt, with the special tokens in tokenizer_config.json (as Qwen1.5 ships them)
     write_json(root / "qwen_vocab" / "config.json", {"model_type": "qwen2"})
     qwen.model.save(str(root / "qwen_vocab"))
     added = {str(qwen.token_to_id(t)): {"content": t, "special": True}
              for t in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}
-    write_json(root / "qwen_vocab" / "tokenizer_config.json", {"added_tokens_decoder": added})
+    write_json(root / "qwen_vocab" / "tokenizer_config.json", {"added_tokens_decoder": added, **qwen_config})
     # Llama-3 style: original/tokenizer.model (tiktoken format) next to config.json; its ranks are the HF ids.
     llama = train_hf_bpe(HF_LLAMA3_REGEX, nfc=False, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"])
     to_byte = prep.gpt2_unicode_to_byte()
@@ -175,8 +182,9 @@ def test_llama3_special_tokens():
 def test_bad_tokenizers(tmp_path, checkpoints):
     with pytest.raises(SystemExit, match="unknown tokenizer"):
         prep.load_tokenizer("gpt-17")
+    # a model directory without tokenizer files (config.json is not read for the tokenizer)
     write_json(tmp_path / "mistral" / "config.json", {"model_type": "mistral"})
-    with pytest.raises(SystemExit, match="model_type 'mistral'"):
+    with pytest.raises(SystemExit, match="has no tokenizer.json, vocab.json \\+ merges.txt, or original/tokenizer"):
         prep.load_tokenizer(str(tmp_path / "mistral"))
     (tmp_path / "sentencepiece.model").write_bytes(b"\n\x0f\n\x05<unk>\x15\x00\x00\x00\x00\x18\x02")
     with pytest.raises(SystemExit, match="not a tiktoken BPE file"):
@@ -192,10 +200,360 @@ def test_bad_tokenizers(tmp_path, checkpoints):
     (tmp_path / "shuffled" / "merges.txt").write_text("\n".join(["#version: 0.2", *merges]))
     with pytest.raises(SystemExit, match="out of id order"):
         prep.load_tokenizer(str(tmp_path / "shuffled"))
-    # a Qwen directory without <|endoftext|> cannot mark document ends
+    # a directory without its EOS token cannot mark document ends (no tokenizer_class: GPT2Tokenizer's defaults)
     (tmp_path / "shuffled" / "merges.txt").write_text("#version: 0.2\n")
-    with pytest.raises(SystemExit, match="has no <\\|endoftext\\|> token"):
+    with pytest.raises(SystemExit, match="eos_token '<\\|endoftext\\|>' is not one of its special tokens"):
         prep.load_tokenizer(str(tmp_path / "shuffled"))
+
+# -----------------------------------------------------------------------------
+# Tokenizers read from their own files (any byte-level BPE directory), against the `tokenizers` library
+
+CODE = ('def f(x, y=3.14e-10):\n\tif x >= 0x1F:  # 🐍 comment\r\n        return {"a": [1, 22, 333, 4444, 55555]}\n'
+        '    s = f"{x!r:>10}" + \'don\\\'t\'  \t\n\n    return s.upper()  # WE\'RE   DONE\n')
+# Fresh text built from pieces the tokenizers treat differently: letters, contractions, ASCII and other digits
+# (Arabic-Indic, superscripts, fractions, Roman numerals, Devanagari, Unicode 16's Kirat Rai), whitespace runs
+# (tabs, CRLF, NBSP, ideographic space, line separator), punctuation, emoji with ZWJ and flags, CJK, combining marks.
+POOL = (list("abcXYZé") + ["the", "don't", "'s", "'LL", "'ve", "x=1", "O'Neil"] + list("0123456789")
+        + ["٣", "²", "½", "Ⅻ", "〇", "१", "12345", "3.14159", "\U00011DE3", "\U00016FF5"]
+        + [" ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "\u00a0", "\u3000", "\u2028"]
+        + list(".,;:!?-_()[]{}<>\"'/\\@#$%^&*+=~`|")
+        + ["🤖", "👩\u200d💻", "🇺🇸", "你好", "e\u0301", "한국어", "مرحبا", "नमस्ते", "    return x", "def f(a, b):"])
+
+
+def fuzz(seed, n=60):
+    rng = random.Random(seed)
+    return "".join(rng.choice(POOL) for _ in range(n))
+
+
+def parity_texts():
+    return [TEXT, CODE, unicodedata.normalize("NFD", TEXT), *corpus()[40:79], *(fuzz(seed) for seed in range(30))]
+
+
+def byte_level(use_regex=True):
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
+
+
+def split_then_bytes(regex):  # Llama-3 and Qwen2's tokenizer.json
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"), byte_level(False)])
+
+
+def digits_then_gpt2(individual):  # SmolLM's (and StarCoder's) tokenizer.json
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=individual), byte_level()])
+
+
+def hf_tokenizer(pre_tokenizer, nfc=False, leading_specials=(), specials=(), inline=(), template=None):
+    """A tiny byte-level BPE trained here. leading_specials get the first ids (as SmolLM's), specials ids after the
+    merges (as Llama-3's, Qwen's); inline: (content, normalized) added tokens that are not special; template: the
+    post-processor's single-text template, e.g. '<s> $A </s>'."""
+    tok = Tokenizer(models.BPE())
+    if nfc:
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1200, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=list(leading_specials), show_progress=False)
+    tok.train_from_iterator(corpus()[:40] + [TEXT, CODE], trainer)
+    tok.add_special_tokens(list(specials))
+    tok.add_tokens([AddedToken(t, special=False, normalized=normalized) for t, normalized in inline])
+    if template:
+        names = [w for w in template.split() if w != "$A"]
+        tok.post_processor = processors.TemplateProcessing(single=template,
+                                                           special_tokens=[(n, tok.token_to_id(n)) for n in names])
+    return tok
+
+
+def save_layout(directory, tok, tokenizer_config=None, config=None, special_tokens_map=None):
+    """A directory as the hub has them: tokenizer.json and the given JSON files (None: no such file)."""
+    directory.mkdir(parents=True)
+    tok.save(str(directory / "tokenizer.json"))
+    for name, obj in [("tokenizer_config.json", tokenizer_config), ("config.json", config),
+                      ("special_tokens_map.json", special_tokens_map)]:
+        if obj is not None:
+            write_json(directory / name, obj)
+    return directory
+
+
+EOT = "<|endoftext|>"
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """name -> (directory, its `tokenizers` Tokenizer, the family, the tokens before / after each document)."""
+    root = tmp_path_factory.mktemp("layouts")
+    chat = [EOT, "<|im_start|>", "<|im_end|>"]
+    gpt2_config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": EOT, "eos_token": EOT}
+    qwen_config = {"tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": EOT}
+    out = {}
+
+    def add(name, tok, family, boundary, **files):
+        out[name] = (save_layout(root / name, tok, **files), tok, family, boundary)
+
+    # a plain tokenizer directory, no config.json: GPT-2's pre-tokenizer
+    add("gpt2_no_config", hf_tokenizer(byte_level(), specials=[EOT]), "bpe", ([], [EOT]), tokenizer_config=gpt2_config)
+    # a Llama model with SmolLM's tokenizer: Digits + GPT-2's regex, specials at ids 0-2, <|endoftext|> ends documents
+    add("smollm_llama", hf_tokenizer(digits_then_gpt2(True), leading_specials=chat), "bpe", ([], [EOT]),
+        tokenizer_config=gpt2_config, config={"model_type": "llama"})
+    # digit runs isolated; the EOS named only in special_tokens_map.json (an AddedToken dict)
+    add("digit_runs", hf_tokenizer(digits_then_gpt2(False), specials=["</s>"]), "bpe", ([], ["</s>"]),
+        special_tokens_map={"eos_token": {"content": "</s>", "lstrip": False, "rstrip": False}})
+    # a qwen2 model whose tokenizer.json pre-tokenizes with GPT-2's regex (and NFC)
+    add("qwen2_gpt2_regex", hf_tokenizer(byte_level(), nfc=True, specials=chat), "bpe", ([], [EOT]),
+        tokenizer_config=qwen_config, config={"model_type": "qwen2"})
+    # Llama-3's tokenizer.json: its regex, <|begin_of_text|> prepended by the post-processor; no config.json
+    llama3 = hf_tokenizer(split_then_bytes(HF_LLAMA3_REGEX), specials=["<|begin_of_text|>", "<|end_of_text|>"],
+                          template="<|begin_of_text|> $A")
+    llama3_config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
+                     "eos_token": "<|end_of_text|>"}
+    add("llama3_json", llama3, "llama3", (["<|begin_of_text|>"], []), tokenizer_config=llama3_config)
+    # the hub's Llama-3 layout: the same, plus config.json and Meta's original/tokenizer.model (the same ranks)
+    add("llama3_hub", llama3, "llama3", (["<|begin_of_text|>"], []), tokenizer_config=llama3_config,
+        config={"model_type": "llama"})
+    to_byte = prep.gpt2_unicode_to_byte()
+    write_tiktoken_file(root / "llama3_hub" / "original" / "tokenizer.model",
+                        {bytes(to_byte[c] for c in t): i for t, i in llama3.get_vocab(with_added_tokens=False).items()})
+    # Qwen2.5's shape: NFC, Qwen's regex, added tokens that are not special (<tool_call>) matched inside text
+    add("qwen25_inline", hf_tokenizer(split_then_bytes(HF_QWEN2_REGEX), nfc=True, specials=chat,
+                                      inline=[("<tool_call>", False), ("</tool_call>", False), ("naïve", True)]),
+        "bpe", ([], [EOT]), tokenizer_config=qwen_config, config={"model_type": "qwen2"})
+    # a template with BOS and EOS: documents are wrapped the same way
+    add("bos_and_eos", hf_tokenizer(byte_level(), specials=["<s>", "</s>"], template="<s> $A </s>"), "bpe",
+        (["<s>"], ["</s>"]), tokenizer_config={"bos_token": "<s>", "eos_token": "</s>"})
+    return out
+
+
+LAYOUTS = ["gpt2_no_config", "smollm_llama", "digit_runs", "qwen2_gpt2_regex", "llama3_json", "llama3_hub",
+           "qwen25_inline", "bos_and_eos"]
+
+
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_every_layout_gives_the_ids_of_tokenizers(kind, layouts):
+    model_dir, hf, family, (before, after) = layouts[kind]
+    enc = prep.load_tokenizer(str(model_dir))
+    assert enc.name == family
+    for text in parity_texts():
+        assert enc.encode_ordinary(text) == hf.encode(text, add_special_tokens=False).ids, text
+    # documents: wrapped as the tokenizer wraps a text (add_special_tokens=True), else EOS after each
+    text = fuzz(99)
+    plain, wrapped = hf.encode(text, add_special_tokens=False).ids, hf.encode(text).ids
+    doc = prep.encode_document(enc, text)
+    assert doc == [hf.token_to_id(t) for t in before] + plain + [hf.token_to_id(t) for t in after]
+    assert doc == wrapped or (wrapped == plain and not before)
+    info = prep.tokenizer_info(enc, str(model_dir))
+    assert (info["bos_id"], info["eos_id"]) == (hf.token_to_id(before[0]) if before else None,
+                                                hf.token_to_id(after[0]) if after else None)
+
+
+@pytest.mark.parametrize("pattern, pre_tokenizer", [
+    (prep.GPT2_PATTERN, byte_level()),
+    (prep.GPT2_DIGITS_PATTERN, digits_then_gpt2(True)),
+    (prep.GPT2_DIGIT_RUNS_PATTERN, digits_then_gpt2(False)),
+    (prep.LLAMA3_PATTERN, split_then_bytes(HF_LLAMA3_REGEX)),
+    (prep.QWEN2_PATTERN, split_then_bytes(HF_QWEN2_REGEX))], ids=["gpt2", "digits", "digit_runs", "llama3", "qwen2"])
+def test_pre_tokenizers_split_like_tokenizers(pattern, pre_tokenizer):
+    """tiktoken with the pattern cuts fresh text into exactly the pieces of the `tokenizers` pre-tokenizer (a vocabulary
+    of every substring makes each piece one token, which reveals the pieces)."""
+    to_byte = prep.gpt2_unicode_to_byte()
+    for seed in range(40):
+        text = fuzz(seed)
+        data = text.encode()
+        substrings = {data[i:j] for i in range(len(data)) for j in range(i + 1, min(len(data), i + 48) + 1)}
+        enc = tiktoken.Encoding("pieces", pat_str=pattern, special_tokens={}, mergeable_ranks={
+            s: r for r, s in enumerate(sorted(substrings, key=lambda s: (len(s), s)))})
+        hf_pieces = [bytes(to_byte[c] for c in piece) for piece, _ in pre_tokenizer.pre_tokenize_str(text)]
+        assert enc.decode_tokens_bytes(enc.encode_ordinary(text)) == hf_pieces, text
+
+
+def test_issue_14_regressions(tmp_path, layouts):
+    """(1) a tokenizer directory without config.json, (2) a Llama model with a GPT-2-style BPE and <|endoftext|>
+    (SmolLM's shape), (3) a qwen2 model whose tokenizer.json uses GPT-2's regex: each prepared exactly."""
+    docs = corpus()[:12]
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    for kind in ("gpt2_no_config", "smollm_llama", "qwen2_gpt2_regex"):
+        model_dir, hf, _, _ = layouts[kind]
+        assert (model_dir / "config.json").exists() == (kind != "gpt2_no_config")
+        meta, out_dir = run(tmp_path, f"--source={src}", f"--tokenizer={model_dir}", "--val_every=4", out=kind)
+        eot = hf.token_to_id(EOT)
+        val = np.concatenate([prep.read_shard(out_dir / n) for n in meta["splits"]["val"]["shards"]]).tolist()
+        assert val == [i for d in docs[::4] for i in hf.encode(d, add_special_tokens=False).ids + [eot]]
+        tok = meta["tokenizer"]
+        assert (tok["family"], tok["bos_id"], tok["eos_id"], tok["eos_token"]) == ("bpe", None, eot, EOT)
+        assert tok["boundary"].startswith("<|endoftext|> after each document") and tok["prefix"] == tok["suffix"] == []
+    # (3): " 100" is one GPT-2 piece but three Qwen2 pieces; the ids are the model's own tokenizer's
+    model_dir, hf, _, _ = layouts["qwen2_gpt2_regex"]
+    enc = prep.load_tokenizer(str(model_dir))
+    qwen_regex = tiktoken.Encoding("q", pat_str=prep.QWEN2_PATTERN, mergeable_ranks=enc._mergeable_ranks,
+                                   special_tokens={})
+    for text in [" 100", "In 1999, 42 of 1234567 people paid $3.50."]:
+        assert enc.encode_ordinary(text) == hf.encode(text, add_special_tokens=False).ids
+        assert enc.encode_ordinary(text) != qwen_regex.encode_ordinary(text)
+
+
+def test_slow_tokenizers_match_transformers(tmp_path, layouts, checkpoints):
+    """vocab.json + merges.txt only: GPT-2's conventions by default (<|endoftext|> inside vocab.json, as GPT-2's),
+    Qwen2's for tokenizer_class Qwen2Tokenizer; the reference is transformers' tokenizer of the directory."""
+    from transformers import GPT2Tokenizer, Qwen2Tokenizer
+    hf = layouts["gpt2_no_config"][1]
+    slow = tmp_path / "gpt2_slow"
+    slow.mkdir()
+    hf.model.save(str(slow))
+    vocab = json.loads((slow / "vocab.json").read_text())
+    write_json(slow / "vocab.json", vocab | {EOT: len(vocab)})
+    for model_dir, cls in [(slow, GPT2Tokenizer), (checkpoints["qwen_vocab"][0], Qwen2Tokenizer)]:
+        ref = cls.from_pretrained(str(model_dir))
+        enc = prep.load_tokenizer(str(model_dir))
+        for text in parity_texts():
+            assert enc.encode_ordinary(text) == ref(text, add_special_tokens=False)["input_ids"], text
+        assert ref("Hi there")["input_ids"] == ref("Hi there", add_special_tokens=False)["input_ids"]  # no BOS
+        assert prep.encode_document(enc, "Hi there") == ref("Hi there")["input_ids"] + [ref.eos_token_id]
+        assert enc.name == ("qwen2" if cls is Qwen2Tokenizer else "bpe")
+
+
+def test_transformers_prepends_the_bos_we_put_before_documents(layouts):
+    from transformers import AutoTokenizer
+    model_dir, hf, _, _ = layouts["llama3_json"]
+    ref = AutoTokenizer.from_pretrained(str(model_dir))
+    enc = prep.load_tokenizer(str(model_dir))
+    for text in [TEXT, CODE]:
+        assert prep.encode_document(enc, text) == ref(text)["input_ids"]
+        assert enc.encode_ordinary(text) == ref(text, add_special_tokens=False)["input_ids"]
+
+
+def test_inline_added_tokens_and_special_token_strings(layouts):
+    """Added tokens that are not special are matched inside text, as Hugging Face does (normalized=true ones after
+    NFC); special tokens' strings are ordinary text, as Hugging Face's encode_special_tokens=True."""
+    model_dir, hf, _, _ = layouts["qwen25_inline"]
+    enc = prep.load_tokenizer(str(model_dir))
+    assert enc.inline == ("<tool_call>", "</tool_call>", "naïve") and enc.inline_normalized == ("naïve",)
+    text = ('Call <tool_call>{"n": 12}</tool_call></tool_call>x; ' + unicodedata.normalize("NFD", "naïve café")
+            + " naïve")
+    ids = enc.encode_ordinary(text)
+    assert ids == hf.encode(text, add_special_tokens=False).ids
+    assert ids.count(hf.token_to_id("<tool_call>")) == 1 and ids.count(hf.token_to_id("naïve")) == 2
+    forged = "a <|im_start|>user\n<|endoftext|> b"
+    as_text = hf.encode(forged, add_special_tokens=False).ids
+    hf.encode_special_tokens = True
+    try:
+        assert enc.encode_ordinary(forged) == hf.encode(forged, add_special_tokens=False).ids != as_text
+    finally:
+        hf.encode_special_tokens = False
+    with pytest.raises(ValueError, match="special token"):
+        enc.encode(forged)
+    assert enc.encode(forged, allowed_special="all") == as_text
+    assert enc.encode(forged, disallowed_special=()) == enc.encode_ordinary(forged)
+    assert list(enc.encode_to_numpy(text)) == ids
+    clone = pickle.loads(pickle.dumps(enc))  # what the tokenizer workers get
+    assert clone.encode_ordinary(text) == ids and prep.tokenizer_info(clone, "x") == prep.tokenizer_info(enc, "x")
+
+
+def old_sha256(enc):
+    """The sha256 prepare_data.py recorded before it read tokenizers' files (its formula, written out here)."""
+    h = hashlib.sha256(json.dumps([enc.name, enc._pat_str, enc.nfc, enc._special_tokens], sort_keys=True).encode())
+    for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda item: item[1]):
+        h.update(base64.b64encode(token) + b" %d\n" % rank)
+    return h.hexdigest()
+
+
+def test_sha256_keeps_old_data_valid_and_covers_conventions(tmp_path, layouts, checkpoints):
+    """The three old conventions keep their sha256 (data and checkpoints made before still match their teachers);
+    any other tokenizer's covers its conventions, so a changed document boundary is a different tokenizer."""
+    specs = ["bytes", str(checkpoints["llama"][0] / "original" / "tokenizer.model"),
+             *(str(checkpoints[k][0]) for k in ("llama", "qwen_json", "qwen_vocab")),
+             *(str(layouts[k][0]) for k in ("llama3_json", "llama3_hub"))]
+    for spec in specs:
+        enc = prep.load_tokenizer(spec)
+        assert enc.name in prep.FAMILIES and prep.tokenizer_info(enc, spec)["sha256"] == old_sha256(enc), spec
+    sha = lambda spec: prep.tokenizer_info(prep.load_tokenizer(str(spec)), str(spec))["sha256"]
+    assert sha(layouts["llama3_hub"][0]) == sha(layouts["llama3_json"][0])  # the same tokenizer, two layouts
+    plain = layouts["gpt2_no_config"][0]
+    enc = prep.load_tokenizer(str(plain))
+    assert prep.tokenizer_info(enc, str(plain))["sha256"] != old_sha256(enc)
+    # the same vocabulary, pattern and specials, but <|endoftext|> put before every text: another tokenizer
+    hf = layouts["gpt2_no_config"][1]
+    tok = Tokenizer.from_str(hf.to_str())
+    tok.post_processor = processors.TemplateProcessing(single=f"{EOT} $A", special_tokens=[(EOT, hf.token_to_id(EOT))])
+    with_bos = save_layout(tmp_path / "with_bos", tok, tokenizer_config={"eos_token": EOT})
+    assert prep.encode_document(prep.load_tokenizer(str(with_bos)), "x") == tok.encode("x").ids
+    assert tok.encode("x").ids == [hf.token_to_id(EOT), *hf.encode("x").ids]
+    assert sha(with_bos) != sha(plain)
+
+
+def refusal_cases(root, layouts):
+    """name -> (directory, the message it is refused with)."""
+    gpt2_dir, gpt2, _, _ = layouts["gpt2_no_config"]
+    cases = {}
+
+    def variant(name, message, tok=None, tokenizer_config=None, **files):
+        cases[name] = (save_layout(root / name, tok or gpt2, tokenizer_config=tokenizer_config, **files), message)
+
+    def trained(model, pre_tokenizer, trainer):
+        tok = Tokenizer(model)
+        tok.pre_tokenizer = pre_tokenizer
+        tok.train_from_iterator(corpus()[:5], trainer)
+        return tok
+
+    eos = {"eos_token": EOT}
+    (root / "sentencepiece").mkdir(parents=True)
+    (root / "sentencepiece" / "tokenizer.model").write_bytes(b"\n\x0f\n\x05<unk>\x15\x00\x00\x00\x00\x18\x02")
+    write_json(root / "sentencepiece" / "config.json", {"model_type": "mistral"})
+    cases["sentencepiece"] = (root / "sentencepiece", "has tokenizer.model but no tokenizer.json.*only byte-level BPE")
+    variant("sentencepiece_json", "a SentencePiece-style BPE.*only byte-level BPE", trained(
+        models.BPE(unk_token="<unk>", byte_fallback=True), pre_tokenizers.Metaspace(),
+        trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"], show_progress=False)), eos)
+    variant("wordpiece", "a WordPiece model; only byte-level BPE", trained(
+        models.WordPiece(unk_token="[UNK]"), pre_tokenizers.BertPreTokenizer(),
+        trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[UNK]"], show_progress=False)), eos)
+    variant("unigram", "a Unigram model; only byte-level BPE", trained(
+        models.Unigram(), pre_tokenizers.Metaspace(), trainers.UnigramTrainer(vocab_size=100, show_progress=False)),
+        eos)
+    tok = Tokenizer.from_str(gpt2.to_str())
+    tok.normalizer = normalizers.NFKC()
+    variant("nfkc", "normalizer NFKC is not supported", tok, eos)
+    tok = Tokenizer.from_str(gpt2.to_str())
+    tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()])
+    variant("lowercase", r"normalizer NFC \+ Lowercase is not supported", tok, eos)
+    tok = Tokenizer.from_str(gpt2.to_str())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), byte_level()])
+    variant("whitespace_split", r"pre-tokenizer WhitespaceSplit\(\) \+ ByteLevel\(use_regex=True\) is not supported",
+            tok, eos)
+    tok = Tokenizer.from_str(gpt2.to_str())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    variant("prefix_space", "add_prefix_space=true", tok, eos)
+    variant("no_eos", "puts no special token around a text and names no eos_token")
+    variant("eos_not_a_token", "eos_token '</s>' is not one of its special tokens",
+            tokenizer_config={"eos_token": "</s>"})
+    variant("files_disagree", "name different eos_tokens", tokenizer_config=eos,
+            special_tokens_map={"eos_token": "</s>"})
+    variant("bos_flag_vs_template", "transformers versions differ",
+            tokenizer_config={"add_bos_token": True, "bos_token": EOT, "eos_token": EOT})
+    variant("llama_class_without_bos", "transformers versions differ",
+            tokenizer_config={"tokenizer_class": "LlamaTokenizerFast", "bos_token": EOT, "eos_token": EOT})
+    tok = Tokenizer.from_str(gpt2.to_str())
+    tok.add_tokens([AddedToken("<tool>", special=False, lstrip=True)])
+    variant("lstrip", "added token '<tool>' has lstrip", tok, eos)
+    shutil.copytree(layouts["llama3_hub"][0], root / "two_vocabularies")
+    write_tiktoken_file(root / "two_vocabularies" / "original" / "tokenizer.model",
+                        {bytes([b]): b for b in range(256)})
+    cases["two_vocabularies"] = (root / "two_vocabularies", "original/tokenizer.model and tokenizer.json hold "
+                                                            "different vocabularies")
+    (root / "slow_codegen").mkdir()
+    gpt2.model.save(str(root / "slow_codegen"))
+    write_json(root / "slow_codegen" / "tokenizer_config.json", {"tokenizer_class": "CodeGenTokenizer"} | eos)
+    cases["slow_codegen"] = (root / "slow_codegen", "tokenizer_class 'CodeGenTokenizer'.*supported without a "
+                                                    "tokenizer.json: GPT2Tokenizer")
+    (root / "empty").mkdir()
+    cases["empty"] = (root / "empty", "has no tokenizer.json, vocab.json \\+ merges.txt, or original/tokenizer.model")
+    assert gpt2_dir.is_dir()
+    return cases
+
+
+def test_unsupported_tokenizers_are_refused_before_anything_is_written(tmp_path, layouts):
+    for name, (model_dir, message) in refusal_cases(tmp_path / "dirs", layouts).items():
+        with pytest.raises(SystemExit, match=message):
+            prep.load_tokenizer(str(model_dir))
+        with pytest.raises(SystemExit, match=message):
+            run(tmp_path, f"--tokenizer={model_dir}", out=name)
+        assert not (tmp_path / name).exists(), name
 
 # -----------------------------------------------------------------------------
 # Shards

@@ -1,0 +1,345 @@
+"""
+Export one of this repo's checkpoints as a Hugging Face model directory, for transformers, lm-evaluation-harness and
+the hub:
+
+    python export_hf.py --ckpt=out/affine_1b --out_dir=hf/affine_1b
+    python export_hf.py --ckpt=out/softmax_1b/ckpt.pt --out_dir=hf/softmax_1b --dtype=bfloat16
+
+What it writes into out_dir:
+  softmax       a plain Llama (Qwen2 with q/k/v biases) model: transformers' own LlamaForCausalLM / Qwen2ForCausalLM
+                load it, no remote code.
+  sink, gated,  config.json with our ModelConfig (under model_config) and an auto_map to hf_wrapper.py, shipped with
+  affine,       model.py and sink_kernel.py, this repository's own files: AutoModelForCausalLM.from_pretrained(dir,
+  affine_gated  trust_remote_code=True) builds our GPT, so the exported model computes what the trained one did.
+  and always    the weights as model.safetensors (shards + model.safetensors.index.json above --max_shard_size; alpha_ma
+                and the sinks included), generation_config.json, and the tokenizer the run trained with: the teacher's
+                Hugging Face tokenizer files, or for --tokenizer=bytes a generated tokenizer.json with the same ids.
+The files are the ones transformers 4.x and 5.x both read (config.json keeps rope_theta / rope_scaling at the top
+level, as the hub's Llama-3 checkpoints do; tokenizer_config.json names PreTrainedTokenizerFast).
+
+Nothing half-written: the directory is assembled beside out_dir under a hidden name, checked (transformers must load it
+and give our logits, on a right-padded batch; its tokenizer must give our token ids), and only then renamed to out_dir.
+"""
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import re
+import shutil
+import sys
+
+import torch
+
+from distill import read_checkpoint
+from model import GPT, ModelConfig
+from prepare_data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CODE_FILES = ('hf_wrapper.py', 'model.py', 'sink_kernel.py')  # what a non-softmax export ships (hf_wrapper: the entry)
+HF_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.json', 'merges.txt')
+DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
+# what the export's tokenizer must encode exactly as ours: scripts, accents, emoji, whitespace runs, digits,
+# contractions
+TOKENIZER_CHECK_TEXTS = ("Hello,   world! It's 2024; we've 1234567 items\u2014costing $3.50.\n\n",
+                         "  Ünïcödé: naïve café, 你好世界, 🤖🚀\ttab\r\nCRLF   \n",
+                         "Question: Which is a gas?\nAnswer: steam",
+                         "THEY'RE LOUD'LL 'S 0.001 x=42*y  \n\n\n   trailing   ")
+
+# -----------------------------------------------------------------------------
+# Reading our checkpoint
+
+
+def load_checkpoint(spec):
+    """(GPT in eval mode, the checkpoint's tokenizer dict, its path) of train.py's ckpt.pt or the out_dir holding it."""
+    path = os.path.join(spec, 'ckpt.pt') if os.path.isdir(spec) else spec
+    if not os.path.isfile(path):
+        raise SystemExit(f"--ckpt={spec}: no such checkpoint (train.py's ckpt.pt, or the out_dir holding it)")
+    try:
+        ckpt = read_checkpoint(path)
+        model = GPT(ModelConfig(**ckpt['model_config']))
+        # a torch.compile'd model's parameters are saved under _orig_mod.
+        model.load_state_dict({key.removeprefix('_orig_mod.'): t for key, t in ckpt['model'].items()})
+    except Exception as e:  # a truncated or foreign file fails in torch.load, a mismatched one in load_state_dict
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SystemExit(f"--ckpt={spec}: {path} is not a readable checkpoint of train.py: {first_line}") from None
+    return model.eval(), ckpt['tokenizer'], path
+
+# -----------------------------------------------------------------------------
+# Weights
+
+
+def parse_size(text):
+    """'5GB', '500MB', '20KB' or a number of bytes (decimal units, as transformers' max_shard_size) -> bytes."""
+    m = re.fullmatch(r'\s*(\d+(?:\.\d+)?)\s*(KB|MB|GB|TB)?\s*', text, flags=re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected a size such as 5GB, 500MB or 20KB, got {text!r}")
+    return int(float(m.group(1)) * 1000 ** ' KMGT'.index((m.group(2) or ' ')[0].upper()))
+
+
+def export_state_dict(model, dtype):
+    """model.py's state dict in dtype, as transformers stores it: a tied lm_head once (as embed_tokens), and affine's
+    alpha statistics kept float32 (model.py keeps them so in every precision)."""
+    state = {}
+    for key, t in model.state_dict().items():
+        if key == 'lm_head.weight' and model.config.tie_embeddings:
+            continue
+        keep = t.is_floating_point() and not key.endswith('.alpha_ma')
+        state[key] = t.detach().to(dtype if keep else t.dtype).contiguous()
+    return state
+
+
+def write_safetensors(state, out_dir, max_shard_bytes):
+    """model.safetensors, or shards model-0000i-of-0000n.safetensors + model.safetensors.index.json when the weights
+    exceed max_shard_bytes (a tensor larger than that gets a shard of its own)."""
+    from safetensors.torch import save_file
+    shards, size = [{}], 0
+    for key, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = t
+        size += nbytes
+    if len(shards) == 1:
+        save_file(state, os.path.join(out_dir, 'model.safetensors'), metadata={'format': 'pt'})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(out_dir, name), metadata={'format': 'pt'})
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    write_json(os.path.join(out_dir, 'model.safetensors.index.json'),
+               dict(metadata=dict(total_size=total), weight_map=weight_map))
+
+# -----------------------------------------------------------------------------
+# config.json, generation_config.json
+
+
+def write_json(path, obj):
+    with open(path, 'w', encoding='utf-8') as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.write('\n')
+
+
+def model_config_json(cfg, dtype, special_ids, tok_info):
+    """config.json. softmax: transformers' own Llama (Qwen2 when q/k/v have biases) in the hub's layout, which 4.x
+    and 5.x both read (5.x writes rope_parameters, which 4.x ignores, falling back to rope_theta = 10000).
+    Other variants: our ModelConfig under model_config and an auto_map to the shipped hf_wrapper.py. Both record the
+    run's tokenizer (tokenizer_info, as meta.json has it), which distill.py checks a KD teacher's data against."""
+    from hf_wrapper import MODEL_TYPE, AffineScaledConfig, AffineScaledForCausalLM, transformers_names
+    common = dict(transformers_names(cfg), **special_ids, torch_dtype=str(dtype).removeprefix('torch.'),
+                  tokenizer_info=tok_info)
+    if cfg.attention != 'softmax':
+        return dict(architectures=[AffineScaledForCausalLM.__name__], model_type=MODEL_TYPE,
+                    auto_map={'AutoConfig': f'hf_wrapper.{AffineScaledConfig.__name__}',
+                              'AutoModelForCausalLM': f'hf_wrapper.{AffineScaledForCausalLM.__name__}'},
+                    model_config=dataclasses.asdict(cfg), **common)
+    llama = dict(head_dim=cfg.head_dim, hidden_act='silu', initializer_range=cfg.init_std,
+                 rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling,
+                 attention_dropout=0.0, use_cache=True)
+    if cfg.qkv_bias:  # Qwen2: biases on q/k/v (not o), as ours; Llama's attention_bias would add one to o_proj too
+        return dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2', **llama, use_sliding_window=False,
+                    sliding_window=None, max_window_layers=cfg.n_layer, **common)
+    return dict(architectures=['LlamaForCausalLM'], model_type='llama', **llama, attention_bias=False, mlp_bias=False,
+                pretraining_tp=1, **common)
+
+# -----------------------------------------------------------------------------
+# The tokenizer
+
+
+def bytes_tokenizer_json(path):
+    """tokenizer.json of our 'bytes' tokenizer for Hugging Face `tokenizers`: a byte-level BPE without merges, whose
+    vocabulary is the 256 bytes (each spelt as GPT-2's printable character) with id = the byte, so every byte is one
+    token with our id; <|endoftext|> = 256 after them. Laid out as Llama-3's (a Split regex, ours, then ByteLevel)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    tok = Tokenizer(models.BPE(vocab=gpt2_unicode_to_byte(), merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(BYTES_PATTERN), behavior='isolated'),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken('<|endoftext|>', special=True)])
+    tok.save(path)
+
+
+def write_tokenizer(tok_info, override, out_dir, block_size):
+    """The run's tokenizer as Hugging Face files in out_dir; returns our tiktoken Encoding of it, for the check.
+    An HF tokenizer is copied from where the checkpoint records it (or `override`, where it is now) after checking by
+    sha256 that it is the one the run trained with."""
+    if tok_info['family'] == 'bytes':
+        if override:
+            raise SystemExit("--tokenizer: this run used the built-in bytes tokenizer; there is nothing to pass")
+        bytes_tokenizer_json(os.path.join(out_dir, 'tokenizer.json'))
+        config = dict(eos_token='<|endoftext|>')
+        enc = load_tokenizer('bytes')
+    else:
+        src = override or tok_info['spec']
+        has_json = os.path.isfile(os.path.join(src, 'tokenizer.json'))
+        has_bpe = all(os.path.isfile(os.path.join(src, name)) for name in ('vocab.json', 'merges.txt'))
+        if not os.path.isdir(src) or not (has_json or has_bpe):
+            raise SystemExit(f"the run's tokenizer ({tok_info['family']}, from {tok_info['spec']}) cannot be exported "
+                             f"from {src}: transformers needs its Hugging Face files (tokenizer.json, or vocab.json + "
+                             f"merges.txt); pass --tokenizer=<the teacher's Hugging Face directory>")
+        enc = load_tokenizer(src)
+        if tokenizer_info(enc, src)['sha256'] != tok_info['sha256']:
+            raise SystemExit(f"--tokenizer: the tokenizer at {src} is not the one the run trained with (sha256 "
+                             f"{tok_info['sha256'][:12]}...); pass --tokenizer=<the teacher's Hugging Face directory>")
+        for name in HF_TOKENIZER_FILES:
+            if os.path.isfile(os.path.join(src, name)):
+                shutil.copyfile(os.path.join(src, name), os.path.join(out_dir, name))
+        config = {}
+        if os.path.isfile(os.path.join(src, 'tokenizer_config.json')):
+            with open(os.path.join(src, 'tokenizer_config.json'), encoding='utf-8') as f:
+                config = json.load(f)
+        # transformers 5 saves tokenizer_class "TokenizersBackend" (4.x refuses it) and extra_special_tokens as a list
+        # (4.x expects a dict): what both read
+        if config.get('tokenizer_class') in (None, 'TokenizersBackend') and has_json:
+            config['tokenizer_class'] = 'PreTrainedTokenizerFast'
+        if isinstance(config.get('extra_special_tokens'), list):
+            config.pop('extra_special_tokens')
+    config.setdefault('tokenizer_class', 'PreTrainedTokenizerFast')
+    # the model takes block_size tokens at most; padding after the tokens (see hf_wrapper.seq_lens_from_mask)
+    config.update(model_max_length=block_size, padding_side='right')
+    config.setdefault('clean_up_tokenization_spaces', False)
+    write_json(os.path.join(out_dir, 'tokenizer_config.json'), config)
+    return enc
+
+
+def check_tokenizer(out_dir, enc):
+    """The exported tokenizer, as transformers loads it, must give our ids; returns its bos/eos token ids."""
+    from transformers import AutoTokenizer
+    try:
+        hf = AutoTokenizer.from_pretrained(out_dir)
+    except Exception as e:
+        raise SystemExit(f"the exported tokenizer does not load in transformers: {type(e).__name__}: {e}") from None
+    for text in TOKENIZER_CHECK_TEXTS:
+        ours, theirs = enc.encode_ordinary(text), hf(text, add_special_tokens=False, verbose=False)["input_ids"]
+        if ours != theirs:
+            raise SystemExit(f"the exported tokenizer gives other token ids than the run's for {text!r}: {theirs[:12]} "
+                             f"vs {ours[:12]}")
+    return dict(bos_token_id=hf.bos_token_id, eos_token_id=hf.eos_token_id)
+
+# -----------------------------------------------------------------------------
+# The check, and the command line
+
+
+@torch.no_grad()
+def check_logits(out_dir, model, dtype):
+    """transformers' model from out_dir against ours, both float32 on the exported weights (a bf16 export is compared
+    with our model rounded to bf16): a right-padded batch, logits at the real positions. Returns the max difference."""
+    from transformers import AutoModelForCausalLM
+    # (alpha_ma stays float32 through the casts, as model.py keeps it)
+    ours = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype).float()
+    hf = AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=model.config.attention != 'softmax')
+    hf = hf.float().eval()  # (transformers 5 loads a bf16 export in bf16, alpha_ma float32; 4.x in float32)
+    T = min(model.config.block_size, 16)
+    idx = torch.randint(0, model.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
+    lens = torch.tensor([T, max(1, T - 5)])
+    mask = (torch.arange(T)[None, :] < lens[:, None]).long()
+    expected, _ = ours(idx, seq_lens=lens)
+    got = hf(input_ids=idx, attention_mask=mask).logits
+    real = mask.bool()
+    err = (got[real] - expected[real]).abs().max().item()
+    if not err <= 1e-4 * max(1.0, expected[real].abs().max().item()):  # (also catches NaN)
+        raise SystemExit(f"the exported model's logits in transformers differ from ours by {err:.2e}: not exported")
+    return err
+
+
+def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 1000 ** 3, tokenizer=None, check=True):
+    """Write the Hugging Face directory of `model` (a GPT) into out_dir, atomically; out_dir must not exist, or be
+    empty, or hold an earlier export to replace. Returns the check's max logit difference (None without the check)."""
+    cfg = model.config
+    out_dir = os.path.abspath(out_dir)
+    parent, name = os.path.split(out_dir)
+    made_parent = not os.path.isdir(parent)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f'.{name}.export-{os.getpid()}')
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.mkdir(tmp)
+    try:
+        enc = write_tokenizer(tok_info, tokenizer, tmp, cfg.block_size)
+        special_ids = check_tokenizer(tmp, enc)
+        write_json(os.path.join(tmp, 'config.json'), model_config_json(cfg, dtype, special_ids, tok_info))
+        generation = dict(special_ids, **({} if cfg.attention == 'softmax' else dict(use_cache=False)))
+        write_json(os.path.join(tmp, 'generation_config.json'), generation)
+        if cfg.attention != 'softmax':
+            for file in CODE_FILES:
+                shutil.copyfile(os.path.join(HERE, file), os.path.join(tmp, file))
+        write_safetensors(export_state_dict(model, dtype), tmp, max_shard_bytes)
+        for file in os.listdir(tmp):  # safetensors writes its files private (0600); give them the others' mode
+            if file.endswith('.safetensors'):
+                os.chmod(os.path.join(tmp, file), os.stat(os.path.join(tmp, 'config.json')).st_mode & 0o777)
+        err = check_logits(tmp, model, dtype) if check else None
+        if os.path.isdir(out_dir):  # empty, or an earlier export the caller agreed to replace
+            old = os.path.join(parent, f'.{name}.replaced-{os.getpid()}')
+            os.replace(out_dir, old)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if made_parent and not os.listdir(parent):
+            os.rmdir(parent)
+        raise
+    return err
+
+
+def is_export(path):
+    """Whether a directory holds an earlier export of this script (its config.json records tokenizer_info)."""
+    try:
+        with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
+            return 'tokenizer_info' in json.load(f)
+    except (OSError, ValueError):
+        return False
+
+
+def str2bool(s):
+    if s not in ('True', 'False', 'true', 'false', '1', '0'):
+        raise argparse.ArgumentTypeError(f"expected True or False, got {s!r}")
+    return s in ('True', 'true', '1')
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="Export one of our checkpoints as a Hugging Face model directory.",
+                                allow_abbrev=False)
+    p.add_argument('--ckpt', required=True, help="train.py's ckpt.pt, or the out_dir holding it")
+    p.add_argument('--out_dir', required=True, help="the directory to write (must not exist, or be empty)")
+    p.add_argument('--dtype', default='float32', choices=list(DTYPES),
+                   help="the weights' dtype (alpha_ma stays float32)")
+    p.add_argument('--max_shard_size', type=parse_size, default='5GB', help="shard the weights above this size")
+    p.add_argument('--tokenizer', default=None, help="the teacher's Hugging Face directory, if it is no longer where "
+                                                     "the checkpoint records it")
+    p.add_argument('--overwrite', type=str2bool, default=False, help="replace an earlier export in out_dir")
+    p.add_argument('--check', type=str2bool, default=True, help="load the export in transformers and compare its "
+                                                                "logits with ours before it is put in place")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:  # not in requirements.txt: only exporting (and the tests) need them
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"export_hf.py needs transformers and tokenizers (pip install transformers): {e}") from None
+    out = args.out_dir
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise SystemExit(f"--out_dir={out}: is a file")
+    if os.path.isdir(out) and os.listdir(out) and not (args.overwrite and is_export(out)):
+        held = ', '.join(sorted(os.listdir(out))[:5])
+        hint = "; pass --overwrite=True to replace that earlier export" if is_export(out) else ""
+        raise SystemExit(f"--out_dir={out}: already holds files ({held}); choose another directory{hint}")
+    model, tok_info, path = load_checkpoint(args.ckpt)
+    err = export(model, tok_info, out, DTYPES[args.dtype], args.max_shard_size, args.tokenizer, args.check)
+    cfg = model.config
+    how = ("AutoModelForCausalLM.from_pretrained(DIR)" if cfg.attention == 'softmax' else
+           "AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)")
+    checked = f"; transformers gives our logits (max difference {err:.1e})" if err is not None else ""
+    print(f"exported {path} ({cfg.attention}, {model.get_num_params():,} parameters, {args.dtype}) to {out}: load it "
+          f"with {how}{checked}")
+    return out
+
+
+if __name__ == '__main__':
+    main()

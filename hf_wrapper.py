@@ -1,0 +1,115 @@
+"""
+The Hugging Face face of model.py. export_hf.py copies this file, model.py and sink_kernel.py into an exported model
+directory of a sink, gated, affine or affine_gated model, and its config.json maps transformers' Auto classes here:
+
+    model = AutoModelForCausalLM.from_pretrained('hf/affine_1b', trust_remote_code=True)
+
+The model is this repository's GPT, built from the ModelConfig that config.json carries; every number comes from
+model.py. This file only translates: a right-padded attention_mask into model.py's seq_lens (affine's N is each
+sequence's real length), labels into shifted targets, and the logits into transformers' output class.
+
+generate() recomputes the whole sequence at every step (no transformers cache): exact for every variant, as
+GPT.generate is for affine (whose N changes with the length). Padding must be on the right, so generate() takes
+prompts of one length (or one prompt) at a time.
+"""
+import torch
+import torch.nn.functional as F
+import transformers
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+try:  # in an exported directory transformers imports this file as part of a package (see model.py's imports)
+    from .model import GPT, IGNORE_INDEX, ModelConfig
+    from .sink_kernel import SinkAttention  # noqa: F401  (transformers 4.x copies only the files named here)
+except ImportError:  # in this repository
+    from model import GPT, IGNORE_INDEX, ModelConfig
+
+MODEL_TYPE = 'affine_scaled_gpt'  # config.json's model_type; distill.py recognises an export by its model_config
+TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
+
+
+def transformers_names(config):
+    """A ModelConfig's numbers under transformers' names, for the tools that read them (lm-eval's max length, ...)."""
+    return dict(vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=config.intermediate_size,
+                num_hidden_layers=config.n_layer, num_attention_heads=config.n_head,
+                num_key_value_heads=config.n_kv_head, max_position_embeddings=config.block_size,
+                tie_word_embeddings=config.tie_embeddings)
+
+
+class AffineScaledConfig(PretrainedConfig):
+    model_type = MODEL_TYPE
+
+    def __init__(self, model_config=None, **kwargs):
+        # our ModelConfig as one dict, apart from transformers' own attributes (transformers 5 would turn a top-level
+        # rope_scaling into its rope_parameters); the names transformers knows are derived from it
+        self.model_config = dict(model_config or {})
+        super().__init__(**(kwargs | transformers_names(ModelConfig(**self.model_config))))
+
+
+def seq_lens_from_mask(attention_mask):
+    """model.py's seq_lens (B,) from a right-padded attention_mask (B, T) of ones then zeros; None without padding."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    lens = attention_mask.sum(dim=1)
+    positions = torch.arange(attention_mask.size(1), device=attention_mask.device)
+    if lens.min() < 1 or not torch.equal(attention_mask.bool(), positions[None, :] < lens[:, None]):
+        raise ValueError("attention_mask: only right padding is supported (each row ones, then zeros; at least one "
+                         "one): set tokenizer.padding_side = 'right', and give generate() prompts of one length")
+    return lens
+
+
+class AffineScaledForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = AffineScaledConfig
+    base_model_prefix = 'model'
+    _no_split_modules = ['Block']
+    # affine's alpha_ma stays float32 in a bf16/fp16 model, as in model.py (Attention._apply); transformers 4.x takes
+    # only module names here, and rounds it to the dtype asked for (load in float32 there, its default, to keep it)
+    _keep_in_fp32_modules_strict = ['alpha_ma'] if TRANSFORMERS_5 else None
+    # the tied lm_head (when config.tie_word_embeddings): transformers 5 takes {tied: source}, 4.x the tied names
+    _tied_weights_keys = {'lm_head.weight': 'model.embed_tokens.weight'} if TRANSFORMERS_5 else ['lm_head.weight']
+
+    def __init__(self, config):
+        super().__init__(config)
+        gpt = GPT(ModelConfig(**config.model_config))
+        # GPT's own modules under GPT's own names, so the weights are model.py's state dict key for key; the GPT
+        # itself stays outside the module tree (its modules are registered once, here) and runs the forward
+        self.model, self.lm_head = gpt.model, gpt.lm_head
+        self.__dict__['gpt'] = gpt
+        self.post_init()
+
+    def _init_weights(self, module):
+        """GPT's init, for what transformers did not load. Transformers 5 also calls it on an affine layer whose
+        alpha_ma it loaded, because of the running alpha sums beside it (never saved): those are zeroed, alpha_ma is
+        kept."""
+        if getattr(getattr(module, 'alpha_ma', None), '_is_hf_initialized', False):
+            module.alpha_sum.zero_()
+            module.alpha_count.zero_()
+        else:
+            self.gpt._init_weights(module)
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = self.gpt.lm_head = value
+
+    def forward(self, input_ids, attention_mask=None, labels=None, inputs_embeds=None, position_ids=None, **unused):
+        """GPT.forward; labels as transformers takes them (the loss shifts them). A cache, return_dict and the
+        like are accepted and ignored: nothing is cached, the output is always a CausalLMOutputWithPast."""
+        if inputs_embeds is not None or position_ids is not None:
+            raise ValueError("inputs_embeds and position_ids are not supported: pass input_ids (right-padded)")
+        if unused.get('output_attentions') or unused.get('output_hidden_states'):
+            raise ValueError("output_attentions / output_hidden_states are not supported (model.py's Attention.weights "
+                             "gives any variant's attention matrix)")
+        targets = None if labels is None else F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+        logits, loss = self.gpt(input_ids, targets, seq_lens=seq_lens_from_mask(attention_mask))
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **unused):
+        return dict(input_ids=input_ids, attention_mask=attention_mask)  # the whole sequence at every step
