@@ -225,43 +225,51 @@ def bench_attention(args, device):
 # kd: fused_kd_loss vs the naive full-logits KL
 
 
+def kd_problem(N, V, C_s, C_t, device, hidden_dtype):
+    """Random hidden states and lm_heads of a student (C_s wide, hidden states in hidden_dtype, fp32 head) and a
+    teacher (C_t wide; bf16 on CUDA, as train.py loads it), and the two KD paths on them, each a function that runs
+    one forward + backward (under bf16 autocast on CUDA) and returns the loss: 'naive', what one writes first (both
+    models' full logits, then the KL; autocast computes the log-softmaxes in fp32), and 'fused_kd_loss'.
+    Returns (h_s, w_s, paths); gradients land in h_s.grad and w_s.grad."""
+    low = torch.bfloat16 if device.type == 'cuda' else torch.float32
+    torch.manual_seed(0)
+    h_s = torch.randn(N, C_s, device=device, dtype=hidden_dtype, requires_grad=True)
+    w_s = (torch.randn(V, C_s, device=device) * C_s ** -0.5).requires_grad_()
+    h_t = torch.randn(N, C_t, device=device, dtype=low)
+    w_t = (torch.randn(V, C_t, device=device) * C_t ** -0.5).to(low)
+    losses = dict(naive=lambda: F.kl_div(F.log_softmax(h_s @ w_s.T, dim=-1), F.log_softmax(h_t @ w_t.T, dim=-1),
+                                         log_target=True, reduction='batchmean'),
+                  fused_kd_loss=lambda: fused_kd_loss(h_s, w_s, h_t, w_t)[0])
+
+    def step(loss_fn):
+        h_s.grad = w_s.grad = None  # each step computes its gradients afresh
+        with autocast(device):
+            loss = loss_fn()
+        loss.backward()
+        return loss.detach()
+
+    return h_s, w_s, {name: (lambda fn=fn: step(fn)) for name, fn in losses.items()}
+
+
 def bench_kd(args, device):
     """One forward + backward of pure KD (T = 1) per path, on random hidden states and lm_heads; in training
     dtypes on CUDA (bf16 hidden states and teacher head, float32 student head, autocast)."""
     N, V, C = args.kd_tokens, args.kd_vocab, args.kd_hidden
-    low = torch.bfloat16 if device.type == 'cuda' else torch.float32
-    torch.manual_seed(0)
-    h_s = torch.randn(N, C, device=device, dtype=low, requires_grad=True)
-    w_s = (torch.randn(V, C, device=device) * C ** -0.5).requires_grad_()
-    h_t = torch.randn(N, C, device=device, dtype=low)
-    w_t = (torch.randn(V, C, device=device) * C ** -0.5).to(low)
-    paths = {
-        # what one writes first: both models' full logits, then the KL
-        'naive': lambda: F.kl_div(F.log_softmax(h_s @ w_s.T, dim=-1), F.log_softmax(h_t @ w_t.T, dim=-1),
-                                  log_target=True, reduction='batchmean'),
-        'fused_kd_loss': lambda: fused_kd_loss(h_s, w_s, h_t, w_t)[0],
-    }
+    h_s, w_s, paths = kd_problem(N, V, C, C, device, torch.bfloat16 if device.type == 'cuda' else torch.float32)
     # at its peak the naive path holds five N x V float32 tensors (the saved log-softmaxes and the KL's terms,
     # forward and backward alike): 19.57 GiB at the default sizes, where 19.58 GiB was measured on CPU
     estimate, available = 5 * N * V * 4, available_memory(device)
     results = {}
-    for name, loss_fn in paths.items():
+    for name, step in paths.items():
         if name == 'naive' and estimate > available:
             log(f'  kd: naive skipped: it needs ~{estimate / 2**30:.1f} GiB, {available / 2**30:.1f} GiB available')
             continue
-
-        def step():
-            with autocast(device):
-                loss = loss_fn()
-            loss.backward()
-            return loss.item()
-
         if device.type == 'cuda':
             step()  # warm-up: CUDA context, cuBLAS workspaces
-        h_s.grad = w_s.grad = None  # the previous step's gradients are freed before the measurement, not in it
+        h_s.grad = w_s.grad = None  # freed before the measurement: the step's own gradients count in its peak
         with PeakMemory(device) as mem:
             t0 = time.perf_counter()
-            loss = step()  # .item() waits for the device
+            loss = step().item()  # .item() waits for the device
             seconds = time.perf_counter() - t0
         results[name] = (seconds, mem.peak, loss)
         log(f'  kd: {name:<14} {seconds:9.2f} s {mib(mem.peak):>9} MiB')
@@ -511,43 +519,24 @@ def check_variants(check, device, args):
                   f'({mem_ratio:.2f}x)', f'<= {limit}x softmax' if limit else '', seconds=seconds, peak_bytes=peak)
     if results.get(EXPLICIT) and results.get('affine'):
         check.add('variants (1B, T=2048)', 'affine O(T) vs explicit T x T affine', None,
-                  f'{results["affine"][0] / results[EXPLICIT][0]:.2f}x the time, '
-                  f'{results["affine"][1] / results[EXPLICIT][1]:.2f}x the peak memory')
+                  f'{ratio(results["affine"][0], results[EXPLICIT][0])}x the time, '
+                  f'{ratio(results["affine"][1], results[EXPLICIT][1])}x the peak memory')
 
 
 def check_kd(check, device, args):
     """fused_kd_loss vs the naive bf16 KD (both models' full bf16 logits, log-softmax in fp32) at V = 128,256, in the
     dtypes of a DDP bf16 run (student hidden states and lm_head fp32 under autocast, teacher's bf16): forward +
     backward, median time and peak memory."""
-    N, V, C_s, C_t = args.kd_tokens, 128256, 2048, 3072  # a 1B student (Llama-3.2-1B) and a 3B teacher's widths
-    torch.manual_seed(0)
-    h_s = torch.randn(N, C_s, device=device, requires_grad=True)
-    w_s = (torch.randn(V, C_s, device=device) * C_s ** -0.5).requires_grad_()
-    h_t = torch.randn(N, C_t, device=device, dtype=torch.bfloat16)
-    w_t = (torch.randn(V, C_t, device=device) * C_t ** -0.5).to(torch.bfloat16)
-
-    def naive():
-        return F.kl_div(F.log_softmax((h_s @ w_s.T).float(), dim=-1), F.log_softmax((h_t @ w_t.T).float(), dim=-1),
-                        log_target=True, reduction='batchmean')
-
-    paths = dict(naive=naive, fused_kd_loss=lambda: fused_kd_loss(h_s, w_s, h_t, w_t)[0])
+    N, V = args.kd_tokens, 128256
+    h_s, w_s, paths = kd_problem(N, V, 2048, 3072, device, torch.float32)  # Llama-3.2-1B and -3B widths
     results = {}
-    for name, loss_fn in paths.items():
-        losses = []
-
-        def step():
-            h_s.grad = w_s.grad = None
-            with autocast(device):
-                loss = loss_fn()
-            loss.backward()
-            losses.append(loss.detach())
-
+    for name, step in paths.items():
         try:
             seconds = time_cuda(step, 5)
-            h_s.grad = w_s.grad = None
+            h_s.grad = w_s.grad = None  # freed before the measurement: the step's own gradients count in its peak
             with PeakMemory(device) as mem:
-                step()
-            results[name] = (seconds, mem.peak, losses[-1].item(), h_s.grad.clone(), w_s.grad.clone())
+                loss = step()
+            results[name] = (seconds, mem.peak, loss.item(), h_s.grad.clone(), w_s.grad.clone())
         except torch.OutOfMemoryError:
             results[name] = None
         free_cuda()
