@@ -29,7 +29,8 @@ import sys
 import numpy as np
 import torch
 
-from eval_zeroshot import C4_DOCS, Progress, c4_tokens, load_model_and_tokenizer, read_rows
+from common import Progress
+from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows
 from model import FIELD_NAMES, GPT, ModelConfig, rope_cos_sin
 from prepare_data import Windows, read_meta, tokenizer_info
 

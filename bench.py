@@ -14,7 +14,7 @@ Sections:
   kd         distill.fused_kd_loss vs the naive full-logits KL at V = 128,256, 8,192 tokens, hidden 2048; the
              naive path (~20 GiB) is skipped, with its estimate printed, where it would not fit in memory
   train      tokens/s and MFU of real AdamW steps of a small model: GPT.flops_per_token x tokens/s over the
-             device's measured matmul peak (train.measured_matmul_flops)
+             device's measured matmul peak (common.measured_matmul_flops)
   eval       docs/s of eval_zeroshot's batched scoring vs one request per forward, synthetic 4-choice docs
 
 Peak memory: CUDA's allocator peak (max_memory_allocated) on GPU; on CPU the rise of the process's peak
@@ -44,12 +44,12 @@ import torch.nn.functional as F
 
 import prepare_data
 from distill import fused_kd_loss, load_teacher
-from eval_zeroshot import (Progress, choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests,
+from common import KNOWN_PEAK_BF16, Progress, default_peak_flops, measured_matmul_flops
+from eval_zeroshot import (choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests,
                            shares_prefixes)
 from model import ATTENTIONS, FIELD_NAMES, GPT, ModelConfig
 from prepare_data import Windows, load_tokenizer
-from train import (KNOWN_TEACHERS, accumulate_gradients, compile_layers, default_peak_flops, load_config,
-                   measured_matmul_flops, memory_estimate)
+from train import KNOWN_TEACHERS, accumulate_gradients, compile_layers, load_config, memory_estimate
 
 EXPLICIT = 'affine (explicit T x T)'
 TINY_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config', 'tiny_cpu.py')
@@ -328,7 +328,7 @@ def bench_train(args, device):
     print_table('Training throughput',
                 f'Model {model_shape(args)}, batch {B} x {T} tokens, {args.train_steps} timed AdamW steps; '
                 f'{dtype_name(device)}, compile={args.compile}. MFU = GPT.flops_per_token x tokens/s over the '
-                f'measured matmul peak, {peak / 1e12:.2f} TFLOP/s (train.measured_matmul_flops, best of 5 before and 5 after)'
+                f'measured matmul peak, {peak / 1e12:.2f} TFLOP/s (common.measured_matmul_flops, best of 5 before and 5 after)'
                 + (f'; the peak train.py uses for its MFU on this GPU is {default_peak_flops(device, dtype) / 1e12:.0f} '
                    f'TFLOP/s.' if device.type == 'cuda' else '.'),
                 ['variant', 'params', 'step (ms)', 'tokens/s', 'model TFLOP/s', 'MFU'], rows)
@@ -389,7 +389,7 @@ def bench_eval(args, device):
 
 
 ONE_B_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config', 'affine_1b.py')
-H100_BF16_PEAK = 989e12  # NVIDIA H100 SXM datasheet, dense bf16 (train.KNOWN_PEAK_BF16): what nanochat's MFU uses
+H100_BF16_PEAK = KNOWN_PEAK_BF16['H100']  # NVIDIA H100 SXM datasheet, dense bf16: what nanochat's MFU uses
 
 
 class Check:

@@ -33,8 +33,8 @@ from collections import namedtuple
 import torch
 import torch.nn.functional as F
 
+from common import Progress
 from distill import checkpoint_file, load_teacher, read_checkpoint
-from model import at_least_fp32
 from prepare_data import load_tokenizer, read_meta, read_shard, tokenizer_info
 
 # task -> (hub dataset path, config name, the split the harness evaluates) (spec §2). datasets >= 4 cannot run
@@ -305,22 +305,6 @@ def plan_forwards(requests, share_prefixes):
     return owner
 
 
-class Progress:
-    """One line on stderr, rewritten in place at most twice a second (and at the end)."""
-
-    def __init__(self, name, total):
-        self.name, self.total, self.t0, self.shown = name, total, time.time(), 0.0
-
-    def __call__(self, done):
-        now = time.time()
-        if done != self.total and now - self.shown < 0.5:
-            return
-        self.shown = now
-        rate = done / max(now - self.t0, 1e-9)
-        end = '\n' if done == self.total else ''
-        print(f"\r{self.name}: {done}/{self.total} ({rate:.1f}/s)", end=end, file=sys.stderr, flush=True)
-
-
 @torch.inference_mode()
 def score_requests(model, requests, batch_size, progress=None):
     """Sum of continuation log-probabilities of each (input ids, continuation ids) request (spec §3 Forward pass):
@@ -425,7 +409,7 @@ def c4_perplexity(model, ids, n_windows, seqlen, batch_size, progress=None):
         x = windows[start:start + batch_size].to(device)
         hidden, _ = model(x, return_hidden=True)
         for h, w in zip(hidden, x):  # lm_head one window at a time: 2048 x 128k float32 logits are 1 GB
-            nlls.append(F.cross_entropy(at_least_fp32(model.lm_head(h[:-1])), w[1:]).item())
+            nlls.append(F.cross_entropy(model.lm_head(h[:-1]).float(), w[1:]).item())
         if progress:
             progress(len(nlls))
     nll = statistics.fmean(nlls)

@@ -44,6 +44,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import FIELD_NAMES, GPT, ModelConfig
+from common import default_peak_flops
 from prepare_data import Windows, read_meta
 
 # DDP must not sync buffers on each forward: alpha_ma's per-rank sums would be overwritten by rank 0's (see
@@ -307,38 +308,6 @@ def set_rng_state(state):
     torch.set_rng_state(state['torch'])
     if state['cuda'] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state['cuda'])
-
-
-KNOWN_PEAK_BF16 = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 125e12, '4090': 165e12}
-
-
-def measured_matmul_flops(device, dtype, trials=5):
-    """FLOP/s of a large square matmul on this device: the best of a few timings, since on a shared machine one
-    can land in a busy moment (and an MFU above 100% would follow)."""
-    n = 1024 if device.type == 'cpu' else 8192
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    a @ a  # warm-up
-    best = 0.0
-    for _ in range(trials):
-        if device.type == 'cuda':
-            torch.cuda.synchronize()
-        t0, reps = time.perf_counter(), 5
-        for _ in range(reps):
-            a @ a
-        if device.type == 'cuda':
-            torch.cuda.synchronize()
-        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t0))
-    return best
-
-
-def default_peak_flops(device, dtype):
-    """Dense peak FLOP/s of one device: datasheet values for known GPUs (bf16), else measured with a matmul."""
-    if device.type == 'cuda':
-        name = torch.cuda.get_device_name(device)
-        for key, flops in KNOWN_PEAK_BF16.items():
-            if key in name:
-                return flops
-    return measured_matmul_flops(device, dtype)
 
 
 @torch.no_grad()

@@ -1,0 +1,58 @@
+"""
+What every script shares and none owns: the device's peak FLOP/s (for MFU) and a progress line.
+Imports flow one way: this file imports only torch, and every script may import it.
+"""
+import sys
+import time
+
+import torch
+
+KNOWN_PEAK_BF16 = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 125e12, '4090': 165e12}
+
+
+def measured_matmul_flops(device, dtype, trials=5):
+    """FLOP/s of a large square matmul on this device: the best of a few timings, since on a shared machine one
+    can land in a busy moment (and an MFU above 100% would follow)."""
+    n = 1024 if device.type == 'cpu' else 8192
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    a @ a  # warm-up
+    best = 0.0
+    for _ in range(trials):
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+        t0, reps = time.perf_counter(), 5
+        for _ in range(reps):
+            a @ a
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t0))
+    return best
+
+
+def default_peak_flops(device, dtype):
+    """Dense peak FLOP/s of one device: datasheet values for known GPUs (bf16), else measured with a matmul."""
+    if device.type == 'cuda':
+        name = torch.cuda.get_device_name(device)
+        for key, flops in KNOWN_PEAK_BF16.items():
+            if key in name:
+                return flops
+    return measured_matmul_flops(device, dtype)
+
+
+
+class Progress:
+    """One line on stderr, rewritten in place at most twice a second (and at the end)."""
+
+    def __init__(self, name, total):
+        self.name, self.total, self.t0, self.shown = name, total, time.time(), 0.0
+
+    def __call__(self, done):
+        now = time.time()
+        if done != self.total and now - self.shown < 0.5:
+            return
+        self.shown = now
+        rate = done / max(now - self.t0, 1e-9)
+        end = '\n' if done == self.total else ''
+        print(f"\r{self.name}: {done}/{self.total} ({rate:.1f}/s)", end=end, file=sys.stderr, flush=True)
+
+
