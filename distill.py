@@ -7,8 +7,8 @@ check that it fits the data and the student, and the KD loss, computed without t
     # a teacher trained by this repo (the CPU quick start): ckpt.pt, or the directory holding it
     python distill.py --teacher=out/teacher --data_dir=data/builtin_bytes --block_size=256
 
-A teacher is a Hugging Face Llama / Mistral / Qwen2 checkpoint directory (GPT.from_pretrained in model.py) or one of
-this repo's checkpoints (train.py's ckpt.pt). train.py uses load_teacher, check_compatibility, fused_kd_loss and
+A teacher is a Hugging Face Llama / Mistral / Qwen2 checkpoint directory or one of this repo's checkpoints (train.py's
+ckpt.pt), loaded by GPT.from_pretrained (model.py) from what checkpoint.py reads. train.py uses load_teacher, check_compatibility, fused_kd_loss and
 kd_loss_memory.
 
 The loss, with the paper's setting as the defaults (its "KD loss" curves are pure forward KL):
@@ -43,16 +43,14 @@ optimizer), the hidden states' is in their dtype.
 """
 import argparse
 import functools
-import json
 import math
-import os
 import sys
 import time
-from dataclasses import replace
 
 import torch
 
-from model import GPT, IGNORE_INDEX, ModelConfig
+from checkpoint import checkpoint_file, read_checkpoint, read_hf_config
+from model import GPT, IGNORE_INDEX
 from prepare_data import Windows, load_tokenizer, read_meta, tokenizer_info
 
 CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB
@@ -61,164 +59,22 @@ CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB
 # Teachers
 
 
-def config_from_hf(hf, attention='softmax'):
-    """The ModelConfig of a Hugging Face config.json (a dict) of a Llama (2/3/3.1/3.2), Mistral or Qwen2 (also
-    Qwen1.5, Qwen2.5) model. A setting this model does not reproduce exactly is a ValueError naming it, never a silent change."""
-    if 'model_config' in hf:  # export_hf.py's sink/gated/affine/affine_gated models: our own ModelConfig, as it is
-        return exported_model_config(hf, attention)
-    model_type = hf.get('model_type')
-    if model_type not in ('llama', 'mistral', 'qwen2'):
-        raise ValueError(f"config.json: model_type {model_type!r} is not supported; supported: 'llama' "
-                         f"(Llama 2/3), 'mistral' (Mistral), 'qwen2' (Qwen1.5/Qwen2/Qwen2.5)")
-    # transformers >= 5 writes rope_parameters (rope_theta inside it); checkpoints on the hub have rope_theta
-    # and rope_scaling (None, or Llama-3.1's dict) at the top level
-    rope = hf.get('rope_parameters') or hf.get('rope_scaling') or {}
-    rope_type = rope.get('rope_type', rope.get('type', 'default'))
-    if rope_type not in ('default', 'llama3'):
-        raise ValueError(f"config.json: rope_type {rope_type!r} is not supported; supported: 'default', 'llama3'")
-    n_head, n_embd = hf['num_attention_heads'], hf['hidden_size']
-    unsupported = {key: hf[key] for key in ('attention_bias', 'mlp_bias', 'use_sliding_window') if hf.get(key)}
-    if hf.get('hidden_act', 'silu') != 'silu':
-        unsupported['hidden_act'] = hf['hidden_act']
-    if hf.get('head_dim', n_embd // n_head) != n_embd // n_head:
-        unsupported['head_dim'] = hf['head_dim']
-    if unsupported:
-        raise ValueError(f"config.json: unsupported settings {unsupported}")
-    # Mistral's sliding window: each position attends to the last sliding_window positions (itself included). Up
-    # to that many tokens this is full causal attention, which is what this model computes, so the model's length
-    # is capped there: a longer block_size is then refused (check_compatibility), never computed differently.
-    block_size = hf['max_position_embeddings']
-    if model_type == 'mistral' and hf.get('sliding_window') is not None:
-        block_size = min(block_size, hf['sliding_window'])
-    return ModelConfig(
-        n_layer=hf['num_hidden_layers'], n_head=n_head, n_kv_head=hf.get('num_key_value_heads') or n_head,
-        n_embd=n_embd, intermediate_size=hf['intermediate_size'], vocab_size=hf['vocab_size'],
-        block_size=block_size, rope_theta=hf.get('rope_theta', rope.get('rope_theta', 10000.0)),
-        rope_scaling={k: v for k, v in rope.items() if k != 'rope_theta'} if rope_type == 'llama3' else None,
-        rms_norm_eps=hf['rms_norm_eps'], qkv_bias=model_type == 'qwen2',
-        tie_embeddings=hf.get('tie_word_embeddings', False), init_std=hf.get('initializer_range', 0.02),
-        attention=attention)
-
-
-def exported_model_config(hf, attention='softmax'):
-    """The ModelConfig that export_hf.py wrote into config.json. Such a model is always its own variant: its tensors
-    are that variant's (attention='softmax', the default everywhere, means "as it is")."""
-    config = ModelConfig(**hf['model_config'])
-    if attention not in ('softmax', config.attention):
-        raise ValueError(f"config.json: an exported {config.attention!r} model cannot be loaded as {attention!r}")
-    return config
-
-
-def load_hf_checkpoint(path, attention='softmax', dtype=torch.float32, device='cpu'):
-    """A Hugging Face Llama / Mistral / Qwen2 checkpoint directory (config.json, and model.safetensors or the shards
-    listed in model.safetensors.index.json) as a GPT on device; with attention='softmax', model(idx) gives HF's
-    logits. The model is built on the meta device and takes the checkpoint's tensors as they are read (each cast
-    to dtype and moved to device), so loading needs about 1x the model's size on the device and, on a GPU, only
-    one tensor at a time in host RAM (every rank of an 8-GPU node loads the teacher). Other attention variants keep every
-    checkpoint tensor and initialise their extra parameters (sinks, g_proj, alpha_proj) fresh. A directory written by
-    export_hf.py is the variant it holds, every tensor read from it."""
-    from safetensors import safe_open  # imported here: only this function needs it
-    with open(os.path.join(path, 'config.json')) as f:
-        hf = json.load(f)
-    config = config_from_hf(hf, attention)
-    index = os.path.join(path, 'model.safetensors.index.json')
-    if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)['weight_map'].values()))
-    elif os.path.isfile(os.path.join(path, 'model.safetensors')):
-        files = ['model.safetensors']
-    else:
-        raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json "
-                                f"(only safetensors checkpoints are supported)")
-    state = {}
-    for name in files:
-        with safe_open(os.path.join(path, name), framework='pt') as f:
-            for key in f.keys():
-                if not key.endswith('rotary_emb.inv_freq'):  # older HF saves have it; we compute RoPE
-                    # an exported affine model's alpha_ma stays float32, as Attention._apply keeps it
-                    keep = torch.float32 if key.endswith('.alpha_ma') else dtype
-                    state[key] = f.get_tensor(key).to(device=device, dtype=keep)
-    with torch.device('meta'):
-        model = GPT(config).to(dtype)
-        # what the checkpoint holds: an HF model's softmax tensors, or every tensor of an exported variant
-        expected = set(GPT(config if 'model_config' in hf else replace(config, attention='softmax')).state_dict())
-    if config.tie_embeddings:  # lm_head is embed_tokens; HF ignores a stored copy, and so do we
-        expected.discard('lm_head.weight')
-        state.pop('lm_head.weight', None)
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or unexpected:
-        raise ValueError(f"{path}: the tensors do not match its config.json: missing {missing}, "
-                         f"unexpected {unexpected}")
-    model.load_state_dict(state, strict=False, assign=True)
-    if config.tie_embeddings:  # assign=True gave embed_tokens a new Parameter: tie lm_head to it again
-        model.lm_head.weight = model.model.embed_tokens.weight
-    if 'model_config' in hf:  # an exported variant has every tensor but affine's running alpha sums (zeros, never saved)
-        for module in model.modules():
-            for key in module._non_persistent_buffers_set:
-                module._buffers[key] = torch.zeros_like(module._buffers[key], device=device)
-    # what is still on meta is the variant's own: materialise and initialise it (alpha buffers zeroed)
-    fresh = set()
-    for name, module in model.named_modules():
-        own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
-        if any(t.is_meta for t in own.values()):
-            module.to_empty(device=device, recurse=False)
-            model._init_weights(module)
-            fresh |= {f"{name.split('.', 3)[-1]}.{key}" for key in own}  # 'model.layers.N.' dropped
-    if fresh:
-        print(f"from_pretrained: attention={attention!r} is not in {path}: initialised fresh in every "
-              f"layer: {', '.join(sorted(fresh))}")
-    return model
-
-
-def checkpoint_file(spec):
-    """The ckpt.pt of one of this repo's checkpoints (the file, or train.py's out_dir holding it, next to
-    the run's own config.json), or None for a Hugging Face checkpoint directory (config.json, no ckpt.pt)."""
-    if os.path.isfile(spec):
-        return spec
-    if os.path.isfile(os.path.join(spec, 'ckpt.pt')):
-        return os.path.join(spec, 'ckpt.pt')
-    if os.path.isfile(os.path.join(spec, 'config.json')):
-        return None
-    if os.path.isdir(spec):
-        raise SystemExit(f"teacher {spec}: a directory with neither config.json (a Hugging Face checkpoint) "
-                         f"nor ckpt.pt (this repo's)")
-    raise SystemExit(f"teacher {spec}: no such file or directory")
-
-
-def read_checkpoint(path):
-    """One of this repo's checkpoints, memory-mapped: only the tensors used are read from disk (the
-    optimizer state a training checkpoint also holds is not). Our own file, so pickles are trusted."""
-    ckpt = torch.load(path, map_location='cpu', mmap=True, weights_only=False)
-    missing = [key for key in ('model', 'model_config', 'tokenizer') if key not in ckpt]
-    if missing:
-        raise SystemExit(f"{path}: not a checkpoint written by train.py (no {', '.join(missing)})")
-    return ckpt
-
-
 def load_teacher(spec, device='cpu', dtype=torch.float32):
-    """The teacher as a GPT on device, in dtype, in eval mode, every parameter frozen."""
-    path = checkpoint_file(spec)
+    """The teacher (GPT.from_pretrained: a Hugging Face directory or one of our checkpoints) on device, in dtype, in
+    eval mode, every parameter frozen; a file that does not load is one line naming it, not a traceback."""
     try:
-        if path is None:
-            model = load_hf_checkpoint(spec, dtype=dtype, device=device)
-        else:
-            ckpt = read_checkpoint(path)
-            model = GPT(ModelConfig(**ckpt['model_config']))
-            # a torch.compile'd model's parameters are saved under _orig_mod.
-            model.load_state_dict({key.removeprefix('_orig_mod.'): t for key, t in ckpt['model'].items()})
+        model = GPT.from_pretrained(spec, dtype=dtype, device=device)
     except (OSError, ValueError, RuntimeError) as e:  # unreadable file, unsupported config, tensors that do not fit
         raise SystemExit(f"teacher {spec}: {e}") from e
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return model.eval().requires_grad_(False)
 
 
 def teacher_tokenizer_info(spec):
     """The teacher's tokenizer as prepare_data.py's meta.json records it (its sha256 identifies it): rebuilt
     from a Hugging Face directory's tokenizer files, or the dict stored in one of this repo's checkpoints."""
     path = checkpoint_file(spec)
-    if path is None:
-        with open(os.path.join(spec, 'config.json')) as f:  # export_hf.py records the run's tokenizer there
-            exported = json.load(f).get('tokenizer_info')
-        return exported or tokenizer_info(load_tokenizer(spec), spec)
+    if path is None:  # export_hf.py records the run's tokenizer in config.json
+        return read_hf_config(spec).get('tokenizer_info') or tokenizer_info(load_tokenizer(spec), spec)
     return read_checkpoint(path)['tokenizer']
 
 

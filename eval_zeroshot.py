@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from common import Progress
-from distill import checkpoint_file, load_teacher, read_checkpoint
+from checkpoint import checkpoint_file, read_checkpoint
+from model import GPT
 from prepare_data import load_tokenizer, read_meta, read_shard, tokenizer_info
 
 # task -> (hub dataset path, config name, the split the harness evaluates) (spec §2). datasets >= 4 cannot run
@@ -423,7 +424,10 @@ def load_model_and_tokenizer(spec, tokenizer, device, dtype):
     """(model, tokenizer) of a checkpoint spec: a Hugging Face directory's own tokenizer files, or the tokenizer
     recorded in one of our checkpoints, rebuilt from its spec (or from `tokenizer`, where it is now) and checked by
     its sha256 to be the one the model was trained with."""
-    model = load_teacher(spec, device, dtype)
+    try:
+        model = GPT.from_pretrained(spec, dtype=dtype, device=device).eval()
+    except (OSError, ValueError, RuntimeError) as e:  # unreadable file, unsupported config, tensors that do not fit
+        raise SystemExit(f"model {spec}: {e}") from e
     path = checkpoint_file(spec)
     if path is None:
         return model, load_tokenizer(tokenizer or spec)

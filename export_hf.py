@@ -22,7 +22,6 @@ and give our logits, on a right-padded batch; its tokenizer must give our token 
 """
 import argparse
 import copy
-import dataclasses
 import json
 import os
 import re
@@ -31,12 +30,12 @@ import sys
 
 import torch
 
-from distill import read_checkpoint
-from model import GPT, ModelConfig
+from checkpoint import CKPT_NAME, CheckpointError, hf_config, hf_state_dict, read_checkpoint, write_json, write_safetensors
+from model import GPT
 from prepare_data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CODE_FILES = ('hf_wrapper.py', 'model.py', 'sink_kernel.py')  # what a non-softmax export ships (hf_wrapper: the entry)
+CODE_FILES = ('checkpoint.py', 'hf_wrapper.py', 'model.py', 'sink_kernel.py')  # what a non-softmax export ships (hf_wrapper: the entry)
 HF_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.json', 'merges.txt')
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 # what the export's tokenizer must encode exactly as ours: scripts, accents, emoji, whitespace runs, digits,
@@ -52,18 +51,13 @@ TOKENIZER_CHECK_TEXTS = ("Hello,   world! It's 2024; we've 1234567 items\u2014co
 
 def load_checkpoint(spec):
     """(GPT in eval mode, the checkpoint's tokenizer dict, its path) of train.py's ckpt.pt or the out_dir holding it."""
-    path = os.path.join(spec, 'ckpt.pt') if os.path.isdir(spec) else spec
+    path = os.path.join(spec, CKPT_NAME) if os.path.isdir(spec) else spec
     if not os.path.isfile(path):
-        raise SystemExit(f"--ckpt={spec}: no such checkpoint (train.py's ckpt.pt, or the out_dir holding it)")
+        raise SystemExit(f"--ckpt={spec}: no such checkpoint (train.py's {CKPT_NAME}, or the out_dir holding it)")
     try:
-        ckpt = read_checkpoint(path)
-        model = GPT(ModelConfig(**ckpt['model_config']))
-        # a torch.compile'd model's parameters are saved under _orig_mod.
-        model.load_state_dict({key.removeprefix('_orig_mod.'): t for key, t in ckpt['model'].items()})
-    except Exception as e:  # a truncated or foreign file fails in torch.load, a mismatched one in load_state_dict
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SystemExit(f"--ckpt={spec}: {path} is not a readable checkpoint of train.py: {first_line}") from None
-    return model.eval(), ckpt['tokenizer'], path
+        return GPT.from_pretrained(path).eval(), read_checkpoint(path)['tokenizer'], path
+    except CheckpointError as e:
+        raise SystemExit(f"--ckpt={spec}: {e}") from None
 
 # -----------------------------------------------------------------------------
 # Weights
@@ -76,74 +70,6 @@ def parse_size(text):
         raise argparse.ArgumentTypeError(f"expected a size such as 5GB, 500MB or 20KB, got {text!r}")
     return int(float(m.group(1)) * 1000 ** ' KMGT'.index((m.group(2) or ' ')[0].upper()))
 
-
-def export_state_dict(model, dtype):
-    """model.py's state dict in dtype, as transformers stores it: a tied lm_head once (as embed_tokens), and affine's
-    alpha statistics kept float32 (model.py keeps them so in every precision)."""
-    state = {}
-    for key, t in model.state_dict().items():
-        if key == 'lm_head.weight' and model.config.tie_embeddings:
-            continue
-        keep = t.is_floating_point() and not key.endswith('.alpha_ma')
-        state[key] = t.detach().to(dtype if keep else t.dtype).contiguous()
-    return state
-
-
-def write_safetensors(state, out_dir, max_shard_bytes):
-    """model.safetensors, or shards model-0000i-of-0000n.safetensors + model.safetensors.index.json when the weights
-    exceed max_shard_bytes (a tensor larger than that gets a shard of its own)."""
-    from safetensors.torch import save_file
-    shards, size = [{}], 0
-    for key, t in state.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][key] = t
-        size += nbytes
-    if len(shards) == 1:
-        save_file(state, os.path.join(out_dir, 'model.safetensors'), metadata={'format': 'pt'})
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, os.path.join(out_dir, name), metadata={'format': 'pt'})
-        weight_map.update(dict.fromkeys(shard, name))
-    total = sum(t.numel() * t.element_size() for t in state.values())
-    write_json(os.path.join(out_dir, 'model.safetensors.index.json'),
-               dict(metadata=dict(total_size=total), weight_map=weight_map))
-
-# -----------------------------------------------------------------------------
-# config.json, generation_config.json
-
-
-def write_json(path, obj):
-    with open(path, 'w', encoding='utf-8') as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.write('\n')
-
-
-def model_config_json(cfg, dtype, special_ids, tok_info):
-    """config.json. softmax: transformers' own Llama (Qwen2 when q/k/v have biases) in the hub's layout, which 4.x
-    and 5.x both read (5.x writes rope_parameters, which 4.x ignores, falling back to rope_theta = 10000).
-    Other variants: our ModelConfig under model_config and an auto_map to the shipped hf_wrapper.py. Both record the
-    run's tokenizer (tokenizer_info, as meta.json has it), which distill.py checks a KD teacher's data against."""
-    from hf_wrapper import MODEL_TYPE, AffineScaledConfig, AffineScaledForCausalLM, transformers_names
-    common = dict(transformers_names(cfg), **special_ids, torch_dtype=str(dtype).removeprefix('torch.'),
-                  tokenizer_info=tok_info)
-    if cfg.attention != 'softmax':
-        return dict(architectures=[AffineScaledForCausalLM.__name__], model_type=MODEL_TYPE,
-                    auto_map={'AutoConfig': f'hf_wrapper.{AffineScaledConfig.__name__}',
-                              'AutoModelForCausalLM': f'hf_wrapper.{AffineScaledForCausalLM.__name__}'},
-                    model_config=dataclasses.asdict(cfg), **common)
-    llama = dict(head_dim=cfg.head_dim, hidden_act='silu', initializer_range=cfg.init_std,
-                 rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling,
-                 attention_dropout=0.0, use_cache=True)
-    if cfg.qkv_bias:  # Qwen2: biases on q/k/v (not o), as ours; Llama's attention_bias would add one to o_proj too
-        return dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2', **llama, use_sliding_window=False,
-                    sliding_window=None, max_window_layers=cfg.n_layer, **common)
-    return dict(architectures=['LlamaForCausalLM'], model_type='llama', **llama, attention_bias=False, mlp_bias=False,
-                pretraining_tp=1, **common)
 
 # -----------------------------------------------------------------------------
 # The tokenizer
@@ -259,13 +185,13 @@ def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 10
     try:
         enc = write_tokenizer(tok_info, tokenizer, tmp, cfg.block_size)
         special_ids = check_tokenizer(tmp, enc)
-        write_json(os.path.join(tmp, 'config.json'), model_config_json(cfg, dtype, special_ids, tok_info))
+        write_json(os.path.join(tmp, 'config.json'), hf_config(cfg, dtype, special_ids, tok_info))
         generation = dict(special_ids, **({} if cfg.attention == 'softmax' else dict(use_cache=False)))
         write_json(os.path.join(tmp, 'generation_config.json'), generation)
         if cfg.attention != 'softmax':
             for file in CODE_FILES:
                 shutil.copyfile(os.path.join(HERE, file), os.path.join(tmp, file))
-        write_safetensors(export_state_dict(model, dtype), tmp, max_shard_bytes)
+        write_safetensors(hf_state_dict(model, dtype), tmp, max_shard_bytes)
         for file in os.listdir(tmp):  # safetensors writes its files private (0600); give them the others' mode
             if file.endswith('.safetensors'):
                 os.chmod(os.path.join(tmp, file), os.stat(os.path.join(tmp, 'config.json')).st_mode & 0o777)

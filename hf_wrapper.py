@@ -19,21 +19,14 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 try:  # in an exported directory transformers imports this file as part of a package (see model.py's imports)
+    from .checkpoint import MODEL_TYPE, transformers_names
     from .model import GPT, IGNORE_INDEX, ModelConfig
     from .sink_kernel import SinkAttention  # noqa: F401  (transformers 4.x copies only the files named here)
 except ImportError:  # in this repository
+    from checkpoint import MODEL_TYPE, transformers_names
     from model import GPT, IGNORE_INDEX, ModelConfig
 
-MODEL_TYPE = 'affine_scaled_gpt'  # config.json's model_type; distill.py recognises an export by its model_config
 TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
-
-
-def transformers_names(config):
-    """A ModelConfig's numbers under transformers' names, for the tools that read them (lm-eval's max length, ...)."""
-    return dict(vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=config.intermediate_size,
-                num_hidden_layers=config.n_layer, num_attention_heads=config.n_head,
-                num_key_value_heads=config.n_kv_head, max_position_embeddings=config.block_size,
-                tie_word_embeddings=config.tie_embeddings)
 
 
 class AffineScaledConfig(PretrainedConfig):

@@ -24,15 +24,17 @@ from torch.utils.checkpoint import checkpoint
 
 try:  # an exported model directory (export_hf.py) is imported by transformers as a package: only relative imports
     # work there, and its remote-code check refuses absolute imports of modules that are not installed (outside a try)
+    from .checkpoint import CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint, read_hf_config, read_safetensors
     from .sink_kernel import SinkAttention, at_least_fp32  # the LSE-kernel plumbing lives apart from the model
 except ImportError:  # this repository: model.py is a top-level module
+    from checkpoint import CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint, read_hf_config, read_safetensors
     from sink_kernel import SinkAttention, at_least_fp32
 
 ATTENTIONS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 AFFINE_ACTS = ('linear_clip', 'sigmoid')
 AFFINE_BIAS_NORMS = ('seq_len', 'visible')
 IGNORE_INDEX = -100  # targets with this value are left out of the loss (PyTorch's default)
-VARIANT_PARAMS = {'sinks', 'g_proj', 'alpha_proj'}  # what the variants add to softmax attention
+VARIANT_TENSORS = {'sinks', 'g_proj', 'alpha_proj', 'alpha_ma'}  # what the variants add to softmax attention
 
 
 @dataclass
@@ -76,6 +78,24 @@ class ModelConfig:
     @property
     def head_dim(self):
         return self.n_embd // self.n_head
+
+    @property
+    def is_affine(self):
+        """Eq. 6-9: alpha_proj, and the running alpha_ma that training updates (affine, affine_gated)."""
+        return self.attention in ('affine', 'affine_gated')
+
+    @property
+    def is_gated(self):
+        """Eq. 4-5: the output gate g_proj (gated, affine_gated)."""
+        return self.attention in ('gated', 'affine_gated')
+
+    @property
+    def outputs_depend_on_length(self):
+        """Whether a position's output changes with the number of tokens after it: affine with
+        affine_bias_norm='seq_len', where N of Eq. 8 is the whole call's length. Then a KV cache (generate) and
+        reading a shorter request's output from a longer one's forward (eval_zeroshot) are not exact; every other
+        variant is causal in the usual sense."""
+        return self.is_affine and self.affine_bias_norm == 'seq_len'
 
 
 FIELD_NAMES = tuple(f.name for f in fields(ModelConfig))
@@ -227,9 +247,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(H * D, C, bias=False)
         if config.attention == 'sink':
             self.sinks = nn.Parameter(torch.zeros(H))  # s_h of Eq. 3, one logit per head
-        if config.attention in ('gated', 'affine_gated'):
+        if config.is_gated:
             self.g_proj = nn.Linear(C, H * D, bias=False)  # W_g of Eq. 5: one gate per output channel
-        if config.attention in ('affine', 'affine_gated'):
+        if config.is_affine:
             self.alpha_proj = nn.Linear(C, H, bias=False)  # W_alpha of Eq. 7: one scale per (token, head)
             self.register_buffer('alpha_ma', torch.zeros(H))  # Eq. 9, alpha_ma,0 = 0; saved in checkpoints
             # sum of alpha and token count since the last update_alpha_ma() (train mode only)
@@ -276,13 +296,12 @@ class Attention(nn.Module):
                 raise ValueError(f"a KV cache holding {cache.length} tokens takes one new token per call, got {T}")
             k, v = cache.update(k, v)
 
-        attention = self.config.attention
-        if attention == 'sink':
+        if self.config.attention == 'sink':
             y = sink_attention(q, k, v, self.sinks, is_causal)  # Eq. 3
         else:
             y = softmax_attention(q, k, v, is_causal)  # Eq. 1
 
-        if attention in ('affine', 'affine_gated'):
+        if self.config.is_affine:
             alpha = self.scale(x)
             if self.training and count_alpha:
                 self._accumulate_alpha(alpha, positions, seq_lens)
@@ -302,7 +321,7 @@ class Attention(nn.Module):
             y = y.view(B, H, T, D).to(q.dtype)
 
         y = y.transpose(1, 2).reshape(B, T, H * D)
-        if attention in ('gated', 'affine_gated'):
+        if self.config.is_gated:
             y = y * torch.sigmoid(self.g_proj(x))  # Eq. 4-5: elementwise gate after SDPA, before o_proj
         return self.o_proj(y)
 
@@ -328,7 +347,7 @@ class Attention(nn.Module):
         if self.config.attention == 'sink':
             return sink_weights(scores, self.sinks)
         weights = torch.softmax(scores, dim=-1)
-        if self.config.attention in ('affine', 'affine_gated'):
+        if self.config.is_affine:
             alpha = self.scale(x).transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
             beta = (self.alpha_ma.view(1, -1, 1, 1) - alpha) / self.bias_norm(positions, seq_lens, T)
             weights = alpha * weights + beta * visible
@@ -363,7 +382,7 @@ class Block(nn.Module):
         # the checkpointed part: one more RMSNorm and C x H projection. Checkpointing inside forward keeps
         # hooks on this module (FSDP's all-gather) out of the recomputation.
         attn = self.self_attn
-        if attn.training and hasattr(attn, 'alpha_ma'):
+        if attn.training and attn.config.is_affine:
             with torch.no_grad():
                 attn._accumulate_alpha(attn.scale(self.input_layernorm(x)), positions, seq_lens)
         return checkpoint(self.compute, x, cos, sin, positions, seq_lens, count_alpha=False, use_reentrant=False)
@@ -392,14 +411,58 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, attention='softmax', dtype=torch.float32, device='cpu'):
-        """A Hugging Face Llama / Mistral / Qwen2 checkpoint directory (or one written by export_hf.py) as a GPT
-        (nanoGPT's name); with attention='softmax', model(idx) gives HF's logits. The reading of config.json and
-        safetensors lives with the other checkpoint loading, in distill.load_hf_checkpoint."""
-        try:  # in a try: transformers' remote-code check (see the sink_kernel import) must not ask for distill.py
-            from distill import load_hf_checkpoint
-        except ImportError as e:
-            raise ImportError("GPT.from_pretrained needs this repository's distill.py") from e
-        return load_hf_checkpoint(path, attention, dtype, device)
+        """A GPT (nanoGPT's name) from any checkpoint, read through checkpoint.py: a Hugging Face Llama / Mistral / Qwen2
+        directory (with attention='softmax', model(idx) gives HF's logits; another variant keeps every checkpoint
+        tensor and initialises its own, sinks, g_proj or alpha_proj, fresh), a directory export_hf.py wrote, or one of
+        this repo's checkpoints (ckpt.pt, or the out_dir holding it); the last two are the variant they hold. The model
+        is built on the meta device and takes the tensors as they are read (cast to dtype, on device): about 1x the
+        model's size in memory."""
+        ckpt_path = checkpoint_file(path)
+        if ckpt_path is not None:  # ours: every tensor of its own variant
+            ckpt = read_checkpoint(ckpt_path)
+            config = ModelConfig(**ckpt['model_config'])
+            if attention not in ('softmax', config.attention):
+                raise ValueError(f"{ckpt_path}: a {config.attention!r} model cannot be loaded as {attention!r}")
+            model = cls(config)
+            try:
+                model.load_state_dict(model_state(ckpt))
+            except RuntimeError as e:  # torch's message spans lines: one line of it
+                raise CheckpointError(f"{ckpt_path} is not a readable checkpoint of train.py: its tensors do not fit its "
+                                      f"model_config ({' '.join(str(e).split())})") from None
+            return model.to(device=device, dtype=dtype)
+        hf = read_hf_config(path)
+        exported = 'model_config' in hf
+        config = ModelConfig(**config_from_hf(hf, attention))
+        state = read_safetensors(path, dtype, device)
+        with torch.device('meta'):
+            model = cls(config).to(dtype)
+        # what the directory holds: every tensor of an exported variant, the softmax ones of a published model
+        expected = {key for key in model.state_dict() if exported or not VARIANT_TENSORS & set(key.split('.'))}
+        if config.tie_embeddings:  # lm_head is embed_tokens; HF ignores a stored copy, and so do we
+            expected.discard('lm_head.weight')
+            state.pop('lm_head.weight', None)
+        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+        if missing or unexpected:
+            raise ValueError(f"{path}: the tensors do not match its config.json: missing {missing}, "
+                             f"unexpected {unexpected}")
+        model.load_state_dict(state, strict=False, assign=True)
+        if config.tie_embeddings:  # assign=True gave embed_tokens a new Parameter: tie lm_head to it again
+            model.lm_head.weight = model.model.embed_tokens.weight
+        for module in model.modules():  # affine's running alpha sums: never saved, zero at the start
+            for key in module._non_persistent_buffers_set:
+                module._buffers[key] = torch.zeros_like(module._buffers[key], device=device)
+        # what is still on meta is a published model's missing variant tensors: materialised and initialised
+        fresh = set()
+        for name, module in model.named_modules():
+            own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
+            if any(t.is_meta for t in own.values()):
+                fresh |= {f"{name.split('.', 3)[-1]}.{key}" for key in own}  # 'model.layers.N.' dropped
+                module.to_empty(device=device, recurse=False)
+                model._init_weights(module)
+        if fresh:
+            print(f"from_pretrained: attention={attention!r} is not in {path}: initialised fresh in every "
+                  f"layer: {', '.join(sorted(fresh))}")
+        return model
 
     def _init_weights(self, module):
         """HF Llama's init: normal(0, init_std) for matrices (and the sink logits, as gpt-oss), zero biases,
@@ -457,7 +520,7 @@ class GPT(nn.Module):
         per-forward buffer sync (train.DDP_NO_BUFFER_SYNC) so rank 0 does not overwrite the other ranks' sums.
         discard=True only clears the sums (a skipped step). Returns E[alpha] per layer, (n_head,) tensors
         (empty: not affine, nothing accumulated, or discarded)."""
-        layers = [m for m in self.modules() if isinstance(m, Attention) and hasattr(m, 'alpha_ma')]
+        layers = [m.self_attn for m in self.model.layers if m.self_attn.config.is_affine]
         if not layers:
             return []
         stats = torch.stack([torch.cat([m.alpha_sum, m.alpha_count.view(1)]) for m in layers])  # (L, H + 1)
@@ -488,7 +551,7 @@ class GPT(nn.Module):
             raise ValueError(f"need temperature >= 0 and top_k >= 1 or None, got {temperature}, {top_k}")
         cfg = self.config
         if use_cache is None:
-            use_cache = not (cfg.attention in ('affine', 'affine_gated') and cfg.affine_bias_norm == 'seq_len')
+            use_cache = not cfg.outputs_depend_on_length
         caches = None
         cache_len = min(cfg.block_size, idx.size(1) + max_new_tokens)  # what this call can fill, no more
         for _ in range(max_new_tokens):
@@ -515,7 +578,7 @@ class GPT(nn.Module):
         """Number of parameters, tied embeddings counted once; variant_only: only those the attention variant adds
         to softmax attention (sinks, g_proj, alpha_proj: the paper's ΔParams)."""
         return sum(p.numel() for name, p in self.named_parameters()
-                   if not variant_only or VARIANT_PARAMS & set(name.split('.')))
+                   if not variant_only or VARIANT_TENSORS & set(name.split('.')))
 
     def configure_optimizers(self, weight_decay, lr, betas, fused=None):
         """AdamW; matrices (embeddings and projections) decay, vectors (norms, biases, sinks) do not."""

@@ -44,7 +44,10 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import FIELD_NAMES, GPT, ModelConfig
+from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, checkpoint_file, config_from_hf, model_state,
+                        read_checkpoint, read_hf_config, save_checkpoint)
 from common import default_peak_flops
+from distill import check_compatibility, fused_kd_loss, kd_loss_memory, load_teacher
 from prepare_data import Windows, read_meta
 
 # DDP must not sync buffers on each forward: alpha_ma's per-rank sums would be overwritten by rank 0's (see
@@ -198,16 +201,6 @@ def data_fingerprint(meta):
                 **{f'{split}_tokens': info['tokens'] for split, info in sorted(meta['splits'].items())})
 
 
-def save_checkpoint(path, state):
-    """Atomic: write a temp file, fsync, rename. A crash mid-save leaves the previous checkpoint intact."""
-    tmp = path + '.tmp'
-    with open(tmp, 'wb') as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def shard(model, dtype):
     """FSDP2 in place: one group per decoder layer (gathered just before its forward and its backward, freed
     after), the root group for the rest. bfloat16: gathered and computed in bf16 from the fp32 shards (the master
@@ -274,7 +267,6 @@ def accumulate_gradients(model, student, teacher, batches, accumulation, c, auto
     device; the gradients of the mean loss are left in .grad. model: the module to call (compiled / DDP / FSDP),
     student: the GPT itself (its lm_head for the KD loss); teacher: None (cross-entropy) or a GPT in eval mode.
     Returns the sums over micro-batches of (loss, KD, CE), one device tensor to read once per step (no host sync)."""
-    from distill import fused_kd_loss
     sums = None
     for micro, (x, y) in enumerate(batches):
         # DDP all-reduces the gradients only in the backward of the last micro-step. FSDP reduce-scatters every
@@ -440,12 +432,10 @@ KNOWN_TEACHERS = {
 def teacher_shape(spec):
     """(ModelConfig or None, where it came from) of a teacher, without reading its weights: the checkpoint's
     config if it is here, else KNOWN_TEACHERS by the directory's name, else None."""
-    from distill import checkpoint_file, config_from_hf, read_checkpoint
     if os.path.exists(spec):
         path = checkpoint_file(spec)
         if path is None:
-            with open(os.path.join(spec, 'config.json')) as f:
-                return config_from_hf(json.load(f)), spec
+            return ModelConfig(**config_from_hf(read_hf_config(spec))), spec
         return ModelConfig(**read_checkpoint(path)['model_config']), path
     name = os.path.basename(os.path.normpath(spec))
     if name in KNOWN_TEACHERS:
@@ -481,7 +471,6 @@ def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointi
                    gradient of its hidden states (kept from forward to backward), the student head's bf16 copy
                    (DDP's fp32 master), none of the bf16 teacher's head.
                    Without a teacher: the full logits, their float copy, log-softmax and gradient."""
-    from distill import kd_loss_memory
     with torch.device('meta'):
         student = GPT(cfg)
     n_params = student.get_num_params()
@@ -535,8 +524,15 @@ def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointi
     return estimate
 
 
-def print_memory_plan(c, model_config):
-    """The dry run's table: memory_estimate for this config, dry_run_world_size GPUs, its micro-batch."""
+def print_dry_run(c, model_config):
+    """The dry run: parameter counts, and memory_estimate's table for this config on dry_run_world_size GPUs."""
+    with torch.device('meta'):
+        model = GPT(model_config)
+    total = model.get_num_params()
+    embedding = model.model.embed_tokens.weight.numel() + (0 if model_config.tie_embeddings else
+                                                           model.lm_head.weight.numel())
+    print(f"params: total={total} non_embedding={total - embedding} "
+          f"attention_extra={model.get_num_params(variant_only=True)}")
     world, gpu_gib = c['dry_run_world_size'], c['dry_run_gpu_gib']
     if world < 1 or gpu_gib <= 0:
         raise SystemExit(f"dry_run_world_size={world} must be >= 1 and dry_run_gpu_gib={gpu_gib} > 0")
@@ -559,27 +555,28 @@ def print_memory_plan(c, model_config):
 
 
 # -----------------------------------------------------------------------------------------------
+# The run: setup, one step, logging, checkpoints
 
-def main(argv):
-    c = load_config(argv)
-    try:
-        model_config = ModelConfig(**{k: c[k] for k in FIELD_NAMES})
-    except ValueError as e:  # ModelConfig's own checks (variant names, head counts, rope_scaling)
-        raise SystemExit(f"config: {e}")
-    if c['dry_run']:
-        with torch.device('meta'):
-            model = GPT(model_config)
-        total = model.get_num_params()
-        embedding = model.model.embed_tokens.weight.numel()
-        if not model_config.tie_embeddings:
-            embedding += model.lm_head.weight.numel()
-        print(f"params: total={total} non_embedding={total - embedding} "
-              f"attention_extra={model.get_num_params(variant_only=True)}")
-        print_memory_plan(c, model_config)
-        return
+@dataclasses.dataclass
+class Run:
+    """Where this process trains: its rank among `world`, its device, and what follows from them."""
+    rank: int
+    world: int
+    device: torch.device
+    distributed: bool  # under torchrun: DDP, or FSDP with fsdp=True
+    ddp: bool
+    accumulation: int  # micro-steps per optimizer step on this rank
+    autocast: object  # the forward's context: bf16 autocast or nothing
+    save_group: object = None  # a gloo group with a long timeout for the barrier after a save (SAVE_TIMEOUT)
 
-    # --- distributed setup (torchrun sets RANK / WORLD_SIZE / LOCAL_RANK) ---
-    distributed = 'RANK' in os.environ  # DDP, or FSDP with fsdp=True
+    @property
+    def master(self):
+        return self.rank == 0
+
+
+def setup_run(c):
+    """Ranks (torchrun sets RANK / WORLD_SIZE / LOCAL_RANK), the device, and the config's 'auto' values resolved."""
+    distributed = 'RANK' in os.environ
     if c['fsdp'] and not distributed:
         raise SystemExit("fsdp=True shards the model over the ranks torchrun starts: launch with torchrun "
                          "--nproc_per_node=N train.py ... (N=1 works), or drop --fsdp=True for one process")
@@ -590,183 +587,233 @@ def main(argv):
     if distributed and device.type == 'cuda':
         device = torch.device('cuda', int(os.environ['LOCAL_RANK']))
         torch.cuda.set_device(device)
+    save_group = None
     if distributed:
         init_distributed('nccl' if device.type == 'cuda' else 'gloo')
-    master = rank == 0
+        # rank 0 may write a checkpoint of tens of GB to slow storage while the others wait: they wait in a gloo
+        # barrier with a long timeout, with no NCCL collective pending that the watchdog would time out
+        save_group = dist.new_group(backend='gloo', timeout=SAVE_TIMEOUT)
     if c['dtype'] == 'auto':
         c['dtype'] = 'bfloat16' if device.type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if c['dtype'] == 'bfloat16' else nullcontext()
     if c['compile'] is None:
         c['compile'] = device.type == 'cuda'
-    accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])  # micro-steps per rank
+    accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])
     if rest or accumulation == 0:
         raise SystemExit(f"global_batch_size={c['global_batch_size']} must be a multiple of world size ({world}) "
                          f"x micro_batch_size ({c['micro_batch_size']})")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if c['dtype'] == 'bfloat16' else nullcontext()
+    return Run(rank, world, device, distributed, distributed and not c['fsdp'], accumulation, autocast, save_group)
 
-    # --- data, checked against the model before step 0 ---
-    data_meta = read_meta(c['data_dir'])
-    if data_meta['vocab_size'] > model_config.vocab_size:
-        raise SystemExit(f"data_dir={c['data_dir']} was tokenized with {data_meta['vocab_size']} token ids but the "
+
+def load_data(c, model_config):
+    """(meta.json, train windows, val windows) of data_dir, checked against the model before step 0."""
+    meta = read_meta(c['data_dir'])
+    if meta['vocab_size'] > model_config.vocab_size:
+        raise SystemExit(f"data_dir={c['data_dir']} was tokenized with {meta['vocab_size']} token ids but the "
                          f"model has vocab_size={model_config.vocab_size}")
-    train_data = Windows(c['data_dir'], 'train', model_config.block_size)
-    val_data = Windows(c['data_dir'], 'val', model_config.block_size)
+    return (meta, Windows(c['data_dir'], 'train', model_config.block_size),
+            Windows(c['data_dir'], 'val', model_config.block_size))
 
-    # --- model, optimizer, resume ---
-    os.makedirs(c['out_dir'], exist_ok=True)
-    ckpt_path = os.path.join(c['out_dir'], 'ckpt.pt')
-    torch.manual_seed(c['seed'])
-    model = GPT(model_config).to(device)  # whole on every rank first: FSDP then starts from DDP's initial weights
-    for layer in model.model.layers:
-        layer.activation_checkpointing = c['activation_checkpointing']
-    start_step, ckpt = 0, None
+
+def checkpoint_to_resume(c, ckpt_path):
+    """out_dir's checkpoint if this run continues it (init_from), else None; refuses to replace one unasked."""
     exists = os.path.isfile(ckpt_path)
     if c['init_from'] == 'resume' and not exists:
         raise SystemExit(f"init_from=resume: no checkpoint at {ckpt_path}")
-    if exists:
-        # memory-mapped: the ranks of a node share one copy in the page cache, and nothing lands on the GPU
-        ckpt = torch.load(ckpt_path, map_location='cpu', mmap=True, weights_only=False)
-        if c['init_from'] == 'scratch' and not c['overwrite']:
-            raise SystemExit(f"{ckpt_path} holds a run at step {ckpt['step']}, which init_from=scratch would replace at "
-                             f"its first save. To continue it: --init_from=auto (the default). To start over and "
-                             f"replace it: --init_from=scratch --overwrite=True. Or choose another --out_dir.")
-        if c['init_from'] == 'scratch':
-            ckpt = None
+    if not exists:
+        return None
+    try:
+        ckpt = read_checkpoint(ckpt_path, keys=CKPT_KEYS)
+    except CheckpointError as e:
+        raise SystemExit(f"init_from={c['init_from']}: {e} (--init_from=scratch --overwrite=True starts the run over)")
+    if c['init_from'] == 'scratch' and not c['overwrite']:
+        raise SystemExit(f"{ckpt_path} holds a run at step {ckpt['step']}, which init_from=scratch would replace at "
+                         f"its first save. To continue it: --init_from=auto (the default). To start over and "
+                         f"replace it: --init_from=scratch --overwrite=True. Or choose another --out_dir.")
+    return None if c['init_from'] == 'scratch' else ckpt
+
+
+def build_model(c, model_config, run, data_meta, ckpt_path):
+    """(the GPT, its AdamW, the step it starts at): fresh from the seed, or out_dir's checkpoint continued bit-exactly;
+    compiled per layer and sharded (FSDP) as the config asks."""
+    torch.manual_seed(c['seed'])
+    model = GPT(model_config).to(run.device)  # whole on every rank first: FSDP then starts from DDP's initial weights
+    for layer in model.model.layers:
+        layer.activation_checkpointing = c['activation_checkpointing']
+    ckpt = checkpoint_to_resume(c, ckpt_path)
     if ckpt is not None:
         check_resumable(ckpt, c, model_config, data_meta, ckpt_path)
-        model.load_state_dict(ckpt['model'])  # full tensors, before any sharding
-    if master:  # the first line of every run says how it started
+        model.load_state_dict(model_state(ckpt))  # full tensors, before any sharding
+    if run.master:  # the first line of every run says how it started
         print(f"init_from={c['init_from']}: " + (f"resuming from {ckpt_path} at step {ckpt['step']}" if ckpt is not None
-              else f"starting fresh{' (replacing ' + ckpt_path + ')' if exists else ''}"), flush=True)
+              else f"starting fresh{' (replacing ' + ckpt_path + ')' if os.path.isfile(ckpt_path) else ''}"), flush=True)
     if c['compile']:
         compile_layers(model)
     if c['fsdp']:
         shard(model, c['dtype'])
     optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
-    if ckpt is not None:  # the full state, keyed by parameter name; under FSDP each rank keeps its shard
-        set_optimizer_state_dict(model, optimizer, ckpt['optimizer'], options=StateDictOptions(full_state_dict=True))
-        start_step = ckpt['step']
-        set_rng_state(ckpt['rng'])
-        del ckpt
-    ddp = distributed and not c['fsdp']
-    raw_model = model  # the GPT itself (the optimizer's, the checkpoint's, the KD loss's); `model` is what the loop calls
-    if ddp:
-        model = wrap_ddp(model, device)
-    save_group = None
-    if distributed:  # rank 0 may write a checkpoint of tens of GB to slow storage while the others wait: they wait in
-        # a gloo barrier with a long timeout, with no NCCL collective pending that the watchdog would time out
-        save_group = dist.new_group(backend='gloo', timeout=SAVE_TIMEOUT)
+    if ckpt is None:
+        return model, optimizer, 0
+    # the full state, keyed by parameter name; under FSDP each rank keeps its shard
+    set_optimizer_state_dict(model, optimizer, ckpt['optimizer'], options=StateDictOptions(full_state_dict=True))
+    set_rng_state(ckpt['rng'])
+    return model, optimizer, ckpt['step']
 
-    teacher = None
-    if c['teacher']:
-        from distill import check_compatibility, load_teacher
-        teacher = load_teacher(c['teacher'], device, torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32)
-        check_compatibility(teacher, c['teacher'], model_config, data_meta, model_config.block_size)
-        if c['compile']:
-            compile_layers(teacher)
 
-    peak_flops = c['peak_flops'] or default_peak_flops(device, torch.bfloat16 if c['dtype'] == 'bfloat16'
-                                                       else torch.float32)
-    if master:
+def load_run_teacher(c, model_config, data_meta, device):
+    """The KD teacher in the run's dtype, checked against the data and the student before step 0; None without one."""
+    if not c['teacher']:
+        return None
+    teacher = load_teacher(c['teacher'], device, torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32)
+    check_compatibility(teacher, c['teacher'], model_config, data_meta, model_config.block_size)
+    if c['compile']:
+        compile_layers(teacher)
+    return teacher
+
+
+class Metrics:
+    """Where the run's records go: out_dir/metrics.jsonl (every step), the console (every log_interval steps and
+    every evaluation) and wandb; rank 0 only. Also writes out_dir/config.json."""
+
+    def __init__(self, c, run, start_step):
+        self.c, self.on = c, run.master
+        self.path = os.path.join(c['out_dir'], 'metrics.jsonl')
+        if not self.on:
+            return
         with open(os.path.join(c['out_dir'], 'config.json'), 'w') as f:
             json.dump(c, f, indent=1)
-        print(f"GPT: {raw_model.get_num_params():,} parameters, attention={model_config.attention}; {world} rank(s) x "
-              f"{accumulation} micro-steps x {c['micro_batch_size']} sequences x {model_config.block_size} tokens; "
-              f"{'FSDP' if c['fsdp'] else 'DDP' if distributed else 'one process'}, {device}, {c['dtype']}"
-              f"{', activation checkpointing' if c['activation_checkpointing'] else ''}; "
-              f"{len(train_data):,} train windows")
+        kept = []  # on resume, the records up to the checkpoint's step (a crash may have left later ones)
+        if start_step and os.path.isfile(self.path):
+            kept = [line for line in open(self.path) if json.loads(line)['step'] <= start_step]
+        with open(self.path, 'w') as f:
+            f.writelines(kept)
         if c['wandb_log']:
             import wandb
+            self.wandb = wandb
             wandb.init(project=c['wandb_project'], name=c['wandb_run_name'], config=c)
-    if master:  # on resume keep the records up to the checkpoint's step (a crash may have left later ones)
-        metrics_path = os.path.join(c['out_dir'], 'metrics.jsonl')
-        kept = []
-        if start_step and os.path.isfile(metrics_path):
-            kept = [line for line in open(metrics_path) if json.loads(line)['step'] <= start_step]
-        with open(metrics_path, 'w') as f:
-            f.writelines(kept)
 
-    # --- the loop ---
-    skipped, alpha_means = 0, []
-    teacher_timer = DeviceTimer(device)  # the teacher's forward time, logged apart from the student's
-    batch = c['micro_batch_size']
-    tokens_per_step = c['global_batch_size'] * model_config.block_size
+    def write(self, record):
+        if not self.on:
+            return
+        with open(self.path, 'a') as f:
+            f.write(json.dumps(record) + '\n')
+        if self.c['wandb_log']:
+            self.wandb.log(record, step=record['step'])
+        if record['step'] % self.c['log_interval'] == 0 or 'val_loss' in record:
+            val = f" | val {record['val_loss']:.4f}" if 'val_loss' in record else ''
+            print(f"step {record['step']}/{self.c['max_iters']} | loss {record['loss']:.4f}{val} | lr {record['lr']:.2e} "
+                  f"| grad {record['grad_norm']:.3f} | {record['tokens_per_sec']:,.0f} tok/s | mfu "
+                  f"{100 * record['mfu']:.2f}% | {1000 * record['dt']:.0f} ms", flush=True)
+
+
+def train_step(step, c, run, model, raw_model, teacher, optimizer, train_data, teacher_timer, peak_flops):
+    """Optimizer step `step` (counted from 0) on the global batch of that step: this rank's micro-batches, the
+    gradient norm, AdamW and Eq. 9's alpha_ma update. Returns (the step's record, E[alpha] per layer); a non-finite loss
+    or gradient norm stops the run, or with nonfinite='skip' skips the update (record['skipped'] = True)."""
+    t0 = time.perf_counter()
+    lr = learning_rate(step, c)
+    for group in optimizer.param_groups:
+        group['lr'] = lr
+    batch = c['micro_batch_size']  # this rank's part of the global batch, then its micro-batches
+    mine = train_data.step_indices(c['seed'], step, c['global_batch_size'])[run.rank * run.accumulation * batch:]
+    batches = (batch_to_device(train_data.get(mine[micro * batch:(micro + 1) * batch]), run.device)
+               for micro in range(run.accumulation))
+    sums = accumulate_gradients(model, raw_model, teacher, batches, run.accumulation, c, run.autocast, run.ddp,
+                                teacher_timer)
+    # the raw norm before clipping (paper Tables 4-5); grad_clip=0 only measures it
+    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c['grad_clip'] or math.inf)).item()
+    loss, kd, ce = reduce_mean(sums / run.accumulation, run.device)
+    finite = math.isfinite(loss) and math.isfinite(grad_norm)
+    if finite:
+        optimizer.step()
+    elif c['nonfinite'] == 'stop':
+        raise SystemExit(f"step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); stopping "
+                         f"(nonfinite='skip' skips such steps instead)")
+    alpha_means = raw_model.update_alpha_ma(discard=not finite)  # Eq. 9 with this step's global batch
+    optimizer.zero_grad(set_to_none=not run.ddp)  # DDP: in place, the gradients are its buckets
+    dt = time.perf_counter() - t0
+    record = dict(step=step + 1, lr=lr, loss=loss, grad_norm=grad_norm,
+                  tokens_per_sec=c['global_batch_size'] * raw_model.config.block_size / dt,
+                  mfu=raw_model.estimate_mfu(c['global_batch_size'] / run.world, dt, peak_flops), dt=dt)
+    if run.device.type == 'cuda':  # this rank's allocator peak so far, to hold against the dry run's estimate
+        record['peak_memory_gib'] = torch.cuda.max_memory_allocated(run.device) / 2 ** 30
+    if teacher is not None:
+        record.update(kd_loss=kd, ce_loss=ce, teacher_sec=teacher_timer.seconds())
+    return record, alpha_means, not finite
+
+
+def evaluation(c, run, model, raw_model, val_data, alpha_means):
+    """The evaluation record: validation loss and perplexity, the mean attention logit (Figure 2) and the variant's
+    statistics (alpha, alpha_ma, sinks). Every rank takes part."""
+    record = dict(val_loss=evaluate(model, val_data, c, run.device, run.autocast))
+    record['val_ppl'] = math.exp(min(record['val_loss'], 50))
+    with run.autocast:
+        record['attn_logit_mean'], record['attn_logit_abs_mean'] = mean_attention_logit(
+            raw_model, torch.from_numpy(val_data.get([0])[0]).to(run.device))
+    return record | attention_stats(raw_model, alpha_means)
+
+
+def save(path, step, c, run, raw_model, optimizer, model_config, data_meta):
+    """ckpt.pt at `step`: full tensors on rank 0's CPU, keyed by name (every rank takes part in gathering FSDP's
+    shards); the other ranks wait in the save group's barrier while rank 0 writes."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state_dict = get_model_state_dict(raw_model, options=options)
+    optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
+    if run.master:
+        save_checkpoint(path, dict(model=model_state_dict, optimizer=optimizer_state, step=step, rng=rng_state(),
+                                   config=c, model_config=dataclasses.asdict(model_config),
+                                   tokenizer=data_meta['tokenizer'], data=data_fingerprint(data_meta)))
+    del model_state_dict, optimizer_state
+    if run.distributed:
+        dist.barrier(group=run.save_group)
+
+
+def main(argv):
+    c = load_config(argv)
+    try:
+        model_config = ModelConfig(**{k: c[k] for k in FIELD_NAMES})
+    except ValueError as e:  # ModelConfig's own checks (variant names, head counts, rope_scaling)
+        raise SystemExit(f"config: {e}")
+    if c['dry_run']:
+        return print_dry_run(c, model_config)
+    run = setup_run(c)
+    data_meta, train_data, val_data = load_data(c, model_config)
+    os.makedirs(c['out_dir'], exist_ok=True)
+    ckpt_path = os.path.join(c['out_dir'], CKPT_NAME)
+    raw_model, optimizer, step = build_model(c, model_config, run, data_meta, ckpt_path)
+    model = wrap_ddp(raw_model, run.device) if run.ddp else raw_model  # what the loop calls; raw_model: the GPT itself
+    teacher = load_run_teacher(c, model_config, data_meta, run.device)
+    peak_flops = c['peak_flops'] or default_peak_flops(run.device, torch.bfloat16 if c['dtype'] == 'bfloat16'
+                                                       else torch.float32)
+    metrics = Metrics(c, run, step)
+    if run.master:
+        print(f"GPT: {raw_model.get_num_params():,} parameters, attention={model_config.attention}; {run.world} rank(s) "
+              f"x {run.accumulation} micro-steps x {c['micro_batch_size']} sequences x {model_config.block_size} tokens; "
+              f"{'FSDP' if c['fsdp'] else 'DDP' if run.distributed else 'one process'}, {run.device}, {c['dtype']}"
+              f"{', activation checkpointing' if c['activation_checkpointing'] else ''}; {len(train_data):,} train windows")
+    skipped, teacher_timer = 0, DeviceTimer(run.device)  # the teacher's forward time, logged apart from the student's
     model.train()
-    step = start_step
     with preemption_flag() as stop_signal:
         while step < c['max_iters']:
-            t0 = time.perf_counter()
-            lr = learning_rate(step, c)
-            for group in optimizer.param_groups:
-                group['lr'] = lr
-            # this rank's part of the global batch, then its micro-batches
-            mine = train_data.step_indices(c['seed'], step, c['global_batch_size'])[rank * accumulation * batch:]
-            batches = (batch_to_device(train_data.get(mine[micro * batch:(micro + 1) * batch]), device)
-                       for micro in range(accumulation))
-            sums = accumulate_gradients(model, raw_model, teacher, batches, accumulation, c, autocast, ddp,
-                                        teacher_timer)
-            # the raw norm before clipping (paper Tables 4-5); grad_clip=0 only measures it
-            grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(raw_model.parameters(),
-                                                                   c['grad_clip'] or math.inf)).item()
-            loss_mean, kd_mean, ce_mean = reduce_mean(sums / accumulation, device)
-            if math.isfinite(loss_mean) and math.isfinite(grad_norm):
-                optimizer.step()
-                alpha_means = raw_model.update_alpha_ma()  # Eq. 9 with this step's global batch
-            elif c['nonfinite'] == 'stop':
-                raise SystemExit(f"step {step}: non-finite loss ({loss_mean}) or gradient norm ({grad_norm}); "
-                                 f"stopping (nonfinite='skip' skips such steps instead)")
-            else:
-                skipped += 1
-                alpha_means = raw_model.update_alpha_ma(discard=True)
-            optimizer.zero_grad(set_to_none=not ddp)  # DDP: in place, the gradients are its buckets
-            dt = time.perf_counter() - t0
-            step += 1
-
-            record = dict(step=step, lr=lr, loss=loss_mean, grad_norm=grad_norm, tokens_per_sec=tokens_per_step / dt,
-                          mfu=raw_model.estimate_mfu(c['global_batch_size'] / world, dt, peak_flops), dt=dt)
-            if device.type == 'cuda':  # this rank's allocator peak so far, to hold against the dry run's estimate
-                record['peak_memory_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
-            if teacher is not None:
-                record.update(kd_loss=kd_mean, ce_loss=ce_mean, teacher_sec=teacher_timer.seconds())
+            record, alpha_means, skip = train_step(step, c, run, model, raw_model, teacher, optimizer, train_data,
+                                                   teacher_timer, peak_flops)
+            step, skipped = step + 1, skipped + skip
             if c['nonfinite'] == 'skip':
                 record['skipped_steps'] = skipped
             if step % c['eval_interval'] == 0 or step == c['max_iters']:
-                record['val_loss'] = evaluate(model, val_data, c, device, autocast)
-                record['val_ppl'] = math.exp(min(record['val_loss'], 50))
-                with autocast:
-                    record['attn_logit_mean'], record['attn_logit_abs_mean'] = mean_attention_logit(
-                        raw_model, torch.from_numpy(val_data.get([0])[0]).to(device))
-                record.update(attention_stats(raw_model, alpha_means))
-            if master:
-                with open(metrics_path, 'a') as f:
-                    f.write(json.dumps(record) + '\n')
-                if c['wandb_log']:
-                    wandb.log(record, step=step)
-                if step % c['log_interval'] == 0 or 'val_loss' in record:
-                    val = f" | val {record['val_loss']:.4f}" if 'val_loss' in record else ''
-                    print(f"step {step}/{c['max_iters']} | loss {loss_mean:.4f}{val} | lr {lr:.2e} | "
-                          f"grad {grad_norm:.3f} | {record['tokens_per_sec']:,.0f} tok/s | "
-                          f"mfu {100 * record['mfu']:.2f}% | {1000 * dt:.0f} ms", flush=True)
-            stop = reduce_mean([float(bool(stop_signal))], device)[0] > 0  # all ranks stop at the same step
+                record |= evaluation(c, run, model, raw_model, val_data, alpha_means)
+            metrics.write(record)
+            stop = reduce_mean([float(bool(stop_signal))], run.device)[0] > 0  # all ranks stop at the same step
             if 'val_loss' in record or stop:
-                # full tensors on rank 0's CPU, keyed by name (every rank takes part in gathering FSDP's shards)
-                options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-                model_state = get_model_state_dict(raw_model, options=options)
-                optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
-                if master:
-                    save_checkpoint(ckpt_path, dict(
-                        model=model_state, optimizer=optimizer_state, step=step, rng=rng_state(), config=c,
-                        model_config=dataclasses.asdict(model_config), tokenizer=data_meta['tokenizer'],
-                        data=data_fingerprint(data_meta)))
-                del model_state, optimizer_state
-                if distributed:
-                    dist.barrier(group=save_group)
+                save(ckpt_path, step, c, run, raw_model, optimizer, model_config, data_meta)
             if stop:
-                if master:
+                if run.master:
                     print(f"stopped by a signal: saved {ckpt_path} at step {step}; the same command continues it",
                           flush=True)
                 break
-    if distributed:
+    if run.distributed:
         dist.destroy_process_group()
+
 
 if __name__ == '__main__':
     main(sys.argv[1:])

@@ -23,7 +23,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
 
 import distill
 import prepare_data as prep
-from distill import config_from_hf
+from checkpoint import config_from_hf
 from model import GPT, ModelConfig
 from test_prepare_data import (EOT, HF_QWEN2_REGEX, byte_level, digits_then_gpt2, hf_tokenizer, split_then_bytes,
                                write_tiktoken_file)
@@ -230,7 +230,7 @@ def test_from_pretrained_needs_about_one_model_of_memory(tmp_path):
                tie_word_embeddings=False)
     (tmp_path / 'config.json').write_text(json.dumps(cfg))
     with torch.device('meta'):
-        shapes = {k: v.shape for k, v in GPT(config_from_hf(cfg)).state_dict().items()}
+        shapes = {k: v.shape for k, v in GPT(ModelConfig(**config_from_hf(cfg))).state_dict().items()}
     save_file({k: torch.full(shape, 0.01) for k, shape in shapes.items()}, tmp_path / 'model.safetensors')
     size = (tmp_path / 'model.safetensors').stat().st_size
     run = subprocess.run([sys.executable, '-c', MEASURE_LOADING, str(tmp_path)], cwd=ROOT, capture_output=True,

@@ -524,7 +524,7 @@ def test_alpha_stats_stay_float32_when_the_model_is_cast_to_half_precision():
     """bf16 evaluation casts the whole model: affine's alpha_ma, alpha_sum and alpha_count stay float32 and
     unchanged (in bf16, alpha_ma ~ 0.5 would be off by up to 2e-3 and the count stuck past 256), through
     state_dict / load_state_dict / deepcopy, and when built on the meta device, cast, then materialised
-    (distill.load_hf_checkpoint's way); float64 and device moves still apply to them."""
+    (GPT.from_pretrained's way); float64 and device moves still apply to them."""
     model = random_model('affine').train()
     model(torch.randint(0, 97, (5, 61)))  # 305 tokens counted: bf16 has no 305 (steps of 2 above 256)
     stats = dict(model.named_buffers())

@@ -1,0 +1,238 @@
+"""
+Checkpoints in and out: this repo's training checkpoints (ckpt.pt) and Hugging Face model directories, read and
+written. Every file a model is read from or written to goes through here, so every reader gets the same checks and
+the same one-line errors (CheckpointError, a ValueError naming the file, what is wrong and what to do).
+
+This file knows formats only: dicts, tensors and JSON. model.py builds a GPT from what it reads (GPT.from_pretrained),
+so imports flow one way: checkpoint -> model -> the scripts. (An exported model ships this file beside model.py.)
+
+ckpt.pt, written by train.py: one torch.save'd dict,
+    model         the GPT's state dict: full tensors keyed by parameter name (never sharded, whatever the run's ranks)
+    optimizer     AdamW's full state, keyed by parameter name (torch.distributed.checkpoint's full_state_dict layout)
+    step          optimizer steps done
+    rng           the python / numpy / torch / cuda generators' states (a bit-exact resume)
+    config        the run's resolved train.py config
+    model_config  ModelConfig's fields
+    tokenizer     the data's tokenizer record (meta.json's: family, spec, sha256, ...)
+    data          what identifies the data: the tokenizer's sha256 and each split's token count
+A Hugging Face directory: config.json, and model.safetensors or the shards that model.safetensors.index.json lists.
+Llama / Mistral / Qwen2 as published, or one that export_hf.py wrote: its config.json then carries our ModelConfig
+under model_config and the run's tokenizer record under tokenizer_info.
+"""
+import dataclasses
+import json
+import os
+
+import torch
+
+CKPT_NAME = 'ckpt.pt'
+CKPT_KEYS = ('model', 'optimizer', 'step', 'rng', 'config', 'model_config', 'tokenizer', 'data')
+MODEL_KEYS = ('model', 'model_config', 'tokenizer')  # what reading a model (not resuming its training) needs
+MODEL_TYPE = 'affine_scaled_gpt'  # an export's config.json model_type for the variants transformers does not have
+WRAPPER_CLASSES = ('AffineScaledConfig', 'AffineScaledForCausalLM')  # hf_wrapper.py's, which such an export maps to
+
+
+class CheckpointError(ValueError):
+    """A file that cannot be read as the checkpoint it should be; the message names it and says what to do."""
+
+# -----------------------------------------------------------------------------
+# Ours: ckpt.pt
+
+
+def checkpoint_file(spec):
+    """The ckpt.pt of one of this repo's checkpoints (the file, or train.py's out_dir holding it), or None for a Hugging
+    Face directory (config.json, no ckpt.pt)."""
+    if os.path.isfile(spec):
+        return spec
+    if os.path.isfile(os.path.join(spec, CKPT_NAME)):
+        return os.path.join(spec, CKPT_NAME)
+    if os.path.isfile(os.path.join(spec, 'config.json')):
+        return None
+    if os.path.isdir(spec):
+        raise CheckpointError(f"{spec}: a directory with neither config.json (a Hugging Face checkpoint) nor "
+                              f"{CKPT_NAME} (this repo's); give a train.py out_dir, its {CKPT_NAME}, or a Hugging Face "
+                              f"model directory")
+    raise FileNotFoundError(f"{spec}: no such file or directory")
+
+
+def read_checkpoint(path, keys=MODEL_KEYS):
+    """One of this repo's checkpoints, memory-mapped: only the tensors used are read from disk (not the optimizer state
+    a training checkpoint also holds), and the ranks of a node share one copy in the page cache. Our own file, so its
+    pickles are trusted. keys: what the caller needs (CKPT_KEYS to resume training)."""
+    try:
+        ckpt = torch.load(path, map_location='cpu', mmap=True, weights_only=False)
+    except Exception as e:  # truncated (a copy cut short), corrupt, or not a torch file at all
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path} is not a readable checkpoint of train.py ({reason}): it is truncated, corrupt "
+                              f"or another kind of file (train.py writes it atomically, so it changed since); restore "
+                              f"it from a copy, or use another checkpoint") from None
+    missing = [key for key in keys if not isinstance(ckpt, dict) or key not in ckpt]
+    if missing:
+        raise CheckpointError(f"{path} is not a checkpoint written by train.py: it has no {', '.join(missing)}")
+    return ckpt
+
+
+def model_state(ckpt):
+    """The GPT's tensors of a checkpoint (a torch.compile'd whole model once saved them under _orig_mod.)."""
+    return {key.removeprefix('_orig_mod.'): t for key, t in ckpt['model'].items()}
+
+
+def save_checkpoint(path, state):
+    """Atomic: write a temp file, fsync, rename. A crash mid-save leaves the previous checkpoint intact."""
+    tmp = path + '.tmp'
+    with open(tmp, 'wb') as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+# -----------------------------------------------------------------------------
+# Hugging Face's: config.json and safetensors
+
+
+def read_hf_config(path):
+    with open(os.path.join(path, 'config.json')) as f:
+        return json.load(f)
+
+
+def config_from_hf(hf, attention='softmax'):
+    """ModelConfig's fields (a dict) of a Hugging Face config.json (a dict) of a Llama (2/3/3.1/3.2), Mistral or Qwen2
+    (also Qwen1.5, Qwen2.5) model, or of an export_hf.py export. A setting the model does not reproduce exactly is a
+    ValueError naming it, never a silent change."""
+    if 'model_config' in hf:  # an export of a sink/gated/affine/affine_gated model: our own ModelConfig, as it is.
+        # Such a model is always its own variant (attention='softmax', the default everywhere, means "as it is")
+        exported = hf['model_config']['attention']
+        if attention not in ('softmax', exported):
+            raise ValueError(f"config.json: an exported {exported!r} model cannot be loaded as {attention!r}")
+        return dict(hf['model_config'])
+    model_type = hf.get('model_type')
+    if model_type not in ('llama', 'mistral', 'qwen2'):
+        raise ValueError(f"config.json: model_type {model_type!r} is not supported; supported: 'llama' "
+                         f"(Llama 2/3), 'mistral' (Mistral), 'qwen2' (Qwen1.5/Qwen2/Qwen2.5)")
+    # transformers >= 5 writes rope_parameters (rope_theta inside it); checkpoints on the hub have rope_theta
+    # and rope_scaling (None, or Llama-3.1's dict) at the top level
+    rope = hf.get('rope_parameters') or hf.get('rope_scaling') or {}
+    rope_type = rope.get('rope_type', rope.get('type', 'default'))
+    if rope_type not in ('default', 'llama3'):
+        raise ValueError(f"config.json: rope_type {rope_type!r} is not supported; supported: 'default', 'llama3'")
+    n_head, n_embd = hf['num_attention_heads'], hf['hidden_size']
+    unsupported = {key: hf[key] for key in ('attention_bias', 'mlp_bias', 'use_sliding_window') if hf.get(key)}
+    if hf.get('hidden_act', 'silu') != 'silu':
+        unsupported['hidden_act'] = hf['hidden_act']
+    if hf.get('head_dim', n_embd // n_head) != n_embd // n_head:
+        unsupported['head_dim'] = hf['head_dim']
+    if unsupported:
+        raise ValueError(f"config.json: unsupported settings {unsupported}")
+    # Mistral's sliding window: each position attends to the last sliding_window positions (itself included). Up
+    # to that many tokens this is full causal attention, which is what this model computes, so the model's length
+    # is capped there: a longer block_size is then refused (distill.check_compatibility), never computed differently.
+    block_size = hf['max_position_embeddings']
+    if model_type == 'mistral' and hf.get('sliding_window') is not None:
+        block_size = min(block_size, hf['sliding_window'])
+    return dict(
+        n_layer=hf['num_hidden_layers'], n_head=n_head, n_kv_head=hf.get('num_key_value_heads') or n_head,
+        n_embd=n_embd, intermediate_size=hf['intermediate_size'], vocab_size=hf['vocab_size'],
+        block_size=block_size, rope_theta=hf.get('rope_theta', rope.get('rope_theta', 10000.0)),
+        rope_scaling={k: v for k, v in rope.items() if k != 'rope_theta'} if rope_type == 'llama3' else None,
+        rms_norm_eps=hf['rms_norm_eps'], qkv_bias=model_type == 'qwen2',
+        tie_embeddings=hf.get('tie_word_embeddings', False), init_std=hf.get('initializer_range', 0.02),
+        attention=attention)
+
+
+def read_safetensors(path, dtype, device):
+    """Every tensor of a Hugging Face directory (model.safetensors, or the shards its index lists), each cast to dtype
+    and moved to device as it is read: on a GPU only one tensor at a time is in host RAM (every rank of an 8-GPU node
+    loads the teacher). RoPE's inv_freq, which older saves hold, is left out (model.py computes it)."""
+    from safetensors import safe_open  # only reading needs it
+    index = os.path.join(path, 'model.safetensors.index.json')
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)['weight_map'].values()))
+    elif os.path.isfile(os.path.join(path, 'model.safetensors')):
+        files = ['model.safetensors']
+    else:
+        raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json "
+                                f"(only safetensors checkpoints are supported)")
+    state = {}
+    for name in files:
+        with safe_open(os.path.join(path, name), framework='pt') as f:
+            for key in f.keys():
+                if not key.endswith('rotary_emb.inv_freq'):
+                    # an exported affine model's alpha_ma stays float32, as model.py keeps it in every precision
+                    keep = torch.float32 if key.endswith('.alpha_ma') else dtype
+                    state[key] = f.get_tensor(key).to(device=device, dtype=keep)
+    return state
+
+
+def transformers_names(config):
+    """A ModelConfig's numbers under transformers' names, for the tools that read them (lm-eval's max length, ...)."""
+    return dict(vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=config.intermediate_size,
+                num_hidden_layers=config.n_layer, num_attention_heads=config.n_head,
+                num_key_value_heads=config.n_kv_head, max_position_embeddings=config.block_size,
+                tie_word_embeddings=config.tie_embeddings)
+
+
+def hf_config(cfg, dtype, special_ids, tok_info):
+    """config.json of an export. softmax: transformers' own Llama (Qwen2 when q/k/v have biases) in the hub's layout,
+    which 4.x and 5.x both read (5.x writes rope_parameters, which 4.x ignores, falling back to rope_theta = 10000).
+    Other variants: our ModelConfig under model_config and an auto_map to the shipped hf_wrapper.py. Both record the
+    run's tokenizer (tokenizer_info, as meta.json has it), which distill.py checks a KD teacher's data against."""
+    common = dict(transformers_names(cfg), **special_ids, torch_dtype=str(dtype).removeprefix('torch.'),
+                  tokenizer_info=tok_info)
+    if cfg.attention != 'softmax':
+        config_class, model_class = WRAPPER_CLASSES
+        return dict(architectures=[model_class], model_type=MODEL_TYPE,
+                    auto_map={'AutoConfig': f'hf_wrapper.{config_class}',
+                              'AutoModelForCausalLM': f'hf_wrapper.{model_class}'},
+                    model_config=dataclasses.asdict(cfg), **common)
+    llama = dict(head_dim=cfg.head_dim, hidden_act='silu', initializer_range=cfg.init_std,
+                 rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling,
+                 attention_dropout=0.0, use_cache=True)
+    if cfg.qkv_bias:  # Qwen2: biases on q/k/v (not o), as ours; Llama's attention_bias would add one to o_proj too
+        return dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2', **llama, use_sliding_window=False,
+                    sliding_window=None, max_window_layers=cfg.n_layer, **common)
+    return dict(architectures=['LlamaForCausalLM'], model_type='llama', **llama, attention_bias=False, mlp_bias=False,
+                pretraining_tp=1, **common)
+
+
+def hf_state_dict(model, dtype):
+    """A GPT's state dict in dtype, as transformers stores it: a tied lm_head once (as embed_tokens), and affine's
+    alpha statistics kept float32 (model.py keeps them so in every precision)."""
+    state = {}
+    for key, t in model.state_dict().items():
+        if key == 'lm_head.weight' and model.config.tie_embeddings:
+            continue
+        keep = t.is_floating_point() and not key.endswith('.alpha_ma')
+        state[key] = t.detach().to(dtype if keep else t.dtype).contiguous()
+    return state
+
+
+def write_json(path, obj):
+    with open(path, 'w', encoding='utf-8') as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.write('\n')
+
+
+def write_safetensors(state, out_dir, max_shard_bytes):
+    """model.safetensors, or shards model-0000i-of-0000n.safetensors + model.safetensors.index.json when the weights
+    exceed max_shard_bytes (a tensor larger than that gets a shard of its own)."""
+    from safetensors.torch import save_file
+    shards, size = [{}], 0
+    for key, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = t
+        size += nbytes
+    if len(shards) == 1:
+        save_file(state, os.path.join(out_dir, 'model.safetensors'), metadata={'format': 'pt'})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(out_dir, name), metadata={'format': 'pt'})
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    write_json(os.path.join(out_dir, 'model.safetensors.index.json'),
+               dict(metadata=dict(total_size=total), weight_map=weight_map))
