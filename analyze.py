@@ -40,9 +40,10 @@ METHODS = dict(softmax='Baseline', sink='Sink', gated='Gated', affine='Affine-Sc
 
 def method_name(config):
     """The paper's name for a model config (a dict); the sigmoid ablation of Table 3 says so."""
-    name = METHODS[config.get('attention', 'softmax')]
-    if 'affine' in config.get('attention', '') and config.get('affine_act', 'linear_clip') != 'linear_clip':
-        name += f" ({config['affine_act']})"
+    config = ModelConfig(**{key: value for key, value in config.items() if key in FIELD_NAMES})
+    name = METHODS[config.attention]
+    if config.is_affine and config.affine_act != 'linear_clip':
+        name += f" ({config.affine_act})"
     return name
 
 
@@ -109,9 +110,9 @@ def attention_statistics(model, idx, corner=30):
         stats.append(dict(first_token=w[:, :, 1:, 0].mean(dim=(1, 2)), row_sums=w.sum(-1).mean(1),
                           head_total=w.sum(-1).mean(2), entropy=entropy[:, :, 1:].mean(dim=(1, 2)),
                           corner=w[:, :, :corner, :corner].mean(1)))
-        if hasattr(attn, 'alpha_ma'):
+        if attn.config.is_affine:
             stats[-1].update(alpha=attn.scale(x).double(), alpha_ma=attn.alpha_ma.double())
-        if hasattr(attn, 'sinks'):
+        if attn.config.attention == 'sink':
             stats[-1]['sinks'] = attn.sinks.double()
     return stats
 

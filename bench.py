@@ -45,8 +45,7 @@ import torch.nn.functional as F
 import prepare_data
 from distill import fused_kd_loss, load_teacher
 from common import KNOWN_PEAK_BF16, Progress, default_peak_flops, measured_matmul_flops
-from eval_zeroshot import (choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests,
-                           shares_prefixes)
+from eval_zeroshot import (choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests)
 from model import ATTENTIONS, FIELD_NAMES, GPT, ModelConfig
 from prepare_data import Windows, load_tokenizer
 from train import KNOWN_TEACHERS, accumulate_gradients, compile_layers, load_config, memory_estimate
@@ -359,7 +358,7 @@ def bench_eval(args, device):
         config = ModelConfig(**{key: tiny[key] for key in FIELD_NAMES} | dict(attention=variant))
         model = GPT(config).to(device=device, dtype=dtype).eval()
         requests = encode_docs('synthetic', docs, enc, config.block_size)
-        forwards = len(set(plan_forwards(requests, shares_prefixes(config))))
+        forwards = len(set(plan_forwards(requests, not config.outputs_depend_on_length)))
         score_requests(model, requests[:args.eval_batch_size], args.eval_batch_size)  # warm-up, both scorers
         score_one_by_one(model, requests[:args.eval_batch_size])
         t0 = time.perf_counter()

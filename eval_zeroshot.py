@@ -285,16 +285,10 @@ def encode_docs(task, docs, enc, max_length, bos_id=None, prefix_id=None):
 # Scoring
 
 
-def shares_prefixes(config):
-    """Whether a position's output is independent of how many tokens follow it, so a request whose input is a
-    prefix of another's can be read from the longer one's forward pass. Causal attention gives that for every
-    variant except affine with affine_bias_norm='seq_len', where N (Eq. 8) is the whole sequence's length and
-    every position changes with it: there only identical inputs share a forward pass."""
-    return not (config.attention in ('affine', 'affine_gated') and config.affine_bias_norm == 'seq_len')
-
-
 def plan_forwards(requests, share_prefixes):
-    """owner[i] = the request whose forward pass request i reads. Sorted lexicographically, a sequence is a
+    """owner[i] = the request whose forward pass request i reads. share_prefixes: whether a request whose input is a
+    prefix of another's may be read from the longer one's forward pass (not ModelConfig.outputs_depend_on_length:
+    every variant but affine with affine_bias_norm='seq_len'; there only identical inputs share). Sorted lexicographically, a sequence is a
     prefix of some other exactly when it is a prefix of the next one, so one backward sweep finds the longest
     sequence each request can read from (identical inputs always share: the harness's logits cache, spec §3)."""
     order = sorted(range(len(requests)), key=lambda i: requests[i][0])
@@ -311,7 +305,7 @@ def score_requests(model, requests, batch_size, progress=None):
     """Sum of continuation log-probabilities of each (input ids, continuation ids) request (spec §3 Forward pass):
     one forward pass per distinct input (see plan_forwards), longest first, right-padded batches with seq_lens;
     log_softmax over the whole vocabulary in the logits' dtype, on the continuation rows only."""
-    owner = plan_forwards(requests, shares_prefixes(model.config))
+    owner = plan_forwards(requests, not model.config.outputs_depend_on_length)
     readers = {}
     for i, o in enumerate(owner):
         readers.setdefault(o, []).append(i)
@@ -540,7 +534,7 @@ def main(argv=None):
         if args.one_by_one:
             logliks = score_one_by_one(model, requests, Progress(f"{task} requests", len(requests)))
         else:
-            n_forwards = len(set(plan_forwards(requests, shares_prefixes(cfg))))
+            n_forwards = len(set(plan_forwards(requests, not cfg.outputs_depend_on_length)))
             logliks = score_requests(model, requests, args.batch_size, Progress(f"{task} forwards", n_forwards))
         results[task] = task_metrics(docs, logliks, args.log_samples)
         print(f"{task}: {len(docs)} docs in {time.time() - t0:.1f} s ({len(docs) / (time.time() - t0):.1f} docs/s)",

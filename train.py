@@ -366,9 +366,9 @@ def attention_stats(model, alpha_means):
     stats = {}
     if alpha_means:
         stats['alpha_mean'] = [round(a.mean().item(), 5) for a in alpha_means]
-    if hasattr(layers[0], 'alpha_ma'):
+    if model.config.is_affine:
         stats['alpha_ma'] = [round(m.alpha_ma.mean().item(), 5) for m in layers]
-    if hasattr(layers[0], 'sinks'):  # a parameter: under FSDP a shard, gathered (every rank calls this)
+    if model.config.attention == 'sink':  # a parameter: under FSDP a shard, gathered (every rank calls this)
         stats['sinks'] = [round(full_tensor(m.sinks).mean().item(), 5) for m in layers]
     return stats
 
@@ -487,7 +487,7 @@ def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointi
 
     C, I, H = cfg.n_embd, cfg.intermediate_size, cfg.n_head
     HD, KVD = H * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
-    affine, gated = cfg.attention in ('affine', 'affine_gated'), cfg.attention in ('gated', 'affine_gated')
+    affine, gated = cfg.is_affine, cfg.is_gated
     if dtype == 'float32':  # each RMSNorm keeps its input, normalised input and output (read by the linears)
         norms = 2 * (12 * C + 4)
     elif fsdp:  # bf16 weights: the input's fp32 upcast, then normalised and output in bf16

@@ -137,7 +137,7 @@ def test_batched_equals_one_by_one(attention, bias_norm):
     # one forward per distinct input; with prefix sharing, only per input that is no other's proper prefix
     inputs = {inp for inp, _ in reqs}
     longest = {a for a in inputs if not any(len(b) > len(a) and b[:len(a)] == a for b in inputs)}
-    share = ez.shares_prefixes(model.config)
+    share = not model.config.outputs_depend_on_length
     assert share == (attention not in ('affine', 'affine_gated') or bias_norm == 'visible')
     assert len(set(ez.plan_forwards(reqs, share))) == len(longest if share else inputs) < len(reqs)
 
