@@ -31,7 +31,7 @@ import torch
 
 from common import Progress
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows
-from model import FIELD_NAMES, GPT, ModelConfig, rope_cos_sin
+from model import FIELD_NAMES, GPT, ModelConfig
 from prepare_data import Windows, read_meta, tokenizer_info
 
 METHODS = dict(softmax='Baseline', sink='Sink', gated='Gated', affine='Affine-Scaled',
@@ -88,33 +88,20 @@ def attention_statistics(model, idx, corner=30):
                            the usual entropy, for sink that of the weights renormalised without the sink's mass;
       corner (B, c, c):    the head-averaged top-left corner x corner block (Figure 9);
       alpha (B, T, H):     affine's scale per token and head (Eq. 7), with alpha_ma (H,); sink: sinks (H,)."""
-    layers = [layer.self_attn for layer in model.model.layers]
-    inputs = []
-    hooks = [a.register_forward_pre_hook(lambda m, args: inputs.append(args[0])) for a in layers]
-    was_training = model.training
-    model.eval()
-    try:
-        model(idx)
-    finally:
-        model.train(was_training)
-        for h in hooks:
-            h.remove()
-    T = idx.size(1)
-    positions = torch.arange(T, device=idx.device)
-    cos, sin = rope_cos_sin(model.config, positions)
-    stats = []
-    for attn, x in zip(layers, inputs):
+    def statistics(attn, x, cos, sin, positions):
         w = attn.weights(x, cos, sin, positions).double()
         p = w.abs() / w.abs().sum(-1, keepdim=True).clamp_min(1e-30)
         entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # (B, H, T)
-        stats.append(dict(first_token=w[:, :, 1:, 0].mean(dim=(1, 2)), row_sums=w.sum(-1).mean(1),
-                          head_total=w.sum(-1).mean(2), entropy=entropy[:, :, 1:].mean(dim=(1, 2)),
-                          corner=w[:, :, :corner, :corner].mean(1)))
+        stats = dict(first_token=w[:, :, 1:, 0].mean(dim=(1, 2)), row_sums=w.sum(-1).mean(1),
+                     head_total=w.sum(-1).mean(2), entropy=entropy[:, :, 1:].mean(dim=(1, 2)),
+                     corner=w[:, :, :corner, :corner].mean(1))
         if attn.config.is_affine:
-            stats[-1].update(alpha=attn.scale(x).double(), alpha_ma=attn.alpha_ma.double())
+            stats.update(alpha=attn.scale(x).double(), alpha_ma=attn.alpha_ma.double())
         if attn.config.attention == 'sink':
-            stats[-1]['sinks'] = attn.sinks.double()
-    return stats
+            stats['sinks'] = attn.sinks.double()
+        return stats
+
+    return model.inspect_attention(idx, statistics)
 
 
 def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):

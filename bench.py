@@ -37,7 +37,6 @@ import sys
 import tempfile
 import time
 import traceback
-import types
 
 import torch
 import torch.nn.functional as F
@@ -155,24 +154,6 @@ def model_shape(args):
 # attention: one training step per variant, vs softmax and vs the explicit T x T affine
 
 
-def explicit_affine_forward(self, x, cos, sin, *unused):
-    """Eq. 6-8 as written: build A = alpha * softmax(QK^T/sqrt(d)) + beta on the visible keys, then A V.
-    Attention.forward's other arguments (positions, padding, KV cache, ...) go unused: the bench runs whole
-    sequences without padding or a cache."""
-    B, T, _ = x.shape
-    q, k, v = self.project(x, cos, sin)
-    G = self.config.n_head // self.config.n_kv_head
-    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
-    visible = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
-    weights = torch.softmax(scores.masked_fill(~visible, float('-inf')), dim=-1)
-    alpha = self.scale(x).transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
-    beta = (self.alpha_ma.view(1, -1, 1, 1) - alpha) / T
-    A = alpha * weights + beta * visible
-    y = (A.to(v.dtype) @ v).transpose(1, 2).reshape(B, T, -1)
-    return self.o_proj(y)
-
-
 def bench_attention(args, device):
     """Per sequence length: build every variant, then time them in interleaved rounds (one step of each
     per round, median over rounds), so drift in machine load hits all variants alike."""
@@ -185,7 +166,7 @@ def bench_attention(args, device):
             model = GPT(model_config(args, variant.split(' ')[0], T)).to(device)
             if variant == EXPLICIT:
                 for layer in model.model.layers:
-                    layer.self_attn.forward = types.MethodType(explicit_affine_forward, layer.self_attn)
+                    layer.self_attn.explicit = True
             step_model = compile_layers(model) if args.compile else model  # as train.py compiles
             idx = torch.randint(0, args.vocab_size, (args.batch_size, T), device=device)
 
@@ -485,7 +466,7 @@ def check_variants(check, device, args):
                 model = GPT(ModelConfig(**shape | dict(attention=variant.split(' ')[0])))
             if variant == EXPLICIT:
                 for layer in model.model.layers:
-                    layer.self_attn.forward = types.MethodType(explicit_affine_forward, layer.self_attn)
+                    layer.self_attn.explicit = True
             compile_layers(model)
             idx = torch.randint(0, shape['vocab_size'], (B, T + 1), device=device)
             step = train_step_fn(model, model, idx, device)

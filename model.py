@@ -192,14 +192,21 @@ def sink_weights(scores, sinks):
     return torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
 
 
-def sink_attention_explicit(q, k, v, sinks, is_causal):
-    """Eq. 3 with the explicit (T x T) weight matrix: the fallback for devices without an LSE-returning
-    kernel (anything but CPU and CUDA)."""
+def attention_scores(q, k, is_causal=True):
+    """QK^T / sqrt(d) as an explicit (B, H, T_q, T_k) matrix, at least float32, K repeated to q's heads (GQA); with
+    is_causal, keys after each query are -inf. The slow path every variant's explicit form starts from."""
+    k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
     scores = at_least_fp32(q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
     if is_causal:
         T_q, T_k = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).triu(1), float('-inf'))
-    return sink_weights(scores, sinks).to(v.dtype) @ v
+    return scores
+
+
+def sink_attention_explicit(q, k, v, sinks, is_causal):
+    """Eq. 3 with the explicit (T x T) weight matrix: the fallback for devices without an LSE-returning
+    kernel (anything but CPU and CUDA)."""
+    return sink_weights(attention_scores(q, k, is_causal), sinks).to(v.dtype) @ v
 
 
 def sink_attention(q, k, v, sinks, is_causal):
@@ -245,6 +252,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(C, H_kv * D, bias=config.qkv_bias)
         self.v_proj = nn.Linear(C, H_kv * D, bias=config.qkv_bias)
         self.o_proj = nn.Linear(H * D, C, bias=False)
+        self.explicit = False  # attend through the explicit T x T weights (Attention.weights): the slow reference
         if config.attention == 'sink':
             self.sinks = nn.Parameter(torch.zeros(H))  # s_h of Eq. 3, one logit per head
         if config.is_gated:
@@ -295,20 +303,24 @@ class Attention(nn.Module):
             if not is_causal and T != 1:
                 raise ValueError(f"a KV cache holding {cache.length} tokens takes one new token per call, got {T}")
             k, v = cache.update(k, v)
-
-        if self.config.attention == 'sink':
-            y = sink_attention(q, k, v, self.sinks, is_causal)  # Eq. 3
-        else:
-            y = softmax_attention(q, k, v, is_causal)  # Eq. 1
-
         if self.config.is_affine:
             alpha = self.scale(x)
             if self.training and count_alpha:
                 self._accumulate_alpha(alpha, positions, seq_lens)
-            alpha = alpha.transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
+
+        if self.explicit:  # the slow reference: the explicit T x T weights of Eq. 1, 3 or 6-8 (see weights)
+            if cache is not None:
+                raise ValueError("Attention.explicit computes whole sequences: no KV cache")
+            y = self.weights(x, cos, sin, positions, seq_lens).to(v.dtype) @ v.repeat_interleave(H // H_kv, dim=1)
+        elif self.config.attention == 'sink':
+            y = sink_attention(q, k, v, self.sinks, is_causal)  # Eq. 3
+        else:
+            y = softmax_attention(q, k, v, is_causal)  # Eq. 1
+        if self.config.is_affine and not self.explicit:
             # Eq. 6 + 8 on visible keys j <= i only (adding beta to future keys would leak them):
             #   sum_j [alpha_i a_ij + (alpha_ma - alpha_i)/N] V_j = alpha_i SDPA_i + (alpha_ma - alpha_i) (sum_{j<=i} V_j)/N
             # so a causal running sum of V replaces the T x T matrix.
+            alpha = alpha.transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
             v_cumsum = at_least_fp32(v_new).cumsum(dim=2)
             if cache is not None:
                 v_cumsum = v_cumsum + cache.v_sum
@@ -333,21 +345,20 @@ class Attention(nn.Module):
             return seq_lens.view(-1, 1, 1, 1)  # right padding: each sequence's real length
         return n_keys  # the key length of the call (with a cache: every cached key)
 
-    @torch.no_grad()
     def weights(self, x, cos, sin, positions, seq_lens=None):
-        """The effective attention weights (B, H, T, T) as an explicit matrix, for analysis only (the forward
-        never builds it): softmax's (Eq. 1; also gated's, whose gate acts after), sink's without the sink's own
-        mass (Eq. 3), affine's alpha * softmax + beta on the visible keys (Eq. 6-8). weights @ V is what the
-        forward attends to. Same projections as forward; a train-mode call adds nothing to alpha_ma."""
+        """The effective attention weights (B, H, T, T) as an explicit matrix, in at least float32: the written form
+        of each variant that the O(T) forward is checked against, and what analysis reads. softmax's (Eq. 1; also
+        gated's, whose gate acts after), sink's without the sink's own mass (Eq. 3), affine's alpha * softmax + beta
+        on the visible keys (Eq. 6-8). weights @ V is what the forward attends to. Same projections as forward;
+        a train-mode call adds nothing to alpha_ma."""
         q, k, _ = self.project(x, cos, sin)
-        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
-        T = q.size(2)
-        visible = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        scores = (at_least_fp32(q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))).masked_fill(~visible, float('-inf'))
+        scores = attention_scores(q, k)
         if self.config.attention == 'sink':
             return sink_weights(scores, self.sinks)
         weights = torch.softmax(scores, dim=-1)
         if self.config.is_affine:
+            T = q.size(2)
+            visible = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             alpha = self.scale(x).transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
             beta = (self.alpha_ma.view(1, -1, 1, 1) - alpha) / self.bias_norm(positions, seq_lens, T)
             weights = alpha * weights + beta * visible
@@ -573,6 +584,25 @@ class GPT(nn.Module):
                 next_token = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, next_token), dim=1)
         return idx
+
+    @torch.no_grad()
+    def inspect_attention(self, idx, fn):
+        """[fn(attention layer, x, cos, sin, positions) for every layer], x each layer's own attention input in an
+        eval-mode forward of idx (so affine's alpha_ma counts nothing), called inside the layer's forward (where FSDP
+        has gathered its weights; every rank must call it then): how train.py and analyze.py read the explicit
+        attention (Attention.weights) of a real forward."""
+        results = []
+        hooks = [layer.self_attn.register_forward_pre_hook(lambda attn, args: results.append(fn(attn, *args[:4])))
+                 for layer in self.model.layers]
+        was_training = self.training
+        self.eval()
+        try:
+            self(idx)
+        finally:
+            self.train(was_training)
+            for hook in hooks:
+                hook.remove()
+        return results
 
     def get_num_params(self, variant_only=False):
         """Number of parameters, tied embeddings counted once; variant_only: only those the attention variant adds

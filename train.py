@@ -43,7 +43,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from model import FIELD_NAMES, GPT, ModelConfig
+from model import FIELD_NAMES, GPT, ModelConfig, attention_scores
 from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, checkpoint_file, config_from_hf, model_state,
                         read_checkpoint, read_hf_config, save_checkpoint)
 from common import default_peak_flops
@@ -302,31 +302,16 @@ def set_rng_state(state):
         torch.cuda.set_rng_state_all(state['cuda'])
 
 
-@torch.no_grad()
 def mean_attention_logit(model, idx):
-    """Mean of q_i.k_j/sqrt(d) over layers, heads and causal pairs j <= i (paper Figure 2), and of its
-    absolute value, on one sequence. Uses the model's own q/k projections, inside each layer's forward (where
-    FSDP has gathered the layer's weights); the T x T logits are built one layer at a time for this one
-    sequence only. Under FSDP every rank must call it."""
-    stats = []  # (signed, absolute) per layer
+    """Mean of q_i.k_j/sqrt(d) over layers, heads and causal pairs j <= i (paper Figure 2), and of its absolute value,
+    on one sequence: each layer's explicit logits (Attention.weights' scores), one layer at a time, inside its
+    forward (GPT.inspect_attention). Under FSDP every rank must call it."""
+    def logits(attn, x, cos, sin, positions):
+        scores = attention_scores(*attn.project(x, cos, sin)[:2])
+        visible = scores[..., torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()]
+        return torch.stack([visible.mean(), visible.abs().mean()])
 
-    def record(attn, args):
-        q, k, _ = attn.project(*args[:3])  # x, cos, sin
-        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
-        logits = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))
-        visible = logits[..., torch.ones(logits.shape[-2:], dtype=torch.bool, device=logits.device).tril()]
-        stats.append(torch.stack([visible.mean(), visible.abs().mean()]))
-
-    hooks = [layer.self_attn.register_forward_pre_hook(record) for layer in model.model.layers]
-    was_training = model.training
-    model.eval()  # eval mode: affine must not count this sequence in alpha_ma's next update
-    try:
-        model(idx[:1])
-    finally:
-        model.train(was_training)
-        for h in hooks:
-            h.remove()
-    signed, absolute = zip(*torch.stack(stats).tolist())  # one transfer from the device
+    signed, absolute = zip(*torch.stack(model.inspect_attention(idx[:1], logits)).tolist())  # one transfer
     return sum(signed) / len(signed), sum(absolute) / len(absolute)
 
 

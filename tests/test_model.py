@@ -752,3 +752,28 @@ def test_explicit_weights_reproduce_the_forward(attention, act, bias_norm):
         assert (rows < 1).all()
     elif bias_norm == 'visible':  # every row sums to alpha_ma of its head
         torch.testing.assert_close(rows, attn.alpha_ma.view(1, -1, 1).expand_as(rows))
+
+
+@pytest.mark.parametrize('attention', ATTENTIONS)
+def test_explicit_attention_equals_the_fast_path(attention):
+    """Attention.explicit (Attention.weights @ V: the written T x T form of Eq. 1, 3, 6-8, bench.py's peer) and the
+    O(T) fused path give the same logits and gradients, in float64, GQA, for both of affine's N."""
+    for bias_norm in ('seq_len', 'visible'):
+        torch.manual_seed(0)
+        fast = GPT(ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64, vocab_size=50,
+                               block_size=24, attention=attention, affine_bias_norm=bias_norm)).double()
+        for layer in fast.model.layers:  # nonzero alpha_ma and sinks: beta and the sink's mass matter
+            if hasattr(layer.self_attn, 'alpha_ma'):
+                layer.self_attn.alpha_ma.uniform_(0.2, 0.8)
+        explicit = copy.deepcopy(fast)
+        for layer in explicit.model.layers:
+            layer.self_attn.explicit = True
+        idx = torch.randint(0, 50, (3, 24))
+        outs = []
+        for model in (fast, explicit):
+            logits, loss = model(idx[:, :-1], idx[:, 1:])
+            loss.backward()
+            outs.append((logits, {n: p.grad for n, p in model.named_parameters()}))
+        assert torch.allclose(outs[0][0], outs[1][0], rtol=1e-10, atol=1e-10)
+        for name, grad in outs[0][1].items():
+            assert torch.allclose(grad, outs[1][1][name], rtol=1e-9, atol=1e-11), name
