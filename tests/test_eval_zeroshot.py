@@ -227,6 +227,9 @@ def test_cli(tmp_path, bpe, capsys):
     write_tiktoken_file(tmp_path / 'tok.model', {bytes([b]): b for b in range(256)})  # not the checkpoint's
     with pytest.raises(SystemExit, match='not the one the model was trained with'):
         ez.main(common + [f'--tokenizer={tmp_path / "tok.model"}'])
+    (tmp_path / 'broken.pt').write_bytes(b'not a checkpoint')  # the model evaluated, not a "teacher"
+    with pytest.raises(SystemExit, match=rf"^model {tmp_path / 'broken.pt'}: .* is not a readable checkpoint"):
+        ez.main([a for a in common if not a.startswith('--ckpt')] + [f'--ckpt={tmp_path / "broken.pt"}'])
 
 
 def test_heldout(tmp_path):

@@ -285,6 +285,20 @@ def test_resume_refuses_other_data(data_dir, tmp_path):
         train.main(tiny_args(other, tmp_path / 'run', '--max_iters=4'))
 
 
+def test_resume_from_a_corrupt_checkpoint_is_one_line(data_dir, tmp_path):
+    """A ckpt.pt cut short (a copy that stopped) or overwritten: one line naming it and what to do, no traceback."""
+    train.main(tiny_args(data_dir, tmp_path, '--max_iters=2', '--eval_interval=2'))
+    path = tmp_path / 'ckpt.pt'
+    for content in (path.read_bytes()[:3000], b'not a checkpoint'):
+        path.write_bytes(content)
+        for init_from in ('auto', 'resume'):
+            with pytest.raises(SystemExit) as e:
+                train.main(tiny_args(data_dir, tmp_path, '--max_iters=4', f'--init_from={init_from}'))
+            message = str(e.value)
+            assert str(path) in message and 'not a readable checkpoint' in message and '\n' not in message
+            assert '--init_from=scratch --overwrite=True' in message
+
+
 def worker_pids(launcher_pid):
     """{rank: pid} of the workers torchrun (launcher_pid) runs now."""
     pids = {}
