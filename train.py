@@ -43,7 +43,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from model import FIELD_NAMES, GPT, ModelConfig, attention_scores
+from model import FIELD_NAMES, GPT, ModelConfig, attention_scores, saved_bytes_per_token
 from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, checkpoint_file, config_from_hf, model_state,
                         read_checkpoint, read_hf_config, save_checkpoint)
 from common import default_peak_flops
@@ -446,9 +446,8 @@ def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointi
       optimizer    AdamW's exp_avg and exp_avg_sq, fp32 (8 B/param; FSDP: 8/world).
       teacher      its weights in the compute dtype, whole on every rank, and its output hidden states. (Its
                    no-grad forward's intermediates are gone before the student's forward starts.)
-      activations  what autograd saves per token and decoder layer, counted tensor by tensor for this model
-                   (saved_tensors_hooks; tests/test_fsdp.py checks the count): the two RMSNorms, q/k/v, the
-                   attention output and log-sum-exp, the variant's extras, the SwiGLU MLP; plus one layer's worth
+      activations  what autograd saves per token and decoder layer (model.saved_bytes_per_token, beside the
+                   forward it counts; tests/test_fsdp.py checks it with saved_tensors_hooks); plus one layer's worth
                    of gradients in flight during backward. Activation checkpointing keeps only each layer's input
                    and holds one recomputed layer and its gradients at a time.
       kd_loss      distill.fused_kd_loss's working set, tensor by tensor (distill.kd_loss_memory): its bf16 GEMMs'
@@ -470,22 +469,7 @@ def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointi
         weights = 4 * n_params + (2 * cfg.n_layer * per_layer if dtype == 'bfloat16' else 0)
         grads = 4 * n_params
 
-    C, I, H = cfg.n_embd, cfg.intermediate_size, cfg.n_head
-    HD, KVD = H * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
-    affine, gated = cfg.is_affine, cfg.is_gated
-    if dtype == 'float32':  # each RMSNorm keeps its input, normalised input and output (read by the linears)
-        norms = 2 * (12 * C + 4)
-    elif fsdp:  # bf16 weights: the input's fp32 upcast, then normalised and output in bf16
-        norms = 2 * (8 * C + 4)
-    else:  # fp32 weights under autocast: fp32 input and normalised; every linear keeps its own bf16 input copy
-        norms = 2 * (8 * C + 4) + 2 * C * (5 + affine + gated)
-    # k and v as the kernels save them: grouped in bf16 (flash takes GQA), repeated to every head in float32 on CUDA
-    # (the memory-efficient kernel does not; model.kv_for_kernel)
-    kv = 2 * (HD if dtype == 'float32' else KVD)
-    layer = (norms + a * (3 * HD + kv) + 4 * H  # q, attention output, o_proj's input, k, v; fp32 log-sum-exp
-             + gated * 2 * a * HD  # the gate's input and its sigmoid
-             + affine * (12 * H + 4 * KVD)  # alpha (fp32) and its views, the running mean of V (fp32)
-             + 4 * a * I)  # SwiGLU: gate and up outputs, silu, down_proj's input
+    C, layer = cfg.n_embd, saved_bytes_per_token(cfg, dtype, fsdp)  # one decoder layer's, model.py's count
     layer_input = 2 * C if dtype == 'bfloat16' and fsdp else 4 * C  # the residual stream: fp32 but under FSDP bf16
     if activation_checkpointing:
         activations = N * (cfg.n_layer * layer_input + 2 * layer)
