@@ -404,7 +404,8 @@ def c4_perplexity(model, ids, n_windows, seqlen, batch_size, progress=None):
         x = windows[start:start + batch_size].to(device)
         hidden, _ = model(x, return_hidden=True)
         for h, w in zip(hidden, x):  # lm_head one window at a time: 2048 x 128k float32 logits are 1 GB
-            nlls.append(F.cross_entropy(model.lm_head(h[:-1]).float(), w[1:]).item())
+            logits = model.lm_head(h[:-1])  # cross-entropy in at least float32 (a float64 model stays float64)
+            nlls.append(F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), w[1:]).item())
         if progress:
             progress(len(nlls))
     nll = statistics.fmean(nlls)
