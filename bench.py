@@ -645,7 +645,7 @@ def check_mfu(check, device, args):
     c = load_config([ONE_B_CONFIG])
     shape = {key: c[key] for key in FIELD_NAMES}
     cfg, T = ModelConfig(**shape), shape['block_size']
-    teacher_cfg = ModelConfig(**KNOWN_TEACHERS['Llama-3.2-3B'] | dict(block_size=T, rope_theta=500000.0))
+    teacher_cfg = ModelConfig(**KNOWN_TEACHERS['Llama-3.2-3B'] | dict(block_size=T))  # MODEL_SHAPES' llama3.2-3b
     gpu = torch.cuda.get_device_properties(device).total_memory
     fits = [b for b in (16, 12, 8, 6, 4, 2, 1)
             if sum(memory_estimate(cfg, 1, b, 'bfloat16', False, False, teacher_cfg).values()) <= 0.92 * gpu]
