@@ -18,18 +18,19 @@ table: Tables 1-3: per method, ΔParams, final training loss, perplexity and the
     eval_zeroshot.py --out=<run>/eval.json with their average, best per column in bold; several seeds of one
     method are reported as mean ± std.
 """
-import argparse
 import json
 import math
 import os
 import shutil
 import statistics
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-from common import Progress
+from common import Progress, resolve_device
+from configurator import Key, fail, parse
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows
 from model import FIELD_NAMES, GPT, ModelConfig
 from prepare_data import Windows, read_meta, tokenizer_info
@@ -560,54 +561,59 @@ def noise_note(numbers, columns):
             + '; '.join(within) + '.')
 
 
+# The three jobs: (their keys, the name of their positional list, what they do)
+JOBS = dict(
+    attention=(dict(
+        out_dir=Key(None, types=(str,), required=True),
+        data=Key('c4', "held-out text: c4 (Appendix A.1), a prepare_data.py directory (its val split) or a text file"),
+        data_dir=Key(None, "c4 offline: a directory of eval_zeroshot.py --export_data", types=(str,)),
+        num_seqs=Key(10, "sequences (Appendix A.1: 10)", min=1),
+        seq_len=Key(0, "tokens per sequence (0: min(1024, block_size))"),
+        seed=Key(0, "which windows are drawn"),
+        layer=Key(0, "Figure 9's layer, 1-based (0: n_layer // 2)"),
+        corner=Key(30, "Figure 9's block size", min=1),
+        tokenizer=Key(None, "where a checkpoint's tokenizer is now, if it moved", types=(str,)),
+        device=Key('auto', "auto (cuda if available), cpu, cuda, cuda:1, ..."),
+        dtype=Key('float32', choices=('float32', 'bfloat16', 'float64')),
+        batch_size=Key(1, "sequences per forward", min=1),
+    ), 'checkpoints', "Figures 3-6, 9, alpha and sinks from checkpoints (train.py out_dirs, ckpt.pt files or HF model "
+                      "directories) on held-out text"),
+    runs=(dict(
+        out_dir=Key(None, types=(str,), required=True),
+        window=Key([0, 500], "steps for Tables 4-5: start,end (the paper: 0,500)"),
+        ks=Key([6.0, 9.0], "spike thresholds k in median + k MAD (the paper: 6,9)"),
+        late=Key(2000, "steps in Figure 10's late-phase zoom"),
+    ), 'run_dirs', "Figures 2, 7, 8, 10 and Tables 4-5 from the metrics.jsonl of train.py out_dirs of one model size"),
+    table=(dict(
+        out_dir=Key(None, types=(str,), required=True),
+        eval_file=Key('eval.json', "eval_zeroshot.py --out file inside each run dir"),
+        metric=Key('acc_norm', "acc_norm: where a task reports it (ARC, HellaSwag, PIQA), else acc",
+                   choices=('acc_norm', 'acc')),
+    ), 'run_dirs', "Tables 1-3 from runs (train.py out_dirs of one model size, several seeds allowed) and their "
+                   "eval_zeroshot results"),
+)
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description="The paper's analyses and tables; see the docstring of analyze.py.",
-                                allow_abbrev=False)
-    jobs = p.add_subparsers(dest='job', required=True)
-    attention = jobs.add_parser('attention', allow_abbrev=False,
-                                help="Figures 3-6, 9, alpha and sinks from checkpoints on held-out text")
-    attention.add_argument('checkpoints', nargs='+', help="train.py out_dirs, ckpt.pt files or HF model directories")
-    attention.add_argument('--out_dir', required=True)
-    attention.add_argument('--data', default='c4', help="held-out text: c4 (Appendix A.1), a prepare_data.py "
-                           "directory (its val split) or a text file")
-    attention.add_argument('--data_dir', default=None, help="c4 offline: a directory of eval_zeroshot.py --export_data")
-    attention.add_argument('--num_seqs', type=int, default=10, help="sequences (Appendix A.1: 10)")
-    attention.add_argument('--seq_len', type=int, default=0, help="tokens per sequence (0: min(1024, block_size))")
-    attention.add_argument('--seed', type=int, default=0, help="which windows are drawn")
-    attention.add_argument('--layer', type=int, default=0, help="Figure 9's layer, 1-based (0: n_layer // 2)")
-    attention.add_argument('--corner', type=int, default=30, help="Figure 9's block size")
-    attention.add_argument('--tokenizer', default=None, help="where a checkpoint's tokenizer is now, if it moved")
-    attention.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    attention.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16', 'float64'])
-    attention.add_argument('--batch_size', type=int, default=1, help="sequences per forward")
-    runs = jobs.add_parser('runs', allow_abbrev=False, help="Figures 2, 7, 8, 10 and Tables 4-5 from metrics.jsonl")
-    runs.add_argument('run_dirs', nargs='+', help="train.py out_dirs of one model size")
-    runs.add_argument('--out_dir', required=True)
-    runs.add_argument('--window', default='0,500', help="steps for Tables 4-5: start,end (the paper: 0,500)")
-    runs.add_argument('--ks', default='6,9', help="spike thresholds k in median + k MAD (the paper: 6,9)")
-    runs.add_argument('--late', type=int, default=2000, help="steps in Figure 10's late-phase zoom")
-    table = jobs.add_parser('table', allow_abbrev=False, help="Tables 1-3 from runs and their eval_zeroshot results")
-    table.add_argument('run_dirs', nargs='+', help="train.py out_dirs of one model size, several seeds allowed")
-    table.add_argument('--out_dir', required=True)
-    table.add_argument('--eval_file', default='eval.json', help="eval_zeroshot.py --out file inside each run dir")
-    table.add_argument('--metric', default='acc_norm', choices=['acc_norm', 'acc'],
-                       help="acc_norm: where a task reports it (ARC, HellaSwag, PIQA), else acc")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    jobs = '\n'.join(f"  python analyze.py {job} {positional} ... --out_dir=DIR   {what}"
+                     for job, (_, positional, what) in JOBS.items())
+    if not argv or argv[0] not in JOBS:
+        if argv and argv[0] in ('-h', '--help'):
+            print(f"The paper's analyses and tables; see the docstring of analyze.py.\n\n{jobs}")
+            raise SystemExit(0)
+        fail(f"the first argument is the job, one of {', '.join(JOBS)}; got {argv[0] if argv else 'none'}",
+             f"usage:\n{jobs}\n")
+    keys, positional, what = JOBS[argv[0]]
+    args = SimpleNamespace(job=argv[0], **parse(argv[1:], keys, what, positional, prog=f'analyze.py {argv[0]}'))
     if args.job == 'attention':
-        for key in ('num_seqs', 'corner', 'batch_size'):
-            if getattr(args, key) < 1:
-                p.error(f"--{key} must be at least 1")
         models, figures = attention_report(args.checkpoints, args.out_dir, args.data, args.num_seqs, args.seq_len,
                                            args.seed, args.layer, args.corner, args.data_dir, args.tokenizer,
-                                           args.device, args.dtype, args.batch_size)
+                                           str(resolve_device(args.device)), args.dtype, args.batch_size)
         print(f"wrote {args.out_dir}/report.md, numbers.json and {len(figures)} figures for {len(models)} models")
     elif args.job == 'runs':
-        try:
-            window, ks = tuple(int(v) for v in args.window.split(',')), tuple(float(v) for v in args.ks.split(','))
-        except ValueError:
-            p.error(f"--window and --ks are comma-separated numbers, got {args.window!r} and {args.ks!r}")
-        numbers = runs_report(args.run_dirs, args.out_dir, window, tuple(int(k) if k.is_integer() else k for k in ks),
-                              args.late)
+        numbers = runs_report(args.run_dirs, args.out_dir, tuple(args.window),
+                              tuple(int(k) if k.is_integer() else k for k in args.ks), args.late)
         print(f"wrote {args.out_dir}/report.md, numbers.json and 4 figures for {len(numbers)} runs")
     else:
         numbers, lines = table_report(args.run_dirs, args.out_dir, args.eval_file, args.metric)

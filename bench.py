@@ -21,7 +21,6 @@ Peak memory: CUDA's allocator peak (max_memory_allocated) on GPU; on CPU the ris
 resident set size during the measured step (VmHWM, reset through /proc/self/clear_refs), with glibc's mmap
 threshold pinned so that every freed tensor really leaves the process.
 """
-import argparse
 import contextlib
 import ctypes
 import gc
@@ -37,14 +36,16 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 
 import torch
 import torch.nn.functional as F
 
 import prepare_data
 from distill import fused_kd_loss, load_teacher
-from common import KNOWN_PEAK_BF16, Progress, default_peak_flops, measured_matmul_flops
-from eval_zeroshot import (choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests)
+from common import KNOWN_PEAK_BF16, Progress, default_peak_flops, measured_matmul_flops, resolve_device
+from configurator import Key, parse
+from eval_zeroshot import choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests
 from model import ATTENTIONS, FIELD_NAMES, GPT, ModelConfig
 from prepare_data import Windows, load_tokenizer
 from train import KNOWN_TEACHERS, accumulate_gradients, compile_layers, load_config, memory_estimate
@@ -625,7 +626,7 @@ def check_mfu(check, device, args):
     c = load_config([ONE_B_CONFIG])
     shape = {key: c[key] for key in FIELD_NAMES}
     cfg, T = ModelConfig(**shape), shape['block_size']
-    teacher_cfg = ModelConfig(**KNOWN_TEACHERS['Llama-3.2-3B'] | dict(block_size=T, rope_theta=500000.0))
+    teacher_cfg = ModelConfig(**KNOWN_TEACHERS['Llama-3.2-3B'] | dict(block_size=T))  # MODEL_SHAPES' llama3.2-3b
     gpu = torch.cuda.get_device_properties(device).total_memory
     fits = [b for b in (16, 12, 8, 6, 4, 2, 1)
             if sum(memory_estimate(cfg, 1, b, 'bfloat16', False, False, teacher_cfg).values()) <= 0.92 * gpu]
@@ -723,51 +724,34 @@ MEMORY_SECTIONS = ('attention', 'kd')  # they measure peak memory
 CHECK_PARTS = ('kernels', 'torchrun', 'variants', 'kd', 'mfu')
 
 
-def comma_list(choices=None, kind=str):
-    def parse(text):
-        values = [kind(v) for v in text.split(',')]
-        unknown = [v for v in values if choices is not None and v not in choices]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; choose from {', '.join(choices)}")
-        return values
-    return parse
+KEYS = dict(
+    check=Key(False, 'validate this machine end to end (see "--check" above) instead of the benchmark sections'),
+    check_json=Key('bench_check.json', '--check: where its JSON record goes'),
+    check_parts=Key(None, f"--check: only these parts ({', '.join(CHECK_PARTS)}); default all", choices=CHECK_PARTS,
+                    types=(list,)),
+    check_batch_size=Key(4, '--check: micro-batch of the 1B variant steps'),
+    sections=Key(list(SECTIONS), 'comma-separated', choices=tuple(SECTIONS)),
+    device=Key('auto', 'auto (cuda if available), cpu, cuda, cuda:1, ...'),
+    compile=Key(None, 'torch.compile the timed training steps (default: on for CUDA, off for CPU)', types=(bool,)),
+    # the model of the attention and train sections
+    n_layer=Key(4), n_embd=Key(512), n_head=Key(8), n_kv_head=Key(2), vocab_size=Key(8192),
+    # attention
+    seq_lens=Key([1024, 2048], 'comma-separated'),
+    steps=Key(7, 'timed rounds (one step of every variant each; median)'),
+    batch_size=Key(1),
+    # kd
+    kd_tokens=Key(8192), kd_vocab=Key(128256), kd_hidden=Key(2048),
+    # train and eval
+    variants=Key(['softmax', 'affine'], 'comma-separated', choices=ATTENTIONS),
+    train_steps=Key(10),
+    train_batch_size=Key(None, 'default: 8 on CPU, 64 on CUDA', types=(int,)),
+    train_seq_len=Key(256), eval_docs=Key(200), eval_batch_size=Key(32),
+)
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
-    p.add_argument('--check', action='store_true', help='validate this machine end to end (see "--check" above) '
-                   'instead of the benchmark sections')
-    p.add_argument('--check_json', default='bench_check.json', help='--check: where its JSON record goes')
-    p.add_argument('--check_parts', type=comma_list(CHECK_PARTS), default=None,
-                   help=f"--check: only these parts ({', '.join(CHECK_PARTS)}); default all")
-    p.add_argument('--check_batch_size', type=int, default=4, help='--check: micro-batch of the 1B variant steps')
-    p.add_argument('--sections', type=comma_list(SECTIONS), default=list(SECTIONS))
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    p.add_argument('--compile', type=lambda s: s.lower() in ('1', 'true', 'yes'), default=None,
-                   help='torch.compile the timed training steps (default: on for CUDA, off for CPU)')
-    g = p.add_argument_group('the model of the attention and train sections')
-    g.add_argument('--n_layer', type=int, default=4)
-    g.add_argument('--n_embd', type=int, default=512)
-    g.add_argument('--n_head', type=int, default=8)
-    g.add_argument('--n_kv_head', type=int, default=2)
-    g.add_argument('--vocab_size', type=int, default=8192)
-    g = p.add_argument_group('attention')
-    g.add_argument('--seq_lens', type=comma_list(kind=int), default=[1024, 2048])
-    g.add_argument('--steps', type=int, default=7, help='timed rounds (one step of every variant each; median)')
-    g.add_argument('--batch_size', type=int, default=1)
-    g = p.add_argument_group('kd')
-    g.add_argument('--kd_tokens', type=int, default=8192)
-    g.add_argument('--kd_vocab', type=int, default=128256)
-    g.add_argument('--kd_hidden', type=int, default=2048)
-    g = p.add_argument_group('train and eval')
-    g.add_argument('--variants', type=comma_list(ATTENTIONS), default=['softmax', 'affine'])
-    g.add_argument('--train_steps', type=int, default=10)
-    g.add_argument('--train_batch_size', type=int, default=None, help='default: 8 on CPU, 64 on CUDA')
-    g.add_argument('--train_seq_len', type=int, default=256)
-    g.add_argument('--eval_docs', type=int, default=200)
-    g.add_argument('--eval_batch_size', type=int, default=32)
-    args = p.parse_args(argv)
+    args = types.SimpleNamespace(**parse(sys.argv[1:] if argv is None else argv, KEYS, __doc__, prog='bench.py'))
+    args.device = str(resolve_device(args.device))
     cuda = args.device.startswith('cuda')
     args.compile = cuda if args.compile is None else args.compile
     args.train_batch_size = args.train_batch_size or (64 if cuda else 8)

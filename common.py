@@ -1,11 +1,26 @@
 """
-What every script shares and none owns: the device's peak FLOP/s (for MFU) and a progress line.
+What every script shares and none owns: the device and dtype its --device/--dtype name, the device's peak FLOP/s
+(for MFU) and a progress line.
 Imports flow one way: this file imports only torch, and every script may import it.
 """
 import sys
 import time
 
 import torch
+
+
+def resolve_device(name):
+    """--device as a torch.device: 'auto' is cuda where there is a GPU, else cpu; any other name as given."""
+    return torch.device(('cuda' if torch.cuda.is_available() else 'cpu') if name == 'auto' else name)
+
+
+def resolve_dtype(name, device):
+    """--dtype's name ('float32', 'bfloat16', ...): 'auto' is bfloat16 on a CUDA device that supports it (where
+    autocast / bf16 weights pay off), else float32. A name, for configs; getattr(torch, name) is the dtype."""
+    if name != 'auto':
+        return name
+    return 'bfloat16' if device.type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+
 
 KNOWN_PEAK_BF16 = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 125e12, '4090': 165e12}
 

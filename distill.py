@@ -41,15 +41,17 @@ PyTorch >= 2.8, sm_80+) and through bf16 elsewhere (as autocast's logits); log-s
 every sum are float32. The lm_head's gradient is accumulated in float32 (for the float32 master weight and its
 optimizer), the hidden states' is in their dtype.
 """
-import argparse
 import functools
 import math
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 
 from checkpoint import checkpoint_file, read_checkpoint, read_hf_config
+from common import resolve_device, resolve_dtype
+from configurator import Key, parse
 from model import GPT, IGNORE_INDEX
 from prepare_data import Windows, load_tokenizer, read_meta, tokenizer_info
 
@@ -372,31 +374,29 @@ def kd_loss_memory(n_tokens, vocab_size, student_hidden, teacher_hidden, compute
 # The sanity tool: the teacher's loss on the data's val split
 
 
+KEYS = dict(
+    teacher=Key(None, "Hugging Face checkpoint directory, or this repo's ckpt.pt (or a directory holding it)",
+                types=(str,), required=True),
+    data_dir=Key(None, "an output directory of prepare_data.py", types=(str,), required=True),
+    batches=Key(8, "val batches to evaluate", min=1),
+    batch_size=Key(4, "sequences per batch", min=1),
+    block_size=Key(0, "tokens per sequence (0: min(2048, the teacher's))", min=0),
+    device=Key('auto', "auto (cuda if available), cpu, cuda, cuda:1, ..."),
+    dtype=Key('auto', "the teacher's dtype; auto: bfloat16 on GPUs that support it, else float32",
+              choices=('auto', 'float32', 'bfloat16', 'float16')),
+)
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(description="Load a KD teacher, check it against a data directory and print its "
-                                            "val loss.", allow_abbrev=False)
-    p.add_argument('--teacher', required=True, help="Hugging Face checkpoint directory, or this repo's ckpt.pt "
-                                                    "(or a directory holding it)")
-    p.add_argument('--data_dir', required=True, help="an output directory of prepare_data.py")
-    p.add_argument('--batches', type=int, default=8, help="val batches to evaluate")
-    p.add_argument('--batch_size', type=int, default=4, help="sequences per batch")
-    p.add_argument('--block_size', type=int, default=0, help="tokens per sequence (0: min(2048, the teacher's))")
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    p.add_argument('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16', 'float16'],
-                   help="the teacher's dtype; auto: bfloat16 on CUDA, float32 elsewhere")
-    args = p.parse_args(argv)
-    for key, low in (('batches', 1), ('batch_size', 1), ('block_size', 0)):
-        if getattr(args, key) < low:
-            p.error(f"--{key} must be at least {low}")
-    return args
+    return SimpleNamespace(**parse(argv, KEYS, "Load a KD teacher, check it against a data directory and print its "
+                                               "val loss.", prog='distill.py'))
 
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     meta = read_meta(args.data_dir)
-    device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype != 'auto' else (
-        torch.bfloat16 if device.type == 'cuda' else torch.float32)
+    device = resolve_device(args.device)
+    dtype = getattr(torch, resolve_dtype(args.dtype, device))
     t0 = time.time()
     teacher = load_teacher(args.teacher, device, dtype)
     cfg = teacher.config

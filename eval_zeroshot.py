@@ -19,7 +19,6 @@ Speed: requests are deduplicated (identical model inputs share one forward pass,
 cache), sorted by length, right-padded into batches with seq_lens (so affine's N is each sequence's real
 length), and lm_head runs only on the continuation rows. None of this changes a score (spec §3 "Batching").
 """
-import argparse
 import json
 import math
 import os
@@ -29,12 +28,14 @@ import statistics
 import sys
 import time
 from collections import namedtuple
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
-from common import Progress
 from checkpoint import checkpoint_file, read_checkpoint
+from common import Progress, resolve_device, resolve_dtype
+from configurator import Key, fail, parse
 from model import GPT
 from prepare_data import load_tokenizer, read_meta, read_shard, tokenizer_info
 
@@ -443,48 +444,35 @@ def load_model_and_tokenizer(spec, tokenizer, device, dtype):
     return model, enc
 
 
-def str2bool(s):
-    if s not in ('True', 'False', 'true', 'false', '1', '0'):
-        raise argparse.ArgumentTypeError(f"expected True or False, got {s!r}")
-    return s in ('True', 'true', '1')
+KEYS = dict(
+    ckpt=Key(None, "one of this repo's checkpoints (ckpt.pt or its out_dir)", types=(str,)),
+    hf_model=Key(None, "a Hugging Face Llama / Mistral / Qwen2 checkpoint directory", types=(str,)),
+    tasks=Key(list(DEFAULT_TASKS), "comma-separated", choices=tuple(TASKS)),
+    limit=Key(None, "only the first N documents of each task", types=(int,), min=1),
+    batch_size=Key(32, "sequences per forward pass", min=1),
+    device=Key('auto', "auto (cuda if available), cpu, cuda, cuda:1, ..."),
+    dtype=Key('auto', "auto: bfloat16 on GPUs that support it, else float32",
+              choices=('auto', 'float32', 'bfloat16', 'float16')),
+    data_dir=Key(None, "read <task>/<split>.jsonl from here instead of the hub", types=(str,)),
+    export_data=Key(None, "write the tasks' data from the hub to this directory, exit", types=(str,)),
+    out=Key(None, "write the results as JSON here", types=(str,)),
+    log_samples=Key(False, "per-document logliks/pred/gold in --out"),
+    add_bos=Key(False, "prepend BOS to every context (v0.4.9: off)"),
+    max_length=Key(0, "left-truncation length (0: the model's block_size)", min=0),
+    tokenizer=Key(None, "override the tokenizer spec a checkpoint records", types=(str,)),
+    c4_windows=Key(256, "c4: number of windows", min=1),
+    c4_seqlen=Key(0, "c4: tokens per window (0: min(2048, max_length))", min=0),
+    heldout_data=Key('data/builtin_bytes', "heldout: a prepare_data.py output dir"),
+    heldout_docs=Key(100, "heldout: number of documents", min=2),
+    one_by_one=Key(False, "score with the one-request-per-forward reference loop (for timing comparisons)"),
+)
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description="Zero-shot accuracy as lm-evaluation-harness v0.4.9 computes it, and "
-                                            "C4 perplexity.", allow_abbrev=False)
-    p.add_argument('--ckpt', help="one of this repo's checkpoints (ckpt.pt or its out_dir)")
-    p.add_argument('--hf_model', help="a Hugging Face Llama / Mistral / Qwen2 checkpoint directory")
-    p.add_argument('--tasks', default=','.join(DEFAULT_TASKS), help=f"comma-separated, from {', '.join(TASKS)}")
-    p.add_argument('--limit', type=int, default=None, help="only the first N documents of each task")
-    p.add_argument('--batch_size', type=int, default=32, help="sequences per forward pass")
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    p.add_argument('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16', 'float16'],
-                   help="auto: bfloat16 on CUDA, float32 elsewhere")
-    p.add_argument('--data_dir', default=None, help="read <task>/<split>.jsonl from here instead of the hub")
-    p.add_argument('--export_data', default=None, help="write the tasks' data from the hub to this directory, exit")
-    p.add_argument('--out', default=None, help="write the results as JSON here")
-    p.add_argument('--log_samples', type=str2bool, default=False, help="per-document logliks/pred/gold in --out")
-    p.add_argument('--add_bos', type=str2bool, default=False, help="prepend BOS to every context (v0.4.9: off)")
-    p.add_argument('--max_length', type=int, default=0, help="left-truncation length (0: the model's block_size)")
-    p.add_argument('--tokenizer', default=None, help="override the tokenizer spec a checkpoint records")
-    p.add_argument('--c4_windows', type=int, default=256, help="c4: number of windows")
-    p.add_argument('--c4_seqlen', type=int, default=0, help="c4: tokens per window (0: min(2048, max_length))")
-    p.add_argument('--heldout_data', default='data/builtin_bytes', help="heldout: a prepare_data.py output dir")
-    p.add_argument('--heldout_docs', type=int, default=100, help="heldout: number of documents")
-    p.add_argument('--one_by_one', type=str2bool, default=False, help="score with the one-request-per-forward "
-                                                                      "reference loop (for timing comparisons)")
-    args = p.parse_args(argv)
-    tasks = args.tasks.split(',')
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown:
-        p.error(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
-    args.tasks = tasks
+    args = SimpleNamespace(**parse(argv, KEYS, "Zero-shot accuracy as lm-evaluation-harness v0.4.9 computes it, and "
+                                               "C4 perplexity.", prog='eval_zeroshot.py'))
     if args.export_data is None and (args.ckpt is None) == (args.hf_model is None):
-        p.error("give exactly one of --ckpt and --hf_model")
-    for key, low in (('limit', 1), ('batch_size', 1), ('max_length', 0), ('c4_windows', 1), ('c4_seqlen', 0),
-                     ('heldout_docs', 2)):
-        if getattr(args, key) is not None and getattr(args, key) < low:
-            p.error(f"--{key} must be at least {low}")
+        fail("give exactly one of --ckpt and --hf_model")
     return args
 
 
@@ -492,9 +480,8 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.export_data:
         return export_data(args.export_data, [t for t in args.tasks if t != 'heldout'])
-    device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype != 'auto' else (
-        torch.bfloat16 if device.type == 'cuda' else torch.float32)
+    device = resolve_device(args.device)
+    dtype = getattr(torch, resolve_dtype(args.dtype, device))
     model, enc = load_model_and_tokenizer(args.hf_model or args.ckpt, args.tokenizer, device, dtype)
     cfg = model.config
     max_length = args.max_length or cfg.block_size  # spec §3: the user's max_length, else the model's positions

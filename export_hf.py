@@ -20,17 +20,18 @@ level, as the hub's Llama-3 checkpoints do; tokenizer_config.json names PreTrain
 Nothing half-written: the directory is assembled beside out_dir under a hidden name, checked (transformers must load it
 and give our logits, on a right-padded batch; its tokenizer must give our token ids), and only then renamed to out_dir.
 """
-import argparse
 import copy
 import json
 import os
 import re
 import shutil
 import sys
+from types import SimpleNamespace
 
 import torch
 
 from checkpoint import CKPT_NAME, CheckpointError, hf_config, hf_state_dict, read_checkpoint, write_json, write_safetensors
+from configurator import Key, fail, parse
 from model import GPT
 from prepare_data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 
@@ -67,7 +68,7 @@ def parse_size(text):
     """'5GB', '500MB', '20KB' or a number of bytes (decimal units, as transformers' max_shard_size) -> bytes."""
     m = re.fullmatch(r'\s*(\d+(?:\.\d+)?)\s*(KB|MB|GB|TB)?\s*', text, flags=re.IGNORECASE)
     if not m:
-        raise argparse.ArgumentTypeError(f"expected a size such as 5GB, 500MB or 20KB, got {text!r}")
+        raise ValueError(f"expected a size such as 5GB, 500MB or 20KB, got {text!r}")
     return int(float(m.group(1)) * 1000 ** ' KMGT'.index((m.group(2) or ' ')[0].upper()))
 
 
@@ -220,26 +221,26 @@ def is_export(path):
         return False
 
 
-def str2bool(s):
-    if s not in ('True', 'False', 'true', 'false', '1', '0'):
-        raise argparse.ArgumentTypeError(f"expected True or False, got {s!r}")
-    return s in ('True', 'true', '1')
+KEYS = dict(
+    ckpt=Key(None, "train.py's ckpt.pt, or the out_dir holding it", types=(str,), required=True),
+    out_dir=Key(None, "the directory to write (must not exist, or be empty)", types=(str,), required=True),
+    dtype=Key('float32', "the weights' dtype (alpha_ma stays float32)", choices=tuple(DTYPES)),
+    max_shard_size=Key('5GB', "shard the weights above this size (5GB, 500MB, 20KB or bytes)"),
+    tokenizer=Key(None, "the teacher's Hugging Face directory, if it is no longer where the checkpoint records it",
+                  types=(str,)),
+    overwrite=Key(False, "replace an earlier export in out_dir"),
+    check=Key(True, "load the export in transformers and compare its logits with ours before it is put in place"),
+)
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description="Export one of our checkpoints as a Hugging Face model directory.",
-                                allow_abbrev=False)
-    p.add_argument('--ckpt', required=True, help="train.py's ckpt.pt, or the out_dir holding it")
-    p.add_argument('--out_dir', required=True, help="the directory to write (must not exist, or be empty)")
-    p.add_argument('--dtype', default='float32', choices=list(DTYPES),
-                   help="the weights' dtype (alpha_ma stays float32)")
-    p.add_argument('--max_shard_size', type=parse_size, default='5GB', help="shard the weights above this size")
-    p.add_argument('--tokenizer', default=None, help="the teacher's Hugging Face directory, if it is no longer where "
-                                                     "the checkpoint records it")
-    p.add_argument('--overwrite', type=str2bool, default=False, help="replace an earlier export in out_dir")
-    p.add_argument('--check', type=str2bool, default=True, help="load the export in transformers and compare its "
-                                                                "logits with ours before it is put in place")
-    return p.parse_args(argv)
+    args = SimpleNamespace(**parse(argv, KEYS, "Export one of our checkpoints as a Hugging Face model directory.",
+                                   prog='export_hf.py'))
+    try:
+        args.max_shard_size = parse_size(args.max_shard_size)
+    except ValueError as e:
+        fail(f"--max_shard_size={args.max_shard_size}: {e}")
+    return args
 
 
 def main(argv=None):

@@ -100,6 +100,29 @@ class ModelConfig:
 
 FIELD_NAMES = tuple(f.name for f in fields(ModelConfig))
 
+# The published shapes the paper's students and teachers copy, as ModelConfig fields, from each model's Hugging Face
+# config.json (notes: reference_facts.md, section 2); block_size is the paper's sequence length, 2,048 tokens.
+# train.py's `model = 'llama3.2-1b'` sets them; its dry run sizes a teacher that is not on this machine from them.
+LLAMA3_ROPE = dict(rope_type='llama3', low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+MODEL_SHAPES = {
+    'qwen1.5-0.5b': dict(n_layer=24, n_head=16, n_kv_head=16, n_embd=1024, intermediate_size=2816,
+                         vocab_size=151936,  # Qwen's padded embedding (151,646 real tokens)
+                         rope_theta=1000000.0, rope_scaling=None, rms_norm_eps=1e-6, qkv_bias=True,
+                         tie_embeddings=True, block_size=2048),
+    'qwen1.5-1.8b': dict(n_layer=24, n_head=16, n_kv_head=16, n_embd=2048, intermediate_size=5504, vocab_size=151936,
+                         rope_theta=1000000.0, rope_scaling=None, rms_norm_eps=1e-6, qkv_bias=True,
+                         tie_embeddings=False, block_size=2048),
+    'llama3.2-1b': dict(n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, intermediate_size=8192, vocab_size=128256,
+                        rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE, factor=32.0), rms_norm_eps=1e-5,
+                        qkv_bias=False, tie_embeddings=True, block_size=2048),
+    'llama3.2-3b': dict(n_layer=28, n_head=24, n_kv_head=8, n_embd=3072, intermediate_size=8192, vocab_size=128256,
+                        rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE, factor=32.0), rms_norm_eps=1e-5,
+                        qkv_bias=False, tie_embeddings=True, block_size=2048),
+    'llama3.1-8b': dict(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, intermediate_size=14336, vocab_size=128256,
+                        rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE, factor=8.0), rms_norm_eps=1e-5,
+                        qkv_bias=False, tie_embeddings=False, block_size=2048),
+}
+
 
 # ----------------------------------------------------------------------------------------------
 # Building blocks shared by every variant: RMSNorm, RoPE, SwiGLU

@@ -13,7 +13,6 @@ teacher's tokenizer (through tiktoken) and write train/val shards of token ids.
 Other scripts import the pieces they need (this module imports `datasets` only when it streams):
     from prepare_data import load_tokenizer, encode_document, read_shard
 """
-import argparse
 import base64
 import functools
 import glob
@@ -28,9 +27,12 @@ import sys
 import time
 import unicodedata
 from collections import deque
+from types import SimpleNamespace
 
 import numpy as np
 import tiktoken
+
+from configurator import Key, parse
 
 # -----------------------------------------------------------------------------
 # Tokenizers, all as tiktoken Encodings
@@ -922,31 +924,26 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
 # -----------------------------------------------------------------------------
 
 
+KEYS = dict(
+    source=Key("builtin", "fineweb-edu | builtin (offline: Python's help topics) | comma-separated paths/globs of "
+                          ".txt, .jsonl/.json or .parquet files (one type per run)"),
+    tokenizer=Key("bytes", "bytes | a tiktoken BPE file | a Hugging Face model or tokenizer directory with a byte-level "
+                           "BPE tokenizer (tokenizer.json, or vocab.json + merges.txt, or original/tokenizer.model)"),
+    out_dir=Key(None, "where the shards and meta.json go", types=(str,), required=True),
+    num_proc=Key(os.cpu_count() or 1, "tokenizer processes", min=1),
+    max_tokens=Key(0, "stop after this many train tokens (0: no limit)", min=0),
+    fineweb_config=Key("sample-10BT", "FineWeb-Edu config, e.g. sample-100BT"),
+    text_field=Key("text", "the text column of .jsonl/.json/.parquet and FineWeb-Edu"),
+    txt_sample_by=Key("document", "what one document of a .txt file is", choices=("document", "paragraph", "line")),
+    val_every=Key(100, "hold out documents 0, k, 2k, ... for validation", min=2),
+    shard_tokens=Key(100_000_000, "train tokens per shard (a shard ends at the first chunk boundary past this)", min=1),
+    dtype=Key("auto", "token storage; auto: uint16 if the vocabulary fits, else uint32",
+              choices=("auto", "uint16", "uint32")),
+)
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(description="Tokenize a corpus into train/val shards.", allow_abbrev=False)
-    p.add_argument("--source", default="builtin",
-                   help="fineweb-edu | builtin (offline: Python's help topics) | comma-separated paths/globs of "
-                        ".txt, .jsonl/.json or .parquet files (one type per run)")
-    p.add_argument("--tokenizer", default="bytes",
-                   help="bytes | a tiktoken BPE file | a Hugging Face model or tokenizer directory with a byte-level "
-                        "BPE tokenizer (tokenizer.json, or vocab.json + merges.txt, or original/tokenizer.model)")
-    p.add_argument("--out_dir", required=True, help="where the shards and meta.json go")
-    p.add_argument("--num_proc", type=int, default=os.cpu_count() or 1, help="tokenizer processes")
-    p.add_argument("--max_tokens", type=int, default=0, help="stop after this many train tokens (0: no limit)")
-    p.add_argument("--fineweb_config", default="sample-10BT", help="FineWeb-Edu config, e.g. sample-100BT")
-    p.add_argument("--text_field", default="text", help="the text column of .jsonl/.json/.parquet and FineWeb-Edu")
-    p.add_argument("--txt_sample_by", default="document", choices=["document", "paragraph", "line"],
-                   help="what one document of a .txt file is")
-    p.add_argument("--val_every", type=int, default=100, help="hold out documents 0, k, 2k, ... for validation")
-    p.add_argument("--shard_tokens", type=int, default=100_000_000,
-                   help="train tokens per shard (a shard ends at the first chunk boundary past this)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "uint16", "uint32"],
-                   help="token storage; auto: uint16 if the vocabulary fits, else uint32")
-    args = p.parse_args(argv)
-    for key, low in (("num_proc", 1), ("max_tokens", 0), ("val_every", 2), ("shard_tokens", 1)):
-        if getattr(args, key) < low:
-            p.error(f"--{key} must be at least {low}")
-    return args
+    return SimpleNamespace(**parse(argv, KEYS, "Tokenize a corpus into train/val shards.", prog="prepare_data.py"))
 
 
 def main(argv=None):

@@ -16,7 +16,6 @@ Every stage runs as its own command, printed before it runs, so any step can be 
 what is finished; an interrupted training resumes from its last checkpoint. Only the standard library is imported
 here, so that the install step can run first.
 """
-import argparse
 import importlib.util
 import json
 import os
@@ -26,8 +25,20 @@ import shlex
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
+
+from configurator import Key, fail, parse  # pure Python: it runs before the install
 
 VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
+KEYS = dict(
+    tests=Key(False, "install the test requirements and run the test suite"),
+    seeds=Key([0], "comma-separated student seeds, e.g. 0,1,2"),
+    variants=Key(list(VARIANTS), "comma-separated attention variants"),
+    out_dir=Key('out/quickstart'),
+    data_dir=Key('data/builtin_bytes'),
+    teacher_iters=Key(0, "teacher steps (0: the config's)"),
+    student_iters=Key(0, "student steps (0: the config's)"),
+)
 NEEDED = dict(torch='torch', numpy='numpy', tiktoken='tiktoken', datasets='datasets', safetensors='safetensors',
               matplotlib='matplotlib')  # import name: what pip installs
 TEST_NEEDED = dict(pytest='pytest', tokenizers='tokenizers', transformers='transformers')
@@ -125,26 +136,14 @@ def write_report(out_dir, args, stages, students):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[1], allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--tests', action='store_true', help="install the test requirements and run the test suite")
-    p.add_argument('--seeds', default='0', help="comma-separated student seeds, e.g. 0,1,2")
-    p.add_argument('--variants', default=','.join(VARIANTS), help="comma-separated attention variants")
-    p.add_argument('--out_dir', default='out/quickstart')
-    p.add_argument('--data_dir', default='data/builtin_bytes')
-    p.add_argument('--teacher_iters', type=int, default=0, help="teacher steps (0: the config's)")
-    p.add_argument('--student_iters', type=int, default=0, help="student steps (0: the config's)")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    args = SimpleNamespace(**parse(sys.argv[1:] if argv is None else argv, KEYS, __doc__.split('\n\n')[1],
+                                   prog='quickstart.py'))
     if args.tests:
         install({**NEEDED, **TEST_NEEDED}, ['requirements.txt', 'requirements-test.txt'])
         sys.exit(subprocess.call([sys.executable, '-m', 'pytest', '-q', 'tests'], cwd=HERE))
-    try:
-        args.seeds = [int(s) for s in args.seeds.split(',')]
-    except ValueError:
-        p.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
-    variants = args.variants.split(',')
-    if unknown := [v for v in variants if v not in VARIANTS]:
-        p.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    variants = args.variants
+    if unknown := [v for v in variants if v not in VARIANTS]:  # (this message, not the configurator's: tests read it)
+        fail(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     install(NEEDED, ['requirements.txt'])
 
     out, data, python = args.out_dir, args.data_dir, sys.executable

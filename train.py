@@ -7,9 +7,10 @@ Train a student with the paper's recipe (Section 5.1, Appendix B.1), on one CPU 
         train.py config/affine_3b.py                                                      # 16 GPUs, FSDP (fsdp=True)
     python train.py config/affine_3b.py --dry_run=True                      # parameter counts, per-GPU memory plan
 
-Configuration, nanoGPT-style: the defaults below, then each config file (plain assignments), then
---key=value overrides (Python literals: 3e-4, None, True, [1, 2], {'a': 1}; anything else is a string).
-Unknown keys and wrong types are errors. The resolved config is written to out_dir/config.json.
+Configuration, nanoGPT-style (configurator.py): the defaults below, then each config file (plain assignments), then
+--key=value overrides (strings as written, other keys Python literals: 3e-4, None, True, {'a': 1}). Unknown keys and
+wrong types are errors. `model = 'llama3.2-1b'` (model.MODEL_SHAPES) sets a published shape where it stands; lines
+and overrides after it still win. The resolved config is written to out_dir/config.json.
 
 Data: step s trains on windows perm[s*G : (s+1)*G] of the train split (prepare_data.Windows), G the global
 batch, perm a permutation seeded by (seed, epoch): every window once per epoch (the paper trains one epoch),
@@ -21,7 +22,6 @@ them over the ranks with PyTorch's FSDP2 (fully_shard per decoder layer), activa
 a recomputed forward for most activation memory. Checkpoints hold full (unsharded) state keyed by parameter
 name either way, so a run resumes on any number of ranks, with or without FSDP. memory_estimate() is the plan.
 """
-import ast
 import dataclasses
 import inspect
 import json
@@ -43,11 +43,12 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from model import FIELD_NAMES, GPT, ModelConfig, attention_scores, saved_bytes_per_token
 from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, checkpoint_file, config_from_hf, model_state,
                         read_checkpoint, read_hf_config, save_checkpoint)
-from common import default_peak_flops
+from common import default_peak_flops, resolve_device, resolve_dtype
+from configurator import Key, parse
 from distill import check_compatibility, fused_kd_loss, kd_loss_memory, load_teacher
+from model import FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig, attention_scores, saved_bytes_per_token
 from prepare_data import Windows, read_meta
 
 # DDP must not sync buffers on each forward: alpha_ma's per-rank sums would be overwritten by rank 0's (see
@@ -108,48 +109,17 @@ MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 NULLABLE = dict(compile=(bool,), peak_flops=(float, int), teacher=(str,), wandb_run_name=(str,), rope_scaling=(dict,))
 CHOICES = dict(init_from=('auto', 'resume', 'scratch'), nonfinite=('stop', 'skip'),
                dtype=('auto', 'float32', 'bfloat16'))
-
-
-def check_value(key, value, where):
-    """The value, validated against the key's type (ints are widened to float); a clear error otherwise."""
-    default = {**DEFAULTS, **MODEL_DEFAULTS}[key]
-    allowed = NULLABLE[key] + (type(None),) if key in NULLABLE else (type(default),)
-    if float in allowed and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-        names = ' or '.join(t.__name__ for t in allowed)
-        raise SystemExit(f"{where}: {key}={value!r} has type {type(value).__name__}, expected {names}")
-    if key in CHOICES and value not in CHOICES[key]:
-        raise SystemExit(f"{where}: {key}={value!r}; valid values: {', '.join(CHOICES[key])}")
-    return value
+KEYS = {**{key: Key(value, choices=CHOICES.get(key), types=NULLABLE.get(key, ()))
+           for key, value in {**DEFAULTS, **MODEL_DEFAULTS}.items()},
+        # a published shape by name: model = 'llama3.2-1b' sets its ModelConfig fields where it stands, so the
+        # lines and overrides after it still win
+        'model': Key(None, "a published shape: sets its ModelConfig fields", choices=tuple(MODEL_SHAPES),
+                     types=(str,), expands=MODEL_SHAPES)}
 
 
 def load_config(argv):
-    """Defaults <- config files <- --key=value overrides, each key checked."""
-    config = {**DEFAULTS, **MODEL_DEFAULTS}
-    valid = 'valid keys: ' + ', '.join(sorted(config))
-    for arg in argv:
-        if arg.startswith('--'):
-            key, sep, text = arg[2:].partition('=')
-            if not sep:
-                raise SystemExit(f"{arg}: overrides are written --key=value")
-            if key not in config:
-                raise SystemExit(f"unknown config key {key!r} in {arg}; {valid}")
-            try:
-                value = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                value = text  # a bare word is a string: --attention=affine
-            config[key] = check_value(key, value, arg)
-        else:
-            if not os.path.isfile(arg):
-                raise SystemExit(f"config file {arg} not found")
-            values = {}
-            exec(open(arg).read(), {}, values)
-            for key, value in values.items():
-                if key not in config:
-                    raise SystemExit(f"{arg}: unknown config key {key!r}; {valid}")
-                config[key] = check_value(key, value, arg)
-    return config
+    """Defaults <- config files <- --key=value overrides, each key checked (configurator.py)."""
+    return parse(argv, KEYS, __doc__, files=True, prog='train.py')
 
 
 # -----------------------------------------------------------------------------------------------
@@ -402,16 +372,10 @@ def preemption_flag():
 # -----------------------------------------------------------------------------------------------
 # Memory plan: what one GPU holds at the peak of a training step, before launching
 
-# The paper's teachers, as their Hugging Face config.json gives them (notes/reference_facts.md, section 2): a dry
-# run sizes the teacher from these when its checkpoint is not on this machine.
-KNOWN_TEACHERS = {
-    'Qwen1.5-1.8B': dict(n_layer=24, n_head=16, n_kv_head=16, n_embd=2048, intermediate_size=5504,
-                         vocab_size=151936, qkv_bias=True),
-    'Llama-3.2-3B': dict(n_layer=28, n_head=24, n_kv_head=8, n_embd=3072, intermediate_size=8192,
-                         vocab_size=128256, tie_embeddings=True),
-    'Llama-3.1-8B': dict(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, intermediate_size=14336,
-                         vocab_size=128256),
-}
+# The paper's teachers by their checkpoint directory's name: a dry run sizes the teacher from its published shape
+# (model.MODEL_SHAPES) when its checkpoint is not on this machine.
+KNOWN_TEACHERS = {'Qwen1.5-1.8B': MODEL_SHAPES['qwen1.5-1.8b'], 'Llama-3.2-3B': MODEL_SHAPES['llama3.2-3b'],
+                  'Llama-3.1-8B': MODEL_SHAPES['llama3.1-8b']}
 
 
 def teacher_shape(spec):
@@ -550,9 +514,8 @@ def setup_run(c):
         raise SystemExit("fsdp=True shards the model over the ranks torchrun starts: launch with torchrun "
                          "--nproc_per_node=N train.py ... (N=1 works), or drop --fsdp=True for one process")
     rank, world = (int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])) if distributed else (0, 1)
-    if c['device'] == 'auto':
-        c['device'] = 'cuda' if torch.cuda.is_available() else 'cpu'
-    device = torch.device(c['device'])
+    device = resolve_device(c['device'])
+    c['device'] = str(device)
     if distributed and device.type == 'cuda':
         device = torch.device('cuda', int(os.environ['LOCAL_RANK']))
         torch.cuda.set_device(device)
@@ -562,8 +525,7 @@ def setup_run(c):
         # rank 0 may write a checkpoint of tens of GB to slow storage while the others wait: they wait in a gloo
         # barrier with a long timeout, with no NCCL collective pending that the watchdog would time out
         save_group = dist.new_group(backend='gloo', timeout=SAVE_TIMEOUT)
-    if c['dtype'] == 'auto':
-        c['dtype'] = 'bfloat16' if device.type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+    c['dtype'] = resolve_dtype(c['dtype'], device)
     if c['compile'] is None:
         c['compile'] = device.type == 'cuda'
     accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])

@@ -7,23 +7,8 @@
 # More nodes or SLURM: scripts/slurm_train.sh (README, multi-node launch).
 # Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): KD loss / C4 PPL / avg zero-shot acc = 2.64 / 40.8 / 62.4;
 # extra parameters over softmax: 2,064,384.
-n_layer = 28
-n_head = 24
-n_kv_head = 8
-n_embd = 3072
-intermediate_size = 8192
-vocab_size = 128256
-block_size = 2048  # the paper's sequence length
-rope_theta = 500000.0
-rope_scaling = {'rope_type': 'llama3', 'factor': 32.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0,
-                'original_max_position_embeddings': 8192}
-rms_norm_eps = 1e-5
-qkv_bias = False
-tie_embeddings = True
+model = 'llama3.2-3b'  # the shape (model.MODEL_SHAPES), at the paper's 2,048-token sequences
 attention = 'affine'
-affine_act = 'linear_clip'  # Eq. 11
-affine_momentum = 0.9  # rho of Eq. 9
-affine_bias_norm = 'seq_len'  # N = key sequence length (Eq. 8)
 out_dir = 'out/affine_3b'
 data_dir = 'data/fineweb_edu_llama3'  # made by prepare_data.py with the teacher's tokenizer (README)
 teacher = 'checkpoints/Llama-3.1-8B'  # the paper says "LLaMA3.3-8B", which does not exist; an 8B Llama-3: Llama-3.1-8B

@@ -7,23 +7,9 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/affine_gated_sigmoid_1b.py
 # Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): avg zero-shot acc 57.6 (58.0 with linear clipping);
 # extra parameters over softmax: 68,157,440.
-n_layer = 16
-n_head = 32
-n_kv_head = 8
-n_embd = 2048
-intermediate_size = 8192
-vocab_size = 128256
-block_size = 2048  # the paper's sequence length
-rope_theta = 500000.0
-rope_scaling = {'rope_type': 'llama3', 'factor': 32.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0,
-                'original_max_position_embeddings': 8192}
-rms_norm_eps = 1e-5
-qkv_bias = False
-tie_embeddings = True
+model = 'llama3.2-1b'  # the shape (model.MODEL_SHAPES), at the paper's 2,048-token sequences
 attention = 'affine_gated'
 affine_act = 'sigmoid'  # Eq. 10, the Table 3 ablation
-affine_momentum = 0.9  # rho of Eq. 9
-affine_bias_norm = 'seq_len'  # N = key sequence length (Eq. 8)
 out_dir = 'out/affine_gated_sigmoid_1b'
 data_dir = 'data/fineweb_edu_llama3'  # made by prepare_data.py with the teacher's tokenizer (README)
 teacher = 'checkpoints/Llama-3.2-3B'  # the paper: Llama-3.2-3B

@@ -5,18 +5,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/sink_0.5b.py
 # Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): KD loss / C4 PPL / avg zero-shot acc = 2.83 / 81.5 / 50.8;
 # extra parameters over softmax: 384 (the paper rounds to 0.0M).
-n_layer = 24
-n_head = 16
-n_kv_head = 16
-n_embd = 1024
-intermediate_size = 2816
-vocab_size = 151936  # Qwen's padded embedding (151,646 real tokens)
-block_size = 2048  # the paper's sequence length
-rope_theta = 1000000.0
-rope_scaling = None
-rms_norm_eps = 1e-6
-qkv_bias = True
-tie_embeddings = True
+model = 'qwen1.5-0.5b'  # the shape (model.MODEL_SHAPES), at the paper's 2,048-token sequences
 attention = 'sink'
 out_dir = 'out/sink_0.5b'
 data_dir = 'data/fineweb_edu_qwen'  # made by prepare_data.py with the teacher's tokenizer (README)

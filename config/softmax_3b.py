@@ -7,19 +7,7 @@
 # More nodes or SLURM: scripts/slurm_train.sh (README, multi-node launch).
 # Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): KD loss / C4 PPL / avg zero-shot acc = 2.65 / 44.9 / 60.8;
 # extra parameters over softmax: 0.
-n_layer = 28
-n_head = 24
-n_kv_head = 8
-n_embd = 3072
-intermediate_size = 8192
-vocab_size = 128256
-block_size = 2048  # the paper's sequence length
-rope_theta = 500000.0
-rope_scaling = {'rope_type': 'llama3', 'factor': 32.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0,
-                'original_max_position_embeddings': 8192}
-rms_norm_eps = 1e-5
-qkv_bias = False
-tie_embeddings = True
+model = 'llama3.2-3b'  # the shape (model.MODEL_SHAPES), at the paper's 2,048-token sequences
 attention = 'softmax'
 out_dir = 'out/softmax_3b'
 data_dir = 'data/fineweb_edu_llama3'  # made by prepare_data.py with the teacher's tokenizer (README)

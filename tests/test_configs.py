@@ -99,3 +99,19 @@ def test_paper_configs_name_their_data_teacher_and_out_dir(variant, size, path):
     teacher = {'0.5b': 'Qwen1.5-1.8B', '1b': 'Llama-3.2-3B', '3b': 'Llama-3.1-8B'}[size]
     assert config['teacher'] == f'checkpoints/{teacher}'
     assert config['global_batch_size'] == 1024 and config['block_size'] == 2048 and config['max_iters'] == 9000
+
+
+def test_model_key_sets_a_published_shape_and_later_keys_win(tmp_path):
+    from model import MODEL_SHAPES
+    config = load_config(['--model=llama3.2-3b'])
+    assert config['model'] == 'llama3.2-3b' and all(config[k] == v for k, v in MODEL_SHAPES['llama3.2-3b'].items())
+    path = tmp_path / 'c.py'
+    path.write_text("n_layer = 2\nmodel = 'qwen1.5-0.5b'\nn_head = 8\n")  # the shape replaces n_layer, not n_head
+    config = load_config([str(path), '--rms_norm_eps=1e-5'])
+    assert (config['n_layer'], config['n_head'], config['n_embd'], config['rms_norm_eps']) == (24, 8, 1024, 1e-5)
+
+
+def test_unknown_model_name_is_a_clear_error():
+    with pytest.raises(SystemExit, match=r"^--model=llama9: invalid choice: model='llama9'; valid values: "
+                                         r"qwen1.5-0.5b, qwen1.5-1.8b, llama3.2-1b, llama3.2-3b, llama3.1-8b$"):
+        load_config(['--model=llama9'])

@@ -1,0 +1,149 @@
+"""
+The one configurator every script uses. A script declares its keys once, in a dict name -> default or Key (a
+default plus, where needed, help, choices, a minimum, the types a None default may also take, required); a
+command line becomes a dict of checked values: the defaults <- config files (train.py's bare arguments: Python
+files of plain assignments) <- overrides, in order. The forms an override takes:
+
+    --key=value   --key value   --flag (a bool key alone: True)   --key=a,b,c (a list key)   -h / --help
+
+A value is read by its key's type: str as written, bool True/False (true/false, 1/0, yes/no too), a list split at
+the commas (its elements typed like the default's), anything else a Python literal (3e-4, 8, {'a': 1}); None where
+the key may be None. Errors are argparse's kind, which the scripts' callers rely on: a usage line and one line
+naming the key, the value and what was expected on stderr, exit status 2 (the message is also the exception's text).
+Pure Python on purpose: quickstart.py parses its flags before torch is installed.
+"""
+import ast
+import copy
+import os
+import sys
+from dataclasses import dataclass
+
+BOOLS = {'True': True, 'true': True, '1': True, 'yes': True, 'False': False, 'false': False, '0': False, 'no': False}
+
+
+@dataclass
+class Key:
+    default: object
+    help: str = ''
+    choices: tuple = None  # the values it may take (a list key: each element)
+    min: float = None  # the smallest it may be
+    types: tuple = ()  # with a None (or dict) default: the types it may take besides None; else the default's type
+    required: bool = False  # must be given (not None)
+    expands: dict = None  # value -> {key: value, ...}: setting this key sets those keys, there and then (train's model)
+
+
+def fail(message, usage=''):
+    """argparse's way out: usage and message on stderr, exit status 2; the exception's text is the message."""
+    print(f"{usage}error: {message}", file=sys.stderr)
+    error = SystemExit(message)
+    error.code = 2
+    raise error
+
+
+def parse(argv, keys, doc='', positional=None, files=False, prog=None):
+    """The checked config (a dict) of argv, for `keys` (name -> default or Key). positional: the name of the list
+    the bare arguments make (at least one), files=True: they are config files; neither: they are errors."""
+    keys = {name: key if isinstance(key, Key) else Key(key) for name, key in keys.items()}
+    prog = prog or os.path.basename(sys.argv[0])
+    bare = f' {positional} ...' if positional else ' [config files]' if files else ''
+    usage = f"usage: {prog}{bare} " + ' '.join(f"--{n}=..." if k.required else f"[--{n}=...]"
+                                                for n, k in keys.items()) + '\n'
+    config, found, args = {name: key.default for name, key in keys.items()}, [], list(argv)
+
+    def set_value(name, value, where):
+        key = keys[name]
+        config[name] = check(name, key, value, where, usage)
+        if key.expands and config[name] is not None:
+            for sub, sub_value in copy.deepcopy(key.expands[config[name]]).items():
+                config[sub] = check(sub, keys[sub], sub_value, where, usage)
+
+    while args:
+        arg = args.pop(0)
+        if arg in ('-h', '--help'):
+            print(usage + '\n' + doc.strip('\n') + '\n\n' + '\n'.join(describe(n, k) for n, k in keys.items()))
+            raise SystemExit(0)
+        if files and not arg.startswith('--'):
+            if not os.path.isfile(arg):
+                fail(f"config file {arg} not found", usage)
+            values = {}
+            exec(open(arg).read(), {}, values)
+            for name, value in values.items():
+                if name not in keys:
+                    fail(f"{arg}: unknown config key {name!r}; valid keys: {', '.join(sorted(keys))}", usage)
+                set_value(name, value, arg)
+            continue
+        if not arg.startswith('--'):
+            found.append(arg) if positional else fail(f"unrecognized arguments: {arg}", usage)
+            continue
+        name, sep, text = arg[2:].partition('=')
+        if name not in keys:
+            fail(f"unrecognized arguments: {arg} (unknown config key {name!r}); valid keys: "
+                 f"{', '.join('--' + n for n in sorted(keys))}", usage)
+        if not sep:  # --key value, or a bool flag alone
+            if bool in (type(keys[name].default),) + keys[name].types:
+                text = args.pop(0) if args and args[0] in BOOLS else 'True'
+            elif files:  # a bare word after it would be a config file
+                fail(f"{arg}: overrides are written --key=value", usage)
+            elif not args or args[0].startswith('--'):
+                fail(f"argument {arg}: expected one argument", usage)
+            else:
+                text = args.pop(0)
+        set_value(name, read(text, keys[name], arg, usage), arg)
+    if positional:
+        if not found:
+            fail(f"the following arguments are required: {positional}", usage)
+        config[positional] = found
+    missing = [f'--{n}' for n, k in keys.items() if k.required and config[n] is None]
+    if missing:
+        fail(f"the following arguments are required: {', '.join(missing)}", usage)
+    return config
+
+
+def read(text, key, where, usage):
+    """A command line's text as a value of the key's type (check() then validates it)."""
+    kind = type(key.default) if key.default is not None else (key.types or (str,))[0]
+    if text == 'None' and (key.default is None or key.types):
+        return None
+    if kind is str:
+        return text
+    if kind is bool:
+        return BOOLS.get(text, text)
+    if kind is list:
+        element = type(key.default[0]) if key.default else str
+        try:
+            return [element(v) for v in text.split(',')]
+        except ValueError:
+            fail(f"{where}: expected comma-separated {element.__name__} values, got {text!r}", usage)
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # not a literal: the type check names it
+
+
+def check(name, key, value, where, usage=''):
+    """The value, validated against the key's type (ints are widened to float), choices and minimum."""
+    allowed = key.types + (type(None),) if key.types else (type(key.default),)
+    if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        names = ' or '.join(t.__name__ for t in allowed)
+        fail(f"{where}: {name}={value!r} has type {type(value).__name__}, expected {names} (invalid {names} value: "
+             f"{value!r})", usage)
+    if key.choices is not None and isinstance(value, list):
+        if unknown := [str(v) for v in value if v not in key.choices]:
+            fail(f"{where}: unknown {', '.join(unknown)}; choose from {', '.join(map(str, key.choices))}", usage)
+    elif key.choices is not None and value not in key.choices and value is not None:
+        fail(f"{where}: invalid choice: {name}={value!r}; valid values: {', '.join(map(str, key.choices))}", usage)
+    if key.min is not None and value is not None and value < key.min:
+        fail(f"--{name} must be at least {key.min}, got {value!r}", usage)
+    return value
+
+
+def describe(name, key):
+    """One --help line: the key, its default, help, choices, minimum."""
+    notes = [key.help] if key.help else []
+    notes += [f"one of {', '.join(map(str, key.choices))}"] if key.choices is not None else []
+    notes += [f"at least {key.min}"] if key.min is not None else []
+    shown = ','.join(map(str, key.default)) if isinstance(key.default, list) else repr(key.default)
+    default = 'required' if key.required else f"default {shown}"
+    return f"  --{name:<22} {default}" + (f"; {'; '.join(notes)}" if notes else '')

@@ -1,0 +1,92 @@
+"""configurator.py: the one configurator every script uses (the forms a command line takes, and its errors)."""
+import pytest
+
+from configurator import Key, parse
+
+KEYS = dict(
+    name=Key('a', "a string"),
+    steps=Key(10, "at least 1", min=1),
+    rate=1e-3,  # a bare default is a key of its type
+    flag=False,
+    mode=Key('fast', choices=('fast', 'slow')),
+    items=Key(['x', 'y'], choices=('x', 'y', 'z')),
+    sizes=Key([1, 2]),
+    limit=Key(None, types=(int,)),
+    out=Key(None, types=(str,), required=True),
+)
+
+
+def error(argv, capsys, **kw):
+    with pytest.raises(SystemExit) as e:
+        parse(argv, KEYS, **kw)
+    assert e.value.code == 2  # argparse's status
+    err = capsys.readouterr().err
+    assert str(e.value) in err and '\n' not in str(e.value)  # one line, also on stderr after the usage line
+    assert err.startswith('usage:') and '--steps' in err
+    return str(e.value)
+
+
+def test_defaults_and_both_override_forms():
+    c = parse(['--out=o', '--steps=3', '--name', 'b', '--rate=1', '--limit=None'], KEYS)
+    assert c == dict(name='b', steps=3, rate=1.0, flag=False, mode='fast', items=['x', 'y'], sizes=[1, 2], limit=None,
+                     out='o')
+    assert isinstance(c['rate'], float)  # an int is widened where a float is expected
+    assert parse(['--out=123'], KEYS)['out'] == '123'  # a string key takes its text as written
+
+
+def test_bool_flags_and_comma_lists():
+    assert parse(['--out=o', '--flag'], KEYS)['flag'] is True
+    assert parse(['--out=o', '--flag', 'False'], KEYS)['flag'] is False
+    for text, value in [('True', True), ('false', False), ('1', True), ('0', False)]:
+        assert parse(['--out=o', f'--flag={text}'], KEYS)['flag'] is value
+    c = parse(['--out=o', '--items=z,x', '--sizes=1024,2048'], KEYS)
+    assert c['items'] == ['z', 'x'] and c['sizes'] == [1024, 2048]
+
+
+def test_config_files_and_positional_lists(tmp_path, capsys):
+    path = tmp_path / 'c.py'
+    path.write_text("# a comment\nsteps = 5\nname = 'file'\n")
+    c = parse([str(path), '--name=cli'], KEYS | dict(out='o'), files=True)
+    assert c['steps'] == 5 and c['name'] == 'cli'  # the override after the file wins
+    c = parse(['p1', '--out=o', 'p2'], KEYS, positional='paths')
+    assert c['paths'] == ['p1', 'p2']
+    assert 'required: paths' in error(['--out=o'], capsys, positional='paths')
+    assert 'unrecognized arguments: stray' in error(['stray', '--out=o'], capsys)
+    path.write_text("bogus = 1\n")
+    assert "unknown config key 'bogus'; valid keys: " in error([str(path)], capsys, files=True)
+    assert 'overrides are written --key=value' in error(['--steps', '5'], capsys, files=True)
+
+
+def test_expands_sets_other_keys_where_it_stands():
+    keys = dict(KEYS, shape=Key(None, types=(str,), choices=('big',), expands=dict(big=dict(steps=100, name='B'))))
+    c = parse(['--steps=3', '--shape=big', '--name=mine', '--out=o'], keys)
+    assert c['shape'] == 'big' and c['steps'] == 100 and c['name'] == 'mine'
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--nope=1'], "unrecognized arguments: --nope=1 (unknown config key 'nope'); valid keys: --flag, --items, "),
+    (['--steps=two'], "steps='two' has type str, expected int (invalid int value: 'two')"),
+    (['--steps=1.5'], 'steps=1.5 has type float, expected int'),
+    (['--flag=maybe'], "flag='maybe' has type str, expected bool"),
+    (['--mode=slower'], "invalid choice: mode='slower'; valid values: fast, slow"),
+    (['--items=x,w'], 'unknown w; choose from x, y, z'),
+    (['--sizes=1,a'], "expected comma-separated int values, got '1,a'"),
+    (['--steps=0'], '--steps must be at least 1, got 0'),
+    (['--steps'], 'argument --steps: expected one argument'),
+])
+def test_errors_are_one_line_naming_key_value_and_expectation(argv, message, capsys):
+    assert message in error(['--out=o', *argv], capsys)
+
+
+def test_required(capsys):
+    assert 'the following arguments are required: --out' in error(['--steps=2'], capsys)
+
+
+def test_help_lists_every_key_with_its_default_and_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(['--help'], KEYS, "What the script does.")
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert 'What the script does.' in out
+    assert "--steps" in out and 'default 10; at least 1' in out and 'one of fast, slow' in out
+    assert '--out' in out and 'required' in out and 'default x,y' in out
