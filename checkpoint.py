@@ -195,7 +195,7 @@ def hf_config(cfg, dtype, special_ids, tok_info):
                 pretraining_tp=1, **common)
 
 
-def hf_state_dict(model, dtype):
+def export_state_dict(model, dtype):
     """A GPT's state dict in dtype, as transformers stores it: a tied lm_head once (as embed_tokens), and affine's
     alpha statistics kept float32 (model.py keeps them so in every precision)."""
     state = {}

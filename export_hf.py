@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
-from checkpoint import CKPT_NAME, CheckpointError, hf_config, hf_state_dict, read_checkpoint, write_json, write_safetensors
+from checkpoint import CKPT_NAME, CheckpointError, hf_config, export_state_dict, read_checkpoint, write_json, write_safetensors
 from configurator import Key, fail, parse
 from model import GPT
 from prepare_data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
@@ -192,7 +192,7 @@ def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 10
         if cfg.attention != 'softmax':
             for file in CODE_FILES:
                 shutil.copyfile(os.path.join(HERE, file), os.path.join(tmp, file))
-        write_safetensors(hf_state_dict(model, dtype), tmp, max_shard_bytes)
+        write_safetensors(export_state_dict(model, dtype), tmp, max_shard_bytes)
         for file in os.listdir(tmp):  # safetensors writes its files private (0600); give them the others' mode
             if file.endswith('.safetensors'):
                 os.chmod(os.path.join(tmp, file), os.stat(os.path.join(tmp, 'config.json')).st_mode & 0o777)
