@@ -30,7 +30,8 @@ from types import SimpleNamespace
 
 import torch
 
-from checkpoint import CKPT_NAME, CheckpointError, hf_config, export_state_dict, read_checkpoint, write_json, write_safetensors
+from checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, hf_config, read_checkpoint, write_json,
+                        write_safetensors)
 from configurator import Key, fail, parse
 from model import GPT
 from prepare_data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
