@@ -32,7 +32,7 @@ import torch
 from common import Progress
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows
 from model import FIELD_NAMES, GPT, ModelConfig, rope_cos_sin
-from prepare_data import Windows, read_meta, tokenizer_info
+from data import Windows, read_meta, tokenizer_info
 
 METHODS = dict(softmax='Baseline', sink='Sink', gated='Gated', affine='Affine-Scaled',
                affine_gated='Affine-Scaled + Gated')  # the paper's row names

@@ -53,7 +53,7 @@ from dataclasses import replace
 import torch
 
 from model import GPT, IGNORE_INDEX, ModelConfig
-from prepare_data import Windows, load_tokenizer, read_meta, tokenizer_info
+from data import Windows, load_tokenizer, read_meta, tokenizer_info
 
 CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from common import Progress
 from distill import checkpoint_file, load_teacher, read_checkpoint
-from prepare_data import load_tokenizer, read_meta, read_shard, tokenizer_info
+from data import load_tokenizer, read_meta, read_shard, tokenizer_info
 
 # task -> (hub dataset path, config name, the split the harness evaluates) (spec §2). datasets >= 4 cannot run
 # the dataset scripts behind v0.4.9's legacy names 'hellaswag', 'super_glue' and 'winogrande', so we read their

@@ -33,7 +33,7 @@ import torch
 
 from distill import read_checkpoint
 from model import GPT, ModelConfig
-from prepare_data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
+from data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CODE_FILES = ('hf_wrapper.py', 'model.py', 'sink_kernel.py')  # what a non-softmax export ships (hf_wrapper: the entry)

@@ -45,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import FIELD_NAMES, GPT, ModelConfig
 from common import default_peak_flops
-from prepare_data import Windows, read_meta
+from data import Windows, read_meta
 
 # DDP must not sync buffers on each forward: alpha_ma's per-rank sums would be overwritten by rank 0's (see
 # GPT.update_alpha_ma). Newer torch (2.13 here) deprecates broadcast_buffers for forward_sync_buffers, which still
