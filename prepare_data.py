@@ -84,20 +84,42 @@ def open_source(source_info):
     return datasets.load_dataset(builder, data_files=files, split="train", streaming=True), source_info["text_field"]
 
 
+def not_a_string(row, text_field, index, source_info):
+    """The error for a row whose text field holds something else than text (a list, a number, null), naming the
+    file and row. The stream does not say which file a row came from, so the files are read again, one at a time,
+    up to the first such row."""
+    import datasets
+    value = row[text_field]
+    found = "null" if value is None else {dict: "an object", list: "a list", bool: "a boolean", int: "a number",
+                                          float: "a number"}.get(type(value), f"a {type(value).__name__}")
+    where = f"document {index} of --source={source_info['source']}"  # a source that is not files: FineWeb-Edu
+    for path in source_info.get("files", []):
+        rows = datasets.load_dataset(BUILDERS[os.path.splitext(path)[1]], data_files=[path], split="train",
+                                     streaming=True)
+        row_number = next((n for n, r in enumerate(rows, 1) if not isinstance(r.get(text_field), str)), None)
+        if row_number is not None:
+            where = f"row {row_number} of {path}"
+            break
+    return (f"{where}: field {text_field!r} is {found}, not a string; pass the field that holds the text as "
+            f"--text_field=NAME (fields: {', '.join(row)})")
+
+
 CHUNK_CHARS = 1 << 20  # documents are tokenized in chunks of about 1M characters (one task for a worker)
 
 
-def document_chunks(ds, text_field, first_index, val_every):
+def document_chunks(ds, text_field, first_index, val_every, source_info):
     """Group the stream into chunks of whole documents, in stream order. Chunk boundaries depend only on the
     data, so the output does not depend on --num_proc. Document i (counting non-empty documents from 0) is
     held out for validation when i % val_every == 0. Yields (docs, (documents read so far, stream state))."""
     docs, n_chars, index = [], 0, first_index
     try:
         for row in ds:
-            text = row.get(text_field)
-            if not isinstance(text, str):
+            if text_field not in row:
                 raise SystemExit(f"--text_field={text_field!r}: document {index} has no such text field "
                                  f"(fields: {', '.join(row)})")
+            text = row[text_field]
+            if not isinstance(text, str):
+                raise SystemExit(not_a_string(row, text_field, index, source_info))
             if text:
                 docs.append((index % val_every == 0, text))
                 index += 1
@@ -239,7 +261,8 @@ def prepare(args, command):
 
 def tokenize_to_shards(args, enc, meta, ds, text_field):
     progress, splits = meta["progress"], meta["splits"]
-    chunks = document_chunks(ds, text_field, progress["documents_read"], args.val_every)
+    chunks = document_chunks(ds, text_field, progress["documents_read"], args.val_every,
+                             meta["settings"]["source"])
     buffers = {"train": [], "val": []}  # token arrays not written yet
 
     def flush(documents_read, stream_state):

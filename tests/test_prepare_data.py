@@ -334,6 +334,28 @@ def test_bad_input_leaves_no_output(tmp_path, monkeypatch, checkpoints):
     assert written and not (tmp_path / "out").exists()
 
 
+def test_text_field_that_is_not_a_string(tmp_path):
+    """A text field that holds something else than text: one line naming the file, the row, what it holds and the
+    flag that picks another field; a missing field is still reported as such."""
+    rows = [{"text": f"document {i}", "id": i} for i in range(10)]
+    rows[6]["text"] = None
+    (tmp_path / "null.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "x.jsonl").write_text("".join(json.dumps({"text": [f"part {i}", "b"], "body": f"document {i}"}) + "\n"
+                                              for i in range(10)))
+    null, lists = str(tmp_path / "null.jsonl"), str(tmp_path / "x.jsonl")
+    cases = [([f"--source={null}"], f"^row 7 of {re.escape(null)}: field 'text' is null, not a string; pass the "
+                                    f"field that holds the text as --text_field=NAME \\(fields: text, id\\)"),
+             ([f"--source={lists}"], f"^row 1 of {re.escape(lists)}: field 'text' is a list, not a string; pass the "
+                                     f"field that holds the text as --text_field=NAME \\(fields: text, body\\)"),
+             ([f"--source={lists}", "--text_field=title"], "no such text field.*fields: text, body")]
+    for flags, message in cases:
+        with pytest.raises(SystemExit, match=message):
+            run(tmp_path, *flags)
+        assert not (tmp_path / "out").exists(), flags
+    meta, out_dir = run(tmp_path, f"--source={lists}", "--text_field=body", "--val_every=5")
+    assert split_docs(out_dir, "val") == ["document 0", "document 5"]
+
+
 def test_big_vocabulary_uses_uint32(tmp_path):
     path = write_two_byte_vocabulary(tmp_path / "tokenizer.model")
     meta, out_dir = run(tmp_path, f"--tokenizer={path}", "--val_every=10")
