@@ -11,7 +11,7 @@ Configuration, nanoGPT-style: the defaults below, then each config file (plain a
 --key=value overrides (Python literals: 3e-4, None, True, [1, 2], {'a': 1}; anything else is a string).
 Unknown keys and wrong types are errors. The resolved config is written to out_dir/config.json.
 
-Data: step s trains on windows perm[s*G : (s+1)*G] of the train split (prepare_data.Windows), G the global
+Data: step s trains on windows perm[s*G : (s+1)*G] of the train split (data.Windows), G the global
 batch, perm a permutation seeded by (seed, epoch): every window once per epoch (the paper trains one epoch),
 and a step's data depends only on (seed, step), never on the number of ranks or the micro-batch size. The
 position to resume from is therefore just the step.
