@@ -32,8 +32,8 @@ import torch
 from common import Progress, resolve_device
 from configurator import Key, fail, parse
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows
+from data import Windows, read_meta, tokenizer_info
 from model import FIELD_NAMES, GPT, ModelConfig
-from prepare_data import Windows, read_meta, tokenizer_info
 
 METHODS = dict(softmax='Baseline', sink='Sink', gated='Gated', affine='Affine-Scaled',
                affine_gated='Affine-Scaled + Gated')  # the paper's row names

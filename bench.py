@@ -47,7 +47,7 @@ from common import KNOWN_PEAK_BF16, Progress, default_peak_flops, measured_matmu
 from configurator import Key, parse
 from eval_zeroshot import choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests
 from model import ATTENTIONS, FIELD_NAMES, GPT, ModelConfig
-from prepare_data import Windows, load_tokenizer
+from data import Windows, load_tokenizer
 from train import KNOWN_TEACHERS, accumulate_gradients, compile_layers, load_config, memory_estimate
 
 EXPLICIT = 'affine (explicit T x T)'

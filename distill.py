@@ -52,8 +52,8 @@ import torch
 from checkpoint import checkpoint_file, read_checkpoint, read_hf_config
 from common import resolve_device, resolve_dtype
 from configurator import Key, parse
+from data import Windows, load_tokenizer, read_meta, tokenizer_info
 from model import GPT, IGNORE_INDEX
-from prepare_data import Windows, load_tokenizer, read_meta, tokenizer_info
 
 CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB
 

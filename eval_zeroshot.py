@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from checkpoint import checkpoint_file, read_checkpoint
 from common import Progress, resolve_device, resolve_dtype
 from configurator import Key, fail, parse
+from data import load_tokenizer, read_meta, read_shard, tokenizer_info
 from model import GPT
-from prepare_data import load_tokenizer, read_meta, read_shard, tokenizer_info
 
 # task -> (hub dataset path, config name, the split the harness evaluates) (spec §2). datasets >= 4 cannot run
 # the dataset scripts behind v0.4.9's legacy names 'hellaswag', 'super_glue' and 'winogrande', so we read their
@@ -485,7 +485,7 @@ def main(argv=None):
     model, enc = load_model_and_tokenizer(args.hf_model or args.ckpt, args.tokenizer, device, dtype)
     cfg = model.config
     max_length = args.max_length or cfg.block_size  # spec §3: the user's max_length, else the model's positions
-    # the tokenizer's own conventions, read from its files (prepare_data.Tokenizer): the BOS it puts before a text
+    # the tokenizer's own conventions, read from its files (data.Tokenizer): the BOS it puts before a text
     # (add_special_tokens=True, what --add_bos asks the harness for), and the harness's prefix token for an empty
     # context (spec §3: the tokenizer's BOS, else its EOS)
     bos_id = enc.ids(enc.prefix)[0] if enc.prefix else None

@@ -33,8 +33,8 @@ import torch
 from checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, hf_config, read_checkpoint, write_json,
                         write_safetensors)
 from configurator import Key, fail, parse
+from data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 from model import GPT
-from prepare_data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CODE_FILES = ('checkpoint.py', 'hf_wrapper.py', 'model.py', 'sink_kernel.py')  # what a non-softmax export ships (hf_wrapper: the entry)

@@ -12,7 +12,7 @@ Configuration, nanoGPT-style (configurator.py): the defaults below, then each co
 wrong types are errors. `model = 'llama3.2-1b'` (model.MODEL_SHAPES) sets a published shape where it stands; lines
 and overrides after it still win. The resolved config is written to out_dir/config.json.
 
-Data: step s trains on windows perm[s*G : (s+1)*G] of the train split (prepare_data.Windows), G the global
+Data: step s trains on windows perm[s*G : (s+1)*G] of the train split (data.Windows), G the global
 batch, perm a permutation seeded by (seed, epoch): every window once per epoch (the paper trains one epoch),
 and a step's data depends only on (seed, step), never on the number of ranks or the micro-batch size. The
 position to resume from is therefore just the step.
@@ -47,9 +47,9 @@ from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, checkpoint_file, 
                         read_checkpoint, read_hf_config, save_checkpoint)
 from common import default_peak_flops, resolve_device, resolve_dtype
 from configurator import Key, parse
+from data import Windows, read_meta
 from distill import check_compatibility, fused_kd_loss, kd_loss_memory, load_teacher
 from model import FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig, attention_scores, saved_bytes_per_token
-from prepare_data import Windows, read_meta
 
 # DDP must not sync buffers on each forward: alpha_ma's per-rank sums would be overwritten by rank 0's (see
 # GPT.update_alpha_ma). Newer torch (2.13 here) deprecates broadcast_buffers for forward_sync_buffers, which still

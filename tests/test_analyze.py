@@ -10,6 +10,7 @@ import torch
 
 import analyze
 import prepare_data
+from data import load_tokenizer, tokenizer_info
 from model import GPT, ModelConfig, rope_cos_sin
 
 
@@ -159,7 +160,7 @@ def save_checkpoint(path, model):
     """A checkpoint as train.py writes it (the keys analyze.py reads), with the byte tokenizer."""
     path.mkdir(parents=True)
     torch.save(dict(model=model.state_dict(), model_config=asdict(model.config),
-                    tokenizer=prepare_data.tokenizer_info(prepare_data.load_tokenizer('bytes'), 'bytes')),
+                    tokenizer=tokenizer_info(load_tokenizer('bytes'), 'bytes')),
                path / 'ckpt.pt')
     return str(path)
 
@@ -168,8 +169,8 @@ TEXT = "".join(f"Line {i}: {i * i} is its square and {i ** 3} its cube.\n" for i
 
 
 def test_heldout_sequences_from_text_and_token_shards(tmp_path):
-    enc = prepare_data.load_tokenizer('bytes')
-    sha = prepare_data.tokenizer_info(enc, 'bytes')['sha256']
+    enc = load_tokenizer('bytes')
+    sha = tokenizer_info(enc, 'bytes')['sha256']
     (tmp_path / 'text.txt').write_text(TEXT)
     seqs = analyze.heldout_sequences(str(tmp_path / 'text.txt'), enc, sha, num_seqs=5, seq_len=32, seed=1)
     ids = np.frombuffer(TEXT.encode(), dtype=np.uint8)
@@ -200,8 +201,8 @@ def test_attention_job_writes_every_figure_and_the_numbers(tmp_path):
     assert models['Sink']['row_sums']['mean'] < 1 and 'sinks' in models['Sink']['layers'][0]
     assert len(models['Affine-Scaled']['layers'][1]['alpha_ma']) == 4
     # the numbers are those of the function on the same sequences
-    enc = prepare_data.load_tokenizer('bytes')
-    seqs = analyze.heldout_sequences(str(tmp_path / 'text.txt'), enc, prepare_data.tokenizer_info(enc, 'bytes')['sha256'],
+    enc = load_tokenizer('bytes')
+    seqs = analyze.heldout_sequences(str(tmp_path / 'text.txt'), enc, tokenizer_info(enc, 'bytes')['sha256'],
                                      4, 32)
     direct = analyze.model_statistics(tiny_model('affine'), seqs, 8)
     assert models['Affine-Scaled']['layers'][1]['first_token'] == pytest.approx(direct['layers'][1]['first_token'])

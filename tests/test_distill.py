@@ -24,9 +24,10 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
 import distill
 import prepare_data as prep
 from checkpoint import config_from_hf
+from data import load_tokenizer, read_shard, tokenizer_info
 from model import GPT, ModelConfig
-from test_prepare_data import (EOT, HF_QWEN2_REGEX, byte_level, digits_then_gpt2, hf_tokenizer, split_then_bytes,
-                               write_tiktoken_file)
+from test_data import (EOT, HF_QWEN2_REGEX, byte_level, digits_then_gpt2, hf_tokenizer, split_then_bytes,
+                       write_tiktoken_file)
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,7 +244,7 @@ def test_from_pretrained_needs_about_one_model_of_memory(tmp_path):
 # This repo's checkpoints as teachers
 
 
-BYTES = prep.tokenizer_info(prep.load_tokenizer('bytes'), 'bytes')
+BYTES = tokenizer_info(load_tokenizer('bytes'), 'bytes')
 
 
 def tiny_config(**kw):
@@ -628,7 +629,7 @@ def test_compatibility_errors(case, our_teacher, hf_dirs):
     teacher, spec = distill.load_teacher(str(path)), str(path)
     student, meta, block_size = tiny_config(), bytes_meta(), 64
     distill.check_compatibility(teacher, spec, student, meta, block_size)  # the good case passes
-    llama_tokenizer = prep.tokenizer_info(prep.load_tokenizer(str(hf_dirs['llama'])), str(hf_dirs['llama']))
+    llama_tokenizer = tokenizer_info(load_tokenizer(str(hf_dirs['llama'])), str(hf_dirs['llama']))
     if case in ('tokenizer', 'everything'):
         meta = bytes_meta(tokenizer=llama_tokenizer)
     if case == 'data vocab > teacher rows':
@@ -657,7 +658,7 @@ def test_compatibility_errors(case, our_teacher, hf_dirs):
 def test_hf_teacher_tokenizer_is_checked(hf_dirs):
     spec = str(hf_dirs['llama'])
     teacher = distill.load_teacher(spec)
-    own = prep.tokenizer_info(prep.load_tokenizer(spec), spec)
+    own = tokenizer_info(load_tokenizer(spec), spec)
     distill.check_compatibility(teacher, spec, teacher.config, dict(tokenizer=own, vocab_size=512), 128)
     with pytest.raises(SystemExit, match='llama3, 512 tokens.*bytes, 257 tokens'):
         distill.check_compatibility(teacher, spec, None, bytes_meta(), 128)
@@ -683,7 +684,7 @@ def test_cli_prints_the_teachers_val_loss(hf_dirs, llama_data, capsys):
     # the same number from transformers on the documented windows: the first 4 windows of 17 tokens of the val
     # split, window k starting at token 16 k (consecutive windows share one token, as in training)
     meta = json.loads((llama_data / 'meta.json').read_text())
-    ids = np.concatenate([prep.read_shard(llama_data / name) for name in meta['splits']['val']['shards']])
+    ids = np.concatenate([read_shard(llama_data / name) for name in meta['splits']['val']['shards']])
     assert len(meta['splits']['val']['shards']) == 1  # (windows never cross shards)
     windows = torch.stack([torch.from_numpy(ids[16 * k:16 * k + 17].astype(np.int64)) for k in range(4)])
     logits = hf_logits(hf_dirs['llama'], windows[:, :-1])
@@ -765,7 +766,7 @@ def family_teachers(tmp_path_factory):
 def test_teachers_of_every_shape_match_transformers(kind, family_teachers):
     path = family_teachers[kind]
     teacher = distill.load_teacher(str(path))
-    cfg, n_vocab = teacher.config, prep.load_tokenizer(str(path)).n_vocab
+    cfg, n_vocab = teacher.config, load_tokenizer(str(path)).n_vocab
     T = min(48, cfg.block_size)
     idx = torch.randint(0, n_vocab, (2, T), generator=torch.Generator().manual_seed(0))
     expected = hf_logits(path, idx)
@@ -802,7 +803,7 @@ def test_any_tokenizer_family_prepares_and_distills(family_teachers, tmp_path):
         assert meta['tokenizer']['family'] == 'bpe' and meta['tokenizer']['eos_token'] == EOT
         result = distill.main([f'--teacher={teacher_dir}', f'--data_dir={data}', '--batches=1', '--batch_size=2',
                                '--block_size=16', '--device=cpu'])
-        ids = np.concatenate([prep.read_shard(data / name) for name in meta['splits']['val']['shards']])
+        ids = np.concatenate([read_shard(data / name) for name in meta['splits']['val']['shards']])
         windows = torch.stack([torch.from_numpy(ids[16 * k:16 * k + 17].astype(np.int64)) for k in range(2)])
         logits = hf_logits(teacher_dir, windows[:, :-1])
         assert result['loss'] == pytest.approx(F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()).item(),
@@ -819,7 +820,7 @@ def test_any_tokenizer_family_prepares_and_distills(family_teachers, tmp_path):
         distill.main([f'--teacher={family_teachers["smollm_llama"]}', f'--data_dir={tmp_path / "qwen2_padded"}'])
     # Mistral's sliding window caps the teacher's length: a longer window is refused, alone among the checks
     spec = str(family_teachers['mistral_window'])
-    own = prep.tokenizer_info(prep.load_tokenizer(spec), spec)
+    own = tokenizer_info(load_tokenizer(spec), spec)
     with pytest.raises(SystemExit) as e:
         distill.check_compatibility(distill.load_teacher(spec), spec, None,
                                     dict(tokenizer=own, vocab_size=own['n_vocab']), 17)

@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 
 import eval_zeroshot as ez
-import prepare_data as prep
+from data import load_tokenizer, tokenizer_info, write_shard
 from model import GPT, IGNORE_INDEX, ModelConfig
-from test_prepare_data import EOT, write_tiktoken_file
+from test_data import EOT, write_tiktoken_file
 
 torch.set_num_threads(2)
-BYTES = prep.load_tokenizer('bytes')
+BYTES = load_tokenizer('bytes')
 
 ROWS = {
     'arc_easy': dict(id='x', question='Which is a gas?', choices=dict(text=['ice', 'steam', 'rock'], label=['1', '2', '3']),
@@ -64,7 +64,7 @@ def bpe(tmp_path_factory):
     ranks = {bytes([b]): b for b in range(256)}
     ranks.update({b'ab': 256, b'bc': 257})
     write_tiktoken_file(path, ranks)
-    return prep.load_tokenizer(str(path))
+    return load_tokenizer(str(path))
 
 
 def test_encoding(bpe):
@@ -197,7 +197,7 @@ def write_data_dir(root):
 
 def write_checkpoint(path, model):
     torch.save(dict(model=model.state_dict(), model_config=asdict(model.config),
-                    tokenizer=prep.tokenizer_info(BYTES, 'bytes')), path)
+                    tokenizer=tokenizer_info(BYTES, 'bytes')), path)
     return path
 
 
@@ -235,8 +235,8 @@ def test_cli(tmp_path, bpe, capsys):
 def test_heldout(tmp_path):
     words = [f'w{i % 97}{"." if i % 11 == 0 else ""}' for i in range(6000)]
     text = ' '.join(words)
-    prep.write_shard(str(tmp_path / 'val_000000.bin'), [np.frombuffer(text.encode(), np.uint8)], 'uint16')
-    (tmp_path / 'meta.json').write_text(json.dumps(dict(tokenizer=prep.tokenizer_info(BYTES, 'bytes'),
+    write_shard(str(tmp_path / 'val_000000.bin'), [np.frombuffer(text.encode(), np.uint8)], 'uint16')
+    (tmp_path / 'meta.json').write_text(json.dumps(dict(tokenizer=tokenizer_info(BYTES, 'bytes'),
                                                         splits=dict(val=dict(shards=['val_000000.bin'])))))
     rows = ez.heldout_rows(str(tmp_path), 50)
     assert rows == ez.heldout_rows(str(tmp_path), 50) and len(rows) == 50
@@ -316,7 +316,7 @@ def test_hf_models_of_every_tokenizer_family_score_as_the_harness(kind, family_m
     # these tokenizers put no BOS before a text: --add_bos is refused, an empty context would be scored after EOS
     with pytest.raises(SystemExit, match='--add_bos: the bpe tokenizer puts no BOS before a text'):
         ez.main([f'--hf_model={model_dir}', f'--data_dir={data}', '--tasks=piqa', '--add_bos=True'])
-    enc = prep.load_tokenizer(str(model_dir))
+    enc = load_tokenizer(str(model_dir))
     assert ez.encode_request(enc, '', ' x', 8, prefix_id=enc.ids([enc.prefix_token])[0])[0] == tuple(enc.ids([EOT]))
     with pytest.raises(ValueError, match='names neither'):
         ez.encode_request(enc, '', ' x', 8, prefix_id=None)

@@ -22,9 +22,10 @@ import distill
 import eval_zeroshot as ez
 import export_hf
 import prepare_data as prep
+from data import gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 from model import GPT, ModelConfig
+from test_data import HF_LLAMA3_REGEX, TEXT, train_hf_bpe, write_tiktoken_file
 from test_distill import randomise
-from test_prepare_data import HF_LLAMA3_REGEX, TEXT, train_hf_bpe, write_tiktoken_file
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,8 +72,8 @@ def hf_tokenizer(tmp_path_factory):
 def exported(tmp_path_factory, hf_tokenizer):
     """name -> (our model, its tokenizer dict, checkpoint directory, export directory), each exported by the CLI."""
     root = tmp_path_factory.mktemp('export')
-    encs = {'bytes': ('bytes', prep.load_tokenizer('bytes')),
-            'hf': (str(hf_tokenizer), prep.load_tokenizer(str(hf_tokenizer)))}
+    encs = {'bytes': ('bytes', load_tokenizer('bytes')),
+            'hf': (str(hf_tokenizer), load_tokenizer(str(hf_tokenizer)))}
     result = {}
     torch.manual_seed(0)
     for i, (name, (settings, tokenizer)) in enumerate(VARIANTS.items()):
@@ -87,7 +88,7 @@ def exported(tmp_path_factory, hf_tokenizer):
                     layer.self_attn.alpha_ma.uniform_(0.2, 0.8)
                 if model.config.attention == 'sink':
                     layer.self_attn.sinks.normal_(0.0, 2.0)
-        tok_info = prep.tokenizer_info(enc, spec)
+        tok_info = tokenizer_info(enc, spec)
         save_checkpoint(model, tok_info, root / 'out' / name / 'ckpt.pt')
         shard = ['--max_shard_size=60KB'] if name == SHARDED else []
         export_hf.main([f'--ckpt={root / "out" / name}', f'--out_dir={root / "hf" / name}', *shard])
@@ -208,7 +209,7 @@ def test_exported_files(name, exported):
 @pytest.mark.parametrize('name', ['sink', 'affine'])  # bytes and a BPE
 def test_tokenizer_ids_equal_ours(name, exported):
     model, tok_info, _, out = exported[name]
-    enc = prep.load_tokenizer(tok_info['spec'])
+    enc = load_tokenizer(tok_info['spec'])
     # (transformers 5 reads config.json first, which names remote code for the non-softmax variants)
     hf = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
     texts = [TEXT, *prep.builtin_corpus()[:3], ''.join(chr(c) for c in range(1, 0x800)), 'Question: Is it?\nAnswer: no']
@@ -221,7 +222,7 @@ def test_tokenizer_ids_equal_ours(name, exported):
     assert hf.padding_side == 'right' and hf.model_max_length == model.config.block_size
     if tok_info['family'] == 'bytes':
         assert hf.eos_token_id == 256 and hf.bos_token_id is None and len(hf) == 257
-        to_byte = prep.gpt2_unicode_to_byte()  # every byte's token has the byte's id
+        to_byte = gpt2_unicode_to_byte()  # every byte's token has the byte's id
         assert all(hf.convert_tokens_to_ids(char) == byte for char, byte in to_byte.items()) and len(to_byte) == 256
     else:  # the teacher's files, as they were
         assert (out / 'tokenizer.json').read_bytes() == (Path(tok_info['spec']) / 'tokenizer.json').read_bytes()
@@ -267,7 +268,7 @@ def test_round_trip_through_our_loaders(name, exported):
     # eval_zeroshot.py --hf_model: the same model, the run's tokenizer read from the exported files, the same scores
     from_hf, enc = ez.load_model_and_tokenizer(str(out), None, torch.device('cpu'), torch.float32)
     from_ckpt, _ = ez.load_model_and_tokenizer(str(exported[name][2]), None, torch.device('cpu'), torch.float32)
-    assert prep.tokenizer_info(enc, tok_info['spec'])['sha256'] == tok_info['sha256']
+    assert tokenizer_info(enc, tok_info['spec'])['sha256'] == tok_info['sha256']
     requests = harness_requests(enc, model.config.block_size)
     assert ez.score_requests(from_hf, requests, 4) == ez.score_requests(from_ckpt, requests, 4)
 
@@ -285,7 +286,7 @@ def test_harness_scoring_path_equals_eval_zeroshot(name, exported):
     per-choice log-likelihoods equal eval_zeroshot.py's on the checkpoint (the one-request-per-forward scorer)."""
     model, tok_info, _, out = exported[name]
     hf = load_hf(out)
-    requests = harness_requests(prep.load_tokenizer(tok_info['spec']), model.config.block_size)
+    requests = harness_requests(load_tokenizer(tok_info['spec']), model.config.block_size)
     with torch.no_grad():
         harness = [F.log_softmax(hf(torch.tensor([inp])).logits[0, -len(cont):], dim=-1)
                    .gather(1, torch.tensor(cont)[:, None]).sum().item() for inp, cont in requests]
@@ -336,7 +337,7 @@ def test_transformers_4_reads_the_exports(exported):
         err = max((got[b, :n] - expected[b, :n]).abs().max().item() for b, n in enumerate(lens))
         print(f"transformers {r['version']}, {name}: max |logit difference| {err:.1e} (right-padded batch)")
         assert err <= 1e-5
-        assert r['ids'] == prep.load_tokenizer(tok_info['spec']).encode_ordinary(TEXT) and r['generated'] == 7
+        assert r['ids'] == load_tokenizer(tok_info['spec']).encode_ordinary(TEXT) and r['generated'] == 7
 
 # -----------------------------------------------------------------------------
 # Bad input: a clear one-line error, nothing written
@@ -394,10 +395,10 @@ def test_tokenizers_that_cannot_be_exported(exported, hf_tokenizer, tmp_path):
     model, tok_info, _, _ = exported['softmax']
     out = tmp_path / 'hf' / 'x'
     # a tiktoken file (Llama-3's original/tokenizer.model): no Hugging Face files to ship
-    enc = prep.load_tokenizer(str(hf_tokenizer))
+    enc = load_tokenizer(str(hf_tokenizer))
     write_tiktoken_file(tmp_path / 'tokenizer.model', enc._mergeable_ranks)
     tiktoken_file = str(tmp_path / 'tokenizer.model')
-    file_info = prep.tokenizer_info(prep.load_tokenizer(tiktoken_file), tiktoken_file)
+    file_info = tokenizer_info(load_tokenizer(tiktoken_file), tiktoken_file)
     save_checkpoint(model, file_info, tmp_path / 'file' / 'ckpt.pt')
     refused([f'--ckpt={tmp_path / "file"}', f'--out_dir={out}'], 'cannot be exported', tmp_path)
     # the teacher's directory has moved: --tokenizer says where it is now, and must hold the same tokenizer

@@ -11,6 +11,7 @@ import torch
 
 import prepare_data
 import train
+from data import Windows, read_shard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,18 +98,18 @@ def test_two_ranks_match_one_process_with_twice_the_accumulation(data_dir, tmp_p
 
 
 def test_step_batches_cover_each_window_once_per_epoch(data_dir):
-    windows = prepare_data.Windows(data_dir, 'train', 64)
+    windows = Windows(data_dir, 'train', 64)
     n, g = len(windows), 16
     seen = [i for s in range(n // g) for i in windows.step_indices(7, s, g)]
     assert len(set(seen)) == len(seen) == (n // g) * g
-    assert windows.step_indices(7, 3, g) == prepare_data.Windows(data_dir, 'train', 64).step_indices(7, 3, g)
+    assert windows.step_indices(7, 3, g) == Windows(data_dir, 'train', 64).step_indices(7, 3, g)
     assert windows.step_indices(7, 3, g) != windows.step_indices(8, 3, g)
     x, y = windows.get([0, 5])
     assert (x[:, 1:] == y[:, :-1]).all() and x.shape == (2, 64)
-    tokens = prepare_data.read_shard(os.path.join(data_dir, 'train_000000.bin'))
+    tokens = read_shard(os.path.join(data_dir, 'train_000000.bin'))
     assert (x[1] == tokens[5 * 64:6 * 64]).all() and y[1, -1] == tokens[6 * 64]  # window k starts at token 64 k
     with pytest.raises(SystemExit, match='the val split has fewer than block_size'):
-        prepare_data.Windows(data_dir, 'val', 10 ** 6)
+        Windows(data_dir, 'val', 10 ** 6)
 
 
 def test_learning_rate_schedule():

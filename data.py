@@ -1,0 +1,664 @@
+"""
+Reading data: the tokenizers, the formats of token shards and meta.json, and the windows training reads. Every
+script that reads data imports it from here (train.py, distill.py, eval_zeroshot.py, analyze.py, bench.py,
+export_hf.py); prepare_data.py, the command line that writes the data, builds on it. It needs NumPy and tiktoken
+only and imports no other module of this repo, so importing it stays cheap (prepare_data.py's tokenizer workers do).
+
+    from data import load_tokenizer, encode_document, read_meta, read_shard, Windows
+
+Tokenizers: load_tokenizer(spec) gives 'bytes', a tiktoken BPE file or any Hugging Face byte-level BPE tokenizer,
+read from its own files, as a tiktoken Encoding; encode_document(enc, text) a document's ids with its boundary
+tokens; tokenizer_info(enc, spec) what meta.json records about the tokenizer.
+
+A prepared directory (prepare_data.py --out_dir) holds
+    train_000000.bin, ...  val_000000.bin, ...   token shards: a 24-byte header, then the ids (see Shards below);
+                                                 read_shard(path) gives one as a checked, read-only np.memmap
+    meta.json   read_meta(dir): the tokenizer (spec, family, sha256, special tokens, BOS/EOS ids, boundary),
+                vocab_size, dtype, the splits (tokens, documents, shard names), whether it is complete, and the
+                settings, command and progress that prepare_data.py checks and resumes from
+Windows(dir, split, block_size) cuts a split into the windows train.py and distill.py read.
+"""
+import base64
+import functools
+import hashlib
+import json
+import os
+import re
+import struct
+import unicodedata
+
+import numpy as np
+import tiktoken
+
+# -----------------------------------------------------------------------------
+# Tokenizers, all as tiktoken Encodings
+#
+# A Hugging Face tokenizer is rebuilt from what its own files say, never from the model's name or type:
+#   tokenizer.json             the BPE vocabulary and merges, the normalizer, the pre-tokenizer (turned into one
+#                              regex), the added tokens, and the post-processor (the special tokens put around a text)
+#   tokenizer_config.json,     bos_token and eos_token; add_bos_token / add_eos_token; tokenizer_class, whose
+#   special_tokens_map.json    defaults transformers applies where these files say nothing
+#   vocab.json + merges.txt    a "slow" tokenizer: the vocabulary; its tokenizer_class gives the regex
+#   original/tokenizer.model   Meta's Llama-3 tiktoken file, with the conventions of Meta's tokenizer.py
+# config.json is not read. tiktoken runs byte-level BPE only; anything else, and any setting these files hold
+# that tiktoken cannot reproduce exactly, is refused with a message naming what was found.
+
+# Pre-tokenization regexes: text is first split into pieces with these, then BPE runs inside each piece.
+# GPT-2: the regex built into Hugging Face's ByteLevel pre-tokenizer (use_regex=true); also SmolLM's, GPT-NeoX's.
+GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# GPT-2's regex applied inside the pieces of a Digits pre-tokenizer (SmolLM, StarCoder: Sequence[Digits,
+# ByteLevel]). Digits cuts the text before and after every digit (individual_digits=true) or digit run, so
+#   - a digit or run is a piece of its own: ' ?\p{N}+' becomes one digit (a run), without the leading space;
+#   - a whitespace run just before a digit ends its piece, where '\s+(?!\S)' takes the whole run (as at the end
+#     of a text): the lookahead becomes "not followed by a character that is neither a space nor a digit";
+#   - every other alternative stops at a digit by itself, the punctuation class once digits are taken out of it.
+# A "digit" is what Digits takes for one, Rust's char::is_numeric: \p{N} and 13 code points of Unicode 16 that
+# the regex engines' older tables do not know yet (Kirat Rai U+11DE0-11DE9, U+16FF4-16FF6; DIGIT_EXTRA). Inside a
+# run of digits GPT-2's regex still tells the two kinds apart (\p{N}+ and a "punctuation" run), so runs do too.
+# tests/test_data.py checks these splits piece by piece against the `tokenizers` library.
+DIGIT_EXTRA = r"\x{11DE0}-\x{11DE9}\x{16FF4}-\x{16FF6}"
+GPT2_DIGITS_PATTERN = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|[\p{N}" + DIGIT_EXTRA + r"]| ?[^\s\p{L}\p{N}" + DIGIT_EXTRA
+                       + r"]+|\s+(?![^\s\p{N}" + DIGIT_EXTRA + r"])|\s+")
+GPT2_DIGIT_RUNS_PATTERN = GPT2_DIGITS_PATTERN.replace(r"|[\p{N}" + DIGIT_EXTRA + "]|",
+                                                      r"|\p{N}+|[" + DIGIT_EXTRA + "]+|", 1)
+# Llama 3: the cl100k-style pattern of Meta's tokenizer.py (also the Split regex in its tokenizer.json).
+LLAMA3_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# Qwen1.5 / Qwen2: the same, except that digits are split one at a time (\p{N} instead of \p{N}{1,3}).
+QWEN2_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# The byte tokenizer has no merges, so every split gives the same ids; fixed-size pieces are the fastest.
+BYTES_PATTERN = r"[\s\S]{1,256}"
+
+# The three conventions this repo had before it read tokenizers' files (an Encoding whose conventions are exactly
+# one of these keeps its name, so its meta.json sha256, and with it data and checkpoints made before, still match):
+#   llama3: <|begin_of_text|> before each document (the HF Llama-3 tokenizer prepends it to every text)
+#   qwen2:  <|endoftext|> after each document (Qwen has no BOS token; <|endoftext|> ends a document)
+#   bytes:  <|endoftext|> after each document (the GPT-2 / nanoGPT convention)
+# Every other tokenizer is family "bpe", and its conventions are part of its sha256.
+FAMILIES = {
+    "bytes": dict(pattern=BYTES_PATTERN, nfc=False, bos=None, eos="<|endoftext|>"),
+    "llama3": dict(pattern=LLAMA3_PATTERN, nfc=False, bos="<|begin_of_text|>", eos=None),
+    "qwen2": dict(pattern=QWEN2_PATTERN, nfc=True, bos=None, eos="<|endoftext|>"),
+}
+
+# What transformers assumes for a tokenizer_class where tokenizer_config.json / special_tokens_map.json say nothing
+# (the defaults of the classes' __init__ in transformers; "...Fast" names the same class). pattern and nfc are used
+# only for vocab.json + merges.txt: with a tokenizer.json the `tokenizers` library follows the file, and so do we.
+# LlamaTokenizer rebuilds the post-processor from add_bos_token (default true) whatever tokenizer.json says.
+TOKENIZER_CLASSES = {
+    "GPT2Tokenizer": dict(pattern=GPT2_PATTERN, nfc=False, bos_token="<|endoftext|>", eos_token="<|endoftext|>"),
+    "Qwen2Tokenizer": dict(pattern=QWEN2_PATTERN, nfc=True, bos_token=None, eos_token="<|endoftext|>"),
+    "LlamaTokenizer": dict(bos_token="<s>", eos_token="</s>", add_bos_token=True, add_eos_token=False),
+}  # any other class (PreTrainedTokenizerFast: Llama-3's) assumes nothing
+NOT_BYTE_LEVEL = "only byte-level BPE tokenizers (GPT-2, Llama-3, Qwen, SmolLM style) can be represented in tiktoken"
+
+
+class Tokenizer(tiktoken.Encoding):
+    """A tiktoken Encoding plus what tiktoken does not model, as the tokenizer's files say:
+      nfc             NFC-normalise text first (tokenizer.json "normalizer": NFC, as Qwen's)
+      inline          added tokens that are not special: Hugging Face matches them inside ordinary text before
+                      pre-tokenization (leftmost-longest; those with normalized=true after normalization), and so
+                      does encode_ordinary here (Qwen2.5's <tool_call>, ...)
+      prefix, suffix  the special tokens the tokenizer puts around a text (add_special_tokens=True): Llama-3's
+                      <|begin_of_text|> before; nothing for GPT-2, Qwen, SmolLM
+      bos_token, eos_token   the tokenizer's declared BOS and EOS
+    Document boundaries follow from them: a document is wrapped as the tokenizer wraps a text; a tokenizer that
+    adds nothing (GPT-2, Qwen, SmolLM) gets its EOS after each document.
+    Special tokens are never matched in text: their strings are encoded as ordinary text, so data cannot forge a
+    boundary (Hugging Face would match them: the one deliberate difference)."""
+
+    def __init__(self, name, *, pat_str, mergeable_ranks, special_tokens, nfc=False, inline=(),
+                 inline_normalized=(), bos_token=None, eos_token=None, prefix=(), suffix=()):
+        super().__init__(name, pat_str=pat_str, mergeable_ranks=mergeable_ranks, special_tokens=special_tokens)
+        self.nfc, self.inline, self.inline_normalized = nfc, tuple(inline), tuple(inline_normalized)
+        self.bos_token, self.eos_token, self.prefix, self.suffix = bos_token, eos_token, tuple(prefix), tuple(suffix)
+        self.doc_prefix = self.prefix
+        self.doc_suffix = self.suffix if self.prefix or self.suffix else (eos_token,) if eos_token else ()
+        # lm-evaluation-harness's prefix token (the context of an empty-context request): BOS, else EOS
+        self.prefix_token = bos_token if bos_token is not None else eos_token
+        self._raw_inline = tuple(sorted(t for t in self.inline if t not in self.inline_normalized))
+        self._normalized_inline = tuple(sorted(self.inline_normalized))
+
+    def __getstate__(self):  # pickled whole (to the tokenizer workers), conventions included
+        return dict(name=self.name, pat_str=self._pat_str, mergeable_ranks=self._mergeable_ranks,
+                    special_tokens=self._special_tokens, nfc=self.nfc, inline=self.inline,
+                    inline_normalized=self.inline_normalized, bos_token=self.bos_token, eos_token=self.eos_token,
+                    prefix=self.prefix, suffix=self.suffix)
+
+    def ids(self, names):
+        return [self._special_tokens[name] for name in names]
+
+    def encode_ordinary(self, text):
+        return self._encode(text, self._raw_inline, self._normalized_inline)
+
+    def encode(self, text, *, allowed_special=frozenset(), disallowed_special="all"):
+        """tiktoken's encode (special-token strings raise unless allowed or disallowed_special=()), with this
+        tokenizer's normalisation and inline tokens; allowed special tokens are matched like inline ones."""
+        allowed = self.special_tokens_set if allowed_special == "all" else set(allowed_special)
+        if disallowed_special == "all":
+            disallowed_special = self.special_tokens_set - allowed - set(self.inline)
+        if disallowed_special:
+            match = split_regex(tuple(sorted(disallowed_special))).search(text)
+            if match:
+                raise ValueError(f"text contains the special token {match.group()!r}; pass allowed_special or "
+                                 f"disallowed_special=() (or use encode_ordinary)")
+        return self._encode(text, tuple(sorted(allowed | set(self._raw_inline))), self._normalized_inline)
+
+    def encode_to_numpy(self, text, **kwargs):
+        return np.array(self.encode(text, **kwargs), dtype=np.uint32)
+
+    def _encode(self, text, raw, normalized):
+        """Hugging Face's order: tokens matched in the raw text, then each piece between them normalised, then
+        tokens matched in the normalised pieces, then pre-tokenization and BPE (tiktoken) of what is left."""
+        ids = []
+        for piece, token in split_on(text, raw):
+            if token:
+                ids.append(self._special_tokens[token])
+                continue
+            if self.nfc:
+                piece = unicodedata.normalize("NFC", piece)
+            for sub, token in split_on(piece, normalized):
+                if token:
+                    ids.append(self._special_tokens[token])
+                elif sub:
+                    ids += super().encode_ordinary(sub)
+        return ids
+
+
+@functools.lru_cache(maxsize=16)
+def split_regex(tokens):
+    """A regex matching any of `tokens`, the longest where several start at the same position (Python's re tries
+    alternatives in order), so leftmost-longest like the Aho-Corasick matcher of Hugging Face's added tokens."""
+    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+
+
+def split_on(text, tokens):
+    """[(piece, None) or ('', token)] covering text, cut where one of `tokens` (a sorted tuple) occurs."""
+    if not tokens:
+        return [(text, None)]
+    out, start = [], 0
+    for match in split_regex(tokens).finditer(text):
+        out += [(text[start:match.start()], None), ("", match.group())]
+        start = match.end()
+    return out + [(text[start:], None)]
+
+
+def gpt2_unicode_to_byte():
+    """Byte-level BPE vocabularies (GPT-2, Llama-3's tokenizer.json, Qwen) spell each byte as one printable
+    character: bytes that are printable in Latin-1 stand for themselves, the other 68 are mapped in order
+    to chr(256), chr(257), ... (GPT-2's bytes_to_unicode). This returns the inverse map, char -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+
+
+def read_tiktoken_file(path):
+    """A tiktoken BPE file (Llama-3's original/tokenizer.model): one 'base64(token bytes) rank' per line.
+    Parsed here rather than with tiktoken.load.load_tiktoken_bpe, which caches files by path in /tmp and
+    would silently return stale ranks after a file at the same path changes."""
+    ranks = {}
+    with open(path, "rb") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                token, rank = line.split()
+                ranks[base64.b64decode(token, validate=True)] = int(rank)
+            except ValueError:  # also binascii.Error
+                raise SystemExit(f"{path}:{line_no}: not a tiktoken BPE file (expected 'base64-token rank' lines; "
+                                 f"SentencePiece models such as Llama-2's are not supported: {NOT_BYTE_LEVEL})")
+    if not ranks:
+        raise SystemExit(f"{path}: empty tokenizer file")
+    return ranks
+
+
+def llama3_special_tokens(n_ranks):
+    """The 256 special tokens that Meta's Llama-3 tokenizer.py appends after the BPE ranks (128000-128255
+    for the real vocabulary); used when a checkpoint has no tokenizer.json naming them."""
+    names = (["<|begin_of_text|>", "<|end_of_text|>"] + [f"<|reserved_special_token_{i}|>" for i in range(4)]
+             + ["<|start_header_id|>", "<|end_header_id|>", "<|reserved_special_token_4|>", "<|eot_id|>"]
+             + [f"<|reserved_special_token_{i}|>" for i in range(5, 251)])
+    return {name: n_ranks + i for i, name in enumerate(names)}
+
+
+def meta_llama3_conventions():
+    """Meta's tokenizer.py: its regex, BOS <|begin_of_text|> before a text, EOS <|end_of_text|>, no normaliser."""
+    return dict(pattern=LLAMA3_PATTERN, nfc=False, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
+                prefix=["<|begin_of_text|>"], suffix=[])
+
+
+def byte_level_bpe_ranks(vocab, merges, special_tokens, where):
+    """tiktoken ranks from a Hugging Face byte-level BPE (vocab: token string -> id, merges: 'a b' lines or
+    [a, b] pairs); tokens in special_tokens are left out (they are tiktoken special tokens). The rank of a token is
+    its id. tiktoken merges the adjacent pair whose merged token has the lowest rank, HF merges the pair listed
+    first in merges; the two agree when ids grow with merge order, as in vocabularies built by BPE training (GPT-2,
+    Llama-3, Qwen), so that is checked instead of silently tokenizing differently."""
+    to_byte = gpt2_unicode_to_byte()
+    special_ids = set(special_tokens.values())
+    as_bytes = {}
+    for token, i in vocab.items():
+        if i in special_ids or token in special_tokens:
+            continue
+        try:
+            as_bytes[token] = bytes(to_byte[c] for c in token)
+        except KeyError:
+            raise SystemExit(f"{where}: token {token!r} is not byte-level BPE; {NOT_BYTE_LEVEL}") from None
+    ranks = {as_bytes[token]: i for token, i in vocab.items() if token in as_bytes}
+    if len(ranks) != len(as_bytes) or len(set(ranks.values())) != len(ranks):
+        raise SystemExit(f"{where}: two tokens share a byte string or an id; not a BPE vocabulary tiktoken can hold")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise SystemExit(f"{where}: the vocabulary lacks {len(missing)} of the 256 single bytes (e.g. byte "
+                         f"{missing[0]}); byte-level BPE needs all of them")
+    last = -1
+    for merge in merges:
+        left, right = merge.split(" ") if isinstance(merge, str) else merge
+        if left not in as_bytes or right not in as_bytes or left + right not in as_bytes:
+            raise SystemExit(f"{where}: merge {left!r} + {right!r} names a token that is not in the vocabulary")
+        rank = vocab[left + right]
+        if rank < last:
+            raise SystemExit(f"{where}: merge {left!r} + {right!r} is out of id order; tiktoken cannot reproduce "
+                             f"this tokenizer exactly")
+        last = rank
+    return ranks
+
+
+def load_tokenizer(spec):
+    """A Tokenizer (a tiktoken.Encoding) for --tokenizer=spec:
+    'bytes'          256 byte tokens + <|endoftext|> = 256; needs no file.
+    a file           a tiktoken BPE file (Meta's Llama-3 original/tokenizer.model), with Meta's conventions.
+    a directory      a Hugging Face model or tokenizer directory (config.json optional): tokenizer.json, else
+                     vocab.json + merges.txt, else original/tokenizer.model (see the top of this section).
+    Its name is its family: one of FAMILIES when its conventions are exactly that one's, else 'bpe'."""
+    if spec == "bytes":
+        return make_tokenizer(spec, {bytes([b]): b for b in range(256)}, {"<|endoftext|>": 256},
+                              dict(pattern=BYTES_PATTERN, nfc=False, bos_token=None, eos_token="<|endoftext|>"))
+    if os.path.isfile(spec):
+        ranks = read_tiktoken_file(spec)
+        return make_tokenizer(spec, ranks, llama3_special_tokens(len(ranks)), meta_llama3_conventions())
+    if os.path.isdir(spec):
+        return load_tokenizer_directory(spec)
+    raise SystemExit(f"--tokenizer={spec!r}: unknown tokenizer; expected 'bytes', a tiktoken BPE file, or a "
+                     f"Hugging Face model or tokenizer directory")
+
+
+def conventions_of(enc):
+    """Everything besides the vocabulary and the special tokens that decides the ids this repo writes (shards) and
+    scores (eval_zeroshot.py): what sha256 covers for family 'bpe', and what FAMILIES' names stand for."""
+    return dict(pattern=enc._pat_str, nfc=enc.nfc, inline=sorted(enc.inline),
+                inline_normalized=sorted(enc.inline_normalized), prefix=list(enc.prefix), suffix=list(enc.suffix),
+                document=[list(enc.doc_prefix), list(enc.doc_suffix)], prefix_token=enc.prefix_token)
+
+
+def family_conventions(family):
+    f = FAMILIES[family]
+    return dict(pattern=f["pattern"], nfc=f["nfc"], inline=[], inline_normalized=[],
+                prefix=[f["bos"]] if f["bos"] else [], suffix=[],
+                document=[[f["bos"]] if f["bos"] else [], [f["eos"]] if f["eos"] else []],
+                prefix_token=f["bos"] or f["eos"])
+
+
+def make_tokenizer(where, ranks, special_tokens, conv):
+    """The Tokenizer, after checking that every special token its conventions use is one of its tokens."""
+    conv = dict(conv)
+    pattern = conv.pop("pattern")
+    try:
+        enc = Tokenizer("bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens=special_tokens, **conv)
+    except ValueError as e:  # tiktoken's regex engine cannot compile the pattern
+        raise SystemExit(f"{where}: pre-tokenizer regex {pattern!r} is not supported by tiktoken: {e}") from None
+    # the tokens it uses: around texts and documents, and lm-evaluation-harness's prefix token (BOS, else EOS)
+    roles = [("the token put before a text", t) for t in enc.prefix] + [("the token put after a text", t)
+                                                                          for t in enc.suffix]
+    roles += [("eos_token", enc.eos_token)] if enc.eos_token in enc.doc_suffix or enc.bos_token is None else []
+    roles += [("bos_token", enc.bos_token)]
+    listed = ", ".join(list(special_tokens)[:5]) + (", ..." if len(special_tokens) > 5 else "") or "none"
+    for role, name in roles:
+        if name is not None and name not in special_tokens:
+            raise SystemExit(f"{where}: {role} {name!r} is not one of its special tokens ({len(special_tokens)}: "
+                             f"{listed})")
+    if not enc.doc_prefix and not enc.doc_suffix:
+        raise SystemExit(f"{where}: puts no special token around a text and names no eos_token, so documents cannot "
+                         f"be separated; name one in tokenizer_config.json (\"eos_token\")")
+    conventions = conventions_of(enc)
+    enc.name = next((name for name in FAMILIES if family_conventions(name) == conventions), "bpe")
+    return enc
+
+
+def token_content(value):
+    """A token as tokenizer_config.json / special_tokens_map.json write it: a string, an AddedToken dict, or null."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def load_tokenizer_directory(model_dir):
+    """The Tokenizer of a Hugging Face directory, from its own files (see the top of this section)."""
+    def path(*names):
+        return os.path.join(model_dir, *names)
+
+    def read_json(*names):
+        try:
+            with open(path(*names), encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"{path(*names)}: cannot read: {e}") from None
+
+    config = read_json("tokenizer_config.json") if os.path.isfile(path("tokenizer_config.json")) else {}
+    special_map = read_json("special_tokens_map.json") if os.path.isfile(path("special_tokens_map.json")) else {}
+    class_name = config.get("tokenizer_class")
+    class_key = class_name.removesuffix("Fast") if class_name else None
+
+    def declared(key, defaults):
+        """bos_token / eos_token: tokenizer_config.json, special_tokens_map.json (they must agree), else what
+        transformers' tokenizer_class assumes (defaults)."""
+        found = {token_content(f[key]) for f in (config, special_map) if key in f}
+        if len(found) > 1:
+            raise SystemExit(f"{model_dir}: tokenizer_config.json and special_tokens_map.json name different "
+                             f"{key}s: {sorted(found, key=str)}")
+        return found.pop() if found else defaults.get(key)
+
+    tiktoken_file = path("original", "tokenizer.model")
+    if os.path.isfile(path("tokenizer.json")):
+        tokenizer_json = read_json("tokenizer.json")
+        where = path("tokenizer.json")
+        class_defaults = TOKENIZER_CLASSES.get(class_key, {})
+        bos_token, eos_token = declared("bos_token", class_defaults), declared("eos_token", class_defaults)
+        model = tokenizer_json.get("model") or {}
+        model_type = model.get("type", "BPE" if "merges" in model else None)
+        if model_type != "BPE":
+            raise SystemExit(f"{where}: a {model_type} model; {NOT_BYTE_LEVEL}")
+        if model.get("byte_fallback") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+            raise SystemExit(f"{where}: a SentencePiece-style BPE (byte_fallback, continuing_subword_prefix or "
+                             f"end_of_word_suffix set, as Llama-2's, Mistral's or TinyLlama's); {NOT_BYTE_LEVEL}")
+        if model.get("dropout"):
+            raise SystemExit(f"{where}: BPE dropout {model['dropout']} makes tokenization random")
+        added = tokenizer_json.get("added_tokens") or []
+        special_tokens = {t["content"]: t["id"] for t in added}
+        nfc = normalizer_is_nfc(tokenizer_json.get("normalizer"), where)
+        pattern = pre_tokenizer_pattern(tokenizer_json.get("pre_tokenizer"), where)
+        ranks = byte_level_bpe_ranks(model.get("vocab") or {}, model.get("merges") or [], special_tokens, where)
+        if os.path.isfile(tiktoken_file) and read_tiktoken_file(tiktoken_file) != ranks:
+            raise SystemExit(f"{model_dir}: original/tokenizer.model and tokenizer.json hold different vocabularies")
+        prefix, suffix = template_tokens(tokenizer_json.get("post_processor"), special_tokens, where)
+        # transformers rebuilds the template from add_bos_token / add_eos_token when tokenizer_config.json sets them
+        # (and LlamaTokenizer always); the `tokenizers` library and older transformers keep tokenizer.json's.
+        # When the two disagree, whether a text starts with BOS depends on the version: refused.
+        flags = {key: config.get(key, class_defaults.get(key)) for key in ("add_bos_token", "add_eos_token")
+                 if key in config or key in class_defaults}
+        if flags:
+            wanted = ([bos_token] if flags.get("add_bos_token") and bos_token else [],
+                      [eos_token] if flags.get("add_eos_token") and eos_token else [])
+            if wanted != (prefix, suffix):
+                raise SystemExit(f"{model_dir}: tokenizer_config.json ({class_name or 'no tokenizer_class'}, "
+                                 f"{', '.join(f'{k}={v}' for k, v in flags.items())}) puts {around(*wanted)} around "
+                                 f"a text, tokenizer.json's post-processor {around(prefix, suffix)}; transformers "
+                                 f"versions differ in which applies, so make them agree")
+        inline, inline_normalized = inline_tokens(added, nfc, where)
+        return make_tokenizer(model_dir, ranks, special_tokens, dict(
+            pattern=pattern, nfc=nfc, inline=inline, inline_normalized=inline_normalized, bos_token=bos_token,
+            eos_token=eos_token, prefix=prefix, suffix=suffix))
+
+    if os.path.isfile(tiktoken_file):  # Meta's layout without tokenizer.json: Meta's conventions
+        decoder = config.get("added_tokens_decoder", {})
+        ranks = read_tiktoken_file(tiktoken_file)
+        special_tokens = {t["content"]: int(i) for i, t in decoder.items()} or llama3_special_tokens(len(ranks))
+        return make_tokenizer(model_dir, ranks, special_tokens, meta_llama3_conventions())
+
+    if os.path.isfile(path("vocab.json")) and os.path.isfile(path("merges.txt")):
+        where = path("vocab.json")
+        if class_key not in (None, "GPT2Tokenizer", "Qwen2Tokenizer"):
+            raise SystemExit(f"{model_dir}: vocab.json + merges.txt of tokenizer_class {class_name!r}, whose "
+                             f"pre-tokenization is not recorded in these files; supported without a tokenizer.json: "
+                             f"GPT2Tokenizer (the default), Qwen2Tokenizer")
+        cls = TOKENIZER_CLASSES[class_key or "GPT2Tokenizer"]
+        bos_token, eos_token = declared("bos_token", cls), declared("eos_token", cls)
+        if config.get("add_prefix_space"):
+            raise SystemExit(f"{model_dir}: add_prefix_space=true (a space is put before every text) is not supported")
+        vocab = read_json("vocab.json")
+        with open(path("merges.txt"), encoding="utf-8") as f:
+            merges = [line.rstrip("\n") for line in f if line.strip() and not line.startswith("#version")]
+        # the added tokens: tokenizer_config.json's added_tokens_decoder, else added_tokens.json (legacy); the named
+        # special tokens that are in vocab.json are special tokens too (transformers registers them so)
+        named = [token_content(v) for f in (config, special_map) for k, v in f.items()
+                 if k in ("bos_token", "eos_token", "unk_token", "pad_token")] + [bos_token, eos_token]
+        added = [dict(t, id=int(i)) for i, t in config.get("added_tokens_decoder", {}).items()]
+        if not added and os.path.isfile(path("added_tokens.json")):
+            added = [dict(content=t, id=i, special=t in named, normalized=t not in named)
+                     for t, i in read_json("added_tokens.json").items()]
+        contents = {t["content"] for t in added}
+        added += [dict(content=t, id=vocab[t], special=True) for t in dict.fromkeys(named)
+                  if t is not None and t in vocab and t not in contents]
+        special_tokens = {t["content"]: t["id"] for t in added}
+        ranks = byte_level_bpe_ranks(vocab, merges, special_tokens, where)
+        inline, inline_normalized = inline_tokens(added, cls["nfc"], where)
+        return make_tokenizer(model_dir, ranks, special_tokens, dict(
+            pattern=cls["pattern"], nfc=cls["nfc"], inline=inline, inline_normalized=inline_normalized,
+            bos_token=bos_token, eos_token=eos_token,  # (transformers ignores add_*_token without such a token)
+            prefix=[bos_token] if config.get("add_bos_token") and bos_token else [],
+            suffix=[eos_token] if config.get("add_eos_token") and eos_token else []))
+
+    found = [name for name in ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "tekken.json",
+                               "vocab.txt", "tiktoken.model") if os.path.isfile(path(name))]
+    if found:
+        raise SystemExit(f"--tokenizer={model_dir}: has {', '.join(found)} but no tokenizer.json or vocab.json + "
+                         f"merges.txt (SentencePiece, WordPiece or another format); {NOT_BYTE_LEVEL}")
+    raise SystemExit(f"--tokenizer={model_dir}: has no tokenizer.json, vocab.json + merges.txt, or "
+                     f"original/tokenizer.model")
+
+
+def around(prefix, suffix):
+    """'<s> before', '</s> after', both, or 'nothing': the special tokens put around a text, in words."""
+    words = [f"{' '.join(prefix)} before"] * bool(prefix) + [f"{' '.join(suffix)} after"] * bool(suffix)
+    return " and ".join(words) or "nothing"
+
+
+def normalizer_is_nfc(normalizer, where):
+    """tokenizer.json "normalizer": none (False) or NFC (True), alone or as a one-item Sequence."""
+    items = normalizer.get("normalizers", []) if normalizer and normalizer.get("type") == "Sequence" else \
+        [normalizer] if normalizer else []
+    types = [n.get("type") for n in items]
+    if types not in ([], ["NFC"]):
+        raise SystemExit(f"{where}: normalizer {' + '.join(map(str, types))} is not supported (supported: none, "
+                         f"NFC); {NOT_BYTE_LEVEL}, without other normalisation")
+    return types == ["NFC"]
+
+
+def pre_tokenizer_pattern(pre_tokenizer, where):
+    """tokenizer.json "pre_tokenizer" as one regex for tiktoken. Supported, as Hugging Face's tokenizers write them:
+      ByteLevel(use_regex=true)                             GPT-2's regex (GPT2_PATTERN)
+      Sequence[Split(Regex R, Isolated), ByteLevel(use_regex=false)]   R (Llama-3, Qwen2)
+      Sequence[Digits, ByteLevel(use_regex=true)]           GPT-2's regex inside the digit-split pieces (SmolLM)
+    ByteLevel must not add a prefix space."""
+    items = pre_tokenizer.get("pretokenizers", []) if pre_tokenizer and pre_tokenizer.get("type") == "Sequence" \
+        else [pre_tokenizer] if pre_tokenizer else []
+
+    def describe(p):
+        keys = {k: v for k, v in p.items() if k in ("use_regex", "individual_digits", "behavior", "invert")}
+        if isinstance(p.get("pattern"), dict):
+            keys["pattern"] = p["pattern"]
+        return f"{p.get('type')}({', '.join(f'{k}={v!r}' for k, v in keys.items())})"
+
+    found = " + ".join(map(describe, items)) or "none"
+    for p in items:
+        if p.get("type") == "ByteLevel" and p.get("add_prefix_space"):
+            raise SystemExit(f"{where}: pre-tokenizer {found}: add_prefix_space=true (a space is put before every "
+                             f"text) is not supported")
+    types = [p.get("type") for p in items]
+    use_regex = items[-1].get("use_regex", True) if types and types[-1] == "ByteLevel" else None
+    if types == ["ByteLevel"] and use_regex:
+        return GPT2_PATTERN
+    if types == ["Split", "ByteLevel"] and not use_regex:
+        split = items[0]
+        regex = split.get("pattern", {}).get("Regex")
+        if regex is not None and split.get("behavior") == "Isolated" and not split.get("invert"):
+            return regex
+    if types == ["Digits", "ByteLevel"] and use_regex:
+        return GPT2_DIGITS_PATTERN if items[0].get("individual_digits") else GPT2_DIGIT_RUNS_PATTERN
+    raise SystemExit(f"{where}: pre-tokenizer {found} is not supported; supported: ByteLevel(use_regex=True) "
+                     f"(GPT-2), Split(Regex, Isolated) + ByteLevel(use_regex=False) (Llama-3, Qwen2), Digits + "
+                     f"ByteLevel(use_regex=True) (SmolLM)")
+
+
+def template_tokens(post_processor, special_tokens, where):
+    """([names], [names]): the special tokens tokenizer.json's post-processor puts before and after a single text
+    (its TemplateProcessing "single" template; ByteLevel post-processors only fix offsets)."""
+    items = post_processor.get("processors", []) if post_processor and post_processor.get("type") == "Sequence" \
+        else [post_processor] if post_processor else []
+    prefix, suffix, templates = [], [], 0
+    for p in items:
+        if p.get("type") == "ByteLevel":
+            continue
+        templates += 1
+        if p.get("type") != "TemplateProcessing" or templates > 1:
+            raise SystemExit(f"{where}: post-processor {p.get('type')} is not supported (supported: ByteLevel, "
+                             f"one TemplateProcessing)")
+        seen_text = False
+        for item in p.get("single", []):
+            if "Sequence" in item:  # $A, the text itself
+                if item["Sequence"].get("id") != "A" or seen_text:
+                    raise SystemExit(f"{where}: post-processor template {p['single']} is not '[token] $A [token]'")
+                seen_text = True
+                continue
+            spec = p.get("special_tokens", {}).get(item.get("SpecialToken", {}).get("id"), {})
+            tokens, ids = spec.get("tokens", []), spec.get("ids", [])
+            if len(tokens) != 1 or len(ids) != 1 or special_tokens.get(tokens[0]) != ids[0]:
+                raise SystemExit(f"{where}: post-processor token {item} is not one added token with its id")
+            (suffix if seen_text else prefix).append(tokens[0])
+        if len(prefix) > 1 or len(suffix) > 1:
+            raise SystemExit(f"{where}: the post-processor puts {prefix} before and {suffix} after a text; at most "
+                             f"one token on each side is supported")
+    return prefix, suffix
+
+
+def inline_tokens(added, nfc, where):
+    """(all, normalized): the added tokens that are not special, which Hugging Face matches inside ordinary text;
+    those with normalized=true are matched after normalisation. lstrip / rstrip / single_word change where they
+    match: refused."""
+    inline = [t for t in added if not t.get("special", False) and t["content"]]
+    for t in inline:
+        options = [key for key in ("lstrip", "rstrip", "single_word") if t.get(key)]
+        if options:
+            raise SystemExit(f"{where}: added token {t['content']!r} has {', '.join(options)}, which is not supported")
+    return [t["content"] for t in inline], [t["content"] for t in inline if t.get("normalized", True) and nfc]
+
+
+def encode_document(enc, text):
+    """Token ids of one document with its tokenizer's document boundaries (enc.doc_prefix / doc_suffix: what the
+    tokenizer puts around a text, else EOS after). Special-token strings inside the text are encoded as ordinary
+    text, so data cannot forge a boundary."""
+    return enc.ids(enc.doc_prefix) + enc.encode_ordinary(text) + enc.ids(enc.doc_suffix)
+
+
+def describe_boundary(enc):
+    """meta.json's "boundary": the document boundary convention used, and why, in words."""
+    why = "as the tokenizer wraps every text" if enc.prefix or enc.suffix else \
+        "the tokenizer puts nothing around a text, so its EOS ends each document"
+    return f"{around(enc.doc_prefix, enc.doc_suffix)} each document ({why})"
+
+
+def tokenizer_info(enc, spec):
+    """What meta.json records about the tokenizer: enough to rebuild it (spec) and to check that a rebuilt
+    or a different one is the same (sha256 over pattern, normalisation, specials and all ranks, and for family
+    'bpe' its conventions; FAMILIES' names stand for theirs, so their sha256 is what it was before)."""
+    described = [enc.name, enc._pat_str, enc.nfc, enc._special_tokens]
+    if enc.name not in FAMILIES:
+        described.append(conventions_of(enc))
+    h = hashlib.sha256(json.dumps(described, sort_keys=True).encode())
+    for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda item: item[1]):
+        h.update(base64.b64encode(token) + b" %d\n" % rank)
+    bos = enc.ids(enc.doc_prefix)[0] if enc.doc_prefix else None
+    eos = enc.ids(enc.doc_suffix)[0] if enc.doc_suffix else None
+    return dict(spec=spec if spec == "bytes" else os.path.abspath(spec), family=enc.name, pattern=enc._pat_str,
+                nfc=enc.nfc, n_vocab=enc.n_vocab, special_tokens=enc._special_tokens, bos_id=bos, eos_id=eos,
+                sha256=h.hexdigest(), boundary=describe_boundary(enc), bos_token=enc.bos_token,
+                eos_token=enc.eos_token, prefix=list(enc.prefix), suffix=list(enc.suffix), inline=list(enc.inline),
+                inline_normalized=list(enc.inline_normalized))
+
+# -----------------------------------------------------------------------------
+# Shards: a 24-byte little-endian header, then the token ids (uint16 or uint32, little-endian).
+#   magic 8 bytes b"ASASHARD" | version uint32 | bytes per token uint32 (2 or 4) | token count uint64
+# The count and the file size together reveal a truncated file; the magic a file of some other kind.
+
+MAGIC, VERSION = b"ASASHARD", 1
+HEADER = struct.Struct("<8sIIQ")
+
+
+def write_shard(path, arrays, dtype):
+    """Write the concatenation of `arrays` as one shard, atomically: a crash leaves at most a *.tmp file."""
+    dtype = np.dtype(dtype).newbyteorder("<")
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, sum(len(a) for a in arrays)))
+        for a in arrays:
+            f.write(np.asarray(a, dtype=dtype).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_shard(path):
+    """The token ids of a shard as a read-only memory-mapped numpy array (the header is validated first)."""
+    with open(path, "rb") as f:
+        header = f.read(HEADER.size)
+    if len(header) < HEADER.size or header[:8] != MAGIC:
+        raise SystemExit(f"{path}: not a token shard written by prepare_data.py (bad magic)")
+    _, version, itemsize, count = HEADER.unpack(header)
+    if version != VERSION or itemsize not in (2, 4):
+        raise SystemExit(f"{path}: unsupported shard version {version} / {itemsize} bytes per token")
+    expected, actual = HEADER.size + count * itemsize, os.path.getsize(path)
+    if actual != expected:
+        raise SystemExit(f"{path}: truncated or corrupt: the header promises {count} tokens ({expected} bytes), "
+                         f"the file has {actual} bytes; re-run prepare_data.py")
+    return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=HEADER.size, shape=(count,))
+
+
+# -----------------------------------------------------------------------------
+# A prepared directory: meta.json, and the windows training reads from its shards
+
+
+def read_meta(data_dir):
+    """meta.json of a prepare_data.py output directory (what train.py and distill.py read first)."""
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.isdir(data_dir):
+        raise SystemExit(f"data_dir={data_dir}: no such directory; run prepare_data.py first")
+    if not os.path.isfile(path):
+        raise SystemExit(f"{path}: no such file; data_dir must be an output directory of prepare_data.py")
+    with open(path) as f:
+        return json.load(f)
+
+
+class Windows:
+    """A split cut into windows of block_size + 1 tokens (inputs and their next-token targets; consecutive
+    windows share one token), for training (train.py) and evaluation (distill.py). NumPy only, so that
+    importing this module stays cheap for the tokenizer workers."""
+
+    def __init__(self, data_dir, split, block_size):
+        names = read_meta(data_dir)["splits"][split]["shards"]
+        self.shards = [read_shard(os.path.join(data_dir, name)) for name in names]
+        self.block_size = block_size
+        self.starts = np.cumsum([0] + [(len(s) - 1) // block_size for s in self.shards])  # first window of each shard
+        if self.starts[-1] == 0:
+            raise SystemExit(f"{data_dir}: the {split} split has fewer than block_size + 1 = {block_size + 1} tokens")
+        self.perm_key, self.perm = None, None  # the permutation of the current (seed, epoch)
+
+    def __len__(self):
+        return int(self.starts[-1])
+
+    def get(self, indices):
+        """(x, y): int64 arrays (len(indices), block_size), the windows at these indices and their targets."""
+        rows = []
+        for i in indices:
+            shard = int(np.searchsorted(self.starts, i, side="right")) - 1
+            offset = (int(i) - int(self.starts[shard])) * self.block_size
+            rows.append(self.shards[shard][offset:offset + self.block_size + 1])
+        batch = np.stack(rows).astype(np.int64)
+        return batch[:, :-1], batch[:, 1:]
+
+    def step_indices(self, seed, step, global_batch_size):
+        """The window indices of optimizer step `step`: positions step*G ... (step+1)*G - 1 of the stream of
+        epochs, each epoch a permutation of all windows seeded by (seed, epoch)."""
+        out = []
+        for position in range(step * global_batch_size, (step + 1) * global_batch_size):
+            epoch, k = divmod(position, len(self))
+            if (seed, epoch) != self.perm_key:
+                self.perm = np.random.default_rng([seed, epoch]).permutation(len(self))
+                self.perm_key = (seed, epoch)
+            out.append(int(self.perm[k]))
+        return out
