@@ -8,6 +8,7 @@ forward and backward, on fresh random inputs.
 import copy
 import gc
 import math
+import zlib
 
 import pytest
 import torch
@@ -107,7 +108,8 @@ VARIANTS = [(a, act, norm) for a in ATTENTIONS for act, norm in
 
 
 def check_against_reference(attention, act, bias_norm, qkv_bias, device, dtype, tol):
-    torch.manual_seed(hash((attention, act, bias_norm, qkv_bias)) % 2**31)
+    # a seed of its own per case, the same in every process (hash() of strings changes with PYTHONHASHSEED)
+    torch.manual_seed(zlib.crc32(repr((attention, act, bias_norm, qkv_bias)).encode()))
     cfg = tiny_config(attention=attention, affine_act=act, affine_bias_norm=bias_norm, qkv_bias=qkv_bias)
     B, T = 3, 37
     attn = random_attention(cfg, torch.float64)
