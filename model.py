@@ -121,6 +121,9 @@ MODEL_SHAPES = {
     'llama3.1-8b': dict(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, intermediate_size=14336, vocab_size=128256,
                         rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE, factor=8.0), rms_norm_eps=1e-5,
                         qkv_bias=False, tie_embeddings=False, block_size=2048),
+    # not published: the CPU shape of tiny_cpu.py and the quick start (byte tokens: 257 ids, padded to 320)
+    'tiny': dict(n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=384, vocab_size=320, block_size=256,
+                 rope_theta=10000.0, tie_embeddings=True),
 }
 
 

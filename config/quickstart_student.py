@@ -3,15 +3,7 @@
 # Run one alone, after the teacher (python train.py config/quickstart_teacher.py):
 #   python train.py config/quickstart_student.py --attention=affine --out_dir=out/quickstart/affine_seed0 --seed=0
 # Expect about 1 minute each on 2 CPU cores; KD loss falls from ~4.2 to ~0.3, val loss ends near 1.9-2.0.
-n_layer = 4
-n_head = 4
-n_kv_head = 2
-n_embd = 128
-intermediate_size = 384
-vocab_size = 320
-block_size = 256
-rope_theta = 10000.0
-tie_embeddings = True
+model = 'tiny'  # model.MODEL_SHAPES: 4 layers, 128 wide, GQA 4:2, 256-token sequences
 attention = 'affine'
 data_dir = 'data/builtin_bytes'
 out_dir = 'out/quickstart/affine_seed0'

@@ -3,15 +3,8 @@
 # Run alone (first: python prepare_data.py --source=builtin --tokenizer=bytes --out_dir=data/builtin_bytes --val_every=10):
 #   python train.py config/quickstart_teacher.py
 # Expect about 2 minutes on 2 CPU cores (~11k tokens/s) and a final val loss near 1.56 on the built-in corpus.
-n_layer = 6
-n_head = 4
-n_kv_head = 2
-n_embd = 128
-intermediate_size = 384
-vocab_size = 320
-block_size = 256
-rope_theta = 10000.0
-tie_embeddings = True
+model = 'tiny'  # model.MODEL_SHAPES: 128 wide, GQA 4:2, 256-token sequences
+n_layer = 6  # the students' 4, doubled
 attention = 'softmax'
 data_dir = 'data/builtin_bytes'
 out_dir = 'out/quickstart/teacher'

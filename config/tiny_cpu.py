@@ -3,16 +3,7 @@
 # sequences; 830,592 parameters (affine). Any variant: --attention=softmax|sink|gated|affine|affine_gated.
 # Run (first: python prepare_data.py --source=builtin --tokenizer=bytes --out_dir=data/builtin_bytes --val_every=10):
 #   python train.py config/tiny_cpu.py --attention=affine --data_dir=data/builtin_bytes
-n_layer = 4
-n_head = 4
-n_kv_head = 2
-n_embd = 128
-intermediate_size = 384
-vocab_size = 320
-block_size = 256
-rope_theta = 10000.0
-rms_norm_eps = 1e-5
-tie_embeddings = True
+model = 'tiny'  # model.MODEL_SHAPES: 4 layers, 128 wide, GQA 4:2, 256-token sequences
 attention = 'affine'
 # training on the built-in corpus: 300 steps of 16 x 256 tokens
 data_dir = 'data/builtin_bytes'
