@@ -639,8 +639,8 @@ class Metrics:
 
 def train_step(step, c, run, model, raw_model, teacher, optimizer, train_data, teacher_timer, peak_flops):
     """Optimizer step `step` (counted from 0) on the global batch of that step: this rank's micro-batches, the
-    gradient norm, AdamW and Eq. 9's alpha_ma update. Returns (the step's record, E[alpha] per layer); a non-finite loss
-    or gradient norm stops the run, or with nonfinite='skip' skips the update (record['skipped'] = True)."""
+    gradient norm, AdamW and Eq. 9's alpha_ma update. Returns (the step's record, E[alpha] per layer, whether the update
+    was skipped): a non-finite loss or gradient norm stops the run, or with nonfinite='skip' skips the update."""
     t0 = time.perf_counter()
     lr = learning_rate(step, c)
     for group in optimizer.param_groups:
