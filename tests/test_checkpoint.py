@@ -1,8 +1,236 @@
-"""Tests for checkpoint.py: our ckpt.pt written atomically and read with one-line errors."""
+"""Tests for checkpoint.py and GPT.from_pretrained: exact logits of tiny Hugging Face Llama / Qwen2 checkpoints built
+here with transformers, every loading error, loading in about 1x the model's memory; our ckpt.pt written atomically."""
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import checkpoint
+import distill
+from checkpoint import config_from_hf
+from model import GPT, ModelConfig
+from test_data import write_tiktoken_file
+
+ROOT = Path(__file__).resolve().parents[1]
+HF_CLASSES = {'llama': LlamaForCausalLM, 'mistral': MistralForCausalLM, 'qwen2': Qwen2ForCausalLM}
+
+
+def rel_err(got, expected):
+    return ((got - expected).abs().max() / expected.abs().max()).item()
+
+
+def randomise(model, seed):
+    """Weights far from HF's init (std 0.02, unit norms, zero biases): norms, biases and RoPE all show in the logits."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if 'norm' in name:
+                p.copy_(1 + 0.3 * noise)
+            elif name.endswith('bias'):
+                p.copy_(0.5 * noise)
+            else:
+                p.copy_(noise if 'embed' in name else 0.15 * noise)
+
+
+@pytest.fixture(scope='module')
+def hf_dirs(tmp_path_factory):
+    """Tiny HF checkpoints: 'llama' (Llama-3 rope scaling, GQA 4:2, tied, sharded safetensors, a Llama-3-style
+    byte tokenizer: 256 ranks + 256 specials = 512 ids), 'llama_hub_config' (the same with config.json as the hub
+    ships Llama-3.2's: rope_theta + rope_scaling), 'qwen2' (q/k/v bias, untied, one safetensors file)."""
+    root = tmp_path_factory.mktemp('hf')
+    llama = LlamaForCausalLM(LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, rope_scaling=dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0,
+                                                    high_freq_factor=4.0, original_max_position_embeddings=32)))
+    randomise(llama, 0)
+    llama.save_pretrained(root / 'llama', safe_serialization=True, max_shard_size='20KB')
+    write_tiktoken_file(root / 'llama' / 'original' / 'tokenizer.model', {bytes([b]): b for b in range(256)})
+    shutil.copytree(root / 'llama', root / 'llama_hub_config')
+    config = json.loads((root / 'llama' / 'config.json').read_text())
+    rope = config.pop('rope_parameters', None) or config.pop('rope_scaling')  # transformers >= 5 / < 5
+    config['rope_theta'] = rope.pop('rope_theta', config.get('rope_theta'))
+    config['rope_scaling'] = rope
+    (root / 'llama_hub_config' / 'config.json').write_text(json.dumps(config))
+    qwen = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=256, rope_theta=1e6, rms_norm_eps=1e-6,
+        tie_word_embeddings=False))
+    randomise(qwen, 1)
+    qwen.save_pretrained(root / 'qwen2', safe_serialization=True)
+    return {name: root / name for name in ('llama', 'llama_hub_config', 'qwen2')}
+
+
+def hf_logits(path, idx):
+    model_type = json.loads((path / 'config.json').read_text())['model_type']
+    # eager: HF's explicit softmax(QK^T) attention, a different computation from our SDPA call
+    model = HF_CLASSES[model_type].from_pretrained(path, attn_implementation='eager').float().eval()
+    with torch.no_grad():
+        return model(idx).logits
+
+# -----------------------------------------------------------------------------
+# GPT.from_pretrained
+
+
+@pytest.mark.parametrize('kind', ['llama', 'llama_hub_config', 'qwen2'])
+def test_logits_match_hugging_face(kind, hf_dirs):
+    path = hf_dirs[kind]
+    ours = GPT.from_pretrained(str(path)).eval()
+    cfg = ours.config
+    idx = torch.randint(0, cfg.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
+    expected = hf_logits(path, idx)
+    with torch.no_grad():
+        got = ours(idx)[0]
+    err = rel_err(got, expected)
+    print(f"{kind}: max |logit diff| / max |logit| = {err:.2e} (max |logit| {expected.abs().max():.1f})")
+    assert err < 1e-4
+    # what the checkpoint is meant to exercise is really there and really matters
+    state = ours.state_dict()
+    if kind == 'qwen2':
+        assert cfg.qkv_bias and not cfg.tie_embeddings and cfg.rope_theta == 1e6 and cfg.rms_norm_eps == 1e-6
+        ablated = GPT(dataclasses.replace(cfg, qkv_bias=False)).eval()
+        ablated.load_state_dict({k: v for k, v in state.items() if not k.endswith('_proj.bias')})
+    else:
+        assert len(list(path.glob('model-*.safetensors'))) > 1 and cfg.n_kv_head == 2 and cfg.tie_embeddings
+        assert ours.lm_head.weight is ours.model.embed_tokens.weight
+        assert cfg.rope_scaling['rope_type'] == 'llama3' and cfg.rope_scaling['factor'] == 8.0
+        ablated = GPT(dataclasses.replace(cfg, rope_scaling=None)).eval()
+        ablated.load_state_dict(state)
+    with torch.no_grad():
+        assert rel_err(ablated(idx)[0], expected) > 1e-3
+
+
+def test_from_pretrained_dtype_and_teacher_mode(hf_dirs):
+    teacher = distill.load_teacher(str(hf_dirs['qwen2']), dtype=torch.bfloat16)
+    assert not teacher.training and all(p.dtype == torch.bfloat16 and not p.requires_grad for p in teacher.parameters())
+
+
+def edit_checkpoint(src, dst, config=None, tensors=None):
+    """A copy of the single-file checkpoint src with config.json and/or its tensors changed."""
+    shutil.copytree(src, dst)
+    if config:
+        cfg = json.loads((dst / 'config.json').read_text())
+        config(cfg)
+        (dst / 'config.json').write_text(json.dumps(cfg))
+    if tensors:
+        state = load_file(dst / 'model.safetensors')
+        tensors(state)
+        save_file(state, dst / 'model.safetensors')
+    return dst
+
+
+BAD_CHECKPOINTS = {  # name: (config edit, tensors edit, error, message)
+    # (mistral is supported since issue 14: a qwen2 checkpoint relabelled mistral has biases Mistral does not have)
+    'gemma': (lambda c: c.update(model_type='gemma'), None, ValueError, "model_type 'gemma'"),
+    'mistral with biases': (lambda c: c.update(model_type='mistral'), None, ValueError,
+                            r"unexpected \['model.layers.0.self_attn.k_proj.bias'"),
+    'yarn': (lambda c: c.update(rope_parameters=dict(rope_type='yarn', factor=4.0, rope_theta=1e6)), None,
+             ValueError, "rope_type 'yarn'"),
+    'linear (hub style)': (lambda c: c.update(rope_parameters=None, rope_scaling=dict(type='linear', factor=2.0)),
+                           None, ValueError, "rope_type 'linear'"),
+    'gelu': (lambda c: c.update(hidden_act='gelu'), None, ValueError, "hidden_act"),
+    'sliding window': (lambda c: c.update(use_sliding_window=True), None, ValueError, "use_sliding_window"),
+    'head_dim': (lambda c: c.update(head_dim=32), None, ValueError, "head_dim"),
+    'missing bias': (None, lambda s: s.pop('model.layers.1.self_attn.k_proj.bias'), ValueError,
+                     r"missing \['model.layers.1.self_attn.k_proj.bias'\], unexpected \[\]"),
+    'missing lm_head (untied)': (None, lambda s: s.pop('lm_head.weight'), ValueError, r"missing \['lm_head.weight'\]"),
+    'extra tensor': (None, lambda s: s.update({'model.layers.0.self_attn.extra.weight': torch.zeros(2)}),
+                     ValueError, r"unexpected \['model.layers.0.self_attn.extra.weight'\]"),
+    'wrong shape': (lambda c: c.update(intermediate_size=80), None, RuntimeError, "mlp.gate_proj.weight"),
+    'no safetensors': (None, None, FileNotFoundError, "model.safetensors"),  # the file is deleted below
+}
+
+
+@pytest.mark.parametrize('name', BAD_CHECKPOINTS)
+def test_from_pretrained_errors(name, hf_dirs, tmp_path):
+    edit_config, edit_tensors, error, message = BAD_CHECKPOINTS[name]
+    path = edit_checkpoint(hf_dirs['qwen2'], tmp_path / 'ckpt', edit_config, edit_tensors)
+    if name == 'no safetensors':
+        (path / 'model.safetensors').unlink()
+    with pytest.raises(error, match=message):
+        GPT.from_pretrained(str(path))
+    with pytest.raises(SystemExit, match=message):  # the teacher loader turns it into a message, not a traceback
+        distill.load_teacher(str(path))
+
+
+def test_from_pretrained_ignores_rotary_buffers_and_llama_attention_bias_is_refused(hf_dirs, tmp_path):
+    inv_freq = {'model.layers.0.self_attn.rotary_emb.inv_freq': torch.ones(8)}  # older HF saves hold these
+    path = edit_checkpoint(hf_dirs['qwen2'], tmp_path / 'rotary', tensors=lambda s: s.update(inv_freq))
+    GPT.from_pretrained(str(path))
+    bias = edit_checkpoint(hf_dirs['llama_hub_config'], tmp_path / 'bias',
+                           config=lambda c: c.update(attention_bias=True))
+    with pytest.raises(ValueError, match='attention_bias'):
+        GPT.from_pretrained(str(bias))
+
+
+@pytest.mark.parametrize('attention', ['sink', 'affine_gated'])
+def test_from_pretrained_other_variants_initialise_their_extras(attention, hf_dirs, capsys):
+    softmax = GPT.from_pretrained(str(hf_dirs['llama']))
+    model = GPT.from_pretrained(str(hf_dirs['llama']), attention=attention)
+    out = capsys.readouterr().out
+    extras = {'sink': ['self_attn.sinks'], 'affine_gated': ['self_attn.alpha_ma', 'self_attn.alpha_proj.weight',
+                                                            'self_attn.g_proj.weight']}[attention]
+    assert 'initialised fresh' in out and all(name in out for name in extras)
+    state = model.state_dict()
+    for key, t in softmax.state_dict().items():  # every checkpoint tensor kept
+        assert torch.equal(state[key], t)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        if attention == 'sink':
+            assert 0.0 < attn.sinks.std() < 0.1  # normal(0, init_std), not garbage
+        else:
+            for buffer in (attn.alpha_ma, attn.alpha_sum, attn.alpha_count):
+                assert not buffer.is_meta and torch.equal(buffer, torch.zeros_like(buffer))
+            assert 0.01 < attn.g_proj.weight.std() < 0.03 and 0.01 < attn.alpha_proj.weight.std() < 0.03
+    logits, _ = model(torch.randint(0, 512, (1, 16)))
+    assert torch.isfinite(logits).all()
+
+
+MEASURE_LOADING = r"""
+import re, sys, torch
+from model import GPT, ModelConfig
+def rss(field):
+    return int(re.search(field + r':\s+(\d+)', open('/proc/self/status').read())[1]) * 1024
+with torch.device('meta'):
+    GPT(ModelConfig())  # the meta device's one-time setup (~70 MB), not part of loading
+open('/proc/self/clear_refs', 'w').write('5')  # VmHWM := VmRSS
+start = rss('VmRSS')
+model = GPT.from_pretrained(sys.argv[1])
+sum(float(p.detach().sum()) for p in model.parameters())  # touch every weight
+print(rss('VmHWM') - start)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='reads /proc/self/status')
+def test_from_pretrained_needs_about_one_model_of_memory(tmp_path):
+    """A 214 MB float32 checkpoint (written directly, no transformers needed) loads with a peak of about 1x its
+    size, every weight touched; building the model first and then copying the weights in would need 2x."""
+    cfg = dict(model_type='llama', vocab_size=16384, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
+               num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=256, rms_norm_eps=1e-5,
+               tie_word_embeddings=False)
+    (tmp_path / 'config.json').write_text(json.dumps(cfg))
+    with torch.device('meta'):
+        shapes = {k: v.shape for k, v in GPT(ModelConfig(**config_from_hf(cfg))).state_dict().items()}
+    save_file({k: torch.full(shape, 0.01) for k, shape in shapes.items()}, tmp_path / 'model.safetensors')
+    size = (tmp_path / 'model.safetensors').stat().st_size
+    run = subprocess.run([sys.executable, '-c', MEASURE_LOADING, str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, env=dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072'), check=True)
+    peak = int(run.stdout.split()[-1])
+    print(f"checkpoint {size / 2**20:.0f} MiB, peak while loading {peak / 2**20:.0f} MiB ({peak / size:.2f}x)")
+    assert 0.9 * size < peak < 1.2 * size
+
+# -----------------------------------------------------------------------------
+# Our ckpt.pt
 
 
 def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -24,8 +24,8 @@ import export_hf
 import prepare_data as prep
 from data import gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 from model import GPT, ModelConfig
+from test_checkpoint import randomise
 from test_data import HF_LLAMA3_REGEX, TEXT, train_hf_bpe, write_tiktoken_file
-from test_distill import randomise
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]
