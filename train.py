@@ -49,7 +49,8 @@ from common import default_peak_flops, resolve_device, resolve_dtype
 from configurator import Key, parse
 from data import Windows, read_meta
 from distill import check_compatibility, fused_kd_loss, kd_loss_memory, load_teacher
-from model import FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig, attention_scores, saved_bytes_per_token
+from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig,
+                   attention_scores, saved_bytes_per_token)
 
 # DDP must not sync buffers on each forward: alpha_ma's per-rank sums would be overwritten by rank 0's (see
 # GPT.update_alpha_ma). Newer torch (2.13 here) deprecates broadcast_buffers for forward_sync_buffers, which still
@@ -60,61 +61,64 @@ DDP_NO_BUFFER_SYNC = ({'forward_sync_buffers': False} if 'forward_sync_buffers' 
 SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0 to write a checkpoint (NCCL's default is 10 min)
 
 # -----------------------------------------------------------------------------------------------
-# Defaults: the paper's recipe. Model keys (ModelConfig's fields) come from the config file.
-DEFAULTS = dict(
-    out_dir='out',
-    data_dir='data/fineweb_edu_llama3',  # a prepare_data.py output directory
-    # 'auto': continue from out_dir/ckpt.pt if there is one (bit-exactly), else start fresh; 'resume': continue, and
-    # refuse if there is none; 'scratch': start fresh, and refuse to replace an existing checkpoint unless overwrite
-    init_from='auto',
-    overwrite=False,  # with init_from='scratch': start over even though out_dir holds a checkpoint (it is replaced)
-    max_iters=9000,  # optimizer steps (Appendix B.1)
-    global_batch_size=1024,  # sequences per optimizer step, over all ranks (Section 5.1)
-    micro_batch_size=8,  # sequences per forward on one rank; accumulation steps are derived
-    learning_rate=1e-3,  # Section 5.1 (swept 5e-4 ... 5e-3)
-    min_lr=0.0,  # learning rate at the end of the decay
-    warmup_iters=100,  # warmup-stable-decay schedule (Appendix B.1)
-    decay_frac=0.2,  # the last 20% of the steps decay linearly to min_lr (the paper gives no number)
-    weight_decay=0.1,  # Section 5.1
-    beta1=0.9,
-    beta2=0.95,
-    grad_clip=1.0,  # clip the global gradient norm (0: off); metrics log the norm before clipping
-    seed=1337,
-    eval_interval=500,  # evaluate, log attention statistics and save a checkpoint every this many steps
-    eval_batches=20,  # validation batches of micro_batch_size sequences, split over ranks
-    log_interval=10,  # console line every this many steps (metrics.jsonl gets every step)
-    nonfinite='stop',  # non-finite loss/grad norm: 'stop' with an error, or 'skip' the step and count it
-    device='auto',  # 'auto' (cuda if available), 'cpu', 'cuda', 'cuda:1', ...
-    dtype='auto',  # 'auto' (bfloat16 autocast on GPUs that support it, else float32) | float32 | bfloat16
-    compile=None,  # torch.compile; None: on for CUDA, off for CPU
-    peak_flops=None,  # per-device peak FLOP/s for MFU; None: a table for known GPUs, else a measured matmul peak
-    teacher=None,  # knowledge distillation from a teacher (a Hugging Face directory or one of our checkpoints)
-    kd_temperature=1.0,
-    kd_alpha=1.0,  # loss = kd_alpha * KD + (1 - kd_alpha) * CE; 1.0 is the paper's pure KD
-    wandb_log=False,
-    wandb_project='affine-scaled-attention',
-    wandb_run_name=None,
+# The keys, with the paper's recipe as their defaults; the model's keys are ModelConfig's fields (model.py), usually
+# set by a config file's `model = '<shape>'`. `python train.py --help` lists them all.
+TRAIN_KEYS = dict(
+    out_dir=Key('out', "where ckpt.pt, metrics.jsonl and config.json go"),
+    data_dir=Key('data/fineweb_edu_llama3', "a prepare_data.py output directory"),
+    init_from=Key('auto', "auto: continue from out_dir/ckpt.pt if there is one (bit-exactly), else start fresh; "
+                  "resume: continue, and refuse if there is none; scratch: start fresh, and refuse to replace a "
+                  "checkpoint unless overwrite", choices=('auto', 'resume', 'scratch')),
+    overwrite=Key(False, "with init_from=scratch: start over even though out_dir holds a checkpoint (replaced)"),
+    max_iters=Key(9000, "optimizer steps (Appendix B.1)"),
+    global_batch_size=Key(1024, "sequences per optimizer step, over all ranks (Section 5.1)", min=1),
+    micro_batch_size=Key(8, "sequences per forward on one rank; accumulation steps are derived", min=1),
+    learning_rate=Key(1e-3, "Section 5.1 (swept 5e-4 ... 5e-3)"),
+    min_lr=Key(0.0, "learning rate at the end of the decay"),
+    warmup_iters=Key(100, "linear warmup of the warmup-stable-decay schedule (Appendix B.1)"),
+    decay_frac=Key(0.2, "the last 20% of the steps decay linearly to min_lr (the paper gives no number)"),
+    weight_decay=Key(0.1, "AdamW, on matrices only (Section 5.1)"),
+    beta1=Key(0.9, "AdamW"),
+    beta2=Key(0.95, "AdamW"),
+    grad_clip=Key(1.0, "clip the global gradient norm (0: off); metrics log the norm before clipping"),
+    seed=Key(1337, "the initial weights and the order of the data"),
+    eval_interval=Key(500, "evaluate, log attention statistics and save a checkpoint every this many steps", min=1),
+    eval_batches=Key(20, "validation batches of micro_batch_size sequences, split over ranks", min=1),
+    log_interval=Key(10, "console line every this many steps (metrics.jsonl gets every step)", min=1),
+    nonfinite=Key('stop', "a non-finite loss or gradient norm: stop with an error, or skip the step and count it",
+                  choices=('stop', 'skip')),
+    device=Key('auto', "auto (cuda if available), cpu, cuda, cuda:1, ..."),
+    dtype=Key('auto', "auto: bfloat16 autocast on GPUs that support it, else float32",
+              choices=('auto', 'float32', 'bfloat16')),
+    compile=Key(None, "torch.compile per decoder layer; None: on for CUDA, off for CPU", types=(bool,)),
+    peak_flops=Key(None, "per-device peak FLOP/s for MFU; None: a table for known GPUs, else a measured matmul peak",
+                   types=(float, int)),
+    teacher=Key(None, "knowledge distillation from a teacher: a Hugging Face directory or one of our checkpoints",
+                types=(str,)),
+    kd_temperature=Key(1.0, "T of the KD loss"),
+    kd_alpha=Key(1.0, "loss = kd_alpha * KD + (1 - kd_alpha) * CE; 1.0 is the paper's pure KD"),
+    wandb_log=Key(False, "also log to Weights & Biases"),
+    wandb_project=Key('affine-scaled-attention'),
+    wandb_run_name=Key(None, types=(str,)),
     # FSDP2: shard the student's weights, gradients and AdamW state over the ranks (fully_shard, one group per
     # decoder layer); with bfloat16, layers are gathered and computed in bf16 from fp32 shards and gradients are
-    # reduce-scattered in fp32. The teacher stays whole on every rank (inference only). Needs torchrun.
-    fsdp=False,
-    activation_checkpointing=False,  # keep only each decoder layer's input, recompute the layer in backward
-    dry_run=False,  # build the model on the meta device, print parameter counts and the memory plan, exit
-    dry_run_world_size=8,  # GPUs the dry run's per-GPU memory estimate assumes (a real run: torchrun's ranks)
-    dry_run_gpu_gib=80.0,  # memory of one GPU, for the dry run's verdict on whether the config fits
+    # reduce-scattered in fp32. The teacher stays whole on every rank (inference only).
+    fsdp=Key(False, "shard the student over the ranks with FSDP2 (needs torchrun)"),
+    activation_checkpointing=Key(False, "keep only each decoder layer's input, recompute the layer in backward"),
+    dry_run=Key(False, "build the model on the meta device, print parameter counts and the memory plan, exit"),
+    dry_run_world_size=Key(8, "GPUs the dry run's per-GPU memory plan assumes (a real run: torchrun's ranks)"),
+    dry_run_gpu_gib=Key(80.0, "memory of one GPU, for the dry run's verdict on whether the config fits"),
 )
-MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-# Keys whose default is None (or a dict) and the types they may also take; every other key takes the
-# type of its default (an int is accepted where a float is expected).
-NULLABLE = dict(compile=(bool,), peak_flops=(float, int), teacher=(str,), wandb_run_name=(str,), rope_scaling=(dict,))
-CHOICES = dict(init_from=('auto', 'resume', 'scratch'), nonfinite=('stop', 'skip'),
-               dtype=('auto', 'float32', 'bfloat16'))
-KEYS = {**{key: Key(value, choices=CHOICES.get(key), types=NULLABLE.get(key, ()))
-           for key, value in {**DEFAULTS, **MODEL_DEFAULTS}.items()},
+DEFAULTS = {name: key.default for name, key in TRAIN_KEYS.items()}
+KEYS = {**TRAIN_KEYS,
+        **{f.name: Key(f.default, "ModelConfig (model.py)", types=(dict,) if f.name == 'rope_scaling' else (),
+                       choices=dict(attention=ATTENTIONS, affine_act=AFFINE_ACTS,
+                                    affine_bias_norm=AFFINE_BIAS_NORMS).get(f.name))
+           for f in dataclasses.fields(ModelConfig)},
         # a published shape by name: model = 'llama3.2-1b' sets its ModelConfig fields where it stands, so the
         # lines and overrides after it still win
-        'model': Key(None, "a published shape: sets its ModelConfig fields", choices=tuple(MODEL_SHAPES),
-                     types=(str,), expands=MODEL_SHAPES)}
+        'model': Key(None, "a published shape (model.MODEL_SHAPES): sets its ModelConfig fields where it stands",
+                     choices=tuple(MODEL_SHAPES), types=(str,), expands=MODEL_SHAPES)}
 
 
 def load_config(argv):
