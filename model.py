@@ -9,8 +9,10 @@ One Llama-style decoder whose attention switches by one flag between the variant
     affine_gated  Table 2 affine, then the gate of `gated`
 
 None of them builds the T x T attention matrix: every variant is a fused SDPA/flash kernel plus
-O(T) work (see Attention.forward). Parameter names follow Hugging Face's Llama/Qwen2 layout, so
-the state_dict of a softmax model is an HF checkpoint and vice versa.
+O(T) work (see Attention.forward). Attention.weights writes each one as that explicit matrix, the slow
+reference the tests, bench.py (Attention.explicit) and the analyses read. Parameter names follow Hugging
+Face's Llama/Qwen2 layout, so the state_dict of a softmax model is an HF checkpoint and vice versa; files
+are read through checkpoint.py (GPT.from_pretrained).
 """
 import math
 from dataclasses import dataclass, fields
