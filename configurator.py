@@ -127,7 +127,8 @@ def check(name, key, value, where, usage=''):
         value = float(value)
     if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
         names = ' or '.join(t.__name__ for t in allowed)
-        fail(f"{where}: {name}={value!r} has type {type(value).__name__}, expected {names} (invalid {names} value: "
+        wanted = ' or '.join(t.__name__ for t in allowed if t is not type(None))
+        fail(f"{where}: {name}={value!r} has type {type(value).__name__}, expected {names} (invalid {wanted} value: "
              f"{value!r})", usage)
     if key.choices is not None and isinstance(value, list):
         if unknown := [str(v) for v in value if v not in key.choices]:
