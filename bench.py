@@ -13,7 +13,7 @@ Sections:
              paper, the peer our O(T) affine is measured against
   kd         distill.fused_kd_loss vs the naive full-logits KL at V = 128,256, 8,192 tokens, hidden 2048; the
              naive path (~20 GiB) is skipped, with its estimate printed, where it would not fit in memory
-  train      tokens/s and MFU of real AdamW steps of a small model: GPT.flops_per_token x tokens/s over the
+  train      tokens/s and MFU of real AdamW steps of a small model: common.flops_per_token x tokens/s over the
              device's measured matmul peak (common.measured_matmul_flops)
   eval       docs/s of eval_zeroshot's batched scoring vs one request per forward, synthetic 4-choice docs
 
@@ -43,12 +43,14 @@ import torch.nn.functional as F
 
 import prepare_data
 from distill import fused_kd_loss, load_teacher
-from common import KNOWN_PEAK_BF16, Progress, default_peak_flops, measured_matmul_flops, resolve_device
+from common import (KNOWN_PEAK_BF16, Progress, default_peak_flops, flops_per_token, measured_matmul_flops,
+                    resolve_device)
 from configurator import Key, parse
 from eval_zeroshot import choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests
 from model import ATTENTIONS, FIELD_NAMES, GPT, ModelConfig
 from data import Windows, load_tokenizer
-from train import KNOWN_TEACHERS, accumulate_gradients, compile_layers, load_config, memory_estimate
+from train import (KNOWN_TEACHERS, accumulate_gradients, compile_layers, configure_optimizers, load_config,
+                   memory_estimate)
 
 EXPLICIT = 'affine (explicit T x T)'
 TINY_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config', 'tiny_cpu.py')
@@ -271,7 +273,7 @@ def bench_kd(args, device):
 
 def bench_train(args, device):
     """Forward, backward, AdamW step and alpha_ma update, on one fixed random batch (no data loading), after
-    two warm-up steps (compilation, AdamW's state). MFU as train.py logs it (GPT.flops_per_token), over the
+    two warm-up steps (compilation, AdamW's state). MFU as train.py logs it (common.flops_per_token), over the
     measured matmul peak."""
     B, T = args.train_batch_size, args.train_seq_len
     dtype = torch.bfloat16 if device.type == 'cuda' else torch.float32
@@ -280,7 +282,7 @@ def bench_train(args, device):
     for variant in args.variants:
         torch.manual_seed(0)
         model = GPT(model_config(args, variant, T)).to(device)
-        optimizer = model.configure_optimizers(weight_decay=0.1, lr=1e-4, betas=(0.9, 0.95))
+        optimizer = configure_optimizers(model, weight_decay=0.1, lr=1e-4, betas=(0.9, 0.95))
         step_model = compile_layers(model) if args.compile else model  # as train.py compiles
         x = torch.randint(0, args.vocab_size, (B, T + 1), device=device)
 
@@ -300,7 +302,7 @@ def bench_train(args, device):
             step()
         synchronize(device)
         dt = (time.perf_counter() - t0) / args.train_steps
-        rows.append((variant, model.get_num_params(), dt, model.flops_per_token(T) * B * T / dt))
+        rows.append((variant, model.get_num_params(), dt, flops_per_token(model, T) * B * T / dt))
         log(f'  train: {variant:<14} {dt * 1e3:9.1f} ms/step {B * T / dt:10,.0f} tokens/s')
     # measured before and after: on a shared machine one measurement can land in a busy moment
     peak = max(peak, measured_matmul_flops(device, dtype))
@@ -308,7 +310,7 @@ def bench_train(args, device):
              f'{100 * flops / peak:.1f}%'] for variant, params, dt, flops in rows]
     print_table('Training throughput',
                 f'Model {model_shape(args)}, batch {B} x {T} tokens, {args.train_steps} timed AdamW steps; '
-                f'{dtype_name(device)}, compile={args.compile}. MFU = GPT.flops_per_token x tokens/s over the '
+                f'{dtype_name(device)}, compile={args.compile}. MFU = common.flops_per_token x tokens/s over the '
                 f'measured matmul peak, {peak / 1e12:.2f} TFLOP/s (common.measured_matmul_flops, best of 5 before and 5 after)'
                 + (f'; the peak train.py uses for its MFU on this GPU is {default_peak_flops(device, dtype) / 1e12:.0f} '
                    f'TFLOP/s.' if device.type == 'cuda' else '.'),
@@ -636,10 +638,10 @@ def check_mfu(check, device, args):
         teacher = GPT(teacher_cfg).to(torch.bfloat16).eval().requires_grad_(False)
     compile_layers(student)
     compile_layers(teacher)
-    optimizer = student.configure_optimizers(0.1, 1e-4, (0.9, 0.95))
+    optimizer = configure_optimizers(student, 0.1, 1e-4, (0.9, 0.95))
     c.update(kd_temperature=1.0, kd_alpha=1.0)
     accumulation = 2
-    flops_per_token = student.flops_per_token(T) + teacher.flops_per_token(T) / 3  # teacher: forward only
+    step_flops = flops_per_token(student, T) + flops_per_token(teacher, T) / 3  # teacher: forward only
     for B in fits:
         batches = [(x[:, :-1], x[:, 1:]) for x in (torch.randint(0, cfg.vocab_size, (B, T + 1), device=device)
                                                    for _ in range(accumulation))]
@@ -664,11 +666,11 @@ def check_mfu(check, device, args):
             log(f'  mfu: micro-batch {B} out of memory')
             continue
         tokens = accumulation * B * T / seconds
-        mfu = flops_per_token * tokens / H100_BF16_PEAK
+        mfu = step_flops * tokens / H100_BF16_PEAK
         measured_peak = measured_matmul_flops(device, torch.bfloat16)
         check.add('1B affine KD step, 3B teacher', f'micro-batch {B} x {T}, {accumulation} micro-steps + AdamW',
                   mfu >= 0.45 if 'H100' in torch.cuda.get_device_name(device) else None,
-                  f'{tokens:,.0f} tokens/s, MFU {100 * mfu:.1f}% of 989 TFLOP/s ({100 * flops_per_token * tokens / measured_peak:.1f}% '
+                  f'{tokens:,.0f} tokens/s, MFU {100 * mfu:.1f}% of 989 TFLOP/s ({100 * step_flops * tokens / measured_peak:.1f}% '
                   f'of the measured {measured_peak / 1e12:.0f}); peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB; '
                   f'compile {compile_s:.0f} s', '>= 45% MFU (H100)', tokens_per_sec=tokens, mfu=mfu,
                   step_seconds=seconds, micro_batch=B)

@@ -1,6 +1,6 @@
 """
-What every script shares and none owns: the device and dtype its --device/--dtype name, the device's peak FLOP/s
-(for MFU) and a progress line.
+What every script shares and none owns: the device and dtype its --device/--dtype name, MFU (a model's FLOPs per
+token and the device's peak FLOP/s) and a progress line.
 Imports flow one way: this file imports only torch, and every script may import it.
 """
 import sys
@@ -20,6 +20,21 @@ def resolve_dtype(name, device):
     if name != 'auto':
         return name
     return 'bfloat16' if device.type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+
+
+def flops_per_token(model, seq_len=None):
+    """Training FLOPs per token of a GPT (PaLM, appendix B): 6 x (weights used in matmuls, lm_head included even when
+    tied) + 12 x n_layer x n_head x head_dim x seq_len for QK^T and AV (causal masking not credited)."""
+    cfg = model.config
+    matmul_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return 6 * matmul_weights + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * (seq_len or cfg.block_size)
+
+
+def estimate_mfu(model, fwdbwd_per_iter, dt, peak_flops, seq_len=None):
+    """Model FLOPs utilisation: fwdbwd_per_iter sequences of seq_len tokens took dt seconds on a device whose peak is
+    peak_flops (default_peak_flops)."""
+    seq_len = seq_len or model.config.block_size
+    return flops_per_token(model, seq_len) * seq_len * fwdbwd_per_iter / dt / peak_flops
 
 
 KNOWN_PEAK_BF16 = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 125e12, '4090': 165e12}

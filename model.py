@@ -660,25 +660,3 @@ class GPT(nn.Module):
         to softmax attention (sinks, g_proj, alpha_proj: the paper's ΔParams)."""
         return sum(p.numel() for name, p in self.named_parameters()
                    if not variant_only or VARIANT_TENSORS & set(name.split('.')))
-
-    def configure_optimizers(self, weight_decay, lr, betas, fused=None):
-        """AdamW; matrices (embeddings and projections) decay, vectors (norms, biases, sinks) do not."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
-                  {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
-        if fused is None:
-            fused = all(p.device.type == 'cuda' for p in params)
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
-
-    def flops_per_token(self, seq_len=None):
-        """Training FLOPs per token (PaLM, appendix B): 6 x (weights used in matmuls, lm_head included even
-        when tied) + 12 x n_layer x n_head x head_dim x seq_len for QK^T and AV (causal masking not credited)."""
-        cfg = self.config
-        matmul_weights = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        return 6 * matmul_weights + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * (seq_len or cfg.block_size)
-
-    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops, seq_len=None):
-        """Model FLOPs utilisation: fwdbwd_per_iter sequences of seq_len tokens took dt seconds; peak_flops is
-        the device's peak (measure it, e.g. bench.py; nothing is hard-coded here)."""
-        seq_len = seq_len or self.config.block_size
-        return self.flops_per_token(seq_len) * seq_len * fwdbwd_per_iter / dt / peak_flops

@@ -45,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, checkpoint_file, config_from_hf, model_state,
                         read_checkpoint, read_hf_config, save_checkpoint)
-from common import default_peak_flops, resolve_device, resolve_dtype
+from common import default_peak_flops, estimate_mfu, resolve_device, resolve_dtype
 from configurator import Key, parse
 from data import Windows, read_meta
 from distill import check_compatibility, fused_kd_loss, kd_loss_memory, load_teacher
@@ -192,6 +192,16 @@ def full_tensor(t):
     """A DTensor (an FSDP-sharded parameter, or a reduction over one) gathered whole; other tensors as they are.
     A collective under FSDP: every rank must call it."""
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def configure_optimizers(model, weight_decay, lr, betas, fused=None):
+    """AdamW; matrices (embeddings and projections) decay, vectors (norms, biases, sinks) do not."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
+              {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+    if fused is None:
+        fused = all(p.device.type == 'cuda' for p in params)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
 
 
 def compile_layers(model):
@@ -586,7 +596,7 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
         compile_layers(model)
     if c['fsdp']:
         shard(model, c['dtype'])
-    optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
+    optimizer = configure_optimizers(model, c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
     if ckpt is None:
         return model, optimizer, 0
     # the full state, keyed by parameter name; under FSDP each rank keeps its shard
@@ -669,7 +679,7 @@ def train_step(step, c, run, model, raw_model, teacher, optimizer, train_data, t
     dt = time.perf_counter() - t0
     record = dict(step=step + 1, lr=lr, loss=loss, grad_norm=grad_norm,
                   tokens_per_sec=c['global_batch_size'] * raw_model.config.block_size / dt,
-                  mfu=raw_model.estimate_mfu(c['global_batch_size'] / run.world, dt, peak_flops), dt=dt)
+                  mfu=estimate_mfu(raw_model, c['global_batch_size'] / run.world, dt, peak_flops), dt=dt)
     if run.device.type == 'cuda':  # this rank's allocator peak so far, to hold against the dry run's estimate
         record['peak_memory_gib'] = torch.cuda.max_memory_allocated(run.device) / 2 ** 30
     if teacher is not None:

@@ -17,6 +17,7 @@ from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 import distill
 import prepare_data as prep
+import train
 from data import load_tokenizer, read_shard, tokenizer_info
 from model import GPT, ModelConfig
 import test_checkpoint
@@ -193,7 +194,7 @@ def test_short_distillation_run_brings_student_to_teacher(our_teacher):
     teacher = distill.load_teacher(str(path))
     torch.manual_seed(1)
     student = GPT(tiny_config(attention='softmax'))
-    opt = student.configure_optimizers(weight_decay=0.0, lr=1e-2, betas=(0.9, 0.95), fused=False)
+    opt = train.configure_optimizers(student, weight_decay=0.0, lr=1e-2, betas=(0.9, 0.95), fused=False)
     held_out = torch.randint(0, 257, (4, 32))
 
     def kl(idx):

@@ -13,7 +13,9 @@ import zlib
 import pytest
 import torch
 
+from common import estimate_mfu, flops_per_token
 from model import ATTENTIONS, GPT, Attention, KVCache, ModelConfig, rope_cos_sin, sink_attention_explicit
+from train import configure_optimizers
 
 torch.set_num_threads(2)
 
@@ -664,7 +666,7 @@ def test_loss_hidden_states_and_ignore_index():
 def test_optimizer_groups_and_tied_embeddings():
     model = random_model('sink', qkv_bias=True, tie_embeddings=True)
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    opt = model.configure_optimizers(weight_decay=0.1, lr=1e-3, betas=(0.9, 0.95))
+    opt = configure_optimizers(model, weight_decay=0.1, lr=1e-3, betas=(0.9, 0.95))
     decay, no_decay = opt.param_groups
     names = {id(p): n for n, p in model.named_parameters()}
     assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
@@ -678,8 +680,8 @@ def test_flops_per_token_formula():
     model = GPT(cfg)
     L, C, H, Hkv, D, I, V, T = 2, 32, 4, 2, 8, 48, 97, 64
     per_layer = C * H * D * 2 + 2 * C * Hkv * D + 3 * C * I + C * H + C * H * D  # q,o + k,v + mlp + alpha + gate
-    assert model.flops_per_token() == 6 * (L * per_layer + V * C) + 12 * L * H * D * T
-    assert model.estimate_mfu(4, 2.0, 1e9) == pytest.approx(model.flops_per_token() * T * 4 / 2.0 / 1e9)
+    assert flops_per_token(model) == 6 * (L * per_layer + V * C) + 12 * L * H * D * T
+    assert estimate_mfu(model, 4, 2.0, 1e9) == pytest.approx(flops_per_token(model) * T * 4 / 2.0 / 1e9)
 
 
 def test_config_validation_messages():

@@ -195,7 +195,7 @@ def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
             return fut.then(lambda f: f.value()[0] / world_size)
 
         ddp.register_comm_hook(None, hook)
-        optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
+        optimizer = train.configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95))
         seen = []  # per micro-step: {storage pointer: bytes} of the .grad tensors
         for step in range(2):
             def batches():
