@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from common import Progress, resolve_device
-from configurator import Key, fail, parse
+from configurator import DEVICE, Key, fail, parse
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows
 from data import Windows, read_meta, tokenizer_info
 from model import FIELD_NAMES, GPT, ModelConfig
@@ -573,7 +573,7 @@ JOBS = dict(
         layer=Key(0, "Figure 9's layer, 1-based (0: n_layer // 2)"),
         corner=Key(30, "Figure 9's block size", min=1),
         tokenizer=Key(None, "where a checkpoint's tokenizer is now, if it moved", types=(str,)),
-        device=Key('auto', "auto (cuda if available), cpu, cuda, cuda:1, ..."),
+        device=DEVICE,
         dtype=Key('float32', choices=('float32', 'bfloat16', 'float64')),
         batch_size=Key(1, "sequences per forward", min=1),
     ), 'checkpoints', "Figures 3-6, 9, alpha and sinks from checkpoints (train.py out_dirs, ckpt.pt files or HF model "

@@ -45,7 +45,7 @@ import prepare_data
 from distill import fused_kd_loss, load_teacher
 from common import (KNOWN_PEAK_BF16, Progress, default_peak_flops, flops_per_token, measured_matmul_flops,
                     resolve_device)
-from configurator import Key, parse
+from configurator import DEVICE, Key, parse
 from eval_zeroshot import choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests
 from model import ATTENTIONS, FIELD_NAMES, GPT, ModelConfig
 from data import Windows, load_tokenizer
@@ -733,7 +733,7 @@ KEYS = dict(
                     types=(list,)),
     check_batch_size=Key(4, '--check: micro-batch of the 1B variant steps'),
     sections=Key(list(SECTIONS), 'comma-separated', choices=tuple(SECTIONS)),
-    device=Key('auto', 'auto (cuda if available), cpu, cuda, cuda:1, ...'),
+    device=DEVICE,
     compile=Key(None, 'torch.compile the timed training steps (default: on for CUDA, off for CPU)', types=(bool,)),
     # the model of the attention and train sections
     n_layer=Key(4), n_embd=Key(512), n_head=Key(8), n_kv_head=Key(2), vocab_size=Key(8192),

@@ -32,6 +32,10 @@ class Key:
     expands: dict = None  # value -> {key: value, ...}: setting this key sets those keys, there and then (train's model)
 
 
+# the --device every script takes (common.resolve_device reads it)
+DEVICE = Key('auto', "auto (cuda if available), cpu, cuda, cuda:1, ...")
+
+
 def fail(message, usage=''):
     """argparse's way out: usage and message on stderr, exit status 2; the exception's text is the message."""
     print(f"{usage}error: {message}", file=sys.stderr)
@@ -73,7 +77,9 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None):
                 set_value(name, value, arg)
             continue
         if not arg.startswith('--'):
-            found.append(arg) if positional else fail(f"unrecognized arguments: {arg}", usage)
+            if not positional:
+                fail(f"unrecognized arguments: {arg}", usage)
+            found.append(arg)
             continue
         name, sep, text = arg[2:].partition('=')
         if name not in keys:

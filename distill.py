@@ -51,7 +51,7 @@ import torch
 
 from checkpoint import checkpoint_file, read_checkpoint, read_hf_config
 from common import resolve_device, resolve_dtype
-from configurator import Key, parse
+from configurator import DEVICE, Key, parse
 from data import Windows, load_tokenizer, read_meta, tokenizer_info
 from model import GPT, IGNORE_INDEX
 
@@ -381,7 +381,7 @@ KEYS = dict(
     batches=Key(8, "val batches to evaluate", min=1),
     batch_size=Key(4, "sequences per batch", min=1),
     block_size=Key(0, "tokens per sequence (0: min(2048, the teacher's))", min=0),
-    device=Key('auto', "auto (cuda if available), cpu, cuda, cuda:1, ..."),
+    device=DEVICE,
     dtype=Key('auto', "the teacher's dtype; auto: bfloat16 on GPUs that support it, else float32",
               choices=('auto', 'float32', 'bfloat16', 'float16')),
 )

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from checkpoint import checkpoint_file, read_checkpoint
 from common import Progress, resolve_device, resolve_dtype
-from configurator import Key, fail, parse
+from configurator import DEVICE, Key, fail, parse
 from data import load_tokenizer, read_meta, read_shard, tokenizer_info
 from model import GPT
 
@@ -450,7 +450,7 @@ KEYS = dict(
     tasks=Key(list(DEFAULT_TASKS), "comma-separated", choices=tuple(TASKS)),
     limit=Key(None, "only the first N documents of each task", types=(int,), min=1),
     batch_size=Key(32, "sequences per forward pass", min=1),
-    device=Key('auto', "auto (cuda if available), cpu, cuda, cuda:1, ..."),
+    device=DEVICE,
     dtype=Key('auto', "auto: bfloat16 on GPUs that support it, else float32",
               choices=('auto', 'float32', 'bfloat16', 'float16')),
     data_dir=Key(None, "read <task>/<split>.jsonl from here instead of the hub", types=(str,)),

@@ -46,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, checkpoint_file, config_from_hf, model_state,
                         read_checkpoint, read_hf_config, save_checkpoint)
 from common import default_peak_flops, estimate_mfu, resolve_device, resolve_dtype
-from configurator import Key, parse
+from configurator import DEVICE, Key, parse
 from data import Windows, read_meta
 from distill import check_compatibility, fused_kd_loss, kd_loss_memory, load_teacher
 from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig,
@@ -87,7 +87,7 @@ TRAIN_KEYS = dict(
     log_interval=Key(10, "console line every this many steps (metrics.jsonl gets every step)", min=1),
     nonfinite=Key('stop', "a non-finite loss or gradient norm: stop with an error, or skip the step and count it",
                   choices=('stop', 'skip')),
-    device=Key('auto', "auto (cuda if available), cpu, cuda, cuda:1, ..."),
+    device=DEVICE,
     dtype=Key('auto', "auto: bfloat16 autocast on GPUs that support it, else float32",
               choices=('auto', 'float32', 'bfloat16')),
     compile=Key(None, "torch.compile per decoder layer; None: on for CUDA, off for CPU", types=(bool,)),
