@@ -8,8 +8,8 @@ check that it fits the data and the student, and the KD loss, computed without t
     python distill.py --teacher=out/teacher --data_dir=data/builtin_bytes --block_size=256
 
 A teacher is a Hugging Face Llama / Mistral / Qwen2 checkpoint directory or one of this repo's checkpoints (train.py's
-ckpt.pt), loaded by GPT.from_pretrained (model.py) from what checkpoint.py reads. train.py uses load_teacher, check_compatibility, fused_kd_loss and
-kd_loss_memory.
+ckpt.pt), loaded by GPT.from_pretrained (model.py) from what checkpoint.py reads. train.py uses load_teacher,
+check_compatibility, fused_kd_loss and kd_loss_memory.
 
 The loss, with the paper's setting as the defaults (its "KD loss" curves are pure forward KL):
     loss = kd_alpha * KD + (1 - kd_alpha) * CE        temperature T = 1.0, kd_alpha = 1.0

@@ -289,9 +289,10 @@ def encode_docs(task, docs, enc, max_length, bos_id=None, prefix_id=None):
 def plan_forwards(requests, share_prefixes):
     """owner[i] = the request whose forward pass request i reads. share_prefixes: whether a request whose input is a
     prefix of another's may be read from the longer one's forward pass (not ModelConfig.outputs_depend_on_length:
-    every variant but affine with affine_bias_norm='seq_len'; there only identical inputs share). Sorted lexicographically, a sequence is a
-    prefix of some other exactly when it is a prefix of the next one, so one backward sweep finds the longest
-    sequence each request can read from (identical inputs always share: the harness's logits cache, spec §3)."""
+    every variant but affine with affine_bias_norm='seq_len'; there only identical inputs share). Sorted
+    lexicographically, a sequence is a prefix of some other exactly when it is a prefix of the next one, so one
+    backward sweep finds the longest sequence each request can read from (identical inputs always share: the
+    harness's logits cache, spec §3)."""
     order = sorted(range(len(requests)), key=lambda i: requests[i][0])
     owner = list(range(len(requests)))
     for a, b in zip(reversed(order[:-1]), reversed(order[1:])):

@@ -37,7 +37,8 @@ from data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_
 from model import GPT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CODE_FILES = ('checkpoint.py', 'hf_wrapper.py', 'model.py', 'sink_kernel.py')  # what a non-softmax export ships (hf_wrapper: the entry)
+# what a non-softmax export ships (hf_wrapper.py: the entry; the others are what it imports)
+CODE_FILES = ('checkpoint.py', 'hf_wrapper.py', 'model.py', 'sink_kernel.py')
 HF_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.json', 'merges.txt')
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 # what the export's tokenizer must encode exactly as ours: scripts, accents, emoji, whitespace runs, digits,

@@ -26,10 +26,12 @@ from torch.utils.checkpoint import checkpoint
 
 try:  # an exported model directory (export_hf.py) is imported by transformers as a package: only relative imports
     # work there, and its remote-code check refuses absolute imports of modules that are not installed (outside a try)
-    from .checkpoint import CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint, read_hf_config, read_safetensors
+    from .checkpoint import (CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint,
+                             read_hf_config, read_safetensors)
     from .sink_kernel import SinkAttention, at_least_fp32  # the LSE-kernel plumbing lives apart from the model
 except ImportError:  # this repository: model.py is a top-level module
-    from checkpoint import CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint, read_hf_config, read_safetensors
+    from checkpoint import (CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint,
+                            read_hf_config, read_safetensors)
     from sink_kernel import SinkAttention, at_least_fp32
 
 ATTENTIONS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
