@@ -1,8 +1,9 @@
 """
 The paper's analyses (Section 4, Appendix A-B) and its tables, one command per job; each job writes PNG figures
 (runs overlaid or side by side, labelled by method), numbers.json with every number behind them and report.md
-embedding both into --out_dir, all at once (a failure leaves no half-written report). matplotlib is needed for
-the figures (pip install matplotlib).
+embedding both into --out_dir. Only the report's own files are written there (a failure leaves the previous report
+in place); a directory holding another tool's outputs (a run, data, a model) is refused. matplotlib is needed for the
+figures (pip install matplotlib).
 
     python analyze.py attention out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_attention
     python analyze.py runs out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_runs
@@ -31,6 +32,7 @@ import torch
 
 from common import Progress, resolve_device
 from configurator import DEVICE, Key, fail, parse
+from files import MARKERS, claim_dir, run_script, write_json
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows
 from data import Windows, read_meta, tokenizer_info
 from model import FIELD_NAMES, GPT, ModelConfig
@@ -48,18 +50,37 @@ def method_name(config):
     return name
 
 
-def write_atomically(out_dir, build):
-    """build(tmp) writes every output into a fresh temporary directory, which then replaces out_dir whole."""
-    tmp = out_dir.rstrip('/') + '.tmp'
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+def is_report(names):
+    """Whether a directory holding these names is an earlier output of analyze.py: its report and numbers, and no
+    other tool's outputs."""
+    return {'report.md', 'numbers.json'} <= names and not names & (set(MARKERS) - {'report.md', 'numbers.json'})
+
+
+def write_report(out_dir, build):
+    """build(tmp) writes every output into a fresh temporary directory inside out_dir; they then replace the files
+    of the same names one by one, report.md last, so a failure before that leaves the previous report in place.
+    numbers.json records the files written (the previous report's that are not written again are removed); no other
+    file in out_dir is touched."""
+    tmp = os.path.join(out_dir, '.analyze.tmp')
+    shutil.rmtree(tmp, ignore_errors=True)  # our own, left by a crash
+    os.makedirs(tmp)  # (and out_dir, the first time)
     try:
         result = build(tmp)
-    except BaseException:
+        written = sorted(os.listdir(tmp))
+        with open(os.path.join(tmp, 'numbers.json')) as f:
+            numbers = json.load(f)
+        previous = []
+        if os.path.isfile(os.path.join(out_dir, 'numbers.json')):
+            with open(os.path.join(out_dir, 'numbers.json')) as f:
+                previous = json.load(f).get('files', [])
+        write_json(os.path.join(tmp, 'numbers.json'), dict(numbers, files=written))
+        for name in sorted(written, key=lambda name: name == 'report.md'):
+            os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+        for name in set(previous) - set(written):
+            if os.path.isfile(os.path.join(out_dir, name)):
+                os.remove(os.path.join(out_dir, name))
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
     return result
 
 
@@ -316,7 +337,7 @@ def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=
             f.write('\n'.join(lines) + '\n')
         return figures
 
-    figures = write_atomically(out_dir, build)
+    figures = write_report(out_dir, build)
     return models, figures
 
 # -----------------------------------------------------------------------------
@@ -440,7 +461,7 @@ def runs_report(run_dirs, out_dir, window=(0, 500), ks=(6, 9), late=2000):
         with open(os.path.join(tmp, 'report.md'), 'w') as f:
             f.write('\n'.join(lines) + '\n')
 
-    write_atomically(out_dir, build)
+    write_report(out_dir, build)
     return numbers
 
 # -----------------------------------------------------------------------------
@@ -540,7 +561,7 @@ def table_report(run_dirs, out_dir, eval_file='eval.json', metric='acc_norm'):
         with open(os.path.join(tmp, 'report.md'), 'w') as f:
             f.write('\n'.join(report) + '\n')
 
-    write_atomically(out_dir, build)
+    write_report(out_dir, build)
     return numbers, lines
 
 
@@ -606,6 +627,8 @@ def main(argv=None):
              f"usage:\n{jobs}\n")
     keys, positional, what = JOBS[argv[0]]
     args = SimpleNamespace(job=argv[0], **parse(argv[1:], keys, what, positional, prog=f'analyze.py {argv[0]}'))
+    claim_dir(args.out_dir, 'analyze.py', ours=is_report,
+              writes=('report.md', 'numbers.json'))
     if args.job == 'attention':
         models, figures = attention_report(args.checkpoints, args.out_dir, args.data, args.num_seqs, args.seq_len,
                                            args.seed, args.layer, args.corner, args.data_dir, args.tokenizer,
@@ -622,4 +645,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    run_script(main)

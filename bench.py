@@ -46,6 +46,7 @@ from distill import fused_kd_loss, load_teacher
 from common import (KNOWN_PEAK_BF16, Progress, default_peak_flops, flops_per_token, measured_matmul_flops,
                     resolve_device)
 from configurator import DEVICE, Key, parse
+from files import RunError, run_script, write_json
 from eval_zeroshot import choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests
 from model import ATTENTIONS, FIELD_NAMES, GPT, ModelConfig
 from data import Windows, load_tokenizer
@@ -375,11 +376,24 @@ ONE_B_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config'
 H100_BF16_PEAK = KNOWN_PEAK_BF16['H100']  # NVIDIA H100 SXM datasheet, dense bf16: what nanochat's MFU uses
 
 
+def is_check_record(path):
+    """Whether path holds a JSON record that --check wrote."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and {'device', 'torch', 'rows'} <= set(record)
+
+
 class Check:
     """The rows of the --check table; every row is also appended to the JSON file as soon as it is measured, so a
     run that is cut short keeps what it measured. ok: True / False for a pass-fail check, None for a report."""
 
     def __init__(self, json_path, header):
+        if os.path.exists(json_path) and not is_check_record(json_path):
+            raise RunError(f"--check_json={json_path}: holds something else than an earlier --check record, which "
+                           f"this run would write over; give another path")
         self.json_path, self.record = json_path, dict(header, rows=[])
         self.save()
 
@@ -389,10 +403,7 @@ class Check:
         log(f'  [{ {True: "PASS", False: "FAIL", None: "info"}[ok]}] {section}: {check}: {value}')
 
     def save(self):
-        tmp = self.json_path + '.tmp'
-        with open(tmp, 'w') as f:
-            json.dump(self.record, f, indent=1)
-        os.replace(tmp, self.json_path)
+        write_json(self.json_path, self.record)
 
     def failed(self):
         return [r for r in self.record['rows'] if r['ok'] is False]
@@ -778,4 +789,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_script(main))

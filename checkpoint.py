@@ -20,10 +20,19 @@ Llama / Mistral / Qwen2 as published, or one that export_hf.py wrote: its config
 under model_config and the run's tokenizer record under tokenizer_info.
 """
 import dataclasses
+import io
 import json
 import os
+import pickle
+import sys
+import zipfile
 
 import torch
+
+try:  # an export, which transformers imports as a package (see model.py)
+    from .files import RunError, atomic_write, write_json
+except ImportError:
+    from files import RunError, atomic_write, write_json
 
 CKPT_NAME = 'ckpt.pt'
 CKPT_KEYS = ('model', 'optimizer', 'step', 'rng', 'config', 'model_config', 'tokenizer', 'data')
@@ -32,7 +41,7 @@ MODEL_TYPE = 'affine_scaled_gpt'  # an export's config.json model_type for the v
 WRAPPER_CLASSES = ('AffineScaledConfig', 'AffineScaledForCausalLM')  # hf_wrapper.py's, which such an export maps to
 
 
-class CheckpointError(ValueError):
+class CheckpointError(RunError, ValueError):
     """A file that cannot be read as the checkpoint it should be; the message names it and says what to do."""
 
 # -----------------------------------------------------------------------------
@@ -58,18 +67,96 @@ def checkpoint_file(spec):
 def read_checkpoint(path, keys=MODEL_KEYS):
     """One of this repo's checkpoints, memory-mapped: only the tensors used are read from disk (not the optimizer state
     a training checkpoint also holds), and the ranks of a node share one copy in the page cache. Our own file, so its
-    pickles are trusted. keys: what the caller needs (CKPT_KEYS to resume training)."""
+    pickles are trusted. keys: what the caller needs (CKPT_KEYS to resume training); the bytes of every tensor under
+    them are verified against the checksums written with them (verify_checkpoint) before anything is returned."""
     try:
         ckpt = torch.load(path, map_location='cpu', mmap=True, weights_only=False)
     except Exception as e:  # truncated (a copy cut short), corrupt, or not a torch file at all
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path} is not a readable checkpoint of train.py ({reason}): it is truncated, corrupt "
-                              f"or another kind of file (train.py writes it atomically, so it changed since); restore "
-                              f"it from a copy, or use another checkpoint") from None
+                              f"or another kind of file (train.py writes it atomically, so it changed since); "
+                              f"{fallback(path)}") from None
     missing = [key for key in keys if not isinstance(ckpt, dict) or key not in ckpt]
     if missing:
         raise CheckpointError(f"{path} is not a checkpoint written by train.py: it has no {', '.join(missing)}")
+    verify_checkpoint(path, keys)
     return ckpt
+
+
+class _StorageRef:
+    def __init__(self, key):
+        self.key = key
+
+
+class _TensorsAsRecords(pickle.Unpickler):
+    """A torch.save'd file's data.pkl read without its tensors: each tensor becomes a _StorageRef to the zip record
+    that holds its bytes (torch's persistent id is ('storage', type, key, location, numel); the record is data/<key>)."""
+
+    def persistent_load(self, saved_id):
+        return _StorageRef(saved_id[2])
+
+    def find_class(self, module, name):
+        if module == 'torch._utils' and name.startswith('_rebuild_tensor'):
+            return lambda ref, *args, **kwargs: ref
+        return super().find_class(module, name)
+
+
+def _records(obj, where):
+    """(where, record key) of every tensor in obj, a nest of dicts, lists and tuples."""
+    if isinstance(obj, _StorageRef):
+        yield where, obj.key
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _records(v, f"{where}.{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _records(v, f"{where}[{i}]")
+
+
+def verify_checkpoint(path, keys):
+    """CheckpointError unless the bytes of every tensor under `keys` match the CRC-32 that torch's zip writer computed
+    while it streamed them out in torch.save (one per record, stored in the zip's directory; torch's default,
+    torch.utils.serialization.config.save.compute_crc32). Only those records are read, once, through the page
+    cache that the memory-mapped load then shares. A checksum catches damage (a flipped bit, a bad copy), not
+    tampering. A file without checksums (saved with them turned off) is read unverified, with a note."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:  # torch's legacy (non-zip) format has no checksums
+        print(f"note: {path} has no checksums (torch's legacy format): read unverified", file=sys.stderr)
+        return
+    with archive:
+        pickled = next(name for name in archive.namelist() if name.endswith('/data.pkl'))
+        prefix, where, unchecked = pickled[:-len('data.pkl')], 'its index', 0
+        try:
+            tree = _TensorsAsRecords(io.BytesIO(archive.read(pickled))).load()
+            for key, where in {record: name for key in keys for name, record in _records(tree[key], key)}.items():
+                info = archive.getinfo(f"{prefix}data/{key}")
+                if info.CRC == 0 and info.file_size:  # torch wrote none (compute_crc32 turned off)
+                    unchecked += 1
+                    continue
+                with archive.open(info) as f:  # zipfile checks the CRC-32 once the record is read whole
+                    while f.read(1 << 24):
+                        pass
+        except (zipfile.BadZipFile, KeyError, OSError) as e:
+            raise CheckpointError(f"{path} is damaged: {where} does not match the checksum written with it ({e}); "
+                                  f"nothing was loaded from it; {fallback(path)}") from None
+    if unchecked:
+        print(f"note: {path}: {unchecked} tensors were saved without checksums: read unverified", file=sys.stderr)
+
+
+def previous_checkpoint(path):
+    """Where save_checkpoint keeps the checkpoint before the latest (ckpt.pt -> ckpt.prev.pt): the copy to fall back
+    to if the latest is ever damaged."""
+    root, ext = os.path.splitext(path)
+    return f"{root}.prev{ext}"
+
+
+def fallback(path):
+    """What to do about a checkpoint that cannot be read: the copy to fall back to, where there is one."""
+    prev = previous_checkpoint(path)
+    if os.path.isfile(prev):
+        return f"fall back to the checkpoint saved before it: mv {prev} {path} (or restore {path} from a copy)"
+    return f"restore it from a copy, or use another checkpoint"
 
 
 def model_state(ckpt):
@@ -77,14 +164,22 @@ def model_state(ckpt):
     return {key.removeprefix('_orig_mod.'): t for key, t in ckpt['model'].items()}
 
 
-def save_checkpoint(path, state):
-    """Atomic: write a temp file, fsync, rename. A crash mid-save leaves the previous checkpoint intact."""
-    tmp = path + '.tmp'
-    with open(tmp, 'wb') as f:
+def save_checkpoint(path, state, keep_previous=True):
+    """Atomic (files.atomic_write): a crash or a full disk mid-save leaves the previous checkpoint as it was, and no
+    temporary file. torch's zip writer computes each record's CRC-32 as it streams it out (no second pass over the
+    file); read_checkpoint verifies them. keep_previous: the checkpoint being replaced stays as
+    previous_checkpoint(path) (a hard link, so no copy is made); the older one before it is removed first, so a save
+    needs no more room than one new checkpoint."""
+    prev = previous_checkpoint(path)
+    if keep_previous and os.path.isfile(path) and os.path.isfile(prev):
+        os.remove(prev)
+    with atomic_write(path, 'wb') as f:
         torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        if keep_previous and os.path.isfile(path):
+            try:
+                os.link(path, prev)
+            except OSError:  # a file system without hard links: no previous copy is kept
+                pass
 
 # -----------------------------------------------------------------------------
 # Hugging Face's: config.json and safetensors
@@ -207,12 +302,6 @@ def export_state_dict(model, dtype):
     return state
 
 
-def write_json(path, obj):
-    with open(path, 'w', encoding='utf-8') as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.write('\n')
-
-
 def write_safetensors(state, out_dir, max_shard_bytes):
     """model.safetensors, or shards model-0000i-of-0000n.safetensors + model.safetensors.index.json when the weights
     exceed max_shard_bytes (a tensor larger than that gets a shard of its own)."""
@@ -235,4 +324,4 @@ def write_safetensors(state, out_dir, max_shard_bytes):
         weight_map.update(dict.fromkeys(shard, name))
     total = sum(t.numel() * t.element_size() for t in state.values())
     write_json(os.path.join(out_dir, 'model.safetensors.index.json'),
-               dict(metadata=dict(total_size=total), weight_map=weight_map))
+               dict(metadata=dict(total_size=total), weight_map=weight_map), indent=2)

@@ -53,6 +53,7 @@ from checkpoint import checkpoint_file, read_checkpoint, read_hf_config
 from common import resolve_device, resolve_dtype
 from configurator import DEVICE, Key, parse
 from data import Windows, load_tokenizer, read_meta, tokenizer_info
+from files import run_script
 from model import GPT, IGNORE_INDEX
 
 CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB
@@ -423,4 +424,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    run_script(main)

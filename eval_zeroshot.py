@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from checkpoint import checkpoint_file, read_checkpoint
 from common import Progress, resolve_device, resolve_dtype
 from configurator import DEVICE, Key, fail, parse
+from files import RunError, atomic_write, run_script, write_json
 from data import load_tokenizer, read_meta, read_shard, tokenizer_info
 from model import GPT
 
@@ -204,7 +205,7 @@ def export_data(out_dir, tasks):
         rows = hub_rows(task, C4_DOCS if task == 'c4' else None)
         path = os.path.join(out_dir, task, HUB[task][2] + '.jsonl')
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, 'w', encoding='utf-8') as f:
+        with atomic_write(path) as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + '\n')
         print(f"{task}: {len(rows)} rows -> {path}")
@@ -469,6 +470,16 @@ KEYS = dict(
 )
 
 
+def is_eval_result(path):
+    """Whether path holds results that --out wrote: a JSON object of tasks' results."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            results = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(results, dict) and all(task in TASKS and isinstance(r, dict) for task, r in results.items())
+
+
 def parse_args(argv):
     args = SimpleNamespace(**parse(argv, KEYS, "Zero-shot accuracy as lm-evaluation-harness v0.4.9 computes it, and "
                                                "C4 perplexity.", prog='eval_zeroshot.py'))
@@ -481,6 +492,9 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.export_data:
         return export_data(args.export_data, [t for t in args.tasks if t != 'heldout'])
+    if args.out and os.path.exists(args.out) and not is_eval_result(args.out):
+        raise RunError(f"--out={args.out}: holds something else than an earlier result of eval_zeroshot.py, which "
+                       f"this run would write over; give another path")
     device = resolve_device(args.device)
     dtype = getattr(torch, resolve_dtype(args.dtype, device))
     model, enc = load_model_and_tokenizer(args.hf_model or args.ckpt, args.tokenizer, device, dtype)
@@ -537,10 +551,9 @@ def main(argv=None):
         stderr = f"{r['acc_stderr']:.4f}" if r['acc_stderr'] is not None else '-'
         print(f"{task:<14} {r['n']:>6} {r['acc']:>7.4f} {norm:>9} {stderr:>7}")
     if args.out:
-        with open(args.out, 'w') as f:
-            json.dump(results, f, indent=1)
+        write_json(args.out, results)
     return results
 
 
 if __name__ == '__main__':
-    main()
+    run_script(main)

@@ -30,15 +30,16 @@ from types import SimpleNamespace
 
 import torch
 
-from checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, hf_config, read_checkpoint, write_json,
+from checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, hf_config, read_checkpoint,
                         write_safetensors)
 from configurator import Key, fail, parse
+from files import run_script, write_json
 from data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 from model import GPT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # what a non-softmax export ships (hf_wrapper.py: the entry; the others are what it imports)
-CODE_FILES = ('checkpoint.py', 'hf_wrapper.py', 'model.py', 'sink_kernel.py')
+CODE_FILES = ('checkpoint.py', 'files.py', 'hf_wrapper.py', 'model.py', 'sink_kernel.py')
 HF_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.json', 'merges.txt')
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 # what the export's tokenizer must encode exactly as ours: scripts, accents, emoji, whitespace runs, digits,
@@ -130,7 +131,7 @@ def write_tokenizer(tok_info, override, out_dir, block_size):
     # the model takes block_size tokens at most; padding after the tokens (see hf_wrapper.seq_lens_from_mask)
     config.update(model_max_length=block_size, padding_side='right')
     config.setdefault('clean_up_tokenization_spaces', False)
-    write_json(os.path.join(out_dir, 'tokenizer_config.json'), config)
+    write_json(os.path.join(out_dir, 'tokenizer_config.json'), config, indent=2)
     return enc
 
 
@@ -188,9 +189,9 @@ def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 10
     try:
         enc = write_tokenizer(tok_info, tokenizer, tmp, cfg.block_size)
         special_ids = check_tokenizer(tmp, enc)
-        write_json(os.path.join(tmp, 'config.json'), hf_config(cfg, dtype, special_ids, tok_info))
+        write_json(os.path.join(tmp, 'config.json'), hf_config(cfg, dtype, special_ids, tok_info), indent=2)
         generation = dict(special_ids, **({} if cfg.attention == 'softmax' else dict(use_cache=False)))
-        write_json(os.path.join(tmp, 'generation_config.json'), generation)
+        write_json(os.path.join(tmp, 'generation_config.json'), generation, indent=2)
         if cfg.attention != 'softmax':
             for file in CODE_FILES:
                 shutil.copyfile(os.path.join(HERE, file), os.path.join(tmp, file))
@@ -212,6 +213,12 @@ def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 10
             os.rmdir(parent)
         raise
     return err
+
+
+def is_export_file(name):
+    """Whether a file name is one an export writes."""
+    return (name in CODE_FILES + HF_TOKENIZER_FILES + ('config.json', 'generation_config.json')
+            or re.fullmatch(r'model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?', name) is not None)
 
 
 def is_export(path):
@@ -259,6 +266,10 @@ def main(argv=None):
         held = ', '.join(sorted(os.listdir(out))[:5])
         hint = "; pass --overwrite=True to replace that earlier export" if is_export(out) else ""
         raise SystemExit(f"--out_dir={out}: already holds files ({held}); choose another directory{hint}")
+    # the earlier export is replaced whole: only if every file in it is one an export writes
+    if foreign := [name for name in sorted(os.listdir(out)) if not is_export_file(name)] if os.path.isdir(out) else []:
+        raise SystemExit(f"--out_dir={out}: the earlier export there also holds files an export does not write "
+                         f"({', '.join(foreign[:5])}), which replacing it would delete; move them out first")
     model, tok_info, path = load_checkpoint(args.ckpt)
     err = export(model, tok_info, out, DTYPES[args.dtype], args.max_shard_size, args.tokenizer, args.check)
     cfg = model.config
@@ -271,4 +282,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    run_script(main)

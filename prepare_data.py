@@ -17,6 +17,7 @@ import glob
 import json
 import multiprocessing
 import os
+import re
 import shlex
 import sys
 import time
@@ -26,6 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from configurator import Key, parse
+from files import run_script, write_json
 from data import VERSION, encode_document, load_tokenizer, read_shard, tokenizer_info, write_shard
 
 # load_tokenizer and read_shard live in data.py; they stay importable from here, public entry points kept for
@@ -56,6 +58,8 @@ def resolve_files(source):
         for f in matches:
             if not os.path.isfile(f) or os.path.splitext(f)[1] not in BUILDERS:
                 raise SystemExit(f"--source: {f!r} is not a file with a supported extension ({', '.join(BUILDERS)})")
+            if os.path.getsize(f) == 0:  # (the json builder stops with a bare StopIteration on one)
+                raise SystemExit(f"--source: {f!r} is empty (0 bytes); leave it out of --source")
             files.append(os.path.abspath(f))
     if len({BUILDERS[os.path.splitext(f)[1]] for f in files}) > 1:
         raise SystemExit("--source: mixes file types; run prepare_data.py once per type")
@@ -178,17 +182,14 @@ def tokenize_in_order(chunks, enc, dtype, num_proc):
 # (atomically) after every pair of shards and records the progress an interrupted run resumes from.
 
 
-def write_json(path, obj):
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(path + ".tmp", path)
+OUTPUT_NAME = re.compile(r"(meta\.json|(train|val)_\d{6}\.bin)(\.tmp)?")  # the only files this script writes
 
 
 def remove_outputs(out_dir, keep=()):
     """Delete this script's files in out_dir except `keep`: the unconfirmed shards of an interrupted run,
-    or everything when a fresh run fails on bad input."""
+    or everything when a fresh run fails on bad input. Files of other names are never touched."""
     for name in os.listdir(out_dir):
-        if name not in keep and (name == "meta.json" or name.endswith((".bin", ".tmp"))):
+        if name not in keep and OUTPUT_NAME.fullmatch(name):
             os.remove(os.path.join(out_dir, name))
 
 
@@ -196,12 +197,20 @@ def start_or_resume(out_dir, meta):
     """The meta to continue from: `meta` for a fresh run, or out_dir's meta.json if it was made with the same
     tokenizer and settings. Anything else in out_dir is an error, so shards are never mixed up."""
     meta_path = os.path.join(out_dir, "meta.json")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise SystemExit(f"--out_dir={out_dir} is a file; give a new or empty directory")
     if not os.path.exists(meta_path):
-        if os.path.isdir(out_dir) and any(not name.endswith(".tmp") for name in os.listdir(out_dir)):
+        if os.path.isdir(out_dir) and any(not OUTPUT_NAME.fullmatch(name) for name in os.listdir(out_dir)):
             raise SystemExit(f"--out_dir={out_dir} is not empty and has no meta.json; use an empty or new directory")
         return meta
-    with open(meta_path) as f:
-        old = json.load(f)
+    try:
+        with open(meta_path) as f:
+            old = json.load(f)
+    except ValueError:
+        old = None
+    if not (isinstance(old, dict) and "settings" in old and "sha256" in old.get("tokenizer", {})):
+        raise SystemExit(f"--out_dir={out_dir} holds a meta.json that prepare_data.py did not write; use an empty or "
+                         f"new directory")
     if old["tokenizer"]["sha256"] != meta["tokenizer"]["sha256"]:
         old_tok = old["tokenizer"]
         raise SystemExit(f"--out_dir={out_dir} holds shards of a different tokenizer ({old_tok['family']} from "
@@ -344,4 +353,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -29,7 +29,6 @@ import math
 import os
 import random
 import signal
-import sys
 import time
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
@@ -44,10 +43,11 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, checkpoint_file, config_from_hf, model_state,
-                        read_checkpoint, read_hf_config, save_checkpoint)
+                        previous_checkpoint, read_checkpoint, read_hf_config, save_checkpoint)
 from common import default_peak_flops, estimate_mfu, resolve_device, resolve_dtype
 from configurator import DEVICE, Key, parse
 from data import Windows, read_meta
+from files import atomic_write, claim_dir, run_script, write_json
 from distill import check_compatibility, fused_kd_loss, kd_loss_memory, load_teacher
 from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig,
                    attention_scores, saved_bytes_per_token)
@@ -70,6 +70,8 @@ TRAIN_KEYS = dict(
                   "resume: continue, and refuse if there is none; scratch: start fresh, and refuse to replace a "
                   "checkpoint unless overwrite", choices=('auto', 'resume', 'scratch')),
     overwrite=Key(False, "with init_from=scratch: start over even though out_dir holds a checkpoint (replaced)"),
+    keep_previous=Key(True, "at each save, keep the checkpoint it replaces as ckpt.prev.pt (a hard link, no copy): "
+                      "the one to fall back to if ckpt.pt is ever damaged"),
     max_iters=Key(9000, "optimizer steps (Appendix B.1)"),
     global_batch_size=Key(1024, "sequences per optimizer step, over all ranks (Section 5.1)", min=1),
     micro_batch_size=Key(8, "sequences per forward on one rank; accumulation steps are derived", min=1),
@@ -144,7 +146,7 @@ def learning_rate(step, c):
 # computes (the data of step s depends only on (seed, s, global_batch_size), not on the ranks or the micro-batch).
 # max_iters may grow to extend a run; note that with decay_frac > 0 the decay then starts later than it would have.
 # Every other training key, and the model, must be the same; data_dir may move, but must hold the same data.
-RESUME_MAY_CHANGE = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'max_iters', 'micro_batch_size', 'eval_interval',
+RESUME_MAY_CHANGE = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'keep_previous', 'max_iters', 'micro_batch_size', 'eval_interval',
                      'eval_batches', 'log_interval', 'nonfinite', 'device', 'compile', 'peak_flops', 'wandb_log',
                      'wandb_project', 'wandb_run_name', 'fsdp', 'activation_checkpointing', 'dry_run',
                      'dry_run_world_size', 'dry_run_gpu_gib'}
@@ -167,6 +169,16 @@ def check_resumable(ckpt, c, model_config, data_meta, path):
                          f"same run:\n  - " + "\n  - ".join(changed) + f"\nKeys that may change on resume: "
                          f"{', '.join(sorted(RESUME_MAY_CHANGE))}. To start a new run instead: another --out_dir, or "
                          f"--init_from=scratch --overwrite=True.")
+
+
+def is_run_config(out_dir):
+    """Whether out_dir/config.json is one that train.py wrote (a run that has not saved a checkpoint yet)."""
+    try:
+        with open(os.path.join(out_dir, 'config.json')) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and {'init_from', 'max_iters', 'out_dir'} <= set(config)
 
 
 def data_fingerprint(meta):
@@ -399,7 +411,7 @@ def teacher_shape(spec):
         path = checkpoint_file(spec)
         if path is None:
             return ModelConfig(**config_from_hf(read_hf_config(spec))), spec
-        return ModelConfig(**read_checkpoint(path)['model_config']), path
+        return ModelConfig(**read_checkpoint(path, keys=('model_config',))['model_config']), path
     name = os.path.basename(os.path.normpath(spec))
     if name in KNOWN_TEACHERS:
         return ModelConfig(**KNOWN_TEACHERS[name]), f"{name}'s published shape (no checkpoint at {spec})"
@@ -562,7 +574,10 @@ def load_data(c, model_config):
 
 def checkpoint_to_resume(c, ckpt_path):
     """out_dir's checkpoint if this run continues it (init_from), else None; refuses to replace one unasked."""
-    exists = os.path.isfile(ckpt_path)
+    exists, previous = os.path.isfile(ckpt_path), previous_checkpoint(ckpt_path)
+    if not exists and os.path.isfile(previous) and not c['overwrite']:
+        raise SystemExit(f"{previous} is there without {ckpt_path}: to continue from it, mv {previous} {ckpt_path}; "
+                         f"to start over (replacing it): --init_from=scratch --overwrite=True")
     if c['init_from'] == 'resume' and not exists:
         raise SystemExit(f"init_from=resume: no checkpoint at {ckpt_path}")
     if not exists:
@@ -625,12 +640,11 @@ class Metrics:
         self.path = os.path.join(c['out_dir'], 'metrics.jsonl')
         if not self.on:
             return
-        with open(os.path.join(c['out_dir'], 'config.json'), 'w') as f:
-            json.dump(c, f, indent=1)
+        write_json(os.path.join(c['out_dir'], 'config.json'), c)
         kept = []  # on resume, the records up to the checkpoint's step (a crash may have left later ones)
         if start_step and os.path.isfile(self.path):
             kept = [line for line in open(self.path) if json.loads(line)['step'] <= start_step]
-        with open(self.path, 'w') as f:
+        with atomic_write(self.path) as f:
             f.writelines(kept)
         if c['wandb_log']:
             import wandb
@@ -707,7 +721,8 @@ def save(path, step, c, run, raw_model, optimizer, model_config, data_meta):
     if run.master:
         save_checkpoint(path, dict(model=model_state_dict, optimizer=optimizer_state, step=step, rng=rng_state(),
                                    config=c, model_config=dataclasses.asdict(model_config),
-                                   tokenizer=data_meta['tokenizer'], data=data_fingerprint(data_meta)))
+                                   tokenizer=data_meta['tokenizer'], data=data_fingerprint(data_meta)),
+                        keep_previous=c['keep_previous'])
     del model_state_dict, optimizer_state
     if run.distributed:
         dist.barrier(group=run.save_group)
@@ -723,6 +738,8 @@ def main(argv):
         return print_dry_run(c, model_config)
     run = setup_run(c)
     data_meta, train_data, val_data = load_data(c, model_config)
+    claim_dir(c['out_dir'], 'train.py', ours=lambda names: CKPT_NAME in names or is_run_config(c['out_dir']),
+              writes=(CKPT_NAME, 'config.json', 'metrics.jsonl'))
     os.makedirs(c['out_dir'], exist_ok=True)
     ckpt_path = os.path.join(c['out_dir'], CKPT_NAME)
     raw_model, optimizer, step = build_model(c, model_config, run, data_meta, ckpt_path)
@@ -761,4 +778,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    main(sys.argv[1:])
+    run_script(main)

@@ -1,6 +1,7 @@
 """Tests for checkpoint.py and GPT.from_pretrained: exact logits of tiny Hugging Face Llama / Qwen2 checkpoints built
 here with transformers, every loading error, loading in about 1x the model's memory; our ckpt.pt written atomically."""
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -239,9 +240,11 @@ def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatc
 
     def crash(obj, f):
         f.write(b'half a checkpoint')
-        raise OSError('disk full')
+        raise OSError(errno.ENOSPC, 'No space left on device')
     monkeypatch.setattr(torch, 'save', crash)
-    with pytest.raises(OSError, match='disk full'):
+    with pytest.raises(OSError, match='No space left') as error:
         checkpoint.save_checkpoint(path, {'step': 2})
     monkeypatch.undo()
+    assert error.value.filename == path  # the write's error names the file it was writing
     assert torch.load(path, weights_only=False) == {'step': 1}
+    assert sorted(os.listdir(tmp_path)) == ['ckpt.pt']  # no temporary file left behind

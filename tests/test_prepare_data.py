@@ -302,6 +302,8 @@ def test_resume_after_crash(tmp_path, monkeypatch):
 def test_bad_input_leaves_no_output(tmp_path, monkeypatch, checkpoints):
     (tmp_path / "content.jsonl").write_text(json.dumps({"content": "hello"}) + "\n")
     (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "empty.jsonl").write_text("")  # datasets' json builder alone stops with a bare StopIteration
+    (tmp_path / "line.txt").write_text("a line")
     (tmp_path / "blank.jsonl").write_text(json.dumps({"text": ""}) + "\n")
     (tmp_path / "one.jsonl").write_text(json.dumps({"text": "just one document"}) + "\n")
     (tmp_path / "notes.md").write_text("# hi")
@@ -310,9 +312,10 @@ def test_bad_input_leaves_no_output(tmp_path, monkeypatch, checkpoints):
         ([f"--source={tmp_path / 'missing.jsonl'}"], "matches no file"),
         ([f"--source={tmp_path / 'nothing*.parquet'}"], "matches no file"),
         ([f"--source={tmp_path / 'notes.md'}"], "supported extension"),
-        ([f"--source={tmp_path / 'one.jsonl'},{tmp_path / 'empty.txt'}"], "mixes file types"),
+        ([f"--source={tmp_path / 'one.jsonl'},{tmp_path / 'line.txt'}"], "mixes file types"),
         ([f"--source={tmp_path / 'content.jsonl'}"], "no such text field.*fields: content"),
-        ([f"--source={tmp_path / 'empty.txt'}"], "no documents"),
+        ([f"--source={tmp_path / 'empty.txt'}"], "empty.txt' is empty \\(0 bytes\\)"),
+        ([f"--source={tmp_path / 'empty.jsonl'}"], "empty.jsonl' is empty \\(0 bytes\\)"),
         ([f"--source={tmp_path / 'blank.jsonl'}"], "no documents"),
         ([f"--source={tmp_path / 'one.jsonl'}"], "too few"),
         (["--tokenizer=nonsense"], "unknown tokenizer"),
