@@ -125,23 +125,20 @@ def verify_checkpoint(path, keys):
         print(f"note: {path} has no checksums (torch's legacy format): read unverified", file=sys.stderr)
         return
     with archive:
-        pickled = next(name for name in archive.namelist() if name.endswith('/data.pkl'))
-        prefix, where, unchecked = pickled[:-len('data.pkl')], 'its index', 0
+        pickled = next(info for info in archive.infolist() if info.filename.endswith('/data.pkl'))
+        if pickled.CRC == 0:  # torch wrote none (torch.utils.serialization.config.save.compute_crc32 turned off)
+            print(f"note: {path} was saved without checksums: read unverified", file=sys.stderr)
+            return
+        prefix, where = pickled.filename[:-len('data.pkl')], 'its index'
         try:
             tree = _TensorsAsRecords(io.BytesIO(archive.read(pickled))).load()
             for key, where in {record: name for key in keys for name, record in _records(tree[key], key)}.items():
-                info = archive.getinfo(f"{prefix}data/{key}")
-                if info.CRC == 0 and info.file_size:  # torch wrote none (compute_crc32 turned off)
-                    unchecked += 1
-                    continue
-                with archive.open(info) as f:  # zipfile checks the CRC-32 once the record is read whole
+                with archive.open(f"{prefix}data/{key}") as f:  # zipfile checks the CRC-32 once it has read all
                     while f.read(1 << 24):
                         pass
         except (zipfile.BadZipFile, KeyError, OSError) as e:
             raise CheckpointError(f"{path} is damaged: {where} does not match the checksum written with it ({e}); "
                                   f"nothing was loaded from it; {fallback(path)}") from None
-    if unchecked:
-        print(f"note: {path}: {unchecked} tensors were saved without checksums: read unverified", file=sys.stderr)
 
 
 def previous_checkpoint(path):

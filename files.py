@@ -87,18 +87,18 @@ def claim_dir(path, owner, ours=lambda names: False, writes=()):
     if not names or ours(names):
         return
     foreign = sorted(names & set(writes))
-    kinds = sorted({kind for name, kind in MARKERS.items() if name in names})
-    if foreign or kinds:
+    kind = next((kind for name, kind in MARKERS.items() if name in names), f"files {owner} did not write")
+    if foreign or kind in MARKERS.values():
         held = ', '.join(sorted((names & set(MARKERS)) | set(foreign))[:6])
-        raise RunError(f"{path}: holds {' and '.join(kinds) or 'files ' + owner + ' did not write'} ({held}); {owner} "
-                       f"writes only into a new or empty directory or its own earlier output: give another path")
+        raise RunError(f"{path}: holds {kind} ({held}); {owner} writes only into a new or empty directory or its own "
+                       f"earlier output: give another path")
 
 
-# the files by which the outputs of this repo's tools (and Hugging Face's) are recognised
+# the files by which the outputs of this repo's tools (and Hugging Face's) are recognised, the most telling first
 MARKERS = {'ckpt.pt': "a train.py run", 'metrics.jsonl': "a train.py run", 'meta.json': "prepared data (prepare_data.py)",
-           'config.json': "a model (a train.py run or a Hugging Face directory)",
            'model.safetensors': "a Hugging Face model", 'model.safetensors.index.json': "a Hugging Face model",
-           'numbers.json': "an analyze.py report", 'report.md': "a report (analyze.py or quickstart.py)"}
+           'numbers.json': "an analyze.py report", 'report.md': "a report (analyze.py or quickstart.py)",
+           'config.json': "a model (a train.py run or a Hugging Face directory)"}
 
 
 def run_script(main, argv=None):
