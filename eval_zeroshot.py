@@ -495,6 +495,8 @@ def main(argv=None):
     if args.out and os.path.exists(args.out) and not is_eval_result(args.out):
         raise RunError(f"--out={args.out}: holds something else than an earlier result of eval_zeroshot.py, which "
                        f"this run would write over; give another path")
+    if args.out:  # now, not after the evaluation: a path that cannot be written stops before any work
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     device = resolve_device(args.device)
     dtype = getattr(torch, resolve_dtype(args.dtype, device))
     model, enc = load_model_and_tokenizer(args.hf_model or args.ckpt, args.tokenizer, device, dtype)
