@@ -8,16 +8,20 @@ WinoGrande computed exactly as lm-evaluation-harness v0.4.9 does (without instal
     python eval_zeroshot.py --export_data=evaldata                               # on a machine with internet, then
     python eval_zeroshot.py --ckpt=out/ckpt.pt --data_dir=evaldata               # offline
 
-Every rule below cites shared/notes/lmeval_spec.md ("spec §n"): what the harness does, read from its code.
-In short: context = the task's doc_to_text, continuation = " " + choice (spec §1.3-1.4); the context's trailing
-whitespace moves to the continuation and the pair is encoded jointly, with no BOS (spec §3); the input is the
-last max_length + 1 tokens minus the final one; the score of a choice is the sum of its continuation tokens'
-log-probabilities; acc = argmax, acc_norm = argmax of score / len(choice in characters), ties to the first
-(spec §1.5); the reported stderr is the sample standard deviation / sqrt(n) (spec §1.6).
+Every rule below cites the harness file it follows, in EleutherAI/lm-evaluation-harness at tag v0.4.9 (paths from
+the repository's root; "lm-eval" below). In short: context = the task's doc_to_text, continuation = " " + choice
+(lm_eval/api/task.py, ConfigurableTask.fewshot_context and construct_requests); the context's trailing whitespace
+moves to the continuation and the pair is encoded jointly, with no BOS (lm_eval/api/model.py, TemplateLM._encode_pair;
+lm_eval/models/huggingface.py, HFLM.tok_encode); the input is the last max_length + 1 tokens minus the final one;
+the score of a choice is the sum of its continuation tokens' log-probabilities (HFLM._loglikelihood_tokens);
+acc = argmax, acc_norm = argmax of score / len(choice in characters), ties to the first
+(ConfigurableTask.process_results); the reported stderr is the sample standard deviation / sqrt(n)
+(lm_eval/api/metrics.py, mean and sample_stddev). docs/evaluation.md walks through them.
 
 Speed: requests are deduplicated (identical model inputs share one forward pass, as the harness's logits
 cache), sorted by length, right-padded into batches with seq_lens (so affine's N is each sequence's real
-length), and lm_head runs only on the continuation rows. None of this changes a score (spec §3 "Batching").
+length), and lm_head runs only on the continuation rows. None of this changes a score (lm-eval's Collator,
+lm_eval/models/utils.py, does the same).
 """
 import json
 import math
@@ -40,9 +44,10 @@ from files import RunError, atomic_write, run_script, write_json
 from data import load_tokenizer, read_meta, read_shard, tokenizer_info
 from model import GPT
 
-# task -> (hub dataset path, config name, the split the harness evaluates) (spec §2). datasets >= 4 cannot run
-# the dataset scripts behind v0.4.9's legacy names 'hellaswag', 'super_glue' and 'winogrande', so we read their
-# script-free copies, the ones later harness versions switched to (spec §2; spec §6: not verified row-identical).
+# task -> (hub dataset path, config name, the split the harness evaluates) (lm-eval's task YAMLs: dataset_path,
+# dataset_name, test_split or else validation_split). datasets >= 4 cannot run the dataset scripts behind v0.4.9's
+# legacy names 'hellaswag', 'super_glue' and 'winogrande', so we read their script-free copies, the ones later
+# harness versions switched to (not verified row-identical to the legacy ones).
 HUB = {
     'arc_easy': ('allenai/ai2_arc', 'ARC-Easy', 'test'),
     'arc_challenge': ('allenai/ai2_arc', 'ARC-Challenge', 'test'),
@@ -52,13 +57,13 @@ HUB = {
     'winogrande': ('allenai/winogrande', 'winogrande_xl', 'validation'),
     'c4': ('allenai/c4', None, 'validation'),
 }
-C4_SHARD = 'en/c4-validation.00000-of-00008.json.gz'  # spec §4.B: the only file the GPTQ protocol reads
-C4_DOCS = 1100  # spec §4.B-2 (c4-new): the first 1100 documents, joined with single spaces
+C4_SHARD = 'en/c4-validation.00000-of-00008.json.gz'  # the only file GPTQ's C4 protocol reads (gptq's datautils.py)
+C4_DOCS = 1100  # GPTQ's c4-new (datautils.py, get_c4_new): the first 1100 documents, joined with single spaces
 TASKS = tuple(HUB) + ('heldout',)
 DEFAULT_TASKS = tuple(HUB)
 
 # One document: its loglikelihood requests (context, continuation), the gold index, and the character length
-# of each choice for acc_norm (None where the harness reports acc only: BoolQ and Winogrande, spec §2).
+# of each choice for acc_norm (None where the harness reports acc only: BoolQ and Winogrande, per their YAMLs).
 Doc = namedtuple('Doc', 'requests gold lengths')
 
 # -----------------------------------------------------------------------------
@@ -74,7 +79,8 @@ def field(row, name, kind=None):
 
 
 def label_index(value, n, name):
-    """An integer label in range(n); the strings "0".."n-1" too (HellaSwag's label is a string, spec §2)."""
+    """An integer label in range(n); the strings "0".."n-1" too (HellaSwag's label is a string, which
+    lm_eval/tasks/hellaswag/utils.py turns into an int)."""
     if isinstance(value, bool) or not isinstance(value, (int, str)) or not re.fullmatch(r'\d+', str(value)) \
             or int(value) >= n:
         raise ValueError(f"bad label {name}={value!r}: expected an integer in [0, {n})")
@@ -82,14 +88,16 @@ def label_index(value, n, name):
 
 
 def choice_doc(context, choices, gold, norm=True):
-    """spec §1.4: one request (context, " " + choice) per choice; §1.5: acc_norm divides by len(choice)."""
+    """One request (context, " " + choice) per choice (ConfigurableTask.construct_requests); acc_norm divides by
+    len(choice) (ConfigurableTask.process_results)."""
     if not choices or not all(isinstance(c, str) for c in choices):
         raise ValueError(f"choices must be a non-empty list of strings, got {choices!r}")
     return Doc([(context, ' ' + c) for c in choices], gold, [float(len(c)) for c in choices] if norm else None)
 
 
 def arc_doc(row):
-    """spec §2 arc: "Question: {question}\\nAnswer:", choices.text, gold = position of answerKey in choices.label."""
+    """lm_eval/tasks/arc/arc_easy.yaml: "Question: {question}\\nAnswer:", choices.text, gold = position of answerKey
+    in choices.label."""
     choices = field(row, 'choices', dict)
     texts, labels = field(choices, 'text', list), field(choices, 'label', list)
     key = field(row, 'answerKey')
@@ -99,37 +107,39 @@ def arc_doc(row):
 
 
 def hellaswag_preprocess(text):
-    """spec §2 hellaswag preprocess, in this order: strip once, " [title]" -> ". ", drop [...] (non-greedy),
-    one pass of "  " -> " " (so three spaces become two; a trailing " [step]" leaves a trailing space)."""
+    """lm_eval/tasks/hellaswag/utils.py, preprocess, in this order: strip once, " [title]" -> ". ", drop [...]
+    (non-greedy), one pass of "  " -> " " (so three spaces become two; a trailing " [step]" leaves a trailing space)."""
     text = text.strip().replace(' [title]', '. ')
     text = re.sub(r'\[.*?\]', '', text)
     return text.replace('  ', ' ')
 
 
 def hellaswag_doc(row):
-    """spec §2 hellaswag process_docs: ctx = ctx_a + " " + ctx_b.capitalize() (str.capitalize lower-cases the
-    rest); query = preprocess(activity_label + ": " + ctx); choices = preprocess(each ending)."""
+    """lm_eval/tasks/hellaswag/utils.py, process_docs: ctx = ctx_a + " " + ctx_b.capitalize() (str.capitalize
+    lower-cases the rest); query = preprocess(activity_label + ": " + ctx); choices = preprocess(each ending)."""
     endings = field(row, 'endings', list)
     ctx = field(row, 'ctx_a', str) + ' ' + field(row, 'ctx_b', str).capitalize()
     query = hellaswag_preprocess(field(row, 'activity_label', str) + ': ' + ctx)
-    return choice_doc(query, [hellaswag_preprocess(e) for e in endings], label_index(field(row, 'label'), len(endings), 'label'))
+    return choice_doc(query, [hellaswag_preprocess(e) for e in endings],
+                      label_index(field(row, 'label'), len(endings), 'label'))
 
 
 def piqa_doc(row):
-    """spec §2 piqa: "Question: {goal}\\nAnswer:", choices [sol1, sol2], gold = label."""
+    """lm_eval/tasks/piqa/piqa.yaml: "Question: {goal}\\nAnswer:", choices [sol1, sol2], gold = label."""
     return choice_doc('Question: ' + field(row, 'goal', str) + '\nAnswer:',
                       [field(row, 'sol1', str), field(row, 'sol2', str)], label_index(field(row, 'label'), 2, 'label'))
 
 
 def boolq_doc(row):
-    """spec §2 boolq: "{passage}\\nQuestion: {question}?\\nAnswer:" (a "?" always appended), choices no/yes, acc only."""
+    """lm_eval/tasks/super_glue/boolq/default.yaml: "{passage}\\nQuestion: {question}?\\nAnswer:" (a "?" always
+    appended), choices no/yes, acc only."""
     context = field(row, 'passage', str) + '\nQuestion: ' + field(row, 'question', str) + '?\nAnswer:'
     return choice_doc(context, ['no', 'yes'], label_index(field(row, 'label'), 2, 'label'), norm=False)
 
 
 def winogrande_doc(row):
-    """spec §2 winogrande, partial scoring: the two contexts are sentence[:k] + option_i (k = the first "_"), the
-    shared continuation is " " + sentence[k+1:].strip(); acc only."""
+    """lm_eval/tasks/winogrande/default.yaml and preprocess_winogrande.py, partial scoring: the two contexts are
+    sentence[:k] + option_i (k = the first "_"), the shared continuation is " " + sentence[k+1:].strip(); acc only."""
     sentence, answer = field(row, 'sentence', str), field(row, 'answer')
     k = sentence.find('_')
     if k < 0:
@@ -242,14 +252,14 @@ def heldout_rows(data_dir, n_docs, ctx_chars=160, cont_chars=48, n_choices=4, se
     return rows
 
 # -----------------------------------------------------------------------------
-# Requests: token ids, exactly as the harness builds them (spec §3)
+# Requests: token ids, exactly as the harness builds them (lm_eval/api/model.py, lm_eval/models/huggingface.py)
 
 
 def encode_request(enc, context, continuation, max_length, bos_id=None, prefix_id=None):
-    """(model input ids, continuation ids) of one loglikelihood request. spec §3 Encoding: an empty context is
+    """(model input ids, continuation ids) of one loglikelihood request. TemplateLM._encode_pair: an empty context is
     [prefix_id]; otherwise the context's trailing whitespace moves to the continuation and the pair is encoded
-    jointly, the continuation being whole[len(ctx_ids):]. BOS (spec §3 BOS handling) is off by default: v0.4.9
-    encodes with add_special_tokens=False. spec §3 Context length: keep the last max_length + 1 tokens, drop the
+    jointly, the continuation being whole[len(ctx_ids):]. BOS (HFLM.tok_encode) is off by default: v0.4.9
+    encodes with add_special_tokens=False. HFLM._loglikelihood_tokens: keep the last max_length + 1 tokens, drop the
     final one. Raises ValueError when the continuation alone does not fit."""
     if context == '':
         if prefix_id is None:
@@ -293,7 +303,7 @@ def plan_forwards(requests, share_prefixes):
     every variant but affine with affine_bias_norm='seq_len'; there only identical inputs share). Sorted
     lexicographically, a sequence is a prefix of some other exactly when it is a prefix of the next one, so one
     backward sweep finds the longest sequence each request can read from (identical inputs always share: the
-    harness's logits cache, spec §3)."""
+    harness's logits cache, lm_eval/models/utils.py Collator)."""
     order = sorted(range(len(requests)), key=lambda i: requests[i][0])
     owner = list(range(len(requests)))
     for a, b in zip(reversed(order[:-1]), reversed(order[1:])):
@@ -305,7 +315,7 @@ def plan_forwards(requests, share_prefixes):
 
 @torch.inference_mode()
 def score_requests(model, requests, batch_size, progress=None):
-    """Sum of continuation log-probabilities of each (input ids, continuation ids) request (spec §3 Forward pass):
+    """Sum of continuation log-probabilities of each (input ids, continuation ids) request (HFLM._loglikelihood_tokens):
     one forward pass per distinct input (see plan_forwards), longest first, right-padded batches with seq_lens;
     log_softmax over the whole vocabulary in the logits' dtype, on the continuation rows only."""
     owner = plan_forwards(requests, not model.config.outputs_depend_on_length)
@@ -326,7 +336,7 @@ def score_requests(model, requests, batch_size, progress=None):
         for b, o in enumerate(batch):
             for i in readers[o]:
                 inp, cont = requests[i]
-                rows.append(hidden[b, len(inp) - len(cont):len(inp)])  # spec §3: rows inplen-C .. inplen-1
+                rows.append(hidden[b, len(inp) - len(cont):len(inp)])  # the harness's rows inplen-C .. inplen-1
                 targets.extend(cont)
                 sizes.append(len(cont))
                 ids.append(i)
@@ -354,17 +364,19 @@ def score_one_by_one(model, requests, progress=None):
 
 
 def argmax_first(values):
-    """np.argmax semantics (spec §1.5): the first index of the maximum."""
+    """np.argmax semantics (ConfigurableTask.process_results): the first index of the maximum."""
     return max(range(len(values)), key=lambda i: (values[i], -i))
 
 
 def mean_stderr(values):
-    """spec §1.6: the mean, and the sample standard deviation (n - 1) / sqrt(n) (None for a single document)."""
+    """lm_eval/api/metrics.py (mean, sample_stddev): the mean, and the sample standard deviation (n - 1) / sqrt(n)
+    (None for a single document)."""
     return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
 
 
 def task_metrics(docs, logliks, log_samples=False):
-    """acc, acc_norm (spec §1.5) and their stderr over documents; logliks holds the docs' requests' scores, flat."""
+    """acc, acc_norm (ConfigurableTask.process_results) and their stderr over documents; logliks holds the docs'
+    requests' scores, flat."""
     acc, acc_norm, samples, k = [], [], [], 0
     for i, doc in enumerate(docs):
         ll = logliks[k:k + len(doc.requests)]
@@ -380,13 +392,13 @@ def task_metrics(docs, logliks, log_samples=False):
     return dict(result, n=len(docs), docs=samples)
 
 # -----------------------------------------------------------------------------
-# C4 perplexity (spec §4.B-2, GPTQ's "c4-new")
+# C4 perplexity (GPTQ's "c4-new": IST-DASLab/gptq, datautils.py get_c4_new and llama.py llama_eval)
 
 
 def c4_tokens(enc, rows):
     """The first 1100 documents joined with single spaces, tokenized once with the special tokens the tokenizer
     puts around a text (Llama-3's BOS at the very start; nothing for GPT-2 or Qwen), as the HF tokenizer GPTQ calls
-    does (spec §4.B)."""
+    does (GPTQ's datautils.py)."""
     if len(rows) < C4_DOCS:
         raise SystemExit(f"c4: the c4-new protocol needs the first {C4_DOCS} validation documents, got {len(rows)}")
     text = ' '.join(field(row, 'text', str) for row in rows[:C4_DOCS])
@@ -395,8 +407,9 @@ def c4_tokens(enc, rows):
 
 @torch.inference_mode()
 def c4_perplexity(model, ids, n_windows, seqlen, batch_size, progress=None):
-    """spec §4.B evaluation loop: min(n_windows, len(ids) // seqlen) disjoint windows from the start, each an
-    independent sequence; the mean cross-entropy of each window's seqlen - 1 predictions; exp of their mean."""
+    """GPTQ's evaluation loop (llama.py, llama_eval): min(n_windows, len(ids) // seqlen) disjoint windows from the
+    start, each an independent sequence; the mean cross-entropy of each window's seqlen - 1 predictions; exp of their
+    mean."""
     n = min(n_windows, len(ids) // seqlen)
     if n == 0:
         raise SystemExit(f"c4: {len(ids)} tokens are fewer than one window of {seqlen}")
@@ -501,10 +514,10 @@ def main(argv=None):
     dtype = getattr(torch, resolve_dtype(args.dtype, device))
     model, enc = load_model_and_tokenizer(args.hf_model or args.ckpt, args.tokenizer, device, dtype)
     cfg = model.config
-    max_length = args.max_length or cfg.block_size  # spec §3: the user's max_length, else the model's positions
+    max_length = args.max_length or cfg.block_size  # HFLM: the user's max_length, else the model's positions
     # the tokenizer's own conventions, read from its files (data.Tokenizer): the BOS it puts before a text
     # (add_special_tokens=True, what --add_bos asks the harness for), and the harness's prefix token for an empty
-    # context (spec §3: the tokenizer's BOS, else its EOS)
+    # context (TemplateLM._encode_pair: the tokenizer's BOS, else its EOS)
     bos_id = enc.ids(enc.prefix)[0] if enc.prefix else None
     if args.add_bos and bos_id is None:
         raise SystemExit(f"--add_bos: the {enc.name} tokenizer puts no BOS before a text (its HF tokenizer adds none "
@@ -523,7 +536,7 @@ def main(argv=None):
             ids, seqlen = c4_tokens(enc, rows), args.c4_seqlen or min(2048, max_length)
             r = c4_perplexity(model, ids, args.c4_windows, seqlen, args.batch_size,
                               Progress('c4 windows', min(args.c4_windows, len(ids) // seqlen)))
-            r['protocol'] = (f"c4-new (GPTQ --new-eval, spec §4.B-2): first {C4_DOCS} docs of {C4_SHARD} joined by "
+            r['protocol'] = (f"c4-new (GPTQ --new-eval): first {C4_DOCS} docs of {C4_SHARD} joined by "
                              f"' ', {''.join(t + ' + ' for t in enc.prefix)}tokenized once"
                              f"{''.join(' + ' + t for t in enc.suffix)}, {r['n']} windows of {seqlen} "
                              f"tokens from the start, PPL = exp(mean of per-window mean NLL)")

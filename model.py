@@ -105,7 +105,9 @@ class ModelConfig:
 FIELD_NAMES = tuple(f.name for f in fields(ModelConfig))
 
 # The published shapes the paper's students and teachers copy, as ModelConfig fields, from each model's Hugging Face
-# config.json (notes: reference_facts.md, section 2); block_size is the paper's sequence length, 2,048 tokens.
+# config.json (huggingface.co/<name>/blob/main/config.json for Qwen/Qwen1.5-0.5B, Qwen/Qwen1.5-1.8B,
+# meta-llama/Llama-3.2-1B, meta-llama/Llama-3.2-3B, meta-llama/Llama-3.1-8B); block_size is the paper's sequence
+# length, 2,048 tokens.
 # train.py's `model = 'llama3.2-1b'` sets them; its dry run sizes a teacher that is not on this machine from them.
 LLAMA3_ROPE = dict(rope_type='llama3', low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
 MODEL_SHAPES = {

@@ -13,8 +13,8 @@ from train import load_config
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), '..', 'config')
 
-# Extra parameters over the softmax model of the same size: the paper's Table 1-2 figures (Delta Params)
-# in full, from reference_facts.md section 1. Sink adds one logit per head and layer (the paper's "0.0M").
+# Extra parameters over the softmax model of the same size: the paper's Tables 1-2 (Delta Params, given there in
+# millions: 0.4M, 1.0M, 2.1M, 67.1M, 264.2M), written out in full. Sink adds one logit per head and layer ("0.0M").
 PAPER_DELTA = {
     ('affine', '0.5b'): 393_216, ('affine', '1b'): 1_048_576, ('affine', '3b'): 2_064_384,
     ('gated', '1b'): 67_108_864, ('gated', '3b'): 264_241_152,

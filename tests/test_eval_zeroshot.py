@@ -1,6 +1,7 @@
 """Tests for eval_zeroshot.py: the exact context/continuation strings of hand-written rows of each task's schema
-(lmeval_spec.md §2), the harness's tokenisation (§3), acc/acc_norm and their tie-breaking (§1.5), batched scoring
-against a one-request-per-forward loop and the model's own loss for every attention variant, C4 windowing (§4.B),
+(lm-evaluation-harness v0.4.9's task YAMLs), the harness's tokenisation (TemplateLM._encode_pair), acc/acc_norm and
+their tie-breaking (ConfigurableTask.process_results), batched scoring against a one-request-per-forward loop and the
+model's own loss for every attention variant, C4 windowing (GPTQ's c4-new),
 the heldout task, every bad-input error and the command line."""
 import json
 import math
@@ -35,7 +36,7 @@ ROWS = {
 
 
 def test_task_strings():
-    """spec §2: every task's requests, gold and acc_norm lengths, character for character."""
+    """The task YAMLs' strings: every task's requests, gold and acc_norm lengths, character for character."""
     docs = {task: ez.DOC_BUILDERS[task](row) for task, row in ROWS.items()}
     assert docs['arc_easy'] == ez.Doc([('Question: Which is a gas?\nAnswer:', ' ' + c) for c in ['ice', 'steam', 'rock']],
                                       1, [3.0, 5.0, 4.0])
@@ -69,7 +70,7 @@ def bpe(tmp_path_factory):
 
 def test_encoding(bpe):
     ids = lambda s: list(s.encode())
-    # spec §3: trailing whitespace of the context moves to the continuation
+    # TemplateLM._encode_pair: trailing whitespace of the context moves to the continuation
     assert ez.encode_request(BYTES, 'Answer: ', ' yes', 100) == (tuple(ids('Answer:  ye')), tuple(ids('  yes')))
     # joint encoding: continuation = whole[len(enc(ctx)):], not enc(continuation)
     x, a, c, d = (ord(ch) for ch in 'xacd')

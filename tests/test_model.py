@@ -363,7 +363,8 @@ def test_rope_tables_match_reference_and_llama3_scaling():
     cos, sin = rope_cos_sin(cfg, torch.arange(50))
     angles = reference_angles(50, cfg.head_dim, cfg.rope_theta)
     torch.testing.assert_close(cos.double(), torch.cat([angles, angles], -1).cos(), rtol=0, atol=2e-5)
-    # Llama-3 frequency scaling, written as the piecewise rule (reference_facts.md section 2)
+    # Llama-3 frequency scaling, written as the piecewise rule (transformers' modeling_rope_utils.py,
+    # _compute_llama3_parameters)
     scaling = dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=64)
     cfg = tiny_config(n_embd=128, n_head=2, n_kv_head=2, rope_theta=500000.0, rope_scaling=scaling)
