@@ -39,10 +39,9 @@ import traceback
 import types
 
 import torch
-import torch.nn.functional as F
 
 import prepare_data
-from distill import fused_kd_loss, load_teacher
+from distill import fused_kd_loss, kd_loss, load_teacher
 from common import (KNOWN_PEAK_BF16, Progress, default_peak_flops, flops_per_token, measured_matmul_flops,
                     resolve_device)
 from configurator import DEVICE, Key, parse
@@ -212,7 +211,7 @@ def bench_attention(args, device):
 def kd_problem(N, V, C_s, C_t, device, hidden_dtype):
     """Random hidden states and lm_heads of a student (C_s wide, hidden states in hidden_dtype, fp32 head) and a
     teacher (C_t wide; bf16 on CUDA, as train.py loads it), and the two KD paths on them, each a function that runs
-    one forward + backward (under bf16 autocast on CUDA) and returns the loss: 'naive', what one writes first (both
+    one forward + backward (under bf16 autocast on CUDA) and returns the loss: 'naive', distill.kd_loss (both
     models' full logits, then the KL; autocast computes the log-softmaxes in fp32), and 'fused_kd_loss'.
     Returns (h_s, w_s, paths); gradients land in h_s.grad and w_s.grad."""
     low = torch.bfloat16 if device.type == 'cuda' else torch.float32
@@ -221,8 +220,7 @@ def kd_problem(N, V, C_s, C_t, device, hidden_dtype):
     w_s = (torch.randn(V, C_s, device=device) * C_s ** -0.5).requires_grad_()
     h_t = torch.randn(N, C_t, device=device, dtype=low)
     w_t = (torch.randn(V, C_t, device=device) * C_t ** -0.5).to(low)
-    losses = dict(naive=lambda: F.kl_div(F.log_softmax(h_s @ w_s.T, dim=-1), F.log_softmax(h_t @ w_t.T, dim=-1),
-                                         log_target=True, reduction='batchmean'),
+    losses = dict(naive=lambda: kd_loss(h_s, w_s, h_t, w_t)[0],
                   fused_kd_loss=lambda: fused_kd_loss(h_s, w_s, h_t, w_t)[0])
 
     def step(loss_fn):

@@ -48,6 +48,7 @@ import time
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 
 from checkpoint import checkpoint_file, read_checkpoint, read_hf_config
 from common import resolve_device, resolve_dtype
@@ -55,6 +56,7 @@ from configurator import DEVICE, Key, parse
 from data import Windows, load_tokenizer, read_meta, tokenizer_info
 from files import run_script
 from model import GPT, IGNORE_INDEX
+from sink_kernel import at_least_fp32
 
 CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB
 
@@ -282,6 +284,26 @@ class FusedKDLoss(torch.autograd.Function):
         if grad_w is not None:  # .to: no copy for a float32 master weight
             grad_w = grad_w.mul_(scale).to(ctx.weight_dtype)
         return grad_h, grad_w, None, None, None, None, None, None
+
+
+def kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight, temperature=1.0, targets=None,
+            kd_alpha=1.0):
+    """The loss fused_kd_loss computes, written as its definition: both models' full (N, V) logits, then
+    KD = T^2 * mean over tokens of KL(teacher || student) at temperature T, and CE on the student's logits, with
+    autograd taking the gradients. Same arguments and results as fused_kd_loss; the softmaxes run in at least
+    float32. Readable, and what the tests and bench.py check the fused loss against; it holds several (N, V)
+    tensors at once, which fused_kd_loss never does (train.py --kd_loss=plain selects it)."""
+    T = temperature
+    student = at_least_fp32(student_hidden @ student_weight.T)
+    teacher = at_least_fp32(teacher_hidden @ teacher_weight.T).detach()
+    kl = F.kl_div(F.log_softmax(student / T, -1), F.log_softmax(teacher / T, -1), log_target=True,
+                  reduction='none').sum(-1)
+    if targets is None:
+        kd = T * T * kl.mean()
+        return kd, kd.detach(), None
+    kd = T * T * kl[targets != IGNORE_INDEX].mean()
+    ce = F.cross_entropy(student.flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX)
+    return kd_alpha * kd + (1 - kd_alpha) * ce, kd.detach(), ce.detach()
 
 
 def fused_kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight, temperature=1.0, targets=None,

@@ -93,19 +93,6 @@ def test_bad_teacher_specs(tmp_path):
 # The fused KD loss
 
 
-def reference_kd(h_s, w_s, h_t, w_t, temperature, targets, kd_alpha):
-    """The full-logits computation, written from the definition: (loss, kd, ce)."""
-    T = temperature
-    s, t = h_s @ w_s.T, h_t @ w_t.T
-    kl = F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t / T, -1), log_target=True, reduction='none').sum(-1)
-    if targets is None:
-        kd = T * T * kl.mean()
-        return kd, kd, None
-    kd = T * T * kl[targets != -100].mean()
-    ce = F.cross_entropy(s.flatten(0, -2), targets.flatten(), ignore_index=-100)
-    return kd_alpha * kd + (1 - kd_alpha) * ce, kd, ce
-
-
 def kd_inputs(dtype=torch.float64, B=2, T=13, C_s=16, C_t=24, V=37, seed=0):
     """Random student/teacher hidden states and lm_heads of different widths; logits of a few units."""
     g = torch.Generator().manual_seed(seed)
@@ -124,7 +111,7 @@ def test_fused_kd_loss_equals_full_logits_float64(temperature, kd_alpha, with_ta
     h_s, w_s, h_t, w_t, targets = kd_inputs()
     targets = targets if with_targets else None
     loss, kd, ce = distill.fused_kd_loss(h_s, w_s, h_t, w_t, temperature, targets, kd_alpha, chunk_size)
-    ref_loss, ref_kd, ref_ce = reference_kd(h_s, w_s, h_t, w_t, temperature, targets, kd_alpha)
+    ref_loss, ref_kd, ref_ce = distill.kd_loss(h_s, w_s, h_t, w_t, temperature, targets, kd_alpha)
     upstream = 1.7  # backward must scale the stored gradients by grad_output
     grads = torch.autograd.grad(upstream * loss, (h_s, w_s))
     ref_grads = torch.autograd.grad(upstream * ref_loss, (h_s, w_s))
@@ -160,7 +147,7 @@ def test_temperature_and_ce_mix_by_hand():
 def test_fused_kd_loss_under_bf16_autocast_and_with_bf16_inputs():
     h_s, w_s, h_t, w_t, targets = (t.detach().float() if t.is_floating_point() else t for t in kd_inputs())
     h_s.requires_grad_(), w_s.requires_grad_()
-    ref = reference_kd(h_s.double(), w_s.double(), h_t.double(), w_t.double(), 2.0, targets, 0.5)[0]
+    ref = distill.kd_loss(h_s.double(), w_s.double(), h_t.double(), w_t.double(), 2.0, targets, 0.5)[0]
     # under autocast the vocabulary matmuls run in bf16 (the logits carry its 2^-9 rounding, measured <= 2e-4 of the
     # loss), the log-softmax and the sums in float32: a float32 loss within bf16 rounding of the float64 one
     with torch.autocast('cpu', dtype=torch.bfloat16):
@@ -178,7 +165,7 @@ def test_fused_kd_loss_without_grad_and_bad_arguments():
     h_s, w_s, h_t, w_t, targets = kd_inputs()
     with torch.no_grad():
         loss, kd, ce = distill.fused_kd_loss(h_s, w_s, h_t, w_t, targets=targets)
-    assert not loss.requires_grad and loss.item() == pytest.approx(reference_kd(
+    assert not loss.requires_grad and loss.item() == pytest.approx(distill.kd_loss(
         h_s, w_s, h_t, w_t, 1.0, targets, 1.0)[0].item(), rel=1e-12)
     for kwargs, message in [(dict(teacher_weight=w_t[:-1]), 'rows'), (dict(temperature=0.0), 'temperature > 0'),
                             (dict(kd_alpha=0.5), 'targets when kd_alpha < 1'), (dict(kd_alpha=1.5), 'kd_alpha <= 1'),
@@ -259,7 +246,7 @@ def test_fused_kd_loss_in_training_precision_against_float64(precision, temperat
     h_s.requires_grad_(), w_s.requires_grad_()
     # the reference: the full logits in float64 on the CPU, from the very values the fused loss is given
     ref_h, ref_w = h_s.detach().cpu().double().requires_grad_(), w_s.detach().cpu().double().requires_grad_()
-    ref = reference_kd(ref_h, ref_w, h_t.cpu().double(), w_t.cpu().double(), temperature, targets.cpu(), kd_alpha)
+    ref = distill.kd_loss(ref_h, ref_w, h_t.cpu().double(), w_t.cpu().double(), temperature, targets.cpu(), kd_alpha)
     ref_grads = torch.autograd.grad(ref[0], (ref_h, ref_w))
     with torch.autocast(device, dtype=torch.bfloat16, enabled=PRECISIONS[precision][0]):
         loss, kd, ce = distill.fused_kd_loss(h_s, w_s, h_t, w_t, temperature, targets, kd_alpha, chunk_size=24)
