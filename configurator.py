@@ -51,7 +51,7 @@ def fail(message, usage=''):
 def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=()):
     """The checked config (a dict) of argv, for `keys` (name -> default or Key). positional: the name of the list
     the bare arguments make (at least one), files=True: they are config files; neither: they are errors. rules:
-    expressions over the keys that must hold once every key is set, e.g. 'warmup_iters <= max_iters'."""
+    expressions over the keys that must hold once every key is set, e.g. 'min_lr <= learning_rate'."""
     keys = {name: key if isinstance(key, Key) else Key(key) for name, key in keys.items()}
     prog = prog or os.path.basename(sys.argv[0])
     bare = f' {positional} ...' if positional else ' [config files]' if files else ''
