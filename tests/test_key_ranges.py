@@ -50,14 +50,14 @@ NUMERIC = [(script, name, key) for script, (keys, _, _) in SCRIPTS.items() for n
 
 
 def config_of(script, argv):
-    keys, parse_argv, required = SCRIPTS[script]
+    _, parse_argv, required = SCRIPTS[script]
     result = parse_argv(required + argv)
     return result if isinstance(result, dict) else vars(result)
 
 
 def refused(script, argv, capsys):
     """The one-line error the script's parse gives for argv, after its usage line on stderr, exit status 2."""
-    keys, parse_argv, required = SCRIPTS[script]
+    _, parse_argv, required = SCRIPTS[script]
     with pytest.raises(SystemExit) as e:
         parse_argv(required + argv)
     message, err = str(e.value), capsys.readouterr().err
@@ -68,8 +68,8 @@ def refused(script, argv, capsys):
 
 def outside(key):
     """A value beyond each bound the key declares."""
-    return [bound for bound in (key.min - 1 if key.min is not None else None, key.above,
-                                key.max + 1 if key.max is not None else None, key.below) if bound is not None]
+    return [value for value in (key.min - 1 if key.min is not None else None, key.above,
+                                key.max + 1 if key.max is not None else None, key.below) if value is not None]
 
 
 def test_every_numeric_key_has_a_lower_bound():
