@@ -582,53 +582,54 @@ def noise_note(numbers, columns):
             + '; '.join(within) + '.')
 
 
-# The three jobs: (their keys, the name of their positional list, what they do)
+# The three jobs: (their keys, the name of their positional list, what they do, the rules between their keys)
 JOBS = dict(
     attention=(dict(
         out_dir=Key(None, types=(str,), required=True),
         data=Key('c4', "held-out text: c4 (Appendix A.1), a prepare_data.py directory (its val split) or a text file"),
         data_dir=Key(None, "c4 offline: a directory of eval_zeroshot.py --export_data", types=(str,)),
         num_seqs=Key(10, "sequences (Appendix A.1: 10)", min=1),
-        seq_len=Key(0, "tokens per sequence (0: min(1024, block_size))"),
-        seed=Key(0, "which windows are drawn"),
-        layer=Key(0, "Figure 9's layer, 1-based (0: n_layer // 2)"),
+        seq_len=Key(0, "tokens per sequence (0: min(1024, block_size))", min=0),
+        seed=Key(0, "which windows are drawn", min=0),
+        layer=Key(0, "Figure 9's layer, 1-based (0: n_layer // 2)", min=0),
         corner=Key(30, "Figure 9's block size", min=1),
         tokenizer=Key(None, "where a checkpoint's tokenizer is now, if it moved", types=(str,)),
         device=DEVICE,
         dtype=Key('float32', choices=('float32', 'bfloat16', 'float64')),
         batch_size=Key(1, "sequences per forward", min=1),
     ), 'checkpoints', "Figures 3-6, 9, alpha and sinks from checkpoints (train.py out_dirs, ckpt.pt files or HF model "
-                      "directories) on held-out text"),
+                      "directories) on held-out text", ()),
     runs=(dict(
         out_dir=Key(None, types=(str,), required=True),
-        window=Key([0, 500], "steps for Tables 4-5: start,end (the paper: 0,500)"),
-        ks=Key([6.0, 9.0], "spike thresholds k in median + k MAD (the paper: 6,9)"),
-        late=Key(2000, "steps in Figure 10's late-phase zoom"),
-    ), 'run_dirs', "Figures 2, 7, 8, 10 and Tables 4-5 from the metrics.jsonl of train.py out_dirs of one model size"),
+        window=Key([0, 500], "steps for Tables 4-5: start,end (the paper: 0,500)", min=0),
+        ks=Key([6.0, 9.0], "spike thresholds k in median + k MAD (the paper: 6,9)", above=0),
+        late=Key(2000, "steps in Figure 10's late-phase zoom", min=1),
+    ), 'run_dirs', "Figures 2, 7, 8, 10 and Tables 4-5 from the metrics.jsonl of train.py out_dirs of one model size",
+        ('len(window) == 2 and window[0] < window[1]',)),
     table=(dict(
         out_dir=Key(None, types=(str,), required=True),
         eval_file=Key('eval.json', "eval_zeroshot.py --out file inside each run dir"),
         metric=Key('acc_norm', "acc_norm: where a task reports it (ARC, HellaSwag, PIQA), else acc",
                    choices=('acc_norm', 'acc')),
     ), 'run_dirs', "Tables 1-3 from runs (train.py out_dirs of one model size, several seeds allowed) and their "
-                   "eval_zeroshot results"),
+                   "eval_zeroshot results", ()),
 )
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     jobs = '\n'.join(f"  python analyze.py {job} {positional} ... --out_dir=DIR   {what}"
-                     for job, (_, positional, what) in JOBS.items())
+                     for job, (_, positional, what, _) in JOBS.items())
     if not argv or argv[0] not in JOBS:
         if argv and argv[0] in ('-h', '--help'):
             print(f"The paper's analyses and tables; see the docstring of analyze.py.\n\n{jobs}")
             raise SystemExit(0)
         fail(f"the first argument is the job, one of {', '.join(JOBS)}; got {argv[0] if argv else 'none'}",
              f"usage:\n{jobs}\n")
-    keys, positional, what = JOBS[argv[0]]
-    args = SimpleNamespace(job=argv[0], **parse(argv[1:], keys, what, positional, prog=f'analyze.py {argv[0]}'))
-    claim_dir(args.out_dir, 'analyze.py', ours=is_report,
-              writes=('report.md', 'numbers.json'))
+    keys, positional, what, rules = JOBS[argv[0]]
+    args = SimpleNamespace(job=argv[0], **parse(argv[1:], keys, what, positional, prog=f'analyze.py {argv[0]}',
+                                                rules=rules))
+    claim_dir(args.out_dir, 'analyze.py', ours=is_report, writes=('report.md', 'numbers.json'))
     if args.job == 'attention':
         models, figures = attention_report(args.checkpoints, args.out_dir, args.data, args.num_seqs, args.seq_len,
                                            args.seed, args.layer, args.corner, args.data_dir, args.tokenizer,

@@ -740,23 +740,24 @@ KEYS = dict(
     check_json=Key('bench_check.json', '--check: where its JSON record goes'),
     check_parts=Key(None, f"--check: only these parts ({', '.join(CHECK_PARTS)}); default all", choices=CHECK_PARTS,
                     types=(list,)),
-    check_batch_size=Key(4, '--check: micro-batch of the 1B variant steps'),
+    check_batch_size=Key(4, '--check: micro-batch of the 1B variant steps', min=1),
     sections=Key(list(SECTIONS), 'comma-separated', choices=tuple(SECTIONS)),
     device=DEVICE,
     compile=Key(None, 'torch.compile the timed training steps (default: on for CUDA, off for CPU)', types=(bool,)),
     # the model of the attention and train sections
-    n_layer=Key(4), n_embd=Key(512), n_head=Key(8), n_kv_head=Key(2), vocab_size=Key(8192),
+    n_layer=Key(4, min=1), n_embd=Key(512, min=1), n_head=Key(8, min=1), n_kv_head=Key(2, min=1),
+    vocab_size=Key(8192, min=1),
     # attention
-    seq_lens=Key([1024, 2048], 'comma-separated'),
-    steps=Key(7, 'timed rounds (one step of every variant each; median)'),
-    batch_size=Key(1),
+    seq_lens=Key([1024, 2048], 'comma-separated', min=1),
+    steps=Key(7, 'timed rounds (one step of every variant each; median)', min=1),
+    batch_size=Key(1, min=1),
     # kd
-    kd_tokens=Key(8192), kd_vocab=Key(128256), kd_hidden=Key(2048),
+    kd_tokens=Key(8192, min=1), kd_vocab=Key(128256, min=1), kd_hidden=Key(2048, min=1),
     # train and eval
     variants=Key(['softmax', 'affine'], 'comma-separated', choices=ATTENTIONS),
-    train_steps=Key(10),
-    train_batch_size=Key(None, 'default: 8 on CPU, 64 on CUDA', types=(int,)),
-    train_seq_len=Key(256), eval_docs=Key(200), eval_batch_size=Key(32),
+    train_steps=Key(10, min=1),
+    train_batch_size=Key(None, 'default: 8 on CPU, 64 on CUDA', types=(int,), min=1),
+    train_seq_len=Key(256, min=1), eval_docs=Key(200, min=1), eval_batch_size=Key(32, min=1),
 )
 
 

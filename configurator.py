@@ -1,8 +1,9 @@
 """
 The one configurator every script uses. A script declares its keys once, in a dict name -> default or Key (a
-default plus, where needed, help, choices, a minimum, the types a None default may also take, required); a
-command line becomes a dict of checked values: the defaults <- config files (train.py's bare arguments: Python
-files of plain assignments) <- overrides, in order. The forms an override takes:
+default plus, where needed, help, choices, its valid range, the types a None default may also take, required), and
+the rules that tie keys together (Python expressions over the keys, e.g. 'min_lr <= learning_rate'); a command line
+becomes a dict of checked values: the defaults <- config files (train.py's bare arguments: Python files of plain
+assignments) <- overrides, in order, then the rules. The forms an override takes:
 
     --key=value   --key value   --flag (a bool key alone: True)   --key=a,b,c (a list key)   -h / --help
 
@@ -26,7 +27,10 @@ class Key:
     default: object
     help: str = ''
     choices: tuple = None  # the values it may take (a list key: each element)
-    min: float = None  # the smallest it may be
+    min: float = None  # its range (a list key: each element's): min <= value <= max, and above < value < below
+    max: float = None
+    above: float = None  # where the bound itself is invalid: a learning rate above 0
+    below: float = None
     types: tuple = ()  # with a None (or dict) default: the types it may take besides None; else the default's type
     required: bool = False  # must be given (not None)
     expands: dict = None  # value -> {key: value, ...}: setting this key sets those keys, there and then (train's model)
@@ -44,9 +48,10 @@ def fail(message, usage=''):
     raise error
 
 
-def parse(argv, keys, doc='', positional=None, files=False, prog=None):
+def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=()):
     """The checked config (a dict) of argv, for `keys` (name -> default or Key). positional: the name of the list
-    the bare arguments make (at least one), files=True: they are config files; neither: they are errors."""
+    the bare arguments make (at least one), files=True: they are config files; neither: they are errors. rules:
+    expressions over the keys that must hold once every key is set, e.g. 'min_lr <= learning_rate'."""
     keys = {name: key if isinstance(key, Key) else Key(key) for name, key in keys.items()}
     prog = prog or os.path.basename(sys.argv[0])
     bare = f' {positional} ...' if positional else ' [config files]' if files else ''
@@ -64,7 +69,8 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None):
     while args:
         arg = args.pop(0)
         if arg in ('-h', '--help'):
-            print(usage + '\n' + doc.strip('\n') + '\n\n' + '\n'.join(describe(n, k) for n, k in keys.items()))
+            print(usage + '\n' + doc.strip('\n') + '\n\n' + '\n'.join(describe(n, k) for n, k in keys.items())
+                  + ''.join(f"\n  must hold: {rule}" for rule in rules))
             raise SystemExit(0)
         if files and not arg.startswith('--'):
             if not os.path.isfile(arg):
@@ -102,6 +108,10 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None):
     missing = [f'--{n}' for n, k in keys.items() if k.required and config[n] is None]
     if missing:
         fail(f"the following arguments are required: {', '.join(missing)}", usage)
+    for rule in rules:  # last: a rule ties keys that may be set in any order
+        if not eval(rule, {}, config):
+            named = dict.fromkeys(n.id for n in ast.walk(ast.parse(rule)) if isinstance(n, ast.Name) and n.id in config)
+            fail(f"{' '.join(f'--{n}={shown(config[n])}' for n in named)}: must have {rule}", usage)
     return config
 
 
@@ -127,7 +137,7 @@ def read(text, key, where, usage):
 
 
 def check(name, key, value, where, usage=''):
-    """The value, validated against the key's type (ints are widened to float), choices and minimum."""
+    """The value, validated against the key's type (ints are widened to float), choices and range."""
     allowed = key.types + (type(None),) if key.types else (type(key.default),)
     if float in allowed and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -141,16 +151,42 @@ def check(name, key, value, where, usage=''):
             fail(f"{where}: unknown {', '.join(unknown)}; choose from {', '.join(map(str, key.choices))}", usage)
     elif key.choices is not None and value not in key.choices and value is not None:
         fail(f"{where}: invalid choice: {name}={value!r}; valid values: {', '.join(map(str, key.choices))}", usage)
-    if key.min is not None and value is not None and value < key.min:
-        fail(f"--{name} must be at least {key.min}, got {value!r}", usage)
+    if any(v is not None and not within(key, v) for v in (value if isinstance(value, list) else [value])):
+        origin = '' if where.startswith('--') else f"{where}: "  # a config file set it
+        fail(f"{origin}--{name}={shown(value)} is out of range: {'each ' if isinstance(value, list) else ''}must be "
+             f"{bounds(key)}", usage)
     return value
 
 
+def within(key, value):
+    """Whether the value (a list key: one element) is in the key's range."""
+    return ((key.min is None or value >= key.min) and (key.max is None or value <= key.max)
+            and (key.above is None or value > key.above) and (key.below is None or value < key.below))
+
+
+def bounds(key):
+    """The key's range as errors and --help write it: '>= 1', '> 0', 'in [0, 1)'; '' if it has none."""
+    low = key.min if key.min is not None else key.above
+    high = key.max if key.max is not None else key.below
+    if low is not None and high is not None:
+        return f"in {'[' if key.min is not None else '('}{low}, {high}{']' if key.max is not None else ')'}"
+    if low is not None:
+        return f"{'>=' if key.min is not None else '>'} {low}"
+    if high is not None:
+        return f"{'<=' if key.max is not None else '<'} {high}"
+    return ''
+
+
+def shown(value):
+    """A value as the command line writes it."""
+    return ','.join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 def describe(name, key):
-    """One --help line: the key, its default, help, choices, minimum."""
+    """One --help line: the key, its default, help, choices, range."""
     notes = [key.help] if key.help else []
     notes += [f"one of {', '.join(map(str, key.choices))}"] if key.choices is not None else []
-    notes += [f"at least {key.min}"] if key.min is not None else []
-    shown = ','.join(map(str, key.default)) if isinstance(key.default, list) else repr(key.default)
-    default = 'required' if key.required else f"default {shown}"
+    notes += [bounds(key)] if bounds(key) else []
+    written = shown(key.default) if isinstance(key.default, list) else repr(key.default)
+    default = 'required' if key.required else f"default {written}"
     return f"  --{name:<22} {default}" + (f"; {'; '.join(notes)}" if notes else '')

@@ -32,12 +32,12 @@ from configurator import Key, fail, parse  # pure Python: it runs before the ins
 VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 KEYS = dict(
     tests=Key(False, "install the test requirements and run the test suite"),
-    seeds=Key([0], "comma-separated student seeds, e.g. 0,1,2"),
+    seeds=Key([0], "comma-separated student seeds, e.g. 0,1,2", min=0),
     variants=Key(list(VARIANTS), "comma-separated attention variants"),
     out_dir=Key('out/quickstart'),
     data_dir=Key('data/builtin_bytes'),
-    teacher_iters=Key(0, "teacher steps (0: the config's)"),
-    student_iters=Key(0, "student steps (0: the config's)"),
+    teacher_iters=Key(0, "teacher steps (0: the config's)", min=0),
+    student_iters=Key(0, "student steps (0: the config's)", min=0),
 )
 NEEDED = dict(torch='torch', numpy='numpy', tiktoken='tiktoken', datasets='datasets', safetensors='safetensors',
               matplotlib='matplotlib')  # import name: what pip installs

@@ -72,18 +72,18 @@ TRAIN_KEYS = dict(
     overwrite=Key(False, "with init_from=scratch: start over even though out_dir holds a checkpoint (replaced)"),
     keep_previous=Key(True, "at each save, keep the checkpoint it replaces as ckpt.prev.pt (a hard link, no copy): "
                       "the one to fall back to if ckpt.pt is ever damaged"),
-    max_iters=Key(9000, "optimizer steps (Appendix B.1)"),
+    max_iters=Key(9000, "optimizer steps (Appendix B.1)", min=1),
     global_batch_size=Key(1024, "sequences per optimizer step, over all ranks (Section 5.1)", min=1),
     micro_batch_size=Key(8, "sequences per forward on one rank; accumulation steps are derived", min=1),
-    learning_rate=Key(1e-3, "Section 5.1 (swept 5e-4 ... 5e-3)"),
-    min_lr=Key(0.0, "learning rate at the end of the decay"),
-    warmup_iters=Key(100, "linear warmup of the warmup-stable-decay schedule (Appendix B.1)"),
-    decay_frac=Key(0.2, "the last 20% of the steps decay linearly to min_lr (the paper gives no number)"),
-    weight_decay=Key(0.1, "AdamW, on matrices only (Section 5.1)"),
-    beta1=Key(0.9, "AdamW"),
-    beta2=Key(0.95, "AdamW"),
-    grad_clip=Key(1.0, "clip the global gradient norm (0: off); metrics log the norm before clipping"),
-    seed=Key(1337, "the initial weights and the order of the data"),
+    learning_rate=Key(1e-3, "Section 5.1 (swept 5e-4 ... 5e-3)", above=0),
+    min_lr=Key(0.0, "learning rate at the end of the decay (at most learning_rate)", min=0),
+    warmup_iters=Key(100, "linear warmup of the warmup-stable-decay schedule (Appendix B.1)", min=0),
+    decay_frac=Key(0.2, "the last 20% of the steps decay linearly to min_lr (the paper gives no number)", min=0, max=1),
+    weight_decay=Key(0.1, "AdamW, on matrices only (Section 5.1)", min=0),
+    beta1=Key(0.9, "AdamW", min=0, below=1),
+    beta2=Key(0.95, "AdamW", min=0, below=1),
+    grad_clip=Key(1.0, "clip the global gradient norm (0: off); metrics log the norm before clipping", min=0),
+    seed=Key(1337, "the initial weights and the order of the data", min=0),
     eval_interval=Key(500, "evaluate, log attention statistics and save a checkpoint every this many steps", min=1),
     eval_batches=Key(20, "validation batches of micro_batch_size sequences, split over ranks", min=1),
     log_interval=Key(10, "console line every this many steps (metrics.jsonl gets every step)", min=1),
@@ -94,11 +94,11 @@ TRAIN_KEYS = dict(
               choices=('auto', 'float32', 'bfloat16')),
     compile=Key(None, "torch.compile per decoder layer; None: on for CUDA, off for CPU", types=(bool,)),
     peak_flops=Key(None, "per-device peak FLOP/s for MFU; None: a table for known GPUs, else a measured matmul peak",
-                   types=(float, int)),
+                   types=(float, int), above=0),
     teacher=Key(None, "knowledge distillation from a teacher: a Hugging Face directory or one of our checkpoints",
                 types=(str,)),
-    kd_temperature=Key(1.0, "T of the KD loss"),
-    kd_alpha=Key(1.0, "loss = kd_alpha * KD + (1 - kd_alpha) * CE; 1.0 is the paper's pure KD"),
+    kd_temperature=Key(1.0, "T of the KD loss", above=0),
+    kd_alpha=Key(1.0, "loss = kd_alpha * KD + (1 - kd_alpha) * CE; 1.0 is the paper's pure KD", min=0, max=1),
     wandb_log=Key(False, "also log to Weights & Biases"),
     wandb_project=Key('affine-scaled-attention'),
     wandb_run_name=Key(None, types=(str,)),
@@ -108,14 +108,21 @@ TRAIN_KEYS = dict(
     fsdp=Key(False, "shard the student over the ranks with FSDP2 (needs torchrun)"),
     activation_checkpointing=Key(False, "keep only each decoder layer's input, recompute the layer in backward"),
     dry_run=Key(False, "build the model on the meta device, print parameter counts and the memory plan, exit"),
-    dry_run_world_size=Key(8, "GPUs the dry run's per-GPU memory plan assumes (a real run: torchrun's ranks)"),
-    dry_run_gpu_gib=Key(80.0, "memory of one GPU, for the dry run's verdict on whether the config fits"),
+    dry_run_world_size=Key(8, "GPUs the dry run's per-GPU memory plan assumes (a real run: torchrun's ranks)", min=1),
+    dry_run_gpu_gib=Key(80.0, "memory of one GPU, for the dry run's verdict on whether the config fits", above=0),
 )
+# what must hold between the keys, checked with them (warmup_iters may exceed max_iters: a short test of a config)
+RULES = ('min_lr <= learning_rate',)
 DEFAULTS = {name: key.default for name, key in TRAIN_KEYS.items()}
+# what each ModelConfig field's key declares besides its default (ModelConfig checks how the head counts divide n_embd)
+MODEL_FIELD_KEYS = dict(
+    n_layer=dict(min=1), n_head=dict(min=1), n_kv_head=dict(min=1), n_embd=dict(min=1), intermediate_size=dict(min=1),
+    vocab_size=dict(min=1), block_size=dict(min=1), rope_theta=dict(above=0), rope_scaling=dict(types=(dict,)),
+    rms_norm_eps=dict(above=0), init_std=dict(above=0), attention=dict(choices=ATTENTIONS),
+    affine_act=dict(choices=AFFINE_ACTS), affine_momentum=dict(min=0, max=1),
+    affine_bias_norm=dict(choices=AFFINE_BIAS_NORMS))
 KEYS = {**TRAIN_KEYS,
-        **{f.name: Key(f.default, "ModelConfig (model.py)", types=(dict,) if f.name == 'rope_scaling' else (),
-                       choices=dict(attention=ATTENTIONS, affine_act=AFFINE_ACTS,
-                                    affine_bias_norm=AFFINE_BIAS_NORMS).get(f.name))
+        **{f.name: Key(f.default, "ModelConfig (model.py)", **MODEL_FIELD_KEYS.get(f.name, {}))
            for f in dataclasses.fields(ModelConfig)},
         # a published shape by name: model = 'llama3.2-1b' sets its ModelConfig fields where it stands, so the
         # lines and overrides after it still win
@@ -125,7 +132,7 @@ KEYS = {**TRAIN_KEYS,
 
 def load_config(argv):
     """Defaults <- config files <- --key=value overrides, each key checked (configurator.py)."""
-    return parse(argv, KEYS, __doc__, files=True, prog='train.py')
+    return parse(argv, KEYS, __doc__, files=True, prog='train.py', rules=RULES)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -493,8 +500,6 @@ def print_dry_run(c, model_config):
     print(f"params: total={total} non_embedding={total - embedding} "
           f"attention_extra={model.get_num_params(variant_only=True)}")
     world, gpu_gib = c['dry_run_world_size'], c['dry_run_gpu_gib']
-    if world < 1 or gpu_gib <= 0:
-        raise SystemExit(f"dry_run_world_size={world} must be >= 1 and dry_run_gpu_gib={gpu_gib} > 0")
     dtype = 'bfloat16' if c['dtype'] == 'auto' else c['dtype']  # auto is bfloat16 on the GPUs this plans for
     teacher, source = teacher_shape(c['teacher']) if c['teacher'] else (None, 'none (cross-entropy)')
     estimate = memory_estimate(model_config, world, c['micro_batch_size'], dtype, c['fsdp'],

@@ -7,10 +7,13 @@ KEYS = dict(
     name=Key('a', "a string"),
     steps=Key(10, "at least 1", min=1),
     rate=1e-3,  # a bare default is a key of its type
+    share=Key(0.5, min=0, max=1),
+    momentum=Key(0.9, min=0, below=1),
+    temperature=Key(1.0, above=0),
     flag=False,
     mode=Key('fast', choices=('fast', 'slow')),
     items=Key(['x', 'y'], choices=('x', 'y', 'z')),
-    sizes=Key([1, 2]),
+    sizes=Key([1, 2], min=1),
     limit=Key(None, types=(int,)),
     out=Key(None, types=(str,), required=True),
 )
@@ -28,8 +31,8 @@ def error(argv, capsys, **kw):
 
 def test_defaults_and_both_override_forms():
     c = parse(['--out=o', '--steps=3', '--name', 'b', '--rate=1', '--limit=None'], KEYS)
-    assert c == dict(name='b', steps=3, rate=1.0, flag=False, mode='fast', items=['x', 'y'], sizes=[1, 2], limit=None,
-                     out='o')
+    assert c == dict(name='b', steps=3, rate=1.0, share=0.5, momentum=0.9, temperature=1.0, flag=False, mode='fast',
+                     items=['x', 'y'], sizes=[1, 2], limit=None, out='o')
     assert isinstance(c['rate'], float)  # an int is widened where a float is expected
     assert parse(['--out=123'], KEYS)['out'] == '123'  # a string key takes its text as written
 
@@ -71,7 +74,12 @@ def test_expands_sets_other_keys_where_it_stands():
     (['--mode=slower'], "invalid choice: mode='slower'; valid values: fast, slow"),
     (['--items=x,w'], 'unknown w; choose from x, y, z'),
     (['--sizes=1,a'], "expected comma-separated int values, got '1,a'"),
-    (['--steps=0'], '--steps must be at least 1, got 0'),
+    (['--steps=0'], '--steps=0 is out of range: must be >= 1'),
+    (['--share=1.5'], '--share=1.5 is out of range: must be in [0, 1]'),
+    (['--share', '-1'], '--share=-1.0 is out of range: must be in [0, 1]'),
+    (['--momentum=1'], '--momentum=1.0 is out of range: must be in [0, 1)'),
+    (['--temperature=0'], '--temperature=0.0 is out of range: must be > 0'),
+    (['--sizes=4,0'], '--sizes=4,0 is out of range: each must be >= 1'),
     (['--steps'], 'argument --steps: expected one argument'),
 ])
 def test_errors_are_one_line_naming_key_value_and_expectation(argv, message, capsys):
@@ -88,5 +96,26 @@ def test_help_lists_every_key_with_its_default_and_help(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert 'What the script does.' in out
-    assert "--steps" in out and 'default 10; at least 1' in out and 'one of fast, slow' in out
+    assert "--steps" in out and 'default 10; at least 1; >= 1' in out and 'one of fast, slow' in out
+    assert 'default 0.9; in [0, 1)' in out and 'default 1.0; > 0' in out and 'default 1,2; >= 1' in out
     assert '--out' in out and 'required' in out and 'default x,y' in out
+
+
+def test_range_edges_are_accepted_and_a_config_file_is_named(tmp_path, capsys):
+    c = parse(['--out=o', '--steps=1', '--share=0', '--momentum=0', '--temperature=1e-9', '--sizes=1,1'], KEYS)
+    assert (c['steps'], c['share'], c['momentum'], c['temperature'], c['sizes']) == (1, 0.0, 0.0, 1e-9, [1, 1])
+    assert parse(['--out=o', '--share=1'], KEYS)['share'] == 1.0
+    path = tmp_path / 'c.py'
+    path.write_text("temperature = -2\n")
+    assert error([str(path)], capsys, files=True) == f"{path}: --temperature=-2.0 is out of range: must be > 0"
+
+
+def test_rules_hold_once_every_key_is_set(capsys):
+    rules = ('share <= momentum',)
+    # share=0.95 exceeds the default momentum until --momentum=0.99 follows: a rule is checked at the end
+    assert parse(['--out=o', '--share=0.95', '--momentum=0.99'], KEYS, rules=rules)['share'] == 0.95
+    message = error(['--out=o', '--share=0.95'], capsys, rules=rules)
+    assert message == '--share=0.95 --momentum=0.9: must have share <= momentum'
+    with pytest.raises(SystemExit):
+        parse(['--help'], KEYS, rules=rules)
+    assert 'must hold: share <= momentum' in capsys.readouterr().out

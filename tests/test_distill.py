@@ -478,7 +478,7 @@ def test_cli_errors(hf_dirs, llama_data, our_teacher, tmp_path, capsys):
              ([teacher, data, '--block_size=129'], "block_size=129 is longer than the teacher's 128"),
              ([teacher, data, '--bogus=1'], 'unrecognized arguments: --bogus=1'),
              ([teacher, data, '--batches=two'], "invalid int value: 'two'"),
-             ([teacher, data, '--batches=0'], '--batches must be at least 1'),
+             ([teacher, data, '--batches=0'], '--batches=0 is out of range: must be >= 1'),
              ([data], 'the following arguments are required: --teacher')]
     for argv, message in cases:
         with pytest.raises(SystemExit) as e:
