@@ -48,7 +48,7 @@ from common import default_peak_flops, estimate_mfu, resolve_device, resolve_dty
 from configurator import DEVICE, Key, parse
 from data import Windows, read_meta
 from files import atomic_write, claim_dir, run_script, write_json
-from distill import check_compatibility, fused_kd_loss, kd_loss_memory, load_teacher
+from distill import check_compatibility, fused_kd_loss, kd_loss, kd_loss_memory, load_teacher
 from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig,
                    attention_scores, saved_bytes_per_token)
 
@@ -99,6 +99,9 @@ TRAIN_KEYS = dict(
                 types=(str,)),
     kd_temperature=Key(1.0, "T of the KD loss", above=0),
     kd_alpha=Key(1.0, "loss = kd_alpha * KD + (1 - kd_alpha) * CE; 1.0 is the paper's pure KD", min=0, max=1),
+    kd_loss=Key('fused', "fused: distill.fused_kd_loss, chunked, never holding the (tokens x vocab) logits; plain: "
+                "distill.kd_loss, the same loss from full logits with autograd (readable, memory-hungry)",
+                choices=('fused', 'plain')),
     wandb_log=Key(False, "also log to Weights & Biases"),
     wandb_project=Key('affine-scaled-attention'),
     wandb_run_name=Key(None, types=(str,)),
@@ -153,10 +156,10 @@ def learning_rate(step, c):
 # computes (the data of step s depends only on (seed, s, global_batch_size), not on the ranks or the micro-batch).
 # max_iters may grow to extend a run; note that with decay_frac > 0 the decay then starts later than it would have.
 # Every other training key, and the model, must be the same; data_dir may move, but must hold the same data.
-RESUME_MAY_CHANGE = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'keep_previous', 'max_iters', 'micro_batch_size', 'eval_interval',
-                     'eval_batches', 'log_interval', 'nonfinite', 'device', 'compile', 'peak_flops', 'wandb_log',
-                     'wandb_project', 'wandb_run_name', 'fsdp', 'activation_checkpointing', 'dry_run',
-                     'dry_run_world_size', 'dry_run_gpu_gib'}
+RESUME_MAY_CHANGE = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'keep_previous', 'max_iters', 'micro_batch_size',
+                     'eval_interval', 'eval_batches', 'log_interval', 'nonfinite', 'device', 'compile', 'peak_flops',
+                     'wandb_log', 'wandb_project', 'wandb_run_name', 'kd_loss', 'fsdp', 'activation_checkpointing',
+                     'dry_run', 'dry_run_world_size', 'dry_run_gpu_gib'}
 
 
 def check_resumable(ckpt, c, model_config, data_meta, path):
@@ -283,9 +286,9 @@ def accumulate_gradients(model, student, teacher, batches, accumulation, c, auto
                     with teacher_timer() if teacher_timer else nullcontext(), torch.no_grad():
                         teacher_hidden, _ = teacher(x, return_hidden=True)
                     hidden, _ = model(x, return_hidden=True)
-                    loss, kd, ce = fused_kd_loss(hidden, student.lm_head.weight, teacher_hidden,
-                                                 teacher.lm_head.weight, temperature=c['kd_temperature'],
-                                                 targets=y, kd_alpha=c['kd_alpha'])
+                    loss, kd, ce = (fused_kd_loss if c.get('kd_loss', 'fused') == 'fused' else kd_loss)(
+                        hidden, student.lm_head.weight, teacher_hidden, teacher.lm_head.weight,
+                        temperature=c['kd_temperature'], targets=y, kd_alpha=c['kd_alpha'])
                     logged = torch.stack([loss.detach(), kd, ce])
             (loss / accumulation).backward()
         sums = logged.float() if sums is None else sums + logged
