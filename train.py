@@ -737,7 +737,7 @@ def main(argv):
               f"x {run.accumulation} micro-steps x {c['micro_batch_size']} sequences x {model_config.block_size} tokens; "
               f"{'FSDP' if c['fsdp'] else 'DDP' if run.distributed else 'one process'}, {run.device}, {c['dtype']}"
               f"{', activation checkpointing' if c['activation_checkpointing'] else ''}; {len(train_data):,} train windows"
-              f"; MFU of a {peak_flops / 1e12:.3g} TFLOP/s peak")
+              f"; MFU of a {peak_flops / 1e12:.4g} TFLOP/s peak")
     skipped, teacher_timer = 0, DeviceTimer(run.device)  # the teacher's forward time, logged apart from the student's
     model.train()
     with preemption_flag() as stop_signal:
