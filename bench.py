@@ -14,7 +14,7 @@ Sections:
   kd         distill.fused_kd_loss vs the naive full-logits KL at V = 128,256, 8,192 tokens, hidden 2048; the
              naive path (~20 GiB) is skipped, with its estimate printed, where it would not fit in memory
   train      tokens/s and MFU of real AdamW steps of a small model: common.flops_per_token x tokens/s over the
-             device's measured matmul peak (common.measured_matmul_flops)
+             device's measured matmul peak at the model's matmul shapes (common.measured_matmul_flops)
   eval       docs/s of eval_zeroshot's batched scoring vs one request per forward, synthetic 4-choice docs
 
 Peak memory: CUDA's allocator peak (max_memory_allocated) on GPU; on CPU the rise of the process's peak
@@ -42,8 +42,8 @@ import torch
 
 import prepare_data
 from distill import fused_kd_loss, kd_loss, load_teacher
-from common import (KNOWN_PEAK_BF16, Progress, default_peak_flops, flops_per_token, measured_matmul_flops,
-                    resolve_device)
+from common import (KNOWN_PEAK_BF16, Progress, default_peak_flops, flops_per_token, gemm_shapes,
+                    measured_matmul_flops, resolve_device)
 from configurator import DEVICE, Key, parse
 from files import RunError, run_script, write_json
 from eval_zeroshot import choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests
@@ -273,11 +273,10 @@ def bench_kd(args, device):
 def bench_train(args, device):
     """Forward, backward, AdamW step and alpha_ma update, on one fixed random batch (no data loading), after
     two warm-up steps (compilation, AdamW's state). MFU as train.py logs it (common.flops_per_token), over the
-    measured matmul peak."""
+    measured matmul peak at the shapes of every variant's matmuls."""
     B, T = args.train_batch_size, args.train_seq_len
     dtype = torch.bfloat16 if device.type == 'cuda' else torch.float32
-    peak = measured_matmul_flops(device, dtype)
-    rows = []
+    rows, shapes = [], set()
     for variant in args.variants:
         torch.manual_seed(0)
         model = GPT(model_config(args, variant, T)).to(device)
@@ -302,17 +301,19 @@ def bench_train(args, device):
         synchronize(device)
         dt = (time.perf_counter() - t0) / args.train_steps
         rows.append((variant, model.get_num_params(), dt, flops_per_token(model, T) * B * T / dt))
+        shapes |= set(gemm_shapes(model, B * T))
         log(f'  train: {variant:<14} {dt * 1e3:9.1f} ms/step {B * T / dt:10,.0f} tokens/s')
-    # measured before and after: on a shared machine one measurement can land in a busy moment
-    peak = max(peak, measured_matmul_flops(device, dtype))
+    peak = measured_matmul_flops(device, dtype, sorted(shapes))
+    how = f": one thread's best x {torch.get_num_threads()} threads" if device.type == 'cpu' else ''
+    note = (f'; the peak train.py uses for its MFU on this GPU is '
+            f'{default_peak_flops(device, dtype, sorted(shapes)) / 1e12:.0f} TFLOP/s.' if device.type == 'cuda' else '.')
     rows = [[variant, f'{params:,}', f'{dt * 1e3:.1f}', f'{B * T / dt:,.0f}', f'{flops / 1e12:.3f}',
              f'{100 * flops / peak:.1f}%'] for variant, params, dt, flops in rows]
     print_table('Training throughput',
                 f'Model {model_shape(args)}, batch {B} x {T} tokens, {args.train_steps} timed AdamW steps; '
                 f'{dtype_name(device)}, compile={args.compile}. MFU = common.flops_per_token x tokens/s over the '
-                f'measured matmul peak, {peak / 1e12:.2f} TFLOP/s (common.measured_matmul_flops, best of 5 before and 5 after)'
-                + (f'; the peak train.py uses for its MFU on this GPU is {default_peak_flops(device, dtype) / 1e12:.0f} '
-                   f'TFLOP/s.' if device.type == 'cuda' else '.'),
+                f'measured matmul peak at the model\'s matmul shapes, {peak / 1e12:.2f} TFLOP/s '
+                f'(common.measured_matmul_flops{how})' + note,
                 ['variant', 'params', 'step (ms)', 'tokens/s', 'model TFLOP/s', 'MFU'], rows)
 
 # -----------------------------------------------------------------------------
@@ -676,7 +677,7 @@ def check_mfu(check, device, args):
             continue
         tokens = accumulation * B * T / seconds
         mfu = step_flops * tokens / H100_BF16_PEAK
-        measured_peak = measured_matmul_flops(device, torch.bfloat16)
+        measured_peak = measured_matmul_flops(device, torch.bfloat16, gemm_shapes(student, B * T))
         check.add('1B affine KD step, 3B teacher', f'micro-batch {B} x {T}, {accumulation} micro-steps + AdamW',
                   mfu >= 0.45 if 'H100' in torch.cuda.get_device_name(device) else None,
                   f'{tokens:,.0f} tokens/s, MFU {100 * mfu:.1f}% of 989 TFLOP/s ({100 * step_flops * tokens / measured_peak:.1f}% '

@@ -6,18 +6,25 @@ variant, zero-shot evaluation, the paper's analyses and a Table-1-style report.
     python quickstart.py --seeds=0,1,2    # three students per variant: mean ± std, and what is within noise
     python quickstart.py --tests          # the test suite instead (what CI runs)
 
+A re-run does what is not yet done with these settings, judged by what each stage's outputs record. A training stage
+whose checkpoint (ckpt.pt: its steps and config) finished the settings it would now run with is skipped; one stopped
+part way with them continues from its checkpoint; one whose settings changed what it computes (--teacher_iters, an
+edited config file's learning rate, ...; not micro_batch_size or the device: train.RESUME_MAY_CHANGE) is trained
+again from scratch, replacing that stage's checkpoint, metrics.jsonl and config.json, after a line saying what
+changed. What came from a replaced stage is redone too: the students of a teacher trained again, the evaluation of a
+student trained again. To keep earlier results, give another --out_dir. report.md states the steps, tokens and seed
+of every training and evaluation.
+
 Both first install what is missing (requirements.txt and matplotlib; --tests: requirements-test.txt too). Stages:
   1. prepare the built-in corpus: Python's own documentation (pydoc_data), byte tokens, no network;
   2. train a small softmax teacher (config/quickstart_teacher.py);
   3. distill one student per variant and seed from it (config/quickstart_student.py, pure KD as the paper);
   4. evaluate each student on the offline multiple-choice task (eval_zeroshot.py --tasks=heldout);
   5. analyse (analyze.py table, runs and attention) and write report.md.
-Every stage runs as its own command, printed before it runs, so any step can be rerun by hand. Re-running skips
-what is finished; an interrupted training resumes from its last checkpoint. Only the standard library is imported
-here, so that the install step can run first.
+Every stage runs as its own command, printed before it runs, so any step can be rerun by hand. Only the standard
+library is imported here, so that the install step can run first.
 """
 import importlib.util
-import json
 import os
 import platform
 import re
@@ -27,7 +34,8 @@ import sys
 import time
 from types import SimpleNamespace
 
-from configurator import Key, fail, parse  # pure Python: it runs before the install
+from configurator import Key, fail, parse  # pure Python: these run before the install
+from files import RunError, atomic_write, claim_dir, run_script
 
 VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 KEYS = dict(
@@ -41,7 +49,8 @@ KEYS = dict(
 )
 NEEDED = dict(torch='torch', numpy='numpy', tiktoken='tiktoken', datasets='datasets', safetensors='safetensors',
               matplotlib='matplotlib')  # import name: what pip installs
-TEST_NEEDED = dict(pytest='pytest', tokenizers='tokenizers', transformers='transformers')
+TEST_NEEDED = dict(pytest='pytest', tokenizers='tokenizers', transformers='transformers', gguf='gguf',
+                   accelerate='accelerate')
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -66,35 +75,93 @@ def minutes(seconds):
 
 
 class Stages:
-    """Runs the study's commands in order, each once: a stage whose marker file exists is skipped."""
+    """Runs the study's commands in order, numbered and timed; whether a stage is done already is for its caller to
+    say (training_plan, evaluated)."""
 
-    def __init__(self, out_dir, total):
-        self.out_dir, self.total, self.done, self.t0 = out_dir, total, 0, time.time()
-        self.times = []  # (stage, seconds, skipped)
-        os.makedirs(os.path.join(out_dir, 'done'), exist_ok=True)
+    def __init__(self, total):
+        self.total, self.count, self.t0 = total, 0, time.time()
+        self.rows = []  # (stage, seconds or None where done in an earlier run, the checkpoint it trained or evaluated)
 
-    def run(self, name, command, always=False):
-        self.done += 1
-        marker = os.path.join(self.out_dir, 'done', re.sub(r'\W+', '_', name))
-        header = f"[{self.done}/{self.total}] {name} (at {minutes(time.time() - self.t0)})"
-        if os.path.exists(marker) and not always:
-            print(f"{header}: finished in an earlier run, skipped", flush=True)
-            self.times.append((name, 0.0, True))
+    def run(self, name, command, done=False, note='', checkpoint=None):
+        self.count += 1
+        header = f"[{self.count}/{self.total}] {name} (at {minutes(time.time() - self.t0)})"
+        if done:
+            print(f"{header}: finished in an earlier run with these settings, skipped", flush=True)
+            self.rows.append((name, None, checkpoint))
             return
-        print(f"\n{header}\n$ {shlex.join(command)}", flush=True)
+        print(f"\n{header}", flush=True)
+        if note:
+            print(note, flush=True)
+        print(f"$ {shlex.join(command)}", flush=True)
         start = time.time()
         rc = subprocess.call(command, cwd=HERE)
         if rc != 0:
             sys.exit(f"\n{name} failed (exit code {rc}; its output is above). Fix it and run python quickstart.py "
                      f"again: finished stages are skipped.")
-        self.times.append((name, time.time() - start, False))
-        open(marker, 'w').close()
+        self.rows.append((name, time.time() - start, checkpoint))
 
 
-def train_command(config, out_dir, *overrides):
-    """train.py on a config; where an earlier run left a checkpoint behind, train.py continues from it by itself
-    (init_from='auto')."""
-    return [sys.executable, 'train.py', config, f'--out_dir={out_dir}', *overrides]
+def ckpt_path(out_dir):
+    return os.path.join(HERE, out_dir, 'ckpt.pt')
+
+
+def newer(path, than):
+    """Whether the file at path was written after the one at `than` (a stage's output after its input)."""
+    return os.stat(path).st_mtime_ns > os.stat(than).st_mtime_ns
+
+
+def training_plan(argv, teacher=None):
+    """(done, extra train.py arguments, note) for the train.py stage `argv` (a config file, then overrides), from the
+    checkpoint its out_dir holds. Done: it ran the settings train.py would now resolve to the end, after the last
+    training of its teacher. The same settings stopped part way: train.py continues from the checkpoint. Settings
+    that change what training computes (the keys train.py's resume checks, and max_iters), or a teacher trained
+    again since: trained again from scratch, the note saying why."""
+    import train  # installed by now
+    from checkpoint import read_checkpoint
+    from common import resolve_device, resolve_dtype
+    now = train.load_config([os.path.join(HERE, argv[0]), *argv[1:]])
+    now['dtype'] = resolve_dtype(now['dtype'], resolve_device(now['device']))  # as train.setup_run resolves it
+    path = ckpt_path(now['out_dir'])
+    if not os.path.exists(path):
+        return False, [], ''
+    then = read_checkpoint(path, keys=('step', 'config'))
+    changed = [f"{key} {then['config'][key]!r} -> {value!r}" for key, value in now.items()
+               if key in then['config'] and then['config'][key] != value
+               and (key == 'max_iters' or key not in train.RESUME_MAY_CHANGE)]
+    if teacher and newer(ckpt_path(teacher), path):
+        changed.append(f"its teacher {teacher} was trained again")
+    if changed:
+        return False, ['--init_from=scratch', '--overwrite=True'], (
+            f"changed since {now['out_dir']} was trained: {'; '.join(changed)}. Training it again from scratch, "
+            f"replacing its checkpoint, metrics.jsonl and config.json")
+    return then['step'] >= now['max_iters'], [], ''
+
+
+def evaluated(student):
+    """(done, note) of a student's evaluation: done when its eval.json was written after the student's checkpoint."""
+    result = os.path.join(HERE, student, 'eval.json')
+    if not os.path.exists(result):
+        return False, ''
+    if not newer(ckpt_path(student), result):
+        return True, ''
+    return False, f"{student} was trained again after its evaluation: evaluating it again, replacing its eval.json"
+
+
+def trained(out_dir):
+    """(steps, tokens, seed) of the checkpoint in out_dir as it records them: what ran, whatever the settings now.
+    Tokens: steps x global batch x block size."""
+    from checkpoint import read_checkpoint
+    ckpt = read_checkpoint(ckpt_path(out_dir), keys=('step', 'config'))
+    c = ckpt['config']
+    return ckpt['step'], ckpt['step'] * c['global_batch_size'] * c['block_size'], c['seed']
+
+
+def train_stage(stages, name, config, out_dir, *overrides, teacher=None):
+    """train.py on a config, as training_plan says: skipped, continued (train.py's init_from='auto' continues from the
+    checkpoint by itself) or trained again from scratch."""
+    argv = [config, f'--out_dir={out_dir}', *overrides, *([f'--teacher={teacher}'] if teacher else [])]
+    done, extra, note = training_plan(argv, teacher)
+    stages.run(name, [sys.executable, 'train.py', *argv, *extra], done, note, checkpoint=out_dir)
 
 
 def include(path, subdir):
@@ -117,64 +184,81 @@ def write_report(out_dir, args, stages, students):
              '(config/quickstart_student.py); each student evaluated on the held-out multiple-choice task '
              '(eval_zeroshot.py --tasks=heldout: pick the true continuation of a validation passage among 4) and '
              'its validation perplexity.', '',
-             '**What this can and cannot show.** These models have well under a million parameters and see half a '
-             'million tokens. They show every part of the method running end to end and the analyses the paper '
-             'makes; they cannot reproduce the paper\'s gaps between variants (Table 1: differences of 0.5-1.6 '
-             'accuracy points at 0.5B-3B parameters and 20B tokens). Read differences below against the '
-             'run-to-run noise the table reports (run --seeds=0,1,2 to measure it).', '']
+             f"**What this can and cannot show.** These models have about a million parameters and train on "
+             f"{max(trained(c)[1] for _, _, c in stages.rows if c):,} tokens or fewer (the stages at the end). They "
+             f"show every part of the method running end to end and the analyses the paper makes; they cannot "
+             f"reproduce the paper's gaps between variants (Table 1: differences of 0.5-1.6 accuracy points at "
+             f"0.5B-3B parameters and 20B tokens). Read differences below against the run-to-run noise the table "
+             f"reports (run --seeds=0,1,2 to measure it).", '']
     lines += include(os.path.join(out_dir, 'table', 'report.md'), 'table')
     lines += ['']
     lines += include(os.path.join(out_dir, 'attention', 'report.md'), 'attention')
     lines += ['']
     lines += include(os.path.join(out_dir, 'runs', 'report.md'), 'runs')
-    lines += ['', '## Stages', '', '| stage | time |', '|---|---|']
-    lines += [f"| {name} | {'done earlier' if skipped else minutes(seconds)} |" for name, seconds, skipped in stages.times]
+    lines += ['', '## Stages', '', 'Steps, tokens (steps x global batch x block size) and seed as each checkpoint '
+              'records them; an evaluation\'s are those of the checkpoint it evaluated.', '',
+              '| stage | checkpoint | steps | tokens | seed | time |', '|---|---|---|---|---|---|']
+    for name, seconds, checkpoint in stages.rows:
+        ran = '| | | | |'
+        if checkpoint:
+            steps, tokens, seed = trained(checkpoint)
+            ran = f"| `{checkpoint}` | {steps:,} | {tokens:,} | {seed} |"
+        lines.append(f"| {name} {ran} {'done earlier' if seconds is None else minutes(seconds)} |")
     lines += ['', f"Students: {', '.join(f'`{d}`' for d in students)}."]
-    with open(os.path.join(out_dir, 'report.md.tmp'), 'w') as f:
+    with atomic_write(os.path.join(out_dir, 'report.md')) as f:
         f.write('\n'.join(lines) + '\n')
-    os.replace(os.path.join(out_dir, 'report.md.tmp'), os.path.join(out_dir, 'report.md'))
 
 
-def main(argv=None):
-    args = SimpleNamespace(**parse(sys.argv[1:] if argv is None else argv, KEYS, __doc__.split('\n\n')[1],
-                                   prog='quickstart.py'))
-    if args.tests:
-        install({**NEEDED, **TEST_NEEDED}, ['requirements.txt', 'requirements-test.txt'])
-        sys.exit(subprocess.call([sys.executable, '-m', 'pytest', '-q', 'tests'], cwd=HERE))
-    variants = args.variants
-    if unknown := [v for v in variants if v not in VARIANTS]:  # (this message, not the configurator's: tests read it)
-        fail(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
-    install(NEEDED, ['requirements.txt'])
-
+def study(args):
+    """The stages, in order, and the report."""
     out, data, python = args.out_dir, args.data_dir, sys.executable
-    students = [(v, s, f'{out}/{v}_seed{s}') for s in args.seeds for v in variants]
-    stages = Stages(os.path.join(HERE, out), 2 + 2 * len(students) + 3)
+    students = [(v, s, f'{out}/{v}_seed{s}') for s in args.seeds for v in args.variants]
+    stages = Stages(2 + 2 * len(students) + 3)
     stages.run('prepare the built-in corpus', [python, 'prepare_data.py', '--source=builtin', '--tokenizer=bytes',
-                                               f'--out_dir={data}', '--val_every=10'], always=True)
+                                               f'--out_dir={data}', '--val_every=10'])
     teacher = f'{out}/teacher'
     iters = lambda n: [f'--max_iters={n}'] if n else []
-    stages.run('train the softmax teacher', train_command('config/quickstart_teacher.py', teacher,
-                                                          f'--data_dir={data}', *iters(args.teacher_iters)))
+    train_stage(stages, 'train the softmax teacher', 'config/quickstart_teacher.py', teacher, f'--data_dir={data}',
+                *iters(args.teacher_iters))
     for variant, seed, student in students:
-        stages.run(f'distill {variant} seed {seed}', train_command(
-            'config/quickstart_student.py', student, f'--attention={variant}', f'--seed={seed}',
-            f'--teacher={teacher}', f'--data_dir={data}', *iters(args.student_iters)))
+        train_stage(stages, f'distill {variant} seed {seed}', 'config/quickstart_student.py', student,
+                    f'--attention={variant}', f'--seed={seed}', f'--data_dir={data}', *iters(args.student_iters),
+                    teacher=teacher)
     for variant, seed, student in students:
+        done, note = evaluated(student)
         stages.run(f'evaluate {variant} seed {seed}', [python, 'eval_zeroshot.py', f'--ckpt={student}',
                                                        '--tasks=heldout', f'--heldout_data={data}',
-                                                       f'--out={student}/eval.json'])
+                                                       f'--out={student}/eval.json'], done, note, checkpoint=student)
     dirs = [student for _, _, student in students]
-    with open(os.path.join(HERE, dirs[0], 'config.json')) as f:
-        steps = json.load(f)['max_iters']
+    steps = trained(dirs[0])[0]
     analyze = [python, 'analyze.py']
-    stages.run('analyse: table', analyze + ['table', *dirs, f'--out_dir={out}/table'], always=True)
+    stages.run('analyse: table', analyze + ['table', *dirs, f'--out_dir={out}/table'])
     stages.run('analyse: attention', analyze + ['attention', *[d for d in dirs if d.endswith(f'_seed{args.seeds[0]}')],
-                                                f'--out_dir={out}/attention', f'--data={data}'], always=True)
+                                                f'--out_dir={out}/attention', f'--data={data}'])
     stages.run('analyse: runs', analyze + ['runs', *dirs, f'--out_dir={out}/runs', f'--window=0,{min(500, steps)}',
-                                           f'--late={steps // 2}'], always=True)
+                                           f'--late={steps // 2}'])
     write_report(os.path.join(HERE, out), args, stages, dirs)
     print(f"\nwrote {out}/report.md in {minutes(time.time() - stages.t0)}")
 
 
+def main(argv=None):
+    help_text = '\n\n'.join(__doc__.split('\n\n')[1:3])  # the commands, and what a re-run does
+    args = SimpleNamespace(**parse(sys.argv[1:] if argv is None else argv, KEYS, help_text, prog='quickstart.py'))
+    if args.tests:
+        install({**NEEDED, **TEST_NEEDED}, ['requirements.txt', 'requirements-test.txt'])
+        sys.exit(subprocess.call([sys.executable, '-m', 'pytest', '-q', 'tests'], cwd=HERE))
+    if unknown := [v for v in args.variants if v not in VARIANTS]:  # this message, not the configurator's (tested)
+        fail(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    # its own earlier output holds the teacher's run directory and no tool's files at the top
+    claim_dir(os.path.join(HERE, args.out_dir), 'quickstart.py', writes=['report.md'],
+              ours=lambda names: 'teacher' in names and not names & {'ckpt.pt', 'metrics.jsonl', 'numbers.json'})
+    install(NEEDED, ['requirements.txt'])
+    from checkpoint import CheckpointError
+    try:
+        study(args)
+    except CheckpointError as e:  # an earlier run's checkpoint that cannot be read: not for us to replace
+        raise RunError(f"{e}. To run its stage again, remove it or give another --out_dir.") from None
+
+
 if __name__ == '__main__':
-    main()
+    run_script(main)

@@ -44,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, checkpoint_file, config_from_hf, model_state,
                         previous_checkpoint, read_checkpoint, read_hf_config, save_checkpoint)
-from common import default_peak_flops, estimate_mfu, resolve_device, resolve_dtype
+from common import default_peak_flops, estimate_mfu, gemm_shapes, resolve_device, resolve_dtype
 from configurator import DEVICE, Key, parse
 from data import Windows, read_meta
 from files import atomic_write, claim_dir, run_script, write_json
@@ -753,14 +753,16 @@ def main(argv):
     raw_model, optimizer, step = build_model(c, model_config, run, data_meta, ckpt_path)
     model = wrap_ddp(raw_model, run.device) if run.ddp else raw_model  # what the loop calls; raw_model: the GPT itself
     teacher = load_run_teacher(c, model_config, data_meta, run.device)
-    peak_flops = c['peak_flops'] or default_peak_flops(run.device, torch.bfloat16 if c['dtype'] == 'bfloat16'
-                                                       else torch.float32)
+    peak_flops = c['peak_flops'] or default_peak_flops(  # of the step's matmuls: bf16 under autocast
+        run.device, torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32,
+        gemm_shapes(raw_model, c['micro_batch_size'] * model_config.block_size))
     metrics = Metrics(c, run, step)
     if run.master:
         print(f"GPT: {raw_model.get_num_params():,} parameters, attention={model_config.attention}; {run.world} rank(s) "
               f"x {run.accumulation} micro-steps x {c['micro_batch_size']} sequences x {model_config.block_size} tokens; "
               f"{'FSDP' if c['fsdp'] else 'DDP' if run.distributed else 'one process'}, {run.device}, {c['dtype']}"
-              f"{', activation checkpointing' if c['activation_checkpointing'] else ''}; {len(train_data):,} train windows")
+              f"{', activation checkpointing' if c['activation_checkpointing'] else ''}; {len(train_data):,} train windows"
+              f"; MFU of a {peak_flops / 1e12:.4g} TFLOP/s peak")
     skipped, teacher_timer = 0, DeviceTimer(run.device)  # the teacher's forward time, logged apart from the student's
     model.train()
     with preemption_flag() as stop_signal:

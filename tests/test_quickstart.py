@@ -1,5 +1,6 @@
-"""quickstart.py end to end at a few steps: every stage runs, report.md holds the table and the figures, and a
-second run skips what the first finished."""
+"""quickstart.py end to end at a few steps: every stage runs, report.md holds the table, the figures and what each
+stage ran (steps, tokens, seed); a second run skips what the first finished, a changed setting redoes its stage and
+what came from it."""
 import os
 import re
 import subprocess
@@ -16,7 +17,12 @@ def quickstart(tmp_path, *extra):
     return run.stdout + run.stderr
 
 
-def test_quickstart_runs_every_stage_and_skips_them_when_rerun(tmp_path):
+def stage_row(report, stage):
+    """(checkpoint, steps, tokens, seed) of a stage in report.md's Stages table."""
+    return re.search(rf'^\| {stage} \| `([^`]+)` \| ([\d,]+) \| ([\d,]+) \| (\d+) \|', report, re.M).groups()
+
+
+def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_changed(tmp_path):
     output = quickstart(tmp_path)
     for stage in ('train the softmax teacher', 'distill softmax seed 0', 'distill affine seed 0',
                   'evaluate affine seed 0', 'analyse: table', 'analyse: attention', 'analyse: runs'):
@@ -29,9 +35,28 @@ def test_quickstart_runs_every_stage_and_skips_them_when_rerun(tmp_path):
     for figure in re.findall(r'\]\(([^)]+\.png)\)', report):
         assert (out / figure).stat().st_size > 1000
     assert len(re.findall(r'\]\(([^)]+\.png)\)', report)) == 10  # Figures 3-6, 9, alpha; 2, 7, 8, 10
+    # steps, tokens = steps x 16 sequences (both configs' global batch) x 256 (the tiny shape's block), seed (the
+    # teacher: train.py's default); an evaluation reports the checkpoint it evaluated
+    assert stage_row(report, 'train the softmax teacher') == (f'{out}/teacher', '3', f'{3 * 16 * 256:,}', '1337')
+    for variant in ('softmax', 'affine'):
+        for stage in (f'distill {variant} seed 0', f'evaluate {variant} seed 0'):
+            assert stage_row(report, stage) == (f'{out}/{variant}_seed0', '2', f'{2 * 16 * 256:,}', '0')
+
     rerun = quickstart(tmp_path)
-    assert re.search(r'distill affine seed 0 \(at \d+m\d+s\): finished in an earlier run, skipped', rerun)
+    for stage in ('train the softmax teacher', 'distill affine seed 0', 'evaluate affine seed 0'):
+        assert re.search(rf'{stage} \(at \d+m\d+s\): finished in an earlier run with these settings, skipped', rerun)
     assert 'train.py' not in rerun and 'eval_zeroshot.py' not in rerun
+
+    # a longer teacher: trained again from scratch, and so is what came from it (the student, its evaluation)
+    changed = quickstart(tmp_path, '--teacher_iters=4', '--variants=softmax')
+    assert f'changed since {out}/teacher was trained: max_iters 3 -> 4. Training it again from scratch' in changed
+    assert f'changed since {out}/softmax_seed0 was trained: its teacher {out}/teacher was trained again' in changed
+    assert changed.count('--init_from=scratch --overwrite=True') == 2
+    assert 'init_from=scratch: starting fresh (replacing' in changed  # train.py's own word on it
+    assert 'evaluating it again, replacing its eval.json' in changed
+    report = (out / 'report.md').read_text()
+    assert stage_row(report, 'train the softmax teacher') == (f'{out}/teacher', '4', f'{4 * 16 * 256:,}', '1337')
+    assert 'train on 16,384 tokens or fewer' in report
 
 
 def test_quickstart_bad_arguments_say_what_is_valid():
