@@ -335,11 +335,12 @@ def evaluate(model, val_data, c, device, autocast):
     for b in range(rank, math.ceil(c['eval_batches'] / world) * world, world):
         first = b * c['micro_batch_size']
         indices = [i % len(val_data) for i in range(first, first + c['micro_batch_size'])]
-        x, y = (torch.from_numpy(t).to(device) for t in val_data.get(indices))
+        x, y = batch_to_device(val_data.get(indices), device)
         with autocast:
             _, loss = model(x, y)
-        if b < c['eval_batches']:
-            total += torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64, device=device)
+        if b < c['eval_batches']:  # summed on the device: no host sync per batch, so the copies overlap the forwards
+            total[0] += loss.double() * y.numel()
+            total[1] += y.numel()
     model.train()
     if dist.is_initialized():
         dist.all_reduce(total)
@@ -713,7 +714,7 @@ def evaluation(c, run, model, raw_model, val_data, alpha_means):
     record['val_ppl'] = math.exp(min(record['val_loss'], 50))
     with run.autocast:
         record['attn_logit_mean'], record['attn_logit_abs_mean'] = mean_attention_logit(
-            raw_model, torch.from_numpy(val_data.get([0])[0]).to(run.device))
+            raw_model, batch_to_device(val_data.get([0]), run.device)[0])
     return record | attention_stats(raw_model, alpha_means)
 
 
