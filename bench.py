@@ -37,10 +37,16 @@ import tempfile
 import time
 import traceback
 import types
+import warnings
+from unittest import mock
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.distributed._tools.mem_tracker import MemTracker
 
+import distill
 import prepare_data
 from distill import fused_kd_loss, load_teacher
 from common import (KNOWN_PEAK_BF16, Progress, default_peak_flops, flops_per_token, measured_matmul_flops,
@@ -51,7 +57,7 @@ from eval_zeroshot import choice_doc, encode_docs, plan_forwards, score_one_by_o
 from model import ATTENTIONS, FIELD_NAMES, GPT, ModelConfig
 from data import Windows, load_tokenizer
 from train import (KNOWN_TEACHERS, accumulate_gradients, compile_layers, configure_optimizers, load_config,
-                   memory_estimate)
+                   memory_estimate, shard, teacher_shape)
 
 EXPLICIT = 'affine (explicit T x T)'
 TINY_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config', 'tiny_cpu.py')
@@ -366,7 +372,79 @@ def bench_eval(args, device):
                  'speedup', 'max abs loglik diff'], rows)
 
 # -----------------------------------------------------------------------------
+# The memory plan measured: one training step on fake tensors
 
+
+def fake_gpt(config, device, dtype=torch.float32):
+    """A GPT of config in dtype on device, in the active FakeTensorMode (which must allow non-fake inputs): shapes and
+    dtypes without memory or initialisation. It is built on the meta device outside the mode (a fake module's .to()
+    cannot swap its parameters); to_empty gives every parameter a tensor of its own, so a tied lm_head is tied
+    again."""
+    with unset_fake_temporarily(), torch.device('meta'):
+        model = GPT(config).to(dtype)
+    model.to_empty(device=device)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
+def planned_models(c):
+    """(the student's ModelConfig, the teacher's or None) of train.py's config c, as its dry run sizes them: the
+    teacher from its checkpoint, or from its published shape when it is not on this machine (train.teacher_shape)."""
+    return (ModelConfig(**{key: c[key] for key in FIELD_NAMES}),
+            teacher_shape(c['teacher'])[0] if c['teacher'] else None)
+
+
+def plan_dtype(c):
+    return 'bfloat16' if c['dtype'] == 'auto' else c['dtype']  # auto: bf16 on the GPUs the plan is for
+
+
+def memory_plan(c, model_config, teacher_config):
+    """train.memory_estimate's bytes per GPU by component for run c, with the arguments train.py --dry_run gives it."""
+    return memory_estimate(model_config, c['dry_run_world_size'], c['micro_batch_size'], plan_dtype(c), c['fsdp'],
+                           c['activation_checkpointing'], teacher_config)
+
+
+def fake_peak_memory(c, model_config, teacher_config):
+    """Peak bytes one rank allocates in a micro-step of train.py's run c (its dtype, micro-batch, DDP or FSDP over
+    dry_run_world_size ranks, activation checkpointing, KD) of a model_config student and a teacher_config teacher
+    (None: cross-entropy): torch's MemTracker on fake tensors, real shapes without memory, seconds per layer on a CPU.
+    The micro-step is train.accumulate_gradients', with the gradients and AdamW's state already there (every
+    micro-step's but a run's first). DDP runs unwrapped (its C++ reducer reads real data), its gradients allocated
+    once, as train.wrap_ddp makes them DDP's buckets; FSDP is train.shard over a fake process group, this rank 0. CPU
+    kernels stand in for CUDA's (flash attention saves the same tensors); the KD loss's bf16 GEMMs write float32 as on
+    sm_80+ GPUs (distill.fp32_output_gemm). Every allocation is rounded up to 512 bytes, as by the CUDA allocator;
+    kernels' workspaces, the CUDA context and fragmentation are not seen."""
+    dtype = plan_dtype(c)
+    dist.init_process_group('fake', rank=0, world_size=c['dry_run_world_size'])
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), \
+                mock.patch.object(distill, 'fp32_output_gemm', lambda device, dtype: True):
+            student = fake_gpt(model_config, 'cpu')
+            for layer in student.model.layers:
+                layer.activation_checkpointing = c['activation_checkpointing']
+            # MemTracker hooks the gradients of every module that runs and refuses frozen parameters: the teacher's
+            # require grad here, and get none (accumulate_gradients runs it under no_grad)
+            teacher = fake_gpt(teacher_config, 'cpu', getattr(torch, dtype)).eval() if teacher_config else None
+            if c['fsdp']:
+                with unset_fake_temporarily():  # FSDP builds its device mesh from a real tensor of ranks
+                    shard(student, dtype)
+            optimizer = configure_optimizers(student, c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
+            for p in student.parameters():
+                p.grad = torch.zeros_like(p)
+            optimizer.step()  # AdamW's state
+            x = torch.zeros(c['micro_batch_size'], model_config.block_size, dtype=torch.long)
+            autocast = torch.autocast('cpu', dtype=torch.bfloat16, enabled=dtype == 'bfloat16')
+            tracker = MemTracker()
+            tracker.track_external(student, teacher, optimizer)
+            with tracker, warnings.catch_warnings():
+                # FSDP reduce-scatters and frees a layer's unsharded gradients before MemTracker's hook, which reads
+                # them after accumulation, looks: a warning that it got None (they were counted when made)
+                warnings.filterwarnings('ignore', 'Expected a tensor or a traceable wrapper-subclass')
+                accumulate_gradients(student, student, teacher, [(x, x)], 1, c, autocast, ddp=False)
+    finally:
+        dist.destroy_process_group()
+    return tracker.get_tracker_snapshot('peak')[torch.device('cpu')]['Total']
 
 # -----------------------------------------------------------------------------
 # --check: one command that validates a GPU machine end to end, before a long run
