@@ -17,6 +17,10 @@ Sections:
              device's measured matmul peak at the model's matmul shapes (common.measured_matmul_flops)
   eval       docs/s of eval_zeroshot's batched scoring vs one request per forward, synthetic 4-choice docs
 
+The memory plan: fake_peak_memory measures the peak of a training micro-step of a train.py config on fake tensors
+(torch's MemTracker: real shapes, no memory, no GPU), what train.py --dry_run's plan is held to (tests/test_gpu_path.py;
+at full depth, scripts/memory_table.py --measure=True).
+
 Peak memory: CUDA's allocator peak (max_memory_allocated) on GPU; on CPU the rise of the process's peak
 resident set size during the measured step (VmHWM, reset through /proc/self/clear_refs), with glibc's mmap
 threshold pinned so that every freed tensor really leaves the process.
@@ -37,9 +41,16 @@ import tempfile
 import time
 import traceback
 import types
+import warnings
+from unittest import mock
 
 import torch
+import torch.distributed as dist
+from torch._dynamo.utils import counters
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.distributed._tools.mem_tracker import MemTracker
 
+import distill
 import prepare_data
 from distill import fused_kd_loss, kd_loss, load_teacher
 from common import (KNOWN_PEAK_BF16, Progress, default_peak_flops, flops_per_token, gemm_shapes,
@@ -47,10 +58,10 @@ from common import (KNOWN_PEAK_BF16, Progress, default_peak_flops, flops_per_tok
 from configurator import DEVICE, Key, parse
 from files import RunError, run_script, write_json
 from eval_zeroshot import choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests
-from model import ATTENTIONS, FIELD_NAMES, GPT, ModelConfig
+from model import ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
 from data import Windows, load_tokenizer
 from train import (KNOWN_TEACHERS, accumulate_gradients, compile_layers, configure_optimizers, load_config,
-                   memory_estimate)
+                   memory_estimate, shard, teacher_shape, wrap_ddp)
 
 EXPLICIT = 'affine (explicit T x T)'
 TINY_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config', 'tiny_cpu.py')
@@ -365,7 +376,79 @@ def bench_eval(args, device):
                  'speedup', 'max abs loglik diff'], rows)
 
 # -----------------------------------------------------------------------------
+# The memory plan measured: one training step on fake tensors
 
+
+def fake_gpt(config, device, dtype=torch.float32):
+    """A GPT of config in dtype on device, in the active FakeTensorMode (which must allow non-fake inputs): shapes and
+    dtypes without memory or initialisation. It is built on the meta device outside the mode (a fake module's .to()
+    cannot swap its parameters); to_empty gives every parameter a tensor of its own, so a tied lm_head is tied
+    again."""
+    with unset_fake_temporarily(), torch.device('meta'):
+        model = GPT(config).to(dtype)
+    model.to_empty(device=device)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
+def planned_models(c):
+    """(the student's ModelConfig, the teacher's or None) of train.py's config c, as its dry run sizes them: the
+    teacher from its checkpoint, or from its published shape when it is not on this machine (train.teacher_shape)."""
+    return (ModelConfig(**{key: c[key] for key in FIELD_NAMES}),
+            teacher_shape(c['teacher'])[0] if c['teacher'] else None)
+
+
+def plan_dtype(c):
+    return 'bfloat16' if c['dtype'] == 'auto' else c['dtype']  # auto: bf16 on the GPUs the plan is for
+
+
+def memory_plan(c, model_config, teacher_config):
+    """train.memory_estimate's bytes per GPU by component for run c, with the arguments train.py --dry_run gives it."""
+    return memory_estimate(model_config, c['dry_run_world_size'], c['micro_batch_size'], plan_dtype(c), c['fsdp'],
+                           c['activation_checkpointing'], teacher_config)
+
+
+def fake_peak_memory(c, model_config, teacher_config):
+    """Peak bytes one rank allocates in a micro-step of train.py's run c (its dtype, micro-batch, DDP or FSDP over
+    dry_run_world_size ranks, activation checkpointing, KD) of a model_config student and a teacher_config teacher
+    (None: cross-entropy): torch's MemTracker on fake tensors, real shapes without memory, seconds per layer on a CPU.
+    The micro-step is train.accumulate_gradients', with the gradients and AdamW's state already there (every
+    micro-step's but a run's first). DDP runs unwrapped (its C++ reducer reads real data), its gradients allocated
+    once, as train.wrap_ddp makes them DDP's buckets; FSDP is train.shard over a fake process group, this rank 0. CPU
+    kernels stand in for CUDA's (flash attention saves the same tensors); the KD loss's bf16 GEMMs write float32 as on
+    sm_80+ GPUs (distill.fp32_output_gemm). Every allocation is rounded up to 512 bytes, as by the CUDA allocator;
+    kernels' workspaces, the CUDA context and fragmentation are not seen."""
+    dtype = plan_dtype(c)
+    dist.init_process_group('fake', rank=0, world_size=c['dry_run_world_size'])
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), \
+                mock.patch.object(distill, 'fp32_output_gemm', lambda device, dtype: True):
+            student = fake_gpt(model_config, 'cpu')
+            for layer in student.model.layers:
+                layer.activation_checkpointing = c['activation_checkpointing']
+            # MemTracker hooks the gradients of every module that runs and refuses frozen parameters: the teacher's
+            # require grad here, and get none (accumulate_gradients runs it under no_grad)
+            teacher = fake_gpt(teacher_config, 'cpu', getattr(torch, dtype)).eval() if teacher_config else None
+            if c['fsdp']:
+                with unset_fake_temporarily():  # FSDP builds its device mesh from a real tensor of ranks
+                    shard(student, dtype)
+            optimizer = configure_optimizers(student, c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
+            for p in student.parameters():
+                p.grad = torch.zeros_like(p)
+            optimizer.step()  # AdamW's state
+            x = torch.zeros(c['micro_batch_size'], model_config.block_size, dtype=torch.long)
+            autocast = torch.autocast('cpu', dtype=torch.bfloat16, enabled=dtype == 'bfloat16')
+            tracker = MemTracker()
+            tracker.track_external(student, teacher, optimizer)
+            with tracker, warnings.catch_warnings():
+                # FSDP reduce-scatters and frees a layer's unsharded gradients before MemTracker's hook, which reads
+                # them after accumulation, looks: a warning that it got None (they were counted when made)
+                warnings.filterwarnings('ignore', 'Expected a tensor or a traceable wrapper-subclass')
+                accumulate_gradients(student, student, teacher, [(x, x)], 1, c, autocast, ddp=False)
+    finally:
+        dist.destroy_process_group()
+    return tracker.get_tracker_snapshot('peak')[torch.device('cpu')]['Total']
 
 # -----------------------------------------------------------------------------
 # --check: one command that validates a GPU machine end to end, before a long run
@@ -416,6 +499,11 @@ class Check:
                     ['section', 'check', 'result', 'measured', 'target'], rows)
 
 
+def last_line(run):
+    """The last line a finished subprocess printed: on stdout, else on stderr (where a crash before any output goes)."""
+    return (run.stdout.strip().splitlines() or run.stderr.strip().splitlines() or ['no output'])[-1]
+
+
 def check_kernel_tests(check, device):
     """The test suite's fast-path-vs-float64-reference tests, run by pytest: on CUDA the CUDA ones (every variant
     forward and backward, bf16 and fp32, with GQA; grouped K/V reaching the kernels; fp32 GQA memory; the KD loss in
@@ -425,11 +513,17 @@ def check_kernel_tests(check, device):
               [('tests/test_model.py', 'explicit_reference and float32 and not cuda'),
                ('tests/test_distill.py', kd_tests)])
     root = os.path.dirname(os.path.abspath(__file__))
+    pytest = subprocess.run([sys.executable, '-m', 'pytest', '--version'], cwd=root, capture_output=True, text=True)
+    if pytest.returncode:  # requirements.txt alone installs no pytest (and pytest >= 8.4 needs pygments)
+        check.add('kernels', 'the kernel tests (pytest)', None,
+                  f'skipped: pytest does not run here ({last_line(pytest)}); pip install -r requirements-test.txt',
+                  'all pass')
+        return
     for path, expression in suites:
         t0 = time.perf_counter()
         run = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', path, '-k', expression],
                              cwd=root, capture_output=True, text=True)
-        summary = (run.stdout.strip().splitlines() or ['no output'])[-1]
+        summary = last_line(run)
         passed = re.search(r'(\d+) passed', summary)
         ok = run.returncode == 0 and passed is not None
         check.add('kernels', f'{path} -k "{expression}"', ok, f'{summary} ({time.perf_counter() - t0:.0f} s)',
@@ -460,8 +554,54 @@ def time_cuda(fn, steps):
 
 
 def free_cuda():
+    """Memory and compiled graphs of the models just measured released. A fresh dynamo cache for the next model: one
+    shared with the last models would count their graphs towards its recompile limit (8), which --check, raising it,
+    once hid a per-layer recompilation behind."""
     gc.collect()
+    torch._dynamo.reset()
     torch.cuda.empty_cache()
+
+
+def dynamo_events():
+    """(graphs dynamo compiled, graph breaks) in this process so far."""
+    return counters['stats']['unique_graphs'], sum(counters['graph_break'].values())
+
+
+def add_compile_row(check, section, what, before, first, timed):
+    """A row for a compiled step from dynamo_events() before its first run, after it, and after the timed runs: it
+    compiles at its first run only, and breaks no graph."""
+    recompiles, breaks = timed[0] - first[0], timed[1] - before[1]
+    check.add(section, f'{what}: compiled at the first step only, no graph break', recompiles == breaks == 0,
+              f'{first[0] - before[0]} graphs at the first step; then {recompiles} more, {breaks} graph breaks',
+              'none after the first step; no graph break')
+
+
+def ddp_gradient_copies(ddp):
+    """How many gradient storages a DDP-wrapped model holds beside DDP's all-reduce buckets: 0 when every .grad is a
+    view into a bucket (train.wrap_ddp), also after no_sync micro-steps, which otherwise give each parameter a
+    gradient of its own: a second copy of every gradient (4.6 GiB at 1B) until the synchronising micro-step."""
+    buckets = len(ddp.reducer._get_zeros_like_grad_buckets())
+    return len({p.grad.untyped_storage().data_ptr() for p in ddp.parameters() if p.grad is not None}) - buckets
+
+
+def check_ddp(check, device, workdir):
+    """train.wrap_ddp on this device (a one-rank process group): after a no_sync micro-step of accumulate_gradients,
+    every gradient is a view into DDP's all-reduce buckets, none a second copy beside them (ddp_gradient_copies)."""
+    dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo',
+                            init_method=f"file://{os.path.join(workdir, 'ddp_init')}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        config = ModelConfig(**MODEL_SHAPES['tiny'])
+        with torch.device(device):
+            model = GPT(config)
+            x = torch.randint(0, config.vocab_size, (2, config.block_size + 1))
+        ddp = wrap_ddp(model, device)
+        accumulate_gradients(ddp, model, None, [(x[:, :-1], x[:, 1:])], 2, {}, autocast(device), ddp=True)
+        copies = ddp_gradient_copies(ddp)
+    finally:
+        dist.destroy_process_group()
+    check.add('DDP', 'gradients kept once: views into the buckets after a no_sync micro-step', copies == 0,
+              f'{copies} gradient storages beside the buckets', '0')
 
 
 def check_variants(check, device, args):
@@ -483,13 +623,13 @@ def check_variants(check, device, args):
             compile_layers(model)
             idx = torch.randint(0, shape['vocab_size'], (B, T + 1), device=device)
             step = train_step_fn(model, model, idx, device)
-            t0 = time.perf_counter()
+            t0, before = time.perf_counter(), dynamo_events()
             step()  # compilation
-            compile_s = time.perf_counter() - t0
+            compile_s, first = time.perf_counter() - t0, dynamo_events()
             seconds = time_cuda(step, args.steps)
             with PeakMemory(device) as mem:
                 step()
-            results[variant] = (seconds, mem.peak)
+            results[variant] = (seconds, mem.peak, (before, first, dynamo_events()))
             log(f'  variants: {variant:<24} {seconds * 1e3:8.1f} ms  {mem.peak / 2**30:6.2f} GiB  (compile {compile_s:.0f} s)')
         except torch.OutOfMemoryError:
             results[variant] = None
@@ -503,13 +643,14 @@ def check_variants(check, device, args):
             check.add('variants (1B, T=2048)', f'{variant}: step', variant == EXPLICIT and None,
                       f'out of memory at batch {B}')
             continue
-        seconds, peak = result
+        seconds, peak, events = result
         time_ratio, mem_ratio = seconds / base[0], peak / base[1] if base[1] else math.nan
         limit = targets.get(variant)
         check.add('variants (1B, T=2048)', f'{variant}: fwd+bwd, batch {B}',
                   None if limit is None else time_ratio <= limit,
                   f'{seconds * 1e3:.1f} ms ({time_ratio:.3f}x softmax), peak {peak / 2**30:.2f} GiB '
                   f'({mem_ratio:.2f}x)', f'<= {limit}x softmax' if limit else '', seconds=seconds, peak_bytes=peak)
+        add_compile_row(check, 'variants (1B, T=2048)', variant, *events)
     if results.get(EXPLICIT) and results.get('affine'):
         check.add('variants (1B, T=2048)', 'affine O(T) vs explicit T x T affine', None,
                   f'{ratio(results["affine"][0], results[EXPLICIT][0])}x the time, '
@@ -643,6 +784,7 @@ def check_mfu(check, device, args):
     fits = [b for b in (16, 12, 8, 6, 4, 2, 1)
             if sum(memory_estimate(cfg, 1, b, 'bfloat16', False, False, teacher_cfg).values()) <= 0.92 * gpu]
     torch.manual_seed(0)
+    baseline = torch.cuda.memory_allocated(device)  # what earlier parts left: not this step's
     with torch.device(device):
         student = GPT(cfg)
         teacher = GPT(teacher_cfg).to(torch.bfloat16).eval().requires_grad_(False)
@@ -665,9 +807,9 @@ def check_mfu(check, device, args):
             student.update_alpha_ma()
 
         try:
-            t0 = time.perf_counter()
+            t0, before = time.perf_counter(), dynamo_events()
             step()
-            compile_s = time.perf_counter() - t0
+            compile_s, first = time.perf_counter() - t0, dynamo_events()
             torch.cuda.reset_peak_memory_stats()
             seconds = time_cuda(step, args.steps)
         except torch.OutOfMemoryError:
@@ -675,15 +817,25 @@ def check_mfu(check, device, args):
             free_cuda()
             log(f'  mfu: micro-batch {B} out of memory')
             continue
+        section, peak = '1B affine KD step, 3B teacher', torch.cuda.max_memory_allocated(device) - baseline
         tokens = accumulation * B * T / seconds
         mfu = step_flops * tokens / H100_BF16_PEAK
         measured_peak = measured_matmul_flops(device, torch.bfloat16, gemm_shapes(student, B * T))
-        check.add('1B affine KD step, 3B teacher', f'micro-batch {B} x {T}, {accumulation} micro-steps + AdamW',
+        check.add(section, f'micro-batch {B} x {T}, {accumulation} micro-steps + AdamW',
                   mfu >= 0.45 if 'H100' in torch.cuda.get_device_name(device) else None,
                   f'{tokens:,.0f} tokens/s, MFU {100 * mfu:.1f}% of 989 TFLOP/s ({100 * step_flops * tokens / measured_peak:.1f}% '
-                  f'of the measured {measured_peak / 1e12:.0f}); peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB; '
+                  f'of the measured {measured_peak / 1e12:.0f}); peak {peak / 2**30:.1f} GiB; '
                   f'compile {compile_s:.0f} s', '>= 45% MFU (H100)', tokens_per_sec=tokens, mfu=mfu,
                   step_seconds=seconds, micro_batch=B)
+        # the dry run's plan for this step: one GPU (DDP's per-GPU memory does not depend on the ranks)
+        plan = sum(memory_estimate(cfg, 1, B, 'bfloat16', False, False, teacher_cfg).values())
+        check.add(section, 'peak memory vs the dry run\'s plan (train.memory_estimate)', peak <= plan,
+                  f'{peak / 2**30:.1f} GiB allocated at the peak, plan {plan / 2**30:.1f} GiB ({peak / plan:.2f}x)',
+                  '<= the plan', peak_bytes=peak, plan_bytes=plan)
+        add_compile_row(check, section, 'student and teacher layers', before, first, dynamo_events())
+        dtypes = {layer.self_attn.alpha_ma.dtype for layer in student.model.layers}
+        check.add(section, 'alpha_ma after bf16 steps', dtypes == {torch.float32},
+                  ', '.join(sorted(str(d) for d in dtypes)), 'torch.float32')
         return
     check.add('1B affine KD step, 3B teacher', 'a micro-batch that fits', False, f'none of {fits} fit')
 
@@ -695,18 +847,14 @@ def run_check(args):
     device = torch.device('cuda' if cuda else 'cpu')
     name = torch.cuda.get_device_name(device) if cuda else f'CPU ({torch.get_num_threads()} threads), no GPU'
     check = Check(args.check_json, dict(device=name, torch=torch.__version__, date=time.strftime('%Y-%m-%d %H:%M')))
-    if cuda:  # every variant, the teacher and several micro-batch sizes compile in this one process
-        for key in ('cache_size_limit', 'recompile_limit'):
-            if hasattr(torch._dynamo.config, key):
-                setattr(torch._dynamo.config, key, 64)
-        torch._dynamo.config.automatic_dynamic_shapes = False  # each micro-batch size its own static kernels
     log(f'bench.py --check on {name}, torch {torch.__version__}')
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as workdir:
         parts = [('kernels', lambda: check_kernel_tests(check, device)),
                  ('torchrun', lambda: check_torchrun(check, device, args, workdir))]
         if cuda:
-            parts += [('variants', lambda: check_variants(check, device, args)),
+            parts += [('ddp', lambda: check_ddp(check, torch.device('cuda', torch.cuda.current_device()), workdir)),
+                      ('variants', lambda: check_variants(check, device, args)),
                       ('kd', lambda: check_kd(check, device, args)),
                       ('mfu', lambda: check_mfu(check, device, args))]
         for part, fn in parts:
@@ -723,8 +871,8 @@ def run_check(args):
             if cuda:
                 free_cuda()
     if not cuda:
-        check.add('GPU', 'CUDA device', None, 'none found: the GPU sections (variants at 1B, KD at V=128,256, '
-                  'MFU) were skipped', 'a GPU')
+        check.add('GPU', 'CUDA device', None, 'none found: the GPU sections (DDP gradients, variants at 1B, KD at '
+                  'V=128,256, MFU with the memory plan) were skipped', 'a GPU')
     check.record['seconds'] = time.perf_counter() - t_start
     check.save()
     check.print()
@@ -733,7 +881,7 @@ def run_check(args):
 
 SECTIONS = dict(attention=bench_attention, kd=bench_kd, train=bench_train, eval=bench_eval)
 MEMORY_SECTIONS = ('attention', 'kd')  # they measure peak memory
-CHECK_PARTS = ('kernels', 'torchrun', 'variants', 'kd', 'mfu')
+CHECK_PARTS = ('kernels', 'torchrun', 'ddp', 'variants', 'kd', 'mfu')
 
 
 KEYS = dict(

@@ -153,7 +153,7 @@ def fallback(path):
     prev = previous_checkpoint(path)
     if os.path.isfile(prev):
         return f"fall back to the checkpoint saved before it: mv {prev} {path} (or restore {path} from a copy)"
-    return f"restore it from a copy, or use another checkpoint"
+    return "restore it from a copy, or use another checkpoint"
 
 
 def model_state(ckpt):

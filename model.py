@@ -645,14 +645,17 @@ class GPT(nn.Module):
         """[fn(attention layer, x, cos, sin, positions) for every layer], x each layer's own attention input in an
         eval-mode forward of idx (so affine's alpha_ma counts nothing), called inside the layer's forward (where FSDP
         has gathered its weights; every rank must call it then): how train.py and analyze.py read the explicit
-        attention (Attention.weights) of a real forward."""
+        attention (Attention.weights) of a real forward. The forward runs eagerly, compiled layers too: traced, the
+        hooks (new at every call) and their growing list of results would make dynamo recompile every layer, every
+        call."""
         results = []
         hooks = [layer.self_attn.register_forward_pre_hook(lambda attn, args: results.append(fn(attn, *args[:4])))
                  for layer in self.model.layers]
         was_training = self.training
         self.eval()
         try:
-            self(idx)
+            with torch.compiler.set_stance('force_eager'):
+                self(idx)
         finally:
             self.train(was_training)
             for hook in hooks:

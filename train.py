@@ -226,14 +226,19 @@ def configure_optimizers(model, weight_decay, lr, betas, fused=None):
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
 
 
-def compile_layers(model):
+def compile_layers(model, backend='inductor'):
     """torch.compile each decoder layer on its own, in place (nn.Module.compile), the way torchtitan does: one compiled
     graph serves every layer of a shape, so compiling takes seconds, not minutes; under DDP each layer's gradients are
     ready (and all-reduced in DDP's buckets) while the backward goes on through the layers below, which a single
     whole-model graph would only allow through DDP's graph splitting; and under FSDP2, whose per-layer hooks break any
-    graph that spans layers, nothing falls back to eager. The rest (embeddings, final norm, lm_head, loss) runs eager."""
+    graph that spans layers, nothing falls back to eager. The rest (embeddings, final norm, lm_head, loss) runs eager.
+    DDP's graph splitting is therefore turned off (torch._dynamo.config.optimize_ddp = False, for the whole process):
+    dynamo would otherwise cut each layer's graph again at DDP's bucket boundaries (1 MiB, then 25 MiB: 5 graphs per
+    1B layer), which adds no overlap that the per-layer graphs do not already give, only smaller graphs to fuse and
+    more to compile. backend: torch.compile's (the tests trace with 'aot_eager', which generates no code)."""
+    torch._dynamo.config.optimize_ddp = False
     for layer in model.model.layers:
-        layer.compile()
+        layer.compile(backend=backend)
     return model
 
 
@@ -340,11 +345,12 @@ def evaluate(model, val_data, c, device, autocast):
     for b in range(rank, math.ceil(c['eval_batches'] / world) * world, world):
         first = b * c['micro_batch_size']
         indices = [i % len(val_data) for i in range(first, first + c['micro_batch_size'])]
-        x, y = (torch.from_numpy(t).to(device) for t in val_data.get(indices))
+        x, y = batch_to_device(val_data.get(indices), device)
         with autocast:
             _, loss = model(x, y)
-        if b < c['eval_batches']:
-            total += torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64, device=device)
+        if b < c['eval_batches']:  # summed on the device: no host sync per batch, so the copies overlap the forwards
+            total[0] += loss.double() * y.numel()
+            total[1] += y.numel()
     model.train()
     if dist.is_initialized():
         dist.all_reduce(total)
@@ -716,7 +722,7 @@ def evaluation(c, run, model, raw_model, val_data, alpha_means):
     record['val_ppl'] = math.exp(min(record['val_loss'], 50))
     with run.autocast:
         record['attn_logit_mean'], record['attn_logit_abs_mean'] = mean_attention_logit(
-            raw_model, torch.from_numpy(val_data.get([0])[0]).to(run.device))
+            raw_model, batch_to_device(val_data.get([0]), run.device)[0])
     return record | attention_stats(raw_model, alpha_means)
 
 

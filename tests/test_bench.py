@@ -124,3 +124,16 @@ def test_check_on_a_machine_without_a_gpu(tmp_path):
     assert [row[0] for row in rows] == ['kernels'] * 2 + ['torchrun'] * 4 + ['GPU']
     assert all(row[2] == 'pass' for row in rows[:-1]) and rows[-1][2] == '-' and 'none found' in rows[-1][3]
     assert 'no GPU' in record['device'] and record['torch'] == torch.__version__
+
+
+def test_check_skips_the_kernel_tests_where_pytest_does_not_run(tmp_path, monkeypatch):
+    """A GPU box with requirements.txt alone: pytest missing, or (pytest >= 8.4) its pygments. --check's kernels part
+    is then one skipped row that names the cause and the fix, not a failure reading "no output"."""
+    (tmp_path / 'pygments').mkdir()
+    (tmp_path / 'pygments' / '__init__.py').write_text("raise ModuleNotFoundError(\"No module named 'pygments'\")\n")
+    monkeypatch.setenv('PYTHONPATH', str(tmp_path))  # the subprocesses find this pygments first
+    check = bench.Check(str(tmp_path / 'check.json'), dict(device='cpu', torch=torch.__version__))
+    bench.check_kernel_tests(check, torch.device('cpu'))
+    (row,) = check.record['rows']
+    assert row['section'] == 'kernels' and row['ok'] is None
+    assert "No module named 'pygments'" in row['value'] and 'pip install -r requirements-test.txt' in row['value']
