@@ -62,8 +62,8 @@ def hub_tokenizer(meta, where):
     pre = meta.get('tokenizer.ggml.pre')
     if meta.get('tokenizer.ggml.model') != 'gpt2' or pre != HUB_PRE_TOKENIZER:
         raise RunError(f"{where}: tokenizer.ggml.model {meta.get('tokenizer.ggml.model')!r}, tokenizer.ggml.pre "
-                       f"{pre!r}: --tokenizer=hub rebuilds SmolLM2's byte-level BPE ('gpt2', '{HUB_PRE_TOKENIZER}') only; "
-                       f"use --tokenizer=gguf")
+                       f"{pre!r}: --tokenizer=hub rebuilds SmolLM2's byte-level BPE ('gpt2', "
+                       f"'{HUB_PRE_TOKENIZER}') only; use --tokenizer=gguf")
     if meta.get('tokenizer.ggml.add_bos_token') or meta.get('tokenizer.ggml.add_eos_token'):
         raise RunError(f"{where}: tokenizer.ggml.add_bos_token / add_eos_token set, where SmolLM2's hub tokenizer adds "
                        f"nothing to a text; use --tokenizer=gguf")
@@ -95,6 +95,9 @@ def convert(path, out, dtype, tokenizer, tokenizer_only):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     meta = read_gguf(path)
     folder, name = os.path.split(os.path.abspath(path))
+    if tokenizer == 'hub':  # first: a file it does not fit is refused before the weights are read
+        tok, config, special_tokens_map = hub_tokenizer(meta, path)
+    os.makedirs(out)
     written = f"the {tokenizer} tokenizer"
     if not tokenizer_only:
         # transformers keeps GGUF weights in their quantized blocks (a model it cannot save) unless told to unpack them
@@ -103,7 +106,6 @@ def convert(path, out, dtype, tokenizer, tokenizer_only):
         model.save_pretrained(out)
         written = f"{type(model).__name__} ({model.num_parameters():,} parameters, {dtype}) with {written}"
     if tokenizer == 'hub':
-        tok, config, special_tokens_map = hub_tokenizer(meta, path)
         tok.save(os.path.join(out, 'tokenizer.json'))
         write_json(os.path.join(out, 'tokenizer_config.json'), config)
         write_json(os.path.join(out, 'special_tokens_map.json'), special_tokens_map)
