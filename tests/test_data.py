@@ -435,7 +435,7 @@ def test_sha256_keeps_old_data_valid_and_covers_conventions(tmp_path, layouts, c
 # Vocabularies without a token for every byte (SmolLM2's lacks 21, huggingface/smollm#81): Hugging Face's BPE drops
 # those bytes and merges what is left of each piece. Tiny ones trained here, then the real SmolLM2 tokenizers.
 
-# SmolLM2's missing bytes: six C0 controls, C0 and C1 (never in UTF-8), and the lead bytes F1, F2, F5-FF
+# SmolLM2's missing bytes: six ASCII controls, 0xC0 and 0xC1 (never in UTF-8), the lead bytes 0xF1, 0xF2, 0xF5-0xFF
 SMOLLM2_LACKS = bytes([0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2, *range(0xF5, 0x100)])
 # text around them: the controls, characters led by F1 / F2 (whose other bytes are in the vocabulary), a missing
 # byte inside pieces that merge once it is gone, long pieces, SignWriting and plane-14 tags (led by F0 / F3: kept),
