@@ -2,7 +2,7 @@
 The whole study on a laptop CPU, offline, in one command: data, a teacher, a distilled student per attention
 variant, zero-shot evaluation, the paper's analyses and a Table-1-style report.
 
-    python quickstart.py                  # about 15 minutes on 2 CPU cores; writes out/quickstart/report.md
+    python quickstart.py                  # writes out/quickstart/report.md, with the time each stage took
     python quickstart.py --seeds=0,1,2    # three students per variant: mean ± std, and what is within noise
     python quickstart.py --tests          # the test suite instead (what CI runs)
 

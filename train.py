@@ -435,6 +435,19 @@ def teacher_shape(spec):
                   f"terms left out, estimated as training without a teacher")
 
 
+_PARAM_COUNTS = {}  # repr(ModelConfig) -> meta_param_counts: a 3B model takes a fraction of a second to build
+
+
+def meta_param_counts(cfg):
+    """(parameters of GPT(cfg), those of one decoder layer), counted on the meta device, once per config."""
+    key = repr(cfg)
+    if key not in _PARAM_COUNTS:
+        with torch.device('meta'):
+            model = GPT(cfg)
+        _PARAM_COUNTS[key] = model.get_num_params(), sum(p.numel() for p in model.model.layers[0].parameters())
+    return _PARAM_COUNTS[key]
+
+
 def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointing, teacher=None):
     """Bytes one GPU holds at the peak of a training step, by component, for the student cfg (a ModelConfig),
     `world` ranks, micro_batch sequences of cfg.block_size tokens per forward, dtype 'float32' | 'bfloat16' (the
@@ -461,10 +474,7 @@ def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointi
                    gradient of its hidden states (kept from forward to backward), the student head's bf16 copy
                    (DDP's fp32 master), none of the bf16 teacher's head.
                    Without a teacher: the full logits, their float copy, log-softmax and gradient."""
-    with torch.device('meta'):
-        student = GPT(cfg)
-    n_params = student.get_num_params()
-    per_layer = sum(p.numel() for p in student.model.layers[0].parameters())
+    n_params, per_layer = meta_param_counts(cfg)
     root = n_params - cfg.n_layer * per_layer  # FSDP's root group: embeddings, final norm, untied lm_head
     a = 4 if dtype == 'float32' else 2  # bytes of a compute-dtype element
     N = micro_batch * cfg.block_size  # tokens per forward
@@ -486,8 +496,7 @@ def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointi
     estimate = dict(weights=weights, gradients=grads, optimizer=8 * n_params / (world if fsdp else 1))
     V = cfg.vocab_size
     if teacher is not None:
-        with torch.device('meta'):
-            teacher_params = GPT(teacher).get_num_params()
+        teacher_params = meta_param_counts(teacher)[0]
         estimate['teacher'] = a * teacher_params + N * a * teacher.n_embd  # + its output, kept for the loss
         compute = torch.float32 if a == 4 else torch.bfloat16  # the GEMMs' dtype: autocast's, or float32
         student_side = torch.bfloat16 if fsdp and a == 2 else torch.float32  # FSDP gathers bf16; DDP: fp32 masters

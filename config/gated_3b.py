@@ -2,9 +2,9 @@
 # distilled from an 8B Llama-3) with attention = 'gated'.
 # Check the model and its memory plan (no data needed):  python train.py config/gated_3b.py --dry_run=True
 # Train on 8 GPUs (data and teacher: see the README). Next to the 8B teacher, the 3B student with AdamW does not
-# fit an 80 GB GPU under DDP (dry run: 98.2 GiB at micro_batch_size=2), so it is sharded with FSDP (63.8 GiB):
+# fit an 80 GB GPU under DDP (see its dry run with --fsdp=False), so it is sharded with FSDP (docs/memory.md):
 #   torchrun --standalone --nproc_per_node=8 train.py config/gated_3b.py
-# More nodes or SLURM: scripts/slurm_train.sh (README, multi-node launch).
+# More nodes or SLURM: scripts/slurm_train.sh (docs/training.md, multi-node launch).
 # Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): KD loss / C4 PPL / avg zero-shot acc = 2.65 / 44.6 / 61.6;
 # extra parameters over softmax: 264,241,152.
 model = 'llama3.2-3b'  # the shape (model.MODEL_SHAPES), at the paper's 2,048-token sequences

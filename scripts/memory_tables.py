@@ -1,0 +1,297 @@
+"""The tables of README.md and docs/*.md that the code computes, so that they cannot drift from it: the paper
+configs' parameter counts (ΔParams), the per-GPU memory plan of every paper row (train.memory_estimate, what
+`python train.py config/<row>.py --dry_run=True` prints), and the time estimates that follow from the FLOPs per
+token (common.flops_per_token) at an assumed MFU. No GPU, data or checkpoint is needed: every model is built on
+the meta device, and each teacher has its published shape (train.KNOWN_TEACHERS).
+
+    python scripts/memory_tables.py           # print every table, each under its marker name
+    python scripts/memory_tables.py --write   # put them into README.md and docs/*.md, between their markers
+    python scripts/memory_tables.py --check   # exit 1 when a file holds another text (tests/test_docs.py does this)
+
+A file holds a table as
+    <!-- memory_tables.py:start NAME -->
+    ...
+    <!-- memory_tables.py:end NAME -->
+and --write replaces only what lies between the two lines.
+"""
+import contextlib
+import glob
+import io
+import os
+import re
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+import train  # noqa: E402
+from common import KNOWN_PEAK_BF16, flops_per_token  # noqa: E402
+from configurator import parse  # noqa: E402
+from files import atomic_write, run_script  # noqa: E402
+from model import FIELD_NAMES, GPT, ModelConfig  # noqa: E402
+
+SIZES = ('0.5b', '1b', '3b')
+VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated', 'affine_gated_sigmoid')
+SHOWN = dict(affine_gated='affine + gated', affine_gated_sigmoid='affine + gated (sigmoid)')  # names in tables
+GPUS, GPU_GIB = 8, 80  # the machine the plan is for: 8 GPUs of 80 GiB (train.py's dry_run_* defaults)
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # tried for the largest micro-batch that fits
+ASSUMED_MFU, PEAK = 0.4, KNOWN_PEAK_BF16['H100']  # the time estimates: 40% of an H100's dense bf16 peak
+START, END = '<!-- memory_tables.py:start {} -->', '<!-- memory_tables.py:end {} -->'
+MARKED = re.compile(r'^<!-- memory_tables\.py:start (\S+) -->\n(.*?)^<!-- memory_tables\.py:end \1 -->$',
+                    re.M | re.S)
+
+
+class Row:
+    """One paper config: its name, training keys, student and teacher ModelConfigs."""
+
+    def __init__(self, path):
+        self.name = os.path.basename(path)[:-3]
+        self.variant, self.size = self.name.rsplit('_', 1)
+        self.c = train.load_config([path])
+        self.cfg = ModelConfig(**{k: self.c[k] for k in FIELD_NAMES})
+        self.teacher_name = os.path.basename(os.path.normpath(self.c['teacher']))
+        self.teacher = ModelConfig(**train.KNOWN_TEACHERS[self.teacher_name])
+        self.micro = self.c['micro_batch_size']
+
+    def plan(self, fsdp, checkpointing=False, micro=None):
+        """memory_estimate in GiB per component, on GPUS GPUs in bfloat16 (dtype=auto on those GPUs)."""
+        estimate = train.memory_estimate(self.cfg, GPUS, micro or self.micro, 'bfloat16', fsdp, checkpointing,
+                                         self.teacher)
+        return {name: value / 2 ** 30 for name, value in estimate.items()}
+
+    def total(self, fsdp, checkpointing=False, micro=None):
+        return sum(self.plan(fsdp, checkpointing, micro).values())
+
+    def mode(self, fsdp):
+        return ('FSDP' if fsdp else 'DDP') + (' (config)' if fsdp == self.c['fsdp'] else '')
+
+
+def rows():
+    paths = glob.glob(os.path.join(ROOT, 'config', '*_*b.py'))
+    found = sorted((Row(p) for p in paths), key=lambda r: (SIZES.index(r.size), VARIANTS.index(r.variant)))
+    return found
+
+
+def verdict(gib):
+    """The dry run's verdict (train.print_dry_run), in one word."""
+    return 'fits' if gib <= 0.9 * GPU_GIB else 'tight' if gib <= GPU_GIB else 'no'
+
+
+def table(header, lines):
+    return '\n'.join(['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)] +
+                     ['| ' + ' | '.join(str(x) for x in line) + ' |' for line in lines])
+
+
+def gib_range(values):
+    low, high = min(values), max(values)
+    return f'{low:.1f} GiB' if f'{low:.1f}' == f'{high:.1f}' else f'{low:.1f}-{high:.1f} GiB'
+
+
+class Flops:
+    """FLOPs per token of a row's student (training) and teacher (forward: a third of its training FLOPs), and
+    the time ASSUMED_MFU of PEAK on GPUS GPUs would take for the row's tokens."""
+    models = {}
+
+    def __init__(self, row):
+        self.student = flops_per_token(self.model(row.cfg))
+        self.teacher = flops_per_token(self.model(row.teacher), row.cfg.block_size) / 3
+        c = row.c
+        self.tokens = c['max_iters'] * c['global_batch_size'] * row.cfg.block_size
+        self.tokens_per_sec = GPUS * PEAK * ASSUMED_MFU / (self.student + self.teacher)
+        self.hours = self.tokens / self.tokens_per_sec / 3600
+        # activation checkpointing runs the student's forward (a third of its training FLOPs) once more
+        self.recompute = self.student / 3 / (self.student + self.teacher)
+        self.micro_step_sec = row.micro * row.cfg.block_size * (self.student + self.teacher) / (PEAK * ASSUMED_MFU)
+
+    @classmethod
+    def model(cls, cfg):
+        if repr(cfg) not in cls.models:
+            with torch.device('meta'):
+                cls.models[repr(cfg)] = GPT(cfg)
+        return cls.models[repr(cfg)]
+
+
+def params_table(found):
+    by = {(r.variant, r.size): train.meta_param_counts(r.cfg)[0] for r in found}
+    header = ['size', 'softmax params'] + [SHOWN.get(v, v) for v in VARIANTS[1:]]
+    lines = [[size.upper(), f'{by["softmax", size]:,}'] +
+             [f'+{by[v, size] - by["softmax", size]:,}' if (v, size) in by else '' for v in VARIANTS[1:]]
+             for size in SIZES]
+    return table(header, lines)
+
+
+def plan_table(found):
+    header = ['row', 'mode', 'micro-batch', 'weights', 'grads', 'AdamW', 'teacher', 'KD loss', 'activations',
+              '**total**', f'{GPU_GIB} GiB']
+    lines = []
+    for r in found:
+        for fsdp in (False, True):
+            p = r.plan(fsdp)
+            total = sum(p.values())
+            lines.append([r.name, r.mode(fsdp), r.micro] + [f'{p[k]:.1f}' for k in (
+                'weights', 'gradients', 'optimizer', 'teacher', 'kd_loss', 'activations')] +
+                [f'**{total:.1f}**', verdict(total)])
+    return table(header, lines)
+
+
+def totals_table(found):
+    modes = [(False, False), (False, True), (True, False), (True, True)]
+    header = ['row', 'DDP', 'DDP + act. ckpt', 'FSDP', 'FSDP + act. ckpt',
+              'largest micro-batch that fits (DDP / DDP+AC / FSDP / FSDP+AC)']
+    lines = []
+    for r in found:
+        totals = [r.total(fsdp, ac) for fsdp, ac in modes]
+        largest = [max((m for m in MICRO_BATCHES if r.total(fsdp, ac, m) <= 0.9 * GPU_GIB), default=None)
+                   for fsdp, ac in modes]
+        lines.append([f'{r.name} (micro-batch {r.micro})'] + [f'{t:.1f} ({verdict(t)})' for t in totals] +
+                     [' / '.join('-' if m is None else str(m) for m in largest)])
+    return table(header, lines)
+
+
+def size_groups(found):
+    return [(size, [r for r in found if r.size == size]) for size in SIZES]
+
+
+def multi_node_table(found):
+    header = ['rows', '`config/`', 'mode', 'micro-batch', 'accumulation on 8 / 16 / 32 GPUs', 'estimate per GPU',
+              'launch (per node)']
+    lines = []
+    for size, group in size_groups(found):
+        first = group[0]
+        fsdp, micro, batch = first.c['fsdp'], first.micro, first.c['global_batch_size']
+        assert all(r.c['fsdp'] == fsdp and r.micro == micro and r.c['global_batch_size'] == batch for r in group)
+        names = [r.variant for r in group]
+        lines.append([f'{size.upper()}: ' + ', '.join(SHOWN.get(n, n) for n in names),
+                      '`{' + ','.join(names) + '}_' + size + '.py`', 'FSDP' if fsdp else 'DDP', micro,
+                      ' / '.join(str(batch // (gpus * micro)) for gpus in (8, 16, 32)),
+                      gib_range([r.total(fsdp) for r in group]),
+                      f'`sbatch --nodes=N scripts/slurm_train.sh config/affine_{size}.py`'])
+    return table(header, lines)
+
+
+def run_tokens(found):
+    """Tokens of one paper run (every paper config trains the same number)."""
+    tokens = {Flops(r).tokens for r in found}
+    assert len(tokens) == 1, tokens
+    return tokens.pop()
+
+
+def estimate_basis():
+    return (f'an assumed {ASSUMED_MFU:.0%} MFU of {PEAK / 1e12:.0f} TFLOP/s per GPU (the H100\'s dense bf16 peak in '
+            f'`common.KNOWN_PEAK_BF16`)')
+
+
+def flops_table(found):
+    header = ['config', 'student train FLOP/token', 'teacher fwd FLOP/token', f'tokens/s on {GPUS} H100',
+              f'hours for {run_tokens(found) / 1e9:.1f}B tokens', '+FLOPs with act. ckpt', 'compute per micro-step',
+              'FSDP collectives per micro-step']
+    lines = []
+    for r in found:
+        f = Flops(r)
+        n_params = train.meta_param_counts(r.cfg)[0]
+        # FSDP all-gathers the bf16 weights for the forward and again for the backward, and reduce-scatters the
+        # fp32 gradients, on every micro-step: 2 + 2 + 4 bytes per parameter
+        collectives = f'{2 * n_params / 1e9:.1f} + {2 * n_params / 1e9:.1f} + {4 * n_params / 1e9:.1f} GB' \
+            if r.c['fsdp'] else '- (DDP)'
+        lines.append([r.name, f'{f.student / 1e9:.1f} G', f'{f.teacher / 1e9:.1f} G', f'{f.tokens_per_sec:,.0f}',
+                      f'{f.hours:.0f}', f'{f.recompute:.0%}', f'{f.micro_step_sec:.2f} s', collectives])
+    return (f'Estimates, not measurements: FLOPs per token from `common.flops_per_token` (the teacher\'s forward: a '
+            f'third of its training FLOPs) at {estimate_basis()}, each config\'s micro-batch.\n\n'
+            + table(header, lines))
+
+
+def readme_table(found):
+    header = ['size', 'teacher', 'data directory', 'launch', 'per-GPU memory (estimate)',
+              f'time on {GPUS} x H100 (estimate)']
+    lines = []
+    for size, group in size_groups(found):
+        first = group[0]
+        hours = [Flops(r).hours for r in group]
+        low, high = round(min(hours)), round(max(hours))
+        lines.append([size.upper(), first.teacher_name, f'`{first.c["data_dir"]}`',
+                      'FSDP (set in the configs)' if first.c['fsdp'] else 'DDP',
+                      gib_range([r.total(r.c['fsdp']) for r in group]),
+                      f'~{low} h' if low == high else f'~{low}-{high} h'])
+    c = found[0].c
+    return (table(header, lines) + '\n\n'
+            f'Each run: {c["max_iters"]:,} steps of {c["global_batch_size"]:,} sequences of {found[0].cfg.block_size:,} '
+            f'tokens ({run_tokens(found) / 1e9:.1f}B tokens). Memory: the plan that `--dry_run=True` prints for '
+            f'{GPUS} GPUs of {GPU_GIB} GiB, over the size\'s configs. Time: an estimate from the FLOPs per token at '
+            f'{estimate_basis()}, not a measurement.')
+
+
+def dry_run_example(config='config/affine_3b.py'):
+    """What `python train.py <config> --dry_run=True` prints, run where no teacher checkpoint is (a temporary
+    directory), so that the teacher is its published shape on any machine."""
+    out, cwd = io.StringIO(), os.getcwd()
+    with tempfile.TemporaryDirectory() as empty, contextlib.redirect_stdout(out):
+        os.chdir(empty)
+        try:
+            train.main([os.path.join(ROOT, config), '--dry_run=True'])
+        finally:
+            os.chdir(cwd)
+    return f'```\n$ python train.py {config} --dry_run=True\n{out.getvalue().rstrip()}\n```'
+
+
+def tables():
+    """{marker name: the markdown text between its markers}."""
+    found = rows()
+    return {'params': params_table(found), 'plan-per-row': plan_table(found), 'plan-totals': totals_table(found),
+            'multi-node': multi_node_table(found), 'flops': flops_table(found), 'readme-sizes': readme_table(found),
+            'dry-run-affine-3b': dry_run_example()}
+
+
+def doc_files():
+    return [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))
+
+
+def regenerate(text, generated):
+    """text with every marked block replaced by its generated table; unknown marker names are an error."""
+    def replace(match):
+        name = match.group(1)
+        if name not in generated:
+            raise SystemExit(f'unknown table {name!r} (known: {", ".join(generated)})')
+        return f'{START.format(name)}\n{generated[name]}\n{END.format(name)}'
+    return MARKED.sub(replace, text)
+
+
+def stale(generated):
+    """(files whose marked blocks differ from the generated tables, table names no file holds)."""
+    differ, used = [], set()
+    for path in doc_files():
+        text = open(path, encoding='utf-8').read()
+        used.update(m.group(1) for m in MARKED.finditer(text))
+        if regenerate(text, generated) != text:
+            differ.append(os.path.relpath(path, ROOT))
+    return differ, sorted(set(generated) - used)
+
+
+def main(argv):
+    args = parse(argv, dict(write=False, check=False), __doc__, prog='scripts/memory_tables.py')
+    generated = tables()
+    if args['write']:
+        for path in doc_files():
+            text = open(path, encoding='utf-8').read()
+            new = regenerate(text, generated)
+            if new != text:
+                with atomic_write(path) as f:
+                    f.write(new)
+                print(f'wrote {os.path.relpath(path, ROOT)}')
+    elif args['check']:
+        differ, unused = stale(generated)
+        for path in differ:
+            print(f'{path}: its tables differ from the code; run python scripts/memory_tables.py --write')
+        for name in unused:
+            print(f'table {name} is in no file')
+        return 1 if differ or unused else 0
+    else:
+        for name, text in generated.items():
+            print(f'{START.format(name)}\n{text}\n{END.format(name)}\n')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(run_script(main))
