@@ -249,6 +249,8 @@ def main(argv=None):
         sys.exit(subprocess.call([sys.executable, '-m', 'pytest', '-q', 'tests'], cwd=HERE))
     if unknown := [v for v in args.variants if v not in VARIANTS]:  # this message, not the configurator's (tested)
         fail(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    if os.path.abspath(args.out_dir) == os.path.abspath(args.data_dir):
+        fail(f"--out_dir and --data_dir are both {args.out_dir}: the prepared data and the runs need places of their own")
     # its own earlier output holds the teacher's run directory and no tool's files at the top
     claim_dir(os.path.join(HERE, args.out_dir), 'quickstart.py', writes=['report.md'],
               ours=lambda names: 'teacher' in names and not names & {'ckpt.pt', 'metrics.jsonl', 'numbers.json'})
