@@ -42,6 +42,7 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
         for stage in (f'distill {variant} seed 0', f'evaluate {variant} seed 0'):
             assert stage_row(report, stage) == (f'{out}/{variant}_seed0', '2', f'{2 * 16 * 256:,}', '0')
 
+    (out / 'NOTES.txt').write_text('a user\'s notes beside the report')  # kept, byte for byte, by every later run
     rerun = quickstart(tmp_path)
     for stage in ('train the softmax teacher', 'distill affine seed 0', 'evaluate affine seed 0'):
         assert re.search(rf'{stage} \(at \d+m\d+s\): finished in an earlier run with these settings, skipped', rerun)
@@ -57,9 +58,24 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     report = (out / 'report.md').read_text()
     assert stage_row(report, 'train the softmax teacher') == (f'{out}/teacher', '4', f'{4 * 16 * 256:,}', '1337')
     assert 'train on 16,384 tokens or fewer' in report
+    assert (out / 'NOTES.txt').read_text() == 'a user\'s notes beside the report'
 
 
 def test_quickstart_bad_arguments_say_what_is_valid():
     for args, message in [(['--variants=softmax,flash'], "unknown ['flash']"), (['--seeds=a'], 'comma-separated')]:
         run = subprocess.run([sys.executable, 'quickstart.py', *args], cwd=ROOT, capture_output=True, text=True)
         assert run.returncode == 2 and message in run.stderr
+
+
+def test_quickstart_refuses_an_out_dir_it_cannot_own(tmp_path):
+    """Before any work: another tool's output (a run: ckpt.pt) or the prepared data's own directory; nothing there
+    is touched."""
+    run_dir = tmp_path / 'run'
+    run_dir.mkdir()
+    (run_dir / 'ckpt.pt').write_bytes(b'a user\'s checkpoint')
+    for args, message in [([f'--out_dir={run_dir}'], f'{run_dir}: holds a train.py run (ckpt.pt)'),
+                          ([f'--out_dir={tmp_path}/d', f'--data_dir={tmp_path}/d'], 'are both')]:
+        run = subprocess.run([sys.executable, 'quickstart.py', *args], cwd=ROOT, capture_output=True, text=True)
+        assert run.returncode != 0 and message in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert sorted(os.listdir(tmp_path)) == ['run'] and os.listdir(run_dir) == ['ckpt.pt']
+    assert (run_dir / 'ckpt.pt').read_bytes() == b'a user\'s checkpoint'
