@@ -18,8 +18,8 @@ Sections:
   eval       docs/s of eval_zeroshot's batched scoring vs one request per forward, synthetic 4-choice docs
 
 The memory plan: fake_peak_memory measures the peak of a training micro-step of a train.py config on fake tensors
-(torch's MemTracker: real shapes, no memory, no GPU), what train.py --dry_run's plan is held to (tests/test_gpu_path.py;
-at full depth, scripts/memory_table.py --measure=True).
+(torch's MemTracker: real shapes, no memory, no GPU), what train.py --dry_run's plan (memory_plan.py) is held to
+(tests/test_gpu_path.py; at full depth, scripts/memory_tables.py --measure=True).
 
 Peak memory: CUDA's allocator peak (max_memory_allocated) on GPU; on CPU the rise of the process's peak
 resident set size during the measured step (VmHWM, reset through /proc/self/clear_refs), with glibc's mmap
@@ -60,8 +60,8 @@ from files import RunError, run_script, write_json
 from eval_zeroshot import choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests
 from model import ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
 from data import Windows, load_tokenizer
-from train import (KNOWN_TEACHERS, accumulate_gradients, compile_layers, configure_optimizers, load_config,
-                   memory_estimate, shard, teacher_shape, wrap_ddp)
+from memory_plan import KNOWN_TEACHERS, memory_estimate, plan_dtype
+from train import accumulate_gradients, compile_layers, configure_optimizers, load_config, shard, wrap_ddp
 
 EXPLICIT = 'affine (explicit T x T)'
 TINY_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config', 'tiny_cpu.py')
@@ -390,23 +390,6 @@ def fake_gpt(config, device, dtype=torch.float32):
     if config.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
-
-
-def planned_models(c):
-    """(the student's ModelConfig, the teacher's or None) of train.py's config c, as its dry run sizes them: the
-    teacher from its checkpoint, or from its published shape when it is not on this machine (train.teacher_shape)."""
-    return (ModelConfig(**{key: c[key] for key in FIELD_NAMES}),
-            teacher_shape(c['teacher'])[0] if c['teacher'] else None)
-
-
-def plan_dtype(c):
-    return 'bfloat16' if c['dtype'] == 'auto' else c['dtype']  # auto: bf16 on the GPUs the plan is for
-
-
-def memory_plan(c, model_config, teacher_config):
-    """train.memory_estimate's bytes per GPU by component for run c, with the arguments train.py --dry_run gives it."""
-    return memory_estimate(model_config, c['dry_run_world_size'], c['micro_batch_size'], plan_dtype(c), c['fsdp'],
-                           c['activation_checkpointing'], teacher_config)
 
 
 def fake_peak_memory(c, model_config, teacher_config):
@@ -829,7 +812,7 @@ def check_mfu(check, device, args):
                   step_seconds=seconds, micro_batch=B)
         # the dry run's plan for this step: one GPU (DDP's per-GPU memory does not depend on the ranks)
         plan = sum(memory_estimate(cfg, 1, B, 'bfloat16', False, False, teacher_cfg).values())
-        check.add(section, 'peak memory vs the dry run\'s plan (train.memory_estimate)', peak <= plan,
+        check.add(section, 'peak memory vs the dry run\'s plan (memory_plan.memory_estimate)', peak <= plan,
                   f'{peak / 2**30:.1f} GiB allocated at the peak, plan {plan / 2**30:.1f} GiB ({peak / plan:.2f}x)',
                   '<= the plan', peak_bytes=peak, plan_bytes=plan)
         add_compile_row(check, section, 'student and teacher layers', before, first, dynamo_events())

@@ -20,7 +20,7 @@ position to resume from is therefore just the step.
 Scale: DDP keeps a full fp32 student and its AdamW state on every GPU (16 bytes a parameter); fsdp=True shards
 them over the ranks with PyTorch's FSDP2 (fully_shard per decoder layer), activation_checkpointing=True trades
 a recomputed forward for most activation memory. Checkpoints hold full (unsharded) state keyed by parameter
-name either way, so a run resumes on any number of ranks, with or without FSDP. memory_estimate() is the plan.
+name either way, so a run resumes on any number of ranks, with or without FSDP. memory_plan.py is the plan.
 """
 import dataclasses
 import inspect
@@ -42,15 +42,16 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, checkpoint_file, config_from_hf, model_state,
-                        previous_checkpoint, read_checkpoint, read_hf_config, save_checkpoint)
+from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, model_state, previous_checkpoint, read_checkpoint,
+                        save_checkpoint)
 from common import default_peak_flops, estimate_mfu, gemm_shapes, resolve_device, resolve_dtype
 from configurator import DEVICE, Key, parse
 from data import Windows, read_meta
 from files import atomic_write, claim_dir, run_script, write_json
-from distill import check_compatibility, fused_kd_loss, kd_loss, kd_loss_memory, load_teacher
+from distill import check_compatibility, fused_kd_loss, kd_loss, load_teacher
+from memory_plan import print_dry_run
 from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig,
-                   attention_scores, saved_bytes_per_token)
+                   attention_scores)
 
 # DDP must not sync buffers on each forward: alpha_ma's per-rank sums would be overwritten by rank 0's (see
 # GPT.update_alpha_ma). Newer torch (2.13 here) deprecates broadcast_buffers for forward_sync_buffers, which still
@@ -409,131 +410,6 @@ def preemption_flag():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-# -----------------------------------------------------------------------------------------------
-# Memory plan: what one GPU holds at the peak of a training step, before launching
-
-# The paper's teachers by their checkpoint directory's name: a dry run sizes the teacher from its published shape
-# (model.MODEL_SHAPES) when its checkpoint is not on this machine.
-KNOWN_TEACHERS = {'Qwen1.5-1.8B': MODEL_SHAPES['qwen1.5-1.8b'], 'Llama-3.2-3B': MODEL_SHAPES['llama3.2-3b'],
-                  'Llama-3.1-8B': MODEL_SHAPES['llama3.1-8b']}
-
-
-def teacher_shape(spec):
-    """(ModelConfig or None, where it came from) of a teacher, without reading its weights: the checkpoint's
-    config if it is here, else KNOWN_TEACHERS by the directory's name, else None."""
-    if os.path.exists(spec):
-        path = checkpoint_file(spec)
-        if path is None:
-            return ModelConfig(**config_from_hf(read_hf_config(spec))), spec
-        return ModelConfig(**read_checkpoint(path, keys=('model_config',))['model_config']), path
-    name = os.path.basename(os.path.normpath(spec))
-    if name in KNOWN_TEACHERS:
-        return ModelConfig(**KNOWN_TEACHERS[name]), f"{name}'s published shape (no checkpoint at {spec})"
-    return None, (f"unknown (no checkpoint at {spec}, and not one of {', '.join(KNOWN_TEACHERS)}): teacher and KD "
-                  f"terms left out, estimated as training without a teacher")
-
-
-_PARAM_COUNTS = {}  # repr(ModelConfig) -> meta_param_counts: a 3B model takes a fraction of a second to build
-
-
-def meta_param_counts(cfg):
-    """(parameters of GPT(cfg), those of one decoder layer), counted on the meta device, once per config."""
-    key = repr(cfg)
-    if key not in _PARAM_COUNTS:
-        with torch.device('meta'):
-            model = GPT(cfg)
-        _PARAM_COUNTS[key] = model.get_num_params(), sum(p.numel() for p in model.model.layers[0].parameters())
-    return _PARAM_COUNTS[key]
-
-
-def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointing, teacher=None):
-    """Bytes one GPU holds at the peak of a training step, by component, for the student cfg (a ModelConfig),
-    `world` ranks, micro_batch sequences of cfg.block_size tokens per forward, dtype 'float32' | 'bfloat16' (the
-    autocast / FSDP compute dtype) and the teacher's ModelConfig (None: plain cross-entropy). Components peak at
-    nearly the same moment (end of forward, start of backward), so their sum slightly overestimates the peak.
-    Not counted: the CUDA context, NCCL buffers and allocator fragmentation (leave ~10% of the GPU for them).
-      weights      DDP: fp32 (4 B/param), plus autocast's bf16 copies of the layers' matrices, which autograd
-                   keeps for backward. FSDP: fp32 shards (4/world), plus the gathered (compute-dtype) root group
-                   (embeddings, final norm, untied lm_head: gathered from forward to the end of backward) and
-                   two decoder layers (the one computing and the one prefetched).
-      gradients    held from the first micro-step's backward to the optimizer step. DDP: fp32, once: the .grad
-                   tensors are views of DDP's all-reduce buckets (wrap_ddp; gradients created afresh by the no_sync
-                   micro-steps would be a second copy beside the buckets). FSDP: fp32 shards, plus the root's unsharded
-                   gradients and one layer's, with that layer's fp32 reduce-scatter input.
-      optimizer    AdamW's exp_avg and exp_avg_sq, fp32 (8 B/param; FSDP: 8/world).
-      teacher      its weights in the compute dtype, whole on every rank, and its output hidden states. (Its
-                   no-grad forward's intermediates are gone before the student's forward starts.)
-      activations  what autograd saves per token and decoder layer (model.saved_bytes_per_token, beside the
-                   forward it counts; tests/test_fsdp.py checks it with saved_tensors_hooks); plus one layer's worth
-                   of gradients in flight during backward. Activation checkpointing keeps only each layer's input
-                   and holds one recomputed layer and its gradients at a time.
-      kd_loss      distill.fused_kd_loss's working set, tensor by tensor (distill.kd_loss_memory): its bf16 GEMMs'
-                   float32 logits for one chunk of tokens, the float32 gradient of the student's lm_head and the
-                   gradient of its hidden states (kept from forward to backward), the student head's bf16 copy
-                   (DDP's fp32 master), none of the bf16 teacher's head.
-                   Without a teacher: the full logits, their float copy, log-softmax and gradient."""
-    n_params, per_layer = meta_param_counts(cfg)
-    root = n_params - cfg.n_layer * per_layer  # FSDP's root group: embeddings, final norm, untied lm_head
-    a = 4 if dtype == 'float32' else 2  # bytes of a compute-dtype element
-    N = micro_batch * cfg.block_size  # tokens per forward
-    if fsdp:
-        weights = 4 * n_params / world + a * (root + 2 * per_layer)
-        grads = 4 * n_params / world + a * root + (a + 4) * per_layer
-    else:
-        weights = 4 * n_params + (2 * cfg.n_layer * per_layer if dtype == 'bfloat16' else 0)
-        grads = 4 * n_params
-
-    C, layer = cfg.n_embd, saved_bytes_per_token(cfg, dtype, fsdp)  # one decoder layer's, model.py's count
-    layer_input = 2 * C if dtype == 'bfloat16' and fsdp else 4 * C  # the residual stream: fp32 but under FSDP bf16
-    if activation_checkpointing:
-        activations = N * (cfg.n_layer * layer_input + 2 * layer)
-    else:
-        activations = N * (cfg.n_layer + 1) * layer
-    activations += N * (8 * C + 4)  # the final RMSNorm
-
-    estimate = dict(weights=weights, gradients=grads, optimizer=8 * n_params / (world if fsdp else 1))
-    V = cfg.vocab_size
-    if teacher is not None:
-        teacher_params = meta_param_counts(teacher)[0]
-        estimate['teacher'] = a * teacher_params + N * a * teacher.n_embd  # + its output, kept for the loss
-        compute = torch.float32 if a == 4 else torch.bfloat16  # the GEMMs' dtype: autocast's, or float32
-        student_side = torch.bfloat16 if fsdp and a == 2 else torch.float32  # FSDP gathers bf16; DDP: fp32 masters
-        estimate['kd_loss'] = kd_loss_memory(N, V, C, teacher.n_embd, compute, student_weight_dtype=student_side,
-                                             hidden_dtype=student_side, device_type='cuda')
-    else:
-        estimate['loss'] = N * V * (12 + (4 if a == 2 else 0))
-    estimate['activations'] = activations
-    return estimate
-
-
-def print_dry_run(c, model_config):
-    """The dry run: parameter counts, and memory_estimate's table for this config on dry_run_world_size GPUs."""
-    with torch.device('meta'):
-        model = GPT(model_config)
-    total = model.get_num_params()
-    embedding = model.model.embed_tokens.weight.numel() + (0 if model_config.tie_embeddings else
-                                                           model.lm_head.weight.numel())
-    print(f"params: total={total} non_embedding={total - embedding} "
-          f"attention_extra={model.get_num_params(variant_only=True)}")
-    world, gpu_gib = c['dry_run_world_size'], c['dry_run_gpu_gib']
-    dtype = 'bfloat16' if c['dtype'] == 'auto' else c['dtype']  # auto is bfloat16 on the GPUs this plans for
-    teacher, source = teacher_shape(c['teacher']) if c['teacher'] else (None, 'none (cross-entropy)')
-    estimate = memory_estimate(model_config, world, c['micro_batch_size'], dtype, c['fsdp'],
-                               c['activation_checkpointing'], teacher)
-    total = sum(estimate.values()) / 2 ** 30
-    verdict = ('fits' if total <= 0.9 * gpu_gib else 'tight: under 10% left for the CUDA context, NCCL and '
-               'fragmentation' if total <= gpu_gib else 'does not fit')
-    accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])
-    steps = (f"{accumulation} micro-steps" if accumulation and not rest else f"global_batch_size="
-             f"{c['global_batch_size']} is not a multiple of {world} x {c['micro_batch_size']}: a run would stop")
-    print(f"memory per GPU, estimated: {'FSDP' if c['fsdp'] else 'DDP'} on {world} GPUs, micro_batch_size="
-          f"{c['micro_batch_size']} x {model_config.block_size} tokens ({steps}), {dtype}, "
-          f"activation_checkpointing={c['activation_checkpointing']}; teacher: {source}")
-    for name, value in estimate.items():
-        print(f"  {name:<12} {value / 2 ** 30:7.2f} GiB")
-    print(f"  {'total':<12} {total:7.2f} GiB of {gpu_gib:g}: {verdict}")
 
 
 # -----------------------------------------------------------------------------------------------
