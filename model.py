@@ -560,7 +560,7 @@ class GPT(nn.Module):
         Our reading of the paper, where it is silent: the forward of step t uses the stored alpha_ma,t-1
         (a constant, no gradient), and alpha_ma,t includes step t's batch. Eval-mode forwards add
         nothing, so this never changes alpha_ma for them. Under DDP, wrap the model without
-        per-forward buffer sync (train.DDP_NO_BUFFER_SYNC) so rank 0 does not overwrite the other ranks' sums.
+        per-forward buffer sync (common.DDP_NO_BUFFER_SYNC) so rank 0 does not overwrite the other ranks' sums.
         discard=True only clears the sums (a skipped step). Returns E[alpha] per layer, (n_head,) tensors
         (empty: not affine, nothing accumulated, or discarded)."""
         layers = [m.self_attn for m in self.model.layers if m.self_attn.config.is_affine]

@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import bench
+import common
 import distill
 import memory_plan
 import train
@@ -325,10 +326,11 @@ TEACHER = ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, intermediate_
 
 def compiled_run(rank, world, data_dir, parallel, attention):
     """train.py's compiled path for one variant on this rank (2 micro-steps of 2 sequences per step, KD from a
-    compiled teacher), its decoder layers compiled by train.compile_layers with dynamo's aot_eager backend: the
+    compiled teacher), its decoder layers compiled by common.compile_layers with dynamo's aot_eager backend: the
     graphs dynamo compiles and the graph breaks, in each phase of a run's start: a first micro-step (under DDP a
-    no_sync one), train_step three times, train.evaluation after the second and the third. Also, under DDP, how many
-    gradients the first micro-step made beside DDP's buckets (bench.ddp_gradient_copies)."""
+    no_sync one), three optimizer steps as train.py's loop takes them, train.evaluation_record after the second and
+    the third. Also, under DDP, how many gradients the first micro-step made beside DDP's buckets
+    (bench.ddp_gradient_copies)."""
     torch._dynamo.reset()  # each variant from scratch: graphs kept from the last one count towards the recompile limit
     counters.clear()
     graphs = []
@@ -341,12 +343,12 @@ def compiled_run(rank, world, data_dir, parallel, attention):
     run = train.Run(rank, world, torch.device('cpu'), True, parallel == 'ddp', 2, nullcontext())  # 8 = 2 x 2 x 2
     torch.manual_seed(0)
     raw = GPT(ModelConfig(**{k: c[k] for k in FIELD_NAMES}))
-    train.compile_layers(raw, backend)
+    common.compile_layers(raw, backend)
     if parallel == 'fsdp':
-        train.shard(raw, c['dtype'])
+        common.shard(raw, c['dtype'])
     optimizer = train.configure_optimizers(raw, c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
-    model = train.wrap_ddp(raw, run.device) if run.ddp else raw
-    teacher = train.compile_layers(GPT(TEACHER).eval().requires_grad_(False), backend)
+    model = common.wrap_ddp(raw, run.device) if run.ddp else raw
+    teacher = common.compile_layers(GPT(TEACHER).eval().requires_grad_(False), backend)
     train_data, val_data = (Windows(data_dir, split, c['block_size']) for split in ('train', 'val'))
     phases, copies = {}, None
 
@@ -356,17 +358,31 @@ def compiled_run(rank, world, data_dir, parallel, attention):
         phases[name] = len(graphs) - before[0], sum(counters['graph_break'].values()) - before[1]
         return out
 
-    batch = train.batch_to_device(train_data.get(range(rank * 2, rank * 2 + 2)), run.device)
-    phase('first micro-step', lambda: train.accumulate_gradients(model, raw, teacher, [batch], run.accumulation, c,
-                                                                 run.autocast, run.ddp))
+    def micro_step(indices, last):  # as in train.py's loop: forward and loss, backward (DDP: all-reduced if last)
+        x, y = common.batch_to_device(train_data.get(indices), run.device)
+        with model.no_sync() if run.ddp and not last else nullcontext():
+            with run.autocast:
+                loss = train.compute_loss(model, raw, teacher, x, y, c, common.DeviceTimer(run.device))[0]
+            (loss / run.accumulation).backward()
+
+    def optimizer_step(step):  # as in train.py's loop: this rank's micro-steps, clipping, AdamW, alpha_ma
+        mine = train_data.step_indices(c['seed'], step, c['global_batch_size'])[rank * run.accumulation * 2:]
+        for micro in range(run.accumulation):
+            micro_step(mine[micro * 2:(micro + 1) * 2], last=micro == run.accumulation - 1)
+        common.full_tensor(torch.nn.utils.clip_grad_norm_(raw.parameters(), c['grad_clip'])).item()
+        optimizer.step()
+        alpha_means = raw.update_alpha_ma()
+        optimizer.zero_grad(set_to_none=not run.ddp)
+        return alpha_means
+
+    phase('first micro-step', lambda: micro_step(range(rank * 2, rank * 2 + 2), last=not run.ddp))
     if run.ddp:
         copies = bench.ddp_gradient_copies(model)
     optimizer.zero_grad(set_to_none=not run.ddp)
     for step in range(3):
-        _, alpha_means, _ = phase(f'step {step + 1}', lambda: train.train_step(
-            step, c, run, model, raw, teacher, optimizer, train_data, train.DeviceTimer(run.device), c['peak_flops']))
+        alpha_means = phase(f'step {step + 1}', lambda: optimizer_step(step))
         if step:
-            phase(f'evaluation {step}', lambda: train.evaluation(c, run, model, raw, val_data, alpha_means))
+            phase(f'evaluation {step}', lambda: train.evaluation_record(c, run, model, raw, val_data, alpha_means))
     return phases, copies
 
 
@@ -386,7 +402,7 @@ def test_compiled_training_and_evaluation_never_recompile(data_dir, tmp_path, pa
     training and the teacher's once (the first micro-step), the student's once more for evaluation's eval mode (the
     first evaluation), and nothing else compiles, on any rank: no recompilation in later steps or evaluations (the
     attention-logit statistics' hooks run eagerly: traced, they made every layer recompile at every evaluation).
-    No graph breaks. Under DDP one graph per layer, not DDP's bucket-sized pieces (train.compile_layers turns
+    No graph breaks. Under DDP one graph per layer, not DDP's bucket-sized pieces (common.compile_layers turns
     dynamo's DDP graph splitting off), and no gradient beside DDP's buckets after a no_sync micro-step."""
     torch.multiprocessing.spawn(_compiled_worker, args=(2, str(tmp_path / 'init'), str(tmp_path / 'result'), data_dir,
                                                         parallel), nprocs=2, join=True)
