@@ -21,6 +21,11 @@ Scale: DDP keeps a full fp32 student and its AdamW state on every GPU (16 bytes 
 them over the ranks with PyTorch's FSDP2 (fully_shard per decoder layer), activation_checkpointing=True trades
 a recomputed forward for most activation memory. Checkpoints hold full (unsharded) state keyed by parameter
 name either way, so a run resumes on any number of ranks, with or without FSDP. memory_plan.py is the plan.
+
+Reading order: main, at the bottom, is the training loop, as nanoGPT writes it: each micro-step's forward, loss
+(compute_loss) and backward, then clipping, AdamW, alpha_ma (Eq. 9), logging, evaluation and checkpoints. Above it,
+the setup it calls (setup_run, load_data, build_model, load_run_teacher), and above that the pieces of a step;
+what runs the model over the ranks (DDP, FSDP2, compile) is in common.py.
 """
 import dataclasses
 import json

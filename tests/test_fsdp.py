@@ -138,7 +138,8 @@ def test_memory_plan_for_the_3b_row(capsys):
     values = train.load_config(['config/affine_3b.py'])
     config = ModelConfig(**{k: values[k] for k in FIELD_NAMES})
     teacher = ModelConfig(**memory_plan.KNOWN_TEACHERS['Llama-3.1-8B'])
-    plans = {fsdp: memory_plan.memory_estimate(config, 8, 2, 'bfloat16', fsdp, False, teacher) for fsdp in (False, True)}
+    plans = {fsdp: memory_plan.memory_estimate(config, 8, 2, 'bfloat16', fsdp, False, teacher)
+             for fsdp in (False, True)}
     assert plans[True]['optimizer'] == plans[False]['optimizer'] / 8 == 3_214_814_208
     assert plans[True]['teacher'] == plans[False]['teacher'] > 2 * 8_030_261_248  # whole on every rank, bf16
     checkpointed = memory_plan.memory_estimate(config, 8, 2, 'bfloat16', True, True, teacher)['activations']

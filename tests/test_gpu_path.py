@@ -296,9 +296,10 @@ def test_memory_plan_holds_against_a_fake_tensor_measurement(config):
     the published teacher's shape) against the peak MemTracker measures in a training micro-step on fake tensors
     (bench.fake_peak_memory). Measured with 1 and 2 student layers (the teacher whole) and extrapolated, every
     decoder layer adding the same: peak(n_layer) = peak(1) + (n_layer - 1) (peak(2) - peak(1));
-    scripts/memory_tables.py --measure=True measures full depth, where this extrapolation was exact to 0.01 GiB (1B and 3B). The plan's
-    per-layer step is the measured one within 2%, and its total is conservative by at most 10%: the margin for
-    what it leaves out (the CUDA context, NCCL, fragmentation) is the dry run's verdict's, not the plan's."""
+    scripts/memory_tables.py --measure=True measures full depth, where this extrapolation was exact to 0.01 GiB (1B
+    and 3B). The plan's per-layer step is the measured one within 2%, and its total is conservative by at most 10%:
+    the margin for what it leaves out (the CUDA context, NCCL, fragmentation) is the dry run's verdict's, not the
+    plan's."""
     c = train.load_config([f'config/{config}.py'])
     student, teacher = memory_plan.planned_models(c)
     plan, peak = {}, {}
