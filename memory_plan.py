@@ -199,6 +199,12 @@ def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointi
     return estimate
 
 
+def verdict(total_gib, gpu_gib):
+    """Whether a plan of total_gib fits one GPU of gpu_gib: 'fits' with 10% of the GPU left for what the plan does
+    not count (the CUDA context, NCCL, fragmentation), 'tight' under that margin, else 'no'."""
+    return 'fits' if total_gib <= 0.9 * gpu_gib else 'tight' if total_gib <= gpu_gib else 'no'
+
+
 def plan_dtype(c):
     return 'bfloat16' if c['dtype'] == 'auto' else c['dtype']  # auto: bf16 on the GPUs the plan is for
 
@@ -223,8 +229,8 @@ def print_dry_run(c, model_config):
     teacher, source = teacher_shape(c['teacher']) if c['teacher'] else (None, 'none (cross-entropy)')
     estimate = memory_plan(c, model_config, teacher)
     total = sum(estimate.values()) / 2 ** 30
-    verdict = ('fits' if total <= 0.9 * gpu_gib else 'tight: under 10% left for the CUDA context, NCCL and '
-               'fragmentation' if total <= gpu_gib else 'does not fit')
+    said = dict(fits='fits', tight='tight: under 10% left for the CUDA context, NCCL and fragmentation',
+                no='does not fit')[verdict(total, gpu_gib)]
     accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])
     steps = (f"{accumulation} micro-steps" if accumulation and not rest else f"global_batch_size="
              f"{c['global_batch_size']} is not a multiple of {world} x {c['micro_batch_size']}: a run would stop")
@@ -233,4 +239,4 @@ def print_dry_run(c, model_config):
           f"activation_checkpointing={c['activation_checkpointing']}; teacher: {source}")
     for name, value in estimate.items():
         print(f"  {name:<12} {value / 2 ** 30:7.2f} GiB")
-    print(f"  {'total':<12} {total:7.2f} GiB of {gpu_gib:g}: {verdict}")
+    print(f"  {'total':<12} {total:7.2f} GiB of {gpu_gib:g}: {said}")

@@ -80,11 +80,6 @@ def rows():
     return found
 
 
-def verdict(gib):
-    """The dry run's verdict (memory_plan.print_dry_run), in one word."""
-    return 'fits' if gib <= 0.9 * GPU_GIB else 'tight' if gib <= GPU_GIB else 'no'
-
-
 def table(header, lines):
     return '\n'.join(['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)] +
                      ['| ' + ' | '.join(str(x) for x in line) + ' |' for line in lines])
@@ -138,7 +133,7 @@ def plan_table(found):
             total = sum(p.values())
             lines.append([r.name, r.mode(fsdp), r.micro] + [f'{p[k]:.1f}' for k in (
                 'weights', 'gradients', 'optimizer', 'teacher', 'kd_loss', 'activations')] +
-                [f'**{total:.1f}**', verdict(total)])
+                [f'**{total:.1f}**', memory_plan.verdict(total, GPU_GIB)])
     return table(header, lines)
 
 
@@ -149,9 +144,10 @@ def totals_table(found):
     lines = []
     for r in found:
         totals = [r.total(fsdp, ac) for fsdp, ac in modes]
-        largest = [max((m for m in MICRO_BATCHES if r.total(fsdp, ac, m) <= 0.9 * GPU_GIB), default=None)
-                   for fsdp, ac in modes]
-        lines.append([f'{r.name} (micro-batch {r.micro})'] + [f'{t:.1f} ({verdict(t)})' for t in totals] +
+        largest = [max((m for m in MICRO_BATCHES if memory_plan.verdict(r.total(fsdp, ac, m), GPU_GIB) == 'fits'),
+                       default=None) for fsdp, ac in modes]
+        lines.append([f'{r.name} (micro-batch {r.micro})'] +
+                     [f'{t:.1f} ({memory_plan.verdict(t, GPU_GIB)})' for t in totals] +
                      [' / '.join('-' if m is None else str(m) for m in largest)])
     return table(header, lines)
 
