@@ -18,8 +18,8 @@ Sections:
   eval       docs/s of eval_zeroshot's batched scoring vs one request per forward, synthetic 4-choice docs
 
 The memory plan: fake_peak_memory measures the peak of a training micro-step of a train.py config on fake tensors
-(torch's MemTracker: real shapes, no memory, no GPU), what train.py --dry_run's plan is held to (tests/test_gpu_path.py;
-at full depth, scripts/memory_table.py --measure=True).
+(torch's MemTracker: real shapes, no memory, no GPU), what train.py --dry_run's plan (memory_plan.py) is held to
+(tests/test_gpu_path.py; at full depth, scripts/memory_tables.py --measure=True).
 
 Peak memory: CUDA's allocator peak (max_memory_allocated) on GPU; on CPU the rise of the process's peak
 resident set size during the measured step (VmHWM, reset through /proc/self/clear_refs), with glibc's mmap
@@ -53,15 +53,15 @@ from torch.distributed._tools.mem_tracker import MemTracker
 import distill
 import prepare_data
 from distill import fused_kd_loss, kd_loss, load_teacher
-from common import (KNOWN_PEAK_BF16, Progress, default_peak_flops, flops_per_token, gemm_shapes,
-                    measured_matmul_flops, resolve_device)
+from common import (KNOWN_PEAK_BF16, Progress, compile_layers, default_peak_flops, flops_per_token, gemm_shapes,
+                    measured_matmul_flops, resolve_device, shard, wrap_ddp)
 from configurator import DEVICE, Key, parse
 from files import RunError, run_script, write_json
 from eval_zeroshot import choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests
 from model import ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
 from data import Windows, load_tokenizer
-from train import (KNOWN_TEACHERS, accumulate_gradients, compile_layers, configure_optimizers, load_config,
-                   memory_estimate, shard, teacher_shape, wrap_ddp)
+from memory_plan import KNOWN_TEACHERS, memory_estimate, plan_dtype
+from train import compute_loss, configure_optimizers, load_config
 
 EXPLICIT = 'affine (explicit T x T)'
 TINY_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config', 'tiny_cpu.py')
@@ -392,30 +392,13 @@ def fake_gpt(config, device, dtype=torch.float32):
     return model
 
 
-def planned_models(c):
-    """(the student's ModelConfig, the teacher's or None) of train.py's config c, as its dry run sizes them: the
-    teacher from its checkpoint, or from its published shape when it is not on this machine (train.teacher_shape)."""
-    return (ModelConfig(**{key: c[key] for key in FIELD_NAMES}),
-            teacher_shape(c['teacher'])[0] if c['teacher'] else None)
-
-
-def plan_dtype(c):
-    return 'bfloat16' if c['dtype'] == 'auto' else c['dtype']  # auto: bf16 on the GPUs the plan is for
-
-
-def memory_plan(c, model_config, teacher_config):
-    """train.memory_estimate's bytes per GPU by component for run c, with the arguments train.py --dry_run gives it."""
-    return memory_estimate(model_config, c['dry_run_world_size'], c['micro_batch_size'], plan_dtype(c), c['fsdp'],
-                           c['activation_checkpointing'], teacher_config)
-
-
 def fake_peak_memory(c, model_config, teacher_config):
     """Peak bytes one rank allocates in a micro-step of train.py's run c (its dtype, micro-batch, DDP or FSDP over
     dry_run_world_size ranks, activation checkpointing, KD) of a model_config student and a teacher_config teacher
     (None: cross-entropy): torch's MemTracker on fake tensors, real shapes without memory, seconds per layer on a CPU.
-    The micro-step is train.accumulate_gradients', with the gradients and AdamW's state already there (every
+    The micro-step is train.py's (compute_loss, then backward), with the gradients and AdamW's state already there (every
     micro-step's but a run's first). DDP runs unwrapped (its C++ reducer reads real data), its gradients allocated
-    once, as train.wrap_ddp makes them DDP's buckets; FSDP is train.shard over a fake process group, this rank 0. CPU
+    once, as common.wrap_ddp makes them DDP's buckets; FSDP is common.shard over a fake process group, this rank 0. CPU
     kernels stand in for CUDA's (flash attention saves the same tensors); the KD loss's bf16 GEMMs write float32 as on
     sm_80+ GPUs (distill.fp32_output_gemm). Every allocation is rounded up to 512 bytes, as by the CUDA allocator;
     kernels' workspaces, the CUDA context and fragmentation are not seen."""
@@ -428,7 +411,7 @@ def fake_peak_memory(c, model_config, teacher_config):
             for layer in student.model.layers:
                 layer.activation_checkpointing = c['activation_checkpointing']
             # MemTracker hooks the gradients of every module that runs and refuses frozen parameters: the teacher's
-            # require grad here, and get none (accumulate_gradients runs it under no_grad)
+            # require grad here, and get none (compute_loss runs it under no_grad)
             teacher = fake_gpt(teacher_config, 'cpu', getattr(torch, dtype)).eval() if teacher_config else None
             if c['fsdp']:
                 with unset_fake_temporarily():  # FSDP builds its device mesh from a real tensor of ranks
@@ -445,7 +428,9 @@ def fake_peak_memory(c, model_config, teacher_config):
                 # FSDP reduce-scatters and frees a layer's unsharded gradients before MemTracker's hook, which reads
                 # them after accumulation, looks: a warning that it got None (they were counted when made)
                 warnings.filterwarnings('ignore', 'Expected a tensor or a traceable wrapper-subclass')
-                accumulate_gradients(student, student, teacher, [(x, x)], 1, c, autocast, ddp=False)
+                with autocast:
+                    loss = compute_loss(student, student, teacher, x, x, c)[0]
+                loss.backward()
     finally:
         dist.destroy_process_group()
     return tracker.get_tracker_snapshot('peak')[torch.device('cpu')]['Total']
@@ -578,15 +563,15 @@ def add_compile_row(check, section, what, before, first, timed):
 
 def ddp_gradient_copies(ddp):
     """How many gradient storages a DDP-wrapped model holds beside DDP's all-reduce buckets: 0 when every .grad is a
-    view into a bucket (train.wrap_ddp), also after no_sync micro-steps, which otherwise give each parameter a
+    view into a bucket (common.wrap_ddp), also after no_sync micro-steps, which otherwise give each parameter a
     gradient of its own: a second copy of every gradient (4.6 GiB at 1B) until the synchronising micro-step."""
     buckets = len(ddp.reducer._get_zeros_like_grad_buckets())
     return len({p.grad.untyped_storage().data_ptr() for p in ddp.parameters() if p.grad is not None}) - buckets
 
 
 def check_ddp(check, device, workdir):
-    """train.wrap_ddp on this device (a one-rank process group): after a no_sync micro-step of accumulate_gradients,
-    every gradient is a view into DDP's all-reduce buckets, none a second copy beside them (ddp_gradient_copies)."""
+    """common.wrap_ddp on this device (a one-rank process group): after a no_sync micro-step (the first of two, as in
+    train.py's loop), every gradient is a view into DDP's all-reduce buckets, none a second copy beside them (ddp_gradient_copies)."""
     dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo',
                             init_method=f"file://{os.path.join(workdir, 'ddp_init')}", rank=0, world_size=1)
     try:
@@ -596,7 +581,10 @@ def check_ddp(check, device, workdir):
             model = GPT(config)
             x = torch.randint(0, config.vocab_size, (2, config.block_size + 1))
         ddp = wrap_ddp(model, device)
-        accumulate_gradients(ddp, model, None, [(x[:, :-1], x[:, 1:])], 2, {}, autocast(device), ddp=True)
+        with ddp.no_sync():
+            with autocast(device):
+                loss = compute_loss(ddp, model, None, x[:, :-1], x[:, 1:], {})[0]
+            (loss / 2).backward()
         copies = ddp_gradient_copies(ddp)
     finally:
         dist.destroy_process_group()
@@ -775,7 +763,7 @@ def check_torchrun(check, device, args, workdir):
 def check_mfu(check, device, args):
     """Tokens/s and MFU of config/affine_1b.py's training step with a 3B-shaped teacher (Llama-3.2-3B's published
     shape, random bf16 weights), one GPU, at the largest micro-batch the memory plan lets fit: train.py's own
-    accumulate_gradients, gradient clipping and AdamW step, decoder layers compiled."""
+    micro-step (compute_loss, backward), gradient clipping and AdamW step, decoder layers compiled."""
     c = load_config([ONE_B_CONFIG])
     shape = {key: c[key] for key in FIELD_NAMES}
     cfg, T = ModelConfig(**shape), shape['block_size']
@@ -799,8 +787,10 @@ def check_mfu(check, device, args):
                                                    for _ in range(accumulation))]
 
         def step():
-            accumulate_gradients(student, student, teacher, iter(batches), accumulation, c,
-                                 torch.autocast(device.type, dtype=torch.bfloat16), ddp=False)
+            for x, y in batches:
+                with torch.autocast(device.type, dtype=torch.bfloat16):
+                    loss = compute_loss(student, student, teacher, x, y, c)[0]
+                (loss / accumulation).backward()
             torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -829,7 +819,7 @@ def check_mfu(check, device, args):
                   step_seconds=seconds, micro_batch=B)
         # the dry run's plan for this step: one GPU (DDP's per-GPU memory does not depend on the ranks)
         plan = sum(memory_estimate(cfg, 1, B, 'bfloat16', False, False, teacher_cfg).values())
-        check.add(section, 'peak memory vs the dry run\'s plan (train.memory_estimate)', peak <= plan,
+        check.add(section, 'peak memory vs the dry run\'s plan (memory_plan.memory_estimate)', peak <= plan,
                   f'{peak / 2**30:.1f} GiB allocated at the peak, plan {plan / 2**30:.1f} GiB ({peak / plan:.2f}x)',
                   '<= the plan', peak_bytes=peak, plan_bytes=plan)
         add_compile_row(check, section, 'student and teacher layers', before, first, dynamo_events())

@@ -9,7 +9,7 @@ check that it fits the data and the student, and the KD loss, computed without t
 
 A teacher is a Hugging Face Llama / Mistral / Qwen2 checkpoint directory or one of this repo's checkpoints (train.py's
 ckpt.pt), loaded by GPT.from_pretrained (model.py) from what checkpoint.py reads. train.py uses load_teacher,
-check_compatibility, fused_kd_loss and kd_loss_memory.
+check_compatibility and fused_kd_loss.
 
 The loss, with the paper's setting as the defaults (its "KD loss" curves are pure forward KL):
     loss = kd_alpha * KD + (1 - kd_alpha) * CE        temperature T = 1.0, kd_alpha = 1.0
@@ -29,8 +29,8 @@ several such tensors for each model. fused_kd_loss instead takes the final hidde
 and goes through chunks of tokens whose float32 logits are at most CHUNK_LOGITS elements (256 MB: 523
 tokens at V = 128,256), computing each chunk's loss and its gradients already in the forward. At its peak a
 chunk holds 3 (n, V) float32 tensors (4 when T != 1 and kd_alpha < 1), next to the float32 gradient of the
-student's lm_head and the gradient of its hidden states; kd_loss_memory counts it all, tensor by tensor (train.py's
-dry-run memory plan), and bench.py (--sections=kd) measures the loss against the naive full-logits KL.
+student's lm_head and the gradient of its hidden states; memory_plan.kd_loss_memory counts it all, tensor by
+tensor (train.py's dry-run memory plan), and bench.py (--sections=kd) measures the loss against the naive full-logits KL.
 
 Precision: the four GEMMs of a chunk (both models' logits, the gradients w.r.t. the student's hidden states and
 lm_head) run in the compute dtype: the autocast dtype under autocast (bf16: an H100's ~989 dense TFLOP/s rather
@@ -315,7 +315,7 @@ def fused_kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight
     lm_head weights with equal V. targets (B, T) or (N,): KD and CE are means over tokens whose target is not
     IGNORE_INDEX; without targets KD is the mean over all tokens and kd_alpha must be 1. chunk_size: tokens
     per chunk, by default as many as fit CHUNK_LOGITS float32 logits. The GEMMs run in kd_compute_dtype (the
-    autocast dtype under autocast), the rest in float32; kd_loss_memory gives the memory it needs."""
+    autocast dtype under autocast), the rest in float32; memory_plan.kd_loss_memory gives the memory it needs."""
     V, N = student_weight.size(0), student_hidden.shape[:-1].numel()
     if teacher_weight.size(0) != V:
         raise ValueError(f"student and teacher lm_heads have {V} and {teacher_weight.size(0)} rows; KD needs equal "
@@ -332,65 +332,6 @@ def fused_kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight
     loss, kd, ce = FusedKDLoss.apply(student_hidden, student_weight, teacher_hidden, teacher_weight, targets,
                                      temperature, kd_alpha, chunk_size)
     return loss, kd, ce if targets is not None else None
-
-
-def kd_loss_memory(n_tokens, vocab_size, student_hidden, teacher_hidden, compute_dtype,
-                   student_weight_dtype=torch.float32, teacher_weight_dtype=None, hidden_dtype=torch.float32,
-                   temperature=1.0, kd_alpha=1.0, device_type='cuda', chunk_size=None):
-    """Peak bytes fused_kd_loss allocates beyond its inputs in one training forward + backward (with targets, and
-    gradients w.r.t. the student's hidden states and lm_head): n_tokens (N) tokens, vocab_size (V) rows, lm_heads
-    student_hidden (C_s) and teacher_hidden (C_t) wide. compute_dtype: the GEMMs' dtype (kd_compute_dtype: the
-    autocast dtype, bfloat16 in training). The inputs' dtypes: the student's lm_head student_weight_dtype (a float32
-    master weight; FSDP: bfloat16), the teacher's teacher_weight_dtype (None: compute_dtype, as train.py loads it),
-    the student's hidden states hidden_dtype (float32: autocast's residual stream; FSDP: bfloat16).
-    device_type 'cuda' assumes bf16 GEMMs write float32 directly (PyTorch >= 2.8 on sm_80+: fp32_output_gemm);
-    elsewhere (CPU) the fallback's bf16 products are counted too. n = min(N, chunk_size or CHUNK_LOGITS // V)
-    tokens per chunk; float32 below is float64 for float64 compute. Tensor by tensor:
-      held from forward to backward
-        grad w.r.t. the student's lm_head        V x C_s float32, every chunk's g^T h accumulated into it
-        grad w.r.t. the hidden states            N x C_s hidden_dtype
-      forward
-        the student's lm_head in compute_dtype   V x C_s, unless student_weight_dtype is compute_dtype
-        the teacher's lm_head in compute_dtype   V x C_t, likewise (none for a bf16 teacher under bf16 autocast)
-        the valid-token mask                     N float32 (and N bools while it is made)
-        one chunk's working set, the largest of
-          3 (n, V) float32: log p, the student's logits and their logsumexp or log q; then log p, log q, p
-          4 of them when T != 1 and kd_alpha < 1: softmax(s) as well, for CE's gradient
-          log p, the student's logits and, fallback, the GEMM's (n, V) bf16 product before it is cast
-          the (n, V) float32 gradient and its compute_dtype copy (the GEMMs' operand)
-          that copy, the (n, C_s) block of grad_h on its way in, and, fallback, the V x C_s bf16 product added
-            into the float32 lm_head gradient
-        and all along: the chunk's hidden states in compute_dtype (n x C_s, n x C_t), (n,)-sized vectors
-      and, in both, a few float scalars
-      backward (in place): a bf16 grad_h scaled in float32 (N x C_s float32 and its new hidden_dtype copy); the
-        lm_head gradient cast to student_weight_dtype unless float32
-    Returns the larger of the forward's and backward's peaks. Kernels' own workspaces (cuBLAS, the allocator's
-    rounding) are not counted."""
-    N, V, C_s, C_t = n_tokens, vocab_size, student_hidden, teacher_hidden
-    n = min(N, chunk_size or max(1, CHUNK_LOGITS // V))
-    acc = torch.promote_types(compute_dtype, torch.float32)
-    teacher_weight_dtype = teacher_weight_dtype or compute_dtype
-    a, c, h = acc.itemsize, compute_dtype.itemsize, hidden_dtype.itemsize
-    low = compute_dtype != acc  # GEMMs in bf16 / fp16 with float32 logits
-    if low and device_type == 'cuda' and not torch.cuda.is_available():  # planning for GPUs from elsewhere
-        fallback = False
-    else:
-        fallback = low and not fp32_output_gemm(torch.device(device_type), compute_dtype)
-    chunk = n * V * a  # one (n, V) float32 tensor
-    low_grad = n * V * c if low else 0  # the gradient's compute-dtype copy
-    working = max((4 if temperature != 1 and kd_alpha < 1 else 3) * chunk,
-                  2 * chunk + (n * V * c if fallback else 0),
-                  chunk + low_grad,
-                  (low_grad or chunk) + n * C_s * (c + h) + (V * C_s * c if fallback else 0))
-    working += n * (C_s + C_t) * c + 128 * n  # the chunk's hidden states; a dozen (n,) vectors of 8 bytes at most
-    held = V * C_s * a + N * C_s * h
-    copies = (V * C_s * c if student_weight_dtype != compute_dtype else 0) + \
-             (V * C_t * c if teacher_weight_dtype != compute_dtype else 0)
-    scalars = 256  # the outputs, count, sums, grad_output, ...: a few dozen bytes
-    forward = held + copies + N * (a + 1) + working + scalars
-    backward = held + (N * C_s * (a + h) if hidden_dtype != acc else 0) + \
-        (V * C_s * student_weight_dtype.itemsize if student_weight_dtype != acc else 0) + scalars
-    return max(forward, backward)
 
 
 # -----------------------------------------------------------------------------

@@ -435,29 +435,6 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def saved_bytes_per_token(config, dtype, fsdp):
-    """Bytes autograd saves for backward per token in one decoder layer (Block.compute: the two RMSNorms, q/k/v, the
-    attention output and log-sum-exp, the variant's extras, the SwiGLU MLP), for dtype 'float32' or 'bfloat16' (bf16
-    autocast over fp32 weights, or FSDP's bf16 weights with fsdp=True). Written here, beside the forward it counts, so
-    that a change there is a change here; tests/test_fsdp.py holds it against saved_tensors_hooks."""
-    C, I, H = config.n_embd, config.intermediate_size, config.n_head
-    HD, KVD = H * config.head_dim, config.n_kv_head * config.head_dim
-    affine, gated, a = config.is_affine, config.is_gated, 4 if dtype == 'float32' else 2
-    if dtype == 'float32':  # each RMSNorm keeps its input, normalised input and output (read by the linears)
-        norms = 2 * (12 * C + 4)
-    elif fsdp:  # bf16 weights: the input's fp32 upcast, then normalised and output in bf16
-        norms = 2 * (8 * C + 4)
-    else:  # fp32 weights under autocast: fp32 input and normalised; every linear keeps its own bf16 input copy
-        norms = 2 * (8 * C + 4) + 2 * C * (5 + affine + gated)
-    # k and v as the kernels save them: grouped in bf16 (flash takes GQA), repeated to every head in float32 on CUDA
-    # (the memory-efficient kernel does not; kv_for_kernel)
-    kv = 2 * (HD if dtype == 'float32' else KVD)
-    return (norms + a * (3 * HD + kv) + 4 * H  # q, attention output, o_proj's input, k, v; fp32 log-sum-exp
-            + gated * 2 * a * HD  # the gate's input and its sigmoid
-            + affine * (12 * H + 4 * KVD)  # alpha (fp32) and its views, the running mean of V (fp32)
-            + 4 * a * I)  # SwiGLU: gate and up outputs, silu, down_proj's input
-
-
 # ----------------------------------------------------------------------------------------------
 # The model
 
@@ -583,7 +560,7 @@ class GPT(nn.Module):
         Our reading of the paper, where it is silent: the forward of step t uses the stored alpha_ma,t-1
         (a constant, no gradient), and alpha_ma,t includes step t's batch. Eval-mode forwards add
         nothing, so this never changes alpha_ma for them. Under DDP, wrap the model without
-        per-forward buffer sync (train.DDP_NO_BUFFER_SYNC) so rank 0 does not overwrite the other ranks' sums.
+        per-forward buffer sync (common.DDP_NO_BUFFER_SYNC) so rank 0 does not overwrite the other ranks' sums.
         discard=True only clears the sums (a skipped step). Returns E[alpha] per layer, (n_head,) tensors
         (empty: not affine, nothing accumulated, or discarded)."""
         layers = [m.self_attn for m in self.model.layers if m.self_attn.config.is_affine]

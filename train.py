@@ -20,17 +20,20 @@ position to resume from is therefore just the step.
 Scale: DDP keeps a full fp32 student and its AdamW state on every GPU (16 bytes a parameter); fsdp=True shards
 them over the ranks with PyTorch's FSDP2 (fully_shard per decoder layer), activation_checkpointing=True trades
 a recomputed forward for most activation memory. Checkpoints hold full (unsharded) state keyed by parameter
-name either way, so a run resumes on any number of ranks, with or without FSDP. memory_estimate() is the plan.
+name either way, so a run resumes on any number of ranks, with or without FSDP. memory_plan.py is the plan.
+
+Reading order: main, at the bottom, is the training loop, as nanoGPT writes it: each micro-step's forward, loss
+(compute_loss) and backward, then clipping, AdamW, alpha_ma (Eq. 9), logging, evaluation and checkpoints. Above it,
+the setup it calls (setup_run, load_data, build_model, load_run_teacher), and above that the pieces of a step;
+what runs the model over the ranks (DDP, FSDP2, compile) is in common.py.
 """
 import dataclasses
-import inspect
 import json
 import math
 import os
 import random
-import signal
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from datetime import timedelta
 
 import numpy as np
@@ -38,25 +41,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, checkpoint_file, config_from_hf, model_state,
-                        previous_checkpoint, read_checkpoint, read_hf_config, save_checkpoint)
-from common import default_peak_flops, estimate_mfu, gemm_shapes, resolve_device, resolve_dtype
+from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, model_state, previous_checkpoint, read_checkpoint,
+                        save_checkpoint)
+from common import (DeviceTimer, batch_to_device, compile_layers, default_peak_flops, estimate_mfu, full_tensor,
+                    gemm_shapes, init_distributed, preemption_flag, reduce_mean, resolve_device, resolve_dtype, shard,
+                    wrap_ddp)
 from configurator import DEVICE, Key, parse
 from data import Windows, read_meta
 from files import atomic_write, claim_dir, run_script, write_json
-from distill import check_compatibility, fused_kd_loss, kd_loss, kd_loss_memory, load_teacher
+from distill import check_compatibility, fused_kd_loss, kd_loss, load_teacher
+from memory_plan import print_dry_run
 from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig,
-                   attention_scores, saved_bytes_per_token)
-
-# DDP must not sync buffers on each forward: alpha_ma's per-rank sums would be overwritten by rank 0's (see
-# GPT.update_alpha_ma). Newer torch (2.13 here) deprecates broadcast_buffers for forward_sync_buffers, which still
-# syncs once at init: harmless, all ranks start equal.
-DDP_NO_BUFFER_SYNC = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in inspect.signature(DDP).parameters
-                      else {'broadcast_buffers': False})
+                   attention_scores)
 
 SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0 to write a checkpoint (NCCL's default is 10 min)
 
@@ -139,7 +136,7 @@ def load_config(argv):
 
 
 # -----------------------------------------------------------------------------------------------
-# Schedule, checkpoints, measurements
+# Schedule, optimizer, checkpoints
 
 def learning_rate(step, c):
     """Warmup-stable-decay: linear warmup, constant, then linear decay to min_lr over the last decay_frac."""
@@ -162,17 +159,24 @@ RESUME_MAY_CHANGE = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'keep_prev
                      'dry_run', 'dry_run_world_size', 'dry_run_gpu_gib'}
 
 
+def configure_optimizers(model, weight_decay, lr, betas, fused=None):
+    """AdamW; matrices (embeddings and projections) decay, vectors (norms, biases, sinks) do not."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
+              {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+    if fused is None:
+        fused = all(p.device.type == 'cuda' for p in params)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
+
+
 def check_resumable(ckpt, c, model_config, data_meta, path):
     """SystemExit listing everything that would make continuing the checkpoint `ckpt` with config `c` differ from the
     run that wrote it: the model, a training key outside RESUME_MAY_CHANGE, or the data (its tokenizer and size)."""
-    if any(isinstance(key, int) for key in ckpt['optimizer']['state']):
-        raise SystemExit(f"{path} keeps its optimizer state by parameter index (train.py before fsdp support); this "
-                         f"train.py resumes checkpoints keyed by parameter name only")
     old = {**ckpt['config'], **ckpt['model_config']}
     new = {**c, **dataclasses.asdict(model_config)}
     changed = [f"{key}: {old[key]!r} -> {new[key]!r}" for key in sorted(new)
-               if key in old and key not in RESUME_MAY_CHANGE and old[key] != new[key]]
-    if 'data' in ckpt and ckpt['data'] != data_fingerprint(data_meta):
+               if key not in RESUME_MAY_CHANGE and old[key] != new[key]]
+    if ckpt['data'] != data_fingerprint(data_meta):
         changed.append(f"the data: {ckpt['data']} -> {data_fingerprint(data_meta)} (data_dir={c['data_dir']})")
     if changed:
         raise SystemExit(f"{path} was written by a different run; continuing it with these settings would not be the "
@@ -197,109 +201,6 @@ def data_fingerprint(meta):
                 **{f'{split}_tokens': info['tokens'] for split, info in sorted(meta['splits'].items())})
 
 
-def shard(model, dtype):
-    """FSDP2 in place: one group per decoder layer (gathered just before its forward and its backward, freed
-    after), the root group for the rest. bfloat16: gathered and computed in bf16 from the fp32 shards (the master
-    weights), gradients reduce-scattered and accumulated in fp32. The root keeps its parameters gathered from
-    forward to backward (FSDP's default for the root, stated here because the KD loss reads lm_head.weight after
-    the forward)."""
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if dtype == 'bfloat16' \
-        else MixedPrecisionPolicy()
-    for layer in model.model.layers:
-        fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy, reshard_after_forward=False)
-
-
-def full_tensor(t):
-    """A DTensor (an FSDP-sharded parameter, or a reduction over one) gathered whole; other tensors as they are.
-    A collective under FSDP: every rank must call it."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def configure_optimizers(model, weight_decay, lr, betas, fused=None):
-    """AdamW; matrices (embeddings and projections) decay, vectors (norms, biases, sinks) do not."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
-              {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
-    if fused is None:
-        fused = all(p.device.type == 'cuda' for p in params)
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
-
-
-def compile_layers(model, backend='inductor'):
-    """torch.compile each decoder layer on its own, in place (nn.Module.compile), the way torchtitan does: one compiled
-    graph serves every layer of a shape, so compiling takes seconds, not minutes; under DDP each layer's gradients are
-    ready (and all-reduced in DDP's buckets) while the backward goes on through the layers below, which a single
-    whole-model graph would only allow through DDP's graph splitting; and under FSDP2, whose per-layer hooks break any
-    graph that spans layers, nothing falls back to eager. The rest (embeddings, final norm, lm_head, loss) runs eager.
-    DDP's graph splitting is therefore turned off (torch._dynamo.config.optimize_ddp = False, for the whole process):
-    dynamo would otherwise cut each layer's graph again at DDP's bucket boundaries (1 MiB, then 25 MiB: 5 graphs per
-    1B layer), which adds no overlap that the per-layer graphs do not already give, only smaller graphs to fuse and
-    more to compile. backend: torch.compile's (the tests trace with 'aot_eager', which generates no code)."""
-    torch._dynamo.config.optimize_ddp = False
-    for layer in model.model.layers:
-        layer.compile(backend=backend)
-    return model
-
-
-def wrap_ddp(model, device):
-    """DDP around the GPT, its gradients kept once: every .grad is created before DDP(...), which then turns them into
-    views of its all-reduce buckets (gradient_as_bucket_view), and the loop zeroes them in place
-    (zero_grad(set_to_none=False)), so the no_sync micro-steps accumulate into the buckets instead of a second set.
-    Wrap after the optimizer state is loaded (torch.distributed.checkpoint initialises AdamW's state only while no
-    .grad exists)."""
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    return DDP(model, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True,
-               **DDP_NO_BUFFER_SYNC)
-
-
-def init_distributed(backend):
-    """init_process_group for torchrun's workers, with this attempt's keys apart from earlier attempts'. Under
-    torchrun --max-restarts the workers of every attempt meet in the agent's one store; a restarted rank could read
-    an address that a dead rank of the previous attempt had published there and fail to connect (seen with gloo:
-    'connectFullMesh failed ... Connection refused')."""
-    store, rank, world = next(dist.rendezvous('env://'))
-    attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
-    dist.init_process_group(backend, store=dist.PrefixStore(f'train.py/attempt_{attempt}', store), rank=rank,
-                            world_size=world)
-
-
-def batch_to_device(arrays, device):
-    """Numpy arrays (a micro-batch) as tensors on device. On CUDA through pinned memory with non_blocking: a copy
-    from pageable memory waits for the GPU's queued work, so the host could not launch the next kernels meanwhile."""
-    if device.type != 'cuda':
-        return [torch.from_numpy(a).to(device) for a in arrays]
-    return [torch.from_numpy(a).pin_memory().to(device, non_blocking=True) for a in arrays]
-
-
-def accumulate_gradients(model, student, teacher, batches, accumulation, c, autocast, ddp, teacher_timer=None):
-    """Forward and backward of one optimizer step's micro-batches on this rank, `batches` yielding (x, y) on the
-    device; the gradients of the mean loss are left in .grad. model: the module to call (compiled / DDP / FSDP),
-    student: the GPT itself (its lm_head for the KD loss); teacher: None (cross-entropy) or a GPT in eval mode.
-    Returns the sums over micro-batches of (loss, KD, CE), one device tensor to read once per step (no host sync)."""
-    sums = None
-    for micro, (x, y) in enumerate(batches):
-        # DDP all-reduces the gradients only in the backward of the last micro-step. FSDP reduce-scatters every
-        # micro-step: only the sharded gradients are kept between micro-steps
-        with model.no_sync() if ddp and micro < accumulation - 1 else nullcontext():
-            with autocast:
-                if teacher is None:
-                    _, loss = model(x, y)
-                    logged = torch.stack([loss.detach(), loss.detach().new_zeros(()), loss.detach().new_zeros(())])
-                else:
-                    with teacher_timer() if teacher_timer else nullcontext(), torch.no_grad():
-                        teacher_hidden, _ = teacher(x, return_hidden=True)
-                    hidden, _ = model(x, return_hidden=True)
-                    loss, kd, ce = (fused_kd_loss if c.get('kd_loss', 'fused') == 'fused' else kd_loss)(
-                        hidden, student.lm_head.weight, teacher_hidden, teacher.lm_head.weight,
-                        temperature=c['kd_temperature'], targets=y, kd_alpha=c['kd_alpha'])
-                    logged = torch.stack([loss.detach(), kd, ce])
-            (loss / accumulation).backward()
-        sums = logged.float() if sums is None else sums + logged
-    return sums
-
-
 def rng_state():
     return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
                 cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
@@ -313,30 +214,27 @@ def set_rng_state(state):
         torch.cuda.set_rng_state_all(state['cuda'])
 
 
-def mean_attention_logit(model, idx):
-    """Mean of q_i.k_j/sqrt(d) over layers, heads and causal pairs j <= i (paper Figure 2), and of its absolute value,
-    on one sequence: each layer's explicit logits (Attention.weights' scores), one layer at a time, inside its
-    forward (GPT.inspect_attention). Under FSDP every rank must call it."""
-    def logits(attn, x, cos, sin, positions):
-        scores = attention_scores(*attn.project(x, cos, sin)[:2])
-        visible = scores[..., torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()]
-        return torch.stack([visible.mean(), visible.abs().mean()])
+# -----------------------------------------------------------------------------------------------
+# What a step computes and what an evaluation measures
 
-    signed, absolute = zip(*torch.stack(model.inspect_attention(idx[:1], logits)).tolist())  # one transfer
-    return sum(signed) / len(signed), sum(absolute) / len(absolute)
-
-
-def reduce_mean(values, device):
-    """The mean over ranks of a few numbers (a list of floats or a tensor), with one all_reduce."""
-    t = torch.as_tensor(values, dtype=torch.float64, device=device).clone()
-    if dist.is_initialized():
-        dist.all_reduce(t)
-        t /= dist.get_world_size()
-    return t.tolist()
+def compute_loss(model, student, teacher, x, y, c, teacher_timer=None):
+    """(loss, KD, CE) of one micro-batch (x, y): loss to backpropagate, KD and CE detached for logging (zeros without a
+    teacher). model: the module to call (compiled / DDP / FSDP); student: the GPT itself (its lm_head for the KD
+    loss); teacher: None (cross-entropy) or a GPT in eval mode, its forward timed by teacher_timer (a DeviceTimer)."""
+    if teacher is None:
+        _, loss = model(x, y)
+        zero = loss.detach().new_zeros(())
+        return loss, zero, zero
+    with teacher_timer() if teacher_timer else nullcontext(), torch.no_grad():
+        teacher_hidden, _ = teacher(x, return_hidden=True)
+    hidden, _ = model(x, return_hidden=True)
+    return (fused_kd_loss if c['kd_loss'] == 'fused' else kd_loss)(
+        hidden, student.lm_head.weight, teacher_hidden, teacher.lm_head.weight, temperature=c['kd_temperature'],
+        targets=y, kd_alpha=c['kd_alpha'])
 
 
 @torch.no_grad()
-def evaluate(model, val_data, c, device, autocast):
+def validation_loss(model, val_data, c, device, autocast):
     """Mean validation loss per token over eval_batches batches of micro_batch_size windows, split over ranks.
     Every rank runs equally many forwards (FSDP's all-gathers are collective); the padding ones are not counted."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
@@ -357,6 +255,19 @@ def evaluate(model, val_data, c, device, autocast):
     return (total[0] / total[1]).item()
 
 
+def mean_attention_logit(model, idx):
+    """Mean of q_i.k_j/sqrt(d) over layers, heads and causal pairs j <= i (paper Figure 2), and of its absolute value,
+    on one sequence: each layer's explicit logits (Attention.weights' scores), one layer at a time, inside its
+    forward (GPT.inspect_attention). Under FSDP every rank must call it."""
+    def logits(attn, x, cos, sin, positions):
+        scores = attention_scores(*attn.project(x, cos, sin)[:2])
+        visible = scores[..., torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()]
+        return torch.stack([visible.mean(), visible.abs().mean()])
+
+    signed, absolute = zip(*torch.stack(model.inspect_attention(idx[:1], logits)).tolist())  # one transfer
+    return sum(signed) / len(signed), sum(absolute) / len(absolute)
+
+
 def attention_stats(model, alpha_means):
     """Per-layer head means of this step's E[alpha] and of alpha_ma (affine), or of the sink logits (sink)."""
     layers = [layer.self_attn for layer in model.model.layers]
@@ -370,174 +281,19 @@ def attention_stats(model, alpha_means):
     return stats
 
 
-class DeviceTimer:
-    """Time spent in code blocks on the device, without synchronising: CUDA events (read after the step's
-    own synchronisation), wall clock on CPU."""
-
-    def __init__(self, device):
-        self.cuda, self.spans = device.type == 'cuda', []
-
-    @contextmanager
-    def __call__(self):
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end.record()
-            self.spans.append((start, end))
-        else:
-            t0 = time.perf_counter()
-            yield
-            self.spans.append(time.perf_counter() - t0)
-
-    def seconds(self):
-        """The total since the last call (after a synchronisation, on CUDA)."""
-        total = sum(s.elapsed_time(e) / 1000 for s, e in self.spans) if self.cuda else sum(self.spans)
-        self.spans = []
-        return total
-
-
-@contextmanager
-def preemption_flag():
-    """While active, SIGTERM / SIGINT only append to the yielded list: the loop finishes its step, saves a
-    checkpoint and exits cleanly (cluster preemption, Ctrl-C)."""
-    flag = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: flag.append(signum))
-                for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield flag
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def evaluation_record(c, run, model, raw_model, val_data, alpha_means):
+    """The evaluation record: validation loss and perplexity, the mean attention logit (Figure 2) and the variant's
+    statistics (alpha, alpha_ma, sinks). Every rank takes part."""
+    record = dict(val_loss=validation_loss(model, val_data, c, run.device, run.autocast))
+    record['val_ppl'] = math.exp(min(record['val_loss'], 50))
+    with run.autocast:
+        record['attn_logit_mean'], record['attn_logit_abs_mean'] = mean_attention_logit(
+            raw_model, batch_to_device(val_data.get([0]), run.device)[0])
+    return record | attention_stats(raw_model, alpha_means)
 
 
 # -----------------------------------------------------------------------------------------------
-# Memory plan: what one GPU holds at the peak of a training step, before launching
-
-# The paper's teachers by their checkpoint directory's name: a dry run sizes the teacher from its published shape
-# (model.MODEL_SHAPES) when its checkpoint is not on this machine.
-KNOWN_TEACHERS = {'Qwen1.5-1.8B': MODEL_SHAPES['qwen1.5-1.8b'], 'Llama-3.2-3B': MODEL_SHAPES['llama3.2-3b'],
-                  'Llama-3.1-8B': MODEL_SHAPES['llama3.1-8b']}
-
-
-def teacher_shape(spec):
-    """(ModelConfig or None, where it came from) of a teacher, without reading its weights: the checkpoint's
-    config if it is here, else KNOWN_TEACHERS by the directory's name, else None."""
-    if os.path.exists(spec):
-        path = checkpoint_file(spec)
-        if path is None:
-            return ModelConfig(**config_from_hf(read_hf_config(spec))), spec
-        return ModelConfig(**read_checkpoint(path, keys=('model_config',))['model_config']), path
-    name = os.path.basename(os.path.normpath(spec))
-    if name in KNOWN_TEACHERS:
-        return ModelConfig(**KNOWN_TEACHERS[name]), f"{name}'s published shape (no checkpoint at {spec})"
-    return None, (f"unknown (no checkpoint at {spec}, and not one of {', '.join(KNOWN_TEACHERS)}): teacher and KD "
-                  f"terms left out, estimated as training without a teacher")
-
-
-_PARAM_COUNTS = {}  # repr(ModelConfig) -> meta_param_counts: a 3B model takes a fraction of a second to build
-
-
-def meta_param_counts(cfg):
-    """(parameters of GPT(cfg), those of one decoder layer), counted on the meta device, once per config."""
-    key = repr(cfg)
-    if key not in _PARAM_COUNTS:
-        with torch.device('meta'):
-            model = GPT(cfg)
-        _PARAM_COUNTS[key] = model.get_num_params(), sum(p.numel() for p in model.model.layers[0].parameters())
-    return _PARAM_COUNTS[key]
-
-
-def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointing, teacher=None):
-    """Bytes one GPU holds at the peak of a training step, by component, for the student cfg (a ModelConfig),
-    `world` ranks, micro_batch sequences of cfg.block_size tokens per forward, dtype 'float32' | 'bfloat16' (the
-    autocast / FSDP compute dtype) and the teacher's ModelConfig (None: plain cross-entropy). Components peak at
-    nearly the same moment (end of forward, start of backward), so their sum slightly overestimates the peak.
-    Not counted: the CUDA context, NCCL buffers and allocator fragmentation (leave ~10% of the GPU for them).
-      weights      DDP: fp32 (4 B/param), plus autocast's bf16 copies of the layers' matrices, which autograd
-                   keeps for backward. FSDP: fp32 shards (4/world), plus the gathered (compute-dtype) root group
-                   (embeddings, final norm, untied lm_head: gathered from forward to the end of backward) and
-                   two decoder layers (the one computing and the one prefetched).
-      gradients    held from the first micro-step's backward to the optimizer step. DDP: fp32, once: the .grad
-                   tensors are views of DDP's all-reduce buckets (wrap_ddp; gradients created afresh by the no_sync
-                   micro-steps would be a second copy beside the buckets). FSDP: fp32 shards, plus the root's unsharded
-                   gradients and one layer's, with that layer's fp32 reduce-scatter input.
-      optimizer    AdamW's exp_avg and exp_avg_sq, fp32 (8 B/param; FSDP: 8/world).
-      teacher      its weights in the compute dtype, whole on every rank, and its output hidden states. (Its
-                   no-grad forward's intermediates are gone before the student's forward starts.)
-      activations  what autograd saves per token and decoder layer (model.saved_bytes_per_token, beside the
-                   forward it counts; tests/test_fsdp.py checks it with saved_tensors_hooks); plus one layer's worth
-                   of gradients in flight during backward. Activation checkpointing keeps only each layer's input
-                   and holds one recomputed layer and its gradients at a time.
-      kd_loss      distill.fused_kd_loss's working set, tensor by tensor (distill.kd_loss_memory): its bf16 GEMMs'
-                   float32 logits for one chunk of tokens, the float32 gradient of the student's lm_head and the
-                   gradient of its hidden states (kept from forward to backward), the student head's bf16 copy
-                   (DDP's fp32 master), none of the bf16 teacher's head.
-                   Without a teacher: the full logits, their float copy, log-softmax and gradient."""
-    n_params, per_layer = meta_param_counts(cfg)
-    root = n_params - cfg.n_layer * per_layer  # FSDP's root group: embeddings, final norm, untied lm_head
-    a = 4 if dtype == 'float32' else 2  # bytes of a compute-dtype element
-    N = micro_batch * cfg.block_size  # tokens per forward
-    if fsdp:
-        weights = 4 * n_params / world + a * (root + 2 * per_layer)
-        grads = 4 * n_params / world + a * root + (a + 4) * per_layer
-    else:
-        weights = 4 * n_params + (2 * cfg.n_layer * per_layer if dtype == 'bfloat16' else 0)
-        grads = 4 * n_params
-
-    C, layer = cfg.n_embd, saved_bytes_per_token(cfg, dtype, fsdp)  # one decoder layer's, model.py's count
-    layer_input = 2 * C if dtype == 'bfloat16' and fsdp else 4 * C  # the residual stream: fp32 but under FSDP bf16
-    if activation_checkpointing:
-        activations = N * (cfg.n_layer * layer_input + 2 * layer)
-    else:
-        activations = N * (cfg.n_layer + 1) * layer
-    activations += N * (8 * C + 4)  # the final RMSNorm
-
-    estimate = dict(weights=weights, gradients=grads, optimizer=8 * n_params / (world if fsdp else 1))
-    V = cfg.vocab_size
-    if teacher is not None:
-        teacher_params = meta_param_counts(teacher)[0]
-        estimate['teacher'] = a * teacher_params + N * a * teacher.n_embd  # + its output, kept for the loss
-        compute = torch.float32 if a == 4 else torch.bfloat16  # the GEMMs' dtype: autocast's, or float32
-        student_side = torch.bfloat16 if fsdp and a == 2 else torch.float32  # FSDP gathers bf16; DDP: fp32 masters
-        estimate['kd_loss'] = kd_loss_memory(N, V, C, teacher.n_embd, compute, student_weight_dtype=student_side,
-                                             hidden_dtype=student_side, device_type='cuda')
-    else:
-        estimate['loss'] = N * V * (12 + (4 if a == 2 else 0))
-    estimate['activations'] = activations
-    return estimate
-
-
-def print_dry_run(c, model_config):
-    """The dry run: parameter counts, and memory_estimate's table for this config on dry_run_world_size GPUs."""
-    with torch.device('meta'):
-        model = GPT(model_config)
-    total = model.get_num_params()
-    embedding = model.model.embed_tokens.weight.numel() + (0 if model_config.tie_embeddings else
-                                                           model.lm_head.weight.numel())
-    print(f"params: total={total} non_embedding={total - embedding} "
-          f"attention_extra={model.get_num_params(variant_only=True)}")
-    world, gpu_gib = c['dry_run_world_size'], c['dry_run_gpu_gib']
-    dtype = 'bfloat16' if c['dtype'] == 'auto' else c['dtype']  # auto is bfloat16 on the GPUs this plans for
-    teacher, source = teacher_shape(c['teacher']) if c['teacher'] else (None, 'none (cross-entropy)')
-    estimate = memory_estimate(model_config, world, c['micro_batch_size'], dtype, c['fsdp'],
-                               c['activation_checkpointing'], teacher)
-    total = sum(estimate.values()) / 2 ** 30
-    verdict = ('fits' if total <= 0.9 * gpu_gib else 'tight: under 10% left for the CUDA context, NCCL and '
-               'fragmentation' if total <= gpu_gib else 'does not fit')
-    accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])
-    steps = (f"{accumulation} micro-steps" if accumulation and not rest else f"global_batch_size="
-             f"{c['global_batch_size']} is not a multiple of {world} x {c['micro_batch_size']}: a run would stop")
-    print(f"memory per GPU, estimated: {'FSDP' if c['fsdp'] else 'DDP'} on {world} GPUs, micro_batch_size="
-          f"{c['micro_batch_size']} x {model_config.block_size} tokens ({steps}), {dtype}, "
-          f"activation_checkpointing={c['activation_checkpointing']}; teacher: {source}")
-    for name, value in estimate.items():
-        print(f"  {name:<12} {value / 2 ** 30:7.2f} GiB")
-    print(f"  {'total':<12} {total:7.2f} GiB of {gpu_gib:g}: {verdict}")
-
-
-# -----------------------------------------------------------------------------------------------
-# The run: setup, one step, logging, checkpoints
+# The run: setup, logging, checkpoints, the loop
 
 @dataclasses.dataclass
 class Run:
@@ -688,53 +444,6 @@ class Metrics:
                   f"{100 * record['mfu']:.2f}% | {1000 * record['dt']:.0f} ms", flush=True)
 
 
-def train_step(step, c, run, model, raw_model, teacher, optimizer, train_data, teacher_timer, peak_flops):
-    """Optimizer step `step` (counted from 0) on the global batch of that step: this rank's micro-batches, the
-    gradient norm, AdamW and Eq. 9's alpha_ma update. Returns (the step's record, E[alpha] per layer, whether the update
-    was skipped): a non-finite loss or gradient norm stops the run, or with nonfinite='skip' skips the update."""
-    t0 = time.perf_counter()
-    lr = learning_rate(step, c)
-    for group in optimizer.param_groups:
-        group['lr'] = lr
-    batch = c['micro_batch_size']  # this rank's part of the global batch, then its micro-batches
-    mine = train_data.step_indices(c['seed'], step, c['global_batch_size'])[run.rank * run.accumulation * batch:]
-    batches = (batch_to_device(train_data.get(mine[micro * batch:(micro + 1) * batch]), run.device)
-               for micro in range(run.accumulation))
-    sums = accumulate_gradients(model, raw_model, teacher, batches, run.accumulation, c, run.autocast, run.ddp,
-                                teacher_timer)
-    # the raw norm before clipping (paper Tables 4-5); grad_clip=0 only measures it
-    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c['grad_clip'] or math.inf)).item()
-    loss, kd, ce = reduce_mean(sums / run.accumulation, run.device)
-    finite = math.isfinite(loss) and math.isfinite(grad_norm)
-    if finite:
-        optimizer.step()
-    elif c['nonfinite'] == 'stop':
-        raise SystemExit(f"step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); stopping "
-                         f"(nonfinite='skip' skips such steps instead)")
-    alpha_means = raw_model.update_alpha_ma(discard=not finite)  # Eq. 9 with this step's global batch
-    optimizer.zero_grad(set_to_none=not run.ddp)  # DDP: in place, the gradients are its buckets
-    dt = time.perf_counter() - t0
-    record = dict(step=step + 1, lr=lr, loss=loss, grad_norm=grad_norm,
-                  tokens_per_sec=c['global_batch_size'] * raw_model.config.block_size / dt,
-                  mfu=estimate_mfu(raw_model, c['global_batch_size'] / run.world, dt, peak_flops), dt=dt)
-    if run.device.type == 'cuda':  # this rank's allocator peak so far, to hold against the dry run's estimate
-        record['peak_memory_gib'] = torch.cuda.max_memory_allocated(run.device) / 2 ** 30
-    if teacher is not None:
-        record.update(kd_loss=kd, ce_loss=ce, teacher_sec=teacher_timer.seconds())
-    return record, alpha_means, not finite
-
-
-def evaluation(c, run, model, raw_model, val_data, alpha_means):
-    """The evaluation record: validation loss and perplexity, the mean attention logit (Figure 2) and the variant's
-    statistics (alpha, alpha_ma, sinks). Every rank takes part."""
-    record = dict(val_loss=evaluate(model, val_data, c, run.device, run.autocast))
-    record['val_ppl'] = math.exp(min(record['val_loss'], 50))
-    with run.autocast:
-        record['attn_logit_mean'], record['attn_logit_abs_mean'] = mean_attention_logit(
-            raw_model, batch_to_device(val_data.get([0]), run.device)[0])
-    return record | attention_stats(raw_model, alpha_means)
-
-
 def save(path, step, c, run, raw_model, optimizer, model_config, data_meta):
     """ckpt.pt at `step`: full tensors on rank 0's CPU, keyed by name (every rank takes part in gathering FSDP's
     shards); the other ranks wait in the save group's barrier while rank 0 writes."""
@@ -778,17 +487,51 @@ def main(argv):
               f"{'FSDP' if c['fsdp'] else 'DDP' if run.distributed else 'one process'}, {run.device}, {c['dtype']}"
               f"{', activation checkpointing' if c['activation_checkpointing'] else ''}; {len(train_data):,} train windows"
               f"; MFU of a {peak_flops / 1e12:.4g} TFLOP/s peak")
-    skipped, teacher_timer = 0, DeviceTimer(run.device)  # the teacher's forward time, logged apart from the student's
+    B, skipped, teacher_timer = c['micro_batch_size'], 0, DeviceTimer(run.device)  # the teacher's forward time
     model.train()
     with preemption_flag() as stop_signal:
         while step < c['max_iters']:
-            record, alpha_means, skip = train_step(step, c, run, model, raw_model, teacher, optimizer, train_data,
-                                                   teacher_timer, peak_flops)
-            step, skipped = step + 1, skipped + skip
+            t0 = time.perf_counter()
+            lr = learning_rate(step, c)
+            for group in optimizer.param_groups:
+                group['lr'] = lr
+            # this rank's part of the step's global batch (a function of (seed, step) only), as micro-batches
+            mine = train_data.step_indices(c['seed'], step, c['global_batch_size'])[run.rank * run.accumulation * B:]
+            losses = torch.zeros(3, device=run.device)  # (loss, KD, CE) summed on the device: read once per step
+            for micro in range(run.accumulation):
+                x, y = batch_to_device(train_data.get(mine[micro * B:(micro + 1) * B]), run.device)
+                # DDP all-reduces the gradients only in the last micro-step's backward; FSDP reduce-scatters them
+                # every micro-step (only the sharded gradients are kept between micro-steps)
+                with model.no_sync() if run.ddp and micro < run.accumulation - 1 else nullcontext():
+                    with run.autocast:
+                        loss, kd, ce = compute_loss(model, raw_model, teacher, x, y, c, teacher_timer)
+                    (loss / run.accumulation).backward()
+                losses += torch.stack([loss.detach(), kd, ce])
+            # the raw norm before clipping (paper Tables 4-5); grad_clip=0 only measures it
+            grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(raw_model.parameters(),
+                                                                   c['grad_clip'] or math.inf)).item()
+            loss, kd, ce = reduce_mean(losses / run.accumulation, run.device)
+            finite = math.isfinite(loss) and math.isfinite(grad_norm)
+            if finite:
+                optimizer.step()
+            elif c['nonfinite'] == 'stop':
+                raise SystemExit(f"step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); stopping "
+                                 f"(nonfinite='skip' skips such steps instead)")
+            alpha_means = raw_model.update_alpha_ma(discard=not finite)  # Eq. 9 with this step's global batch
+            optimizer.zero_grad(set_to_none=not run.ddp)  # DDP: in place, the gradients are its buckets
+            step, skipped, dt = step + 1, skipped + (not finite), time.perf_counter() - t0
+
+            record = dict(step=step, lr=lr, loss=loss, grad_norm=grad_norm,
+                          tokens_per_sec=c['global_batch_size'] * model_config.block_size / dt,
+                          mfu=estimate_mfu(raw_model, c['global_batch_size'] / run.world, dt, peak_flops), dt=dt)
+            if run.device.type == 'cuda':  # this rank's allocator peak so far, to hold against the memory plan
+                record['peak_memory_gib'] = torch.cuda.max_memory_allocated(run.device) / 2 ** 30
+            if teacher is not None:
+                record.update(kd_loss=kd, ce_loss=ce, teacher_sec=teacher_timer.seconds())
             if c['nonfinite'] == 'skip':
                 record['skipped_steps'] = skipped
             if step % c['eval_interval'] == 0 or step == c['max_iters']:
-                record |= evaluation(c, run, model, raw_model, val_data, alpha_means)
+                record |= evaluation_record(c, run, model, raw_model, val_data, alpha_means)
             metrics.write(record)
             stop = reduce_mean([float(bool(stop_signal))], run.device)[0] > 0  # all ranks stop at the same step
             if 'val_loss' in record or stop:

@@ -1,12 +1,15 @@
 """The tables of README.md and docs/*.md that the code computes, so that they cannot drift from it: the paper
-configs' parameter counts (ΔParams), the per-GPU memory plan of every paper row (train.memory_estimate, what
+configs' parameter counts (ΔParams), the per-GPU memory plan of every paper row (memory_plan.py, what
 `python train.py config/<row>.py --dry_run=True` prints), and the time estimates that follow from the FLOPs per
 token (common.flops_per_token) at an assumed MFU. No GPU, data or checkpoint is needed: every model is built on
-the meta device, and each teacher has its published shape (train.KNOWN_TEACHERS).
+the meta device, and each teacher has its published shape (memory_plan.KNOWN_TEACHERS).
 
     python scripts/memory_tables.py           # print every table, each under its marker name
     python scripts/memory_tables.py --write   # put them into README.md and docs/*.md, between their markers
     python scripts/memory_tables.py --check   # exit 1 when a file holds another text (tests/test_docs.py does this)
+    python scripts/memory_tables.py --measure # the plan of each row against the peak MemTracker measures in a
+                                              # training micro-step on fake tensors at full depth, the config's own
+                                              # mode (bench.fake_peak_memory; 20-45 s a row): printed, not written
 
 A file holds a table as
     <!-- memory_tables.py:start NAME -->
@@ -27,6 +30,8 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
+import bench  # noqa: E402
+import memory_plan  # noqa: E402
 import train  # noqa: E402
 from common import KNOWN_PEAK_BF16, flops_per_token  # noqa: E402
 from configurator import parse  # noqa: E402
@@ -53,13 +58,13 @@ class Row:
         self.c = train.load_config([path])
         self.cfg = ModelConfig(**{k: self.c[k] for k in FIELD_NAMES})
         self.teacher_name = os.path.basename(os.path.normpath(self.c['teacher']))
-        self.teacher = ModelConfig(**train.KNOWN_TEACHERS[self.teacher_name])
+        self.teacher = ModelConfig(**memory_plan.KNOWN_TEACHERS[self.teacher_name])
         self.micro = self.c['micro_batch_size']
 
     def plan(self, fsdp, checkpointing=False, micro=None):
         """memory_estimate in GiB per component, on GPUS GPUs in bfloat16 (dtype=auto on those GPUs)."""
-        estimate = train.memory_estimate(self.cfg, GPUS, micro or self.micro, 'bfloat16', fsdp, checkpointing,
-                                         self.teacher)
+        estimate = memory_plan.memory_estimate(self.cfg, GPUS, micro or self.micro, 'bfloat16', fsdp, checkpointing,
+                                               self.teacher)
         return {name: value / 2 ** 30 for name, value in estimate.items()}
 
     def total(self, fsdp, checkpointing=False, micro=None):
@@ -73,11 +78,6 @@ def rows():
     paths = glob.glob(os.path.join(ROOT, 'config', '*_*b.py'))
     found = sorted((Row(p) for p in paths), key=lambda r: (SIZES.index(r.size), VARIANTS.index(r.variant)))
     return found
-
-
-def verdict(gib):
-    """The dry run's verdict (train.print_dry_run), in one word."""
-    return 'fits' if gib <= 0.9 * GPU_GIB else 'tight' if gib <= GPU_GIB else 'no'
 
 
 def table(header, lines):
@@ -115,7 +115,7 @@ class Flops:
 
 
 def params_table(found):
-    by = {(r.variant, r.size): train.meta_param_counts(r.cfg)[0] for r in found}
+    by = {(r.variant, r.size): memory_plan.meta_param_counts(r.cfg)[0] for r in found}
     header = ['size', 'softmax params'] + [SHOWN.get(v, v) for v in VARIANTS[1:]]
     lines = [[size.upper(), f'{by["softmax", size]:,}'] +
              [f'+{by[v, size] - by["softmax", size]:,}' if (v, size) in by else '' for v in VARIANTS[1:]]
@@ -133,7 +133,7 @@ def plan_table(found):
             total = sum(p.values())
             lines.append([r.name, r.mode(fsdp), r.micro] + [f'{p[k]:.1f}' for k in (
                 'weights', 'gradients', 'optimizer', 'teacher', 'kd_loss', 'activations')] +
-                [f'**{total:.1f}**', verdict(total)])
+                [f'**{total:.1f}**', memory_plan.verdict(total, GPU_GIB)])
     return table(header, lines)
 
 
@@ -144,9 +144,10 @@ def totals_table(found):
     lines = []
     for r in found:
         totals = [r.total(fsdp, ac) for fsdp, ac in modes]
-        largest = [max((m for m in MICRO_BATCHES if r.total(fsdp, ac, m) <= 0.9 * GPU_GIB), default=None)
-                   for fsdp, ac in modes]
-        lines.append([f'{r.name} (micro-batch {r.micro})'] + [f'{t:.1f} ({verdict(t)})' for t in totals] +
+        largest = [max((m for m in MICRO_BATCHES if memory_plan.verdict(r.total(fsdp, ac, m), GPU_GIB) == 'fits'),
+                       default=None) for fsdp, ac in modes]
+        lines.append([f'{r.name} (micro-batch {r.micro})'] +
+                     [f'{t:.1f} ({memory_plan.verdict(t, GPU_GIB)})' for t in totals] +
                      [' / '.join('-' if m is None else str(m) for m in largest)])
     return table(header, lines)
 
@@ -191,7 +192,7 @@ def flops_table(found):
     lines = []
     for r in found:
         f = Flops(r)
-        n_params = train.meta_param_counts(r.cfg)[0]
+        n_params = memory_plan.meta_param_counts(r.cfg)[0]
         # FSDP all-gathers the bf16 weights for the forward and again for the backward, and reduce-scatters the
         # fp32 gradients, on every micro-step: 2 + 2 + 4 bytes per parameter
         collectives = f'{2 * n_params / 1e9:.1f} + {2 * n_params / 1e9:.1f} + {4 * n_params / 1e9:.1f} GB' \
@@ -236,6 +237,21 @@ def dry_run_example(config='config/affine_3b.py'):
     return f'```\n$ python train.py {config} --dry_run=True\n{out.getvalue().rstrip()}\n```'
 
 
+def measured_table(found):
+    """Each row's plan in the mode its config selects, against bench.fake_peak_memory at full depth: the peak
+    MemTracker sees in a training micro-step on fake tensors (real shapes, no memory). Minutes: never in the docs."""
+    header = ['row', 'mode', 'micro-batch', 'plan', 'measured (fake tensors)', 'plan / measured']
+    lines = []
+    for r in found:
+        plan = sum(memory_plan.memory_plan(r.c, r.cfg, r.teacher).values())
+        peak = bench.fake_peak_memory(r.c, r.cfg, r.teacher)
+        lines.append([r.name, 'FSDP' if r.c['fsdp'] else 'DDP', r.micro, f'{plan / 2**30:.1f} GiB',
+                      f'{peak / 2**30:.1f} GiB', f'{plan / peak:.3f}x'])
+    return (f'The plan (train.py --dry_run: {GPUS} GPUs, bfloat16, each config\'s mode and micro-batch) against '
+            f'MemTracker\'s peak of a training micro-step on fake tensors at full depth (bench.fake_peak_memory):\n\n'
+            + table(header, lines))
+
+
 def tables():
     """{marker name: the markdown text between its markers}."""
     found = rows()
@@ -270,7 +286,10 @@ def stale(generated):
 
 
 def main(argv):
-    args = parse(argv, dict(write=False, check=False), __doc__, prog='scripts/memory_tables.py')
+    args = parse(argv, dict(write=False, check=False, measure=False), __doc__, prog='scripts/memory_tables.py')
+    if args['measure']:
+        print(measured_table(rows()))
+        return 0
     generated = tables()
     if args['write']:
         for path in doc_files():

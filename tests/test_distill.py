@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_leaves
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 import distill
+import memory_plan
 import prepare_data as prep
 import train
 from data import load_tokenizer, read_shard, tokenizer_info
@@ -359,7 +360,7 @@ MEMORY_CASES = {  # name: (bf16 autocast, the student's hidden states, the teach
 
 @pytest.mark.parametrize('case', MEMORY_CASES)
 def test_kd_loss_memory_bounds_what_fused_kd_loss_allocates(case):
-    """distill.kd_loss_memory against the bytes fused_kd_loss's forward + backward really allocate on CPU
+    """memory_plan.kd_loss_memory against the bytes fused_kd_loss's forward + backward really allocate on CPU
     (Allocations), chunked, with ignored targets. Also: no copy of a teacher lm_head already in the compute dtype,
     the student's lm_head cast once per call (not per chunk), and its float32 gradient handed to .grad as made."""
     autocast, hidden, teacher, T, kd_alpha = MEMORY_CASES[case]
@@ -375,9 +376,9 @@ def test_kd_loss_memory_bounds_what_fused_kd_loss_allocates(case):
             loss, kd, ce = distill.fused_kd_loss(h_s, w_s, h_t, w_t, T, targets, kd_alpha, chunk)
         loss.backward()
     compute = torch.bfloat16 if autocast else torch.float32
-    estimate = distill.kd_loss_memory(N, V, C_s, C_t, compute, student_weight_dtype=torch.float32,
-                                      teacher_weight_dtype=teacher, hidden_dtype=hidden, temperature=T,
-                                      kd_alpha=kd_alpha, device_type='cpu', chunk_size=chunk)
+    estimate = memory_plan.kd_loss_memory(N, V, C_s, C_t, compute, student_weight_dtype=torch.float32,
+                                          teacher_weight_dtype=teacher, hidden_dtype=hidden, temperature=T,
+                                          kd_alpha=kd_alpha, device_type='cpu', chunk_size=chunk)
     print(f"{case}: measured peak {m.peak:,} bytes, kd_loss_memory {estimate:,} ({estimate / m.peak:.3f}x)")
     # an upper bound, and a tight one: its only slack is the allowance for (n,)-sized vectors and scalars (~1% here)
     assert m.peak <= estimate <= 1.1 * m.peak

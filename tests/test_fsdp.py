@@ -6,6 +6,8 @@ from contextlib import nullcontext
 import pytest
 import torch
 
+import common
+import memory_plan
 import train
 from model import FIELD_NAMES, GPT, ModelConfig
 from test_train import ROOT, data_dir, metrics, tiny_args  # noqa: F401 (data_dir is a fixture)
@@ -106,7 +108,7 @@ def saved_bytes(forward, autocast=False, exclude=()):
 @pytest.mark.parametrize('attention', ATTENTIONS)
 @pytest.mark.parametrize('mode', ['float32', 'autocast', 'bf16 weights'])
 def test_activation_estimate_counts_what_autograd_saves(attention, mode):
-    """memory_estimate's activations of one decoder layer vs the bytes autograd really saves for one (the
+    """memory_plan.memory_estimate's activations of one decoder layer vs the bytes autograd really saves for one (the
     difference between a 2-layer and a 1-layer model), in each precision train.py runs: float32, fp32
     weights under bf16 autocast (DDP), bf16 weights under autocast (FSDP's mixed precision)."""
     batch, T = 4, 256  # enough tokens that autocast's bf16 weight copies (also saved) are ~2% of the count
@@ -117,8 +119,8 @@ def test_activation_estimate_counts_what_autograd_saves(attention, mode):
         model = GPT(config).to(torch.bfloat16 if mode == 'bf16 weights' else torch.float32)
         idx = torch.randint(0, config.vocab_size, (batch, T))
         measured.append(saved_bytes(lambda: model(idx, return_hidden=True), mode != 'float32', model.parameters())[1])
-        estimate = train.memory_estimate(config, 1, batch, 'float32' if mode == 'float32' else 'bfloat16',
-                                         mode == 'bf16 weights', False)
+        estimate = memory_plan.memory_estimate(config, 1, batch, 'float32' if mode == 'float32' else 'bfloat16',
+                                               mode == 'bf16 weights', False)
         estimated.append(estimate['activations'])
     # the estimate also counts one layer of gradients in flight in backward, i.e. its per-layer step is the same
     assert estimated[1] - estimated[0] == pytest.approx(measured[1] - measured[0], rel=0.1)
@@ -135,21 +137,22 @@ def test_memory_plan_for_the_3b_row(capsys):
     assert 'does not fit' in ddp and ': fits' in fsdp and 'FSDP on 8 GPUs' in fsdp
     values = train.load_config(['config/affine_3b.py'])
     config = ModelConfig(**{k: values[k] for k in FIELD_NAMES})
-    teacher = ModelConfig(**train.KNOWN_TEACHERS['Llama-3.1-8B'])
-    plans = {fsdp: train.memory_estimate(config, 8, 2, 'bfloat16', fsdp, False, teacher) for fsdp in (False, True)}
+    teacher = ModelConfig(**memory_plan.KNOWN_TEACHERS['Llama-3.1-8B'])
+    plans = {fsdp: memory_plan.memory_estimate(config, 8, 2, 'bfloat16', fsdp, False, teacher)
+             for fsdp in (False, True)}
     assert plans[True]['optimizer'] == plans[False]['optimizer'] / 8 == 3_214_814_208
     assert plans[True]['teacher'] == plans[False]['teacher'] > 2 * 8_030_261_248  # whole on every rank, bf16
-    checkpointed = train.memory_estimate(config, 8, 2, 'bfloat16', True, True, teacher)['activations']
+    checkpointed = memory_plan.memory_estimate(config, 8, 2, 'bfloat16', True, True, teacher)['activations']
     assert checkpointed < plans[True]['activations'] / 5
 
 
 def test_teacher_shape_from_a_checkpoint_or_the_known_table(data_dir, tmp_path):
     train.main(tiny_args(data_dir, tmp_path, '--max_iters=1', '--n_layer=1'))
-    shape, source = train.teacher_shape(str(tmp_path))
+    shape, source = memory_plan.teacher_shape(str(tmp_path))
     assert shape.n_layer == 1 and shape.n_embd == 32 and source.endswith('ckpt.pt')
-    shape, source = train.teacher_shape('elsewhere/Qwen1.5-1.8B')
+    shape, source = memory_plan.teacher_shape('elsewhere/Qwen1.5-1.8B')
     assert shape.n_embd == 2048 and not shape.tie_embeddings and 'published shape' in source
-    assert train.teacher_shape('elsewhere/MyTeacher')[0] is None
+    assert memory_plan.teacher_shape('elsewhere/MyTeacher')[0] is None
 
 
 def test_fsdp_needs_torchrun(data_dir, tmp_path):
@@ -167,8 +170,8 @@ def _compiled_fsdp_worker(rank, world_size, init_file, result_file):
         torch.manual_seed(0)
         model = GPT(ModelConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, intermediate_size=64, vocab_size=97,
                                 block_size=16, attention='affine', tie_embeddings=True))
-        train.compile_layers(model)
-        train.shard(model, 'float32')
+        common.compile_layers(model)
+        common.shard(model, 'float32')
         wrapped = model
         idx = torch.randint(0, 97, (2, 16))
         _, loss = wrapped(idx, idx)
@@ -183,7 +186,7 @@ def _compiled_fsdp_worker(rank, world_size, init_file, result_file):
 
 
 def test_each_layer_compiles_whole_under_fsdp(tmp_path):
-    """The decoder layers are compiled one by one (train.compile_layers), so FSDP2's per-layer hooks cannot break a
+    """The decoder layers are compiled one by one (common.compile_layers), so FSDP2's per-layer hooks cannot break a
     graph: the layers run compiled graphs with no graph break; the model itself is not compiled whole. (CPU inductor
     compilation takes ~40 s on 2 cores, so DDP, which wraps the same compiled layers, is not compiled here too.)"""
     torch.multiprocessing.spawn(_compiled_fsdp_worker, args=(1, str(tmp_path / 'init'), str(tmp_path / 'r.pt')),

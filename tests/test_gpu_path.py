@@ -3,7 +3,7 @@
     memory, no kernel): the GEMMs of the student, the teacher and the KD loss run in bf16 (float32 only out of the KD
     loss's float32-output GEMMs), attention runs on the fused CUDA kernels with K/V at n_kv_head, alpha_ma stays
     float32, and no T x T tensor exists;
-  - the dry run's memory plan (train.memory_estimate) against torch's MemTracker on fake tensors of a real-shape step;
+  - the dry run's memory plan (memory_plan.py) against torch's MemTracker on fake tensors of a real-shape step;
   - compiled training and evaluation under DDP and FSDP (2 gloo ranks, dynamo with the aot_eager backend): no graph
     break, no recompilation after the first step and its evaluation, no DDP graph splitting, DDP's gradients kept
     once.
@@ -26,7 +26,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import bench
+import common
 import distill
+import memory_plan
 import train
 from data import Windows
 from model import ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
@@ -279,12 +281,12 @@ def test_kd_loss_on_cuda_runs_bf16_gemms_with_float32_outputs(row):
 
 @pytest.mark.parametrize('config', ['affine_1b', 'affine_3b'])
 def test_memory_plan_is_the_dry_runs(config, capsys):
-    """bench.memory_plan, the plan held to measurements here and printed as the README's tables by
-    scripts/memory_table.py, is what train.py --dry_run prints, component by component."""
+    """memory_plan.memory_plan, the plan held to measurements here and written into the docs' tables by
+    scripts/memory_tables.py, is what train.py --dry_run prints, component by component."""
     train.main([f'config/{config}.py', '--dry_run=True'])
     printed = dict(re.findall(r'^  (\w+) +([\d.]+) GiB', capsys.readouterr().out, re.M))
     c = train.load_config([f'config/{config}.py'])
-    plan = bench.memory_plan(c, *bench.planned_models(c))
+    plan = memory_plan.memory_plan(c, *memory_plan.planned_models(c))
     assert printed == {key: f'{n / 2**30:.2f}' for key, n in (plan | dict(total=sum(plan.values()))).items()}
 
 
@@ -293,20 +295,21 @@ def test_memory_plan_holds_against_a_fake_tensor_measurement(config):
     """--dry_run's per-GPU plan for a paper row (1B: DDP; 3B: FSDP on 8 GPUs; micro-batch 4 x 2,048 tokens, KD from
     the published teacher's shape) against the peak MemTracker measures in a training micro-step on fake tensors
     (bench.fake_peak_memory). Measured with 1 and 2 student layers (the teacher whole) and extrapolated, every
-    decoder layer adding the same: peak(n_layer) = peak(1) + (n_layer - 1) (peak(2) - peak(1)); scripts/memory_table.py
-    --measure=True measures full depth, where this extrapolation was exact to 0.01 GiB (1B and 3B). The plan's
-    per-layer step is the measured one within 2%, and its total is conservative by at most 10%: the margin for
-    what it leaves out (the CUDA context, NCCL, fragmentation) is the dry run's verdict's, not the plan's."""
+    decoder layer adding the same: peak(n_layer) = peak(1) + (n_layer - 1) (peak(2) - peak(1));
+    scripts/memory_tables.py --measure=True measures full depth, where this extrapolation was exact to 0.01 GiB (1B
+    and 3B). The plan's per-layer step is the measured one within 2%, and its total is conservative by at most 10%:
+    the margin for what it leaves out (the CUDA context, NCCL, fragmentation) is the dry run's verdict's, not the
+    plan's."""
     c = train.load_config([f'config/{config}.py'])
-    student, teacher = bench.planned_models(c)
+    student, teacher = memory_plan.planned_models(c)
     plan, peak = {}, {}
     for n_layer in (1, 2):
         shallow = dataclasses.replace(student, n_layer=n_layer)
-        plan[n_layer] = sum(bench.memory_plan(c, shallow, teacher).values())
+        plan[n_layer] = sum(memory_plan.memory_plan(c, shallow, teacher).values())
         peak[n_layer] = bench.fake_peak_memory(c, shallow, teacher)
     assert plan[2] - plan[1] == pytest.approx(peak[2] - peak[1], rel=0.02)
     full = peak[1] + (student.n_layer - 1) * (peak[2] - peak[1])
-    planned = sum(bench.memory_plan(c, student, teacher).values())
+    planned = sum(memory_plan.memory_plan(c, student, teacher).values())
     assert full <= planned <= 1.10 * full, f'plan {planned / 2**30:.2f} GiB, measured {full / 2**30:.2f} GiB'
 
 
@@ -324,10 +327,11 @@ TEACHER = ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, intermediate_
 
 def compiled_run(rank, world, data_dir, parallel, attention):
     """train.py's compiled path for one variant on this rank (2 micro-steps of 2 sequences per step, KD from a
-    compiled teacher), its decoder layers compiled by train.compile_layers with dynamo's aot_eager backend: the
+    compiled teacher), its decoder layers compiled by common.compile_layers with dynamo's aot_eager backend: the
     graphs dynamo compiles and the graph breaks, in each phase of a run's start: a first micro-step (under DDP a
-    no_sync one), train_step three times, train.evaluation after the second and the third. Also, under DDP, how many
-    gradients the first micro-step made beside DDP's buckets (bench.ddp_gradient_copies)."""
+    no_sync one), three optimizer steps as train.py's loop takes them, train.evaluation_record after the second and
+    the third. Also, under DDP, how many gradients the first micro-step made beside DDP's buckets
+    (bench.ddp_gradient_copies)."""
     torch._dynamo.reset()  # each variant from scratch: graphs kept from the last one count towards the recompile limit
     counters.clear()
     graphs = []
@@ -340,12 +344,12 @@ def compiled_run(rank, world, data_dir, parallel, attention):
     run = train.Run(rank, world, torch.device('cpu'), True, parallel == 'ddp', 2, nullcontext())  # 8 = 2 x 2 x 2
     torch.manual_seed(0)
     raw = GPT(ModelConfig(**{k: c[k] for k in FIELD_NAMES}))
-    train.compile_layers(raw, backend)
+    common.compile_layers(raw, backend)
     if parallel == 'fsdp':
-        train.shard(raw, c['dtype'])
+        common.shard(raw, c['dtype'])
     optimizer = train.configure_optimizers(raw, c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
-    model = train.wrap_ddp(raw, run.device) if run.ddp else raw
-    teacher = train.compile_layers(GPT(TEACHER).eval().requires_grad_(False), backend)
+    model = common.wrap_ddp(raw, run.device) if run.ddp else raw
+    teacher = common.compile_layers(GPT(TEACHER).eval().requires_grad_(False), backend)
     train_data, val_data = (Windows(data_dir, split, c['block_size']) for split in ('train', 'val'))
     phases, copies = {}, None
 
@@ -355,17 +359,31 @@ def compiled_run(rank, world, data_dir, parallel, attention):
         phases[name] = len(graphs) - before[0], sum(counters['graph_break'].values()) - before[1]
         return out
 
-    batch = train.batch_to_device(train_data.get(range(rank * 2, rank * 2 + 2)), run.device)
-    phase('first micro-step', lambda: train.accumulate_gradients(model, raw, teacher, [batch], run.accumulation, c,
-                                                                 run.autocast, run.ddp))
+    def micro_step(indices, last):  # as in train.py's loop: forward and loss, backward (DDP: all-reduced if last)
+        x, y = common.batch_to_device(train_data.get(indices), run.device)
+        with model.no_sync() if run.ddp and not last else nullcontext():
+            with run.autocast:
+                loss = train.compute_loss(model, raw, teacher, x, y, c, common.DeviceTimer(run.device))[0]
+            (loss / run.accumulation).backward()
+
+    def optimizer_step(step):  # as in train.py's loop: this rank's micro-steps, clipping, AdamW, alpha_ma
+        mine = train_data.step_indices(c['seed'], step, c['global_batch_size'])[rank * run.accumulation * 2:]
+        for micro in range(run.accumulation):
+            micro_step(mine[micro * 2:(micro + 1) * 2], last=micro == run.accumulation - 1)
+        common.full_tensor(torch.nn.utils.clip_grad_norm_(raw.parameters(), c['grad_clip'])).item()
+        optimizer.step()
+        alpha_means = raw.update_alpha_ma()
+        optimizer.zero_grad(set_to_none=not run.ddp)
+        return alpha_means
+
+    phase('first micro-step', lambda: micro_step(range(rank * 2, rank * 2 + 2), last=not run.ddp))
     if run.ddp:
         copies = bench.ddp_gradient_copies(model)
     optimizer.zero_grad(set_to_none=not run.ddp)
     for step in range(3):
-        _, alpha_means, _ = phase(f'step {step + 1}', lambda: train.train_step(
-            step, c, run, model, raw, teacher, optimizer, train_data, train.DeviceTimer(run.device), c['peak_flops']))
+        alpha_means = phase(f'step {step + 1}', lambda: optimizer_step(step))
         if step:
-            phase(f'evaluation {step}', lambda: train.evaluation(c, run, model, raw, val_data, alpha_means))
+            phase(f'evaluation {step}', lambda: train.evaluation_record(c, run, model, raw, val_data, alpha_means))
     return phases, copies
 
 
@@ -385,7 +403,7 @@ def test_compiled_training_and_evaluation_never_recompile(data_dir, tmp_path, pa
     training and the teacher's once (the first micro-step), the student's once more for evaluation's eval mode (the
     first evaluation), and nothing else compiles, on any rank: no recompilation in later steps or evaluations (the
     attention-logit statistics' hooks run eagerly: traced, they made every layer recompile at every evaluation).
-    No graph breaks. Under DDP one graph per layer, not DDP's bucket-sized pieces (train.compile_layers turns
+    No graph breaks. Under DDP one graph per layer, not DDP's bucket-sized pieces (common.compile_layers turns
     dynamo's DDP graph splitting off), and no gradient beside DDP's buckets after a no_sync micro-step."""
     torch.multiprocessing.spawn(_compiled_worker, args=(2, str(tmp_path / 'init'), str(tmp_path / 'result'), data_dir,
                                                         parallel), nprocs=2, join=True)

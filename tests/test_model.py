@@ -700,7 +700,7 @@ def test_config_validation_messages():
 
 def _ddp_alpha_worker(rank, world_size, init_file, idx, result_file):
     import torch.distributed as dist
-    from train import DDP_NO_BUFFER_SYNC
+    from common import DDP_NO_BUFFER_SYNC
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world_size)
     try:
         model = random_model('affine').train()

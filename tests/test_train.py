@@ -5,10 +5,12 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 
 import pytest
 import torch
 
+import common
 import prepare_data
 import train
 from data import Windows, read_shard
@@ -175,7 +177,7 @@ def test_dry_run_prints_parameter_counts_and_the_memory_plan(capsys):
 
 
 def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
-    """train.py's DDP path (wrap_ddp, accumulate_gradients, zero_grad) for 2 steps x 3 micro-steps, on 2
+    """train.py's DDP path (wrap_ddp, no_sync micro-steps, zero_grad) for 2 steps x 3 micro-steps, on 2
     gloo ranks; after every micro-step, the storages that hold the parameters' .grad, and the buffers DDP all-reduces
     (read by a communication hook)."""
     import gc
@@ -186,7 +188,7 @@ def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
         torch.manual_seed(0)
         model = GPT(ModelConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, intermediate_size=64, vocab_size=97,
                                 block_size=16, attention='affine'))
-        ddp = train.wrap_ddp(model, torch.device('cpu'))
+        ddp = common.wrap_ddp(model, torch.device('cpu'))
         buckets = set()
 
         def hook(state, bucket):  # DDP's own all-reduce, recording which buffers it reduces
@@ -198,14 +200,13 @@ def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
         optimizer = train.configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95))
         seen = []  # per micro-step: {storage pointer: bytes} of the .grad tensors
         for step in range(2):
-            def batches():
-                for micro in range(3):
-                    x = torch.randint(0, 97, (2, 16))
-                    yield x, x
-                    seen.append({p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
-                                 for p in model.parameters() if p.grad is not None})
-            train.accumulate_gradients(ddp, model, None, batches(), 3, {},
-                                       torch.autocast('cpu', enabled=False), ddp=True)
+            for micro in range(3):  # as train.py's loop: all-reduced in the last micro-step's backward only
+                x = torch.randint(0, 97, (2, 16))
+                with ddp.no_sync() if micro < 2 else nullcontext():
+                    loss = train.compute_loss(ddp, model, None, x, x, {})[0]
+                    (loss / 3).backward()
+                seen.append({p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
+                             for p in model.parameters() if p.grad is not None})
             optimizer.step()
             optimizer.zero_grad(set_to_none=set_to_none)
         if rank == 0:
@@ -224,8 +225,7 @@ def test_ddp_accumulation_keeps_one_copy_of_the_gradients(tmp_path, set_to_none)
     views of the buffers DDP all-reduces, so the gradients exist once; set_to_none=True (the old loop) is the
     counter-example that shows the check can fail: the no_sync micro-steps then allocate a second set."""
     result = tmp_path / 'result.pt'
-    # the batch generator records after each micro-step's backward (when the next batch is asked for): 3 per step, the
-    # first 2 inside no_sync
+    # recorded after each micro-step's backward: 3 per step, the first 2 inside no_sync
     torch.multiprocessing.spawn(_ddp_gradient_worker, args=(2, str(tmp_path / 'init'), set_to_none, str(result)),
                                 nprocs=2, join=True)
     r = torch.load(result, weights_only=False)

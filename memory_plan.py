@@ -1,0 +1,242 @@
+"""
+The memory plan: what one GPU holds at the peak of a training step, computed before launching, from the configs
+alone (every model is built on the meta device, a teacher that is not on this machine has its published shape).
+`python train.py <config> --dry_run=True` prints it (print_dry_run); scripts/memory_tables.py writes it into the
+docs' tables and, with --measure, holds it against bench.fake_peak_memory's measured peak; tests/test_gpu_path.py
+does the same at reduced depth. Everything counted is here: the bytes a decoder layer saves for backward
+(saved_bytes_per_token), the fused KD loss's working set (kd_loss_memory) and their sum per component
+(memory_estimate), with the arguments train.py's config gives it (memory_plan).
+Imports flow one way: data -> model -> distill -> memory_plan -> train, bench, scripts.
+"""
+import os
+
+import torch
+
+from checkpoint import checkpoint_file, config_from_hf, read_checkpoint, read_hf_config
+from distill import CHUNK_LOGITS, fp32_output_gemm
+from model import FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
+
+# The paper's teachers by their checkpoint directory's name: a dry run sizes the teacher from its published shape
+# (model.MODEL_SHAPES) when its checkpoint is not on this machine.
+KNOWN_TEACHERS = {'Qwen1.5-1.8B': MODEL_SHAPES['qwen1.5-1.8b'], 'Llama-3.2-3B': MODEL_SHAPES['llama3.2-3b'],
+                  'Llama-3.1-8B': MODEL_SHAPES['llama3.1-8b']}
+
+
+def teacher_shape(spec):
+    """(ModelConfig or None, where it came from) of a teacher, without reading its weights: the checkpoint's
+    config if it is here, else KNOWN_TEACHERS by the directory's name, else None."""
+    if os.path.exists(spec):
+        path = checkpoint_file(spec)
+        if path is None:
+            return ModelConfig(**config_from_hf(read_hf_config(spec))), spec
+        return ModelConfig(**read_checkpoint(path, keys=('model_config',))['model_config']), path
+    name = os.path.basename(os.path.normpath(spec))
+    if name in KNOWN_TEACHERS:
+        return ModelConfig(**KNOWN_TEACHERS[name]), f"{name}'s published shape (no checkpoint at {spec})"
+    return None, (f"unknown (no checkpoint at {spec}, and not one of {', '.join(KNOWN_TEACHERS)}): teacher and KD "
+                  f"terms left out, estimated as training without a teacher")
+
+
+def planned_models(c):
+    """(the student's ModelConfig, the teacher's or None) of train.py's config c, as its dry run sizes them: the
+    teacher from its checkpoint, or from its published shape when it is not on this machine (teacher_shape)."""
+    return (ModelConfig(**{key: c[key] for key in FIELD_NAMES}),
+            teacher_shape(c['teacher'])[0] if c['teacher'] else None)
+
+
+_PARAM_COUNTS = {}  # repr(ModelConfig) -> meta_param_counts: a 3B model takes a fraction of a second to build
+
+
+def meta_param_counts(cfg):
+    """(parameters of GPT(cfg), those of one decoder layer), counted on the meta device, once per config."""
+    key = repr(cfg)
+    if key not in _PARAM_COUNTS:
+        with torch.device('meta'):
+            model = GPT(cfg)
+        _PARAM_COUNTS[key] = model.get_num_params(), sum(p.numel() for p in model.model.layers[0].parameters())
+    return _PARAM_COUNTS[key]
+
+
+def saved_bytes_per_token(config, dtype, fsdp):
+    """Bytes autograd saves for backward per token in one decoder layer (Block.compute: the two RMSNorms, q/k/v, the
+    attention output and log-sum-exp, the variant's extras, the SwiGLU MLP), for dtype 'float32' or 'bfloat16' (bf16
+    autocast over fp32 weights, or FSDP's bf16 weights with fsdp=True). A change to the forward it counts (model.py) is
+    a change here; tests/test_fsdp.py holds it against saved_tensors_hooks."""
+    C, I, H = config.n_embd, config.intermediate_size, config.n_head
+    HD, KVD = H * config.head_dim, config.n_kv_head * config.head_dim
+    affine, gated, a = config.is_affine, config.is_gated, 4 if dtype == 'float32' else 2
+    if dtype == 'float32':  # each RMSNorm keeps its input, normalised input and output (read by the linears)
+        norms = 2 * (12 * C + 4)
+    elif fsdp:  # bf16 weights: the input's fp32 upcast, then normalised and output in bf16
+        norms = 2 * (8 * C + 4)
+    else:  # fp32 weights under autocast: fp32 input and normalised; every linear keeps its own bf16 input copy
+        norms = 2 * (8 * C + 4) + 2 * C * (5 + affine + gated)
+    # k and v as the kernels save them: grouped in bf16 (flash takes GQA), repeated to every head in float32 on CUDA
+    # (the memory-efficient kernel does not; kv_for_kernel)
+    kv = 2 * (HD if dtype == 'float32' else KVD)
+    return (norms + a * (3 * HD + kv) + 4 * H  # q, attention output, o_proj's input, k, v; fp32 log-sum-exp
+            + gated * 2 * a * HD  # the gate's input and its sigmoid
+            + affine * (12 * H + 4 * KVD)  # alpha (fp32) and its views, the running mean of V (fp32)
+            + 4 * a * I)  # SwiGLU: gate and up outputs, silu, down_proj's input
+
+
+def kd_loss_memory(n_tokens, vocab_size, student_hidden, teacher_hidden, compute_dtype,
+                   student_weight_dtype=torch.float32, teacher_weight_dtype=None, hidden_dtype=torch.float32,
+                   temperature=1.0, kd_alpha=1.0, device_type='cuda', chunk_size=None):
+    """Peak bytes fused_kd_loss allocates beyond its inputs in one training forward + backward (with targets, and
+    gradients w.r.t. the student's hidden states and lm_head): n_tokens (N) tokens, vocab_size (V) rows, lm_heads
+    student_hidden (C_s) and teacher_hidden (C_t) wide. compute_dtype: the GEMMs' dtype (kd_compute_dtype: the
+    autocast dtype, bfloat16 in training). The inputs' dtypes: the student's lm_head student_weight_dtype (a float32
+    master weight; FSDP: bfloat16), the teacher's teacher_weight_dtype (None: compute_dtype, as train.py loads it),
+    the student's hidden states hidden_dtype (float32: autocast's residual stream; FSDP: bfloat16).
+    device_type 'cuda' assumes bf16 GEMMs write float32 directly (PyTorch >= 2.8 on sm_80+: fp32_output_gemm);
+    elsewhere (CPU) the fallback's bf16 products are counted too. n = min(N, chunk_size or CHUNK_LOGITS // V)
+    tokens per chunk; float32 below is float64 for float64 compute. Tensor by tensor:
+      held from forward to backward
+        grad w.r.t. the student's lm_head        V x C_s float32, every chunk's g^T h accumulated into it
+        grad w.r.t. the hidden states            N x C_s hidden_dtype
+      forward
+        the student's lm_head in compute_dtype   V x C_s, unless student_weight_dtype is compute_dtype
+        the teacher's lm_head in compute_dtype   V x C_t, likewise (none for a bf16 teacher under bf16 autocast)
+        the valid-token mask                     N float32 (and N bools while it is made)
+        one chunk's working set, the largest of
+          3 (n, V) float32: log p, the student's logits and their logsumexp or log q; then log p, log q, p
+          4 of them when T != 1 and kd_alpha < 1: softmax(s) as well, for CE's gradient
+          log p, the student's logits and, fallback, the GEMM's (n, V) bf16 product before it is cast
+          the (n, V) float32 gradient and its compute_dtype copy (the GEMMs' operand)
+          that copy, the (n, C_s) block of grad_h on its way in, and, fallback, the V x C_s bf16 product added
+            into the float32 lm_head gradient
+        and all along: the chunk's hidden states in compute_dtype (n x C_s, n x C_t), (n,)-sized vectors
+      and, in both, a few float scalars
+      backward (in place): a bf16 grad_h scaled in float32 (N x C_s float32 and its new hidden_dtype copy); the
+        lm_head gradient cast to student_weight_dtype unless float32
+    Returns the larger of the forward's and backward's peaks. Kernels' own workspaces (cuBLAS, the allocator's
+    rounding) are not counted."""
+    N, V, C_s, C_t = n_tokens, vocab_size, student_hidden, teacher_hidden
+    n = min(N, chunk_size or max(1, CHUNK_LOGITS // V))
+    acc = torch.promote_types(compute_dtype, torch.float32)
+    teacher_weight_dtype = teacher_weight_dtype or compute_dtype
+    a, c, h = acc.itemsize, compute_dtype.itemsize, hidden_dtype.itemsize
+    low = compute_dtype != acc  # GEMMs in bf16 / fp16 with float32 logits
+    if low and device_type == 'cuda' and not torch.cuda.is_available():  # planning for GPUs from elsewhere
+        fallback = False
+    else:
+        fallback = low and not fp32_output_gemm(torch.device(device_type), compute_dtype)
+    chunk = n * V * a  # one (n, V) float32 tensor
+    low_grad = n * V * c if low else 0  # the gradient's compute-dtype copy
+    working = max((4 if temperature != 1 and kd_alpha < 1 else 3) * chunk,
+                  2 * chunk + (n * V * c if fallback else 0),
+                  chunk + low_grad,
+                  (low_grad or chunk) + n * C_s * (c + h) + (V * C_s * c if fallback else 0))
+    working += n * (C_s + C_t) * c + 128 * n  # the chunk's hidden states; a dozen (n,) vectors of 8 bytes at most
+    held = V * C_s * a + N * C_s * h
+    copies = (V * C_s * c if student_weight_dtype != compute_dtype else 0) + \
+             (V * C_t * c if teacher_weight_dtype != compute_dtype else 0)
+    scalars = 256  # the outputs, count, sums, grad_output, ...: a few dozen bytes
+    forward = held + copies + N * (a + 1) + working + scalars
+    backward = held + (N * C_s * (a + h) if hidden_dtype != acc else 0) + \
+        (V * C_s * student_weight_dtype.itemsize if student_weight_dtype != acc else 0) + scalars
+    return max(forward, backward)
+
+
+def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointing, teacher=None):
+    """Bytes one GPU holds at the peak of a training step, by component, for the student cfg (a ModelConfig),
+    `world` ranks, micro_batch sequences of cfg.block_size tokens per forward, dtype 'float32' | 'bfloat16' (the
+    autocast / FSDP compute dtype) and the teacher's ModelConfig (None: plain cross-entropy). Components peak at
+    nearly the same moment (end of forward, start of backward), so their sum slightly overestimates the peak.
+    Not counted: the CUDA context, NCCL buffers and allocator fragmentation (leave ~10% of the GPU for them).
+      weights      DDP: fp32 (4 B/param), plus autocast's bf16 copies of the layers' matrices, which autograd
+                   keeps for backward. FSDP: fp32 shards (4/world), plus the gathered (compute-dtype) root group
+                   (embeddings, final norm, untied lm_head: gathered from forward to the end of backward) and
+                   two decoder layers (the one computing and the one prefetched).
+      gradients    held from the first micro-step's backward to the optimizer step. DDP: fp32, once: the .grad
+                   tensors are views of DDP's all-reduce buckets (wrap_ddp; gradients created afresh by the no_sync
+                   micro-steps would be a second copy beside the buckets). FSDP: fp32 shards, plus the root's unsharded
+                   gradients and one layer's, with that layer's fp32 reduce-scatter input.
+      optimizer    AdamW's exp_avg and exp_avg_sq, fp32 (8 B/param; FSDP: 8/world).
+      teacher      its weights in the compute dtype, whole on every rank, and its output hidden states. (Its
+                   no-grad forward's intermediates are gone before the student's forward starts.)
+      activations  what autograd saves per token and decoder layer (saved_bytes_per_token, the count of
+                   model.Block.compute's; tests/test_fsdp.py checks it with saved_tensors_hooks); plus one layer's worth
+                   of gradients in flight during backward. Activation checkpointing keeps only each layer's input
+                   and holds one recomputed layer and its gradients at a time.
+      kd_loss      distill.fused_kd_loss's working set, tensor by tensor (kd_loss_memory): its bf16 GEMMs'
+                   float32 logits for one chunk of tokens, the float32 gradient of the student's lm_head and the
+                   gradient of its hidden states (kept from forward to backward), the student head's bf16 copy
+                   (DDP's fp32 master), none of the bf16 teacher's head.
+                   Without a teacher: the full logits, their float copy, log-softmax and gradient."""
+    n_params, per_layer = meta_param_counts(cfg)
+    root = n_params - cfg.n_layer * per_layer  # FSDP's root group: embeddings, final norm, untied lm_head
+    a = 4 if dtype == 'float32' else 2  # bytes of a compute-dtype element
+    N = micro_batch * cfg.block_size  # tokens per forward
+    if fsdp:
+        weights = 4 * n_params / world + a * (root + 2 * per_layer)
+        grads = 4 * n_params / world + a * root + (a + 4) * per_layer
+    else:
+        weights = 4 * n_params + (2 * cfg.n_layer * per_layer if dtype == 'bfloat16' else 0)
+        grads = 4 * n_params
+
+    C, layer = cfg.n_embd, saved_bytes_per_token(cfg, dtype, fsdp)  # one decoder layer's
+    layer_input = 2 * C if dtype == 'bfloat16' and fsdp else 4 * C  # the residual stream: fp32 but under FSDP bf16
+    if activation_checkpointing:
+        activations = N * (cfg.n_layer * layer_input + 2 * layer)
+    else:
+        activations = N * (cfg.n_layer + 1) * layer
+    activations += N * (8 * C + 4)  # the final RMSNorm
+
+    estimate = dict(weights=weights, gradients=grads, optimizer=8 * n_params / (world if fsdp else 1))
+    V = cfg.vocab_size
+    if teacher is not None:
+        teacher_params = meta_param_counts(teacher)[0]
+        estimate['teacher'] = a * teacher_params + N * a * teacher.n_embd  # + its output, kept for the loss
+        compute = torch.float32 if a == 4 else torch.bfloat16  # the GEMMs' dtype: autocast's, or float32
+        student_side = torch.bfloat16 if fsdp and a == 2 else torch.float32  # FSDP gathers bf16; DDP: fp32 masters
+        estimate['kd_loss'] = kd_loss_memory(N, V, C, teacher.n_embd, compute, student_weight_dtype=student_side,
+                                             hidden_dtype=student_side, device_type='cuda')
+    else:
+        estimate['loss'] = N * V * (12 + (4 if a == 2 else 0))
+    estimate['activations'] = activations
+    return estimate
+
+
+def verdict(total_gib, gpu_gib):
+    """Whether a plan of total_gib fits one GPU of gpu_gib: 'fits' with 10% of the GPU left for what the plan does
+    not count (the CUDA context, NCCL, fragmentation), 'tight' under that margin, else 'no'."""
+    return 'fits' if total_gib <= 0.9 * gpu_gib else 'tight' if total_gib <= gpu_gib else 'no'
+
+
+def plan_dtype(c):
+    return 'bfloat16' if c['dtype'] == 'auto' else c['dtype']  # auto: bf16 on the GPUs the plan is for
+
+
+def memory_plan(c, model_config, teacher_config):
+    """memory_estimate's bytes per GPU by component for run c, with the arguments train.py --dry_run gives it."""
+    return memory_estimate(model_config, c['dry_run_world_size'], c['micro_batch_size'], plan_dtype(c), c['fsdp'],
+                           c['activation_checkpointing'], teacher_config)
+
+
+def print_dry_run(c, model_config):
+    """The dry run: parameter counts, and memory_plan's table for this config on dry_run_world_size GPUs."""
+    with torch.device('meta'):
+        model = GPT(model_config)
+    total = model.get_num_params()
+    embedding = model.model.embed_tokens.weight.numel() + (0 if model_config.tie_embeddings else
+                                                           model.lm_head.weight.numel())
+    print(f"params: total={total} non_embedding={total - embedding} "
+          f"attention_extra={model.get_num_params(variant_only=True)}")
+    world, gpu_gib = c['dry_run_world_size'], c['dry_run_gpu_gib']
+    dtype = plan_dtype(c)
+    teacher, source = teacher_shape(c['teacher']) if c['teacher'] else (None, 'none (cross-entropy)')
+    estimate = memory_plan(c, model_config, teacher)
+    total = sum(estimate.values()) / 2 ** 30
+    said = dict(fits='fits', tight='tight: under 10% left for the CUDA context, NCCL and fragmentation',
+                no='does not fit')[verdict(total, gpu_gib)]
+    accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])
+    steps = (f"{accumulation} micro-steps" if accumulation and not rest else f"global_batch_size="
+             f"{c['global_batch_size']} is not a multiple of {world} x {c['micro_batch_size']}: a run would stop")
+    print(f"memory per GPU, estimated: {'FSDP' if c['fsdp'] else 'DDP'} on {world} GPUs, micro_batch_size="
+          f"{c['micro_batch_size']} x {model_config.block_size} tokens ({steps}), {dtype}, "
+          f"activation_checkpointing={c['activation_checkpointing']}; teacher: {source}")
+    for name, value in estimate.items():
+        print(f"  {name:<12} {value / 2 ** 30:7.2f} GiB")
+    print(f"  {'total':<12} {total:7.2f} GiB of {gpu_gib:g}: {said}")
