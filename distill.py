@@ -56,7 +56,7 @@ from configurator import DEVICE, Key, parse
 from data import Windows, load_tokenizer, read_meta, tokenizer_info
 from files import run_script
 from model import GPT, IGNORE_INDEX
-from sink_kernel import at_least_fp32
+from attention_kernels import at_least_fp32
 
 CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB
 

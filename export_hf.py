@@ -9,7 +9,7 @@ What it writes into out_dir:
   softmax       a plain Llama (Qwen2 with q/k/v biases) model: transformers' own LlamaForCausalLM / Qwen2ForCausalLM
                 load it, no remote code.
   sink, gated,  config.json with our ModelConfig (under model_config) and an auto_map to hf_wrapper.py, shipped with
-  affine,       model.py and sink_kernel.py, this repository's own files: AutoModelForCausalLM.from_pretrained(dir,
+  affine,       model.py and attention_kernels.py, this repository's own files: AutoModelForCausalLM.from_pretrained(dir,
   affine_gated  trust_remote_code=True) builds our GPT, so the exported model computes what the trained one did.
   and always    the weights as model.safetensors (shards + model.safetensors.index.json above --max_shard_size; alpha_ma
                 and the sinks included), generation_config.json, and the tokenizer the run trained with: the teacher's
@@ -39,7 +39,7 @@ from model import GPT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # what a non-softmax export ships (hf_wrapper.py: the entry; the others are what it imports)
-CODE_FILES = ('checkpoint.py', 'files.py', 'hf_wrapper.py', 'model.py', 'sink_kernel.py')
+CODE_FILES = ('attention_kernels.py', 'checkpoint.py', 'files.py', 'hf_wrapper.py', 'model.py')
 HF_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.json', 'merges.txt')
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 # what the export's tokenizer must encode exactly as ours: scripts, accents, emoji, whitespace runs, digits,
