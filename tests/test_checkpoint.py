@@ -18,6 +18,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
 import checkpoint
 import distill
 from checkpoint import config_from_hf
+from files import RunError
 from model import GPT, ModelConfig
 from test_data import write_tiktoken_file
 
@@ -160,7 +161,7 @@ def test_from_pretrained_errors(name, hf_dirs, tmp_path):
         (path / 'model.safetensors').unlink()
     with pytest.raises(error, match=message):
         GPT.from_pretrained(str(path))
-    with pytest.raises(SystemExit, match=message):  # the teacher loader turns it into a message, not a traceback
+    with pytest.raises(RunError, match=message):  # the teacher loader turns it into a message, not a traceback
         distill.load_teacher(str(path))
 
 

@@ -158,14 +158,14 @@ def test_llama3_special_tokens():
 
 
 def test_bad_tokenizers(tmp_path, checkpoints):
-    with pytest.raises(SystemExit, match="unknown tokenizer"):
+    with pytest.raises(RunError, match="unknown tokenizer"):
         load_tokenizer("gpt-17")
     # a model directory without tokenizer files (config.json is not read for the tokenizer)
     write_json(tmp_path / "mistral" / "config.json", {"model_type": "mistral"})
-    with pytest.raises(SystemExit, match="has no tokenizer.json, vocab.json \\+ merges.txt, or original/tokenizer"):
+    with pytest.raises(RunError, match="has no tokenizer.json, vocab.json \\+ merges.txt, or original/tokenizer"):
         load_tokenizer(str(tmp_path / "mistral"))
     (tmp_path / "sentencepiece.model").write_bytes(b"\n\x0f\n\x05<unk>\x15\x00\x00\x00\x00\x18\x02")
-    with pytest.raises(SystemExit, match="not a tiktoken BPE file"):
+    with pytest.raises(RunError, match="not a tiktoken BPE file"):
         load_tokenizer(str(tmp_path / "sentencepiece.model"))
     # a vocabulary whose ids do not follow the merge order cannot be reproduced by tiktoken
     qwen_dir, hf = checkpoints["qwen_vocab"]
@@ -176,11 +176,11 @@ def test_bad_tokenizers(tmp_path, checkpoints):
     write_json(tmp_path / "shuffled" / "config.json", {"model_type": "qwen2"})
     write_json(tmp_path / "shuffled" / "vocab.json", vocab)
     (tmp_path / "shuffled" / "merges.txt").write_text("\n".join(["#version: 0.2", *merges]))
-    with pytest.raises(SystemExit, match="out of id order"):
+    with pytest.raises(RunError, match="out of id order"):
         load_tokenizer(str(tmp_path / "shuffled"))
     # a directory without its EOS token cannot mark document ends (no tokenizer_class: GPT2Tokenizer's defaults)
     (tmp_path / "shuffled" / "merges.txt").write_text("#version: 0.2\n")
-    with pytest.raises(SystemExit, match="eos_token '<\\|endoftext\\|>' is not one of its special tokens"):
+    with pytest.raises(RunError, match="eos_token '<\\|endoftext\\|>' is not one of its special tokens"):
         load_tokenizer(str(tmp_path / "shuffled"))
 
 
@@ -519,7 +519,7 @@ def test_byte_fallback_and_unk_token_with_missing_bytes(tmp_path):
     vocab = spec["model"]["vocab"] | {"<0xC4>": len(spec["model"]["vocab"]), "<0x84>": len(spec["model"]["vocab"]) + 1}
     fires, path = variant("fires", byte_fallback=True, vocab=vocab)
     assert fires.encode("a\x04").ids == [fires.token_to_id("a"), vocab["<0xC4>"], vocab["<0x84>"]]
-    with pytest.raises(SystemExit, match="a SentencePiece-style BPE"):
+    with pytest.raises(RunError, match="a SentencePiece-style BPE"):
         load_tokenizer(path)
     unk, path = variant("unk", unk_token=EOT)
     assert unk.encode("a\x04").ids == [unk.token_to_id("a"), unk.token_to_id(EOT)]
@@ -528,7 +528,7 @@ def test_byte_fallback_and_unk_token_with_missing_bytes(tmp_path):
         load_tokenizer(path)
     (tmp_path / "slow").mkdir()
     hf.model.save(str(tmp_path / "slow"))
-    with pytest.raises(SystemExit, match="lacks 21 of the 256 single bytes.*depend on the transformers version"):
+    with pytest.raises(RunError, match="lacks 21 of the 256 single bytes.*depend on the transformers version"):
         load_tokenizer(str(tmp_path / "slow"))
 
 
@@ -586,11 +586,11 @@ def test_shard_round_trip_and_header_validation(tmp_path, dtype):
     data = Path(path).read_bytes()
     for wrong_size in (data[:-1], data + b"\0\0"):
         Path(path).write_bytes(wrong_size)
-        with pytest.raises(SystemExit, match="truncated or corrupt"):
+        with pytest.raises(RunError, match="truncated or corrupt"):
             read_shard(path)
     Path(path).write_bytes(b"NOTSHARD" + data[8:])
-    with pytest.raises(SystemExit, match="bad magic"):
+    with pytest.raises(RunError, match="bad magic"):
         read_shard(path)
     Path(path).write_bytes(data[:10])
-    with pytest.raises(SystemExit, match="bad magic"):
+    with pytest.raises(RunError, match="bad magic"):
         read_shard(path)

@@ -19,6 +19,7 @@ import distill
 import prepare_data as prep
 import train
 from data import load_tokenizer, read_shard, tokenizer_info
+from files import RunError, run_script
 from model import GPT, ModelConfig
 import test_checkpoint
 from test_checkpoint import HF_CLASSES, hf_logits, randomise, rel_err
@@ -86,7 +87,7 @@ def test_bad_teacher_specs(tmp_path):
     for spec, message in [(tmp_path / 'nowhere', 'no such file or directory'),
                           (tmp_path / 'empty', 'neither config.json'),
                           (tmp_path / 'partial.pt', 'no model_config, tokenizer')]:
-        with pytest.raises(SystemExit, match=message):
+        with pytest.raises(RunError, match=message):
             distill.load_teacher(str(spec))
 
 # -----------------------------------------------------------------------------
@@ -423,7 +424,7 @@ def test_compatibility_errors(case, our_teacher, hf_dirs):
                 'data vocab > student vocab': small,
                 'student rows != teacher rows': ['the student has 384 vocabulary rows, the teacher 320'],
                 'block_size > teacher': [block], 'everything': [tokenizer, *small, block]}[case]
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(RunError) as e:
         distill.check_compatibility(teacher, spec, student, meta, block_size)
     text = str(e.value)
     assert text.startswith(f'teacher {spec} does not fit') and text.count('\n  - ') == len(messages)
@@ -435,7 +436,7 @@ def test_hf_teacher_tokenizer_is_checked(hf_dirs):
     teacher = distill.load_teacher(spec)
     own = tokenizer_info(load_tokenizer(spec), spec)
     distill.check_compatibility(teacher, spec, teacher.config, dict(tokenizer=own, vocab_size=512), 128)
-    with pytest.raises(SystemExit, match='llama3, 512 tokens.*bytes, 257 tokens'):
+    with pytest.raises(RunError, match='llama3, 512 tokens.*bytes, 257 tokens'):
         distill.check_compatibility(teacher, spec, None, bytes_meta(), 128)
 
 # -----------------------------------------------------------------------------
@@ -480,10 +481,10 @@ def test_cli_errors(hf_dirs, llama_data, our_teacher, tmp_path, capsys):
              ([teacher, data, '--batches=two'], "invalid int value: 'two'"),
              ([teacher, data, '--batches=0'], '--batches=0 is out of range: must be >= 1'),
              ([data], 'the following arguments are required: --teacher')]
-    for argv, message in cases:
+    for argv, message in cases:  # as the script runs them: a fault (status 1) or a bad flag (2), on stderr
         with pytest.raises(SystemExit) as e:
-            distill.main(argv)
-        assert message in str(e.value) + capsys.readouterr().err, (argv, message)
+            run_script(distill.main, argv)
+        assert e.value.code in (1, 2) and message in capsys.readouterr().err, (argv, message)
 
 
 # -----------------------------------------------------------------------------
@@ -587,16 +588,16 @@ def test_any_tokenizer_family_prepares_and_distills(family_teachers, tmp_path):
         rows = teacher.config.vocab_size
         distill.check_compatibility(teacher, str(teacher_dir), tiny_config(vocab_size=rows), meta, 16)
         if rows > meta['vocab_size']:  # padded: fine for the data, but the student needs the teacher's rows
-            with pytest.raises(SystemExit, match=f"set the student's vocab_size={rows}"):
+            with pytest.raises(RunError, match=f"set the student's vocab_size={rows}"):
                 distill.check_compatibility(teacher, str(teacher_dir), tiny_config(vocab_size=meta['vocab_size']),
                                             meta, 16)
     # the other teacher's data: its tokenizer differs, named by family and size
-    with pytest.raises(SystemExit, match='is not the one the data was tokenized with'):
+    with pytest.raises(RunError, match='is not the one the data was tokenized with'):
         distill.main([f'--teacher={family_teachers["smollm_llama"]}', f'--data_dir={tmp_path / "qwen2_padded"}'])
     # Mistral's sliding window caps the teacher's length: a longer window is refused, alone among the checks
     spec = str(family_teachers['mistral_window'])
     own = tokenizer_info(load_tokenizer(spec), spec)
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(RunError) as e:
         distill.check_compatibility(distill.load_teacher(spec), spec, None,
                                     dict(tokenizer=own, vocab_size=own['n_vocab']), 17)
     assert str(e.value).count('\n  - ') == 1

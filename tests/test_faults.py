@@ -202,7 +202,7 @@ def test_prepare_data_removes_only_its_own_unconfirmed_files(data_dir, tmp_path)
     fresh = tmp_path / 'fresh'
     fresh.mkdir()
     (fresh / 'notes.tmp').write_text('the user\'s')
-    with pytest.raises(SystemExit, match='is not empty and has no meta.json'):
+    with pytest.raises(files.RunError, match='is not empty and has no meta.json'):
         prepare_data.main(['--source=builtin', f'--out_dir={fresh}'])
     assert os.listdir(fresh) == ['notes.tmp']
 

@@ -12,6 +12,7 @@ import torch
 import prepare_data
 import train
 from data import Windows, read_shard
+from files import RunError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,7 +109,7 @@ def test_step_batches_cover_each_window_once_per_epoch(data_dir):
     assert (x[:, 1:] == y[:, :-1]).all() and x.shape == (2, 64)
     tokens = read_shard(os.path.join(data_dir, 'train_000000.bin'))
     assert (x[1] == tokens[5 * 64:6 * 64]).all() and y[1, -1] == tokens[6 * 64]  # window k starts at token 64 k
-    with pytest.raises(SystemExit, match='the val split has fewer than block_size'):
+    with pytest.raises(RunError, match='the val split has fewer than block_size'):
         Windows(data_dir, 'val', 10 ** 6)
 
 
