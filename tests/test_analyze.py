@@ -11,6 +11,7 @@ import torch
 import analyze
 import prepare_data
 from data import load_tokenizer, tokenizer_info
+from helpers import fake_run
 from files import RunError
 from model import GPT, ModelConfig, rope_cos_sin
 
@@ -109,19 +110,6 @@ def test_grad_norm_statistics_and_spikes_on_a_known_series():
     assert s['cv'] == pytest.approx(g[:500].std() / g[:500].mean())
     with pytest.raises(ValueError, match='only 600 steps'):
         analyze.spike_counts(g, end=700)
-
-
-def fake_run(path, attention, grad_norms, n_layer=2, kd=False):
-    path.mkdir(parents=True)
-    (path / 'config.json').write_text(json.dumps(dict(attention=attention, n_layer=n_layer, n_embd=32)))
-    with open(path / 'metrics.jsonl', 'w') as f:
-        for step, g in enumerate(grad_norms, 1):
-            record = dict(step=step, loss=3.0 - step / 1000, grad_norm=g, lr=1e-3)
-            if kd:
-                record['kd_loss'] = 1.0 - step / 2000
-            if step % 100 == 0:
-                record['attn_logit_mean'] = -step / 1000
-            f.write(json.dumps(record) + '\n')
 
 
 def test_runs_report_writes_tables_figures_and_numbers(tmp_path):

@@ -17,7 +17,7 @@ import eval_zeroshot as ez
 from data import load_tokenizer, tokenizer_info, write_shard
 from files import RunError
 from model import GPT, IGNORE_INDEX, ModelConfig
-from test_data import EOT, write_tiktoken_file
+from helpers import EOT, write_tiktoken_file
 
 torch.set_num_threads(2)
 BYTES = load_tokenizer('bytes')
@@ -267,12 +267,6 @@ FAMILY_ROWS = {
 }
 
 
-@pytest.fixture(scope='module')
-def family_models(tmp_path_factory):
-    from test_distill import family_teacher_dirs
-    return family_teacher_dirs(tmp_path_factory.mktemp('families'))
-
-
 def harness_logliks(model_dir, docs, max_length):
     """What lm-evaluation-harness 0.4.9 computes per request (--model hf, batch size 1, float32), written out with
     the `tokenizers` library (what transformers' fast tokenizer runs on tokenizer.json) and the transformers model:
@@ -300,11 +294,11 @@ def harness_logliks(model_dir, docs, max_length):
 
 
 @pytest.mark.parametrize('kind', ['smollm_llama', 'qwen2_gpt2_regex', 'qwen2_padded'])
-def test_hf_models_of_every_tokenizer_family_score_as_the_harness(kind, family_models, tmp_path):
+def test_hf_models_of_every_tokenizer_family_score_as_the_harness(kind, family_teachers, tmp_path):
     """eval_zeroshot.py --hf_model with a SmolLM-shaped Llama (refused before issue 14), a qwen2 model whose
     tokenizer.json uses GPT-2's regex (tokenized with Qwen's before), and a Qwen2.5-shaped model with a padded
     vocabulary: every choice's log-likelihood equals the harness's to 1e-3."""
-    model_dir = family_models[kind]
+    model_dir = family_teachers[kind]
     data = tmp_path / 'data'
     for task, row in FAMILY_ROWS.items():
         (data / task).mkdir(parents=True)

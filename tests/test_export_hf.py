@@ -25,8 +25,8 @@ import prepare_data as prep
 from data import gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 from files import RunError
 from model import GPT, ModelConfig
-from test_checkpoint import randomise
-from test_data import HF_LLAMA3_REGEX, TEXT, train_hf_bpe, write_tiktoken_file
+from helpers import HF_LLAMA3_REGEX, TEXT, train_hf_bpe, write_tiktoken_file
+from hf_helpers import randomise
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,8 +21,7 @@ import files
 import prepare_data
 import train
 from model import GPT
-from test_analyze import fake_run
-from test_train import tiny_args
+from helpers import fake_run, tiny_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

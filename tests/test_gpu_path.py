@@ -30,7 +30,6 @@ import distill
 import train
 from data import Windows
 from model import ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
-from test_train import data_dir  # noqa: F401 (a fixture)
 
 torch.set_num_threads(2)
 aten = torch.ops.aten

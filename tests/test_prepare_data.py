@@ -15,13 +15,10 @@ from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import data  # noqa: E402
 import prepare_data as prep  # noqa: E402
-import test_data  # noqa: E402
 from data import QWEN2_PATTERN, load_tokenizer, read_shard, tokenizer_info  # noqa: E402
 from files import RunError  # noqa: E402
-from test_data import EOT, byte_level, corpus, save_layout, write_json, write_tiktoken_file  # noqa: E402
-
-# the tiny tokenizers of test_data.py (pytest finds fixtures by name in this module)
-checkpoints, layouts = test_data.checkpoints, test_data.layouts
+from helpers import (EOT, SMOLLM2_LACKS, byte_level, corpus, lossy_fuzz, lossy_tokenizer, save_layout,  # noqa: E402
+                     write_json, write_tiktoken_file)
 
 
 def write_two_byte_vocabulary(path):
@@ -89,7 +86,7 @@ def test_bytes_the_vocabulary_lacks(name, tmp_path, request):
     the GGUF, and transformers' conversion): the shards hold the ids of the `tokenizers` library / transformers,
     <|endoftext|> / <|im_end|> after each document as the files declare, and meta.json counts the bytes dropped."""
     if name == "tiny":
-        hf = test_data.lossy_tokenizer(byte_level())
+        hf = lossy_tokenizer(byte_level())
         model_dir = save_layout(tmp_path / "tiny", hf, tokenizer_config={"eos_token": EOT})
         encode, eos = (lambda d: hf.encode(d, add_special_tokens=False).ids), hf.token_to_id(EOT)
     else:
@@ -97,11 +94,11 @@ def test_bytes_the_vocabulary_lacks(name, tmp_path, request):
         model_dir = request.getfixturevalue("smollm2")[name]
         ref = AutoTokenizer.from_pretrained(str(model_dir))
         encode, eos = (lambda d: ref(d, split_special_tokens=True)["input_ids"]), ref.eos_token_id
-    docs = [*corpus()[:6], *(test_data.lossy_fuzz(seed) for seed in range(30))]
+    docs = [*corpus()[:6], *(lossy_fuzz(seed) for seed in range(30))]
     src = tmp_path / "docs.jsonl"
     src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     meta, out_dir = run(tmp_path, f"--source={src}", f"--tokenizer={model_dir}", "--val_every=3")
-    lacking = test_data.SMOLLM2_LACKS
+    lacking = SMOLLM2_LACKS
     for split, split_docs_ in (("train", [d for i, d in enumerate(docs) if i % 3]), ("val", docs[::3])):
         ids = np.concatenate([read_shard(out_dir / n) for n in meta["splits"][split]["shards"]]).tolist()
         assert ids == [i for d in split_docs_ for i in encode(d) + [eos]], split
