@@ -9,7 +9,7 @@ What it writes into out_dir:
   softmax       a plain Llama (Qwen2 with q/k/v biases) model: transformers' own LlamaForCausalLM / Qwen2ForCausalLM
                 load it, no remote code.
   sink, gated,  config.json with our ModelConfig (under model_config) and an auto_map to hf_wrapper.py, shipped with
-  affine,       model.py and attention_kernels.py, this repository's own files: AutoModelForCausalLM.from_pretrained(dir,
+  affine,       this repository's own code files (CODE_FILES): AutoModelForCausalLM.from_pretrained(dir,
   affine_gated  trust_remote_code=True) builds our GPT, so the exported model computes what the trained one did.
   and always    the weights as model.safetensors (shards + model.safetensors.index.json above --max_shard_size; alpha_ma
                 and the sinks included), generation_config.json, and the tokenizer the run trained with: the teacher's

@@ -1,6 +1,7 @@
 """
-The Hugging Face face of model.py. export_hf.py copies this file, model.py and attention_kernels.py into an exported model
-directory of a sink, gated, affine or affine_gated model, and its config.json maps transformers' Auto classes here:
+The Hugging Face face of model.py. export_hf.py copies this file and the ones it imports (model.py,
+attention_kernels.py, checkpoint.py, files.py) into an exported model directory of a sink, gated, affine or
+affine_gated model, and its config.json maps transformers' Auto classes here:
 
     model = AutoModelForCausalLM.from_pretrained('hf/affine_1b', trust_remote_code=True)
 

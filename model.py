@@ -268,7 +268,7 @@ class Attention(nn.Module):
         caller adds alpha to alpha_ma's sums itself (activation checkpointing, see Block.forward)."""
         B, T, _ = x.shape
         q, k, v_new = self.project(x, cos, sin)
-        is_causal = cache is None or cache.length == 0  # a decoded token (cache filled) sees every cached key
+        is_causal = cache is None or cache.length == 0  # prefill is causal; a decoded token sees every cached key
         k, v = (k, v_new) if cache is None else cache.update(k, v_new)
         if self.config.is_affine:
             alpha = self.scale(x)  # Eq. 7
