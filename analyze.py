@@ -32,7 +32,7 @@ import torch
 
 from common import Progress, resolve_device
 from configurator import DEVICE, Key, fail, parse
-from files import MARKERS, claim_dir, run_script, write_json
+from files import MARKERS, RunError, claim_dir, run_script, write_json
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows
 from data import Windows, read_meta, tokenizer_info
 from model import FIELD_NAMES, GPT, ModelConfig
@@ -172,8 +172,8 @@ def heldout_sequences(source, enc, tokenizer_sha256, num_seqs, seq_len, seed=0, 
     elif os.path.isdir(source):
         meta = read_meta(source)
         if meta['tokenizer']['sha256'] != tokenizer_sha256:
-            raise SystemExit(f"--data={source} was tokenized with {meta['tokenizer']['spec']}, not the model's "
-                             f"tokenizer; prepare it with the model's, or pass a text file")
+            raise RunError(f"--data={source} was tokenized with {meta['tokenizer']['spec']}, not the model's "
+                           f"tokenizer; prepare it with the model's, or pass a text file")
         windows = Windows(source, 'val', seq_len)
         picks = draw(len(windows), num_seqs, seed, f"{source}'s val split", seq_len)
         return torch.from_numpy(windows.get(picks)[0])
@@ -181,7 +181,7 @@ def heldout_sequences(source, enc, tokenizer_sha256, num_seqs, seq_len, seed=0, 
         with open(source, encoding='utf-8') as f:
             ids = np.asarray(enc.encode_ordinary(f.read()), dtype=np.int64)
     else:
-        raise SystemExit(f"--data={source}: not 'c4', a prepare_data.py directory or a text file")
+        raise RunError(f"--data={source}: not 'c4', a prepare_data.py directory or a text file")
     n = len(ids) // seq_len
     picks = draw(n, num_seqs, seed, f"{source} ({len(ids):,} tokens)", seq_len)
     return torch.from_numpy(ids[:n * seq_len].reshape(n, seq_len)[picks])
@@ -189,8 +189,8 @@ def heldout_sequences(source, enc, tokenizer_sha256, num_seqs, seq_len, seed=0, 
 
 def draw(n, k, seed, what, seq_len):
     if n < k:
-        raise SystemExit(f"{what} has {n} windows of {seq_len} tokens, fewer than --num_seqs={k}; lower --num_seqs "
-                         f"or --seq_len")
+        raise RunError(f"{what} has {n} windows of {seq_len} tokens, fewer than --num_seqs={k}; lower --num_seqs "
+                       f"or --seq_len")
     return np.sort(np.random.default_rng(seed).choice(n, k, replace=False))
 
 
@@ -282,11 +282,11 @@ def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=
         cfg = model.config
         shapes.add((cfg.n_layer, cfg.n_head))
         if len(shapes) > 1:
-            raise SystemExit(f"models of different shapes (n_layer, n_head) {sorted(shapes)}; analyse each size "
-                             f"separately")
+            raise RunError(f"models of different shapes (n_layer, n_head) {sorted(shapes)}; analyse each size "
+                           f"separately")
         length = seq_len or min(1024, cfg.block_size)
         if length > cfg.block_size:
-            raise SystemExit(f"{spec}: --seq_len={length} exceeds the model's block_size {cfg.block_size}")
+            raise RunError(f"{spec}: --seq_len={length} exceeds the model's block_size {cfg.block_size}")
         sequences = heldout_sequences(data, enc, tokenizer_info(enc, spec)['sha256'], num_seqs, length, seed,
                                       data_dir)
         name = method_name(vars(cfg))
@@ -298,7 +298,7 @@ def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=
     n_layer = shapes.pop()[0]
     layer = layer or max(1, n_layer // 2)  # the paper's Figure 9 shows layer 8 of the 1B model's 16
     if not 1 <= layer <= n_layer:
-        raise SystemExit(f"--layer={layer}: the models have layers 1-{n_layer}")
+        raise RunError(f"--layer={layer}: the models have layers 1-{n_layer}")
 
     def build(tmp):
         figures = attention_figures(tmp, models, layer)
@@ -370,11 +370,11 @@ def load_run(out_dir):
     """A train.py run: its metrics.jsonl records and config.json (the resolved training and model config)."""
     path = os.path.join(out_dir, 'metrics.jsonl')
     if not os.path.isfile(path):
-        raise SystemExit(f"{out_dir}: no metrics.jsonl (not a train.py out_dir)")
+        raise RunError(f"{out_dir}: no metrics.jsonl (not a train.py out_dir)")
     with open(path) as f:
         records = [json.loads(line) for line in f]
     if not records:
-        raise SystemExit(f"{path}: empty (the run has not finished a step)")
+        raise RunError(f"{path}: empty (the run has not finished a step)")
     config_path = os.path.join(out_dir, 'config.json')
     config = json.load(open(config_path)) if os.path.isfile(config_path) else {}
     return dict(dir=out_dir, config=config, records=records, method=method_name(config))
@@ -395,8 +395,8 @@ def label_runs(runs):
 def check_one_size(runs):
     shapes = {(r['config'].get('n_layer'), r['config'].get('n_embd')) for r in runs}
     if len(shapes) > 1:
-        raise SystemExit(f"runs of different model sizes (n_layer, n_embd) {sorted(shapes, key=str)} in one report; "
-                         f"analyse each size separately")
+        raise RunError(f"runs of different model sizes (n_layer, n_embd) {sorted(shapes, key=str)} in one report; "
+                       f"analyse each size separately")
 
 
 def loss_key(runs):
@@ -431,7 +431,7 @@ def runs_report(run_dirs, out_dir, window=(0, 500), ks=(6, 9), late=2000):
         try:
             stats, spikes = grad_norm_statistics(g, *window), spike_counts(g, ks, *window)
         except ValueError as e:
-            raise SystemExit(f"{run['dir']}: {e}") from None
+            raise RunError(f"{run['dir']}: {e}") from None
         numbers[run['dir']] = dict(label=run['label'], steps=len(g), final_loss=run['records'][-1][key],
                                    grad_norm=stats, spikes={str(k): n for k, n in spikes.items()})
     last = max(len(r['records']) for r in runs)
@@ -501,16 +501,16 @@ def table_report(run_dirs, out_dir, eval_file='eval.json', metric='acc_norm'):
     for run in runs:
         path = os.path.join(run['dir'], eval_file)
         if not os.path.isfile(path):
-            raise SystemExit(f"{run['dir']}: no {eval_file}; run eval_zeroshot.py --ckpt={run['dir']} --out={path}")
+            raise RunError(f"{run['dir']}: no {eval_file}; run eval_zeroshot.py --ckpt={run['dir']} --out={path}")
         with open(path) as f:
             run['eval'] = json.load(f)
         if not run['config']:
-            raise SystemExit(f"{run['dir']}: no config.json (needed for ΔParams)")
+            raise RunError(f"{run['dir']}: no config.json (needed for ΔParams)")
     tasks = [(t, name) for t, name in ACCURACY_COLUMNS if all(t in r['eval'] for r in runs)]
     ppl = ('C4 PPL', lambda r: r['eval']['c4']['ppl']) if all('c4' in r['eval'] for r in runs) else \
         ('Val PPL', lambda r: [x['val_ppl'] for x in r['records'] if 'val_ppl' in x][-1])
     if ppl[0] == 'Val PPL' and not all(any('val_ppl' in x for x in r['records']) for r in runs):
-        raise SystemExit("neither a c4 result in every eval file nor a val_ppl in every run's metrics.jsonl")
+        raise RunError("neither a c4 result in every eval file nor a val_ppl in every run's metrics.jsonl")
 
     def accuracy(r, task):
         result = r['eval'][task]

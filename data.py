@@ -292,10 +292,10 @@ def read_tiktoken_file(path):
                 token, rank = line.split()
                 ranks[base64.b64decode(token, validate=True)] = int(rank)
             except ValueError:  # also binascii.Error
-                raise SystemExit(f"{path}:{line_no}: not a tiktoken BPE file (expected 'base64-token rank' lines; "
-                                 f"SentencePiece models such as Llama-2's are not supported: {NOT_BYTE_LEVEL})")
+                raise RunError(f"{path}:{line_no}: not a tiktoken BPE file (expected 'base64-token rank' lines; "
+                               f"SentencePiece models such as Llama-2's are not supported: {NOT_BYTE_LEVEL})")
     if not ranks:
-        raise SystemExit(f"{path}: empty tokenizer file")
+        raise RunError(f"{path}: empty tokenizer file")
     require_every_byte(ranks, path, "tiktoken (Meta's tokenizer.py) cannot encode text holding them")
     return ranks
 
@@ -322,8 +322,8 @@ def missing_bytes(ranks):
 def require_every_byte(ranks, where, why):
     missing = missing_bytes(ranks)
     if missing:
-        raise SystemExit(f"{where}: the vocabulary lacks {len(missing)} of the 256 single bytes (e.g. byte "
-                         f"{missing[0]}); {why}")
+        raise RunError(f"{where}: the vocabulary lacks {len(missing)} of the 256 single bytes (e.g. byte "
+                       f"{missing[0]}); {why}")
 
 
 def byte_level_bpe_ranks(vocab, merges, special_tokens, where):
@@ -341,19 +341,19 @@ def byte_level_bpe_ranks(vocab, merges, special_tokens, where):
         try:
             as_bytes[token] = bytes(to_byte[c] for c in token)
         except KeyError:
-            raise SystemExit(f"{where}: token {token!r} is not byte-level BPE; {NOT_BYTE_LEVEL}") from None
+            raise RunError(f"{where}: token {token!r} is not byte-level BPE; {NOT_BYTE_LEVEL}") from None
     ranks = {as_bytes[token]: i for token, i in vocab.items() if token in as_bytes}
     if len(ranks) != len(as_bytes) or len(set(ranks.values())) != len(ranks):
-        raise SystemExit(f"{where}: two tokens share a byte string or an id; not a BPE vocabulary tiktoken can hold")
+        raise RunError(f"{where}: two tokens share a byte string or an id; not a BPE vocabulary tiktoken can hold")
     last = -1
     for merge in merges:
         left, right = merge.split(" ") if isinstance(merge, str) else merge
         if left not in as_bytes or right not in as_bytes or left + right not in as_bytes:
-            raise SystemExit(f"{where}: merge {left!r} + {right!r} names a token that is not in the vocabulary")
+            raise RunError(f"{where}: merge {left!r} + {right!r} names a token that is not in the vocabulary")
         rank = vocab[left + right]
         if rank < last:
-            raise SystemExit(f"{where}: merge {left!r} + {right!r} is out of id order; tiktoken cannot reproduce "
-                             f"this tokenizer exactly")
+            raise RunError(f"{where}: merge {left!r} + {right!r} is out of id order; tiktoken cannot reproduce "
+                           f"this tokenizer exactly")
         last = rank
     return ranks
 
@@ -373,8 +373,8 @@ def load_tokenizer(spec):
         return make_tokenizer(spec, ranks, llama3_special_tokens(len(ranks)), meta_llama3_conventions())
     if os.path.isdir(spec):
         return load_tokenizer_directory(spec)
-    raise SystemExit(f"--tokenizer={spec!r}: unknown tokenizer; expected 'bytes', a tiktoken BPE file, or a "
-                     f"Hugging Face model or tokenizer directory")
+    raise RunError(f"--tokenizer={spec!r}: unknown tokenizer; expected 'bytes', a tiktoken BPE file, or a "
+                   f"Hugging Face model or tokenizer directory")
 
 
 def conventions_of(enc):
@@ -400,7 +400,7 @@ def make_tokenizer(where, ranks, special_tokens, conv):
     try:
         enc = Tokenizer("bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens=special_tokens, **conv)
     except ValueError as e:  # tiktoken's regex engine cannot compile the pattern
-        raise SystemExit(f"{where}: pre-tokenizer regex {pattern!r} is not supported by tiktoken: {e}") from None
+        raise RunError(f"{where}: pre-tokenizer regex {pattern!r} is not supported by tiktoken: {e}") from None
     # the tokens it uses: around texts and documents, and lm-evaluation-harness's prefix token (BOS, else EOS)
     roles = [("the token put before a text", t) for t in enc.prefix] + [("the token put after a text", t)
                                                                           for t in enc.suffix]
@@ -409,11 +409,11 @@ def make_tokenizer(where, ranks, special_tokens, conv):
     listed = ", ".join(list(special_tokens)[:5]) + (", ..." if len(special_tokens) > 5 else "") or "none"
     for role, name in roles:
         if name is not None and name not in special_tokens:
-            raise SystemExit(f"{where}: {role} {name!r} is not one of its special tokens ({len(special_tokens)}: "
-                             f"{listed})")
+            raise RunError(f"{where}: {role} {name!r} is not one of its special tokens ({len(special_tokens)}: "
+                           f"{listed})")
     if not enc.doc_prefix and not enc.doc_suffix:
-        raise SystemExit(f"{where}: puts no special token around a text and names no eos_token, so documents cannot "
-                         f"be separated; name one in tokenizer_config.json (\"eos_token\")")
+        raise RunError(f"{where}: puts no special token around a text and names no eos_token, so documents cannot "
+                       f"be separated; name one in tokenizer_config.json (\"eos_token\")")
     conventions = conventions_of(enc)
     enc.name = next((name for name in FAMILIES if family_conventions(name) == conventions), "bpe")
     return enc
@@ -434,7 +434,7 @@ def load_tokenizer_directory(model_dir):
             with open(path(*names), encoding="utf-8") as f:
                 return json.load(f)
         except (OSError, ValueError) as e:
-            raise SystemExit(f"{path(*names)}: cannot read: {e}") from None
+            raise RunError(f"{path(*names)}: cannot read: {e}") from None
 
     config = read_json("tokenizer_config.json") if os.path.isfile(path("tokenizer_config.json")) else {}
     special_map = read_json("special_tokens_map.json") if os.path.isfile(path("special_tokens_map.json")) else {}
@@ -446,8 +446,8 @@ def load_tokenizer_directory(model_dir):
         transformers' tokenizer_class assumes (defaults)."""
         found = {token_content(f[key]) for f in (config, special_map) if key in f}
         if len(found) > 1:
-            raise SystemExit(f"{model_dir}: tokenizer_config.json and special_tokens_map.json name different "
-                             f"{key}s: {sorted(found, key=str)}")
+            raise RunError(f"{model_dir}: tokenizer_config.json and special_tokens_map.json name different "
+                           f"{key}s: {sorted(found, key=str)}")
         return found.pop() if found else defaults.get(key)
 
     tiktoken_file = path("original", "tokenizer.model")
@@ -459,7 +459,7 @@ def load_tokenizer_directory(model_dir):
         model = tokenizer_json.get("model") or {}
         model_type = model.get("type", "BPE" if "merges" in model else None)
         if model_type != "BPE":
-            raise SystemExit(f"{where}: a {model_type} model; {NOT_BYTE_LEVEL}")
+            raise RunError(f"{where}: a {model_type} model; {NOT_BYTE_LEVEL}")
         vocab = model.get("vocab") or {}
         # byte_fallback spells a symbol the vocabulary lacks as the <0xNN> tokens of its UTF-8 bytes (SentencePiece's
         # way; BPE::merge_word in `tokenizers`). A byte-level BPE's symbols are bytes already and it has no <0xNN>
@@ -469,10 +469,10 @@ def load_tokenizer_directory(model_dir):
             not any(re.fullmatch("<0x[0-9A-F]{2}>", token) for token in vocab)
         if (model.get("byte_fallback") and not inert_fallback) or model.get("continuing_subword_prefix") or \
                 model.get("end_of_word_suffix"):
-            raise SystemExit(f"{where}: a SentencePiece-style BPE (byte_fallback, continuing_subword_prefix or "
-                             f"end_of_word_suffix set, as Llama-2's, Mistral's or TinyLlama's); {NOT_BYTE_LEVEL}")
+            raise RunError(f"{where}: a SentencePiece-style BPE (byte_fallback, continuing_subword_prefix or "
+                           f"end_of_word_suffix set, as Llama-2's, Mistral's or TinyLlama's); {NOT_BYTE_LEVEL}")
         if model.get("dropout"):
-            raise SystemExit(f"{where}: BPE dropout {model['dropout']} makes tokenization random")
+            raise RunError(f"{where}: BPE dropout {model['dropout']} makes tokenization random")
         added = tokenizer_json.get("added_tokens") or []
         special_tokens = {t["content"]: t["id"] for t in added}
         nfc = normalizer_is_nfc(tokenizer_json.get("normalizer"), where)
@@ -484,7 +484,7 @@ def load_tokenizer_directory(model_dir):
                            f"its BPE encodes as unk_token {model['unk_token']!r}; supported: a byte-level BPE without "
                            f"unk_token (its BPE drops them) or with every byte")
         if os.path.isfile(tiktoken_file) and read_tiktoken_file(tiktoken_file) != ranks:
-            raise SystemExit(f"{model_dir}: original/tokenizer.model and tokenizer.json hold different vocabularies")
+            raise RunError(f"{model_dir}: original/tokenizer.model and tokenizer.json hold different vocabularies")
         prefix, suffix = template_tokens(tokenizer_json.get("post_processor"), special_tokens, where)
         # transformers rebuilds the template from add_bos_token / add_eos_token when tokenizer_config.json sets them
         # (and LlamaTokenizer always); the `tokenizers` library and older transformers keep tokenizer.json's.
@@ -495,10 +495,10 @@ def load_tokenizer_directory(model_dir):
             wanted = ([bos_token] if flags.get("add_bos_token") and bos_token else [],
                       [eos_token] if flags.get("add_eos_token") and eos_token else [])
             if wanted != (prefix, suffix):
-                raise SystemExit(f"{model_dir}: tokenizer_config.json ({class_name or 'no tokenizer_class'}, "
-                                 f"{', '.join(f'{k}={v}' for k, v in flags.items())}) puts {around(*wanted)} around "
-                                 f"a text, tokenizer.json's post-processor {around(prefix, suffix)}; transformers "
-                                 f"versions differ in which applies, so make them agree")
+                raise RunError(f"{model_dir}: tokenizer_config.json ({class_name or 'no tokenizer_class'}, "
+                               f"{', '.join(f'{k}={v}' for k, v in flags.items())}) puts {around(*wanted)} around "
+                               f"a text, tokenizer.json's post-processor {around(prefix, suffix)}; transformers "
+                               f"versions differ in which applies, so make them agree")
         inline, inline_normalized = inline_tokens(added, nfc, where)
         return make_tokenizer(model_dir, ranks, special_tokens, dict(
             pattern=pattern, nfc=nfc, inline=inline, inline_normalized=inline_normalized, bos_token=bos_token,
@@ -513,13 +513,13 @@ def load_tokenizer_directory(model_dir):
     if os.path.isfile(path("vocab.json")) and os.path.isfile(path("merges.txt")):
         where = path("vocab.json")
         if class_key not in (None, "GPT2Tokenizer", "Qwen2Tokenizer"):
-            raise SystemExit(f"{model_dir}: vocab.json + merges.txt of tokenizer_class {class_name!r}, whose "
-                             f"pre-tokenization is not recorded in these files; supported without a tokenizer.json: "
-                             f"GPT2Tokenizer (the default), Qwen2Tokenizer")
+            raise RunError(f"{model_dir}: vocab.json + merges.txt of tokenizer_class {class_name!r}, whose "
+                           f"pre-tokenization is not recorded in these files; supported without a tokenizer.json: "
+                           f"GPT2Tokenizer (the default), Qwen2Tokenizer")
         cls = TOKENIZER_CLASSES[class_key or "GPT2Tokenizer"]
         bos_token, eos_token = declared("bos_token", cls), declared("eos_token", cls)
         if config.get("add_prefix_space"):
-            raise SystemExit(f"{model_dir}: add_prefix_space=true (a space is put before every text) is not supported")
+            raise RunError(f"{model_dir}: add_prefix_space=true (a space is put before every text) is not supported")
         vocab = read_json("vocab.json")
         with open(path("merges.txt"), encoding="utf-8") as f:
             merges = [line.rstrip("\n") for line in f if line.strip() and not line.startswith("#version")]
@@ -549,10 +549,10 @@ def load_tokenizer_directory(model_dir):
     found = [name for name in ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "tekken.json",
                                "vocab.txt", "tiktoken.model") if os.path.isfile(path(name))]
     if found:
-        raise SystemExit(f"--tokenizer={model_dir}: has {', '.join(found)} but no tokenizer.json or vocab.json + "
-                         f"merges.txt (SentencePiece, WordPiece or another format); {NOT_BYTE_LEVEL}")
-    raise SystemExit(f"--tokenizer={model_dir}: has no tokenizer.json, vocab.json + merges.txt, or "
-                     f"original/tokenizer.model")
+        raise RunError(f"--tokenizer={model_dir}: has {', '.join(found)} but no tokenizer.json or vocab.json + "
+                       f"merges.txt (SentencePiece, WordPiece or another format); {NOT_BYTE_LEVEL}")
+    raise RunError(f"--tokenizer={model_dir}: has no tokenizer.json, vocab.json + merges.txt, or "
+                   f"original/tokenizer.model")
 
 
 def around(prefix, suffix):
@@ -572,8 +572,8 @@ def normalizer_is_nfc(normalizer, where):
     """tokenizer.json "normalizer": none (False) or NFC (True), alone or as a one-item Sequence."""
     types = [n.get("type") for n in steps(normalizer, "normalizers")]
     if types not in ([], ["NFC"]):
-        raise SystemExit(f"{where}: normalizer {' + '.join(map(str, types))} is not supported (supported: none, "
-                         f"NFC); {NOT_BYTE_LEVEL}, without other normalisation")
+        raise RunError(f"{where}: normalizer {' + '.join(map(str, types))} is not supported (supported: none, "
+                       f"NFC); {NOT_BYTE_LEVEL}, without other normalisation")
     return types == ["NFC"]
 
 
@@ -594,8 +594,8 @@ def pre_tokenizer_pattern(pre_tokenizer, where):
     found = " + ".join(map(describe, items)) or "none"
     for p in items:
         if p.get("type") == "ByteLevel" and p.get("add_prefix_space"):
-            raise SystemExit(f"{where}: pre-tokenizer {found}: add_prefix_space=true (a space is put before every "
-                             f"text) is not supported")
+            raise RunError(f"{where}: pre-tokenizer {found}: add_prefix_space=true (a space is put before every "
+                           f"text) is not supported")
     types = [p.get("type") for p in items]
     use_regex = items[-1].get("use_regex", True) if types and types[-1] == "ByteLevel" else None
     if types == ["ByteLevel"] and use_regex:
@@ -607,9 +607,9 @@ def pre_tokenizer_pattern(pre_tokenizer, where):
             return regex
     if types == ["Digits", "ByteLevel"] and use_regex:
         return GPT2_DIGITS_PATTERN if items[0].get("individual_digits") else GPT2_DIGIT_RUNS_PATTERN
-    raise SystemExit(f"{where}: pre-tokenizer {found} is not supported; supported: ByteLevel(use_regex=True) "
-                     f"(GPT-2), Split(Regex, Isolated) + ByteLevel(use_regex=False) (Llama-3, Qwen2), Digits + "
-                     f"ByteLevel(use_regex=True) (SmolLM)")
+    raise RunError(f"{where}: pre-tokenizer {found} is not supported; supported: ByteLevel(use_regex=True) "
+                   f"(GPT-2), Split(Regex, Isolated) + ByteLevel(use_regex=False) (Llama-3, Qwen2), Digits + "
+                   f"ByteLevel(use_regex=True) (SmolLM)")
 
 
 def template_tokens(post_processor, special_tokens, where):
@@ -621,23 +621,23 @@ def template_tokens(post_processor, special_tokens, where):
             continue
         templates += 1
         if p.get("type") != "TemplateProcessing" or templates > 1:
-            raise SystemExit(f"{where}: post-processor {p.get('type')} is not supported (supported: ByteLevel, "
-                             f"one TemplateProcessing)")
+            raise RunError(f"{where}: post-processor {p.get('type')} is not supported (supported: ByteLevel, "
+                           f"one TemplateProcessing)")
         seen_text = False
         for item in p.get("single", []):
             if "Sequence" in item:  # $A, the text itself
                 if item["Sequence"].get("id") != "A" or seen_text:
-                    raise SystemExit(f"{where}: post-processor template {p['single']} is not '[token] $A [token]'")
+                    raise RunError(f"{where}: post-processor template {p['single']} is not '[token] $A [token]'")
                 seen_text = True
                 continue
             spec = p.get("special_tokens", {}).get(item.get("SpecialToken", {}).get("id"), {})
             tokens, ids = spec.get("tokens", []), spec.get("ids", [])
             if len(tokens) != 1 or len(ids) != 1 or special_tokens.get(tokens[0]) != ids[0]:
-                raise SystemExit(f"{where}: post-processor token {item} is not one added token with its id")
+                raise RunError(f"{where}: post-processor token {item} is not one added token with its id")
             (suffix if seen_text else prefix).append(tokens[0])
         if len(prefix) > 1 or len(suffix) > 1:
-            raise SystemExit(f"{where}: the post-processor puts {prefix} before and {suffix} after a text; at most "
-                             f"one token on each side is supported")
+            raise RunError(f"{where}: the post-processor puts {prefix} before and {suffix} after a text; at most "
+                           f"one token on each side is supported")
     return prefix, suffix
 
 
@@ -649,7 +649,7 @@ def inline_tokens(added, nfc, where):
     for t in inline:
         options = [key for key in ("lstrip", "rstrip", "single_word") if t.get(key)]
         if options:
-            raise SystemExit(f"{where}: added token {t['content']!r} has {', '.join(options)}, which is not supported")
+            raise RunError(f"{where}: added token {t['content']!r} has {', '.join(options)}, which is not supported")
     return [t["content"] for t in inline], [t["content"] for t in inline if t.get("normalized", True) and nfc]
 
 
@@ -712,14 +712,14 @@ def read_shard(path):
     with open(path, "rb") as f:
         header = f.read(HEADER.size)
     if len(header) < HEADER.size or header[:8] != MAGIC:
-        raise SystemExit(f"{path}: not a token shard written by prepare_data.py (bad magic)")
+        raise RunError(f"{path}: not a token shard written by prepare_data.py (bad magic)")
     _, version, itemsize, count = HEADER.unpack(header)
     if version != VERSION or itemsize not in (2, 4):
-        raise SystemExit(f"{path}: unsupported shard version {version} / {itemsize} bytes per token")
+        raise RunError(f"{path}: unsupported shard version {version} / {itemsize} bytes per token")
     expected, actual = HEADER.size + count * itemsize, os.path.getsize(path)
     if actual != expected:
-        raise SystemExit(f"{path}: truncated or corrupt: the header promises {count} tokens ({expected} bytes), "
-                         f"the file has {actual} bytes; re-run prepare_data.py")
+        raise RunError(f"{path}: truncated or corrupt: the header promises {count} tokens ({expected} bytes), "
+                       f"the file has {actual} bytes; re-run prepare_data.py")
     return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=HEADER.size, shape=(count,))
 
 
@@ -731,9 +731,9 @@ def read_meta(data_dir):
     """meta.json of a prepare_data.py output directory (what train.py and distill.py read first)."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isdir(data_dir):
-        raise SystemExit(f"data_dir={data_dir}: no such directory; run prepare_data.py first")
+        raise RunError(f"data_dir={data_dir}: no such directory; run prepare_data.py first")
     if not os.path.isfile(path):
-        raise SystemExit(f"{path}: no such file; data_dir must be an output directory of prepare_data.py")
+        raise RunError(f"{path}: no such file; data_dir must be an output directory of prepare_data.py")
     with open(path) as f:
         return json.load(f)
 
@@ -749,7 +749,7 @@ class Windows:
         self.block_size = block_size
         self.starts = np.cumsum([0] + [(len(s) - 1) // block_size for s in self.shards])  # first window of each shard
         if self.starts[-1] == 0:
-            raise SystemExit(f"{data_dir}: the {split} split has fewer than block_size + 1 = {block_size + 1} tokens")
+            raise RunError(f"{data_dir}: the {split} split has fewer than block_size + 1 = {block_size + 1} tokens")
         self.perm_key, self.perm = None, None  # the permutation of the current (seed, epoch)
 
     def __len__(self):

@@ -54,9 +54,9 @@ from checkpoint import checkpoint_file, read_checkpoint, read_hf_config
 from common import resolve_device, resolve_dtype
 from configurator import DEVICE, Key, parse
 from data import Windows, load_tokenizer, read_meta, tokenizer_info
-from files import run_script
+from files import RunError, run_script
 from model import GPT, IGNORE_INDEX
-from sink_kernel import at_least_fp32
+from attention_kernels import at_least_fp32
 
 CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB
 
@@ -70,7 +70,7 @@ def load_teacher(spec, device='cpu', dtype=torch.float32):
     try:
         model = GPT.from_pretrained(spec, dtype=dtype, device=device)
     except (OSError, ValueError, RuntimeError) as e:  # unreadable file, unsupported config, tensors that do not fit
-        raise SystemExit(f"teacher {spec}: {e}") from e
+        raise RunError(f"teacher {spec}: {e}") from e
     return model.eval().requires_grad_(False)
 
 
@@ -84,7 +84,7 @@ def teacher_tokenizer_info(spec):
 
 
 def check_compatibility(teacher, teacher_spec, student_config, data_meta, block_size):
-    """Before step 0: SystemExit listing every way the teacher does not fit the data (its meta.json), the
+    """Before step 0: RunError listing every way the teacher does not fit the data (its meta.json), the
     student (a ModelConfig; None checks the teacher against the data only) and the sequence length."""
     data_tok, teacher_tok = data_meta['tokenizer'], teacher_tokenizer_info(teacher_spec)
     n_vocab, teacher_rows = data_meta['vocab_size'], teacher.config.vocab_size
@@ -108,7 +108,7 @@ def check_compatibility(teacher, teacher_spec, student_config, data_meta, block_
         problems.append(f"block_size={block_size} is longer than the teacher's {teacher.config.block_size} "
                         f"positions (its block_size, or max_position_embeddings, or Mistral's sliding_window)")
     if problems:
-        raise SystemExit(f"teacher {teacher_spec} does not fit:\n  - " + "\n  - ".join(problems))
+        raise RunError(f"teacher {teacher_spec} does not fit:\n  - " + "\n  - ".join(problems))
 
 # -----------------------------------------------------------------------------
 # The KD loss, fused with both lm_heads and chunked over tokens

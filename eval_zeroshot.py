@@ -169,7 +169,7 @@ def build_docs(task, rows, where):
                 raise ValueError(f"expected a JSON object, got {type(row).__name__}")
             docs.append(DOC_BUILDERS[task](row))
         except ValueError as e:
-            raise SystemExit(f"{task}: row {i} of {where}: {e}") from None
+            raise RunError(f"{task}: row {i} of {where}: {e}") from None
     return docs
 
 # -----------------------------------------------------------------------------
@@ -185,8 +185,8 @@ def hub_rows(task, limit=None):
         else:
             ds = load_dataset(path, name, split=split)
     except (ConnectionError, OSError, ValueError) as e:  # offline, unknown dataset, missing split
-        raise SystemExit(f"{task}: cannot load {path} ({name}, {split}) from the hub: {e}; offline, export it on a "
-                         f"machine with internet (--export_data=DIR) and pass --data_dir=DIR") from None
+        raise RunError(f"{task}: cannot load {path} ({name}, {split}) from the hub: {e}; offline, export it on a "
+                       f"machine with internet (--export_data=DIR) and pass --data_dir=DIR") from None
     return ds.select(range(min(limit, len(ds)))) if limit is not None else ds
 
 
@@ -196,7 +196,7 @@ def read_rows(task, data_dir, limit=None):
         return list(hub_rows(task, limit)), f"{HUB[task][0]} {HUB[task][2]}"
     path = os.path.join(data_dir, task, HUB[task][2] + '.jsonl')
     if not os.path.isfile(path):
-        raise SystemExit(f"{task}: {path}: no such file (export it with --export_data={data_dir})")
+        raise RunError(f"{task}: {path}: no such file (export it with --export_data={data_dir})")
     rows = []
     with open(path, encoding='utf-8') as f:
         for i, line in enumerate(f):
@@ -205,7 +205,7 @@ def read_rows(task, data_dir, limit=None):
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise SystemExit(f"{task}: row {i} of {path}: not JSON: {e}") from None
+                raise RunError(f"{task}: row {i} of {path}: not JSON: {e}") from None
     return rows, path
 
 
@@ -232,8 +232,8 @@ def heldout_rows(data_dir, n_docs, ctx_chars=160, cont_chars=48, n_choices=4, se
     text = enc.decode([t for t in ids if t not in special])
     stride = len(text) // n_docs
     if stride < ctx_chars + cont_chars:
-        raise SystemExit(f"heldout: {data_dir}'s val split ({len(text):,} characters) is too short for "
-                         f"{n_docs} passages of {ctx_chars + cont_chars} characters; lower --heldout_docs")
+        raise RunError(f"heldout: {data_dir}'s val split ({len(text):,} characters) is too short for "
+                       f"{n_docs} passages of {ctx_chars + cont_chars} characters; lower --heldout_docs")
     passages = []
     for i in range(n_docs):
         # cut where a space is, so that context + " " + continuation is the original text
@@ -290,7 +290,7 @@ def encode_docs(task, docs, enc, max_length, bos_id=None, prefix_id=None):
             try:
                 requests.append(encode_request(enc, context, continuation, max_length, bos_id, prefix_id))
             except ValueError as e:
-                raise SystemExit(f"{task}: row {i}: {e}") from None
+                raise RunError(f"{task}: row {i}: {e}") from None
     return requests
 
 # -----------------------------------------------------------------------------
@@ -400,7 +400,7 @@ def c4_tokens(enc, rows):
     puts around a text (Llama-3's BOS at the very start; nothing for GPT-2 or Qwen), as the HF tokenizer GPTQ calls
     does (GPTQ's datautils.py)."""
     if len(rows) < C4_DOCS:
-        raise SystemExit(f"c4: the c4-new protocol needs the first {C4_DOCS} validation documents, got {len(rows)}")
+        raise RunError(f"c4: the c4-new protocol needs the first {C4_DOCS} validation documents, got {len(rows)}")
     text = ' '.join(field(row, 'text', str) for row in rows[:C4_DOCS])
     return enc.ids(enc.prefix) + enc.encode_ordinary(text) + enc.ids(enc.suffix)
 
@@ -412,7 +412,7 @@ def c4_perplexity(model, ids, n_windows, seqlen, batch_size, progress=None):
     mean."""
     n = min(n_windows, len(ids) // seqlen)
     if n == 0:
-        raise SystemExit(f"c4: {len(ids)} tokens are fewer than one window of {seqlen}")
+        raise RunError(f"c4: {len(ids)} tokens are fewer than one window of {seqlen}")
     device = next(model.parameters()).device
     windows = torch.tensor(ids[:n * seqlen], dtype=torch.long).view(n, seqlen)
     nlls = []
@@ -438,14 +438,14 @@ def load_model_and_tokenizer(spec, tokenizer, device, dtype):
     try:
         model = GPT.from_pretrained(spec, dtype=dtype, device=device).eval()
     except (OSError, ValueError, RuntimeError) as e:  # unreadable file, unsupported config, tensors that do not fit
-        raise SystemExit(f"model {spec}: {e}") from e
+        raise RunError(f"model {spec}: {e}") from e
     path = checkpoint_file(spec)
     if path is None:
         return model, load_tokenizer(tokenizer or spec)
     info = read_checkpoint(path)['tokenizer']
     tok_spec = tokenizer or info['spec']
     if tok_spec != 'bytes' and not os.path.exists(tok_spec):
-        raise SystemExit(f"{path}: its tokenizer {tok_spec} is gone; pass --tokenizer=<where it is now>")
+        raise RunError(f"{path}: its tokenizer {tok_spec} is gone; pass --tokenizer=<where it is now>")
     enc = load_tokenizer(tok_spec)
     if tokenizer_info(enc, tok_spec)['sha256'] != info['sha256']:
         # a record without 'boundary' predates reading tokenizers from their own files: if the files are unchanged,
@@ -454,8 +454,8 @@ def load_model_and_tokenizer(spec, tokenizer, device, dtype):
             f"; it was recorded by an older prepare_data.py, which inferred the {info['family']} conventions from "
             f"config.json where this one reads {enc.name} ones from the tokenizer's files: if those files are the "
             f"same, prepare the data again and retrain")
-        raise SystemExit(f"{path}: the tokenizer at {tok_spec} is not the one the model was trained with "
-                         f"(sha256 {info['sha256'][:12]}...); pass --tokenizer=<the right one>{older}")
+        raise RunError(f"{path}: the tokenizer at {tok_spec} is not the one the model was trained with "
+                       f"(sha256 {info['sha256'][:12]}...); pass --tokenizer=<the right one>{older}")
     return model, enc
 
 
@@ -520,11 +520,11 @@ def main(argv=None):
     # context (TemplateLM._encode_pair: the tokenizer's BOS, else its EOS)
     bos_id = enc.ids(enc.prefix)[0] if enc.prefix else None
     if args.add_bos and bos_id is None:
-        raise SystemExit(f"--add_bos: the {enc.name} tokenizer puts no BOS before a text (its HF tokenizer adds none "
-                         f"either)")
+        raise RunError(f"--add_bos: the {enc.name} tokenizer puts no BOS before a text (its HF tokenizer adds none "
+                       f"either)")
     if args.add_bos and enc.suffix:
-        raise SystemExit(f"--add_bos: this tokenizer also puts {', '.join(enc.suffix)} after every text, which the "
-                         f"harness would then put after each context; that is not reproduced")
+        raise RunError(f"--add_bos: this tokenizer also puts {', '.join(enc.suffix)} after every text, which the "
+                       f"harness would then put after each context; that is not reproduced")
     prefix_id = enc.ids([enc.prefix_token])[0] if enc.prefix_token is not None else None
     print(f"model {args.hf_model or args.ckpt}: {cfg.attention}, {cfg.n_layer} layers, max_length {max_length}, "
           f"tokenizer {enc.name}, BOS {'on' if args.add_bos else 'off'}, {dtype} on {device}", file=sys.stderr)

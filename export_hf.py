@@ -9,7 +9,7 @@ What it writes into out_dir:
   softmax       a plain Llama (Qwen2 with q/k/v biases) model: transformers' own LlamaForCausalLM / Qwen2ForCausalLM
                 load it, no remote code.
   sink, gated,  config.json with our ModelConfig (under model_config) and an auto_map to hf_wrapper.py, shipped with
-  affine,       model.py and sink_kernel.py, this repository's own files: AutoModelForCausalLM.from_pretrained(dir,
+  affine,       this repository's own code files (CODE_FILES): AutoModelForCausalLM.from_pretrained(dir,
   affine_gated  trust_remote_code=True) builds our GPT, so the exported model computes what the trained one did.
   and always    the weights as model.safetensors (shards + model.safetensors.index.json above --max_shard_size; alpha_ma
                 and the sinks included), generation_config.json, and the tokenizer the run trained with: the teacher's
@@ -33,13 +33,13 @@ import torch
 from checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, hf_config, read_checkpoint,
                         write_safetensors)
 from configurator import Key, fail, parse
-from files import run_script, write_json
+from files import RunError, run_script, write_json
 from data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 from model import GPT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # what a non-softmax export ships (hf_wrapper.py: the entry; the others are what it imports)
-CODE_FILES = ('checkpoint.py', 'files.py', 'hf_wrapper.py', 'model.py', 'sink_kernel.py')
+CODE_FILES = ('attention_kernels.py', 'checkpoint.py', 'files.py', 'hf_wrapper.py', 'model.py')
 HF_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.json', 'merges.txt')
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 # what the export's tokenizer must encode exactly as ours: scripts, accents, emoji, whitespace runs, digits,
@@ -57,11 +57,11 @@ def load_checkpoint(spec):
     """(GPT in eval mode, the checkpoint's tokenizer dict, its path) of train.py's ckpt.pt or the out_dir holding it."""
     path = os.path.join(spec, CKPT_NAME) if os.path.isdir(spec) else spec
     if not os.path.isfile(path):
-        raise SystemExit(f"--ckpt={spec}: no such checkpoint (train.py's {CKPT_NAME}, or the out_dir holding it)")
+        raise RunError(f"--ckpt={spec}: no such checkpoint (train.py's {CKPT_NAME}, or the out_dir holding it)")
     try:
         return GPT.from_pretrained(path).eval(), read_checkpoint(path)['tokenizer'], path
     except CheckpointError as e:
-        raise SystemExit(f"--ckpt={spec}: {e}") from None
+        raise RunError(f"--ckpt={spec}: {e}") from None
 
 # -----------------------------------------------------------------------------
 # Weights
@@ -98,7 +98,7 @@ def write_tokenizer(tok_info, override, out_dir, block_size):
     sha256 that it is the one the run trained with."""
     if tok_info['family'] == 'bytes':
         if override:
-            raise SystemExit("--tokenizer: this run used the built-in bytes tokenizer; there is nothing to pass")
+            raise RunError("--tokenizer: this run used the built-in bytes tokenizer; there is nothing to pass")
         bytes_tokenizer_json(os.path.join(out_dir, 'tokenizer.json'))
         config = dict(eos_token='<|endoftext|>')
         enc = load_tokenizer('bytes')
@@ -107,13 +107,13 @@ def write_tokenizer(tok_info, override, out_dir, block_size):
         has_json = os.path.isfile(os.path.join(src, 'tokenizer.json'))
         has_bpe = all(os.path.isfile(os.path.join(src, name)) for name in ('vocab.json', 'merges.txt'))
         if not os.path.isdir(src) or not (has_json or has_bpe):
-            raise SystemExit(f"the run's tokenizer ({tok_info['family']}, from {tok_info['spec']}) cannot be exported "
-                             f"from {src}: transformers needs its Hugging Face files (tokenizer.json, or vocab.json + "
-                             f"merges.txt); pass --tokenizer=<the teacher's Hugging Face directory>")
+            raise RunError(f"the run's tokenizer ({tok_info['family']}, from {tok_info['spec']}) cannot be exported "
+                           f"from {src}: transformers needs its Hugging Face files (tokenizer.json, or vocab.json + "
+                           f"merges.txt); pass --tokenizer=<the teacher's Hugging Face directory>")
         enc = load_tokenizer(src)
         if tokenizer_info(enc, src)['sha256'] != tok_info['sha256']:
-            raise SystemExit(f"--tokenizer: the tokenizer at {src} is not the one the run trained with (sha256 "
-                             f"{tok_info['sha256'][:12]}...); pass --tokenizer=<the teacher's Hugging Face directory>")
+            raise RunError(f"--tokenizer: the tokenizer at {src} is not the one the run trained with (sha256 "
+                           f"{tok_info['sha256'][:12]}...); pass --tokenizer=<the teacher's Hugging Face directory>")
         for name in HF_TOKENIZER_FILES:
             if os.path.isfile(os.path.join(src, name)):
                 shutil.copyfile(os.path.join(src, name), os.path.join(out_dir, name))
@@ -141,12 +141,12 @@ def check_tokenizer(out_dir, enc):
     try:
         hf = AutoTokenizer.from_pretrained(out_dir)
     except Exception as e:
-        raise SystemExit(f"the exported tokenizer does not load in transformers: {type(e).__name__}: {e}") from None
+        raise RunError(f"the exported tokenizer does not load in transformers: {type(e).__name__}: {e}") from None
     for text in TOKENIZER_CHECK_TEXTS:
         ours, theirs = enc.encode_ordinary(text), hf(text, add_special_tokens=False, verbose=False)["input_ids"]
         if ours != theirs:
-            raise SystemExit(f"the exported tokenizer gives other token ids than the run's for {text!r}: {theirs[:12]} "
-                             f"vs {ours[:12]}")
+            raise RunError(f"the exported tokenizer gives other token ids than the run's for {text!r}: {theirs[:12]} "
+                           f"vs {ours[:12]}")
     return dict(bos_token_id=hf.bos_token_id, eos_token_id=hf.eos_token_id)
 
 # -----------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def check_logits(out_dir, model, dtype):
     real = mask.bool()
     err = (got[real] - expected[real]).abs().max().item()
     if not err <= 1e-4 * max(1.0, expected[real].abs().max().item()):  # (also catches NaN)
-        raise SystemExit(f"the exported model's logits in transformers differ from ours by {err:.2e}: not exported")
+        raise RunError(f"the exported model's logits in transformers differ from ours by {err:.2e}: not exported")
     return err
 
 
@@ -258,18 +258,18 @@ def main(argv=None):
         import tokenizers  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as e:
-        raise SystemExit(f"export_hf.py needs transformers and tokenizers (pip install transformers): {e}") from None
+        raise RunError(f"export_hf.py needs transformers and tokenizers (pip install transformers): {e}") from None
     out = args.out_dir
     if os.path.exists(out) and not os.path.isdir(out):
-        raise SystemExit(f"--out_dir={out}: is a file")
+        raise RunError(f"--out_dir={out}: is a file")
     if os.path.isdir(out) and os.listdir(out) and not (args.overwrite and is_export(out)):
         held = ', '.join(sorted(os.listdir(out))[:5])
         hint = "; pass --overwrite=True to replace that earlier export" if is_export(out) else ""
-        raise SystemExit(f"--out_dir={out}: already holds files ({held}); choose another directory{hint}")
+        raise RunError(f"--out_dir={out}: already holds files ({held}); choose another directory{hint}")
     # the earlier export is replaced whole: only if every file in it is one an export writes
     if foreign := [name for name in sorted(os.listdir(out)) if not is_export_file(name)] if os.path.isdir(out) else []:
-        raise SystemExit(f"--out_dir={out}: the earlier export there also holds files an export does not write "
-                         f"({', '.join(foreign[:5])}), which replacing it would delete; move them out first")
+        raise RunError(f"--out_dir={out}: the earlier export there also holds files an export does not write "
+                       f"({', '.join(foreign[:5])}), which replacing it would delete; move them out first")
     model, tok_info, path = load_checkpoint(args.ckpt)
     err = export(model, tok_info, out, DTYPES[args.dtype], args.max_shard_size, args.tokenizer, args.check)
     cfg = model.config

@@ -1,6 +1,7 @@
 """
-The Hugging Face face of model.py. export_hf.py copies this file, model.py and sink_kernel.py into an exported model
-directory of a sink, gated, affine or affine_gated model, and its config.json maps transformers' Auto classes here:
+The Hugging Face face of model.py. export_hf.py copies this file and the ones it imports (model.py,
+attention_kernels.py, checkpoint.py, files.py) into an exported model directory of a sink, gated, affine or
+affine_gated model, and its config.json maps transformers' Auto classes here:
 
     model = AutoModelForCausalLM.from_pretrained('hf/affine_1b', trust_remote_code=True)
 
@@ -19,9 +20,11 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 try:  # in an exported directory transformers imports this file as part of a package (see model.py's imports)
+    # transformers 4.x copies into its module cache only the files this one imports: every code file is named here
+    from .attention_kernels import SinkAttention  # noqa: F401  (imported by model.py)
+    from .files import RunError  # noqa: F401  (imported by checkpoint.py)
     from .checkpoint import MODEL_TYPE, transformers_names
     from .model import GPT, IGNORE_INDEX, ModelConfig
-    from .sink_kernel import SinkAttention  # noqa: F401  (transformers 4.x copies only the files named here)
 except ImportError:  # in this repository
     from checkpoint import MODEL_TYPE, transformers_names
     from model import GPT, IGNORE_INDEX, ModelConfig

@@ -1,15 +1,17 @@
 """
 One Llama-style decoder whose attention switches by one flag between the variants compared in
-"Affine-Scaled Attention: Towards Flexible and Stable Transformer Attention" (Bae et al.):
+"Affine-Scaled Attention: Towards Flexible and Stable Transformer Attention" (Bae et al., 2026),
+https://arxiv.org/abs/2602.23057 (equation numbers below are the paper's):
 
-    softmax       Eq. 1   softmax(QK^T/sqrt(d)) V                        (the baseline)
-    sink          Eq. 3   a learnable logit s_h joins every softmax denominator (gpt-oss)
-    gated         Eq. 4-5 SDPA(Q,K,V) * sigmoid(X W_g)                 (Qiu et al. 2025, "G1")
-    affine        Eq. 6-9 [alpha(X) softmax(QK^T/sqrt(d)) + beta(X)] V  (this paper)
-    affine_gated  Table 2 affine, then the gate of `gated`
+    softmax       Eq. 1    softmax(QK^T/sqrt(d)) V                        (Section 2.2, the baseline)
+    sink          Eq. 3    a learnable logit s_h joins every softmax denominator (Section 2.3, gpt-oss)
+    gated         Eq. 4-5  SDPA(Q,K,V) * sigmoid(X W_g)                   (Section 2.4, Qiu et al. 2025, "G1")
+    affine        Eq. 6-9  [alpha(X) softmax(QK^T/sqrt(d)) + beta(X)] V  (Section 3.2, this paper); phi of Eq. 7 is
+                           linear clipping (Eq. 11) or, affine_act='sigmoid', Eq. 10 (Section 6, Table 3)
+    affine_gated  Table 2  affine, then the gate of `gated` (Section 5.4)
 
-None of them builds the T x T attention matrix: every variant is a fused SDPA/flash kernel plus
-O(T) work (see Attention.forward). Attention.weights writes each one as that explicit matrix, the slow
+None of them builds the T x T attention matrix: every variant is a fused SDPA/flash kernel (attention_kernels.py
+picks it) plus O(T) work (affine_scaled). Attention.weights writes each one as that explicit matrix, the slow
 reference the tests, bench.py (Attention.explicit) and the analyses read. Parameter names follow Hugging
 Face's Llama/Qwen2 layout, so the state_dict of a softmax model is an HF checkpoint and vice versa; files
 are read through checkpoint.py (GPT.from_pretrained).
@@ -26,13 +28,13 @@ from torch.utils.checkpoint import checkpoint
 
 try:  # an exported model directory (export_hf.py) is imported by transformers as a package: only relative imports
     # work there, and its remote-code check refuses absolute imports of modules that are not installed (outside a try)
+    from .attention_kernels import at_least_fp32, attention_scores, sink_attention, sink_weights, softmax_attention
     from .checkpoint import (CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint,
                              read_hf_config, read_safetensors)
-    from .sink_kernel import SinkAttention, at_least_fp32  # the LSE-kernel plumbing lives apart from the model
 except ImportError:  # this repository: model.py is a top-level module
+    from attention_kernels import at_least_fp32, attention_scores, sink_attention, sink_weights, softmax_attention
     from checkpoint import (CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint,
                             read_hf_config, read_safetensors)
-    from sink_kernel import SinkAttention, at_least_fp32
 
 ATTENTIONS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 AFFINE_ACTS = ('linear_clip', 'sigmoid')
@@ -185,71 +187,8 @@ class MLP(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# Grouped-query attention (n_kv_head < n_head): the fused kernels get K/V with n_kv_head heads where they read
-# the groups themselves, and repeated to every query head only where they do not. One rule for softmax-family
-# SDPA and the sink's LSE kernels.
-
-def needs_repeated_kv(device_type, dtype):
-    """True where the fused attention kernel for (device_type, dtype) cannot read grouped K/V. CUDA float32 runs
-    the memory-efficient kernel (flash needs half precision), which takes no GQA in torch <= 2.13: there
-    SDPA(enable_gqa=True) falls back to the math kernel, a T x T matrix per layer (out of memory at 1B), while
-    K/V repeated beforehand cost O(T) and keep the memory-efficient kernel. CUDA fp16/bf16 (FlashAttention-2,
-    cuDNN) and CPU's flash kernel (every dtype) take the groups, forward and backward (dk, dv come back with
-    n_kv_head heads). Other devices keep SDPA's own enable_gqa."""
-    return device_type == 'cuda' and dtype not in (torch.float16, torch.bfloat16)
-
-
-def kv_for_kernel(q, k, v):
-    """k, v (B, H_kv, T, D) as the fused kernel for q (B, H, T, D) takes them: as they are, or repeated to H heads."""
-    G = q.size(1) // k.size(1)
-    if G > 1 and needs_repeated_kv(q.device.type, q.dtype):
-        k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
-    return k, v
-
-
-def softmax_attention(q, k, v, is_causal):
-    """Eq. 1 through PyTorch's fused SDPA kernels (flash / memory-efficient / cuDNN), GQA as kv_for_kernel says."""
-    k, v = kv_for_kernel(q, k, v)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=k.size(1) != q.size(1))
-
-
-# ----------------------------------------------------------------------------------------------
-# Attention sink (Eq. 3). On CPU and CUDA it runs in O(T) memory through sink_kernel.SinkAttention: a flash
-# kernel's output corrected by its log-sum-exp, with exact gradients; elsewhere as an explicit matrix.
-
-def sink_weights(scores, sinks):
-    """Eq. 3 as a matrix: softmax over the (masked) scores plus one sink logit per head, whose column is then
-    dropped; rows sum to less than 1 (the sink's own mass)."""
-    sink_column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-    return torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
-
-
-def attention_scores(q, k, is_causal=True):
-    """QK^T / sqrt(d) as an explicit (B, H, T_q, T_k) matrix, at least float32, K repeated to q's heads (GQA); with
-    is_causal, keys after each query are -inf. The slow path every variant's explicit form starts from."""
-    k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
-    scores = at_least_fp32(q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
-    if is_causal:
-        T_q, T_k = scores.shape[-2:]
-        scores = scores.masked_fill(torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).triu(1), float('-inf'))
-    return scores
-
-
-def sink_attention_explicit(q, k, v, sinks, is_causal):
-    """Eq. 3 with the explicit (T x T) weight matrix: the fallback for devices without an LSE-returning
-    kernel (anything but CPU and CUDA)."""
-    return sink_weights(attention_scores(q, k, is_causal), sinks).to(v.dtype) @ v
-
-
-def sink_attention(q, k, v, sinks, is_causal):
-    if q.device.type in ('cpu', 'cuda'):  # the LSE-returning ops are the SDPA kernels: the same GQA rule
-        return SinkAttention.apply(q, *kv_for_kernel(q, k, v), sinks, is_causal)
-    G = q.size(1) // k.size(1)  # the explicit matrix needs one K/V head per query head
-    return sink_attention_explicit(q, k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1), sinks, is_causal)
-
-
-# ----------------------------------------------------------------------------------------------
-# The attention layer: one module, five variants
+# The attention layer: one module, five variants. Which fused kernel runs each (and how grouped K/V reach it) is
+# attention_kernels.py's business; here is what each variant computes.
 
 class KVCache:
     """Keys and values of one layer for incremental decoding; affine also keeps the running sum of V."""
@@ -260,6 +199,10 @@ class KVCache:
         self.v_sum = 0.0  # sum of all cached values (float32), for affine's beta term
 
     def update(self, k, v):
+        """Append k, v (B, H_kv, T, D); the keys and values of every cached token. Prefill (an empty cache) takes a
+        whole prompt, later calls decode one token each."""
+        if self.length and k.size(2) != 1:
+            raise ValueError(f"a KV cache holding {self.length} tokens takes one new token per call, got {k.size(2)}")
         if self.k is None:  # allocate on first use, in the dtype/device the layer actually produces
             shape = (k.size(0), k.size(1), self.max_len, k.size(3))
             self.k, self.v = k.new_empty(shape), v.new_empty(shape)
@@ -267,10 +210,34 @@ class KVCache:
         self.k[:, :, start:self.length], self.v[:, :, start:self.length] = k, v
         return self.k[:, :, :self.length], self.v[:, :, :self.length]
 
+    def continue_v_sums(self, v_sums):
+        """Running sums of the new values (B, H_kv, T, D), continued from the sum of every value cached before."""
+        v_sums = v_sums + self.v_sum
+        self.v_sum = v_sums[:, :, -1:]
+        return v_sums
+
 
 def linear_clip(x):
     """Eq. 11: 0 for x <= -5, 0.1 x + 0.5 in between, 1 for x >= 5."""
     return (0.1 * x + 0.5).clamp(0.0, 1.0)
+
+
+def affine_scaled(y, alpha, alpha_ma, v_mean):
+    """Eq. 6 and 8 without the T x T matrix: [alpha softmax(QK^T / sqrt(d)) + beta] V, beta = (alpha_ma - alpha) / N,
+    from the softmax output y = softmax(QK^T / sqrt(d)) V (Eq. 1) and a running mean of V. Query i sees only keys
+    j <= i (beta on later keys would leak them), and alpha_i, beta_i are constant along a row, so
+
+        sum_{j<=i} [alpha_i a_ij + beta_i] V_j  =  alpha_i y_i  +  (alpha_ma - alpha_i) (sum_{j<=i} V_j) / N :
+
+    O(T) work and memory on top of the fused kernel. y (B, H, T, D); alpha (B, T, H), at least float32; alpha_ma (H,);
+    v_mean (B, H_kv, T, D) = (sum_{j<=i} V_j) / N, float32, value head g shared by query heads g*G .. g*G+G-1 (GQA).
+    Returns y's shape and dtype."""
+    B, H, T, D = y.shape
+    H_kv = v_mean.size(1)
+    G = H // H_kv
+    alpha = alpha.transpose(1, 2).unsqueeze(-1).view(B, H_kv, G, T, 1)
+    beta_scale = alpha_ma.view(1, H_kv, G, 1, 1) - alpha
+    return (alpha * y.view(B, H_kv, G, T, D) + beta_scale * v_mean.unsqueeze(2)).view(B, H, T, D).to(y.dtype)
 
 
 class Attention(nn.Module):
@@ -296,18 +263,42 @@ class Attention(nn.Module):
             self.register_buffer('alpha_sum', torch.zeros(H), persistent=False)
             self.register_buffer('alpha_count', torch.zeros(()), persistent=False)
 
-    def _apply(self, fn, recurse=True):
-        """nn.Module.to/half/bfloat16/cuda/to_empty all end here. A cast to half precision (bf16 evaluation casts
-        the whole model) leaves affine's alpha statistics in float32: alpha_ma ~ 0.5 in bf16 is off by up to 2e-3,
-        and beta of Eq. 8 would use that; alpha_count would round off past 256. Device moves, to_empty and
-        float64 still apply to them. FSDP2's mixed precision casts parameters only, and state_dict, load_state_dict
-        (copy_ into the buffer), deepcopy and torch.compile do not come through here."""
-        before = {name: self._buffers[name] for name in self.ALPHA_STATS if name in self._buffers}
-        super()._apply(fn, recurse)
-        for name, t in before.items():
-            if self._buffers[name].dtype in (torch.float16, torch.bfloat16):
-                self._buffers[name] = t.to(device=self._buffers[name].device, dtype=torch.float32)
-        return self
+    def forward(self, x, cos, sin, positions, seq_lens=None, cache=None, count_alpha=True):
+        """x: (B, T, C), the normed hidden state X that feeds q/k/v, alpha and the gate. count_alpha=False: the
+        caller adds alpha to alpha_ma's sums itself (activation checkpointing, see Block.forward)."""
+        B, T, _ = x.shape
+        q, k, v_new = self.project(x, cos, sin)
+        is_causal = cache is None or cache.length == 0  # prefill is causal; a decoded token sees every cached key
+        k, v = (k, v_new) if cache is None else cache.update(k, v_new)
+        if self.config.is_affine:
+            alpha = self.scale(x)  # Eq. 7
+            if self.training and count_alpha:
+                self._accumulate_alpha(alpha, positions, seq_lens)  # for alpha_ma's update, Eq. 9
+
+        if self.explicit:  # the slow reference: Eq. 1, 3 or 6-8 as the explicit T x T weights (see weights)
+            if cache is not None:
+                raise ValueError("Attention.explicit computes whole sequences: no KV cache")
+            G = self.config.n_head // self.config.n_kv_head
+            y = self.weights(x, cos, sin, positions, seq_lens).to(v.dtype) @ v.repeat_interleave(G, dim=1)
+        # Eq. 3 (sink): softmax_sink, the learnable logit s_h joins every softmax denominator of head h
+        elif self.config.attention == 'sink':
+            y = sink_attention(q, k, v, self.sinks, is_causal)
+        # Eq. 1 (softmax, gated): softmax(QK^T / sqrt(d)) V
+        elif not self.config.is_affine:
+            y = softmax_attention(q, k, v, is_causal)
+        # Eq. 6-8 (affine, affine_gated): [alpha(X) softmax(QK^T / sqrt(d)) + beta(X)] V, beta = (alpha_ma - alpha) / N
+        else:
+            y = softmax_attention(q, k, v, is_causal)
+            v_sums = at_least_fp32(v_new).cumsum(dim=2)  # sum_{j<=i} V_j over this call's tokens ...
+            if cache is not None:
+                v_sums = cache.continue_v_sums(v_sums)  # ... and every cached one before them
+            y = affine_scaled(y, alpha, self.alpha_ma, v_sums / self.bias_norm(positions, seq_lens, k.size(2)))
+
+        y = y.transpose(1, 2).reshape(B, T, -1)
+        # Eq. 4-5 (gated, affine_gated): G(X) = sigmoid(W_g X), elementwise on the attention output, before o_proj
+        if self.config.is_gated:
+            y = y * torch.sigmoid(self.g_proj(x))
+        return self.o_proj(y)
 
     def project(self, x, cos, sin):
         """q (B, H, T, D) and k, v (B, H_kv, T, D) from the normed input x (B, T, C), RoPE applied."""
@@ -321,53 +312,6 @@ class Attention(nn.Module):
         """Eq. 7: alpha = phi(W_alpha X), one scale per (token, head): (B, T, H), at least float32."""
         a = at_least_fp32(self.alpha_proj(x))
         return linear_clip(a) if self.config.affine_act == 'linear_clip' else torch.sigmoid(a)  # Eq. 11 / Eq. 10
-
-    def forward(self, x, cos, sin, positions, seq_lens=None, cache=None, count_alpha=True):
-        """x: (B, T, C), the normed hidden state X that feeds q/k/v, alpha and the gate. count_alpha=False: the
-        caller adds alpha to alpha_ma's sums itself (activation checkpointing, see Block.forward)."""
-        B, T, _ = x.shape
-        H, H_kv, D = self.config.n_head, self.config.n_kv_head, self.config.head_dim
-        q, k, v = self.project(x, cos, sin)
-        v_new = v
-        # prefill (empty cache) is causal; later calls decode one token that sees every cached key
-        is_causal = cache is None or cache.length == 0
-        if cache is not None:
-            if not is_causal and T != 1:
-                raise ValueError(f"a KV cache holding {cache.length} tokens takes one new token per call, got {T}")
-            k, v = cache.update(k, v)
-        if self.config.is_affine:
-            alpha = self.scale(x)
-            if self.training and count_alpha:
-                self._accumulate_alpha(alpha, positions, seq_lens)
-
-        if self.explicit:  # the slow reference: the explicit T x T weights of Eq. 1, 3 or 6-8 (see weights)
-            if cache is not None:
-                raise ValueError("Attention.explicit computes whole sequences: no KV cache")
-            y = self.weights(x, cos, sin, positions, seq_lens).to(v.dtype) @ v.repeat_interleave(H // H_kv, dim=1)
-        elif self.config.attention == 'sink':
-            y = sink_attention(q, k, v, self.sinks, is_causal)  # Eq. 3
-        else:
-            y = softmax_attention(q, k, v, is_causal)  # Eq. 1
-        if self.config.is_affine and not self.explicit:
-            # Eq. 6 + 8 on visible keys j <= i only (adding beta to future keys would leak them):
-            #   sum_j [alpha_i a_ij + (alpha_ma - alpha_i)/N] V_j = alpha_i SDPA_i + (alpha_ma - alpha_i) (sum_{j<=i} V_j)/N
-            # so a causal running sum of V replaces the T x T matrix.
-            alpha = alpha.transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
-            v_cumsum = at_least_fp32(v_new).cumsum(dim=2)
-            if cache is not None:
-                v_cumsum = v_cumsum + cache.v_sum
-                cache.v_sum = v_cumsum[:, :, -1:]
-            N = self.bias_norm(positions, seq_lens, k.size(2))
-            G = H // H_kv  # GQA: query heads h = g*G .. g*G+G-1 share value head g
-            v_mean = (v_cumsum / N).unsqueeze(2)  # (B, H_kv, 1, T, D), broadcast over the G query heads
-            beta_scale = self.alpha_ma.view(1, H_kv, G, 1, 1) - alpha.view(B, H_kv, G, T, 1)
-            y = alpha.view(B, H_kv, G, T, 1) * y.view(B, H_kv, G, T, D) + beta_scale * v_mean
-            y = y.view(B, H, T, D).to(q.dtype)
-
-        y = y.transpose(1, 2).reshape(B, T, H * D)
-        if self.config.is_gated:
-            y = y * torch.sigmoid(self.g_proj(x))  # Eq. 4-5: elementwise gate after SDPA, before o_proj
-        return self.o_proj(y)
 
     def bias_norm(self, positions, seq_lens, n_keys):
         """N of Eq. 8, broadcastable to (B, H, T, 1)."""
@@ -395,6 +339,19 @@ class Attention(nn.Module):
             beta = (self.alpha_ma.view(1, -1, 1, 1) - alpha) / self.bias_norm(positions, seq_lens, T)
             weights = alpha * weights + beta * visible
         return weights
+
+    def _apply(self, fn, recurse=True):
+        """nn.Module.to/half/bfloat16/cuda/to_empty all end here. A cast to half precision (bf16 evaluation casts
+        the whole model) leaves affine's alpha statistics in float32: alpha_ma ~ 0.5 in bf16 is off by up to 2e-3,
+        and beta of Eq. 8 would use that; alpha_count would round off past 256. Device moves, to_empty and
+        float64 still apply to them. FSDP2's mixed precision casts parameters only, and state_dict, load_state_dict
+        (copy_ into the buffer), deepcopy and torch.compile do not come through here."""
+        before = {name: self._buffers[name] for name in self.ALPHA_STATS if name in self._buffers}
+        super()._apply(fn, recurse)
+        for name, t in before.items():
+            if self._buffers[name].dtype in (torch.float16, torch.bfloat16):
+                self._buffers[name] = t.to(device=self._buffers[name].device, dtype=torch.float32)
+        return self
 
     def _accumulate_alpha(self, alpha, positions, seq_lens):
         """Add this micro-batch's sum of alpha (per head) and token count; padding is left out."""

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from configurator import Key, parse
-from files import run_script, write_json
+from files import RunError, run_script, write_json
 from data import VERSION, encode_document, load_tokenizer, read_shard, tokenizer_info, write_shard
 
 # load_tokenizer and read_shard live in data.py; they stay importable from here, public entry points kept for
@@ -54,15 +54,15 @@ def resolve_files(source):
     for pattern in source.split(","):
         matches = sorted(glob.glob(os.path.expanduser(pattern)))
         if not matches:
-            raise SystemExit(f"--source: {pattern!r} matches no file")
+            raise RunError(f"--source: {pattern!r} matches no file")
         for f in matches:
             if not os.path.isfile(f) or os.path.splitext(f)[1] not in BUILDERS:
-                raise SystemExit(f"--source: {f!r} is not a file with a supported extension ({', '.join(BUILDERS)})")
+                raise RunError(f"--source: {f!r} is not a file with a supported extension ({', '.join(BUILDERS)})")
             if os.path.getsize(f) == 0:  # (the json builder stops with a bare StopIteration on one)
-                raise SystemExit(f"--source: {f!r} is empty (0 bytes); leave it out of --source")
+                raise RunError(f"--source: {f!r} is empty (0 bytes); leave it out of --source")
             files.append(os.path.abspath(f))
     if len({BUILDERS[os.path.splitext(f)[1]] for f in files}) > 1:
-        raise SystemExit("--source: mixes file types; run prepare_data.py once per type")
+        raise RunError("--source: mixes file types; run prepare_data.py once per type")
     return files
 
 
@@ -75,8 +75,8 @@ def open_source(source_info):
             ds = datasets.load_dataset("HuggingFaceFW/fineweb-edu", name=source_info["fineweb_config"],
                                        split="train", streaming=True)
         except (OSError, ValueError) as e:  # offline, or no such config
-            raise SystemExit(f"--source=fineweb-edu: cannot open HuggingFaceFW/fineweb-edu "
-                             f"({source_info['fineweb_config']}): {e}")
+            raise RunError(f"--source=fineweb-edu: cannot open HuggingFaceFW/fineweb-edu "
+                           f"({source_info['fineweb_config']}): {e}")
         return ds, source_info["text_field"]
     if source == "builtin":
         return datasets.Dataset.from_dict({"text": builtin_corpus()}).to_iterable_dataset(), "text"
@@ -120,11 +120,11 @@ def document_chunks(ds, text_field, first_index, val_every, source_info):
     try:
         for row in ds:
             if text_field not in row:
-                raise SystemExit(f"--text_field={text_field!r}: document {index} has no such text field "
-                                 f"(fields: {', '.join(row)})")
+                raise RunError(f"--text_field={text_field!r}: document {index} has no such text field "
+                               f"(fields: {', '.join(row)})")
             text = row[text_field]
             if not isinstance(text, str):
-                raise SystemExit(not_a_string(row, text_field, index, source_info))
+                raise RunError(not_a_string(row, text_field, index, source_info))
             if text:
                 docs.append((index % val_every == 0, text))
                 index += 1
@@ -133,7 +133,7 @@ def document_chunks(ds, text_field, first_index, val_every, source_info):
                 yield docs, (index, ds.state_dict())
                 docs, n_chars = [], 0
     except ValueError as e:  # unreadable input: bad JSON, not UTF-8, columns that differ between files, ...
-        raise SystemExit(f"--source: cannot read the input: {e}") from e
+        raise RunError(f"--source: cannot read the input: {e}") from e
     if docs:
         yield docs, (index, ds.state_dict())
 
@@ -205,10 +205,10 @@ def start_or_resume(out_dir, meta):
     tokenizer and settings. Anything else in out_dir is an error, so shards are never mixed up."""
     meta_path = os.path.join(out_dir, "meta.json")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise SystemExit(f"--out_dir={out_dir} is a file; give a new or empty directory")
+        raise RunError(f"--out_dir={out_dir} is a file; give a new or empty directory")
     if not os.path.exists(meta_path):
         if os.path.isdir(out_dir) and any(not OUTPUT_NAME.fullmatch(name) for name in os.listdir(out_dir)):
-            raise SystemExit(f"--out_dir={out_dir} is not empty and has no meta.json; use an empty or new directory")
+            raise RunError(f"--out_dir={out_dir} is not empty and has no meta.json; use an empty or new directory")
         return meta
     try:
         with open(meta_path) as f:
@@ -216,16 +216,16 @@ def start_or_resume(out_dir, meta):
     except ValueError:
         old = None
     if not (isinstance(old, dict) and "settings" in old and "sha256" in old.get("tokenizer", {})):
-        raise SystemExit(f"--out_dir={out_dir} holds a meta.json that prepare_data.py did not write; use an empty or "
-                         f"new directory")
+        raise RunError(f"--out_dir={out_dir} holds a meta.json that prepare_data.py did not write; use an empty or "
+                       f"new directory")
     if old["tokenizer"]["sha256"] != meta["tokenizer"]["sha256"]:
         old_tok = old["tokenizer"]
-        raise SystemExit(f"--out_dir={out_dir} holds shards of a different tokenizer ({old_tok['family']} from "
-                         f"{old_tok['spec']}, n_vocab {old_tok['n_vocab']}); use another --out_dir")
+        raise RunError(f"--out_dir={out_dir} holds shards of a different tokenizer ({old_tok['family']} from "
+                       f"{old_tok['spec']}, n_vocab {old_tok['n_vocab']}); use another --out_dir")
     changed = [key for key in meta["settings"] if old["settings"].get(key) != meta["settings"][key]]
     if changed:
-        raise SystemExit(f"--out_dir={out_dir} was prepared with different settings ({', '.join(changed)}); "
-                         f"use another --out_dir")
+        raise RunError(f"--out_dir={out_dir} was prepared with different settings ({', '.join(changed)}); "
+                       f"use another --out_dir")
     return old
 
 
@@ -245,7 +245,7 @@ def prepare(args, command):
     enc = load_tokenizer(args.tokenizer)
     fits = "uint16" if enc.max_token_value < 2 ** 16 else "uint32"
     if args.dtype == "uint16" and fits == "uint32":
-        raise SystemExit(f"--dtype=uint16 cannot hold token ids up to {enc.max_token_value}; use uint32 or auto")
+        raise RunError(f"--dtype=uint16 cannot hold token ids up to {enc.max_token_value}; use uint32 or auto")
     dtype = fits if args.dtype == "auto" else args.dtype
     tokenizer = tokenizer_info(enc, args.tokenizer)
     settings = dict(tokenizer_sha256=tokenizer["sha256"], dtype=dtype, source=describe_source(args),
@@ -267,7 +267,7 @@ def prepare(args, command):
     write_json(os.path.join(args.out_dir, "meta.json"), meta)
     try:
         tokenize_to_shards(args, enc, meta, ds, text_field)
-    except SystemExit:
+    except RunError:
         if fresh:  # bad input found while streaming: leave no partial output behind
             remove_outputs(args.out_dir)
             if not os.listdir(args.out_dir):
@@ -322,10 +322,10 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
     elapsed = time.time() - t0
     print(file=sys.stderr)
     if position[0] == 0:
-        raise SystemExit(f"--source={args.source}: no documents (the input is empty)")
+        raise RunError(f"--source={args.source}: no documents (the input is empty)")
     if splits["train"]["tokens"] == 0 or splits["val"]["tokens"] == 0:
-        raise SystemExit(f"--source={args.source}: only {position[0]} document(s), too few for a train and a "
-                         f"val split (a .txt file is one document unless --txt_sample_by=paragraph or line)")
+        raise RunError(f"--source={args.source}: only {position[0]} document(s), too few for a train and a "
+                       f"val split (a .txt file is one document unless --txt_sample_by=paragraph or line)")
     meta["complete"] = True
     flush(*position)  # the last shards and the completed meta.json, in one step
     train, val = splits["train"], splits["val"]

@@ -11,6 +11,8 @@ import torch
 import analyze
 import prepare_data
 from data import load_tokenizer, tokenizer_info
+from helpers import fake_run
+from files import RunError
 from model import GPT, ModelConfig, rope_cos_sin
 
 
@@ -110,19 +112,6 @@ def test_grad_norm_statistics_and_spikes_on_a_known_series():
         analyze.spike_counts(g, end=700)
 
 
-def fake_run(path, attention, grad_norms, n_layer=2, kd=False):
-    path.mkdir(parents=True)
-    (path / 'config.json').write_text(json.dumps(dict(attention=attention, n_layer=n_layer, n_embd=32)))
-    with open(path / 'metrics.jsonl', 'w') as f:
-        for step, g in enumerate(grad_norms, 1):
-            record = dict(step=step, loss=3.0 - step / 1000, grad_norm=g, lr=1e-3)
-            if kd:
-                record['kd_loss'] = 1.0 - step / 2000
-            if step % 100 == 0:
-                record['attn_logit_mean'] = -step / 1000
-            f.write(json.dumps(record) + '\n')
-
-
 def test_runs_report_writes_tables_figures_and_numbers(tmp_path):
     quiet = [1.0 + 0.001 * (i % 7) for i in range(600)]
     spiky = list(quiet)
@@ -151,7 +140,7 @@ def test_runs_report_bad_input_leaves_no_report(tmp_path):
     for dirs, message in [(['a', 'c'], 'asked for steps 0-500, but the run has only 100 steps'),
                           (['b', 'c'], 'different model sizes'),
                           (['empty'], 'no metrics.jsonl')]:
-        with pytest.raises(SystemExit, match=message):
+        with pytest.raises(RunError, match=message):
             analyze.main(['runs', *(str(tmp_path / d) for d in dirs), f'--out_dir={out}'])
         assert not out.exists()
 
@@ -178,13 +167,13 @@ def test_heldout_sequences_from_text_and_token_shards(tmp_path):
     assert seqs.shape == (5, 32) and len({tuple(s.tolist()) for s in seqs}) == 5
     assert all(tuple(s.tolist()) in windows for s in seqs)
     assert torch.equal(seqs, analyze.heldout_sequences(str(tmp_path / 'text.txt'), enc, sha, 5, 32, seed=1))
-    with pytest.raises(SystemExit, match='fewer than --num_seqs=1000'):
+    with pytest.raises(RunError, match='fewer than --num_seqs=1000'):
         analyze.heldout_sequences(str(tmp_path / 'text.txt'), enc, sha, 1000, 32)
     prepare_data.main([f'--source={tmp_path / "text.txt"}', '--tokenizer=bytes', f'--out_dir={tmp_path / "data"}',
                        '--txt_sample_by=line', '--val_every=2'])
     seqs = analyze.heldout_sequences(str(tmp_path / 'data'), enc, sha, 3, 32)
     assert seqs.shape == (3, 32)
-    with pytest.raises(SystemExit, match="not the model's tokenizer"):
+    with pytest.raises(RunError, match="not the model's tokenizer"):
         analyze.heldout_sequences(str(tmp_path / 'data'), enc, 'another tokenizer', 3, 32)
 
 
@@ -222,7 +211,7 @@ def test_attention_job_bad_input_leaves_no_report(tmp_path):
     out = tmp_path / 'report'
     for args, message in [([small, big], 'different shapes'), ([small, '--seq_len=64'], "exceeds the model's block"),
                           ([small, '--layer=5'], 'layers 1-2'), ([str(tmp_path / 'nothing')], 'no such file')]:
-        with pytest.raises(SystemExit, match=message):
+        with pytest.raises(RunError, match=message):
             analyze.main(['attention', *args, f'--out_dir={out}', f'--data={tmp_path / "text.txt"}', '--num_seqs=2'])
         assert not out.exists() and not (tmp_path / 'report.tmp').exists()
 
@@ -291,6 +280,6 @@ def test_table_job_bad_input(tmp_path):
     os.remove(os.path.join(c, 'eval.json'))
     out = tmp_path / 'table'
     for runs, message in [([a, b], 'different model sizes'), ([a, c], 'no eval.json; run eval_zeroshot.py')]:
-        with pytest.raises(SystemExit, match=message):
+        with pytest.raises(RunError, match=message):
             analyze.main(['table', *runs, f'--out_dir={out}'])
         assert not out.exists()

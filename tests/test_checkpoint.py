@@ -12,72 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM)
+from transformers import MistralConfig, MistralForCausalLM
 
 import checkpoint
 import distill
 from checkpoint import config_from_hf
+from files import RunError
 from model import GPT, ModelConfig
-from test_data import write_tiktoken_file
+from hf_helpers import hf_logits, randomise, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
-HF_CLASSES = {'llama': LlamaForCausalLM, 'mistral': MistralForCausalLM, 'qwen2': Qwen2ForCausalLM}
 
-
-def rel_err(got, expected):
-    return ((got - expected).abs().max() / expected.abs().max()).item()
-
-
-def randomise(model, seed):
-    """Weights far from HF's init (std 0.02, unit norms, zero biases): norms, biases and RoPE all show in the logits."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if 'norm' in name:
-                p.copy_(1 + 0.3 * noise)
-            elif name.endswith('bias'):
-                p.copy_(0.5 * noise)
-            else:
-                p.copy_(noise if 'embed' in name else 0.15 * noise)
-
-
-@pytest.fixture(scope='module')
-def hf_dirs(tmp_path_factory):
-    """Tiny HF checkpoints: 'llama' (Llama-3 rope scaling, GQA 4:2, tied, sharded safetensors, a Llama-3-style
-    byte tokenizer: 256 ranks + 256 specials = 512 ids), 'llama_hub_config' (the same with config.json as the hub
-    ships Llama-3.2's: rope_theta + rope_scaling), 'qwen2' (q/k/v bias, untied, one safetensors file)."""
-    root = tmp_path_factory.mktemp('hf')
-    llama = LlamaForCausalLM(LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, rope_theta=10000.0, rms_norm_eps=1e-5,
-        tie_word_embeddings=True, rope_scaling=dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0,
-                                                    high_freq_factor=4.0, original_max_position_embeddings=32)))
-    randomise(llama, 0)
-    llama.save_pretrained(root / 'llama', safe_serialization=True, max_shard_size='20KB')
-    write_tiktoken_file(root / 'llama' / 'original' / 'tokenizer.model', {bytes([b]): b for b in range(256)})
-    shutil.copytree(root / 'llama', root / 'llama_hub_config')
-    config = json.loads((root / 'llama' / 'config.json').read_text())
-    rope = config.pop('rope_parameters', None) or config.pop('rope_scaling')  # transformers >= 5 / < 5
-    config['rope_theta'] = rope.pop('rope_theta', config.get('rope_theta'))
-    config['rope_scaling'] = rope
-    (root / 'llama_hub_config' / 'config.json').write_text(json.dumps(config))
-    qwen = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=256, rope_theta=1e6, rms_norm_eps=1e-6,
-        tie_word_embeddings=False))
-    randomise(qwen, 1)
-    qwen.save_pretrained(root / 'qwen2', safe_serialization=True)
-    return {name: root / name for name in ('llama', 'llama_hub_config', 'qwen2')}
-
-
-def hf_logits(path, idx):
-    model_type = json.loads((path / 'config.json').read_text())['model_type']
-    # eager: HF's explicit softmax(QK^T) attention, a different computation from our SDPA call
-    model = HF_CLASSES[model_type].from_pretrained(path, attn_implementation='eager').float().eval()
-    with torch.no_grad():
-        return model(idx).logits
 
 # -----------------------------------------------------------------------------
 # GPT.from_pretrained
@@ -160,7 +105,7 @@ def test_from_pretrained_errors(name, hf_dirs, tmp_path):
         (path / 'model.safetensors').unlink()
     with pytest.raises(error, match=message):
         GPT.from_pretrained(str(path))
-    with pytest.raises(SystemExit, match=message):  # the teacher loader turns it into a message, not a traceback
+    with pytest.raises(RunError, match=message):  # the teacher loader turns it into a message, not a traceback
         distill.load_teacher(str(path))
 
 

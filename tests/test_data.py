@@ -1,5 +1,5 @@
 """Tests for data.py: tokenizers (round trip, exact parity with Hugging Face `tokenizers` on tiny tokenizers
-built here), shard files. The tiny tokenizers and their fixtures are shared with the other tests."""
+built here: helpers.py, and the fixtures checkpoints and layouts of conftest.py), shard files."""
 import base64
 import hashlib
 import json
@@ -13,82 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiktoken
-from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
-                        trainers)
+from tokenizers import Regex, Tokenizer, pre_tokenizers, processors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from files import RunError  # noqa: E402
 from data import (FAMILIES, GPT2_DIGIT_RUNS_PATTERN, GPT2_DIGITS_PATTERN, GPT2_PATTERN, LLAMA3_PATTERN,  # noqa: E402
                   QWEN2_PATTERN, encode_document, gpt2_unicode_to_byte, llama3_special_tokens, load_tokenizer,
                   read_shard, tokenizer_info, write_shard)
-from prepare_data import builtin_corpus  # noqa: E402
-
-# Text with unicode (accents, CJK, emoji), whitespace runs, tabs, CRLF, digit runs and contractions.
-TEXT = ("Hello,   world! It's 2024; we've 1234567 items\u2014costing $3.50 (½ off).\n\n"
-        "  Ünïcödé: naïve café, 你好世界, 🤖🚀 emoji\ttab\r\nCRLF line.   \n"
-        "THEY'RE LOUD'LL 'S 0.001 x=42*y  \n\n\n   trailing   ")
-# The pre-tokenizer regexes as the HF tokenizers of Llama-3 (tokenizer.json, "Split" pre-tokenizer) and Qwen1.5/2
-# (PRETOKENIZE_REGEX of transformers' tokenization_qwen2.py) use them; written out independently of data.py.
-HF_LLAMA3_REGEX = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
-                   "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
-HF_QWEN2_REGEX = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
-                  "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
-
-
-def corpus():
-    return builtin_corpus()
-
-
-def train_hf_bpe(regex, nfc, special_tokens):
-    """A tiny byte-level BPE, set up like Llama-3's / Qwen's tokenizer.json; specials get ids after the merges."""
-    tok = Tokenizer(models.BPE())
-    if nfc:
-        tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(regex), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1200, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(corpus()[:40] + [TEXT], trainer)
-    tok.add_special_tokens(special_tokens)
-    return tok
-
-
-def write_json(path, obj):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj))
-
-
-def write_tiktoken_file(path, ranks):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks.items()))
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """Fake checkpoint directories (name -> (dir, the HF tokenizer it must match))."""
-    root = tmp_path_factory.mktemp("checkpoints")
-    qwen = train_hf_bpe(HF_QWEN2_REGEX, nfc=True, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    # Qwen as tokenizer.json ... (its tokenizer_config.json names the EOS and no BOS, as Qwen1.5's)
-    write_json(root / "qwen_json" / "config.json", {"model_type": "qwen2"})
-    qwen.save(str(root / "qwen_json" / "tokenizer.json"))
-    qwen_config = {"tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": "<|endoftext|>"}
-    write_json(root / "qwen_json" / "tokenizer_config.json", qwen_config)
-    # ... and as vocab.json + merges.txt, with the special tokens in tokenizer_config.json (as Qwen1.5 ships them)
-    write_json(root / "qwen_vocab" / "config.json", {"model_type": "qwen2"})
-    qwen.model.save(str(root / "qwen_vocab"))
-    added = {str(qwen.token_to_id(t)): {"content": t, "special": True}
-             for t in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}
-    write_json(root / "qwen_vocab" / "tokenizer_config.json", {"added_tokens_decoder": added, **qwen_config})
-    # Llama-3 style: original/tokenizer.model (tiktoken format) next to config.json; its ranks are the HF ids.
-    llama = train_hf_bpe(HF_LLAMA3_REGEX, nfc=False, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"])
-    to_byte = gpt2_unicode_to_byte()
-    ranks = {bytes(to_byte[c] for c in t): i for t, i in llama.get_vocab(with_added_tokens=False).items()}
-    write_json(root / "llama" / "config.json", {"model_type": "llama"})
-    write_tiktoken_file(root / "llama" / "original" / "tokenizer.model", ranks)
-    return {"qwen_json": (root / "qwen_json", qwen), "qwen_vocab": (root / "qwen_vocab", qwen),
-            "llama": (root / "llama", llama)}
+from helpers import (CODE, EOT, HF_LLAMA3_REGEX, HF_QWEN2_REGEX, POOL, SMOLLM2_LACKS, TEXT,  # noqa: E402
+                     byte_level, corpus, digits_then_gpt2, lossy_texts, lossy_tokenizer, save_layout, split_then_bytes,
+                     write_json)
 
 
 # -----------------------------------------------------------------------------
@@ -158,14 +92,14 @@ def test_llama3_special_tokens():
 
 
 def test_bad_tokenizers(tmp_path, checkpoints):
-    with pytest.raises(SystemExit, match="unknown tokenizer"):
+    with pytest.raises(RunError, match="unknown tokenizer"):
         load_tokenizer("gpt-17")
     # a model directory without tokenizer files (config.json is not read for the tokenizer)
     write_json(tmp_path / "mistral" / "config.json", {"model_type": "mistral"})
-    with pytest.raises(SystemExit, match="has no tokenizer.json, vocab.json \\+ merges.txt, or original/tokenizer"):
+    with pytest.raises(RunError, match="has no tokenizer.json, vocab.json \\+ merges.txt, or original/tokenizer"):
         load_tokenizer(str(tmp_path / "mistral"))
     (tmp_path / "sentencepiece.model").write_bytes(b"\n\x0f\n\x05<unk>\x15\x00\x00\x00\x00\x18\x02")
-    with pytest.raises(SystemExit, match="not a tiktoken BPE file"):
+    with pytest.raises(RunError, match="not a tiktoken BPE file"):
         load_tokenizer(str(tmp_path / "sentencepiece.model"))
     # a vocabulary whose ids do not follow the merge order cannot be reproduced by tiktoken
     qwen_dir, hf = checkpoints["qwen_vocab"]
@@ -176,27 +110,16 @@ def test_bad_tokenizers(tmp_path, checkpoints):
     write_json(tmp_path / "shuffled" / "config.json", {"model_type": "qwen2"})
     write_json(tmp_path / "shuffled" / "vocab.json", vocab)
     (tmp_path / "shuffled" / "merges.txt").write_text("\n".join(["#version: 0.2", *merges]))
-    with pytest.raises(SystemExit, match="out of id order"):
+    with pytest.raises(RunError, match="out of id order"):
         load_tokenizer(str(tmp_path / "shuffled"))
     # a directory without its EOS token cannot mark document ends (no tokenizer_class: GPT2Tokenizer's defaults)
     (tmp_path / "shuffled" / "merges.txt").write_text("#version: 0.2\n")
-    with pytest.raises(SystemExit, match="eos_token '<\\|endoftext\\|>' is not one of its special tokens"):
+    with pytest.raises(RunError, match="eos_token '<\\|endoftext\\|>' is not one of its special tokens"):
         load_tokenizer(str(tmp_path / "shuffled"))
 
 
 # -----------------------------------------------------------------------------
 # Tokenizers read from their own files (any byte-level BPE directory), against the `tokenizers` library
-
-CODE = ('def f(x, y=3.14e-10):\n\tif x >= 0x1F:  # 🐍 comment\r\n        return {"a": [1, 22, 333, 4444, 55555]}\n'
-        '    s = f"{x!r:>10}" + \'don\\\'t\'  \t\n\n    return s.upper()  # WE\'RE   DONE\n')
-# Fresh text built from pieces the tokenizers treat differently: letters, contractions, ASCII and other digits
-# (Arabic-Indic, superscripts, fractions, Roman numerals, Devanagari, Unicode 16's Kirat Rai), whitespace runs
-# (tabs, CRLF, NBSP, ideographic space, line separator), punctuation, emoji with ZWJ and flags, CJK, combining marks.
-POOL = (list("abcXYZé") + ["the", "don't", "'s", "'LL", "'ve", "x=1", "O'Neil"] + list("0123456789")
-        + ["٣", "²", "½", "Ⅻ", "〇", "१", "12345", "3.14159", "\U00011DE3", "\U00016FF5"]
-        + [" ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "\u00a0", "\u3000", "\u2028"]
-        + list(".,;:!?-_()[]{}<>\"'/\\@#$%^&*+=~`|")
-        + ["🤖", "👩\u200d💻", "🇺🇸", "你好", "e\u0301", "한국어", "مرحبا", "नमस्ते", "    return x", "def f(a, b):"])
 
 
 def fuzz(seed, n=60):
@@ -206,98 +129,6 @@ def fuzz(seed, n=60):
 
 def parity_texts():
     return [TEXT, CODE, unicodedata.normalize("NFD", TEXT), *corpus()[40:79], *(fuzz(seed) for seed in range(30))]
-
-
-def byte_level(use_regex=True):
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
-
-
-def split_then_bytes(regex):  # Llama-3 and Qwen2's tokenizer.json
-    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"), byte_level(False)])
-
-
-def digits_then_gpt2(individual):  # SmolLM's (and StarCoder's) tokenizer.json
-    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=individual), byte_level()])
-
-
-def hf_tokenizer(pre_tokenizer, nfc=False, leading_specials=(), specials=(), inline=(), template=None):
-    """A tiny byte-level BPE trained here. leading_specials get the first ids (as SmolLM's), specials ids after the
-    merges (as Llama-3's, Qwen's); inline: (content, normalized) added tokens that are not special; template: the
-    post-processor's single-text template, e.g. '<s> $A </s>'."""
-    tok = Tokenizer(models.BPE())
-    if nfc:
-        tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizer
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1200, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=list(leading_specials), show_progress=False)
-    tok.train_from_iterator(corpus()[:40] + [TEXT, CODE], trainer)
-    tok.add_special_tokens(list(specials))
-    tok.add_tokens([AddedToken(t, special=False, normalized=normalized) for t, normalized in inline])
-    if template:
-        names = [w for w in template.split() if w != "$A"]
-        tok.post_processor = processors.TemplateProcessing(single=template,
-                                                           special_tokens=[(n, tok.token_to_id(n)) for n in names])
-    return tok
-
-
-def save_layout(directory, tok, tokenizer_config=None, config=None, special_tokens_map=None):
-    """A directory as the hub has them: tokenizer.json and the given JSON files (None: no such file)."""
-    directory.mkdir(parents=True)
-    tok.save(str(directory / "tokenizer.json"))
-    for name, obj in [("tokenizer_config.json", tokenizer_config), ("config.json", config),
-                      ("special_tokens_map.json", special_tokens_map)]:
-        if obj is not None:
-            write_json(directory / name, obj)
-    return directory
-
-
-EOT = "<|endoftext|>"
-
-
-@pytest.fixture(scope="module")
-def layouts(tmp_path_factory):
-    """name -> (directory, its `tokenizers` Tokenizer, the family, the tokens before / after each document)."""
-    root = tmp_path_factory.mktemp("layouts")
-    chat = [EOT, "<|im_start|>", "<|im_end|>"]
-    gpt2_config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": EOT, "eos_token": EOT}
-    qwen_config = {"tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": EOT}
-    out = {}
-
-    def add(name, tok, family, boundary, **files):
-        out[name] = (save_layout(root / name, tok, **files), tok, family, boundary)
-
-    # a plain tokenizer directory, no config.json: GPT-2's pre-tokenizer
-    add("gpt2_no_config", hf_tokenizer(byte_level(), specials=[EOT]), "bpe", ([], [EOT]), tokenizer_config=gpt2_config)
-    # a Llama model with SmolLM's tokenizer: Digits + GPT-2's regex, specials at ids 0-2, <|endoftext|> ends documents
-    add("smollm_llama", hf_tokenizer(digits_then_gpt2(True), leading_specials=chat), "bpe", ([], [EOT]),
-        tokenizer_config=gpt2_config, config={"model_type": "llama"})
-    # digit runs isolated; the EOS named only in special_tokens_map.json (an AddedToken dict)
-    add("digit_runs", hf_tokenizer(digits_then_gpt2(False), specials=["</s>"]), "bpe", ([], ["</s>"]),
-        special_tokens_map={"eos_token": {"content": "</s>", "lstrip": False, "rstrip": False}})
-    # a qwen2 model whose tokenizer.json pre-tokenizes with GPT-2's regex (and NFC)
-    add("qwen2_gpt2_regex", hf_tokenizer(byte_level(), nfc=True, specials=chat), "bpe", ([], [EOT]),
-        tokenizer_config=qwen_config, config={"model_type": "qwen2"})
-    # Llama-3's tokenizer.json: its regex, <|begin_of_text|> prepended by the post-processor; no config.json
-    llama3 = hf_tokenizer(split_then_bytes(HF_LLAMA3_REGEX), specials=["<|begin_of_text|>", "<|end_of_text|>"],
-                          template="<|begin_of_text|> $A")
-    llama3_config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
-                     "eos_token": "<|end_of_text|>"}
-    add("llama3_json", llama3, "llama3", (["<|begin_of_text|>"], []), tokenizer_config=llama3_config)
-    # the hub's Llama-3 layout: the same, plus config.json and Meta's original/tokenizer.model (the same ranks)
-    add("llama3_hub", llama3, "llama3", (["<|begin_of_text|>"], []), tokenizer_config=llama3_config,
-        config={"model_type": "llama"})
-    to_byte = gpt2_unicode_to_byte()
-    write_tiktoken_file(root / "llama3_hub" / "original" / "tokenizer.model",
-                        {bytes(to_byte[c] for c in t): i for t, i in llama3.get_vocab(with_added_tokens=False).items()})
-    # Qwen2.5's shape: NFC, Qwen's regex, added tokens that are not special (<tool_call>) matched inside text
-    add("qwen25_inline", hf_tokenizer(split_then_bytes(HF_QWEN2_REGEX), nfc=True, specials=chat,
-                                      inline=[("<tool_call>", False), ("</tool_call>", False), ("naïve", True)]),
-        "bpe", ([], [EOT]), tokenizer_config=qwen_config, config={"model_type": "qwen2"})
-    # a template with BOS and EOS: documents are wrapped the same way
-    add("bos_and_eos", hf_tokenizer(byte_level(), specials=["<s>", "</s>"], template="<s> $A </s>"), "bpe",
-        (["<s>"], ["</s>"]), tokenizer_config={"bos_token": "<s>", "eos_token": "</s>"})
-    return out
 
 
 LAYOUTS = ["gpt2_no_config", "smollm_llama", "digit_runs", "qwen2_gpt2_regex", "llama3_json", "llama3_hub",
@@ -435,45 +266,11 @@ def test_sha256_keeps_old_data_valid_and_covers_conventions(tmp_path, layouts, c
 # Vocabularies without a token for every byte (SmolLM2's lacks 21, huggingface/smollm#81): Hugging Face's BPE drops
 # those bytes and merges what is left of each piece. Tiny ones trained here, then the real SmolLM2 tokenizers.
 
-# SmolLM2's missing bytes: six ASCII controls, 0xC0 and 0xC1 (never in UTF-8), the lead bytes 0xF1, 0xF2, 0xF5-0xFF
-SMOLLM2_LACKS = bytes([0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2, *range(0xF5, 0x100)])
-# text around them: the controls, characters led by F1 / F2 (whose other bytes are in the vocabulary), a missing
-# byte inside pieces that merge once it is gone, long pieces, SignWriting and plane-14 tags (led by F0 / F3: kept),
-# and SmolLM2's chat markup
-LOSSY_POOL = ["\x04", "\x06", "\x13", "\x14", "\x16", "\x1d", "\U00040000", "\U0008ABCD", "\U000BFFFD", "!\x04!",
-              "??\x06??", "a\x13b", " \x1d", "\x04\x06", "=" * 12 + "\x14" + "=" * 12, "\U0001D800\U0001DA8B",
-              "\U000E0067\U000E007F", "\U0010FFFD", "<|im_start|>user\n", "<|im_end|>\n", "<|endoftext|>"]
-
-
-def lossy_fuzz(seed):
-    rng = random.Random(seed)
-    return "".join(rng.choice(POOL + LOSSY_POOL * 2) for _ in range(rng.randrange(1, 80)))
-
-
-def lossy_texts():
-    return [TEXT, CODE, *corpus()[40:50], *(lossy_fuzz(seed) for seed in range(80))]
-
 
 def symbol_bytes(tokens):
     """The bytes that byte-level BPE tokens (as strings of byte-level symbols) stand for."""
     to_byte = gpt2_unicode_to_byte()
     return b"".join(bytes(to_byte[c] for c in token) for token in tokens)
-
-
-def lossy_tokenizer(pre_tokenizer, lacking=SMOLLM2_LACKS):
-    """A tiny byte-level BPE with no token for the bytes in `lacking`: trained without their symbols, on text
-    without the characters that hold them. Its <|endoftext|> is special."""
-    to_unicode = {b: c for c, b in gpt2_unicode_to_byte().items()}
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizer
-    tok.decoder = decoders.ByteLevel()
-    alphabet = [c for c in pre_tokenizers.ByteLevel.alphabet() if c not in {to_unicode[b] for b in lacking}]
-    trainer = trainers.BpeTrainer(vocab_size=1200, initial_alphabet=alphabet, special_tokens=[EOT],
-                                  show_progress=False)
-    tok.train_from_iterator(["".join(c for c in t if not set(c.encode()) & set(lacking))
-                             for t in corpus()[:40] + [TEXT, CODE]], trainer)
-    tok.encode_special_tokens = True  # <|endoftext|> in a text is text, as in encode_ordinary
-    return tok
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "smollm", "llama3"])
@@ -519,7 +316,7 @@ def test_byte_fallback_and_unk_token_with_missing_bytes(tmp_path):
     vocab = spec["model"]["vocab"] | {"<0xC4>": len(spec["model"]["vocab"]), "<0x84>": len(spec["model"]["vocab"]) + 1}
     fires, path = variant("fires", byte_fallback=True, vocab=vocab)
     assert fires.encode("a\x04").ids == [fires.token_to_id("a"), vocab["<0xC4>"], vocab["<0x84>"]]
-    with pytest.raises(SystemExit, match="a SentencePiece-style BPE"):
+    with pytest.raises(RunError, match="a SentencePiece-style BPE"):
         load_tokenizer(path)
     unk, path = variant("unk", unk_token=EOT)
     assert unk.encode("a\x04").ids == [unk.token_to_id("a"), unk.token_to_id(EOT)]
@@ -528,7 +325,7 @@ def test_byte_fallback_and_unk_token_with_missing_bytes(tmp_path):
         load_tokenizer(path)
     (tmp_path / "slow").mkdir()
     hf.model.save(str(tmp_path / "slow"))
-    with pytest.raises(SystemExit, match="lacks 21 of the 256 single bytes.*depend on the transformers version"):
+    with pytest.raises(RunError, match="lacks 21 of the 256 single bytes.*depend on the transformers version"):
         load_tokenizer(str(tmp_path / "slow"))
 
 
@@ -586,11 +383,11 @@ def test_shard_round_trip_and_header_validation(tmp_path, dtype):
     data = Path(path).read_bytes()
     for wrong_size in (data[:-1], data + b"\0\0"):
         Path(path).write_bytes(wrong_size)
-        with pytest.raises(SystemExit, match="truncated or corrupt"):
+        with pytest.raises(RunError, match="truncated or corrupt"):
             read_shard(path)
     Path(path).write_bytes(b"NOTSHARD" + data[8:])
-    with pytest.raises(SystemExit, match="bad magic"):
+    with pytest.raises(RunError, match="bad magic"):
         read_shard(path)
     Path(path).write_bytes(data[:10])
-    with pytest.raises(SystemExit, match="bad magic"):
+    with pytest.raises(RunError, match="bad magic"):
         read_shard(path)

@@ -1,7 +1,7 @@
 """Tests for distill.py: this repo's checkpoints and Hugging Face directories as teachers, the fused KD loss against a
 float64 full-logits reference, a short distillation run, every compatibility error, Mistral and other-family teachers,
-the CLI. (GPT.from_pretrained itself, and the tiny Hugging Face checkpoints these tests share, are in
-test_checkpoint.py.)"""
+the CLI. (GPT.from_pretrained itself is tested in test_checkpoint.py; the tiny Hugging Face checkpoints these tests
+share are the fixtures hf_dirs and family_teachers of conftest.py.)"""
 import dataclasses
 import json
 import math
@@ -13,20 +13,18 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 import distill
 import memory_plan
 import prepare_data as prep
 import train
 from data import load_tokenizer, read_shard, tokenizer_info
+from files import RunError, run_script
 from model import GPT, ModelConfig
-import test_checkpoint
-from test_checkpoint import HF_CLASSES, hf_logits, randomise, rel_err
-from test_data import EOT, HF_QWEN2_REGEX, byte_level, digits_then_gpt2, hf_tokenizer, split_then_bytes
+from helpers import EOT
+from hf_helpers import hf_logits, rel_err
 
 torch.set_num_threads(2)
-hf_dirs = test_checkpoint.hf_dirs  # the tiny Hugging Face checkpoints, a module fixture
 
 
 # -----------------------------------------------------------------------------
@@ -87,7 +85,7 @@ def test_bad_teacher_specs(tmp_path):
     for spec, message in [(tmp_path / 'nowhere', 'no such file or directory'),
                           (tmp_path / 'empty', 'neither config.json'),
                           (tmp_path / 'partial.pt', 'no model_config, tokenizer')]:
-        with pytest.raises(SystemExit, match=message):
+        with pytest.raises(RunError, match=message):
             distill.load_teacher(str(spec))
 
 # -----------------------------------------------------------------------------
@@ -424,7 +422,7 @@ def test_compatibility_errors(case, our_teacher, hf_dirs):
                 'data vocab > student vocab': small,
                 'student rows != teacher rows': ['the student has 384 vocabulary rows, the teacher 320'],
                 'block_size > teacher': [block], 'everything': [tokenizer, *small, block]}[case]
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(RunError) as e:
         distill.check_compatibility(teacher, spec, student, meta, block_size)
     text = str(e.value)
     assert text.startswith(f'teacher {spec} does not fit') and text.count('\n  - ') == len(messages)
@@ -436,7 +434,7 @@ def test_hf_teacher_tokenizer_is_checked(hf_dirs):
     teacher = distill.load_teacher(spec)
     own = tokenizer_info(load_tokenizer(spec), spec)
     distill.check_compatibility(teacher, spec, teacher.config, dict(tokenizer=own, vocab_size=512), 128)
-    with pytest.raises(SystemExit, match='llama3, 512 tokens.*bytes, 257 tokens'):
+    with pytest.raises(RunError, match='llama3, 512 tokens.*bytes, 257 tokens'):
         distill.check_compatibility(teacher, spec, None, bytes_meta(), 128)
 
 # -----------------------------------------------------------------------------
@@ -481,61 +479,15 @@ def test_cli_errors(hf_dirs, llama_data, our_teacher, tmp_path, capsys):
              ([teacher, data, '--batches=two'], "invalid int value: 'two'"),
              ([teacher, data, '--batches=0'], '--batches=0 is out of range: must be >= 1'),
              ([data], 'the following arguments are required: --teacher')]
-    for argv, message in cases:
+    for argv, message in cases:  # as the script runs them: a fault (status 1) or a bad flag (2), on stderr
         with pytest.raises(SystemExit) as e:
-            distill.main(argv)
-        assert message in str(e.value) + capsys.readouterr().err, (argv, message)
+            run_script(distill.main, argv)
+        assert e.value.code in (1, 2) and message in capsys.readouterr().err, (argv, message)
 
 
 # -----------------------------------------------------------------------------
 # Teachers of every supported shape with any byte-level BPE tokenizer (issue 14)
 
-HF_CONFIGS = {'llama': LlamaConfig, 'mistral': MistralConfig, 'qwen2': Qwen2Config}
-CHAT = [EOT, '<|im_start|>', '<|im_end|>']
-
-
-def save_hf_teacher(path, model_type, tokenizer, tokenizer_config, vocab_size, seed, **config):
-    """A tiny randomised transformers model of model_type, with `tokenizer` (a tokenizers.Tokenizer) and its
-    tokenizer_config.json next to it, as the hub has them."""
-    config = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128) | config
-    model = HF_CLASSES[model_type](HF_CONFIGS[model_type](**config))
-    randomise(model, seed)
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save(str(path / 'tokenizer.json'))
-    (path / 'tokenizer_config.json').write_text(json.dumps(tokenizer_config))
-    return path
-
-
-def family_teacher_dirs(root):
-    """'smollm_llama': a Llama with SmolLM's tokenizer (Digits + GPT-2's regex, <|endoftext|> at id 0, tied);
-    'mistral': no sliding window, a GPT-2 tokenizer; 'mistral_window': a sliding window of 16 positions;
-    'qwen2_padded': Qwen2.5's shape (q/k/v biases, tied, NFC, Qwen's regex, a non-special added token) with 1280
-    vocabulary rows for a tokenizer of fewer ids, as Qwen's 151,936 rows for 151,665 tokens;
-    'qwen2_gpt2_regex': a qwen2 model whose tokenizer.json pre-tokenizes with GPT-2's regex."""
-    gpt2_config = {'tokenizer_class': 'GPT2Tokenizer', 'bos_token': EOT, 'eos_token': EOT}
-    qwen_config = {'tokenizer_class': 'Qwen2Tokenizer', 'bos_token': None, 'eos_token': EOT}
-    smol = hf_tokenizer(digits_then_gpt2(True), leading_specials=CHAT)
-    gpt2 = hf_tokenizer(byte_level(), specials=[EOT])
-    qwen = hf_tokenizer(split_then_bytes(HF_QWEN2_REGEX), nfc=True, specials=CHAT, inline=[('<tool_call>', False)])
-    qwen_gpt2 = hf_tokenizer(byte_level(), nfc=True, specials=CHAT)
-    return {
-        'smollm_llama': save_hf_teacher(root / 'smollm_llama', 'llama', smol, gpt2_config, smol.get_vocab_size(), 0,
-                                        tie_word_embeddings=True),
-        'mistral': save_hf_teacher(root / 'mistral', 'mistral', gpt2, gpt2_config, gpt2.get_vocab_size(), 1,
-                                   sliding_window=None, rope_theta=1e6),
-        'mistral_window': save_hf_teacher(root / 'mistral_window', 'mistral', gpt2, gpt2_config,
-                                          gpt2.get_vocab_size(), 2, sliding_window=16),
-        'qwen2_padded': save_hf_teacher(root / 'qwen2_padded', 'qwen2', qwen, qwen_config, 1280, 3,
-                                        tie_word_embeddings=True, rope_theta=1e6),
-        'qwen2_gpt2_regex': save_hf_teacher(root / 'qwen2_gpt2_regex', 'qwen2', qwen_gpt2, qwen_config, 1280, 4,
-                                            tie_word_embeddings=False),
-    }
-
-
-@pytest.fixture(scope='module')
-def family_teachers(tmp_path_factory):
-    return family_teacher_dirs(tmp_path_factory.mktemp('families'))
 
 
 @pytest.mark.parametrize('kind', ['smollm_llama', 'mistral', 'mistral_window', 'qwen2_padded'])
@@ -588,16 +540,16 @@ def test_any_tokenizer_family_prepares_and_distills(family_teachers, tmp_path):
         rows = teacher.config.vocab_size
         distill.check_compatibility(teacher, str(teacher_dir), tiny_config(vocab_size=rows), meta, 16)
         if rows > meta['vocab_size']:  # padded: fine for the data, but the student needs the teacher's rows
-            with pytest.raises(SystemExit, match=f"set the student's vocab_size={rows}"):
+            with pytest.raises(RunError, match=f"set the student's vocab_size={rows}"):
                 distill.check_compatibility(teacher, str(teacher_dir), tiny_config(vocab_size=meta['vocab_size']),
                                             meta, 16)
     # the other teacher's data: its tokenizer differs, named by family and size
-    with pytest.raises(SystemExit, match='is not the one the data was tokenized with'):
+    with pytest.raises(RunError, match='is not the one the data was tokenized with'):
         distill.main([f'--teacher={family_teachers["smollm_llama"]}', f'--data_dir={tmp_path / "qwen2_padded"}'])
     # Mistral's sliding window caps the teacher's length: a longer window is refused, alone among the checks
     spec = str(family_teachers['mistral_window'])
     own = tokenizer_info(load_tokenizer(spec), spec)
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(RunError) as e:
         distill.check_compatibility(distill.load_teacher(spec), spec, None,
                                     dict(tokenizer=own, vocab_size=own['n_vocab']), 17)
     assert str(e.value).count('\n  - ') == 1

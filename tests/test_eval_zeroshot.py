@@ -15,8 +15,9 @@ import torch.nn.functional as F
 
 import eval_zeroshot as ez
 from data import load_tokenizer, tokenizer_info, write_shard
+from files import RunError
 from model import GPT, IGNORE_INDEX, ModelConfig
-from test_data import EOT, write_tiktoken_file
+from helpers import EOT, write_tiktoken_file
 
 torch.set_num_threads(2)
 BYTES = load_tokenizer('bytes')
@@ -84,7 +85,7 @@ def test_encoding(bpe):
     assert ez.encode_request(BYTES, 'abcdefgh', ' xy', 5) == (tuple(ids('fgh x')), tuple(ids(' xy')))
     with pytest.raises(ValueError, match='longer than max_length=2'):
         ez.encode_request(BYTES, 'abc', ' xy', 2)
-    with pytest.raises(SystemExit, match=r'piqa: row 1: .*longer than max_length'):
+    with pytest.raises(RunError, match=r'piqa: row 1: .*longer than max_length'):
         ez.encode_docs('piqa', [ez.piqa_doc(ROWS['piqa']), ez.piqa_doc(dict(ROWS['piqa'], sol2='y' * 50))], BYTES, 20)
 
 
@@ -159,7 +160,7 @@ def test_c4_windows(bpe):
     text = ' '.join(r['text'] for r in rows[:ez.C4_DOCS])
     assert ez.c4_tokens(BYTES, rows) == list(text.encode())  # first 1100 docs, one space, no BOS for bytes
     assert ez.c4_tokens(bpe, rows)[0] == bpe.encode_single_token('<|begin_of_text|>')  # Llama-3: one BOS at the start
-    with pytest.raises(SystemExit, match='needs the first 1100'):
+    with pytest.raises(RunError, match='needs the first 1100'):
         ez.c4_tokens(BYTES, rows[:10])
     model, ids = tiny_model('affine'), ez.c4_tokens(BYTES, rows)
     r = ez.c4_perplexity(model, ids, 5, 16, batch_size=2)
@@ -181,7 +182,7 @@ def test_c4_windows(bpe):
     ('piqa', ['not', 'a', 'dict'], 'expected a JSON object'),
 ])
 def test_bad_rows(task, row, message):
-    with pytest.raises(SystemExit, match=rf"^{task}: row 1 of here: .*{message}"):
+    with pytest.raises(RunError, match=rf"^{task}: row 1 of here: .*{message}"):
         ez.build_docs(task, [ROWS[task], row], 'here')
 
 
@@ -226,10 +227,10 @@ def test_cli(tmp_path, bpe, capsys):
     with pytest.raises(SystemExit):
         ez.main(common + ['--limit=two'])
     write_tiktoken_file(tmp_path / 'tok.model', {bytes([b]): b for b in range(256)})  # not the checkpoint's
-    with pytest.raises(SystemExit, match='not the one the model was trained with'):
+    with pytest.raises(RunError, match='not the one the model was trained with'):
         ez.main(common + [f'--tokenizer={tmp_path / "tok.model"}'])
     (tmp_path / 'broken.pt').write_bytes(b'not a checkpoint')  # the model evaluated, not a "teacher"
-    with pytest.raises(SystemExit, match=rf"^model {tmp_path / 'broken.pt'}: .* is not a readable checkpoint"):
+    with pytest.raises(RunError, match=rf"^model {tmp_path / 'broken.pt'}: .* is not a readable checkpoint"):
         ez.main([a for a in common if not a.startswith('--ckpt')] + [f'--ckpt={tmp_path / "broken.pt"}'])
 
 
@@ -244,7 +245,7 @@ def test_heldout(tmp_path):
     for row in rows:
         assert len(row['endings']) == 4 and row['context'] + ' ' + row['endings'][row['label']] in text
     assert len({r['label'] for r in rows}) == 4
-    with pytest.raises(SystemExit, match='too short'):
+    with pytest.raises(RunError, match='too short'):
         ez.heldout_rows(str(tmp_path), 1000)
 
 
@@ -264,12 +265,6 @@ FAMILY_ROWS = {
     'winogrande': dict(sentence="Tom's 3 cats didn't fit the 2 boxes because _ were too many.", option1='the cats',
                        option2='the boxes', answer='1'),
 }
-
-
-@pytest.fixture(scope='module')
-def family_models(tmp_path_factory):
-    from test_distill import family_teacher_dirs
-    return family_teacher_dirs(tmp_path_factory.mktemp('families'))
 
 
 def harness_logliks(model_dir, docs, max_length):
@@ -299,11 +294,11 @@ def harness_logliks(model_dir, docs, max_length):
 
 
 @pytest.mark.parametrize('kind', ['smollm_llama', 'qwen2_gpt2_regex', 'qwen2_padded'])
-def test_hf_models_of_every_tokenizer_family_score_as_the_harness(kind, family_models, tmp_path):
+def test_hf_models_of_every_tokenizer_family_score_as_the_harness(kind, family_teachers, tmp_path):
     """eval_zeroshot.py --hf_model with a SmolLM-shaped Llama (refused before issue 14), a qwen2 model whose
     tokenizer.json uses GPT-2's regex (tokenized with Qwen's before), and a Qwen2.5-shaped model with a padded
     vocabulary: every choice's log-likelihood equals the harness's to 1e-3."""
-    model_dir = family_models[kind]
+    model_dir = family_teachers[kind]
     data = tmp_path / 'data'
     for task, row in FAMILY_ROWS.items():
         (data / task).mkdir(parents=True)
@@ -315,7 +310,7 @@ def test_hf_models_of_every_tokenizer_family_score_as_the_harness(kind, family_m
         ours = [s for d in results[task]['docs'] for s in d['logliks']]
         assert ours == pytest.approx(harness_logliks(model_dir, docs, 128), abs=1e-3), task
     # these tokenizers put no BOS before a text: --add_bos is refused, an empty context would be scored after EOS
-    with pytest.raises(SystemExit, match='--add_bos: the bpe tokenizer puts no BOS before a text'):
+    with pytest.raises(RunError, match='--add_bos: the bpe tokenizer puts no BOS before a text'):
         ez.main([f'--hf_model={model_dir}', f'--data_dir={data}', '--tasks=piqa', '--add_bos=True'])
     enc = load_tokenizer(str(model_dir))
     assert ez.encode_request(enc, '', ' x', 8, prefix_id=enc.ids([enc.prefix_token])[0])[0] == tuple(enc.ids([EOT]))

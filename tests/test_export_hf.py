@@ -23,9 +23,10 @@ import eval_zeroshot as ez
 import export_hf
 import prepare_data as prep
 from data import gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
+from files import RunError
 from model import GPT, ModelConfig
-from test_checkpoint import randomise
-from test_data import HF_LLAMA3_REGEX, TEXT, train_hf_bpe, write_tiktoken_file
+from helpers import HF_LLAMA3_REGEX, TEXT, train_hf_bpe, write_tiktoken_file
+from hf_helpers import randomise
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]
@@ -345,7 +346,7 @@ def test_transformers_4_reads_the_exports(exported):
 
 def refused(args, match, parent):
     before = sorted(os.listdir(parent)) if os.path.isdir(parent) else None
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(RunError) as e:
         export_hf.main(args)
     message = str(e.value)
     assert match in message and '\n' not in message, message

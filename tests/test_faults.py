@@ -21,8 +21,7 @@ import files
 import prepare_data
 import train
 from model import GPT
-from test_analyze import fake_run
-from test_train import tiny_args
+from helpers import fake_run, tiny_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -202,7 +201,7 @@ def test_prepare_data_removes_only_its_own_unconfirmed_files(data_dir, tmp_path)
     fresh = tmp_path / 'fresh'
     fresh.mkdir()
     (fresh / 'notes.tmp').write_text('the user\'s')
-    with pytest.raises(SystemExit, match='is not empty and has no meta.json'):
+    with pytest.raises(files.RunError, match='is not empty and has no meta.json'):
         prepare_data.main(['--source=builtin', f'--out_dir={fresh}'])
     assert os.listdir(fresh) == ['notes.tmp']
 

@@ -10,7 +10,7 @@ import common
 import memory_plan
 import train
 from model import FIELD_NAMES, GPT, ModelConfig
-from test_train import ROOT, data_dir, metrics, tiny_args  # noqa: F401 (data_dir is a fixture)
+from helpers import ROOT, metrics, tiny_args
 
 ATTENTIONS = ['softmax', 'sink', 'gated', 'affine', 'affine_gated']
 

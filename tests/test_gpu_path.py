@@ -32,7 +32,6 @@ import memory_plan
 import train
 from data import Windows
 from model import ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
-from test_train import data_dir  # noqa: F401 (a fixture)
 
 torch.set_num_threads(2)
 aten = torch.ops.aten
@@ -75,7 +74,7 @@ def cuda_sdpa_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sc
     torch's sdp_utils.cpp that these calls meet. FlashAttention-2 (or cuDNN's kernel, which takes the same inputs and
     which newer cuDNN releases put first on an H100): fp16/bf16, no mask, head_dim <= 256, and K/V with as many heads
     as q or, with enable_gqa, a divisor of them. The memory-efficient kernel: float32 too, but equal head counts (the
-    groups it does not read; model.needs_repeated_kv). Else the math kernel, with its T x T matrix."""
+    groups it does not read; attention_kernels.needs_repeated_kv). Else the math kernel, with its T x T matrix."""
     heads_ok = k.size(1) == q.size(1) or (enable_gqa and q.size(1) % k.size(1) == 0)
     if (q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and q.size(-1) <= 256 and heads_ok
             and not (is_causal and q.size(2) != k.size(2))):

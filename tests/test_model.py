@@ -13,8 +13,9 @@ import zlib
 import pytest
 import torch
 
+from attention_kernels import SinkAttention, needs_repeated_kv, sink_attention, sink_attention_explicit
 from common import estimate_mfu, flops_per_token
-from model import ATTENTIONS, GPT, Attention, KVCache, ModelConfig, rope_cos_sin, sink_attention_explicit
+from model import ATTENTIONS, GPT, Attention, KVCache, ModelConfig, rope_cos_sin
 from train import configure_optimizers
 
 torch.set_num_threads(2)
@@ -187,7 +188,6 @@ def has_bthd_layout(t):
 def test_gqa_rule_repeats_kv_only_where_no_fused_kernel_takes_groups():
     """One rule for SDPA and the sink: repeat K/V only on CUDA without half precision (the memory-efficient kernel
     takes no GQA in torch <= 2.13, so enable_gqa=True would run the math kernel's T x T matrix)."""
-    from model import needs_repeated_kv
     assert needs_repeated_kv('cuda', torch.float32) and needs_repeated_kv('cuda', torch.float64)
     assert not needs_repeated_kv('cuda', torch.bfloat16) and not needs_repeated_kv('cuda', torch.float16)
     assert not any(needs_repeated_kv('cpu', d) for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64))
@@ -220,10 +220,10 @@ def test_cpu_flash_kernel_gets_grouped_kv(attention, dtype):
 
 @pytest.mark.parametrize('attention', ['softmax', 'sink', 'affine'])
 def test_repeated_kv_path_matches_grouped_kv(attention, monkeypatch):
-    """Where a kernel takes no groups (CUDA float32, model.needs_repeated_kv), K/V reach it repeated to every query
-    head. Forced here on CPU: the kernel sees n_head heads, and outputs and gradients equal the grouped path's
+    """Where a kernel takes no groups (CUDA float32, attention_kernels.needs_repeated_kv), K/V reach it repeated to
+    every query head. Forced here on CPU: the kernel sees n_head heads, and outputs and gradients equal the grouped path's
     (float64; both are exact up to summation order)."""
-    import model
+    import attention_kernels
     torch.manual_seed(4)
     cfg = tiny_config(attention=attention)
     attn = random_attention(cfg, torch.float64)
@@ -241,7 +241,7 @@ def test_repeated_kv_path_matches_grouped_kv(attention, monkeypatch):
         return out, grads, k.size(1)
 
     out_grouped, grads_grouped, heads_grouped = run()
-    monkeypatch.setattr(model, 'needs_repeated_kv', lambda device_type, dtype: True)
+    monkeypatch.setattr(attention_kernels, 'needs_repeated_kv', lambda device_type, dtype: True)
     out_repeated, grads_repeated, heads_repeated = run()
     assert (heads_grouped, heads_repeated) == (cfg.n_kv_head, cfg.n_head)
     torch.testing.assert_close(out_repeated, out_grouped, rtol=1e-12, atol=1e-12)
@@ -254,7 +254,6 @@ def test_sink_backward_takes_grad_out_as_received(dtype, tol):
     """grad_out in the (B, T, H, D) memory layout (as o_proj's reshape hands it back) reaches the kernel's backward
     as received: same storage, no clone or copy in the whole backward; `out` is saved in that layout. Gradients
     (grouped K/V, n_kv_head=2 < n_head=4) match the explicit matrix: tol of each one's scale; bf16 as above."""
-    from model import sink_attention
     torch.manual_seed(6)
     B, T, H, H_kv, D = 2, 19, 4, 2, 8
 
@@ -339,7 +338,6 @@ def test_sink_explicit_fallback_matches_reference():
     B, H, T, D = 2, 3, 19, 8
     q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
     sinks = torch.randn(H, dtype=torch.float64, requires_grad=True)
-    from sink_kernel import SinkAttention
     fast = SinkAttention.apply(q, k, v, sinks, True)
     slow = sink_attention_explicit(q, k, v, sinks, True)
     torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)

@@ -15,12 +15,10 @@ from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import data  # noqa: E402
 import prepare_data as prep  # noqa: E402
-import test_data  # noqa: E402
 from data import QWEN2_PATTERN, load_tokenizer, read_shard, tokenizer_info  # noqa: E402
-from test_data import EOT, byte_level, corpus, save_layout, write_json, write_tiktoken_file  # noqa: E402
-
-# the tiny tokenizers of test_data.py (pytest finds fixtures by name in this module)
-checkpoints, layouts = test_data.checkpoints, test_data.layouts
+from files import RunError  # noqa: E402
+from helpers import (EOT, SMOLLM2_LACKS, byte_level, corpus, lossy_fuzz, lossy_tokenizer, save_layout,  # noqa: E402
+                     write_json, write_tiktoken_file)
 
 
 def write_two_byte_vocabulary(path):
@@ -88,7 +86,7 @@ def test_bytes_the_vocabulary_lacks(name, tmp_path, request):
     the GGUF, and transformers' conversion): the shards hold the ids of the `tokenizers` library / transformers,
     <|endoftext|> / <|im_end|> after each document as the files declare, and meta.json counts the bytes dropped."""
     if name == "tiny":
-        hf = test_data.lossy_tokenizer(byte_level())
+        hf = lossy_tokenizer(byte_level())
         model_dir = save_layout(tmp_path / "tiny", hf, tokenizer_config={"eos_token": EOT})
         encode, eos = (lambda d: hf.encode(d, add_special_tokens=False).ids), hf.token_to_id(EOT)
     else:
@@ -96,11 +94,11 @@ def test_bytes_the_vocabulary_lacks(name, tmp_path, request):
         model_dir = request.getfixturevalue("smollm2")[name]
         ref = AutoTokenizer.from_pretrained(str(model_dir))
         encode, eos = (lambda d: ref(d, split_special_tokens=True)["input_ids"]), ref.eos_token_id
-    docs = [*corpus()[:6], *(test_data.lossy_fuzz(seed) for seed in range(30))]
+    docs = [*corpus()[:6], *(lossy_fuzz(seed) for seed in range(30))]
     src = tmp_path / "docs.jsonl"
     src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     meta, out_dir = run(tmp_path, f"--source={src}", f"--tokenizer={model_dir}", "--val_every=3")
-    lacking = test_data.SMOLLM2_LACKS
+    lacking = SMOLLM2_LACKS
     for split, split_docs_ in (("train", [d for i, d in enumerate(docs) if i % 3]), ("val", docs[::3])):
         ids = np.concatenate([read_shard(out_dir / n) for n in meta["splits"][split]["shards"]]).tolist()
         assert ids == [i for d in split_docs_ for i in encode(d) + [eos]], split
@@ -182,9 +180,9 @@ def refusal_cases(root, layouts):
 
 def test_unsupported_tokenizers_are_refused_before_anything_is_written(tmp_path, layouts):
     for name, (model_dir, message) in refusal_cases(tmp_path / "dirs", layouts).items():
-        with pytest.raises(SystemExit, match=message):
+        with pytest.raises(RunError, match=message):
             load_tokenizer(str(model_dir))
-        with pytest.raises(SystemExit, match=message):
+        with pytest.raises(RunError, match=message):
             run(tmp_path, f"--tokenizer={model_dir}", out=name)
         assert not (tmp_path / name).exists(), name
 
@@ -309,7 +307,7 @@ def test_resume_after_crash(tmp_path, monkeypatch):
     finished = {n: (out_dir / n).stat().st_mtime_ns for n in ["train_000000.bin", "val_000000.bin"]}
     assert (out_dir / "train_000001.bin").exists()  # written, but not yet recorded in meta.json: redone on resume
     assert not (out_dir / "val_000001.bin").exists()
-    with pytest.raises(SystemExit, match="truncated"):  # the half-written shard does not look valid
+    with pytest.raises(RunError, match="truncated"):  # the half-written shard does not look valid
         read_shard(out_dir / "val_000001.bin.tmp")
 
     monkeypatch.setattr(prep, "write_shard", real_write_shard)
@@ -351,7 +349,7 @@ def test_bad_input_leaves_no_output(tmp_path, monkeypatch, checkpoints):
         ([f"--tokenizer={big_vocab}", "--dtype=uint16"], "cannot hold token ids up to 66047"),
     ]
     for flags, message in cases:
-        with pytest.raises(SystemExit, match=message):
+        with pytest.raises(RunError, match=message):
             run(tmp_path, *flags)
         assert not (tmp_path / "out").exists(), flags
     # the text field goes missing only in a later file, after shards were written: they are removed again
@@ -361,7 +359,7 @@ def test_bad_input_leaves_no_output(tmp_path, monkeypatch, checkpoints):
     monkeypatch.setattr(prep, "CHUNK_CHARS", 10_000)
     written, real_write_shard = [], prep.write_shard
     monkeypatch.setattr(prep, "write_shard", lambda *args: written.append(args[0]) or real_write_shard(*args))
-    with pytest.raises(SystemExit, match="(?s)cannot read the input.*content"):
+    with pytest.raises(RunError, match="(?s)cannot read the input.*content"):
         run(tmp_path, f"--source={tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}", "--shard_tokens=1000")
     assert written and not (tmp_path / "out").exists()
 
@@ -381,7 +379,7 @@ def test_text_field_that_is_not_a_string(tmp_path):
                                      f"field that holds the text as --text_field=NAME \\(fields: text, body\\)"),
              ([f"--source={lists}", "--text_field=title"], "no such text field.*fields: text, body")]
     for flags, message in cases:
-        with pytest.raises(SystemExit, match=message):
+        with pytest.raises(RunError, match=message):
             run(tmp_path, *flags)
         assert not (tmp_path / "out").exists(), flags
     meta, out_dir = run(tmp_path, f"--source={lists}", "--text_field=body", "--val_every=5")
@@ -399,14 +397,14 @@ def test_big_vocabulary_uses_uint32(tmp_path):
 def test_out_dir_with_other_shards_is_refused(tmp_path, checkpoints):
     _, out_dir = run(tmp_path, "--val_every=10")
     before = shard_bytes(out_dir)
-    with pytest.raises(SystemExit, match="different tokenizer"):
+    with pytest.raises(RunError, match="different tokenizer"):
         run(tmp_path, f"--tokenizer={checkpoints['qwen_json'][0]}", "--val_every=10")
-    with pytest.raises(SystemExit, match="different settings.*val_every"):
+    with pytest.raises(RunError, match="different settings.*val_every"):
         run(tmp_path, "--val_every=20")
     assert shard_bytes(out_dir) == before
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "train.bin").write_bytes(b"x")
-    with pytest.raises(SystemExit, match="no meta.json"):
+    with pytest.raises(RunError, match="no meta.json"):
         run(tmp_path, out="foreign")
 
 

@@ -21,7 +21,7 @@ import train
 from data import load_tokenizer, read_shard
 from files import RunError
 from model import GPT
-from test_data import EOT, digits_then_gpt2, lossy_texts, lossy_tokenizer
+from helpers import EOT, digits_then_gpt2, lossy_texts, lossy_tokenizer
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,27 +14,8 @@ import common
 import prepare_data
 import train
 from data import Windows, read_shard
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp('data') / 'builtin_bytes')
-    prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={out}', '--val_every=10', '--num_proc=1'])
-    return out
-
-
-def tiny_args(data_dir, out_dir, *extra):
-    return ['--n_layer=2', '--n_head=2', '--n_kv_head=1', '--n_embd=32', '--intermediate_size=64', '--vocab_size=320',
-            '--block_size=32', '--global_batch_size=8', '--micro_batch_size=4', '--warmup_iters=2',
-            '--eval_interval=1000', '--eval_batches=2', '--log_interval=1000', '--peak_flops=1e12', '--device=cpu',
-            f'--data_dir={data_dir}', f'--out_dir={out_dir}', *extra]
-
-
-def metrics(out_dir):
-    with open(os.path.join(out_dir, 'metrics.jsonl')) as f:
-        return [json.loads(line) for line in f]
+from files import RunError
+from helpers import ROOT, metrics, tiny_args
 
 
 def test_loss_goes_down(data_dir, tmp_path):
@@ -110,7 +91,7 @@ def test_step_batches_cover_each_window_once_per_epoch(data_dir):
     assert (x[:, 1:] == y[:, :-1]).all() and x.shape == (2, 64)
     tokens = read_shard(os.path.join(data_dir, 'train_000000.bin'))
     assert (x[1] == tokens[5 * 64:6 * 64]).all() and y[1, -1] == tokens[6 * 64]  # window k starts at token 64 k
-    with pytest.raises(SystemExit, match='the val split has fewer than block_size'):
+    with pytest.raises(RunError, match='the val split has fewer than block_size'):
         Windows(data_dir, 'val', 10 ** 6)
 
 

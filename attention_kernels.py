@@ -1,0 +1,163 @@
+"""
+How model.py's attention runs on the hardware, kept apart from the math (model.py says what each variant computes,
+this file which kernel computes it), the way nanochat's flash_attention.py separates them:
+
+  softmax_attention   Eq. 1 through PyTorch's fused SDPA kernels (flash / memory-efficient / cuDNN)
+  sink_attention      Eq. 3 in O(T) memory with exact gradients (SinkAttention, on the kernels' log-sum-exp) on CPU
+                      and CUDA; the explicit matrix (sink_attention_explicit) elsewhere
+  kv_for_kernel       grouped-query attention: K/V with n_kv_head heads where the kernel reads the groups itself,
+                      repeated to every query head where it does not (needs_repeated_kv: CUDA float32)
+  attention_scores,   the explicit T x T forms, at least float32: the slow reference every variant's written form
+  sink_weights        (model.Attention.weights) starts from, and the sink's fallback
+
+Paper: https://arxiv.org/abs/2602.23057 (Eq. 1 and 3 in its Sections 2.2-2.3).
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def at_least_fp32(t):
+    """Upcast half precision to float32 for norms, exponentials and sums; float64 stays float64."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+# ----------------------------------------------------------------------------------------------
+# Grouped-query attention (n_kv_head < n_head): the fused kernels get K/V with n_kv_head heads where they read
+# the groups themselves, and repeated to every query head only where they do not. One rule for softmax-family
+# SDPA and the sink's LSE kernels.
+
+def needs_repeated_kv(device_type, dtype):
+    """True where the fused attention kernel for (device_type, dtype) cannot read grouped K/V. CUDA float32 runs
+    the memory-efficient kernel (flash needs half precision), which takes no GQA in torch <= 2.13: there
+    SDPA(enable_gqa=True) falls back to the math kernel, a T x T matrix per layer (out of memory at 1B), while
+    K/V repeated beforehand cost O(T) and keep the memory-efficient kernel. CUDA fp16/bf16 (FlashAttention-2,
+    cuDNN) and CPU's flash kernel (every dtype) take the groups, forward and backward (dk, dv come back with
+    n_kv_head heads). Other devices keep SDPA's own enable_gqa."""
+    return device_type == 'cuda' and dtype not in (torch.float16, torch.bfloat16)
+
+
+def kv_for_kernel(q, k, v):
+    """k, v (B, H_kv, T, D) as the fused kernel for q (B, H, T, D) takes them: as they are, or repeated to H heads."""
+    G = q.size(1) // k.size(1)
+    if G > 1 and needs_repeated_kv(q.device.type, q.dtype):
+        k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+    return k, v
+
+
+def softmax_attention(q, k, v, is_causal):
+    """Eq. 1, softmax(QK^T / sqrt(d)) V, through PyTorch's fused SDPA kernels (flash / memory-efficient / cuDNN),
+    GQA as kv_for_kernel says. q (B, H, T, D), k and v (B, H_kv, T_k, D)."""
+    k, v = kv_for_kernel(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=k.size(1) != q.size(1))
+
+
+def sink_attention(q, k, v, sinks, is_causal):
+    """Eq. 3: softmax attention with the learnable logit sinks[h] in every denominator of head h, in O(T) memory
+    on CPU and CUDA (SinkAttention), as the explicit matrix elsewhere."""
+    if q.device.type in ('cpu', 'cuda'):  # the LSE-returning ops are the SDPA kernels: the same GQA rule
+        return SinkAttention.apply(q, *kv_for_kernel(q, k, v), sinks, is_causal)
+    G = q.size(1) // k.size(1)  # the explicit matrix needs one K/V head per query head
+    return sink_attention_explicit(q, k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1), sinks, is_causal)
+
+
+# ----------------------------------------------------------------------------------------------
+# The explicit T x T forms: the slow path
+
+def attention_scores(q, k, is_causal=True):
+    """QK^T / sqrt(d) as an explicit (B, H, T_q, T_k) matrix, at least float32, K repeated to q's heads (GQA); with
+    is_causal, keys after each query are -inf. The slow path every variant's explicit form starts from."""
+    k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+    scores = at_least_fp32(q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    if is_causal:
+        T_q, T_k = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).triu(1), float('-inf'))
+    return scores
+
+
+def sink_weights(scores, sinks):
+    """Eq. 3 as a matrix: softmax over the (masked) scores plus one sink logit per head, whose column is then
+    dropped; rows sum to less than 1 (the sink's own mass)."""
+    sink_column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
+
+
+def sink_attention_explicit(q, k, v, sinks, is_causal):
+    """Eq. 3 with the explicit (T x T) weight matrix: the fallback for devices without an LSE-returning
+    kernel (anything but CPU and CUDA)."""
+    return sink_weights(attention_scores(q, k, is_causal), sinks).to(v.dtype) @ v
+
+
+# ----------------------------------------------------------------------------------------------
+# The sink in O(T) memory: a flash kernel's output corrected by its log-sum-exp, with exact gradients. PyTorch
+# exposes the LSE only through backend-specific aten ops: the CPU flash kernel, CUDA FlashAttention-2 (fp16/bf16) and
+# CUDA's memory-efficient kernel (fp32). The first two take grouped K/V (fewer heads than q) and return dk, dv with
+# K/V's heads; the third needs equal head counts (kv_for_kernel).
+
+def bthd(t):
+    """t (B, H, T, D) with its memory laid out as (B, T, H, D): the layout of the model's q, k, v (one row of
+    q_proj per token), in which the kernels then write their output. The same tensor, no copy, when t has it.
+    CUDA's memory-efficient backward requires it of `out` without checking (it reads out's row stride as H * D)
+    and copies grad_out into it otherwise; grad_out arrives in it from the model (o_proj reads y.transpose(1, 2)),
+    so grad_out.contiguous() would cost two copies per layer: one away from it and the kernel's one back."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _flash_forward(q, k, v, is_causal):
+    """Fused attention that also returns lse_i = logsumexp_j(q_i.k_j / sqrt(d)) over the visible keys.
+    PyTorch exposes the LSE only through backend-specific aten ops; `state` is what that kernel's
+    backward needs besides (q, k, v, out, lse)."""
+    aten = torch.ops.aten
+    if q.device.type == 'cpu':
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal)
+        return out, lse, ()
+    if q.dtype in (torch.float16, torch.bfloat16):  # CUDA FlashAttention-2
+        out, lse, *state, _ = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal)
+        return out, lse, tuple(state)  # cum_seq_q, cum_seq_k, max_q, max_k, philox seed, offset
+    # CUDA float32: the memory-efficient kernel; its lse is padded along T (to a multiple of 32)
+    out, lse_padded, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, is_causal)
+    return out, lse_padded[..., :q.size(2)], (lse_padded, seed, offset)
+
+
+def _flash_backward(grad_out, q, k, v, out, lse, is_causal, state):
+    """(dq, dk, dv) from the kernel's own backward, for the output `out` and normaliser `lse` given."""
+    aten = torch.ops.aten
+    if q.device.type == 'cpu':
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, lse, 0.0, is_causal)
+    if len(state) == 6:
+        cum_q, cum_k, max_q, max_k, seed, offset = state
+        return aten._scaled_dot_product_flash_attention_backward(
+            grad_out, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, is_causal, seed, offset)
+    lse_padded, seed, offset = state
+    lse_padded = lse_padded.clone()
+    lse_padded[..., :q.size(2)] = lse
+    return aten._scaled_dot_product_efficient_attention_backward(
+        grad_out, q, k, v, None, out, lse_padded, seed, offset, 0.0, [True, True, True, False], is_causal)[:3]
+
+
+class SinkAttention(torch.autograd.Function):
+    """Eq. 3 exactly, without a T x T matrix. The sink adds e^s to every softmax denominator, so with
+    lse_i from a flash kernel:  out'_i = out_i * exp(lse_i - lse'_i),  lse'_i = logaddexp(lse_i, s).
+    Backward: flash backward recomputes P = exp(S - lse') and uses rowsum(dO * O'), so handing it
+    (O', lse') differentiates the sink-normalised weights exactly; and, with p_sink,i = exp(s - lse'_i),
+    d s = -sum_i p_sink,i * rowsum(dO_i * O'_i)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, is_causal):
+        out, lse, ctx.state = _flash_forward(q, k, v, is_causal)
+        lse = at_least_fp32(lse)
+        lse_sink = torch.logaddexp(lse, sinks.to(lse.dtype).view(1, -1, 1))
+        out = bthd((at_least_fp32(out) * torch.exp(lse - lse_sink).unsqueeze(-1)).to(q.dtype))
+        ctx.save_for_backward(q, k, v, sinks, out, lse_sink)
+        ctx.is_causal = is_causal
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, sinks, out, lse_sink = ctx.saved_tensors
+        grad_out = bthd(grad_out)
+        dq, dk, dv = _flash_backward(grad_out, q, k, v, out, lse_sink, ctx.is_causal, ctx.state)
+        p_sink = torch.exp(sinks.to(lse_sink.dtype).view(1, -1, 1) - lse_sink)
+        dsinks = -(p_sink * (at_least_fp32(grad_out) * at_least_fp32(out)).sum(-1)).sum(dim=(0, 2))
+        return dq, dk, dv, dsinks.to(sinks.dtype), None

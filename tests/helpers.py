@@ -1,0 +1,180 @@
+"""What several test files build the same way, as plain functions and constants (the fixtures built from them are
+in conftest.py; tiny Hugging Face models, which need transformers, are in hf_helpers.py): tiny byte-level BPE
+tokenizers trained here with the `tokenizers` library and the files they are read from, train.py's arguments for a
+tiny run, a fake run directory for analyze.py."""
+import base64
+import json
+import os
+import random
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from data import gpt2_unicode_to_byte
+from prepare_data import builtin_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# -----------------------------------------------------------------------------
+# Tokenizers
+
+# Text with unicode (accents, CJK, emoji), whitespace runs, tabs, CRLF, digit runs and contractions.
+TEXT = ("Hello,   world! It's 2024; we've 1234567 items\u2014costing $3.50 (½ off).\n\n"
+        "  Ünïcödé: naïve café, 你好世界, 🤖🚀 emoji\ttab\r\nCRLF line.   \n"
+        "THEY'RE LOUD'LL 'S 0.001 x=42*y  \n\n\n   trailing   ")
+CODE = ('def f(x, y=3.14e-10):\n\tif x >= 0x1F:  # 🐍 comment\r\n        return {"a": [1, 22, 333, 4444, 55555]}\n'
+        '    s = f"{x!r:>10}" + \'don\\\'t\'  \t\n\n    return s.upper()  # WE\'RE   DONE\n')
+# Fresh text built from pieces the tokenizers treat differently: letters, contractions, ASCII and other digits
+# (Arabic-Indic, superscripts, fractions, Roman numerals, Devanagari, Unicode 16's Kirat Rai), whitespace runs
+# (tabs, CRLF, NBSP, ideographic space, line separator), punctuation, emoji with ZWJ and flags, CJK, combining marks.
+POOL = (list("abcXYZé") + ["the", "don't", "'s", "'LL", "'ve", "x=1", "O'Neil"] + list("0123456789")
+        + ["٣", "²", "½", "Ⅻ", "〇", "१", "12345", "3.14159", "\U00011DE3", "\U00016FF5"]
+        + [" ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "\u00a0", "\u3000", "\u2028"]
+        + list(".,;:!?-_()[]{}<>\"'/\\@#$%^&*+=~`|")
+        + ["🤖", "👩\u200d💻", "🇺🇸", "你好", "e\u0301", "한국어", "مرحبا", "नमस्ते", "    return x", "def f(a, b):"])
+# The pre-tokenizer regexes as the HF tokenizers of Llama-3 (tokenizer.json, "Split" pre-tokenizer) and Qwen1.5/2
+# (PRETOKENIZE_REGEX of transformers' tokenization_qwen2.py) use them; written out independently of data.py.
+HF_LLAMA3_REGEX = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+                   "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+HF_QWEN2_REGEX = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+                  "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+EOT = "<|endoftext|>"
+CHAT = [EOT, '<|im_start|>', '<|im_end|>']
+
+
+def corpus():
+    return builtin_corpus()
+
+
+def train_hf_bpe(regex, nfc, special_tokens):
+    """A tiny byte-level BPE, set up like Llama-3's / Qwen's tokenizer.json; specials get ids after the merges."""
+    tok = Tokenizer(models.BPE())
+    if nfc:
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1200, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(corpus()[:40] + [TEXT], trainer)
+    tok.add_special_tokens(special_tokens)
+    return tok
+
+
+def write_json(path, obj):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj))
+
+
+def write_tiktoken_file(path, ranks):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks.items()))
+
+
+def byte_level(use_regex=True):
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
+
+
+def split_then_bytes(regex):  # Llama-3 and Qwen2's tokenizer.json
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"), byte_level(False)])
+
+
+def digits_then_gpt2(individual):  # SmolLM's (and StarCoder's) tokenizer.json
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=individual), byte_level()])
+
+
+def hf_tokenizer(pre_tokenizer, nfc=False, leading_specials=(), specials=(), inline=(), template=None):
+    """A tiny byte-level BPE trained here. leading_specials get the first ids (as SmolLM's), specials ids after the
+    merges (as Llama-3's, Qwen's); inline: (content, normalized) added tokens that are not special; template: the
+    post-processor's single-text template, e.g. '<s> $A </s>'."""
+    tok = Tokenizer(models.BPE())
+    if nfc:
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1200, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=list(leading_specials), show_progress=False)
+    tok.train_from_iterator(corpus()[:40] + [TEXT, CODE], trainer)
+    tok.add_special_tokens(list(specials))
+    tok.add_tokens([AddedToken(t, special=False, normalized=normalized) for t, normalized in inline])
+    if template:
+        names = [w for w in template.split() if w != "$A"]
+        tok.post_processor = processors.TemplateProcessing(single=template,
+                                                           special_tokens=[(n, tok.token_to_id(n)) for n in names])
+    return tok
+
+
+def save_layout(directory, tok, tokenizer_config=None, config=None, special_tokens_map=None):
+    """A directory as the hub has them: tokenizer.json and the given JSON files (None: no such file)."""
+    directory.mkdir(parents=True)
+    tok.save(str(directory / "tokenizer.json"))
+    for name, obj in [("tokenizer_config.json", tokenizer_config), ("config.json", config),
+                      ("special_tokens_map.json", special_tokens_map)]:
+        if obj is not None:
+            write_json(directory / name, obj)
+    return directory
+
+
+# Vocabularies without a token for every byte (SmolLM2's lacks 21, huggingface/smollm#81)
+# SmolLM2's missing bytes: six ASCII controls, 0xC0 and 0xC1 (never in UTF-8), the lead bytes 0xF1, 0xF2, 0xF5-0xFF
+SMOLLM2_LACKS = bytes([0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2, *range(0xF5, 0x100)])
+# text around them: the controls, characters led by F1 / F2 (whose other bytes are in the vocabulary), a missing
+# byte inside pieces that merge once it is gone, long pieces, SignWriting and plane-14 tags (led by F0 / F3: kept),
+# and SmolLM2's chat markup
+LOSSY_POOL = ["\x04", "\x06", "\x13", "\x14", "\x16", "\x1d", "\U00040000", "\U0008ABCD", "\U000BFFFD", "!\x04!",
+              "??\x06??", "a\x13b", " \x1d", "\x04\x06", "=" * 12 + "\x14" + "=" * 12, "\U0001D800\U0001DA8B",
+              "\U000E0067\U000E007F", "\U0010FFFD", "<|im_start|>user\n", "<|im_end|>\n", "<|endoftext|>"]
+
+
+def lossy_fuzz(seed):
+    rng = random.Random(seed)
+    return "".join(rng.choice(POOL + LOSSY_POOL * 2) for _ in range(rng.randrange(1, 80)))
+
+
+def lossy_texts():
+    return [TEXT, CODE, *corpus()[40:50], *(lossy_fuzz(seed) for seed in range(80))]
+
+
+def lossy_tokenizer(pre_tokenizer, lacking=SMOLLM2_LACKS):
+    """A tiny byte-level BPE with no token for the bytes in `lacking`: trained without their symbols, on text
+    without the characters that hold them. Its <|endoftext|> is special."""
+    to_unicode = {b: c for c, b in gpt2_unicode_to_byte().items()}
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    alphabet = [c for c in pre_tokenizers.ByteLevel.alphabet() if c not in {to_unicode[b] for b in lacking}]
+    trainer = trainers.BpeTrainer(vocab_size=1200, initial_alphabet=alphabet, special_tokens=[EOT],
+                                  show_progress=False)
+    tok.train_from_iterator(["".join(c for c in t if not set(c.encode()) & set(lacking))
+                             for t in corpus()[:40] + [TEXT, CODE]], trainer)
+    tok.encode_special_tokens = True  # <|endoftext|> in a text is text, as in encode_ordinary
+    return tok
+
+
+# -----------------------------------------------------------------------------
+# Runs
+
+def tiny_args(data_dir, out_dir, *extra):
+    return ['--n_layer=2', '--n_head=2', '--n_kv_head=1', '--n_embd=32', '--intermediate_size=64', '--vocab_size=320',
+            '--block_size=32', '--global_batch_size=8', '--micro_batch_size=4', '--warmup_iters=2',
+            '--eval_interval=1000', '--eval_batches=2', '--log_interval=1000', '--peak_flops=1e12', '--device=cpu',
+            f'--data_dir={data_dir}', f'--out_dir={out_dir}', *extra]
+
+
+def metrics(out_dir):
+    with open(os.path.join(out_dir, 'metrics.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def fake_run(path, attention, grad_norms, n_layer=2, kd=False):
+    path.mkdir(parents=True)
+    (path / 'config.json').write_text(json.dumps(dict(attention=attention, n_layer=n_layer, n_embd=32)))
+    with open(path / 'metrics.jsonl', 'w') as f:
+        for step, g in enumerate(grad_norms, 1):
+            record = dict(step=step, loss=3.0 - step / 1000, grad_norm=g, lr=1e-3)
+            if kd:
+                record['kd_loss'] = 1.0 - step / 2000
+            if step % 100 == 0:
+                record['attn_logit_mean'] = -step / 1000
+            f.write(json.dumps(record) + '\n')
