@@ -49,7 +49,7 @@ from common import (DeviceTimer, batch_to_device, compile_layers, default_peak_f
                     wrap_ddp)
 from configurator import DEVICE, Key, parse
 from data import Windows, read_meta
-from files import atomic_write, claim_dir, run_script, write_json
+from files import RunError, atomic_write, claim_dir, run_script, write_json
 from distill import check_compatibility, fused_kd_loss, kd_loss, load_teacher
 from memory_plan import print_dry_run
 from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig,
@@ -170,7 +170,7 @@ def configure_optimizers(model, weight_decay, lr, betas, fused=None):
 
 
 def check_resumable(ckpt, c, model_config, data_meta, path):
-    """SystemExit listing everything that would make continuing the checkpoint `ckpt` with config `c` differ from the
+    """RunError listing everything that would make continuing the checkpoint `ckpt` with config `c` differ from the
     run that wrote it: the model, a training key outside RESUME_MAY_CHANGE, or the data (its tokenizer and size)."""
     old = {**ckpt['config'], **ckpt['model_config']}
     new = {**c, **dataclasses.asdict(model_config)}
@@ -179,7 +179,7 @@ def check_resumable(ckpt, c, model_config, data_meta, path):
     if ckpt['data'] != data_fingerprint(data_meta):
         changed.append(f"the data: {ckpt['data']} -> {data_fingerprint(data_meta)} (data_dir={c['data_dir']})")
     if changed:
-        raise SystemExit(f"{path} was written by a different run; continuing it with these settings would not be the "
+        raise RunError(f"{path} was written by a different run; continuing it with these settings would not be the "
                          f"same run:\n  - " + "\n  - ".join(changed) + f"\nKeys that may change on resume: "
                          f"{', '.join(sorted(RESUME_MAY_CHANGE))}. To start a new run instead: another --out_dir, or "
                          f"--init_from=scratch --overwrite=True.")
@@ -316,7 +316,7 @@ def setup_run(c):
     """Ranks (torchrun sets RANK / WORLD_SIZE / LOCAL_RANK), the device, and the config's 'auto' values resolved."""
     distributed = 'RANK' in os.environ
     if c['fsdp'] and not distributed:
-        raise SystemExit("fsdp=True shards the model over the ranks torchrun starts: launch with torchrun "
+        raise RunError("fsdp=True shards the model over the ranks torchrun starts: launch with torchrun "
                          "--nproc_per_node=N train.py ... (N=1 works), or drop --fsdp=True for one process")
     rank, world = (int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])) if distributed else (0, 1)
     device = resolve_device(c['device'])
@@ -335,7 +335,7 @@ def setup_run(c):
         c['compile'] = device.type == 'cuda'
     accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])
     if rest or accumulation == 0:
-        raise SystemExit(f"global_batch_size={c['global_batch_size']} must be a multiple of world size ({world}) "
+        raise RunError(f"global_batch_size={c['global_batch_size']} must be a multiple of world size ({world}) "
                          f"x micro_batch_size ({c['micro_batch_size']})")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if c['dtype'] == 'bfloat16' else nullcontext()
     return Run(rank, world, device, distributed, distributed and not c['fsdp'], accumulation, autocast, save_group)
@@ -345,7 +345,7 @@ def load_data(c, model_config):
     """(meta.json, train windows, val windows) of data_dir, checked against the model before step 0."""
     meta = read_meta(c['data_dir'])
     if meta['vocab_size'] > model_config.vocab_size:
-        raise SystemExit(f"data_dir={c['data_dir']} was tokenized with {meta['vocab_size']} token ids but the "
+        raise RunError(f"data_dir={c['data_dir']} was tokenized with {meta['vocab_size']} token ids but the "
                          f"model has vocab_size={model_config.vocab_size}")
     return (meta, Windows(c['data_dir'], 'train', model_config.block_size),
             Windows(c['data_dir'], 'val', model_config.block_size))
@@ -355,18 +355,18 @@ def checkpoint_to_resume(c, ckpt_path):
     """out_dir's checkpoint if this run continues it (init_from), else None; refuses to replace one unasked."""
     exists, previous = os.path.isfile(ckpt_path), previous_checkpoint(ckpt_path)
     if not exists and os.path.isfile(previous) and not c['overwrite']:
-        raise SystemExit(f"{previous} is there without {ckpt_path}: to continue from it, mv {previous} {ckpt_path}; "
+        raise RunError(f"{previous} is there without {ckpt_path}: to continue from it, mv {previous} {ckpt_path}; "
                          f"to start over (replacing it): --init_from=scratch --overwrite=True")
     if c['init_from'] == 'resume' and not exists:
-        raise SystemExit(f"init_from=resume: no checkpoint at {ckpt_path}")
+        raise RunError(f"init_from=resume: no checkpoint at {ckpt_path}")
     if not exists:
         return None
     try:
         ckpt = read_checkpoint(ckpt_path, keys=CKPT_KEYS)
     except CheckpointError as e:
-        raise SystemExit(f"init_from={c['init_from']}: {e} (--init_from=scratch --overwrite=True starts the run over)")
+        raise RunError(f"init_from={c['init_from']}: {e} (--init_from=scratch --overwrite=True starts the run over)")
     if c['init_from'] == 'scratch' and not c['overwrite']:
-        raise SystemExit(f"{ckpt_path} holds a run at step {ckpt['step']}, which init_from=scratch would replace at "
+        raise RunError(f"{ckpt_path} holds a run at step {ckpt['step']}, which init_from=scratch would replace at "
                          f"its first save. To continue it: --init_from=auto (the default). To start over and "
                          f"replace it: --init_from=scratch --overwrite=True. Or choose another --out_dir.")
     return None if c['init_from'] == 'scratch' else ckpt
@@ -465,7 +465,7 @@ def main(argv):
     try:
         model_config = ModelConfig(**{k: c[k] for k in FIELD_NAMES})
     except ValueError as e:  # ModelConfig's own checks (variant names, head counts, rope_scaling)
-        raise SystemExit(f"config: {e}")
+        raise RunError(f"config: {e}")
     if c['dry_run']:
         return print_dry_run(c, model_config)
     run = setup_run(c)
@@ -515,7 +515,7 @@ def main(argv):
             if finite:
                 optimizer.step()
             elif c['nonfinite'] == 'stop':
-                raise SystemExit(f"step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); stopping "
+                raise RunError(f"step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); stopping "
                                  f"(nonfinite='skip' skips such steps instead)")
             alpha_means = raw_model.update_alpha_ma(discard=not finite)  # Eq. 9 with this step's global batch
             optimizer.zero_grad(set_to_none=not run.ddp)  # DDP: in place, the gradients are its buckets

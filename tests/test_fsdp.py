@@ -9,6 +9,7 @@ import torch
 import common
 import memory_plan
 import train
+from files import RunError
 from model import FIELD_NAMES, GPT, ModelConfig
 from helpers import ROOT, metrics, tiny_args
 
@@ -156,7 +157,7 @@ def test_teacher_shape_from_a_checkpoint_or_the_known_table(data_dir, tmp_path):
 
 
 def test_fsdp_needs_torchrun(data_dir, tmp_path):
-    with pytest.raises(SystemExit, match='fsdp=True shards the model over the ranks torchrun starts'):
+    with pytest.raises(RunError, match='fsdp=True shards the model over the ranks torchrun starts'):
         train.main(tiny_args(data_dir, tmp_path, '--fsdp=True', '--max_iters=1'))
 
 

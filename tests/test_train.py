@@ -113,14 +113,14 @@ def test_checkpoint_from_compiled_model_has_plain_names(data_dir, tmp_path):
 
 
 def test_non_finite_loss_stops_or_is_skipped(data_dir, tmp_path):
-    with pytest.raises(SystemExit, match=r'step \d+: non-finite'):
+    with pytest.raises(RunError, match=r'step \d+: non-finite'):
         train.main(tiny_args(data_dir, tmp_path / 'stop', '--learning_rate=1e30', '--max_iters=10'))
     train.main(tiny_args(data_dir, tmp_path / 'skip', '--learning_rate=1e30', '--max_iters=5', '--nonfinite=skip'))
     assert metrics(tmp_path / 'skip')[-1]['skipped_steps'] > 0
 
 
 def test_data_must_fit_the_model_vocabulary(data_dir, tmp_path):
-    with pytest.raises(SystemExit, match='257 token ids but the model has vocab_size=100'):
+    with pytest.raises(RunError, match='257 token ids but the model has vocab_size=100'):
         train.main(tiny_args(data_dir, tmp_path, '--vocab_size=100', '--max_iters=1'))
 
 
@@ -135,7 +135,7 @@ def test_data_must_fit_the_model_vocabulary(data_dir, tmp_path):
     (['--global_batch_size=6', '--micro_batch_size=4'], 'must be a multiple of world size'),
 ])
 def test_config_errors_are_clear(data_dir, tmp_path, argv, message):
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises((SystemExit, RunError), match=message):  # a flag's error, or the run's
         train.main(tiny_args(data_dir, tmp_path, '--max_iters=1') + argv)
 
 
@@ -237,7 +237,7 @@ def test_the_same_command_continues_the_run(data_dir, tmp_path, capsys):
 
 def test_scratch_never_replaces_a_checkpoint_silently(data_dir, tmp_path, capsys):
     train.main(tiny_args(data_dir, tmp_path, '--max_iters=2', '--eval_interval=2'))
-    with pytest.raises(SystemExit, match=r'holds a run at step 2.*--init_from=scratch --overwrite=True'):
+    with pytest.raises(RunError, match=r'holds a run at step 2.*--init_from=scratch --overwrite=True'):
         train.main(tiny_args(data_dir, tmp_path, '--max_iters=1', '--init_from=scratch'))
     assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 2
     capsys.readouterr()
@@ -254,7 +254,7 @@ def test_scratch_never_replaces_a_checkpoint_silently(data_dir, tmp_path, capsys
 ])
 def test_resume_refuses_a_different_run(data_dir, tmp_path, change, message):
     train.main(tiny_args(data_dir, tmp_path, '--attention=affine', '--max_iters=2', '--eval_interval=2'))
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(RunError) as e:
         train.main(tiny_args(data_dir, tmp_path, '--attention=affine', '--max_iters=4', *change))
     assert message in str(e.value) and 'Keys that may change on resume: ' in str(e.value)
 
@@ -263,7 +263,7 @@ def test_resume_refuses_other_data(data_dir, tmp_path):
     other = str(tmp_path / 'other')
     prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={other}', '--val_every=5', '--num_proc=1'])
     train.main(tiny_args(data_dir, tmp_path / 'run', '--max_iters=2', '--eval_interval=2'))
-    with pytest.raises(SystemExit, match=r'the data: .*train_tokens'):
+    with pytest.raises(RunError, match=r'the data: .*train_tokens'):
         train.main(tiny_args(other, tmp_path / 'run', '--max_iters=4'))
 
 
@@ -274,7 +274,7 @@ def test_resume_from_a_corrupt_checkpoint_is_one_line(data_dir, tmp_path):
     for content in (path.read_bytes()[:3000], b'not a checkpoint'):
         path.write_bytes(content)
         for init_from in ('auto', 'resume'):
-            with pytest.raises(SystemExit) as e:
+            with pytest.raises(RunError) as e:
                 train.main(tiny_args(data_dir, tmp_path, '--max_iters=4', f'--init_from={init_from}'))
             message = str(e.value)
             assert str(path) in message and 'not a readable checkpoint' in message and '\n' not in message
