@@ -27,13 +27,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp('data') / 'builtin_bytes')
-    prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={out}', '--val_every=10', '--num_proc=1'])
-    return out
-
-
-@pytest.fixture(scope='module')
 def run_dir(data_dir, tmp_path_factory):
     """A tiny train.py run with two saves (ckpt.pt at step 2, ckpt.prev.pt at step 1), to copy."""
     out = tmp_path_factory.mktemp('run') / 'run'
