@@ -32,7 +32,7 @@ import unicodedata
 import numpy as np
 import tiktoken
 
-from files import RunError
+from files import RunError, atomic_write
 
 # -----------------------------------------------------------------------------
 # Tokenizers, all as tiktoken Encodings
@@ -695,16 +695,12 @@ HEADER = struct.Struct("<8sIIQ")
 
 
 def write_shard(path, arrays, dtype):
-    """Write the concatenation of `arrays` as one shard, atomically: a crash leaves at most a *.tmp file."""
+    """Write the concatenation of `arrays` as one shard, atomically (files.atomic_write)."""
     dtype = np.dtype(dtype).newbyteorder("<")
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with atomic_write(path, "wb") as f:
         f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, sum(len(a) for a in arrays)))
         for a in arrays:
             f.write(np.asarray(a, dtype=dtype).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_shard(path):
