@@ -180,9 +180,9 @@ def check_resumable(ckpt, c, model_config, data_meta, path):
         changed.append(f"the data: {ckpt['data']} -> {data_fingerprint(data_meta)} (data_dir={c['data_dir']})")
     if changed:
         raise RunError(f"{path} was written by a different run; continuing it with these settings would not be the "
-                         f"same run:\n  - " + "\n  - ".join(changed) + f"\nKeys that may change on resume: "
-                         f"{', '.join(sorted(RESUME_MAY_CHANGE))}. To start a new run instead: another --out_dir, or "
-                         f"--init_from=scratch --overwrite=True.")
+                       f"same run:\n  - " + "\n  - ".join(changed) + f"\nKeys that may change on resume: "
+                       f"{', '.join(sorted(RESUME_MAY_CHANGE))}. To start a new run instead: another --out_dir, or "
+                       f"--init_from=scratch --overwrite=True.")
 
 
 def is_run_config(out_dir):
@@ -317,7 +317,7 @@ def setup_run(c):
     distributed = 'RANK' in os.environ
     if c['fsdp'] and not distributed:
         raise RunError("fsdp=True shards the model over the ranks torchrun starts: launch with torchrun "
-                         "--nproc_per_node=N train.py ... (N=1 works), or drop --fsdp=True for one process")
+                       "--nproc_per_node=N train.py ... (N=1 works), or drop --fsdp=True for one process")
     rank, world = (int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])) if distributed else (0, 1)
     device = resolve_device(c['device'])
     c['device'] = str(device)
@@ -336,7 +336,7 @@ def setup_run(c):
     accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])
     if rest or accumulation == 0:
         raise RunError(f"global_batch_size={c['global_batch_size']} must be a multiple of world size ({world}) "
-                         f"x micro_batch_size ({c['micro_batch_size']})")
+                       f"x micro_batch_size ({c['micro_batch_size']})")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if c['dtype'] == 'bfloat16' else nullcontext()
     return Run(rank, world, device, distributed, distributed and not c['fsdp'], accumulation, autocast, save_group)
 
@@ -346,7 +346,7 @@ def load_data(c, model_config):
     meta = read_meta(c['data_dir'])
     if meta['vocab_size'] > model_config.vocab_size:
         raise RunError(f"data_dir={c['data_dir']} was tokenized with {meta['vocab_size']} token ids but the "
-                         f"model has vocab_size={model_config.vocab_size}")
+                       f"model has vocab_size={model_config.vocab_size}")
     return (meta, Windows(c['data_dir'], 'train', model_config.block_size),
             Windows(c['data_dir'], 'val', model_config.block_size))
 
@@ -356,7 +356,7 @@ def checkpoint_to_resume(c, ckpt_path):
     exists, previous = os.path.isfile(ckpt_path), previous_checkpoint(ckpt_path)
     if not exists and os.path.isfile(previous) and not c['overwrite']:
         raise RunError(f"{previous} is there without {ckpt_path}: to continue from it, mv {previous} {ckpt_path}; "
-                         f"to start over (replacing it): --init_from=scratch --overwrite=True")
+                       f"to start over (replacing it): --init_from=scratch --overwrite=True")
     if c['init_from'] == 'resume' and not exists:
         raise RunError(f"init_from=resume: no checkpoint at {ckpt_path}")
     if not exists:
@@ -367,8 +367,8 @@ def checkpoint_to_resume(c, ckpt_path):
         raise RunError(f"init_from={c['init_from']}: {e} (--init_from=scratch --overwrite=True starts the run over)")
     if c['init_from'] == 'scratch' and not c['overwrite']:
         raise RunError(f"{ckpt_path} holds a run at step {ckpt['step']}, which init_from=scratch would replace at "
-                         f"its first save. To continue it: --init_from=auto (the default). To start over and "
-                         f"replace it: --init_from=scratch --overwrite=True. Or choose another --out_dir.")
+                       f"its first save. To continue it: --init_from=auto (the default). To start over and "
+                       f"replace it: --init_from=scratch --overwrite=True. Or choose another --out_dir.")
     return None if c['init_from'] == 'scratch' else ckpt
 
 
@@ -516,7 +516,7 @@ def main(argv):
                 optimizer.step()
             elif c['nonfinite'] == 'stop':
                 raise RunError(f"step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); stopping "
-                                 f"(nonfinite='skip' skips such steps instead)")
+                               f"(nonfinite='skip' skips such steps instead)")
             alpha_means = raw_model.update_alpha_ma(discard=not finite)  # Eq. 9 with this step's global batch
             optimizer.zero_grad(set_to_none=not run.ddp)  # DDP: in place, the gradients are its buckets
             step, skipped, dt = step + 1, skipped + (not finite), time.perf_counter() - t0
