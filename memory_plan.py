@@ -19,7 +19,7 @@ from model import FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
 # The paper's teachers by their checkpoint directory's name: a dry run sizes the teacher from its published shape
 # (model.MODEL_SHAPES) when its checkpoint is not on this machine.
 KNOWN_TEACHERS = {'Qwen1.5-1.8B': MODEL_SHAPES['qwen1.5-1.8b'], 'Llama-3.2-3B': MODEL_SHAPES['llama3.2-3b'],
-                  'Llama-3.1-8B': MODEL_SHAPES['llama3.1-8b']}
+                  'Llama-3.1-8B': MODEL_SHAPES['llama3.1-8b'], 'SmolLM2-360M': MODEL_SHAPES['smollm2-360m']}
 
 
 def teacher_shape(spec):

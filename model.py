@@ -129,6 +129,15 @@ MODEL_SHAPES = {
     'llama3.1-8b': dict(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, intermediate_size=14336, vocab_size=128256,
                         rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE, factor=8.0), rms_norm_eps=1e-5,
                         qkv_bias=False, tie_embeddings=False, block_size=2048),
+    # the one-GPU tier (config/onegpu_*.py): HuggingFaceTB/SmolLM2-135M and -360M's config.json (the 135M fields are
+    # also in the GGUF the tests convert: llama.block_count, embedding_length, feed_forward_length, head_count[_kv],
+    # rope.freq_base, layer_norm_rms_epsilon); their context is 8,192 tokens, trained here at 2,048
+    'smollm2-135m': dict(n_layer=30, n_head=9, n_kv_head=3, n_embd=576, intermediate_size=1536, vocab_size=49152,
+                         rope_theta=100000.0, rope_scaling=None, rms_norm_eps=1e-5, qkv_bias=False,
+                         tie_embeddings=True, block_size=2048),
+    'smollm2-360m': dict(n_layer=32, n_head=15, n_kv_head=5, n_embd=960, intermediate_size=2560, vocab_size=49152,
+                         rope_theta=100000.0, rope_scaling=None, rms_norm_eps=1e-5, qkv_bias=False,
+                         tie_embeddings=True, block_size=2048),
     # not published: the CPU shape of tiny_cpu.py and the quick start (byte tokens: 257 ids, padded to 320)
     'tiny': dict(n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=384, vocab_size=320, block_size=256,
                  rope_theta=10000.0, tie_embeddings=True),

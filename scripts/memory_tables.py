@@ -224,6 +224,33 @@ def readme_table(found):
             f'{estimate_basis()}, not a measurement.')
 
 
+def onegpu_table():
+    """The one-GPU tier (config/onegpu_*.py): each variant's parameters, its plan on one GPU of 24 and of 80 GiB at
+    the largest micro-batch that fits there, and the estimated time on one H100."""
+    header = ['config', 'params', 'extra over softmax', 'one 24 GiB GPU', 'one 80 GiB GPU', 'time on 1 x H100 (estimate)']
+    lines = []
+    for variant in VARIANTS[:5]:
+        r = Row(os.path.join(ROOT, 'config', f'onegpu_{variant}.py'))
+        total = memory_plan.meta_param_counts(r.cfg)[0]
+        softmax = memory_plan.meta_param_counts(ModelConfig(**{**vars(r.cfg), 'attention': 'softmax'}))[0]
+        fits = []
+        for gib in (24, 80):
+            plan = {b: sum(memory_plan.memory_estimate(r.cfg, 1, b, 'bfloat16', False, False, r.teacher).values())
+                    / 2**30 for b in MICRO_BATCHES}
+            best = max(b for b in MICRO_BATCHES if memory_plan.verdict(plan[b], gib) == 'fits')
+            fits.append(f'micro-batch {best}: {plan[best]:.1f} GiB')
+        flops = Flops(r)
+        hours = flops.tokens * (flops.student + flops.teacher) / (PEAK * ASSUMED_MFU) / 3600
+        lines.append([f'`config/onegpu_{variant}.py`', f'{total:,}', f'{total - softmax:,}', *fits, f'~{hours:.1f} h'])
+    c, cfg = r.c, r.cfg
+    return (table(header, lines) + '\n\n'
+            f'Each run: {c["max_iters"]:,} steps of {c["global_batch_size"]} sequences of {cfg.block_size:,} tokens '
+            f'({c["max_iters"] * c["global_batch_size"] * cfg.block_size / 1e9:.2f}B tokens), KD from SmolLM2-360M. '
+            f'Memory: the plan `--dry_run=True --dry_run_world_size=1 --dry_run_gpu_gib=24` (or 80) prints, at the '
+            f'largest micro-batch of {", ".join(map(str, MICRO_BATCHES))} that fits with 10% to spare. Time: an '
+            f'estimate from the FLOPs per token at {estimate_basis()}, not a measurement.')
+
+
 def dry_run_example(config='config/affine_3b.py'):
     """What `python train.py <config> --dry_run=True` prints, run where no teacher checkpoint is (a temporary
     directory), so that the teacher is its published shape on any machine."""
@@ -257,7 +284,7 @@ def tables():
     found = rows()
     return {'params': params_table(found), 'plan-per-row': plan_table(found), 'plan-totals': totals_table(found),
             'multi-node': multi_node_table(found), 'flops': flops_table(found), 'readme-sizes': readme_table(found),
-            'dry-run-affine-3b': dry_run_example()}
+            'dry-run-affine-3b': dry_run_example(), 'onegpu': onegpu_table()}
 
 
 def doc_files():

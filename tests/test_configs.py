@@ -113,5 +113,25 @@ def test_model_key_sets_a_published_shape_and_later_keys_win(tmp_path):
 
 def test_unknown_model_name_is_a_clear_error():
     with pytest.raises(SystemExit, match=r"^--model=llama9: invalid choice: model='llama9'; valid values: "
-                                         r"qwen1.5-0.5b, qwen1.5-1.8b, llama3.2-1b, llama3.2-3b, llama3.1-8b, tiny$"):
+                                         r"qwen1.5-0.5b, qwen1.5-1.8b, llama3.2-1b, llama3.2-3b, llama3.1-8b, smollm2-135m, smollm2-360m, tiny$"):
         load_config(['--model=llama9'])
+
+
+ONEGPU_VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
+
+
+@pytest.mark.parametrize('variant', ONEGPU_VARIANTS)
+def test_one_gpu_tier_fits_one_gpu(variant):
+    """config/onegpu_<variant>.py: a SmolLM2-135M-shaped student of the variant (134,515,008 parameters as softmax:
+    SmolLM2-135M's own count, tied embeddings), KD from SmolLM2-360M (its published shape: 361,821,120 parameters,
+    the published count), whose plan at the config's micro-batch fits one 24 GiB GPU with the dry run's margin."""
+    import memory_plan
+    c = load_config([os.path.join(CONFIG_DIR, f'onegpu_{variant}.py')])
+    student, teacher = memory_plan.planned_models(c)
+    assert c['attention'] == variant and os.path.basename(c['teacher']) == 'SmolLM2-360M'
+    assert c['dry_run_world_size'] == 1 and c['dry_run_gpu_gib'] == 24
+    softmax = ModelConfig(**{**vars(student), 'attention': 'softmax'})
+    assert sum(p.numel() for p in build_on_meta(vars(softmax)).parameters()) == 134_515_008
+    assert sum(p.numel() for p in build_on_meta(vars(teacher)).parameters()) == 361_821_120
+    total = sum(memory_plan.memory_plan(c, student, teacher).values()) / 2**30
+    assert memory_plan.verdict(total, 24) == 'fits', f'{total:.1f} GiB'

@@ -189,3 +189,16 @@ def test_export_of_the_student_loads_in_transformers(student, tmp_path):
     with torch.no_grad():
         np.testing.assert_allclose(model(torch.tensor([ids])).logits.numpy(), ours(torch.tensor([ids]))[0].numpy(),
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_the_one_gpu_tiers_shape_is_the_real_models(teacher):
+    """model.MODEL_SHAPES['smollm2-135m'] (config/onegpu_*.py's student) is the converted SmolLM2-135M's own
+    config.json read by checkpoint.config_from_hf, but for the sequence length it trains at."""
+    from checkpoint import config_from_hf, read_hf_config
+    from model import MODEL_SHAPES
+    real = config_from_hf(read_hf_config(teacher))
+    shape = MODEL_SHAPES['smollm2-135m']
+    exact = [k for k in shape if k not in ('block_size', 'rms_norm_eps')]
+    assert {k: real[k] for k in exact} == {k: shape[k] for k in exact}
+    assert real['rms_norm_eps'] == pytest.approx(shape['rms_norm_eps'], rel=1e-7)  # the GGUF holds it in float32
+    assert real['block_size'] == 8192 and shape['block_size'] == 2048
