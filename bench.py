@@ -16,6 +16,7 @@ Sections:
   train      tokens/s and MFU of real AdamW steps of a small model: common.flops_per_token x tokens/s over the
              device's measured matmul peak at the model's matmul shapes (common.measured_matmul_flops)
   eval       docs/s of eval_zeroshot's batched scoring vs one request per forward, synthetic 4-choice docs
+  harness    docs/s of eval_zeroshot vs lm-evaluation-harness 0.4.9 on a real model (--harness_model; lm_eval installed)
 
 The memory plan: fake_peak_memory measures the peak of a training micro-step of a train.py config on fake tensors
 (torch's MemTracker: real shapes, no memory, no GPU), what train.py --dry_run's plan (memory_plan.py) is held to
@@ -57,7 +58,8 @@ from common import (KNOWN_PEAK_BF16, Progress, compile_layers, default_peak_flop
                     measured_matmul_flops, resolve_device, shard, wrap_ddp)
 from configurator import DEVICE, Key, parse
 from files import RunError, run_script, write_json
-from eval_zeroshot import choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests
+from eval_zeroshot import (choice_doc, encode_docs, load_model_and_tokenizer, plan_forwards, score_one_by_one,
+                           score_requests)
 from model import ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
 from data import Windows, load_tokenizer
 from memory_plan import KNOWN_TEACHERS, memory_estimate, plan_dtype
@@ -374,6 +376,48 @@ def bench_eval(args, device):
                 f'eval_zeroshot.score_one_by_one (the harness at batch size 1).',
                 ['variant', 'docs', 'requests', 'forwards (batched)', 'batched docs/s', 'one-by-one docs/s',
                  'speedup', 'max abs loglik diff'], rows)
+
+
+def harness_loglikelihoods(model_dir, docs, batch_size, device, dtype):
+    """lm-evaluation-harness 0.4.9's log-likelihoods of every (context, continuation) of docs, in order, from its
+    HFLM (lm_eval/models/huggingface.py: what `lm_eval --model hf` runs) on a Hugging Face model directory, and the
+    seconds they took. ImportError where lm_eval is not installed or does not import (0.4.9 needs transformers 4)."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    lm = HFLM(pretrained=model_dir, batch_size=batch_size, device=str(device), dtype=dtype)
+    pairs = [pair for doc in docs for pair in doc.requests]
+    instances = [Instance(request_type='loglikelihood', doc={}, arguments=pair, idx=i) for i, pair in enumerate(pairs)]
+    t0 = time.perf_counter()
+    scores = [loglik for loglik, _ in lm.loglikelihood(instances, disable_tqdm=True)]
+    return scores, time.perf_counter() - t0
+
+
+def bench_harness(args, device):
+    """eval_zeroshot's batched scoring against lm-evaluation-harness's on a real model (--harness_model, a Hugging
+    Face directory such as scripts/gguf_to_hf.py --gguf=smollm2 writes): the same synthetic docs as text, each side
+    tokenizing them itself; their log-likelihoods must agree (the last column)."""
+    if args.harness_model is None:
+        return log('  harness: skipped: give --harness_model=DIR, a Hugging Face model directory')
+    dtype = 'bfloat16' if device.type == 'cuda' else 'float32'
+    docs = synthetic_docs(args.eval_docs)
+    model, enc = load_model_and_tokenizer(args.harness_model, None, device, getattr(torch, dtype))
+    requests = encode_docs('synthetic', docs, enc, model.config.block_size)
+    score_requests(model, requests[:args.eval_batch_size], args.eval_batch_size)  # warm-up
+    t0 = time.perf_counter()
+    ours = score_requests(model, requests, args.eval_batch_size, Progress('  harness: eval_zeroshot', len(requests)))
+    t_ours = time.perf_counter() - t0
+    del model
+    try:
+        theirs, t_theirs = harness_loglikelihoods(args.harness_model, docs, args.eval_batch_size, device, dtype)
+    except Exception as e:  # lm_eval 0.4.9 does not import with transformers 5 (AutoModelForVision2Seq is gone)
+        return log(f'  harness: skipped: lm-evaluation-harness did not run here: {type(e).__name__}: {e}')
+    print_table('Zero-shot evaluation: eval_zeroshot vs lm-evaluation-harness on a real model',
+                f'{args.harness_model}, {dtype}, {len(docs)} synthetic 4-choice docs ({len(requests)} requests) as text; '
+                f'batch size {args.eval_batch_size} on both sides: eval_zeroshot.score_requests and lm-eval '
+                f'0.4.9\'s HFLM.loglikelihood (each tokenizing the text itself).',
+                ['docs', 'eval_zeroshot docs/s', 'lm-eval docs/s', 'speedup', 'max abs loglik diff'],
+                [[str(len(docs)), f'{len(docs) / t_ours:.1f}', f'{len(docs) / t_theirs:.1f}', ratio(t_theirs, t_ours),
+                  f'{max(abs(a - b) for a, b in zip(ours, theirs)):.1e}']])
 
 # -----------------------------------------------------------------------------
 # The memory plan measured: one training step on fake tensors
@@ -869,7 +913,7 @@ def run_check(args):
     return 1 if check.failed() else 0
 
 
-SECTIONS = dict(attention=bench_attention, kd=bench_kd, train=bench_train, eval=bench_eval)
+SECTIONS = dict(attention=bench_attention, kd=bench_kd, train=bench_train, eval=bench_eval, harness=bench_harness)
 MEMORY_SECTIONS = ('attention', 'kd')  # they measure peak memory
 CHECK_PARTS = ('kernels', 'torchrun', 'ddp', 'variants', 'kd', 'mfu')
 
@@ -897,6 +941,9 @@ KEYS = dict(
     train_steps=Key(10, min=1),
     train_batch_size=Key(None, 'default: 8 on CPU, 64 on CUDA', types=(int,), min=1),
     train_seq_len=Key(256, min=1), eval_docs=Key(200, min=1), eval_batch_size=Key(32, min=1),
+    # harness (needs lm-evaluation-harness 0.4.9, which needs transformers 4)
+    harness_model=Key(None, 'harness: a Hugging Face model directory, e.g. what scripts/gguf_to_hf.py writes',
+                      types=(str,)),
 )
 
 

@@ -20,6 +20,7 @@ What it writes into out_dir (a new or empty directory; it appears whole or not a
 Needs transformers, tokenizers, gguf and accelerate (pip install -r requirements-test.txt).
 """
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -137,6 +138,13 @@ def convert(path, out, dtype, tokenizer, tokenizer_only):
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype),
                                                      quantization_config=GgufConfig(dequantize=True))
         model.save_pretrained(out)
+        # transformers 5 writes rope_theta inside rope_parameters, which transformers 4 does not read (it falls back
+        # to 10,000): written at the top level too, the directory means the same model to both
+        with open(os.path.join(out, 'config.json')) as f:
+            hf_config = json.load(f)
+        if 'rope_theta' not in hf_config and 'rope_theta' in (hf_config.get('rope_parameters') or {}):
+            rope_theta = hf_config['rope_parameters']['rope_theta']
+            write_json(os.path.join(out, 'config.json'), dict(hf_config, rope_theta=rope_theta), indent=2)
         written = f"{type(model).__name__} ({model.num_parameters():,} parameters, {dtype}) with {written}"
     if tokenizer == 'hub':
         tok.save(os.path.join(out, 'tokenizer.json'))

@@ -202,3 +202,21 @@ def test_the_one_gpu_tiers_shape_is_the_real_models(teacher):
     assert {k: real[k] for k in exact} == {k: shape[k] for k in exact}
     assert real['rms_norm_eps'] == pytest.approx(shape['rms_norm_eps'], rel=1e-7)  # the GGUF holds it in float32
     assert real['block_size'] == 8192 and shape['block_size'] == 2048
+
+
+def test_eval_zeroshot_equals_lm_evaluation_harness(teacher):
+    """eval_zeroshot's batched log-likelihoods equal lm-evaluation-harness 0.4.9's (its HFLM, what `lm_eval --model
+    hf` runs, batch size 8, float32) on the real model, each side tokenizing the same text itself. Runs where lm_eval
+    imports: 0.4.9 needs transformers 4 (python -m venv --system-site-packages env; env/bin/pip install lm_eval==0.4.9
+    'transformers==4.57.*' 'datasets<4.4'; env/bin/python -m pytest tests/test_smollm2.py); skipped elsewhere."""
+    try:
+        import lm_eval.models.huggingface  # noqa: F401
+    except Exception as e:  # not installed, or 0.4.9 under transformers 5 (no AutoModelForVision2Seq)
+        pytest.skip(f"lm-evaluation-harness does not import here: {type(e).__name__}: {e}")
+    import bench
+    docs = bench.synthetic_docs(12)
+    model, enc = ez.load_model_and_tokenizer(teacher, None, torch.device('cpu'), torch.float32)
+    ours = ez.score_requests(model, ez.encode_docs('synthetic', docs, enc, model.config.block_size), 8)
+    theirs, _ = bench.harness_loglikelihoods(teacher, docs, 8, 'cpu', 'float32')
+    print(f"max |loglik difference| eval_zeroshot vs lm-eval: {max(abs(a - b) for a, b in zip(ours, theirs)):.1e}")
+    assert len(theirs) == len(ours) == 48 and theirs == pytest.approx(ours, abs=2e-4, rel=1e-6)
