@@ -129,7 +129,7 @@ MODEL_SHAPES = {
     'llama3.1-8b': dict(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, intermediate_size=14336, vocab_size=128256,
                         rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE, factor=8.0), rms_norm_eps=1e-5,
                         qkv_bias=False, tie_embeddings=False, block_size=2048),
-    # the one-GPU tier (config/onegpu_*.py): HuggingFaceTB/SmolLM2-135M and -360M's config.json (the 135M fields are
+    # the one-GPU tier (config/onegpu.py): HuggingFaceTB/SmolLM2-135M and -360M's config.json (the 135M fields are
     # also in the GGUF the tests convert: llama.block_count, embedding_length, feed_forward_length, head_count[_kv],
     # rope.freq_base, layer_norm_rms_epsilon); their context is 8,192 tokens, trained here at 2,048
     'smollm2-135m': dict(n_layer=30, n_head=9, n_kv_head=3, n_embd=576, intermediate_size=1536, vocab_size=49152,

@@ -52,10 +52,10 @@ MARKED = re.compile(r'^<!-- memory_tables\.py:start (\S+) -->\n(.*?)^<!-- memory
 class Row:
     """One paper config: its name, training keys, student and teacher ModelConfigs."""
 
-    def __init__(self, path):
+    def __init__(self, path, *overrides):
         self.name = os.path.basename(path)[:-3]
-        self.variant, self.size = self.name.rsplit('_', 1)
-        self.c = train.load_config([path])
+        self.variant, self.size = self.name.rsplit('_', 1) if '_' in self.name else (self.name, '')
+        self.c = train.load_config([path, *overrides])
         self.cfg = ModelConfig(**{k: self.c[k] for k in FIELD_NAMES})
         self.teacher_name = os.path.basename(os.path.normpath(self.c['teacher']))
         self.teacher = ModelConfig(**memory_plan.KNOWN_TEACHERS[self.teacher_name])
@@ -225,13 +225,13 @@ def readme_table(found):
 
 
 def onegpu_table():
-    """The one-GPU tier (config/onegpu_*.py): each variant's parameters, its plan on one GPU of 24 and of 80 GiB at
+    """The one-GPU tier (config/onegpu.py): each variant's parameters, its plan on one GPU of 24 and of 80 GiB at
     the largest micro-batch that fits there, and the estimated time on one H100."""
-    header = ['config', 'params', 'extra over softmax', 'one 24 GiB GPU', 'one 80 GiB GPU',
+    header = ['config/onegpu.py', 'params', 'extra over softmax', 'one 24 GiB GPU', 'one 80 GiB GPU',
               'time on 1 x H100 (estimate)']
     lines = []
     for variant in VARIANTS[:5]:
-        r = Row(os.path.join(ROOT, 'config', f'onegpu_{variant}.py'))
+        r = Row(os.path.join(ROOT, 'config', 'onegpu.py'), f'--attention={variant}')
         total = memory_plan.meta_param_counts(r.cfg)[0]
         softmax = memory_plan.meta_param_counts(ModelConfig(**{**vars(r.cfg), 'attention': 'softmax'}))[0]
         fits = []
@@ -242,7 +242,7 @@ def onegpu_table():
             fits.append(f'micro-batch {best}: {plan[best]:.1f} GiB')
         flops = Flops(r)
         hours = flops.tokens * (flops.student + flops.teacher) / (PEAK * ASSUMED_MFU) / 3600
-        lines.append([f'`config/onegpu_{variant}.py`', f'{total:,}', f'{total - softmax:,}', *fits, f'~{hours:.1f} h'])
+        lines.append([f'`--attention={variant}`', f'{total:,}', f'{total - softmax:,}', *fits, f'~{hours:.1f} h'])
     c, cfg = r.c, r.cfg
     return (table(header, lines) + '\n\n'
             f'Each run: {c["max_iters"]:,} steps of {c["global_batch_size"]} sequences of {cfg.block_size:,} tokens '

@@ -192,7 +192,7 @@ def test_export_of_the_student_loads_in_transformers(student, tmp_path):
 
 
 def test_the_one_gpu_tiers_shape_is_the_real_models(teacher):
-    """model.MODEL_SHAPES['smollm2-135m'] (config/onegpu_*.py's student) is the converted SmolLM2-135M's own
+    """model.MODEL_SHAPES['smollm2-135m'] (config/onegpu.py's student) is the converted SmolLM2-135M's own
     config.json read by checkpoint.config_from_hf, but for the sequence length it trains at."""
     from checkpoint import config_from_hf, read_hf_config
     from model import MODEL_SHAPES
