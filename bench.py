@@ -54,8 +54,8 @@ from torch.distributed._tools.mem_tracker import MemTracker
 import distill
 import prepare_data
 from distill import fused_kd_loss, kd_loss, load_teacher
-from common import (KNOWN_PEAK_BF16, Progress, compile_layers, default_peak_flops, flops_per_token, gemm_shapes,
-                    measured_matmul_flops, resolve_device, shard, wrap_ddp)
+from common import (KNOWN_PEAK_BF16, Progress, apply_fsdp, compile_layers, default_peak_flops, flops_per_token,
+                    gemm_shapes, measured_matmul_flops, resolve_device, wrap_ddp)
 from configurator import DEVICE, Key, parse
 from files import RunError, run_script, write_json
 from eval_zeroshot import (choice_doc, encode_docs, load_model_and_tokenizer, plan_forwards, score_one_by_one,
@@ -442,7 +442,7 @@ def fake_peak_memory(c, model_config, teacher_config):
     (None: cross-entropy): torch's MemTracker on fake tensors, real shapes without memory, seconds per layer on a CPU.
     The micro-step is train.py's (compute_loss, then backward), with the gradients and AdamW's state already there (every
     micro-step's but a run's first). DDP runs unwrapped (its C++ reducer reads real data), its gradients allocated
-    once, as common.wrap_ddp makes them DDP's buckets; FSDP is common.shard over a fake process group, this rank 0. CPU
+    once, as common.wrap_ddp makes them DDP's buckets; FSDP is common.apply_fsdp over a fake process group, this rank 0. CPU
     kernels stand in for CUDA's (flash attention saves the same tensors); the KD loss's bf16 GEMMs write float32 as on
     sm_80+ GPUs (distill.fp32_output_gemm). Every allocation is rounded up to 512 bytes, as by the CUDA allocator;
     kernels' workspaces, the CUDA context and fragmentation are not seen."""
@@ -459,7 +459,7 @@ def fake_peak_memory(c, model_config, teacher_config):
             teacher = fake_gpt(teacher_config, 'cpu', getattr(torch, dtype)).eval() if teacher_config else None
             if c['fsdp']:
                 with unset_fake_temporarily():  # FSDP builds its device mesh from a real tensor of ranks
-                    shard(student, dtype)
+                    apply_fsdp(student, dtype)
             optimizer = configure_optimizers(student, c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
             for p in student.parameters():
                 p.grad = torch.zeros_like(p)

@@ -164,7 +164,7 @@ DDP_NO_BUFFER_SYNC = ({'forward_sync_buffers': False} if 'forward_sync_buffers' 
                       else {'broadcast_buffers': False})
 
 
-def shard(model, dtype):
+def apply_fsdp(model, dtype):
     """FSDP2 in place: one group per decoder layer (gathered just before its forward and its backward, freed
     after), the root group for the rest. bfloat16: gathered and computed in bf16 from the fp32 shards (the master
     weights), gradients reduce-scattered and accumulated in fp32. The root keeps its parameters gathered from

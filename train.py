@@ -44,9 +44,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, model_state, previous_checkpoint, read_checkpoint,
                         save_checkpoint)
-from common import (DeviceTimer, batch_to_device, compile_layers, default_peak_flops, estimate_mfu, full_tensor,
-                    gemm_shapes, init_distributed, preemption_flag, reduce_mean, resolve_device, resolve_dtype, shard,
-                    wrap_ddp)
+from common import (DeviceTimer, apply_fsdp, batch_to_device, compile_layers, default_peak_flops, estimate_mfu,
+                    full_tensor, gemm_shapes, init_distributed, preemption_flag, reduce_mean, resolve_device,
+                    resolve_dtype, wrap_ddp)
 from configurator import DEVICE, Key, parse
 from data import Windows, read_meta
 from files import RunError, atomic_write, claim_dir, run_script, write_json
@@ -389,7 +389,7 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
     if c['compile']:
         compile_layers(model)
     if c['fsdp']:
-        shard(model, c['dtype'])
+        apply_fsdp(model, c['dtype'])
     optimizer = configure_optimizers(model, c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
     if ckpt is None:
         return model, optimizer, 0

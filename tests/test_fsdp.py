@@ -162,7 +162,7 @@ def test_fsdp_needs_torchrun(data_dir, tmp_path):
 
 
 def _compiled_fsdp_worker(rank, world_size, init_file, result_file):
-    """train.py's FSDP path with compile=True (compile_layers, then shard) on 1 gloo rank: a forward and backward,
+    """train.py's FSDP path with compile=True (compile_layers, then apply_fsdp) on 1 gloo rank: a forward and backward,
     then dynamo's counters."""
     import torch.distributed as dist
     from torch._dynamo.utils import counters
@@ -172,7 +172,7 @@ def _compiled_fsdp_worker(rank, world_size, init_file, result_file):
         model = GPT(ModelConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, intermediate_size=64, vocab_size=97,
                                 block_size=16, attention='affine', tie_embeddings=True))
         common.compile_layers(model)
-        common.shard(model, 'float32')
+        common.apply_fsdp(model, 'float32')
         wrapped = model
         idx = torch.randint(0, 97, (2, 16))
         _, loss = wrapped(idx, idx)

@@ -345,7 +345,7 @@ def compiled_run(rank, world, data_dir, parallel, attention):
     raw = GPT(ModelConfig(**{k: c[k] for k in FIELD_NAMES}))
     common.compile_layers(raw, backend)
     if parallel == 'fsdp':
-        common.shard(raw, c['dtype'])
+        common.apply_fsdp(raw, c['dtype'])
     optimizer = train.configure_optimizers(raw, c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
     model = common.wrap_ddp(raw, run.device) if run.ddp else raw
     teacher = common.compile_layers(GPT(TEACHER).eval().requires_grad_(False), backend)
