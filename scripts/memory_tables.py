@@ -59,16 +59,22 @@ class Row:
         self.cfg = ModelConfig(**{k: self.c[k] for k in FIELD_NAMES})
         self.teacher_name = os.path.basename(os.path.normpath(self.c['teacher']))
         self.teacher = ModelConfig(**memory_plan.KNOWN_TEACHERS[self.teacher_name])
-        self.micro = self.c['micro_batch_size']
+        self.micro, self.gpus = self.c['micro_batch_size'], self.c['dry_run_world_size']
 
     def plan(self, fsdp, checkpointing=False, micro=None):
-        """memory_estimate in GiB per component, on GPUS GPUs in bfloat16 (dtype=auto on those GPUs)."""
-        estimate = memory_plan.memory_estimate(self.cfg, GPUS, micro or self.micro, 'bfloat16', fsdp, checkpointing,
-                                               self.teacher)
+        """memory_estimate in GiB per component, on the GPUs the config's dry run plans for, in bfloat16 (dtype=auto
+        on those GPUs)."""
+        estimate = memory_plan.memory_estimate(self.cfg, self.gpus, micro or self.micro, 'bfloat16', fsdp,
+                                               checkpointing, self.teacher)
         return {name: value / 2 ** 30 for name, value in estimate.items()}
 
     def total(self, fsdp, checkpointing=False, micro=None):
         return sum(self.plan(fsdp, checkpointing, micro).values())
+
+    def largest_micro_batch(self, gpu_gib, fsdp=False, checkpointing=False):
+        """The largest of MICRO_BATCHES whose plan fits one GPU of gpu_gib (memory_plan.verdict), or None."""
+        return max((m for m in MICRO_BATCHES
+                    if memory_plan.verdict(self.total(fsdp, checkpointing, m), gpu_gib) == 'fits'), default=None)
 
     def mode(self, fsdp):
         return ('FSDP' if fsdp else 'DDP') + (' (config)' if fsdp == self.c['fsdp'] else '')
@@ -92,7 +98,7 @@ def gib_range(values):
 
 class Flops:
     """FLOPs per token of a row's student (training) and teacher (forward: a third of its training FLOPs), and
-    the time ASSUMED_MFU of PEAK on GPUS GPUs would take for the row's tokens."""
+    the time ASSUMED_MFU of PEAK on the row's GPUs would take for its tokens."""
     models = {}
 
     def __init__(self, row):
@@ -100,7 +106,7 @@ class Flops:
         self.teacher = flops_per_token(self.model(row.teacher), row.cfg.block_size) / 3
         c = row.c
         self.tokens = c['max_iters'] * c['global_batch_size'] * row.cfg.block_size
-        self.tokens_per_sec = GPUS * PEAK * ASSUMED_MFU / (self.student + self.teacher)
+        self.tokens_per_sec = row.gpus * PEAK * ASSUMED_MFU / (self.student + self.teacher)
         self.hours = self.tokens / self.tokens_per_sec / 3600
         # activation checkpointing runs the student's forward (a third of its training FLOPs) once more
         self.recompute = self.student / 3 / (self.student + self.teacher)
@@ -144,8 +150,7 @@ def totals_table(found):
     lines = []
     for r in found:
         totals = [r.total(fsdp, ac) for fsdp, ac in modes]
-        largest = [max((m for m in MICRO_BATCHES if memory_plan.verdict(r.total(fsdp, ac, m), GPU_GIB) == 'fits'),
-                       default=None) for fsdp, ac in modes]
+        largest = [r.largest_micro_batch(GPU_GIB, fsdp, ac) for fsdp, ac in modes]
         lines.append([f'{r.name} (micro-batch {r.micro})'] +
                      [f'{t:.1f} ({memory_plan.verdict(t, GPU_GIB)})' for t in totals] +
                      [' / '.join('-' if m is None else str(m) for m in largest)])
@@ -234,15 +239,10 @@ def onegpu_table():
         r = Row(os.path.join(ROOT, 'config', 'onegpu.py'), f'--attention={variant}')
         total = memory_plan.meta_param_counts(r.cfg)[0]
         softmax = memory_plan.meta_param_counts(ModelConfig(**{**vars(r.cfg), 'attention': 'softmax'}))[0]
-        fits = []
-        for gib in (24, 80):
-            plan = {b: sum(memory_plan.memory_estimate(r.cfg, 1, b, 'bfloat16', False, False, r.teacher).values())
-                    / 2**30 for b in MICRO_BATCHES}
-            best = max(b for b in MICRO_BATCHES if memory_plan.verdict(plan[b], gib) == 'fits')
-            fits.append(f'micro-batch {best}: {plan[best]:.1f} GiB')
-        flops = Flops(r)
-        hours = flops.tokens * (flops.student + flops.teacher) / (PEAK * ASSUMED_MFU) / 3600
-        lines.append([f'`--attention={variant}`', f'{total:,}', f'{total - softmax:,}', *fits, f'~{hours:.1f} h'])
+        fits = [f'micro-batch {best}: {r.total(False, micro=best):.1f} GiB'
+                for best in (r.largest_micro_batch(24), r.largest_micro_batch(80))]
+        lines.append([f'`--attention={variant}`', f'{total:,}', f'{total - softmax:,}', *fits,
+                      f'~{Flops(r).hours:.1f} h'])
     c, cfg = r.c, r.cfg
     return (table(header, lines) + '\n\n'
             f'Each run: {c["max_iters"]:,} steps of {c["global_batch_size"]} sequences of {cfg.block_size:,} tokens '
