@@ -5,7 +5,7 @@ export_hf.py); prepare_data.py, the command line that writes the data, builds on
 only and imports no other module of this repo but files.py (pure Python), so importing it stays cheap
 (prepare_data.py's tokenizer workers do).
 
-    from data import load_tokenizer, encode_document, read_meta, read_shard, Windows
+    from data import load_tokenizer, encode_document, read_meta, read_split, read_shard, Windows
 
 Tokenizers: load_tokenizer(spec) gives 'bytes', a tiktoken BPE file or any Hugging Face byte-level BPE tokenizer,
 read from its own files, as a tiktoken Encoding; encode_document(enc, text) a document's ids with its boundary
@@ -14,10 +14,12 @@ what meta.json records about the tokenizer.
 
 A prepared directory (prepare_data.py --out_dir) holds
     train_000000.bin, ...  val_000000.bin, ...   token shards: a 24-byte header, then the ids (see Shards below);
-                                                 read_shard(path) gives one as a checked, read-only np.memmap
+                                                 read_split(dir, split) gives a split's as read-only np.memmaps,
+                                                 each checked against meta.json first (read_shard(path): one,
+                                                 its header checked)
     meta.json   read_meta(dir): the tokenizer (spec, family, sha256, special tokens, BOS/EOS ids, boundary),
-                vocab_size, dtype, the splits (tokens, documents, shard names), whether it is complete, and the
-                settings, command and progress that prepare_data.py checks and resumes from
+                vocab_size, dtype, the splits (tokens, documents, shard names), each shard's checksum, whether it
+                is complete, and the settings, command and progress that prepare_data.py checks and resumes from
 Windows(dir, split, block_size) cuts a split into the windows train.py and distill.py read.
 """
 import base64
@@ -27,7 +29,9 @@ import json
 import os
 import re
 import struct
+import sys
 import unicodedata
+import zlib
 
 import numpy as np
 import tiktoken
@@ -688,35 +692,88 @@ def tokenizer_info(enc, spec):
 # -----------------------------------------------------------------------------
 # Shards: a 24-byte little-endian header, then the token ids (uint16 or uint32, little-endian).
 #   magic 8 bytes b"ASASHARD" | version uint32 | bytes per token uint32 (2 or 4) | token count uint64
-# The count and the file size together reveal a truncated file; the magic a file of some other kind.
+# The count and the file size together reveal a truncated file; the magic a file of some other kind. A changed byte
+# among the ids only a checksum reveals: write_shard computes the CRC-32 of the whole file from the bytes it writes,
+# prepare_data.py records it in meta.json ("checksums"), and read_split checks it, and that every id is below the
+# vocabulary size, the first time a process opens the shard (docs/data.md: what that costs, and why it is enough).
 
 MAGIC, VERSION = b"ASASHARD", 1
 HEADER = struct.Struct("<8sIIQ")
+CHECK_BYTES = 1 << 24  # shards are checked 16 MiB at a time
+REBUILD = "re-run the prepare_data.py command recorded in meta.json: it rebuilds missing and damaged shards"
 
 
 def write_shard(path, arrays, dtype):
-    """Write the concatenation of `arrays` as one shard, atomically (files.atomic_write)."""
+    """Write the concatenation of `arrays` as one shard, atomically (files.atomic_write). Returns its checksum as
+    meta.json records it: 'crc32:' and the CRC-32 of the whole file in 8 hex digits."""
     dtype = np.dtype(dtype).newbyteorder("<")
     with atomic_write(path, "wb") as f:
-        f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, sum(len(a) for a in arrays)))
+        data = HEADER.pack(MAGIC, VERSION, dtype.itemsize, sum(len(a) for a in arrays))
+        f.write(data)
+        crc = zlib.crc32(data)
         for a in arrays:
-            f.write(np.asarray(a, dtype=dtype).tobytes())
+            data = np.asarray(a, dtype=dtype).tobytes()
+            f.write(data)
+            crc = zlib.crc32(data, crc)
+    return f"crc32:{crc:08x}"
 
 
 def read_shard(path):
-    """The token ids of a shard as a read-only memory-mapped numpy array (the header is validated first)."""
+    """The token ids of a shard as a read-only memory-mapped numpy array (the header is validated first; the
+    checksum and the ids' range are checked by read_split, which knows them from meta.json)."""
+    ids, fault = map_shard(path)
+    if fault:
+        raise RunError(f"{fault}; {REBUILD}")
+    return ids
+
+
+def map_shard(path):
+    """(the ids as a read-only np.memmap, None), or (None, what is wrong with the file's header or size)."""
     with open(path, "rb") as f:
         header = f.read(HEADER.size)
     if len(header) < HEADER.size or header[:8] != MAGIC:
-        raise RunError(f"{path}: not a token shard written by prepare_data.py (bad magic)")
+        return None, f"{path}: not a token shard written by prepare_data.py (bad magic)"
     _, version, itemsize, count = HEADER.unpack(header)
     if version != VERSION or itemsize not in (2, 4):
-        raise RunError(f"{path}: unsupported shard version {version} / {itemsize} bytes per token")
+        return None, f"{path}: unsupported shard version {version} / {itemsize} bytes per token"
     expected, actual = HEADER.size + count * itemsize, os.path.getsize(path)
     if actual != expected:
-        raise RunError(f"{path}: truncated or corrupt: the header promises {count} tokens ({expected} bytes), "
-                       f"the file has {actual} bytes; re-run prepare_data.py")
-    return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=HEADER.size, shape=(count,))
+        return None, (f"{path}: truncated or corrupt: the header promises {count} tokens ({expected} bytes), the "
+                      f"file has {actual} bytes")
+    return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=HEADER.size, shape=(count,)), None
+
+
+checked = set()  # the shard files this process has checked, as (path, inode, size, mtime, checksum, vocab size)
+
+
+def check_shard(path, checksum, vocab_size):
+    """(ids, None), or (None, what is wrong): the shard is missing, its header or size is wrong (map_shard), its
+    CRC-32 is not `checksum` (None: prepared before checksums were recorded, not compared) or it holds an id at or
+    above vocab_size. One pass over the memory-mapped file, once per process for an unchanged file."""
+    if not os.path.isfile(path):
+        return None, f"{path}: missing (meta.json lists it)"
+    ids, fault = map_shard(path)
+    stat = os.stat(path)
+    key = (os.path.abspath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, checksum, vocab_size)
+    if fault or key in checked:
+        return ids, fault
+    with open(path, "rb") as f:
+        crc = zlib.crc32(f.read(HEADER.size))
+    bad = None  # the position of the first id out of range
+    step = CHECK_BYTES // ids.itemsize
+    for start in range(0, len(ids), step):
+        chunk = ids[start:start + step]
+        crc = zlib.crc32(chunk, crc)
+        if bad is None and chunk.max() >= vocab_size:
+            bad = start + int(np.argmax(chunk >= vocab_size))
+    if checksum is not None and f"crc32:{crc:08x}" != checksum:
+        return None, (f"{path}: damaged: its CRC-32 is {crc:08x}, but meta.json recorded {checksum} when it was "
+                      f"written")
+    if bad is not None:
+        return None, (f"{path}: token {bad + 1:,} (counting from 1) is id {int(ids[bad]):,}, not below the "
+                      f"vocabulary size {vocab_size:,} (meta.json): the shard is damaged")
+    checked.add(key)
+    return ids, None
 
 
 # -----------------------------------------------------------------------------
@@ -734,14 +791,37 @@ def read_meta(data_dir):
         return json.load(f)
 
 
+noted = set()  # the directories whose missing checksums this process has noted
+
+
+def read_split(data_dir, split, meta=None):
+    """The shards of one split of a prepared directory (meta: its meta.json, read if not given) as read-only
+    np.memmaps, each checked first (check_shard). Every reader of a directory's shards goes through here."""
+    meta = read_meta(data_dir) if meta is None else meta
+    checksums = meta.get("checksums", {})  # (none in a meta.json written before they were recorded)
+    names = meta["splits"][split]["shards"]
+    unchecked = [name for name in names if name not in checksums]
+    if unchecked and data_dir not in noted:
+        noted.add(data_dir)
+        print(f"note: {os.path.join(data_dir, 'meta.json')} records no checksum for {len(unchecked)} shard(s) (data "
+              f"prepared before checksums were recorded): they are checked for ids below the vocabulary size only; "
+              f"prepare the data again into a new --out_dir to have them checked in full", file=sys.stderr)
+    shards = []
+    for name in names:
+        ids, fault = check_shard(os.path.join(data_dir, name), checksums.get(name), meta["vocab_size"])
+        if fault:
+            raise RunError(f"{fault}; {REBUILD}")
+        shards.append(ids)
+    return shards
+
+
 class Windows:
     """A split cut into windows of block_size + 1 tokens (inputs and their next-token targets; consecutive
     windows share one token), for training (train.py) and evaluation (distill.py). NumPy only, so that
     importing this module stays cheap for the tokenizer workers."""
 
     def __init__(self, data_dir, split, block_size):
-        names = read_meta(data_dir)["splits"][split]["shards"]
-        self.shards = [read_shard(os.path.join(data_dir, name)) for name in names]
+        self.shards = read_split(data_dir, split)
         self.block_size = block_size
         self.starts = np.cumsum([0] + [(len(s) - 1) // block_size for s in self.shards])  # first window of each shard
         if self.starts[-1] == 0:
