@@ -111,13 +111,15 @@ class Tokenizer(tiktoken.Encoding):
       bos_token, eos_token   the tokenizer's declared BOS and EOS
       missing         the single bytes the vocabulary has no token for (SmolLM2's lacks 21): Hugging Face's BPE drops
                       them from the text, and so does this (see encode_lossy)
+      unk             None, or (unk_token, its id, fuse_unk) when the BPE declares an unk_token and the vocabulary
+                      lacks bytes: Hugging Face's BPE then encodes them as that token instead (see encode_unk)
     Document boundaries follow from them: a document is wrapped as the tokenizer wraps a text; a tokenizer that
     adds nothing (GPT-2, Qwen, SmolLM) gets its EOS after each document.
     Special tokens are never matched in text: their strings are encoded as ordinary text, so data cannot forge a
     boundary (Hugging Face would match them: the one deliberate difference)."""
 
     def __init__(self, name, *, pat_str, mergeable_ranks, special_tokens, nfc=False, inline=(),
-                 inline_normalized=(), bos_token=None, eos_token=None, prefix=(), suffix=()):
+                 inline_normalized=(), bos_token=None, eos_token=None, prefix=(), suffix=(), unk=None):
         super().__init__(name, pat_str=pat_str, mergeable_ranks=mergeable_ranks, special_tokens=special_tokens)
         self.nfc, self.inline, self.inline_normalized = nfc, tuple(inline), tuple(inline_normalized)
         self.bos_token, self.eos_token, self.prefix, self.suffix = bos_token, eos_token, tuple(prefix), tuple(suffix)
@@ -128,13 +130,15 @@ class Tokenizer(tiktoken.Encoding):
         self._raw_inline = tuple(sorted(t for t in self.inline if t not in self.inline_normalized))
         self._normalized_inline = tuple(sorted(self.inline_normalized))
         self.missing = bytes(missing_bytes(mergeable_ranks))
+        self.unk = tuple(unk) if unk else None
         self._missing_byte = re.compile(b"[" + re.escape(self.missing) + b"]") if self.missing else None
+        self._missing_runs = re.compile(b"[" + re.escape(self.missing) + b"]+") if self.missing else None
 
     def __getstate__(self):  # pickled whole (to the tokenizer workers), conventions included
         return dict(name=self.name, pat_str=self._pat_str, mergeable_ranks=self._mergeable_ranks,
                     special_tokens=self._special_tokens, nfc=self.nfc, inline=self.inline,
                     inline_normalized=self.inline_normalized, bos_token=self.bos_token, eos_token=self.eos_token,
-                    prefix=self.prefix, suffix=self.suffix)
+                    prefix=self.prefix, suffix=self.suffix, unk=self.unk)
 
     def ids(self, names):
         return [self._special_tokens[name] for name in names]
@@ -159,7 +163,8 @@ class Tokenizer(tiktoken.Encoding):
         return np.array(self.encode(text, **kwargs), dtype=np.uint32)
 
     def dropped_bytes(self, text):
-        """How many bytes of text encode_ordinary drops: those the vocabulary has no token for."""
+        """How many bytes of text encode_ordinary drops (or, with an unk_token, encodes as unk): those the
+        vocabulary has no token for."""
         if not self.missing:
             return 0
         pieces = [utf8(piece) for piece, token in self._texts(text, self._raw_inline, self._normalized_inline)
@@ -186,7 +191,7 @@ class Tokenizer(tiktoken.Encoding):
             if token:
                 ids.append(self._special_tokens[token])
             elif self.missing and self._missing_byte.search(utf8(piece)):
-                ids += self.encode_lossy(piece)
+                ids += self.encode_unk(piece) if self.unk else self.encode_lossy(piece)
             else:
                 ids += super().encode_ordinary(piece)
         return ids
@@ -212,6 +217,42 @@ class Tokenizer(tiktoken.Encoding):
                 ids.append(token)
             pos += len(token_bytes)
         return ids
+
+    def encode_unk(self, text):
+        """encode_ordinary of text holding bytes the vocabulary lacks, as Hugging Face's byte-level BPE does it with
+        an unk_token: BPE::merge_word in `tokenizers` makes each symbol without an id an unk symbol, one for a whole
+        run of them within a pre-tokenized piece when fuse_unk is set, and no merge names it, so BPE merges each
+        side of it on its own. tiktoken does the same with the missing bytes as tokens that merge with nothing
+        (_with_missing); each is then replaced by the unk id, or, fused, each that starts a run (unk_runs)."""
+        _, unk_id, fuse = self.unk
+        data = utf8(text)
+        text = data.decode()
+        starts, enc = self.unk_runs(text, data) if fuse else None, self._with_missing
+        ids, pos = [], 0
+        tokens = enc.encode_ordinary(text)
+        for token, token_bytes in zip(tokens, enc.decode_tokens_bytes(tokens)):
+            if token <= self.max_token_value:
+                ids.append(token)
+            elif starts is None or pos in starts:
+                ids.append(unk_id)
+            pos += len(token_bytes)
+        return ids
+
+    def unk_runs(self, text, data):
+        """The byte offsets in text (UTF-8: data) where a run of missing bytes within one piece starts, the pieces
+        cut by tiktoken's own regex engine: an Encoding whose only merges are the substrings of those runs encodes
+        all else byte by byte and each such run as one token (any two of its neighbouring parts can merge)."""
+        runs = {m.group() for m in self._missing_runs.finditer(data)}
+        ranks = {bytes([b]): b for b in range(256)}
+        for s in sorted({r[i:j] for r in runs for i in range(len(r)) for j in range(i + 2, len(r) + 1)}, key=len):
+            ranks[s] = len(ranks)
+        probe = tiktoken.Encoding("runs", pat_str=self._pat_str, mergeable_ranks=ranks, special_tokens={})
+        starts, pos = set(), 0
+        for piece in probe.decode_tokens_bytes(probe.encode_ordinary(text)):
+            if piece[0] in self.missing:
+                starts.add(pos)
+            pos += len(piece)
+        return starts
 
     def lossy_pieces(self, text, data):
         """{start: end}: the byte spans of text's (UTF-8: data) pieces that hold a missing byte, as tiktoken's own
@@ -384,9 +425,13 @@ def load_tokenizer(spec):
 def conventions_of(enc):
     """Everything besides the vocabulary and the special tokens that decides the ids this repo writes (shards) and
     scores (eval_zeroshot.py): what sha256 covers for family 'bpe', and what FAMILIES' names stand for."""
-    return dict(pattern=enc._pat_str, nfc=enc.nfc, inline=sorted(enc.inline),
-                inline_normalized=sorted(enc.inline_normalized), prefix=list(enc.prefix), suffix=list(enc.suffix),
-                document=[list(enc.doc_prefix), list(enc.doc_suffix)], prefix_token=enc.prefix_token)
+    conventions = dict(pattern=enc._pat_str, nfc=enc.nfc, inline=sorted(enc.inline),
+                       inline_normalized=sorted(enc.inline_normalized), prefix=list(enc.prefix),
+                       suffix=list(enc.suffix), document=[list(enc.doc_prefix), list(enc.doc_suffix)],
+                       prefix_token=enc.prefix_token)
+    if enc.unk:  # only where it fires, so the sha256 of a tokenizer without one is what it was before unk existed
+        conventions["unk"] = list(enc.unk)
+    return conventions
 
 
 def family_conventions(family):
@@ -467,7 +512,8 @@ def load_tokenizer_directory(model_dir):
         vocab = model.get("vocab") or {}
         # byte_fallback spells a symbol the vocabulary lacks as the <0xNN> tokens of its UTF-8 bytes (SentencePiece's
         # way; BPE::merge_word in `tokenizers`). A byte-level BPE's symbols are bytes already and it has no <0xNN>
-        # tokens, so there it never fires and changes no id: some converters set it on byte-level BPEs.
+        # tokens, so there it never fires and changes no id (a symbol it lacks goes on to unk_token, else is dropped):
+        # some converters set it on byte-level BPEs (transformers 4.57's GGUF converter, on SmolLM2's).
         pre_steps = [p.get("type") for p in steps(tokenizer_json.get("pre_tokenizer"), "pretokenizers")]
         inert_fallback = pre_steps[-1:] == ["ByteLevel"] and \
             not any(re.fullmatch("<0x[0-9A-F]{2}>", token) for token in vocab)
@@ -482,11 +528,7 @@ def load_tokenizer_directory(model_dir):
         nfc = normalizer_is_nfc(tokenizer_json.get("normalizer"), where)
         pattern = pre_tokenizer_pattern(tokenizer_json.get("pre_tokenizer"), where)
         ranks = byte_level_bpe_ranks(vocab, model.get("merges") or [], special_tokens, where)
-        # a byte the vocabulary lacks is dropped by BPE (Tokenizer.encode_lossy), unless unk_token is set: refused
-        if missing_bytes(ranks) and model.get("unk_token") is not None:
-            raise RunError(f"{where}: the vocabulary lacks {len(missing_bytes(ranks))} of the 256 single bytes, which "
-                           f"its BPE encodes as unk_token {model['unk_token']!r}; supported: a byte-level BPE without "
-                           f"unk_token (its BPE drops them) or with every byte")
+        unk = unk_convention(model, ranks, special_tokens, where)
         if os.path.isfile(tiktoken_file) and read_tiktoken_file(tiktoken_file) != ranks:
             raise RunError(f"{model_dir}: original/tokenizer.model and tokenizer.json hold different vocabularies")
         prefix, suffix = template_tokens(tokenizer_json.get("post_processor"), special_tokens, where)
@@ -506,7 +548,7 @@ def load_tokenizer_directory(model_dir):
         inline, inline_normalized = inline_tokens(added, nfc, where)
         return make_tokenizer(model_dir, ranks, special_tokens, dict(
             pattern=pattern, nfc=nfc, inline=inline, inline_normalized=inline_normalized, bos_token=bos_token,
-            eos_token=eos_token, prefix=prefix, suffix=suffix))
+            eos_token=eos_token, prefix=prefix, suffix=suffix, unk=unk))
 
     if os.path.isfile(tiktoken_file):  # Meta's layout without tokenizer.json: Meta's conventions
         decoder = config.get("added_tokens_decoder", {})
@@ -557,6 +599,27 @@ def load_tokenizer_directory(model_dir):
                        f"merges.txt (SentencePiece, WordPiece or another format); {NOT_BYTE_LEVEL}")
     raise RunError(f"--tokenizer={model_dir}: has no tokenizer.json, vocab.json + merges.txt, or "
                    f"original/tokenizer.model")
+
+
+def unk_convention(model, ranks, special_tokens, where):
+    """Tokenizer's unk for a tokenizer.json BPE model: None when the vocabulary has every byte (unk never fires)
+    or declares no unk_token (a byte it lacks is dropped: Tokenizer.encode_lossy), else (unk_token, its id,
+    fuse_unk) (Tokenizer.encode_unk). Its id is the model vocabulary's, as BPE::merge_word looks it up; an unk_token
+    outside it, or one that a merge joins to a neighbour, is refused."""
+    unk_token, missing = model.get("unk_token"), missing_bytes(ranks)
+    if unk_token is None or not missing:
+        return None
+    vocab = model.get("vocab") or {}
+    if unk_token not in vocab:
+        raise RunError(f"{where}: unk_token {unk_token!r} is not in the BPE vocabulary, so the `tokenizers` library "
+                       f"fails on text holding one of the {len(missing)} single bytes the vocabulary lacks; add it to "
+                       f"the vocabulary or remove unk_token")
+    merged = [merge for merge in model.get("merges") or []
+              if unk_token in (merge.split(" ") if isinstance(merge, str) else merge)]
+    if merged:
+        raise RunError(f"{where}: unk_token {unk_token!r} takes part in merge {merged[0]!r}, so an unk merges with its "
+                       f"neighbours; tiktoken cannot reproduce this tokenizer exactly")
+    return unk_token, vocab[unk_token], bool(model.get("fuse_unk", False))
 
 
 def around(prefix, suffix):
@@ -687,7 +750,8 @@ def tokenizer_info(enc, spec):
                 nfc=enc.nfc, n_vocab=enc.n_vocab, special_tokens=enc._special_tokens, bos_id=bos, eos_id=eos,
                 sha256=h.hexdigest(), boundary=describe_boundary(enc), bos_token=enc.bos_token,
                 eos_token=enc.eos_token, prefix=list(enc.prefix), suffix=list(enc.suffix), inline=list(enc.inline),
-                inline_normalized=list(enc.inline_normalized), missing_bytes=list(enc.missing))
+                inline_normalized=list(enc.inline_normalized), missing_bytes=list(enc.missing),
+                unk=list(enc.unk) if enc.unk else None)
 
 # -----------------------------------------------------------------------------
 # Shards: a 24-byte little-endian header, then the token ids (uint16 or uint32, little-endian).

@@ -411,8 +411,9 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
           f"with --num_proc={args.num_proc}")
     dropped = train["dropped_bytes"] + val["dropped_bytes"]
     if dropped:
+        how = f"encoded as its unk_token {enc.unk[0]!r}" if enc.unk else "dropped"
         print(f"the tokenizer's vocabulary has no token for {len(enc.missing)} single bytes: {dropped:,} bytes of the "
-              f"corpus were dropped, as its Hugging Face tokenizer drops them (meta.json: splits' dropped_bytes)")
+              f"corpus were {how}, as its Hugging Face tokenizer does (meta.json: splits' dropped_bytes)")
 
 # -----------------------------------------------------------------------------
 
