@@ -851,8 +851,11 @@ def read_meta(data_dir):
         raise RunError(f"data_dir={data_dir}: no such directory; run prepare_data.py first")
     if not os.path.isfile(path):
         raise RunError(f"{path}: no such file; data_dir must be an output directory of prepare_data.py")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except ValueError as e:  # (also not UTF-8)
+        raise RunError(f"{path}: damaged, not a JSON file ({e}); prepare the data again into a new --out_dir") from None
 
 
 noted = set()  # the directories whose missing checksums this process has noted

@@ -460,7 +460,8 @@ def test_shard_round_trip_and_header_validation(tmp_path, dtype):
 def test_read_split_checks_each_shard_once_per_process(tmp_path, monkeypatch):
     """write_shard returns the CRC-32 of the file it wrote; read_split refuses, naming the shard, one whose bytes
     differ from that checksum, and one that holds an id at or above the vocabulary size even when its checksum is
-    the one recorded (the position counted from 1); an unchanged shard is checked once per process."""
+    the one recorded (the position counted from 1); an unchanged shard is checked once per process. A damaged
+    meta.json is one line too."""
     names = ["train_000000.bin", "train_000001.bin"]
     ids = [np.arange(300, dtype=np.uint16) % 257, np.array([5, 6, 300, 7, 400], dtype=np.uint16)]
     checksums = {name: write_shard(str(tmp_path / name), [a], np.uint16) for name, a in zip(names, ids)}
@@ -482,4 +483,7 @@ def test_read_split_checks_each_shard_once_per_process(tmp_path, monkeypatch):
     damaged = flip_byte(tmp_path / names[0], 100)  # an id that stays below the vocabulary size: only the CRC sees it
     with pytest.raises(RunError, match=rf"^{re.escape(str(tmp_path / names[0]))}: damaged: its CRC-32 is "
                                        rf"{zlib.crc32(damaged):08x}, but meta.json recorded {checksums[names[0]]}"):
+        read_split(str(tmp_path), "train")
+    (tmp_path / "meta.json").write_text(json.dumps(meta)[:-1])  # meta.json cut short
+    with pytest.raises(RunError, match=rf"^{re.escape(str(tmp_path / 'meta.json'))}: damaged, not a JSON file \("):
         read_split(str(tmp_path), "train")
