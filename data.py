@@ -528,7 +528,7 @@ def load_tokenizer_directory(model_dir):
         nfc = normalizer_is_nfc(tokenizer_json.get("normalizer"), where)
         pattern = pre_tokenizer_pattern(tokenizer_json.get("pre_tokenizer"), where)
         ranks = byte_level_bpe_ranks(vocab, model.get("merges") or [], special_tokens, where)
-        unk = unk_convention(model, ranks, special_tokens, where)
+        unk = unk_convention(model, ranks, where)
         if os.path.isfile(tiktoken_file) and read_tiktoken_file(tiktoken_file) != ranks:
             raise RunError(f"{model_dir}: original/tokenizer.model and tokenizer.json hold different vocabularies")
         prefix, suffix = template_tokens(tokenizer_json.get("post_processor"), special_tokens, where)
@@ -601,7 +601,7 @@ def load_tokenizer_directory(model_dir):
                    f"original/tokenizer.model")
 
 
-def unk_convention(model, ranks, special_tokens, where):
+def unk_convention(model, ranks, where):
     """Tokenizer's unk for a tokenizer.json BPE model: None when the vocabulary has every byte (unk never fires)
     or declares no unk_token (a byte it lacks is dropped: Tokenizer.encode_lossy), else (unk_token, its id,
     fuse_unk) (Tokenizer.encode_unk). Its id is the model vocabulary's, as BPE::merge_word looks it up; an unk_token
@@ -855,7 +855,8 @@ def read_meta(data_dir):
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except ValueError as e:  # (also not UTF-8)
-        raise RunError(f"{path}: damaged, not a JSON file ({e}); prepare the data again into a new --out_dir") from None
+        raise RunError(f"{path}: damaged, not a JSON file ({e}); prepare the data again into a new --out_dir") \
+            from None
 
 
 noted = set()  # the directories whose missing checksums this process has noted
@@ -866,15 +867,14 @@ def read_split(data_dir, split, meta=None):
     np.memmaps, each checked first (check_shard). Every reader of a directory's shards goes through here."""
     meta = read_meta(data_dir) if meta is None else meta
     checksums = meta.get("checksums", {})  # (none in a meta.json written before they were recorded)
-    names = meta["splits"][split]["shards"]
-    unchecked = [name for name in names if name not in checksums]
+    unchecked = [name for info in meta["splits"].values() for name in info["shards"] if name not in checksums]
     if unchecked and data_dir not in noted:
         noted.add(data_dir)
         print(f"note: {os.path.join(data_dir, 'meta.json')} records no checksum for {len(unchecked)} shard(s) (data "
               f"prepared before checksums were recorded): they are checked for ids below the vocabulary size only; "
               f"prepare the data again into a new --out_dir to have them checked in full", file=sys.stderr)
     shards = []
-    for name in names:
+    for name in meta["splits"][split]["shards"]:
         ids, fault = check_shard(os.path.join(data_dir, name), checksums.get(name), meta["vocab_size"])
         if fault:
             raise RunError(f"{fault}; {REBUILD}")

@@ -108,8 +108,8 @@ def where_in_source(source_info, text_field, index):
 
 def describe_value(value):
     """'null', 'an object', 'a list', 'a number', ...: what a row's field or a JSON value holds, in words."""
-    return "null" if value is None else {dict: "an object", list: "a list", bool: "a boolean", int: "a number",
-                                         float: "a number", str: "a string"}.get(type(value), f"a {type(value).__name__}")
+    kinds = {dict: "an object", list: "a list", bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+    return "null" if value is None else kinds.get(type(value), f"a {type(value).__name__}")
 
 
 def not_a_string(row, text_field, index, source_info):

@@ -382,7 +382,7 @@ def test_data_prepared_before_checksums_keeps_working(tmp_path, capsys):
     for split in ("train", "val", "train"):
         Windows(str(out_dir), split, 32)
     assert capsys.readouterr().err == (
-        f"note: {out_dir / 'meta.json'} records no checksum for 1 shard(s) (data prepared before checksums were "
+        f"note: {out_dir / 'meta.json'} records no checksum for 2 shard(s) (data prepared before checksums were "
         f"recorded): they are checked for ids below the vocabulary size only; prepare the data again into a new "
         f"--out_dir to have them checked in full\n")
     run(tmp_path, *flags)
