@@ -5,7 +5,7 @@ export_hf.py); prepare_data.py, the command line that writes the data, builds on
 only and imports no other module of this repo but files.py (pure Python), so importing it stays cheap
 (prepare_data.py's tokenizer workers do).
 
-    from data import load_tokenizer, encode_document, read_meta, read_shard, Windows
+    from data import load_tokenizer, encode_document, read_meta, read_split, read_shard, Windows
 
 Tokenizers: load_tokenizer(spec) gives 'bytes', a tiktoken BPE file or any Hugging Face byte-level BPE tokenizer,
 read from its own files, as a tiktoken Encoding; encode_document(enc, text) a document's ids with its boundary
@@ -14,10 +14,12 @@ what meta.json records about the tokenizer.
 
 A prepared directory (prepare_data.py --out_dir) holds
     train_000000.bin, ...  val_000000.bin, ...   token shards: a 24-byte header, then the ids (see Shards below);
-                                                 read_shard(path) gives one as a checked, read-only np.memmap
+                                                 read_split(dir, split) gives a split's as read-only np.memmaps,
+                                                 each checked against meta.json first (read_shard(path): one,
+                                                 its header checked)
     meta.json   read_meta(dir): the tokenizer (spec, family, sha256, special tokens, BOS/EOS ids, boundary),
-                vocab_size, dtype, the splits (tokens, documents, shard names), whether it is complete, and the
-                settings, command and progress that prepare_data.py checks and resumes from
+                vocab_size, dtype, the splits (tokens, documents, shard names), each shard's checksum, whether it
+                is complete, and the settings, command and progress that prepare_data.py checks and resumes from
 Windows(dir, split, block_size) cuts a split into the windows train.py and distill.py read.
 """
 import base64
@@ -27,7 +29,9 @@ import json
 import os
 import re
 import struct
+import sys
 import unicodedata
+import zlib
 
 import numpy as np
 import tiktoken
@@ -107,13 +111,15 @@ class Tokenizer(tiktoken.Encoding):
       bos_token, eos_token   the tokenizer's declared BOS and EOS
       missing         the single bytes the vocabulary has no token for (SmolLM2's lacks 21): Hugging Face's BPE drops
                       them from the text, and so does this (see encode_lossy)
+      unk             None, or (unk_token, its id, fuse_unk) when the BPE declares an unk_token and the vocabulary
+                      lacks bytes: Hugging Face's BPE then encodes them as that token instead (see encode_unk)
     Document boundaries follow from them: a document is wrapped as the tokenizer wraps a text; a tokenizer that
     adds nothing (GPT-2, Qwen, SmolLM) gets its EOS after each document.
     Special tokens are never matched in text: their strings are encoded as ordinary text, so data cannot forge a
     boundary (Hugging Face would match them: the one deliberate difference)."""
 
     def __init__(self, name, *, pat_str, mergeable_ranks, special_tokens, nfc=False, inline=(),
-                 inline_normalized=(), bos_token=None, eos_token=None, prefix=(), suffix=()):
+                 inline_normalized=(), bos_token=None, eos_token=None, prefix=(), suffix=(), unk=None):
         super().__init__(name, pat_str=pat_str, mergeable_ranks=mergeable_ranks, special_tokens=special_tokens)
         self.nfc, self.inline, self.inline_normalized = nfc, tuple(inline), tuple(inline_normalized)
         self.bos_token, self.eos_token, self.prefix, self.suffix = bos_token, eos_token, tuple(prefix), tuple(suffix)
@@ -124,13 +130,15 @@ class Tokenizer(tiktoken.Encoding):
         self._raw_inline = tuple(sorted(t for t in self.inline if t not in self.inline_normalized))
         self._normalized_inline = tuple(sorted(self.inline_normalized))
         self.missing = bytes(missing_bytes(mergeable_ranks))
+        self.unk = tuple(unk) if unk else None
         self._missing_byte = re.compile(b"[" + re.escape(self.missing) + b"]") if self.missing else None
+        self._missing_runs = re.compile(b"[" + re.escape(self.missing) + b"]+") if self.missing else None
 
     def __getstate__(self):  # pickled whole (to the tokenizer workers), conventions included
         return dict(name=self.name, pat_str=self._pat_str, mergeable_ranks=self._mergeable_ranks,
                     special_tokens=self._special_tokens, nfc=self.nfc, inline=self.inline,
                     inline_normalized=self.inline_normalized, bos_token=self.bos_token, eos_token=self.eos_token,
-                    prefix=self.prefix, suffix=self.suffix)
+                    prefix=self.prefix, suffix=self.suffix, unk=self.unk)
 
     def ids(self, names):
         return [self._special_tokens[name] for name in names]
@@ -155,7 +163,8 @@ class Tokenizer(tiktoken.Encoding):
         return np.array(self.encode(text, **kwargs), dtype=np.uint32)
 
     def dropped_bytes(self, text):
-        """How many bytes of text encode_ordinary drops: those the vocabulary has no token for."""
+        """How many bytes of text encode_ordinary drops (or, with an unk_token, encodes as unk): those the
+        vocabulary has no token for."""
         if not self.missing:
             return 0
         pieces = [utf8(piece) for piece, token in self._texts(text, self._raw_inline, self._normalized_inline)
@@ -182,7 +191,7 @@ class Tokenizer(tiktoken.Encoding):
             if token:
                 ids.append(self._special_tokens[token])
             elif self.missing and self._missing_byte.search(utf8(piece)):
-                ids += self.encode_lossy(piece)
+                ids += self.encode_unk(piece) if self.unk else self.encode_lossy(piece)
             else:
                 ids += super().encode_ordinary(piece)
         return ids
@@ -208,6 +217,42 @@ class Tokenizer(tiktoken.Encoding):
                 ids.append(token)
             pos += len(token_bytes)
         return ids
+
+    def encode_unk(self, text):
+        """encode_ordinary of text holding bytes the vocabulary lacks, as Hugging Face's byte-level BPE does it with
+        an unk_token: BPE::merge_word in `tokenizers` makes each symbol without an id an unk symbol, one for a whole
+        run of them within a pre-tokenized piece when fuse_unk is set, and no merge names it, so BPE merges each
+        side of it on its own. tiktoken does the same with the missing bytes as tokens that merge with nothing
+        (_with_missing); each is then replaced by the unk id, or, fused, each that starts a run (unk_runs)."""
+        _, unk_id, fuse = self.unk
+        data = utf8(text)
+        text = data.decode()
+        starts, enc = self.unk_runs(text, data) if fuse else None, self._with_missing
+        ids, pos = [], 0
+        tokens = enc.encode_ordinary(text)
+        for token, token_bytes in zip(tokens, enc.decode_tokens_bytes(tokens)):
+            if token <= self.max_token_value:
+                ids.append(token)
+            elif starts is None or pos in starts:
+                ids.append(unk_id)
+            pos += len(token_bytes)
+        return ids
+
+    def unk_runs(self, text, data):
+        """The byte offsets in text (UTF-8: data) where a run of missing bytes within one piece starts, the pieces
+        cut by tiktoken's own regex engine: an Encoding whose only merges are the substrings of those runs encodes
+        all else byte by byte and each such run as one token (any two of its neighbouring parts can merge)."""
+        runs = {m.group() for m in self._missing_runs.finditer(data)}
+        ranks = {bytes([b]): b for b in range(256)}
+        for s in sorted({r[i:j] for r in runs for i in range(len(r)) for j in range(i + 2, len(r) + 1)}, key=len):
+            ranks[s] = len(ranks)
+        probe = tiktoken.Encoding("runs", pat_str=self._pat_str, mergeable_ranks=ranks, special_tokens={})
+        starts, pos = set(), 0
+        for piece in probe.decode_tokens_bytes(probe.encode_ordinary(text)):
+            if piece[0] in self.missing:
+                starts.add(pos)
+            pos += len(piece)
+        return starts
 
     def lossy_pieces(self, text, data):
         """{start: end}: the byte spans of text's (UTF-8: data) pieces that hold a missing byte, as tiktoken's own
@@ -380,9 +425,13 @@ def load_tokenizer(spec):
 def conventions_of(enc):
     """Everything besides the vocabulary and the special tokens that decides the ids this repo writes (shards) and
     scores (eval_zeroshot.py): what sha256 covers for family 'bpe', and what FAMILIES' names stand for."""
-    return dict(pattern=enc._pat_str, nfc=enc.nfc, inline=sorted(enc.inline),
-                inline_normalized=sorted(enc.inline_normalized), prefix=list(enc.prefix), suffix=list(enc.suffix),
-                document=[list(enc.doc_prefix), list(enc.doc_suffix)], prefix_token=enc.prefix_token)
+    conventions = dict(pattern=enc._pat_str, nfc=enc.nfc, inline=sorted(enc.inline),
+                       inline_normalized=sorted(enc.inline_normalized), prefix=list(enc.prefix),
+                       suffix=list(enc.suffix), document=[list(enc.doc_prefix), list(enc.doc_suffix)],
+                       prefix_token=enc.prefix_token)
+    if enc.unk:  # only where it fires, so the sha256 of a tokenizer without one is what it was before unk existed
+        conventions["unk"] = list(enc.unk)
+    return conventions
 
 
 def family_conventions(family):
@@ -463,7 +512,8 @@ def load_tokenizer_directory(model_dir):
         vocab = model.get("vocab") or {}
         # byte_fallback spells a symbol the vocabulary lacks as the <0xNN> tokens of its UTF-8 bytes (SentencePiece's
         # way; BPE::merge_word in `tokenizers`). A byte-level BPE's symbols are bytes already and it has no <0xNN>
-        # tokens, so there it never fires and changes no id: some converters set it on byte-level BPEs.
+        # tokens, so there it never fires and changes no id (a symbol it lacks goes on to unk_token, else is dropped):
+        # some converters set it on byte-level BPEs (transformers 4.57's GGUF converter, on SmolLM2's).
         pre_steps = [p.get("type") for p in steps(tokenizer_json.get("pre_tokenizer"), "pretokenizers")]
         inert_fallback = pre_steps[-1:] == ["ByteLevel"] and \
             not any(re.fullmatch("<0x[0-9A-F]{2}>", token) for token in vocab)
@@ -478,11 +528,7 @@ def load_tokenizer_directory(model_dir):
         nfc = normalizer_is_nfc(tokenizer_json.get("normalizer"), where)
         pattern = pre_tokenizer_pattern(tokenizer_json.get("pre_tokenizer"), where)
         ranks = byte_level_bpe_ranks(vocab, model.get("merges") or [], special_tokens, where)
-        # a byte the vocabulary lacks is dropped by BPE (Tokenizer.encode_lossy), unless unk_token is set: refused
-        if missing_bytes(ranks) and model.get("unk_token") is not None:
-            raise RunError(f"{where}: the vocabulary lacks {len(missing_bytes(ranks))} of the 256 single bytes, which "
-                           f"its BPE encodes as unk_token {model['unk_token']!r}; supported: a byte-level BPE without "
-                           f"unk_token (its BPE drops them) or with every byte")
+        unk = unk_convention(model, ranks, where)
         if os.path.isfile(tiktoken_file) and read_tiktoken_file(tiktoken_file) != ranks:
             raise RunError(f"{model_dir}: original/tokenizer.model and tokenizer.json hold different vocabularies")
         prefix, suffix = template_tokens(tokenizer_json.get("post_processor"), special_tokens, where)
@@ -502,7 +548,7 @@ def load_tokenizer_directory(model_dir):
         inline, inline_normalized = inline_tokens(added, nfc, where)
         return make_tokenizer(model_dir, ranks, special_tokens, dict(
             pattern=pattern, nfc=nfc, inline=inline, inline_normalized=inline_normalized, bos_token=bos_token,
-            eos_token=eos_token, prefix=prefix, suffix=suffix))
+            eos_token=eos_token, prefix=prefix, suffix=suffix, unk=unk))
 
     if os.path.isfile(tiktoken_file):  # Meta's layout without tokenizer.json: Meta's conventions
         decoder = config.get("added_tokens_decoder", {})
@@ -553,6 +599,27 @@ def load_tokenizer_directory(model_dir):
                        f"merges.txt (SentencePiece, WordPiece or another format); {NOT_BYTE_LEVEL}")
     raise RunError(f"--tokenizer={model_dir}: has no tokenizer.json, vocab.json + merges.txt, or "
                    f"original/tokenizer.model")
+
+
+def unk_convention(model, ranks, where):
+    """Tokenizer's unk for a tokenizer.json BPE model: None when the vocabulary has every byte (unk never fires)
+    or declares no unk_token (a byte it lacks is dropped: Tokenizer.encode_lossy), else (unk_token, its id,
+    fuse_unk) (Tokenizer.encode_unk). Its id is the model vocabulary's, as BPE::merge_word looks it up; an unk_token
+    outside it, or one that a merge joins to a neighbour, is refused."""
+    unk_token, missing = model.get("unk_token"), missing_bytes(ranks)
+    if unk_token is None or not missing:
+        return None
+    vocab = model.get("vocab") or {}
+    if unk_token not in vocab:
+        raise RunError(f"{where}: unk_token {unk_token!r} is not in the BPE vocabulary, so the `tokenizers` library "
+                       f"fails on text holding one of the {len(missing)} single bytes the vocabulary lacks; add it to "
+                       f"the vocabulary or remove unk_token")
+    merged = [merge for merge in model.get("merges") or []
+              if unk_token in (merge.split(" ") if isinstance(merge, str) else merge)]
+    if merged:
+        raise RunError(f"{where}: unk_token {unk_token!r} takes part in merge {merged[0]!r}, so an unk merges with its "
+                       f"neighbours; tiktoken cannot reproduce this tokenizer exactly")
+    return unk_token, vocab[unk_token], bool(model.get("fuse_unk", False))
 
 
 def around(prefix, suffix):
@@ -683,40 +750,94 @@ def tokenizer_info(enc, spec):
                 nfc=enc.nfc, n_vocab=enc.n_vocab, special_tokens=enc._special_tokens, bos_id=bos, eos_id=eos,
                 sha256=h.hexdigest(), boundary=describe_boundary(enc), bos_token=enc.bos_token,
                 eos_token=enc.eos_token, prefix=list(enc.prefix), suffix=list(enc.suffix), inline=list(enc.inline),
-                inline_normalized=list(enc.inline_normalized), missing_bytes=list(enc.missing))
+                inline_normalized=list(enc.inline_normalized), missing_bytes=list(enc.missing),
+                unk=list(enc.unk) if enc.unk else None)
 
 # -----------------------------------------------------------------------------
 # Shards: a 24-byte little-endian header, then the token ids (uint16 or uint32, little-endian).
 #   magic 8 bytes b"ASASHARD" | version uint32 | bytes per token uint32 (2 or 4) | token count uint64
-# The count and the file size together reveal a truncated file; the magic a file of some other kind.
+# The count and the file size together reveal a truncated file; the magic a file of some other kind. A changed byte
+# among the ids only a checksum reveals: write_shard computes the CRC-32 of the whole file from the bytes it writes,
+# prepare_data.py records it in meta.json ("checksums"), and read_split checks it, and that every id is below the
+# vocabulary size, the first time a process opens the shard (docs/data.md: what that costs, and why it is enough).
 
 MAGIC, VERSION = b"ASASHARD", 1
 HEADER = struct.Struct("<8sIIQ")
+CHECK_BYTES = 1 << 24  # shards are checked 16 MiB at a time
+REBUILD = "re-run the prepare_data.py command recorded in meta.json: it rebuilds missing and damaged shards"
 
 
 def write_shard(path, arrays, dtype):
-    """Write the concatenation of `arrays` as one shard, atomically (files.atomic_write)."""
+    """Write the concatenation of `arrays` as one shard, atomically (files.atomic_write). Returns its checksum as
+    meta.json records it: 'crc32:' and the CRC-32 of the whole file in 8 hex digits."""
     dtype = np.dtype(dtype).newbyteorder("<")
     with atomic_write(path, "wb") as f:
-        f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, sum(len(a) for a in arrays)))
+        data = HEADER.pack(MAGIC, VERSION, dtype.itemsize, sum(len(a) for a in arrays))
+        f.write(data)
+        crc = zlib.crc32(data)
         for a in arrays:
-            f.write(np.asarray(a, dtype=dtype).tobytes())
+            data = np.asarray(a, dtype=dtype).tobytes()
+            f.write(data)
+            crc = zlib.crc32(data, crc)
+    return f"crc32:{crc:08x}"
 
 
 def read_shard(path):
-    """The token ids of a shard as a read-only memory-mapped numpy array (the header is validated first)."""
+    """The token ids of a shard as a read-only memory-mapped numpy array (the header is validated first; the
+    checksum and the ids' range are checked by read_split, which knows them from meta.json)."""
+    ids, fault = map_shard(path)
+    if fault:
+        raise RunError(f"{fault}; {REBUILD}")
+    return ids
+
+
+def map_shard(path):
+    """(the ids as a read-only np.memmap, None), or (None, what is wrong with the file's header or size)."""
     with open(path, "rb") as f:
         header = f.read(HEADER.size)
     if len(header) < HEADER.size or header[:8] != MAGIC:
-        raise RunError(f"{path}: not a token shard written by prepare_data.py (bad magic)")
+        return None, f"{path}: not a token shard written by prepare_data.py (bad magic)"
     _, version, itemsize, count = HEADER.unpack(header)
     if version != VERSION or itemsize not in (2, 4):
-        raise RunError(f"{path}: unsupported shard version {version} / {itemsize} bytes per token")
+        return None, f"{path}: unsupported shard version {version} / {itemsize} bytes per token"
     expected, actual = HEADER.size + count * itemsize, os.path.getsize(path)
     if actual != expected:
-        raise RunError(f"{path}: truncated or corrupt: the header promises {count} tokens ({expected} bytes), "
-                       f"the file has {actual} bytes; re-run prepare_data.py")
-    return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=HEADER.size, shape=(count,))
+        return None, (f"{path}: truncated or corrupt: the header promises {count} tokens ({expected} bytes), the "
+                      f"file has {actual} bytes")
+    return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=HEADER.size, shape=(count,)), None
+
+
+checked = set()  # the shard files this process has checked, as (path, inode, size, mtime, checksum, vocab size)
+
+
+def check_shard(path, checksum, vocab_size):
+    """(ids, None), or (None, what is wrong): the shard is missing, its header or size is wrong (map_shard), its
+    CRC-32 is not `checksum` (None: prepared before checksums were recorded, not compared) or it holds an id at or
+    above vocab_size. One pass over the memory-mapped file, once per process for an unchanged file."""
+    if not os.path.isfile(path):
+        return None, f"{path}: missing (meta.json lists it)"
+    ids, fault = map_shard(path)
+    stat = os.stat(path)
+    key = (os.path.abspath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, checksum, vocab_size)
+    if fault or key in checked:
+        return ids, fault
+    with open(path, "rb") as f:
+        crc = zlib.crc32(f.read(HEADER.size))
+    bad = None  # the position of the first id out of range
+    step = CHECK_BYTES // ids.itemsize
+    for start in range(0, len(ids), step):
+        chunk = ids[start:start + step]
+        crc = zlib.crc32(chunk, crc)
+        if bad is None and chunk.max() >= vocab_size:
+            bad = start + int(np.argmax(chunk >= vocab_size))
+    if checksum is not None and f"crc32:{crc:08x}" != checksum:
+        return None, (f"{path}: damaged: its CRC-32 is {crc:08x}, but meta.json recorded {checksum} when it was "
+                      f"written")
+    if bad is not None:
+        return None, (f"{path}: token {bad + 1:,} (counting from 1) is id {int(ids[bad]):,}, not below the "
+                      f"vocabulary size {vocab_size:,} (meta.json): the shard is damaged")
+    checked.add(key)
+    return ids, None
 
 
 # -----------------------------------------------------------------------------
@@ -730,8 +851,35 @@ def read_meta(data_dir):
         raise RunError(f"data_dir={data_dir}: no such directory; run prepare_data.py first")
     if not os.path.isfile(path):
         raise RunError(f"{path}: no such file; data_dir must be an output directory of prepare_data.py")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except ValueError as e:  # (also not UTF-8)
+        raise RunError(f"{path}: damaged, not a JSON file ({e}); prepare the data again into a new --out_dir") \
+            from None
+
+
+noted = set()  # the directories whose missing checksums this process has noted
+
+
+def read_split(data_dir, split, meta=None):
+    """The shards of one split of a prepared directory (meta: its meta.json, read if not given) as read-only
+    np.memmaps, each checked first (check_shard). Every reader of a directory's shards goes through here."""
+    meta = read_meta(data_dir) if meta is None else meta
+    checksums = meta.get("checksums", {})  # (none in a meta.json written before they were recorded)
+    unchecked = [name for info in meta["splits"].values() for name in info["shards"] if name not in checksums]
+    if unchecked and data_dir not in noted:
+        noted.add(data_dir)
+        print(f"note: {os.path.join(data_dir, 'meta.json')} records no checksum for {len(unchecked)} shard(s) (data "
+              f"prepared before checksums were recorded): they are checked for ids below the vocabulary size only; "
+              f"prepare the data again into a new --out_dir to have them checked in full", file=sys.stderr)
+    shards = []
+    for name in meta["splits"][split]["shards"]:
+        ids, fault = check_shard(os.path.join(data_dir, name), checksums.get(name), meta["vocab_size"])
+        if fault:
+            raise RunError(f"{fault}; {REBUILD}")
+        shards.append(ids)
+    return shards
 
 
 class Windows:
@@ -740,8 +888,7 @@ class Windows:
     importing this module stays cheap for the tokenizer workers."""
 
     def __init__(self, data_dir, split, block_size):
-        names = read_meta(data_dir)["splits"][split]["shards"]
-        self.shards = [read_shard(os.path.join(data_dir, name)) for name in names]
+        self.shards = read_split(data_dir, split)
         self.block_size = block_size
         self.starts = np.cumsum([0] + [(len(s) - 1) // block_size for s in self.shards])  # first window of each shard
         if self.starts[-1] == 0:

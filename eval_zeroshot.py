@@ -41,7 +41,7 @@ from checkpoint import checkpoint_file, read_checkpoint
 from common import Progress, resolve_device, resolve_dtype
 from configurator import DEVICE, Key, fail, parse
 from files import RunError, atomic_write, run_script, write_json
-from data import load_tokenizer, read_meta, read_shard, tokenizer_info
+from data import load_tokenizer, read_meta, read_split, tokenizer_info
 from model import GPT
 
 # task -> (hub dataset path, config name, the split the harness evaluates) (lm-eval's task YAMLs: dataset_path,
@@ -228,7 +228,7 @@ def heldout_rows(data_dir, n_docs, ctx_chars=160, cont_chars=48, n_choices=4, se
     meta = read_meta(data_dir)
     enc = load_tokenizer(meta['tokenizer']['spec'])
     special = set(meta['tokenizer']['special_tokens'].values())
-    ids = [int(t) for name in meta['splits']['val']['shards'] for t in read_shard(os.path.join(data_dir, name))]
+    ids = [int(t) for shard in read_split(data_dir, 'val', meta) for t in shard]
     text = enc.decode([t for t in ids if t not in special])
     stride = len(text) // n_docs
     if stride < ctx_chars + cont_chars:

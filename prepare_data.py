@@ -15,6 +15,7 @@ The tokenizers, the shard and meta.json formats and the readers of this script's
 """
 import glob
 import json
+import logging
 import multiprocessing
 import os
 import re
@@ -28,7 +29,7 @@ import numpy as np
 
 from configurator import Key, parse
 from files import RunError, run_script, write_json
-from data import VERSION, encode_document, load_tokenizer, read_shard, tokenizer_info, write_shard
+from data import VERSION, check_shard, encode_document, load_tokenizer, read_shard, tokenizer_info, write_shard
 
 # load_tokenizer and read_shard live in data.py; they stay importable from here, public entry points kept for
 # existing users (`from prepare_data import load_tokenizer, read_shard`)
@@ -69,6 +70,8 @@ def resolve_files(source):
 def open_source(source_info):
     """The document stream as (IterableDataset, name of its text column)."""
     import datasets  # slow to import, so only here
+    # its JSON reader logs an error before it raises it, which document_chunks reports in one line
+    logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
     source = source_info["source"]
     if source == "fineweb-edu":
         try:
@@ -89,24 +92,73 @@ def open_source(source_info):
     return datasets.load_dataset(builder, data_files=files, split="train", streaming=True), source_info["text_field"]
 
 
-def not_a_string(row, text_field, index, source_info):
-    """The error for a row whose text field holds something else than text (a list, a number, null), naming the
-    file and row. The stream does not say which file a row came from, so the files are read again, one at a time,
-    up to the first such row."""
+def where_in_source(source_info, text_field, index):
+    """Where the first row whose text field is missing or not a string is: 'row N of FILE', counting from 1. The
+    stream does not say which file a row came from, so the files are read again, one at a time, up to that row; a
+    source of no files (FineWeb-Edu) gives how many documents came before it."""
     import datasets
-    value = row[text_field]
-    found = "null" if value is None else {dict: "an object", list: "a list", bool: "a boolean", int: "a number",
-                                          float: "a number"}.get(type(value), f"a {type(value).__name__}")
-    where = f"document {index} of --source={source_info['source']}"  # a source that is not files: FineWeb-Edu
     for path in source_info.get("files", []):
         rows = datasets.load_dataset(BUILDERS[os.path.splitext(path)[1]], data_files=[path], split="train",
                                      streaming=True)
         row_number = next((n for n, r in enumerate(rows, 1) if not isinstance(r.get(text_field), str)), None)
         if row_number is not None:
-            where = f"row {row_number} of {path}"
-            break
-    return (f"{where}: field {text_field!r} is {found}, not a string; pass the field that holds the text as "
+            return f"row {row_number} of {path}"
+    return f"--source={source_info['source']}, after {index:,} documents"
+
+
+def describe_value(value):
+    """'null', 'an object', 'a list', 'a number', ...: what a row's field or a JSON value holds, in words."""
+    kinds = {dict: "an object", list: "a list", bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+    return "null" if value is None else kinds.get(type(value), f"a {type(value).__name__}")
+
+
+def not_a_string(row, text_field, index, source_info):
+    """The error for a row whose text field holds something else than text (a list, a number, null)."""
+    return (f"{where_in_source(source_info, text_field, index)}: field {text_field!r} is "
+            f"{describe_value(row[text_field])}, not a string; pass the field that holds the text as "
             f"--text_field=NAME (fields: {', '.join(row)})")
+
+
+def not_json(e):
+    """A json.JSONDecodeError in words, as json says it: 'not valid JSON: Expecting value: column 7'."""
+    return f"not valid JSON: {e.msg}: column {e.colno}"
+
+
+def unreadable(source_info):
+    """The first line of the source's files that is not UTF-8, or not JSON in a .json/.jsonl file: 'line N of
+    FILE: ...', counting from 1 as editors do (what `datasets` says names neither, and counts JSON rows from 0),
+    or None. A .json file that starts with '[' is one JSON array (as `datasets` reads it), any other JSON Lines."""
+    for path in source_info.get("files", []):
+        if BUILDERS[os.path.splitext(path)[1]] == "parquet":  # (its strings are checked UTF-8 when written)
+            continue
+        with open(path, "rb") as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    return (f"line {n} of {path}: not UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start + 1} of the "
+                            f"line); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+        if BUILDERS[os.path.splitext(path)[1]] != "json":
+            continue
+        with open(path, encoding="utf-8-sig") as f:
+            if f.read(1) == "[":
+                f.seek(0)
+                try:
+                    json.load(f)
+                except json.JSONDecodeError as e:
+                    return f"line {e.lineno} of {path}: {not_json(e)}; fix the file"
+                continue
+            f.seek(0)
+            for n, line in enumerate(f, 1):
+                try:
+                    row = json.loads(line.rstrip("\r\n")) if line.strip() else {}
+                except json.JSONDecodeError as e:
+                    return (f"line {n} of {path}: {not_json(e)}; each line of a JSON Lines file must be one JSON "
+                            f"object")
+                if not isinstance(row, dict):
+                    return (f"line {n} of {path}: {describe_value(row)}, not an object; each line of a JSON Lines "
+                            f"file must be one JSON object")
+    return None
 
 
 CHUNK_CHARS = 1 << 20  # documents are tokenized in chunks of about 1M characters (one task for a worker)
@@ -120,8 +172,9 @@ def document_chunks(ds, text_field, first_index, val_every, source_info):
     try:
         for row in ds:
             if text_field not in row:
-                raise RunError(f"--text_field={text_field!r}: document {index} has no such text field "
-                               f"(fields: {', '.join(row)})")
+                raise RunError(f"{where_in_source(source_info, text_field, index)}: no such text field "
+                               f"{text_field!r}; pass the field that holds the text as --text_field=NAME (fields: "
+                               f"{', '.join(row)})")
             text = row[text_field]
             if not isinstance(text, str):
                 raise RunError(not_a_string(row, text_field, index, source_info))
@@ -133,7 +186,7 @@ def document_chunks(ds, text_field, first_index, val_every, source_info):
                 yield docs, (index, ds.state_dict())
                 docs, n_chars = [], 0
     except ValueError as e:  # unreadable input: bad JSON, not UTF-8, columns that differ between files, ...
-        raise RunError(f"--source: cannot read the input: {e}") from e
+        raise RunError(unreadable(source_info) or f"--source: cannot read the input: {e}") from e
     if docs:
         yield docs, (index, ds.state_dict())
 
@@ -229,6 +282,17 @@ def start_or_resume(out_dir, meta):
     return old
 
 
+def first_fault(out_dir, meta):
+    """What is wrong with the first shard meta.json lists that is missing or damaged (data.check_shard), or None."""
+    for split in meta["splits"].values():
+        for name in split["shards"]:
+            _, fault = check_shard(os.path.join(out_dir, name), meta.get("checksums", {}).get(name),
+                                   meta["vocab_size"])
+            if fault:
+                return fault
+    return None
+
+
 def describe_source(args):
     """Everything that determines the document stream; recorded in meta.json and checked on resume."""
     if args.source == "fineweb-edu":
@@ -250,17 +314,27 @@ def prepare(args, command):
     tokenizer = tokenizer_info(enc, args.tokenizer)
     settings = dict(tokenizer_sha256=tokenizer["sha256"], dtype=dtype, source=describe_source(args),
                     val_every=args.val_every, shard_tokens=args.shard_tokens, max_tokens=args.max_tokens)
-    meta = dict(format_version=VERSION, complete=False, tokenizer=tokenizer, vocab_size=enc.n_vocab, dtype=dtype,
-                splits={split: dict(tokens=0, documents=0, dropped_bytes=0, shards=[]) for split in ("train", "val")},
-                settings=settings, progress=dict(shards=0, documents_read=0, stream_state=None), command=command)
-    meta = start_or_resume(args.out_dir, meta)
+    fresh = dict(format_version=VERSION, complete=False, tokenizer=tokenizer, vocab_size=enc.n_vocab, dtype=dtype,
+                 splits={split: dict(tokens=0, documents=0, dropped_bytes=0, shards=[]) for split in ("train", "val")},
+                 checksums={}, settings=settings, progress=dict(shards=0, documents_read=0, stream_state=None),
+                 command=command)
+    meta = start_or_resume(args.out_dir, fresh)
+    fault = meta is not fresh and first_fault(args.out_dir, meta)
+    if fault:  # the stream state of each shard is not kept, so the shards are all written again
+        print(f"note: {fault}: rebuilding {args.out_dir}, reading --source again from the start", file=sys.stderr)
+        meta = fresh
     if meta["complete"]:
-        print(f"{args.out_dir} is already complete ({meta['splits']['train']['tokens']:,} train tokens)")
+        names = [name for split in meta["splits"].values() for name in split["shards"]]
+        unchecked = sum(name not in meta.get("checksums", {}) for name in names)
+        print(f"{args.out_dir} is already complete ({meta['splits']['train']['tokens']:,} train tokens); its "
+              f"{len(names)} shards are whole" + (f" ({unchecked} without a checksum: prepared before checksums were "
+                                                   f"recorded, checked for ids below the vocabulary size only)"
+                                                   if unchecked else ""))
         return meta
     ds, text_field = open_source(meta["settings"]["source"])  # before anything is written
     if meta["progress"]["stream_state"] is not None:
         ds.load_state_dict(meta["progress"]["stream_state"])
-    fresh = meta["progress"]["shards"] == 0
+    started = meta["progress"]["shards"] > 0
     os.makedirs(args.out_dir, exist_ok=True)
     confirmed = [name for split in meta["splits"].values() for name in split["shards"]]
     remove_outputs(args.out_dir, keep={"meta.json", *confirmed})
@@ -268,7 +342,7 @@ def prepare(args, command):
     try:
         tokenize_to_shards(args, enc, meta, ds, text_field)
     except RunError:
-        if fresh:  # bad input found while streaming: leave no partial output behind
+        if not started:  # bad input found while streaming: leave no partial output behind
             remove_outputs(args.out_dir)
             if not os.listdir(args.out_dir):
                 os.rmdir(args.out_dir)
@@ -287,7 +361,9 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
         for split, arrays in buffers.items():
             if any(len(a) for a in arrays):
                 name = f"{split}_{progress['shards']:06d}.bin"
-                write_shard(os.path.join(args.out_dir, name), arrays, meta["dtype"])
+                # (a meta.json written before checksums were recorded gets them for the shards written from now on)
+                meta.setdefault("checksums", {})[name] = write_shard(os.path.join(args.out_dir, name), arrays,
+                                                                     meta["dtype"])
                 splits[split]["shards"].append(name)
             arrays.clear()
         progress.update(shards=progress["shards"] + 1, documents_read=documents_read, stream_state=stream_state)
@@ -335,8 +411,9 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
           f"with --num_proc={args.num_proc}")
     dropped = train["dropped_bytes"] + val["dropped_bytes"]
     if dropped:
+        how = f"encoded as its unk_token {enc.unk[0]!r}" if enc.unk else "dropped"
         print(f"the tokenizer's vocabulary has no token for {len(enc.missing)} single bytes: {dropped:,} bytes of the "
-              f"corpus were dropped, as its Hugging Face tokenizer drops them (meta.json: splits' dropped_bytes)")
+              f"corpus were {how}, as its Hugging Face tokenizer does (meta.json: splits' dropped_bytes)")
 
 # -----------------------------------------------------------------------------
 

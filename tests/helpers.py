@@ -152,6 +152,16 @@ def lossy_tokenizer(pre_tokenizer, lacking=SMOLLM2_LACKS):
     return tok
 
 
+def flip_byte(path, offset):
+    """Damage a file as a failing disk or a bad copy would: one bit of the byte at offset flipped. The file is
+    replaced (a new inode), so a process that checked the old one sees a changed file even within one clock tick."""
+    damaged = bytearray(Path(path).read_bytes())
+    damaged[offset] ^= 1
+    Path(f"{path}.flipped").write_bytes(bytes(damaged))
+    os.replace(f"{path}.flipped", path)
+    return bytes(damaged)
+
+
 # -----------------------------------------------------------------------------
 # Runs
 

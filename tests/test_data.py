@@ -6,8 +6,10 @@ import json
 import os
 import pickle
 import random
+import re
 import sys
 import unicodedata
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from files import RunError  # noqa: E402
 from data import (FAMILIES, GPT2_DIGIT_RUNS_PATTERN, GPT2_DIGITS_PATTERN, GPT2_PATTERN, LLAMA3_PATTERN,  # noqa: E402
                   QWEN2_PATTERN, encode_document, gpt2_unicode_to_byte, llama3_special_tokens, load_tokenizer,
-                  read_shard, tokenizer_info, write_shard)
+                  read_shard, read_split, tokenizer_info, write_shard)
 from helpers import (CODE, EOT, HF_LLAMA3_REGEX, HF_QWEN2_REGEX, POOL, SMOLLM2_LACKS, TEXT,  # noqa: E402
-                     byte_level, corpus, digits_then_gpt2, lossy_texts, lossy_tokenizer, save_layout, split_then_bytes,
-                     write_json)
+                     byte_level, corpus, digits_then_gpt2, flip_byte, lossy_texts, lossy_tokenizer, save_layout,
+                     split_then_bytes, write_json)
 
 
 # -----------------------------------------------------------------------------
@@ -230,12 +232,21 @@ def test_inline_added_tokens_and_special_token_strings(layouts):
     assert clone.encode_ordinary(text) == ids and tokenizer_info(clone, "x") == tokenizer_info(enc, "x")
 
 
-def old_sha256(enc):
-    """The sha256 prepare_data.py recorded before it read tokenizers' files (its formula, written out here)."""
-    h = hashlib.sha256(json.dumps([enc.name, enc._pat_str, enc.nfc, enc._special_tokens], sort_keys=True).encode())
+def old_sha256(enc, *conventions):
+    """The sha256 prepare_data.py recorded before it read tokenizers' files (its formula, written out here); with
+    the conventions of a family 'bpe' tokenizer (conventions_before_unk), the sha256 it has had since."""
+    h = hashlib.sha256(json.dumps([enc.name, enc._pat_str, enc.nfc, enc._special_tokens, *conventions],
+                                  sort_keys=True).encode())
     for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda item: item[1]):
         h.update(base64.b64encode(token) + b" %d\n" % rank)
     return h.hexdigest()
+
+
+def conventions_before_unk(enc):
+    """What the sha256 of a family 'bpe' tokenizer covered before unk_token was supported (written out here)."""
+    return dict(pattern=enc._pat_str, nfc=enc.nfc, inline=sorted(enc.inline),
+                inline_normalized=sorted(enc.inline_normalized), prefix=list(enc.prefix), suffix=list(enc.suffix),
+                document=[list(enc.doc_prefix), list(enc.doc_suffix)], prefix_token=enc.prefix_token)
 
 
 def test_sha256_keeps_old_data_valid_and_covers_conventions(tmp_path, layouts, checkpoints):
@@ -295,38 +306,91 @@ def test_bytes_the_vocabulary_lacks_are_dropped_as_tokenizers_does(kind, tmp_pat
     assert enc.encode_ordinary("=" * 40 + "\x14" + "=" * 40) == enc.encode_ordinary("=" * 80)
 
 
-def test_byte_fallback_and_unk_token_with_missing_bytes(tmp_path):
-    """byte_fallback spells a symbol without a token as <0xNN> tokens: on a byte-level BPE without such tokens it
-    never fires (accepted, the ids of `tokenizers`); with them it does (refused, as SentencePiece-style). An
-    unk_token would stand for the missing bytes (refused). A slow vocab.json + merges.txt lacking bytes: refused."""
-    hf = lossy_tokenizer(byte_level())
+def bpe_variant(hf, directory, **model):
+    """(`tokenizers` Tokenizer, directory): hf's tokenizer.json with these BPE model settings, saved as a tokenizer
+    directory; special tokens' strings in text are text, as in encode_ordinary."""
     spec = json.loads(hf.to_str())
+    tok = Tokenizer.from_str(json.dumps(spec | {"model": spec["model"] | model}))
+    tok.encode_special_tokens = True
+    return tok, str(save_layout(directory, tok, tokenizer_config={"eos_token": EOT}))
 
-    def variant(name, **model):
-        tok = Tokenizer.from_str(json.dumps(spec | {"model": spec["model"] | model}))
-        tok.encode_special_tokens = True
-        return tok, str(save_layout(tmp_path / name, tok, tokenizer_config={"eos_token": EOT}))
 
-    fallback, path = variant("fallback", byte_fallback=True)
+def test_byte_fallback_with_missing_bytes(tmp_path):
+    """byte_fallback spells a symbol without a token as <0xNN> tokens: on a byte-level BPE without such tokens it
+    never fires (accepted, the ids of `tokenizers`); with them it does (refused, as SentencePiece-style). A slow
+    vocab.json + merges.txt lacking bytes: refused."""
+    hf = lossy_tokenizer(byte_level())
+    fallback, path = bpe_variant(hf, tmp_path / "fallback", byte_fallback=True)
     enc = load_tokenizer(path)
     for text in lossy_texts()[:40]:
         assert enc.encode_ordinary(text) == fallback.encode(text, add_special_tokens=False).ids == \
             hf.encode(text, add_special_tokens=False).ids
     # <0xC4> <0x84>: the UTF-8 of the byte-level symbol of byte 4 ('Ą'), what the fallback looks for
-    vocab = spec["model"]["vocab"] | {"<0xC4>": len(spec["model"]["vocab"]), "<0x84>": len(spec["model"]["vocab"]) + 1}
-    fires, path = variant("fires", byte_fallback=True, vocab=vocab)
+    vocab = hf.get_vocab(with_added_tokens=False)
+    vocab |= {"<0xC4>": len(vocab), "<0x84>": len(vocab) + 1}
+    fires, path = bpe_variant(hf, tmp_path / "fires", byte_fallback=True, vocab=vocab)
     assert fires.encode("a\x04").ids == [fires.token_to_id("a"), vocab["<0xC4>"], vocab["<0x84>"]]
     with pytest.raises(RunError, match="a SentencePiece-style BPE"):
-        load_tokenizer(path)
-    unk, path = variant("unk", unk_token=EOT)
-    assert unk.encode("a\x04").ids == [unk.token_to_id("a"), unk.token_to_id(EOT)]
-    with pytest.raises(RunError, match=r"lacks 21 of the 256 single bytes, which its BPE encodes as unk_token "
-                                       r"'<\|endoftext\|>'"):
         load_tokenizer(path)
     (tmp_path / "slow").mkdir()
     hf.model.save(str(tmp_path / "slow"))
     with pytest.raises(RunError, match="lacks 21 of the 256 single bytes.*depend on the transformers version"):
         load_tokenizer(str(tmp_path / "slow"))
+
+
+# runs of several missing bytes: within one piece, and across two ('!' then 'q': two pieces for GPT-2's regex, one
+# for Llama-3's, whose letters may follow one other character)
+UNK_RUNS = ["\x04\x06\x13\x14\x16\x1d", "a\x04\x04\x04b", "\x04 \x06", "x\x04\U00040000\x06y", "!q", "x!q!y",
+            "!!qq!!\x04q", "  \x1d\x1d\n\x13", "Q!q\x04!"]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama3"])
+def test_unk_token_stands_for_the_bytes_the_vocabulary_lacks(kind, tmp_path):
+    """A byte-level BPE without a token for every byte that declares an unk_token, as transformers 4.57's GGUF
+    converter writes SmolLM2's (unk_token <|endoftext|>, fuse_unk true, byte_fallback true; here with GPT-2's and
+    Llama-3's pre-tokenizers, '!' and 'q' lacking too), and with fuse_unk false: the ids of `tokenizers` on the drop
+    case's texts and on runs of missing bytes. A run within one piece is one unk when fused, one per byte if not."""
+    pre_tokenizer = {"gpt2": byte_level(), "llama3": split_then_bytes(HF_LLAMA3_REGEX)}[kind]
+    lacking = SMOLLM2_LACKS + b"!q"
+    hf = lossy_tokenizer(pre_tokenizer, lacking)
+    unk = hf.token_to_id(EOT)
+    texts = [*lossy_texts(), *UNK_RUNS]
+    encoded = {}
+    for fuse in (True, False):
+        tok, path = bpe_variant(hf, tmp_path / f"fuse_{fuse}", unk_token=EOT, fuse_unk=fuse, byte_fallback=True)
+        enc = load_tokenizer(path)
+        assert enc.unk == (EOT, unk, fuse) and tokenizer_info(enc, path)["unk"] == [EOT, unk, fuse]
+        encoded[fuse] = [enc.encode_ordinary(text) for text in texts]
+        for text, ids in zip(texts, encoded[fuse]):
+            assert ids == tok.encode(text, add_special_tokens=False).ids, (fuse, text)
+            assert ids.count(unk) <= enc.dropped_bytes(text) == len(text.encode()) - len(
+                text.encode().translate(None, lacking))
+        assert enc.encode_ordinary("a\x04\x06\x13b") == [hf.token_to_id("a"), *[unk] * (1 if fuse else 3),
+                                                            hf.token_to_id("b")]
+        assert enc.encode_ordinary("!q") == [unk] * (1 if fuse and kind == "llama3" else 2)
+        assert encode_document(enc, "\x04") == [unk, unk]  # the unk, then <|endoftext|> ending the document
+    assert sum(fused != apart for fused, apart in zip(encoded[True], encoded[False])) > 20
+
+
+def test_unk_token_refusals_and_sha256(tmp_path, layouts):
+    """An unk_token outside the BPE vocabulary, or one that a merge joins to a neighbour, is refused in one line. A
+    vocabulary with every byte never uses its unk_token: accepted as before, with the sha256 it had."""
+    hf = lossy_tokenizer(byte_level())
+    _, path = bpe_variant(hf, tmp_path / "absent", unk_token="<unk>")
+    with pytest.raises(RunError, match=r"tokenizer.json: unk_token '<unk>' is not in the BPE vocabulary"):
+        load_tokenizer(path)
+    first_merge = json.loads(hf.to_str())["model"]["merges"][0]
+    left = first_merge.split(" ")[0] if isinstance(first_merge, str) else first_merge[0]
+    _, path = bpe_variant(hf, tmp_path / "merged", unk_token=left)
+    with pytest.raises(RunError, match=f"unk_token {re.escape(repr(left))} takes part in merge"):
+        load_tokenizer(path)
+    whole = layouts["gpt2_no_config"][1]  # every byte
+    plain = load_tokenizer(str(layouts["gpt2_no_config"][0]))
+    tok, path = bpe_variant(whole, tmp_path / "every_byte", unk_token=EOT, fuse_unk=True)
+    enc = load_tokenizer(path)
+    assert enc.unk is None and tokenizer_info(enc, path)["sha256"] == tokenizer_info(plain, path)["sha256"]
+    for enc in (enc, load_tokenizer(str(save_layout(tmp_path / "drops", hf, tokenizer_config={"eos_token": EOT})))):
+        assert tokenizer_info(enc, "x")["sha256"] == old_sha256(enc, conventions_before_unk(enc))
 
 
 CHAT = "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 12+30?<|im_end|>\n"
@@ -391,3 +455,35 @@ def test_shard_round_trip_and_header_validation(tmp_path, dtype):
     Path(path).write_bytes(data[:10])
     with pytest.raises(RunError, match="bad magic"):
         read_shard(path)
+
+
+def test_read_split_checks_each_shard_once_per_process(tmp_path, monkeypatch):
+    """write_shard returns the CRC-32 of the file it wrote; read_split refuses, naming the shard, one whose bytes
+    differ from that checksum, and one that holds an id at or above the vocabulary size even when its checksum is
+    the one recorded (the position counted from 1); an unchanged shard is checked once per process. A damaged
+    meta.json is one line too."""
+    names = ["train_000000.bin", "train_000001.bin"]
+    ids = [np.arange(300, dtype=np.uint16) % 257, np.array([5, 6, 300, 7, 400], dtype=np.uint16)]
+    checksums = {name: write_shard(str(tmp_path / name), [a], np.uint16) for name, a in zip(names, ids)}
+    for name in names:
+        assert checksums[name] == f"crc32:{zlib.crc32((tmp_path / name).read_bytes()):08x}"
+    meta = dict(vocab_size=257, splits=dict(train=dict(shards=names[:1]), val=dict(shards=names[1:])),
+                checksums=checksums, command="python prepare_data.py --out_dir=x")
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    reads, crc32 = [], zlib.crc32
+    monkeypatch.setattr(zlib, "crc32", lambda *args: reads.append(1) or crc32(*args))
+    np.testing.assert_array_equal(read_split(str(tmp_path), "train")[0], ids[0])
+    checked_once = len(reads)
+    read_split(str(tmp_path), "train")
+    assert len(reads) == checked_once > 0  # unchanged: not read again
+    with pytest.raises(RunError, match=rf"^{re.escape(str(tmp_path / names[1]))}: token 3 \(counting from 1\) is id "
+                                       rf"300, not below the vocabulary size 257 \(meta.json\): the shard is damaged; "
+                                       rf"re-run the prepare_data.py command recorded in meta.json"):
+        read_split(str(tmp_path), "val")
+    damaged = flip_byte(tmp_path / names[0], 100)  # an id that stays below the vocabulary size: only the CRC sees it
+    with pytest.raises(RunError, match=rf"^{re.escape(str(tmp_path / names[0]))}: damaged: its CRC-32 is "
+                                       rf"{zlib.crc32(damaged):08x}, but meta.json recorded {checksums[names[0]]}"):
+        read_split(str(tmp_path), "train")
+    (tmp_path / "meta.json").write_text(json.dumps(meta)[:-1])  # meta.json cut short
+    with pytest.raises(RunError, match=rf"^{re.escape(str(tmp_path / 'meta.json'))}: damaged, not a JSON file \("):
+        read_split(str(tmp_path), "train")

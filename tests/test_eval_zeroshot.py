@@ -237,9 +237,10 @@ def test_cli(tmp_path, bpe, capsys):
 def test_heldout(tmp_path):
     words = [f'w{i % 97}{"." if i % 11 == 0 else ""}' for i in range(6000)]
     text = ' '.join(words)
-    write_shard(str(tmp_path / 'val_000000.bin'), [np.frombuffer(text.encode(), np.uint8)], 'uint16')
-    (tmp_path / 'meta.json').write_text(json.dumps(dict(tokenizer=tokenizer_info(BYTES, 'bytes'),
-                                                        splits=dict(val=dict(shards=['val_000000.bin'])))))
+    checksum = write_shard(str(tmp_path / 'val_000000.bin'), [np.frombuffer(text.encode(), np.uint8)], 'uint16')
+    (tmp_path / 'meta.json').write_text(json.dumps(dict(tokenizer=tokenizer_info(BYTES, 'bytes'), vocab_size=257,
+                                                        splits=dict(val=dict(shards=['val_000000.bin'])),
+                                                        checksums={'val_000000.bin': checksum})))
     rows = ez.heldout_rows(str(tmp_path), 50)
     assert rows == ez.heldout_rows(str(tmp_path), 50) and len(rows) == 50
     for row in rows:

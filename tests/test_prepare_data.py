@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +16,10 @@ from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import data  # noqa: E402
 import prepare_data as prep  # noqa: E402
-from data import QWEN2_PATTERN, load_tokenizer, read_shard, tokenizer_info  # noqa: E402
+from data import QWEN2_PATTERN, Windows, load_tokenizer, read_shard, tokenizer_info  # noqa: E402
 from files import RunError  # noqa: E402
-from helpers import (EOT, SMOLLM2_LACKS, byte_level, corpus, lossy_fuzz, lossy_tokenizer, save_layout,  # noqa: E402
-                     write_json, write_tiktoken_file)
+from helpers import (EOT, SMOLLM2_LACKS, byte_level, corpus, flip_byte, lossy_fuzz, lossy_tokenizer,  # noqa: E402
+                     save_layout, write_json, write_tiktoken_file)
 
 
 def write_two_byte_vocabulary(path):
@@ -323,6 +324,81 @@ def test_resume_after_crash(tmp_path, monkeypatch):
 
 
 # -----------------------------------------------------------------------------
+# Checked data: each shard's checksum in meta.json, checked before training on it; damage rebuilt by a re-run
+
+
+def test_damaged_and_deleted_shards_are_refused_by_name_and_rebuilt(tmp_path, monkeypatch, capsys):
+    """A flipped byte (an id still below the vocabulary size: only the checksum sees it) or a deleted shard is refused
+    in one line naming the shard by every reader (training's windows, train.py before it writes anything,
+    eval_zeroshot's held-out task); re-running the same prepare_data.py command rebuilds the same bytes."""
+    import eval_zeroshot
+    import train
+    from helpers import tiny_args
+    monkeypatch.setattr(prep, "CHUNK_CHARS", 30_000)
+    flags = ["--source=builtin", "--tokenizer=bytes", "--val_every=7", "--shard_tokens=100000"]
+    meta, out_dir = run(tmp_path, *flags)
+    before = shard_bytes(out_dir)
+    assert len(meta["splits"]["train"]["shards"]) >= 2 and len(meta["splits"]["val"]["shards"]) >= 2
+    assert meta["checksums"] == {name: f"crc32:{zlib.crc32(data):08x}" for name, data in before.items()}
+    train_shard, val_shard = out_dir / "train_000001.bin", out_dir / "val_000000.bin"
+    damaged = f"^{re.escape(str(train_shard))}: damaged: its CRC-32 is {zlib.crc32(flip_byte(train_shard, 1000)):08x}, "
+    fix = "; re-run the prepare_data.py command recorded in meta.json: it rebuilds missing and damaged shards$"
+    with pytest.raises(RunError, match=damaged + f"but meta.json recorded {meta['checksums'][train_shard.name]} when "
+                                                 f"it was written{fix}"):
+        Windows(str(out_dir), "train", 32)
+    with pytest.raises(RunError, match=damaged):
+        train.main(tiny_args(out_dir, tmp_path / "run", "--max_iters=2"))
+    assert not (tmp_path / "run").exists()
+    flip_byte(val_shard, 30)
+    with pytest.raises(RunError, match=f"^{re.escape(str(val_shard))}: damaged: "):
+        eval_zeroshot.heldout_rows(str(out_dir), 4)
+    (out_dir / "train_000000.bin").unlink()
+    with pytest.raises(RunError, match=f"^{re.escape(str(out_dir / 'train_000000.bin'))}: missing \\(meta.json lists "
+                                       f"it\\){fix}"):
+        Windows(str(out_dir), "train", 32)
+    capsys.readouterr()
+    run(tmp_path, *flags)
+    assert capsys.readouterr().err.startswith(f"note: {out_dir / 'train_000000.bin'}: missing (meta.json lists it): "
+                                              f"rebuilding {out_dir}, reading --source again from the start\n")
+    assert shard_bytes(out_dir) == before and json.loads((out_dir / "meta.json").read_text()) == meta
+    run(tmp_path, *flags)
+    assert capsys.readouterr().out == (f"{out_dir} is already complete ({meta['splits']['train']['tokens']:,} train "
+                                       f"tokens); its {len(before)} shards are whole\n")
+
+
+def test_data_prepared_before_checksums_keeps_working(tmp_path, capsys):
+    """A meta.json without checksums (written before they were recorded) is read with one note, once per process;
+    the ids are still checked against the vocabulary size; the checksums are not part of the data's fingerprint, so
+    checkpoints made on such data resume; re-running prepare_data.py finds it complete, or rebuilds it (with
+    checksums) where a shard is damaged."""
+    import train
+    flags = ["--source=builtin", "--tokenizer=bytes", "--val_every=10"]
+    meta, out_dir = run(tmp_path, *flags)
+    before = shard_bytes(out_dir)
+    old = {key: value for key, value in meta.items() if key != "checksums"}
+    (out_dir / "meta.json").write_text(json.dumps(old))
+    assert train.data_fingerprint(old) == train.data_fingerprint(meta)
+    capsys.readouterr()
+    for split in ("train", "val", "train"):
+        Windows(str(out_dir), split, 32)
+    assert capsys.readouterr().err == (
+        f"note: {out_dir / 'meta.json'} records no checksum for 2 shard(s) (data prepared before checksums were "
+        f"recorded): they are checked for ids below the vocabulary size only; prepare the data again into a new "
+        f"--out_dir to have them checked in full\n")
+    run(tmp_path, *flags)
+    assert "shards are whole (2 without a checksum" in capsys.readouterr().out
+    shard = out_dir / "train_000000.bin"
+    token = int(np.frombuffer(before[shard.name], "<u2", offset=24)[10])
+    flip_byte(shard, 24 + 2 * 10 + 1)  # the high byte of token 11: its id + 256, beyond the 257 ids
+    with pytest.raises(RunError, match=f"^{re.escape(str(shard))}: token 11 \\(counting from 1\\) is id "
+                                       f"{token + 256}, not below the vocabulary size 257 \\(meta.json\\): the shard "
+                                       f"is damaged; re-run the prepare_data.py command"):
+        Windows(str(out_dir), "train", 32)
+    rebuilt, _ = run(tmp_path, *flags)
+    assert shard_bytes(out_dir) == before and rebuilt == meta
+
+
+# -----------------------------------------------------------------------------
 # Bad input: a clear error (RunError with a message) and no output directory
 
 
@@ -377,13 +453,38 @@ def test_text_field_that_is_not_a_string(tmp_path):
                                     f"field that holds the text as --text_field=NAME \\(fields: text, id\\)"),
              ([f"--source={lists}"], f"^row 1 of {re.escape(lists)}: field 'text' is a list, not a string; pass the "
                                      f"field that holds the text as --text_field=NAME \\(fields: text, body\\)"),
-             ([f"--source={lists}", "--text_field=title"], "no such text field.*fields: text, body")]
+             ([f"--source={lists}", "--text_field=title"], f"^row 1 of {re.escape(lists)}: no such text field 'title'; "
+                                                           f"pass the field that holds the text as --text_field=NAME "
+                                                           f"\\(fields: text, body\\)")]
     for flags, message in cases:
         with pytest.raises(RunError, match=message):
             run(tmp_path, *flags)
         assert not (tmp_path / "out").exists(), flags
     meta, out_dir = run(tmp_path, f"--source={lists}", "--text_field=body", "--val_every=5")
     assert split_docs(out_dir, "val") == ["document 0", "document 5"]
+
+
+def test_unreadable_source_files_are_named_with_the_line(tmp_path):
+    """Text that is not UTF-8, a line of a JSON Lines file that is not a JSON object, a JSON array with an error: one
+    line naming the file and the line, counted from 1 (`datasets` names neither, and counts JSON rows from 0)."""
+    rows = [json.dumps({"text": f"document {i}"}) for i in range(10)]
+    files = {"latin1.jsonl": "\n".join(rows[:6] + ['{"text": "caf\xe9"}'] + rows[6:]).encode("latin-1"),
+             "latin1.txt": "line one\nline two\nna\xefve three\n".encode("latin-1"),
+             "broken.jsonl": "\n".join(rows[:4] + ['{"text": "no end}'] + rows[4:]).encode(),
+             "string.jsonl": "\n".join(rows[:2] + ['"just text"'] + rows[2:]).encode(),
+             "array.json": ("[\n" + ",\n".join(rows[:5]) + ',\n{"text": oops}\n]\n').encode()}
+    utf8 = "convert the file to UTF-8 \\(e.g. iconv -f latin1 -t utf-8\\)$"
+    lines = "each line of a JSON Lines file must be one JSON object$"
+    expected = {"latin1.jsonl": f"line 7 of {{}}: not UTF-8 \\(byte 0xe9 at byte 14 of the line\\); {utf8}",
+                "latin1.txt": f"line 3 of {{}}: not UTF-8 \\(byte 0xef at byte 3 of the line\\); {utf8}",
+                "broken.jsonl": f"line 5 of {{}}: not valid JSON: Unterminated string starting at: column 10; {lines}",
+                "string.jsonl": f"line 3 of {{}}: a string, not an object; {lines}",
+                "array.json": "line 7 of {}: not valid JSON: Expecting value: column 10; fix the file$"}
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(RunError, match="^" + expected[name].format(re.escape(str(tmp_path / name)))):
+            run(tmp_path, f"--source={tmp_path / name}", "--val_every=3")
+        assert not (tmp_path / "out").exists(), name
 
 
 def test_big_vocabulary_uses_uint32(tmp_path):
