@@ -32,7 +32,7 @@ import torch
 
 from common import Progress, resolve_device
 from configurator import DEVICE, Key, fail, parse
-from files import MARKERS, RunError, claim_dir, run_script, write_json
+from files import MARKERS, RunError, claim_dir, made_dirs, run_script, write_json
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows
 from data import Windows, read_meta, tokenizer_info
 from model import FIELD_NAMES, GPT, ModelConfig
@@ -63,24 +63,25 @@ def write_report(out_dir, build):
     file in out_dir is touched."""
     tmp = os.path.join(out_dir, '.analyze.tmp')
     shutil.rmtree(tmp, ignore_errors=True)  # our own, left by a crash
-    os.makedirs(tmp)  # (and out_dir, the first time)
-    try:
-        result = build(tmp)
-        written = sorted(os.listdir(tmp))
-        with open(os.path.join(tmp, 'numbers.json')) as f:
-            numbers = json.load(f)
-        previous = []
-        if os.path.isfile(os.path.join(out_dir, 'numbers.json')):
-            with open(os.path.join(out_dir, 'numbers.json')) as f:
-                previous = json.load(f).get('files', [])
-        write_json(os.path.join(tmp, 'numbers.json'), dict(numbers, files=written))
-        for name in sorted(written, key=lambda name: name == 'report.md'):
-            os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
-        for name in set(previous) - set(written):
-            if os.path.isfile(os.path.join(out_dir, name)):
-                os.remove(os.path.join(out_dir, name))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with made_dirs(out_dir):  # out_dir, the first time: removed again if the report fails
+        os.mkdir(tmp)
+        try:
+            result = build(tmp)
+            written = sorted(os.listdir(tmp))
+            with open(os.path.join(tmp, 'numbers.json')) as f:
+                numbers = json.load(f)
+            previous = []
+            if os.path.isfile(os.path.join(out_dir, 'numbers.json')):
+                with open(os.path.join(out_dir, 'numbers.json')) as f:
+                    previous = json.load(f).get('files', [])
+            write_json(os.path.join(tmp, 'numbers.json'), dict(numbers, files=written))
+            for name in sorted(written, key=lambda name: name == 'report.md'):
+                os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+            for name in set(previous) - set(written):
+                if os.path.isfile(os.path.join(out_dir, name)):
+                    os.remove(os.path.join(out_dir, name))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return result
 
 

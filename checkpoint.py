@@ -56,12 +56,26 @@ def checkpoint_file(spec):
     if os.path.isfile(os.path.join(spec, CKPT_NAME)):
         return os.path.join(spec, CKPT_NAME)
     if os.path.isfile(os.path.join(spec, 'config.json')):
+        if is_run_config(spec):  # train.py writes config.json at its start, ckpt.pt at its first evaluation
+            raise CheckpointError(f"{spec}: a train.py run directory with no {CKPT_NAME} yet (a run saves it at every "
+                                  f"eval_interval steps and at its end); wait for its first save, or give a run "
+                                  f"that has one")
         return None
     if os.path.isdir(spec):
         raise CheckpointError(f"{spec}: a directory with neither config.json (a Hugging Face checkpoint) nor "
                               f"{CKPT_NAME} (this repo's); give a train.py out_dir, its {CKPT_NAME}, or a Hugging Face "
                               f"model directory")
     raise FileNotFoundError(f"{spec}: no such file or directory")
+
+
+def is_run_config(out_dir):
+    """Whether out_dir/config.json is one that train.py wrote (its resolved config, not a Hugging Face model's)."""
+    try:
+        with open(os.path.join(out_dir, 'config.json')) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and {'init_from', 'max_iters', 'out_dir'} <= set(config)
 
 
 def read_checkpoint(path, keys=MODEL_KEYS):
@@ -220,8 +234,8 @@ def config_from_hf(hf, attention='softmax'):
     # to that many tokens this is full causal attention, which is what this model computes, so the model's length
     # is capped there: a longer block_size is then refused (distill.check_compatibility), never computed differently.
     block_size = hf['max_position_embeddings']
-    if model_type == 'mistral' and hf.get('sliding_window') is not None:
-        block_size = min(block_size, hf['sliding_window'])
+    if sliding_window(hf) is not None:
+        block_size = min(block_size, sliding_window(hf))
     return dict(
         n_layer=hf['num_hidden_layers'], n_head=n_head, n_kv_head=hf.get('num_key_value_heads') or n_head,
         n_embd=n_embd, intermediate_size=hf['intermediate_size'], vocab_size=hf['vocab_size'],
@@ -230,6 +244,11 @@ def config_from_hf(hf, attention='softmax'):
         rms_norm_eps=hf['rms_norm_eps'], qkv_bias=model_type == 'qwen2',
         tie_embeddings=hf.get('tie_word_embeddings', False), init_std=hf.get('initializer_range', 0.02),
         attention=attention)
+
+
+def sliding_window(hf):
+    """A Mistral config.json's (a dict) sliding_window, which caps the model's length (config_from_hf), or None."""
+    return hf.get('sliding_window') if hf.get('model_type') == 'mistral' else None
 
 
 def read_safetensors(path, dtype, device):

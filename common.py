@@ -3,7 +3,7 @@ What every script shares and none owns: the device and dtype its --device/--dtyp
 token and the device's peak FLOP/s), timers and a progress line; and how a model runs over torchrun's ranks
 (compiled per layer, sharded with FSDP2 or wrapped in DDP; init_distributed, reduce_mean, full_tensor,
 batch_to_device, preemption_flag), which train.py, bench.py and the tests share.
-Imports flow one way: this file imports only torch, and every script may import it.
+Imports flow one way: this file imports only torch and files.py, and every script may import it.
 """
 import inspect
 import os
@@ -18,10 +18,36 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from files import RunError
+
 
 def resolve_device(name):
-    """--device as a torch.device: 'auto' is cuda where there is a GPU, else cpu; any other name as given."""
-    return torch.device(('cuda' if torch.cuda.is_available() else 'cpu') if name == 'auto' else name)
+    """--device as a torch.device: 'auto' is cuda where there is a GPU, else cpu; any other name must be a device
+    this machine has (cuda, cuda:N, mps, ...), else a RunError before any work: torch itself would fail only at the
+    first tensor moved there, with a traceback ('Torch not compiled with CUDA enabled')."""
+    if name == 'auto':
+        return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # 'gpu', 'cuda:x', ''
+        raise RunError(f"--device={name}: not a device name; use auto, cpu, cuda, cuda:N (N: a GPU's index) or "
+                       f"mps") from None
+    if device.type == 'cpu':
+        return device
+    backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu, ...: what can say it is there
+    count = backend.device_count() if hasattr(backend, 'is_available') and backend.is_available() else 0
+    if count == 0:
+        if device.type == 'cuda' and not torch.backends.cuda.is_built():
+            why = f"this torch ({torch.__version__}) was built without CUDA: install a CUDA build of torch, or use"
+        elif backend is None:
+            why = f"the scripts do not run on {device.type} devices; use"
+        else:
+            why = f"torch sees no {device.type} device here (torch.{device.type}.is_available() is False); use"
+        raise RunError(f"--device={name}: {why} --device=cpu (or auto: a GPU where there is one)")
+    if device.index is not None and device.index >= count:
+        raise RunError(f"--device={name}: this machine has {count} {device.type} device{'s' * (count > 1)} "
+                       f"({device.type}:0{f' to {device.type}:{count - 1}' if count > 1 else ''}); give one of them")
+    return device
 
 
 def resolve_dtype(name, device):

@@ -10,13 +10,15 @@ assignments) <- overrides, in order, then the rules. The forms an override takes
 A value is read by its key's type: str as written, bool True/False (true/false, 1/0, yes/no too), a list split at
 the commas (its elements typed like the default's), anything else a Python literal (3e-4, 8, {'a': 1}); None where
 the key may be None. Errors are argparse's kind, which the scripts' callers rely on: a usage line and one line
-naming the key, the value and what was expected on stderr, exit status 2 (the message is also the exception's text).
+naming the key, the value and what was expected on stderr, exit status 2 (the message is also the exception's text);
+a config file that does not run (a syntax error, an exception) is named with the line, counted from 1.
 Pure Python on purpose: quickstart.py parses its flags before torch is installed.
 """
 import ast
 import copy
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 
 BOOLS = {'True': True, 'true': True, '1': True, 'yes': True, 'False': False, 'false': False, '0': False, 'no': False}
@@ -76,7 +78,17 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=())
             if not os.path.isfile(arg):
                 fail(f"config file {arg} not found", usage)
             values = {}
-            exec(open(arg).read(), {}, values)
+            try:
+                with open(arg, 'rb') as f:  # bytes: Python reads the encoding as it reads any source file
+                    exec(compile(f.read(), arg, 'exec'), {}, values)
+            except SyntaxError as e:  # its line counted from 1, as an editor counts (none: null bytes)
+                where = f", line {e.lineno}" if e.lineno else ''
+                fail(f"{arg}{where}: {e.msg}; a config file is Python: fix that line", usage)
+            except Exception as e:  # the file ran and raised: the line of the file where it did
+                lines = [frame.lineno for frame in traceback.extract_tb(e.__traceback__) if frame.filename == arg]
+                where = f", line {lines[-1]}" if lines else ''
+                fail(f"{arg}{where}: {type(e).__name__}: {' '.join(str(e).split())}; a config file is Python: fix that "
+                     f"line", usage)
             for name, value in values.items():
                 if name not in keys:
                     fail(f"{arg}: unknown config key {name!r}; valid keys: {', '.join(sorted(keys))}", usage)

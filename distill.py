@@ -358,8 +358,8 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    meta = read_meta(args.data_dir)
     device = resolve_device(args.device)
+    meta = read_meta(args.data_dir)
     dtype = getattr(torch, resolve_dtype(args.dtype, device))
     t0 = time.time()
     teacher = load_teacher(args.teacher, device, dtype)

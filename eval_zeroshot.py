@@ -32,6 +32,7 @@ import statistics
 import sys
 import time
 from collections import namedtuple
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import torch
@@ -40,7 +41,7 @@ import torch.nn.functional as F
 from checkpoint import checkpoint_file, read_checkpoint
 from common import Progress, resolve_device, resolve_dtype
 from configurator import DEVICE, Key, fail, parse
-from files import RunError, atomic_write, run_script, write_json
+from files import RunError, atomic_write, made_dirs, run_script, write_json
 from data import load_tokenizer, read_meta, read_split, tokenizer_info
 from model import GPT
 
@@ -501,16 +502,8 @@ def parse_args(argv):
     return args
 
 
-def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.export_data:
-        return export_data(args.export_data, [t for t in args.tasks if t != 'heldout'])
-    if args.out and os.path.exists(args.out) and not is_eval_result(args.out):
-        raise RunError(f"--out={args.out}: holds something else than an earlier result of eval_zeroshot.py, which "
-                       f"this run would write over; give another path")
-    if args.out:  # now, not after the evaluation: a path that cannot be written stops before any work
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    device = resolve_device(args.device)
+def evaluate(args, device):
+    """Every task of args.tasks on the model of args.ckpt / args.hf_model: {task: its results}, printed as a table."""
     dtype = getattr(torch, resolve_dtype(args.dtype, device))
     model, enc = load_model_and_tokenizer(args.hf_model or args.ckpt, args.tokenizer, device, dtype)
     cfg = model.config
@@ -565,8 +558,23 @@ def main(argv=None):
         norm = f"{r['acc_norm']:.4f}" if r['acc_norm'] is not None else '-'
         stderr = f"{r['acc_stderr']:.4f}" if r['acc_stderr'] is not None else '-'
         print(f"{task:<14} {r['n']:>6} {r['acc']:>7.4f} {norm:>9} {stderr:>7}")
-    if args.out:
-        write_json(args.out, results)
+    return results
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.export_data:
+        return export_data(args.export_data, [t for t in args.tasks if t != 'heldout'])
+    if args.out and os.path.exists(args.out) and not is_eval_result(args.out):
+        raise RunError(f"--out={args.out}: holds something else than an earlier result of eval_zeroshot.py, which "
+                       f"this run would write over; give another path")
+    device = resolve_device(args.device)
+    # --out's directory now, not after the evaluation: a path that cannot be written stops before any work (and is
+    # removed again if the run fails)
+    with made_dirs(os.path.dirname(os.path.abspath(args.out))) if args.out else nullcontext():
+        results = evaluate(args, device)
+        if args.out:
+            write_json(args.out, results)
     return results
 
 

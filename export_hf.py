@@ -33,7 +33,7 @@ import torch
 from checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, hf_config, read_checkpoint,
                         write_safetensors)
 from configurator import Key, fail, parse
-from files import RunError, run_script, write_json
+from files import RunError, made_dirs, run_script, write_json
 from data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 from model import GPT
 
@@ -181,37 +181,34 @@ def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 10
     cfg = model.config
     out_dir = os.path.abspath(out_dir)
     parent, name = os.path.split(out_dir)
-    made_parent = not os.path.isdir(parent)
-    os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f'.{name}.export-{os.getpid()}')
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.mkdir(tmp)
-    try:
-        enc = write_tokenizer(tok_info, tokenizer, tmp, cfg.block_size)
-        special_ids = check_tokenizer(tmp, enc)
-        write_json(os.path.join(tmp, 'config.json'), hf_config(cfg, dtype, special_ids, tok_info), indent=2)
-        generation = dict(special_ids, **({} if cfg.attention == 'softmax' else dict(use_cache=False)))
-        write_json(os.path.join(tmp, 'generation_config.json'), generation, indent=2)
-        if cfg.attention != 'softmax':
-            for file in CODE_FILES:
-                shutil.copyfile(os.path.join(HERE, file), os.path.join(tmp, file))
-        write_safetensors(export_state_dict(model, dtype), tmp, max_shard_bytes)
-        for file in os.listdir(tmp):  # safetensors writes its files private (0600); give them the others' mode
-            if file.endswith('.safetensors'):
-                os.chmod(os.path.join(tmp, file), os.stat(os.path.join(tmp, 'config.json')).st_mode & 0o777)
-        err = check_logits(tmp, model, dtype) if check else None
-        if os.path.isdir(out_dir):  # empty, or an earlier export the caller agreed to replace
-            old = os.path.join(parent, f'.{name}.replaced-{os.getpid()}')
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
+    with made_dirs(parent):
         shutil.rmtree(tmp, ignore_errors=True)
-        if made_parent and not os.listdir(parent):
-            os.rmdir(parent)
-        raise
+        os.mkdir(tmp)
+        try:
+            enc = write_tokenizer(tok_info, tokenizer, tmp, cfg.block_size)
+            special_ids = check_tokenizer(tmp, enc)
+            write_json(os.path.join(tmp, 'config.json'), hf_config(cfg, dtype, special_ids, tok_info), indent=2)
+            generation = dict(special_ids, **({} if cfg.attention == 'softmax' else dict(use_cache=False)))
+            write_json(os.path.join(tmp, 'generation_config.json'), generation, indent=2)
+            if cfg.attention != 'softmax':
+                for file in CODE_FILES:
+                    shutil.copyfile(os.path.join(HERE, file), os.path.join(tmp, file))
+            write_safetensors(export_state_dict(model, dtype), tmp, max_shard_bytes)
+            for file in os.listdir(tmp):  # safetensors writes its files private (0600); give them the others' mode
+                if file.endswith('.safetensors'):
+                    os.chmod(os.path.join(tmp, file), os.stat(os.path.join(tmp, 'config.json')).st_mode & 0o777)
+            err = check_logits(tmp, model, dtype) if check else None
+            if os.path.isdir(out_dir):  # empty, or an earlier export the caller agreed to replace
+                old = os.path.join(parent, f'.{name}.replaced-{os.getpid()}')
+                os.replace(out_dir, old)
+                os.replace(tmp, out_dir)
+                shutil.rmtree(old)
+            else:
+                os.replace(tmp, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return err
 
 

@@ -3,9 +3,10 @@ Writing outputs without losing anything, and faults as one line. Every file a sc
 atomic_write: a temporary file beside it, fsync'd, renamed over the old one only once it is whole, so a crash, a
 full disk or an exception leaves the previous file as it was and no temporary file behind. Every output directory
 is first claimed (claim_dir): a directory that holds another tool's outputs, or a file under a name this script
-would write that it did not write, is refused before any work. A script's entry point is run_script(main): a
-fault the user must act on (RunError, or the OS refusing a read or a write) is printed as one line naming the path,
-what happened and what to do, with exit status 1, instead of a traceback.
+would write that it did not write, is refused before any work; one that a failed run made is removed (made_dirs).
+A script's entry point is run_script(main): a fault the user must act on (RunError, or the OS refusing a read or a
+write) is printed as one line naming the path, what happened and what to do, with exit status 1, instead of a
+traceback.
 Pure Python on purpose: quickstart.py writes through it before torch is installed, and exports ship it.
 """
 import errno
@@ -68,6 +69,27 @@ def atomic_write(path, mode='w'):
         if cause.errno is not None and cause.filename is None:  # a failed write names no file: this is the one
             cause.filename = path
         raise cause from None
+
+
+@contextmanager
+def made_dirs(path):
+    """os.makedirs(path) for the block; if the block fails, the directories made here are removed again where they
+    are still empty: a failed start leaves no empty output directory behind (a directory that holds a file by then
+    is kept, with those above it)."""
+    made, top = [], os.path.abspath(path)
+    while not os.path.exists(top):
+        made.append(top)  # the deepest first
+        top = os.path.dirname(top)
+    try:
+        os.makedirs(path, exist_ok=True)
+        yield
+    except BaseException:
+        for directory in made:
+            try:
+                os.rmdir(directory)  # only if empty
+            except OSError:
+                break
+        raise
 
 
 def write_json(path, obj, indent=1):

@@ -30,11 +30,11 @@ try:  # an exported model directory (export_hf.py) is imported by transformers a
     # work there, and its remote-code check refuses absolute imports of modules that are not installed (outside a try)
     from .attention_kernels import at_least_fp32, attention_scores, sink_attention, sink_weights, softmax_attention
     from .checkpoint import (CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint,
-                             read_hf_config, read_safetensors)
+                             read_hf_config, read_safetensors, sliding_window)
 except ImportError:  # this repository: model.py is a top-level module
     from attention_kernels import at_least_fp32, attention_scores, sink_attention, sink_weights, softmax_attention
     from checkpoint import (CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint,
-                            read_hf_config, read_safetensors)
+                            read_hf_config, read_safetensors, sliding_window)
 
 ATTENTIONS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 AFFINE_ACTS = ('linear_clip', 'sigmoid')
@@ -405,6 +405,8 @@ class Block(nn.Module):
 # The model
 
 class GPT(nn.Module):
+    length_note = ''  # why block_size is what it is, where a checkpoint's setting other than its length set it
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -471,6 +473,9 @@ class GPT(nn.Module):
         if fresh:
             print(f"from_pretrained: attention={attention!r} is not in {path}: initialised fresh in every "
                   f"layer: {', '.join(sorted(fresh))}")
+        if config.block_size == sliding_window(hf):
+            model.length_note = (f", the sliding_window of {path}/config.json: this Mistral attends to the last "
+                                 f"{config.block_size} positions, which is full attention only up to that length")
         return model
 
     def _init_weights(self, module):
@@ -498,7 +503,8 @@ class GPT(nn.Module):
         B, T = idx.shape
         start = kv_caches[0].length if kv_caches else 0
         if start + T > self.config.block_size:
-            raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
+            raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}"
+                             f"{self.length_note}")
         if seq_lens is not None and (seq_lens.shape != (B,) or seq_lens.min() < 1 or seq_lens.max() > T):
             raise ValueError(f"seq_lens must have shape ({B},) with values in [1, {T}], got {seq_lens.tolist()}")
         if return_hidden and targets is not None:

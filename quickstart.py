@@ -1,6 +1,7 @@
 """
-The whole study on a laptop CPU, offline, in one command: data, a teacher, a distilled student per attention
-variant, zero-shot evaluation, the paper's analyses and a Table-1-style report.
+The whole study on a laptop CPU in one command: data, a teacher, a distilled student per attention variant,
+zero-shot evaluation, the paper's analyses and a Table-1-style report. The network is needed only for the installs
+and the real model's stage; the data, the training and the evaluation are offline.
 
     python quickstart.py                  # writes out/quickstart/report.md, with the time each stage took
     python quickstart.py --seeds=0,1,2    # three students per variant: mean ± std, and what is within noise

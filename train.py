@@ -42,8 +42,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
-from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, model_state, previous_checkpoint, read_checkpoint,
-                        save_checkpoint)
+from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, is_run_config, model_state, previous_checkpoint,
+                        read_checkpoint, save_checkpoint)
 from common import (DeviceTimer, apply_fsdp, batch_to_device, compile_layers, default_peak_flops, estimate_mfu,
                     full_tensor, gemm_shapes, init_distributed, preemption_flag, reduce_mean, resolve_device,
                     resolve_dtype, wrap_ddp)
@@ -183,16 +183,6 @@ def check_resumable(ckpt, c, model_config, data_meta, path):
                        f"same run:\n  - " + "\n  - ".join(changed) + f"\nKeys that may change on resume: "
                        f"{', '.join(sorted(RESUME_MAY_CHANGE))}. To start a new run instead: another --out_dir, or "
                        f"--init_from=scratch --overwrite=True.")
-
-
-def is_run_config(out_dir):
-    """Whether out_dir/config.json is one that train.py wrote (a run that has not saved a checkpoint yet)."""
-    try:
-        with open(os.path.join(out_dir, 'config.json')) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and {'init_from', 'max_iters', 'out_dir'} <= set(config)
 
 
 def data_fingerprint(meta):

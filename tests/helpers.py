@@ -6,10 +6,14 @@ import base64
 import json
 import os
 import random
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+import eval_zeroshot
 from data import gpt2_unicode_to_byte
 from prepare_data import builtin_corpus
 
@@ -160,6 +164,55 @@ def flip_byte(path, offset):
     Path(f"{path}.flipped").write_bytes(bytes(damaged))
     os.replace(f"{path}.flipped", path)
     return bytes(damaged)
+
+
+# -----------------------------------------------------------------------------
+# Evaluation tasks
+
+# a row of each task in the hub's own schema (lm-evaluation-harness v0.4.9's task YAMLs read these fields)
+TASK_ROWS = {
+    'arc_easy': dict(id='x', question='Which is a gas?',
+                     choices=dict(text=['ice', 'steam', 'rock'], label=['1', '2', '3']), answerKey='2'),
+    'arc_challenge': dict(question='Pick D.', choices=dict(text=['a', 'b', 'c', 'd'], label=list('ABCD')),
+                          answerKey='D'),
+    'hellaswag': dict(ind=4, activity_label='Roof shingle removal', ctx_a='A man is sitting on a roof.',
+                      ctx_b='he starts pulling up Roofing. [title] Then', ctx='(unused)', split='val',
+                      endings=['  uses a ladder [step] ', 'a [header] b   c', 'x [title] y', 'plain.'], label='2'),
+    'piqa': dict(goal='How do I boil water?', sol1='Heat it.', sol2='Freeze it.', label=0),
+    'boolq': dict(question='is the sky blue', passage='The sky is blue.', idx=0, label=1),
+    'winogrande': dict(sentence="The cup didn't fit in the box because _ was too big. Really _.", option1='the cup',
+                       option2='the box', answer='1'),
+}
+
+
+def write_task_data(root):
+    """eval_zeroshot.py's offline data (--data_dir) for every task: three rows of TASK_ROWS each, and 1100 short C4
+    documents."""
+    for task, row in TASK_ROWS.items():
+        path = root / task / (eval_zeroshot.HUB[task][2] + '.jsonl')
+        path.parent.mkdir(parents=True)
+        rows = [row, dict(row, label=0) if 'label' in row and task != 'hellaswag' else row, row]
+        path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    (root / 'c4').mkdir()
+    (root / 'c4' / 'validation.jsonl').write_text(''.join(json.dumps(dict(text=f'doc {i}')) + '\n'
+                                                          for i in range(1100)))
+    return root
+
+
+# -----------------------------------------------------------------------------
+# The README's commands
+
+def readme_commands(heading):
+    """The first bash block under README.md's `heading`, and its commands as bash reads them (loops unrolled, $v
+    expanded, \\ continuations joined), each an argv list. Every command is recorded, none run: the block runs in a
+    bash that finds no program (PATH names no directory), whose command_not_found_handle prints the command's words.
+    A glob that matches nothing is left as written (bash's default), to be expanded when the command runs."""
+    with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
+        block = re.search(rf'^## {re.escape(heading)}\n.*?^```bash\n(.*?)^```', f.read(), re.M | re.S).group(1)
+    record = 'command_not_found_handle() { printf "%s\\x1f" "$@"; printf "\\n"; }\n'
+    done = subprocess.run([shutil.which('bash'), '-c', record + block], env={'PATH': '/nonexistent'}, cwd='/',
+                          capture_output=True, text=True, check=True)
+    return block, [line.split('\x1f')[:-1] for line in done.stdout.splitlines()]
 
 
 # -----------------------------------------------------------------------------

@@ -4,6 +4,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -135,7 +136,15 @@ def test_mistral_head_dim_null_is_the_default(tmp_path):
         assert rel_err(GPT.from_pretrained(str(path)).eval()(idx)[0], hf_logits(path, idx)) < 1e-4
     window = edit_checkpoint(path, tmp_path / 'window', config=lambda c: c.update(sliding_window=24))
     assert json.loads((window / 'config.json').read_text())['head_dim'] is None
-    assert GPT.from_pretrained(str(window)).config.block_size == 24
+    windowed = GPT.from_pretrained(str(window))
+    assert windowed.config.block_size == 24
+    # a longer input is refused by the window's name, not as if 24 were the model's own length
+    with pytest.raises(ValueError, match=rf"^sequence of 25 tokens is longer than block_size=24, the sliding_window "
+                                         rf"of {re.escape(str(window))}/config\.json: this Mistral attends to the "
+                                         rf"last 24 positions"):
+        windowed(torch.zeros(1, 25, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^sequence of 129 tokens is longer than block_size=128$"):
+        GPT.from_pretrained(str(path))(torch.zeros(1, 129, dtype=torch.long))
     with pytest.raises(ValueError, match=r"unsupported settings \{'head_dim': 32\}"):
         GPT.from_pretrained(str(edit_checkpoint(path, tmp_path / 'wide', config=lambda c: c.update(head_dim=32))))
 

@@ -119,3 +119,17 @@ def test_rules_hold_once_every_key_is_set(capsys):
     with pytest.raises(SystemExit):
         parse(['--help'], KEYS, rules=rules)
     assert 'must hold: share <= momentum' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('source, line, what', [
+    ("steps = 5\nname = ('b'\n", 2, "'(' was never closed"),  # a syntax error
+    ("steps = 5\n\nrate = 1 / 0\n", 3, "ZeroDivisionError: division by zero"),  # the file runs and raises
+    ("def f():\n    return undefined\nsteps = f()\n", 2, "NameError: name 'undefined' is not defined"),
+    ("name = 'caf\xe9'\n", 1, "(unicode error) 'utf-8' codec can't decode byte 0xe9"),  # written in Latin-1
+])
+def test_a_config_file_that_does_not_run_is_named_with_its_line(source, line, what, tmp_path, capsys):
+    path = tmp_path / 'c.py'
+    path.write_bytes(source.encode('latin-1'))
+    message = error([str(path)], capsys, files=True)
+    assert message.startswith(f"{path}, line {line}: {what}") and message.endswith("; a config file is Python: fix "
+                                                                                   "that line")

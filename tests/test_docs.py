@@ -1,14 +1,21 @@
 """The docs say only what the code does: the tables scripts/memory_tables.py computes are the ones README.md and
 docs/*.md hold, docs/memory.md's statements about them hold, the training keys' defaults in docs/training.md are
-train.py's, every relative link and #anchor resolves, and README.md stays a front door (at most 300 lines)."""
+train.py's, every relative link and #anchor resolves, README.md stays a front door (at most 300 lines), and its
+one-GPU commands run as written."""
 import glob
 import importlib.util
+import json
 import os
 import re
 
 import pytest
 
+import analyze
+import distill
+import eval_zeroshot
+import prepare_data
 import train
+from helpers import CHAT, EOT, digits_then_gpt2, hf_tokenizer, readme_commands, write_task_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))
@@ -112,3 +119,55 @@ def test_links_resolve(path):
 def test_readme_is_a_front_door():
     with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
         assert len(f.read().splitlines()) <= 300
+
+
+def test_the_one_gpu_loop_runs_as_written(tmp_path, monkeypatch):
+    """README.md's "Try it on one GPU" commands, each as bash reads it, run in a fresh directory with tiny local
+    stand-ins for what they download (the teacher: a 2-layer Llama with a SmolLM-style tokenizer, tied as SmolLM2;
+    the data: the built-in corpus; the eval tasks: three offline rows of each, as --export_data writes them) and
+    overrides that make each run a few steps of a tiny model. The loop ends in its Table-1-style report, with a row
+    per variant (tests/test_configs.py holds each training's micro-batch, as written, to the 24 GiB the tier is
+    sized for). config/onegpu.py's header gives the same commands."""
+    block, commands = readme_commands('Try it on one GPU')
+    with open(os.path.join(ROOT, 'config', 'onegpu.py'), encoding='utf-8') as f:
+        header = [line[len('#   '):].strip() for line in f if line.startswith('#   ')]
+    assert header and set(header) <= {line.strip() for line in block.splitlines()}
+    assert [argv[:2] for argv in commands] == [['hf', 'download']] + [['python', 'prepare_data.py']] + [
+        ['python', 'distill.py']] + [['python', 'train.py'], ['python', 'eval_zeroshot.py']] * 5 + [
+        ['python', 'analyze.py']]
+    monkeypatch.chdir(tmp_path)
+    os.symlink(os.path.join(ROOT, 'config'), 'config')
+    from hf_helpers import save_hf_teacher  # (transformers: imported by the tests that need it)
+    tokenizer = hf_tokenizer(digits_then_gpt2(True), leading_specials=CHAT)
+    rows = tokenizer.get_vocab_size()
+    tasks = write_task_data(tmp_path / 'tasks')
+    tiny = {'prepare_data.py': ['--source=builtin', '--max_tokens=3000', '--val_every=10', '--num_proc=1'],
+            'distill.py': ['--batches=1', '--batch_size=2', '--block_size=16', '--device=cpu'],
+            'train.py': ['--n_layer=1', '--n_head=2', '--n_kv_head=1', '--n_embd=16', '--intermediate_size=32',
+                         f'--vocab_size={rows}', '--block_size=16', '--global_batch_size=2', '--micro_batch_size=2',
+                         '--max_iters=1', '--warmup_iters=1', '--eval_interval=1', '--eval_batches=1',
+                         '--peak_flops=1e12', '--device=cpu'],
+            'eval_zeroshot.py': [f'--data_dir={tasks}', '--c4_windows=2', '--c4_seqlen=16', '--device=cpu'],
+            'analyze.py': []}
+    scripts = {'prepare_data.py': prepare_data.main, 'distill.py': distill.main, 'train.py': train.main,
+               'eval_zeroshot.py': eval_zeroshot.main, 'analyze.py': analyze.main}
+    for argv in commands:
+        if argv[0] == 'hf':  # the teacher, from the hub as written: SmolLM2-360M, into --local-dir
+            assert argv[2] == 'HuggingFaceTB/SmolLM2-360M'
+            local = argv[argv.index('--local-dir') + 1]
+            os.makedirs(local)
+            save_hf_teacher(tmp_path / local, 'llama', tokenizer, {'tokenizer_class': 'GPT2Tokenizer',
+                                                                  'bos_token': EOT, 'eos_token': EOT}, rows, 0,
+                            tie_word_embeddings=True)
+            continue
+        args = [path for arg in argv[2:] for path in (sorted(glob.glob(arg)) if '*' in arg else [arg])]
+        scripts[argv[1]](args + tiny[argv[1]])
+    variants = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
+    for v in variants:
+        assert json.loads((tmp_path / 'out' / f'onegpu_{v}' / 'config.json').read_text())['attention'] == v
+    with open(tmp_path / 'out' / 'table_onegpu' / 'report.md', encoding='utf-8') as f:
+        table = [line for line in f if line.startswith('| ')]
+    methods = sorted(analyze.METHODS.values(), key=len, reverse=True)  # 'Affine-Scaled + Gated' before 'Affine-Scaled'
+    named = [next(m for m in methods if line.startswith(f'| {m}')) for line in table[1:]]
+    assert sorted(named) == sorted(analyze.METHODS.values())  # a row per variant
+    assert 'C4 PPL' in table[0] and 'Avg.' in table[0]  # the eval tasks' columns

@@ -17,28 +17,15 @@ import eval_zeroshot as ez
 from data import load_tokenizer, tokenizer_info, write_shard
 from files import RunError
 from model import GPT, IGNORE_INDEX, ModelConfig
-from helpers import EOT, write_tiktoken_file
+from helpers import EOT, TASK_ROWS, write_task_data, write_tiktoken_file
 
 torch.set_num_threads(2)
 BYTES = load_tokenizer('bytes')
 
-ROWS = {
-    'arc_easy': dict(id='x', question='Which is a gas?', choices=dict(text=['ice', 'steam', 'rock'], label=['1', '2', '3']),
-                     answerKey='2'),
-    'arc_challenge': dict(question='Pick D.', choices=dict(text=['a', 'b', 'c', 'd'], label=list('ABCD')), answerKey='D'),
-    'hellaswag': dict(ind=4, activity_label='Roof shingle removal', ctx_a='A man is sitting on a roof.',
-                      ctx_b='he starts pulling up Roofing. [title] Then', ctx='(unused)', split='val',
-                      endings=['  uses a ladder [step] ', 'a [header] b   c', 'x [title] y', 'plain.'], label='2'),
-    'piqa': dict(goal='How do I boil water?', sol1='Heat it.', sol2='Freeze it.', label=0),
-    'boolq': dict(question='is the sky blue', passage='The sky is blue.', idx=0, label=1),
-    'winogrande': dict(sentence="The cup didn't fit in the box because _ was too big. Really _.", option1='the cup',
-                       option2='the box', answer='1'),
-}
-
 
 def test_task_strings():
     """The task YAMLs' strings: every task's requests, gold and acc_norm lengths, character for character."""
-    docs = {task: ez.DOC_BUILDERS[task](row) for task, row in ROWS.items()}
+    docs = {task: ez.DOC_BUILDERS[task](row) for task, row in TASK_ROWS.items()}
     assert docs['arc_easy'] == ez.Doc([('Question: Which is a gas?\nAnswer:', ' ' + c) for c in ['ice', 'steam', 'rock']],
                                       1, [3.0, 5.0, 4.0])
     assert docs['arc_challenge'].gold == 3
@@ -86,7 +73,8 @@ def test_encoding(bpe):
     with pytest.raises(ValueError, match='longer than max_length=2'):
         ez.encode_request(BYTES, 'abc', ' xy', 2)
     with pytest.raises(RunError, match=r'piqa: row 1: .*longer than max_length'):
-        ez.encode_docs('piqa', [ez.piqa_doc(ROWS['piqa']), ez.piqa_doc(dict(ROWS['piqa'], sol2='y' * 50))], BYTES, 20)
+        ez.encode_docs('piqa', [ez.piqa_doc(TASK_ROWS['piqa']), ez.piqa_doc(dict(TASK_ROWS['piqa'], sol2='y' * 50))],
+                       BYTES, 20)
 
 
 def test_metrics_tie_breaking():
@@ -172,29 +160,18 @@ def test_c4_windows(bpe):
 
 
 @pytest.mark.parametrize('task,row,message', [
-    ('arc_easy', dict(ROWS['arc_easy'], answerKey='E'), "bad label answerKey='E'"),
-    ('hellaswag', {k: v for k, v in ROWS['hellaswag'].items() if k != 'ctx_b'}, "missing field 'ctx_b'"),
-    ('hellaswag', dict(ROWS['hellaswag'], label=''), "bad label label=''"),
-    ('piqa', dict(ROWS['piqa'], label=2), 'bad label label=2'),
-    ('boolq', dict(ROWS['boolq'], label=True), 'bad label label=True'),
-    ('winogrande', dict(ROWS['winogrande'], answer=1), "bad label answer=1"),
-    ('winogrande', dict(ROWS['winogrande'], sentence='no blank'), "no '_' blank"),
+    ('arc_easy', dict(TASK_ROWS['arc_easy'], answerKey='E'), "bad label answerKey='E'"),
+    ('hellaswag', {k: v for k, v in TASK_ROWS['hellaswag'].items() if k != 'ctx_b'}, "missing field 'ctx_b'"),
+    ('hellaswag', dict(TASK_ROWS['hellaswag'], label=''), "bad label label=''"),
+    ('piqa', dict(TASK_ROWS['piqa'], label=2), 'bad label label=2'),
+    ('boolq', dict(TASK_ROWS['boolq'], label=True), 'bad label label=True'),
+    ('winogrande', dict(TASK_ROWS['winogrande'], answer=1), "bad label answer=1"),
+    ('winogrande', dict(TASK_ROWS['winogrande'], sentence='no blank'), "no '_' blank"),
     ('piqa', ['not', 'a', 'dict'], 'expected a JSON object'),
 ])
 def test_bad_rows(task, row, message):
     with pytest.raises(RunError, match=rf"^{task}: row 1 of here: .*{message}"):
-        ez.build_docs(task, [ROWS[task], row], 'here')
-
-
-def write_data_dir(root):
-    for task, row in ROWS.items():
-        path = root / task / (ez.HUB[task][2] + '.jsonl')
-        path.parent.mkdir(parents=True)
-        rows = [row, dict(row, label=0) if 'label' in row and task != 'hellaswag' else row, row]
-        path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
-    (root / 'c4').mkdir()
-    (root / 'c4' / 'validation.jsonl').write_text(''.join(json.dumps(dict(text=f'doc {i}')) + '\n' for i in range(1100)))
-    return root
+        ez.build_docs(task, [TASK_ROWS[task], row], 'here')
 
 
 def write_checkpoint(path, model):
@@ -205,17 +182,17 @@ def write_checkpoint(path, model):
 
 def test_cli(tmp_path, bpe, capsys):
     ckpt = write_checkpoint(tmp_path / 'ckpt.pt', tiny_model('affine', dtype=torch.float32))
-    data = write_data_dir(tmp_path / 'data')
+    data = write_task_data(tmp_path / 'data')
     common = [f'--ckpt={ckpt}', f'--data_dir={data}', '--log_samples=True', '--batch_size=3', '--c4_seqlen=32',
               '--c4_windows=4']
     results = ez.main(common + [f'--out={tmp_path / "r.json"}'])
     saved = json.loads((tmp_path / 'r.json').read_text())
     assert list(saved) == list(ez.DEFAULT_TASKS)
-    for task in ROWS:
+    for task in TASK_ROWS:
         r = saved[task]
         assert r['n'] == 3 and 0 <= r['acc'] <= 1 and len(r['docs']) == 3 and r['docs'][2]['doc_index'] == 2
         assert (r['acc_norm'] is None) == (task in ('boolq', 'winogrande'))
-        assert len(r['docs'][0]['logliks']) == len(ez.DOC_BUILDERS[task](ROWS[task]).requests)
+        assert len(r['docs'][0]['logliks']) == len(ez.DOC_BUILDERS[task](TASK_ROWS[task]).requests)
     assert saved['c4']['n'] == 4 and 'c4-new' in saved['c4']['protocol']
     assert 'hellaswag' in capsys.readouterr().out
     slow = ez.main(common + ['--tasks=hellaswag,boolq', '--one_by_one=True', '--limit=2'])
@@ -303,11 +280,11 @@ def test_hf_models_of_every_tokenizer_family_score_as_the_harness(kind, family_t
     data = tmp_path / 'data'
     for task, row in FAMILY_ROWS.items():
         (data / task).mkdir(parents=True)
-        (data / task / (ez.HUB[task][2] + '.jsonl')).write_text(json.dumps(row) + '\n' + json.dumps(ROWS[task]) + '\n')
+        (data / task / (ez.HUB[task][2] + '.jsonl')).write_text(json.dumps(row) + '\n' + json.dumps(TASK_ROWS[task]) + '\n')
     results = ez.main([f'--hf_model={model_dir}', f'--data_dir={data}', f'--tasks={",".join(FAMILY_ROWS)}',
                        '--log_samples=True', '--batch_size=4', '--device=cpu', '--dtype=float32'])
     for task in FAMILY_ROWS:
-        docs = ez.build_docs(task, [FAMILY_ROWS[task], ROWS[task]], 'here')
+        docs = ez.build_docs(task, [FAMILY_ROWS[task], TASK_ROWS[task]], 'here')
         ours = [s for d in results[task]['docs'] for s in d['logliks']]
         assert ours == pytest.approx(harness_logliks(model_dir, docs, 128), abs=1e-3), task
     # these tokenizers put no BOS before a text: --add_bos is refused, an empty context would be scored after EOS

@@ -6,6 +6,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import torch
 
 import analyze
 import checkpoint
+import common
 import eval_zeroshot
 import files
 import prepare_data
@@ -322,3 +324,89 @@ def test_permission_denied_and_missing_paths_are_one_line(data_dir, tmp_path, ca
     assert code == 1 and 'missing: no such directory; run prepare_data.py first' in one_line(err)
     code, _, err = script('distill.py', f'--teacher={tmp_path / "missing"}', f'--data_dir={data_dir}')
     assert code == 1 and 'missing' in one_line(err)
+
+# -----------------------------------------------------------------------------
+# 4. Settings that name what this machine or a path does not have: one line, before any file is written
+
+
+def every_script_with_a_device(tmp_path, device):
+    """Each script that takes --device, run in-process with it: [(its name, the RunError it stopped with)], after
+    asserting that it wrote nothing."""
+    import bench
+    import distill
+    missing = tmp_path / 'missing'
+    runs = {'train.py': lambda: train.main([f'--device={device}', f'--data_dir={missing}',
+                                            f'--out_dir={tmp_path / "run"}']),
+            'distill.py': lambda: distill.main([f'--device={device}', f'--teacher={missing}', f'--data_dir={missing}']),
+            'eval_zeroshot.py': lambda: eval_zeroshot.main([f'--device={device}', f'--ckpt={missing}',
+                                                            f'--out={tmp_path / "eval" / "eval.json"}']),
+            'analyze.py': lambda: analyze.main(['attention', str(missing), f'--out_dir={tmp_path / "analysis"}',
+                                                f'--device={device}']),
+            'bench.py': lambda: bench.main([f'--device={device}'])}
+    errors = []
+    for name, run in runs.items():
+        with pytest.raises(files.RunError) as e:
+            run()
+        errors.append((name, str(e.value)))
+    assert os.listdir(tmp_path) == []
+    return errors
+
+
+def test_a_device_torch_cannot_use_is_one_line(tmp_path, monkeypatch):
+    """--device=cuda with a CPU-only torch (torch would stop at the first tensor moved, 'Torch not compiled with
+    CUDA enabled'), a GPU index this machine lacks, mps where there is none, a name that is no device."""
+    monkeypatch.setattr(torch.backends.cuda, 'is_built', lambda: False)  # a CPU-only build, wherever this runs
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    for name, message in every_script_with_a_device(tmp_path, 'cuda'):
+        assert message == (f"--device=cuda: this torch ({torch.__version__}) was built without CUDA: install a CUDA "
+                           f"build of torch, or use --device=cpu (or auto: a GPU where there is one)"), name
+    monkeypatch.setattr(torch.backends.cuda, 'is_built', lambda: True)  # two GPUs
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    for name, message in every_script_with_a_device(tmp_path, 'cuda:7'):
+        assert message == "--device=cuda:7: this machine has 2 cuda devices (cuda:0 to cuda:1); give one of them", name
+    monkeypatch.setattr(torch.mps, 'is_available', lambda: False)
+    assert common.resolve_device('cuda:1') == torch.device('cuda', 1)
+    for device, message in [('mps', "--device=mps: torch sees no mps device here (torch.mps.is_available() is "
+                                    "False); use --device=cpu (or auto: a GPU where there is one)"),
+                            ('gpu', "--device=gpu: not a device name; use auto, cpu, cuda, cuda:N (N: a GPU's index) "
+                                    "or mps")]:
+        with pytest.raises(files.RunError) as e:
+            common.resolve_device(device)
+        assert str(e.value) == message
+
+
+def test_a_run_that_has_not_saved_yet_is_named_as_such(tmp_path):
+    """A train.py run directory holds config.json (and metrics.jsonl) from its start, ckpt.pt only from its first
+    evaluation: given to a reader before then, it is named as such (not "model_type None is not supported")."""
+    run = tmp_path / 'run'
+    run.mkdir()
+    (run / 'config.json').write_text(json.dumps(train.load_config([f'--out_dir={run}'])))
+    (run / 'metrics.jsonl').write_text('')
+    said = (f"{run}: a train.py run directory with no ckpt.pt yet (a run saves it at every eval_interval steps and at "
+            f"its end); wait for its first save, or give a run that has one")
+    with pytest.raises(checkpoint.CheckpointError, match=f"^{re.escape(said)}$"):
+        GPT.from_pretrained(str(run))  # eval_zeroshot --ckpt, analyze attention, train/distill --teacher
+    with pytest.raises(checkpoint.CheckpointError, match=f"^{re.escape(said)}$"):
+        train.main(['--dry_run=True', f'--teacher={run}'])  # the dry run's plan reads the teacher's shape
+    with pytest.raises(files.RunError, match=f"^model {re.escape(str(run))}: {re.escape(said)}$"):
+        eval_zeroshot.main([f'--ckpt={run}', '--tasks=heldout', f'--out={tmp_path / "e" / "r.json"}'])
+    assert sorted(os.listdir(tmp_path)) == ['run']  # and no empty directory left for --out
+
+
+def test_a_failed_start_leaves_no_empty_directory(tmp_path):
+    """files.made_dirs, which eval_zeroshot.py (--out), export_hf.py and analyze.py make their outputs' directories
+    with: what a failed run made is removed, as far up as it made it; a directory holding a file by then is kept."""
+    with pytest.raises(files.RunError):
+        with files.made_dirs(tmp_path / 'a' / 'b' / 'c'):
+            assert (tmp_path / 'a' / 'b' / 'c').is_dir()
+            raise files.RunError('the model does not load')
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(KeyboardInterrupt):
+        with files.made_dirs(tmp_path / 'a' / 'b' / 'c'):
+            (tmp_path / 'a' / 'notes.txt').write_text('written meanwhile')
+            raise KeyboardInterrupt
+    assert os.listdir(tmp_path / 'a') == ['notes.txt']  # b and c removed, a kept with the file
+    with files.made_dirs(tmp_path / 'a' / 'b'):
+        pass
+    assert (tmp_path / 'a' / 'b').is_dir()  # kept when the block succeeds
