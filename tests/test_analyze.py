@@ -216,14 +216,16 @@ def test_attention_job_bad_input_leaves_no_report(tmp_path):
         assert not out.exists() and not (tmp_path / 'report.tmp').exists()
 
 
-def table_run(path, attention, seed, loss, accs, c4=None, **config):
-    """A finished run as the table job reads it: config.json, metrics.jsonl and eval.json."""
+def table_run(path, attention, seed, loss, accs, c4=None, teacher='out/teacher', **config):
+    """A finished run as the table job reads it: config.json, metrics.jsonl and eval.json. With a teacher (as the
+    paper's runs) its KD loss is `loss` and its total loss loss + 1; without one its (CE) loss is `loss`."""
     path.mkdir(parents=True)
     cfg = dict(attention=attention, seed=seed, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64,
-               vocab_size=300, **config)
+               vocab_size=300, teacher=teacher, data_dir='data/a', **config)
     (path / 'config.json').write_text(json.dumps(cfg))
-    records = [dict(step=1, loss=9.0, kd_loss=9.0, grad_norm=1.0),
-               dict(step=2, loss=loss + 1, kd_loss=loss, grad_norm=1.0, val_loss=2.0, val_ppl=math.exp(2.0))]
+    kd = dict(kd_loss=loss, loss=loss + 1) if teacher else dict(loss=loss)
+    records = [dict(step=1, loss=9.0, grad_norm=1.0, **({'kd_loss': 9.0} if teacher else {})),
+               dict(step=2, **kd, grad_norm=1.0, val_loss=2.0, val_ppl=math.exp(2.0))]
     (path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
     results = {task: dict(acc=a, acc_norm=a + 0.01 if task == 'hellaswag' else None) for task, a in accs.items()}
     if c4:
@@ -242,14 +244,17 @@ def test_table_job_lays_out_tables_1_to_3(tmp_path):
     analyze.main(['table', *runs, f'--out_dir={out}'])
     report = (out / 'report.md').read_text()
     # ΔParams: W_alpha is d x H per layer (2 * 32 * 4 = 256), the sink one logit per head (2 * 4 = 8)
-    assert '| Method | ΔParams | Loss | C4 PPL | PIQA |' not in report  # only the tasks evaluated
-    assert '| Method | ΔParams | Loss | C4 PPL | Hella | BoolQ | Avg. |' in report
+    assert '| Method | ΔParams | KD loss | C4 PPL | PIQA |' not in report  # only the tasks evaluated
+    assert '## KD from out/teacher, data data/a\n\n| Method | ΔParams | KD loss | C4 PPL | Hella | BoolQ | Avg. |' in report
     assert '| Baseline | 0 | 2.820 | 71.70 | 46.0 | 60.0 | **53.0** |' in report  # hellaswag: acc_norm; ties: both
     assert '| Sink | 8 | 2.830 | 81.50 | 45.0 | **61.0** | **53.0** |' in report
     assert '| Affine-Scaled | 256 | **2.800** | **70.60** | **47.0** | 58.0 | **52.5** |' not in report
     assert '| Affine-Scaled | 256 | **2.800** | **70.60** | **47.0** | 58.0 | 52.5 |' in report
     assert '| Affine-Scaled (sigmoid) |' in report
-    methods = json.loads((out / 'numbers.json').read_text())['methods']
+    [table] = json.loads((out / 'numbers.json').read_text())['tables']
+    methods = table['methods']
+    assert table['objective'] == 'KD from out/teacher' and table['loss'] == 'kd_loss'
+
     assert methods['Affine-Scaled']['delta_params'] == 2 * 32 * 4 and methods['Sink']['delta_params'] == 2 * 4
     assert 'One run per method' in report
     analyze.main(['table', *runs[:2], f'--out_dir={out}', '--metric=acc'])
@@ -264,12 +269,12 @@ def test_table_job_seeds_give_mean_std_and_a_noise_verdict(tmp_path):
     out = tmp_path / 'table'
     analyze.main(['table', *runs, f'--out_dir={out}'])
     report = (out / 'report.md').read_text()
-    assert '| Method | ΔParams | Loss | Val PPL | Held-out | Avg. |' in report  # no c4: the runs' val PPL
+    assert '| Method | ΔParams | KD loss | Val PPL | Held-out | Avg. |' in report  # no c4: the runs' val PPL
     assert '| Baseline | 0 | 2.010 ± 0.010 | **7.39** ± 0.00 | **51.0** ± 1.0 | **51.0** ± 1.0 |' in report
     assert '| Affine-Scaled | 256 | **1.010** ± 0.010 |' in report
     assert 'Seeds: 0, 1, 2' in report
     assert 'Held-out: Baseline vs Affine-Scaled' in report or 'Held-out: Affine-Scaled vs Baseline' in report
-    assert 'Loss:' not in report.split('Within noise')[1]  # 1.0 vs 2.0 with std 0.01 is far outside noise
+    assert 'loss:' not in report.split('Within noise')[1].split('\n')[0]  # 1.0 vs 2.0, std 0.01: far outside noise
 
 
 def test_table_job_bad_input(tmp_path):
