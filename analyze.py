@@ -397,7 +397,8 @@ def objective(config):
     kd_temperature where they are not the paper's 1.0. Losses of different objectives are not comparable."""
     if not config.get('teacher'):
         return 'CE'
-    settings = ''.join(f", {key}={config[key]}" for key in ('kd_alpha', 'kd_temperature') if config.get(key, 1.0) != 1.0)
+    settings = ''.join(f", {key}={config[key]}" for key in ('kd_alpha', 'kd_temperature')
+                       if config.get(key, 1.0) != 1.0)
     return f"KD from {config['teacher']}{settings}"
 
 
@@ -603,7 +604,8 @@ def table_report(run_dirs, out_dir, eval_file='eval.json', metric='acc_norm'):
                   f"{(first['params'] - first['delta_params']) / 1e6:,.1f}M parameters with softmax attention. Each "
                   f"table holds runs of one training objective and one data set; only its rows are compared. Loss: "
                   f"the final step's KD loss (runs distilled from a teacher) or CE loss (cross-entropy, runs without). "
-                  f"Accuracies x 100 ({metric} where the task reports it, else acc). Seeds: {', '.join(map(str, seeds))}.")
+                  f"Accuracies x 100 ({metric} where the task reports it, else acc). "
+                  f"Seeds: {', '.join(map(str, seeds))}.")
 
     def build(tmp):
         with open(os.path.join(tmp, 'numbers.json'), 'w') as f:

@@ -545,9 +545,10 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
             if finite:
                 optimizer.step()
             elif c['nonfinite'] == 'stop':
-                raise RunError(f"step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); stopping. To "
-                               f"continue from the last checkpoint with a lower learning rate: --learning_rate=<lower> "
-                               f"--resume_lr_change=True (nonfinite='skip' skips such steps instead)")
+                raise RunError(f"step {step + 1}: non-finite loss ({loss}) or gradient norm ({grad_norm}); stopping. "
+                               f"To continue from the last checkpoint with a lower learning rate: "
+                               f"--learning_rate=<lower> --resume_lr_change=True (nonfinite='skip' skips such steps "
+                               f"instead)")
             alpha_means = raw_model.update_alpha_ma(discard=not finite)  # Eq. 9 with this step's global batch
             optimizer.zero_grad(set_to_none=not run.ddp)  # DDP: in place, the gradients are its buckets
             step, skipped, dt = step + 1, skipped + (not finite), time.perf_counter() - t0
@@ -567,8 +568,9 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
                 record |= evaluation_record(c, run, model, raw_model, val_data, alpha_means)
             metrics.write(record)
             if skipped > c['max_skipped_frac'] * c['max_iters']:  # every rank counts the same: all stop here
-                raise RunError(f"step {step}: {skipped} steps skipped (non-finite loss or gradient norm), the first at "
-                               f"step {first_skipped}: more than max_skipped_frac={c['max_skipped_frac']} of "
+                raise RunError(f"step {step}: the run has skipped {skipped} step(s) (non-finite loss or gradient "
+                               f"norm), the first at step {first_skipped}: more than max_skipped_frac="
+                               f"{c['max_skipped_frac']} of "
                                f"max_iters={c['max_iters']}; stopping without saving (out_dir's checkpoint, if any, "
                                f"is from before). To continue from it with a lower learning rate: "
                                f"--learning_rate=<lower> --resume_lr_change=True (or allow more: --max_skipped_frac)")

@@ -11,6 +11,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from data import gpt2_unicode_to_byte
+from files import read_log
 from prepare_data import builtin_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,8 +164,8 @@ def tiny_args(data_dir, out_dir, *extra):
 
 
 def metrics(out_dir):
-    with open(os.path.join(out_dir, 'metrics.jsonl')) as f:
-        return [json.loads(line) for line in f]
+    """A run's metrics.jsonl records, as train.py reads them back (a line being written now is left out)."""
+    return read_log(os.path.join(out_dir, 'metrics.jsonl'))
 
 
 def fake_run(path, attention, grad_norms, n_layer=2, kd=False):
