@@ -436,7 +436,7 @@ def load_run_teacher(c, model_config, data_meta, device):
 
 
 def import_wandb():
-    """wandb, checked before anything is written (its import is the first thing wandb_log=True needs)."""
+    """The wandb module, imported before anything is written: wandb_log=True without it stops with nothing left."""
     try:
         import wandb
     except ImportError:
@@ -570,10 +570,10 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
             if skipped > c['max_skipped_frac'] * c['max_iters']:  # every rank counts the same: all stop here
                 raise RunError(f"step {step}: the run has skipped {skipped} step(s) (non-finite loss or gradient "
                                f"norm), the first at step {first_skipped}: more than max_skipped_frac="
-                               f"{c['max_skipped_frac']} of "
-                               f"max_iters={c['max_iters']}; stopping without saving (out_dir's checkpoint, if any, "
-                               f"is from before). To continue from it with a lower learning rate: "
-                               f"--learning_rate=<lower> --resume_lr_change=True (or allow more: --max_skipped_frac)")
+                               f"{c['max_skipped_frac']} of max_iters={c['max_iters']}; stopping without saving "
+                               f"(out_dir's checkpoint, if any, is from before). To continue from it with a lower "
+                               f"learning rate: --learning_rate=<lower> --resume_lr_change=True (or allow more: "
+                               f"--max_skipped_frac)")
             stop = reduce_mean([float(bool(stop_signal))], run.device)[0] > 0  # all ranks stop at the same step
             if 'val_loss' in record or stop:
                 save(ckpt_path, step, dict(steps=skipped, first=first_skipped), c, run, raw_model, optimizer,
