@@ -204,13 +204,14 @@ def read_log(path):
     for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
-        except ValueError:  # not JSON, or not UTF-8
+        except ValueError:  # not JSON (or not UTF-8): as the last line, one whose writing was cut short
+            if number == len(lines):
+                print(f"note: {path}: line {number}, the last, is cut short (the writer was stopped while writing "
+                      f"it): dropped", file=sys.stderr)
+                break
             record = None
         if isinstance(record, dict) and isinstance(record.get('step'), int):
             records.append(record)
-        elif record is None and number == len(lines):
-            print(f"note: {path}: line {number}, the last, is cut short (the writer was stopped while writing it): "
-                  f"dropped", file=sys.stderr)
         else:
             shown = line[:40].decode('utf-8', 'replace') + ('...' if len(line) > 40 else '')
             raise RunError(f"{path}: line {number} is not a record with a step ({shown!r}); only its last line can be "
