@@ -15,9 +15,10 @@ attention: from checkpoints (train.py out_dirs, ckpt.pt files or Hugging Face di
     the model's own q/k/v/alpha code): Figure 3 (per-query row sums), 4 (first-token weight), 5 (per-head total
     weight), 6 (entropy), 9 (a layer's top-left 30 x 30 block), and alpha / alpha_ma (affine) or sink logits.
 runs: from train.py's metrics.jsonl: Figures 2, 7, 8, 10 and Tables 4-5 (gradient-norm statistics and spikes).
-table: Tables 1-3: per method, ΔParams, final training loss, perplexity and the zero-shot accuracies of
-    eval_zeroshot.py --out=<run>/eval.json with their average, best per column in bold; several seeds of one
-    method are reported as mean ± std.
+table: Tables 1-3: per method, ΔParams, final training loss (KD or CE loss, labelled), perplexity and the
+    zero-shot accuracies of eval_zeroshot.py --out=<run>/eval.json with their average, best per column in bold;
+    several seeds of one method are reported as mean ± std. One table per training objective (CE, or KD from a
+    teacher) and data set: rows of different ones are never pooled or ranked together.
 """
 import json
 import math
@@ -30,9 +31,10 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from checkpoint import CKPT_NAME, read_checkpoint
 from common import Progress, resolve_device
 from configurator import DEVICE, Key, fail, parse
-from files import MARKERS, RunError, claim_dir, made_dirs, run_script, write_json
+from files import MARKERS, RunError, claim_dir, made_dirs, read_log, run_script, write_json
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows
 from data import Windows, read_meta, tokenizer_info
 from model import FIELD_NAMES, GPT, ModelConfig
@@ -368,26 +370,48 @@ def spike_counts(grad_norms, ks=(6, 9), start=0, end=500):
 
 
 def load_run(out_dir):
-    """A train.py run: its metrics.jsonl records and config.json (the resolved training and model config)."""
+    """A train.py run: its metrics.jsonl step records (files.read_log; events, such as a resume's learning-rate
+    change, left out) and config.json (the resolved training and model config). A log holding a step twice (two
+    writers at once, or logs pasted together) is refused: its statistics would count those steps twice."""
     path = os.path.join(out_dir, 'metrics.jsonl')
     if not os.path.isfile(path):
         raise RunError(f"{out_dir}: no metrics.jsonl (not a train.py out_dir)")
-    with open(path) as f:
-        records = [json.loads(line) for line in f]
+    records, lines = [], {}
+    for number, record in enumerate(read_log(path), 1):
+        if 'event' in record:
+            continue
+        if record['step'] in lines:
+            raise RunError(f"{path}: step {record['step']} is on lines {lines[record['step']]} and {number}: two "
+                           f"train.py wrote this log at once (before runs were locked) or logs were joined; keep "
+                           f"one record per step (one run's lines) and run analyze.py again")
+        lines[record['step']] = number
+        records.append(record)
     if not records:
         raise RunError(f"{path}: empty (the run has not finished a step)")
     config_path = os.path.join(out_dir, 'config.json')
     config = json.load(open(config_path)) if os.path.isfile(config_path) else {}
-    return dict(dir=out_dir, config=config, records=records, method=method_name(config))
+    return dict(dir=out_dir, config=config, records=records, method=method_name(config), objective=objective(config))
+
+
+def objective(config):
+    """What a run minimised: 'CE' (cross-entropy on the data), or 'KD from <teacher>' with kd_alpha and
+    kd_temperature where they are not the paper's 1.0. Losses of different objectives are not comparable."""
+    if not config.get('teacher'):
+        return 'CE'
+    settings = ''.join(f", {key}={config[key]}" for key in ('kd_alpha', 'kd_temperature')
+                       if config.get(key, 1.0) != 1.0)
+    return f"KD from {config['teacher']}{settings}"
 
 
 def label_runs(runs):
-    """Each run's label: its method, with the seed (or the directory) where several runs share a method."""
-    methods = [r['method'] for r in runs]
-    for r in runs:
-        r['label'] = r['method']
-        if methods.count(r['method']) > 1:
-            seeds = [s['config'].get('seed') for s in runs if s['method'] == r['method']]
+    """Each run's label: its method, with the seed (or the directory) where several runs share a method, and the
+    objective where the runs were trained to different ones (their losses are then different quantities)."""
+    mixed = len({r['objective'] for r in runs}) > 1
+    names = [r['method'] + (f" [{r['objective']}]" if mixed else '') for r in runs]
+    for r, name in zip(runs, names):
+        r['label'] = name
+        if names.count(name) > 1:
+            seeds = [s['config'].get('seed') for s, other in zip(runs, names) if other == name]
             seed = r['config'].get('seed')
             r['label'] += f" seed {seed}" if seed is not None and seeds.count(seed) == 1 else f" ({r['dir']})"
     return runs
@@ -490,41 +514,18 @@ def mean_std(values):
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def table_report(run_dirs, out_dir, eval_file='eval.json', metric='acc_norm'):
-    """The `table` job: Tables 1-3 for runs of one model size. Columns: ΔParams, final training loss (Figure 7's:
-    the KD loss where every run has a teacher), perplexity (C4 where evaluated, else the run's last val_ppl), the
-    accuracies of each task every run was evaluated on (x 100; `metric` = acc_norm where the task reports it, else
-    acc — the paper does not say which it quotes) and their average. Runs of one method (several seeds) are one
-    row, mean ± sample std; the best mean per column is bold (lowest loss and perplexity, highest accuracy)."""
-    runs = [load_run(d) for d in run_dirs]
-    check_one_size(runs)
-    key = loss_key(runs)
-    for run in runs:
-        path = os.path.join(run['dir'], eval_file)
-        if not os.path.isfile(path):
-            raise RunError(f"{run['dir']}: no {eval_file}; run eval_zeroshot.py --ckpt={run['dir']} --out={path}")
-        with open(path) as f:
-            run['eval'] = json.load(f)
-        if not run['config']:
-            raise RunError(f"{run['dir']}: no config.json (needed for ΔParams)")
-    tasks = [(t, name) for t, name in ACCURACY_COLUMNS if all(t in r['eval'] for r in runs)]
-    ppl = ('C4 PPL', lambda r: r['eval']['c4']['ppl']) if all('c4' in r['eval'] for r in runs) else \
-        ('Val PPL', lambda r: [x['val_ppl'] for x in r['records'] if 'val_ppl' in x][-1])
-    if ppl[0] == 'Val PPL' and not all(any('val_ppl' in x for x in r['records']) for r in runs):
-        raise RunError("neither a c4 result in every eval file nor a val_ppl in every run's metrics.jsonl")
+def data_identity(run):
+    """What identifies the data a run trained on: its checkpoint's fingerprint of it (the tokenizer's sha256 and each
+    split's size: what a resume checks, so data_dir may have moved), else the data_dir its config names."""
+    path = os.path.join(run['dir'], CKPT_NAME)
+    if os.path.isfile(path):
+        return json.dumps(read_checkpoint(path, keys=('data',))['data'], sort_keys=True)
+    return run['config'].get('data_dir')
 
-    def accuracy(r, task):
-        result = r['eval'][task]
-        return 100 * (result['acc_norm'] if metric == 'acc_norm' and result.get('acc_norm') is not None
-                      else result['acc'])
 
-    columns = [('Loss', lambda r: r['records'][-1][key], min, 3), (ppl[0], ppl[1], min, 2)]
-    columns += [(name, lambda r, t=t: accuracy(r, t), max, 1) for t, name in tasks]
-    if tasks:
-        columns.append(('Avg.', lambda r: statistics.fmean(accuracy(r, t) for t, _ in tasks), max, 1))
-    rows = {}
-    for run in runs:
-        rows.setdefault(run['method'], []).append(run)
+def method_rows(rows, columns):
+    """(numbers, markdown lines) of one comparable table: per method (several seeds: mean ± sample std) ΔParams and
+    the columns, the best mean per column in bold."""
     numbers = {}
     for method, group in rows.items():
         total, extra = attention_params(group[0]['config'])
@@ -543,27 +544,78 @@ def table_report(run_dirs, out_dir, eval_file='eval.json', metric='acc_norm'):
             cells[m][name] = text + (f" ± {std:.{digits}f}" if std is not None else '')
     lines += [f"| {m} | {count(n['delta_params'])} | " + ' | '.join(cells[m][name] for name, *_ in columns) + ' |'
               for m, n in numbers.items()]
-    size = numbers[next(iter(numbers))]['params'] - numbers[next(iter(numbers))]['delta_params']
+    return numbers, lines
+
+
+def table_report(run_dirs, out_dir, eval_file='eval.json', metric='acc_norm'):
+    """The `table` job: Tables 1-3 for runs of one model size, one table per training objective and data set
+    (rows of different ones are not comparable, and are never pooled or ranked together). Columns: ΔParams, the
+    final training loss (the KD loss of runs distilled from a teacher, Figure 7's; the cross-entropy of runs
+    without), perplexity (C4 where evaluated, else the run's last val_ppl), the accuracies of each task every run
+    was evaluated on (x 100; `metric` = acc_norm where the task reports it, else acc — the paper does not say which
+    it quotes) and their average. Runs of one method (several seeds) are one row, mean ± sample std; the best mean
+    per column of a table is bold (lowest loss and perplexity, highest accuracy)."""
+    runs = [load_run(d) for d in run_dirs]
+    check_one_size(runs)
+    for run in runs:
+        path = os.path.join(run['dir'], eval_file)
+        if not os.path.isfile(path):
+            raise RunError(f"{run['dir']}: no {eval_file}; run eval_zeroshot.py --ckpt={run['dir']} --out={path}")
+        with open(path) as f:
+            run['eval'] = json.load(f)
+        if not run['config']:
+            raise RunError(f"{run['dir']}: no config.json (needed for ΔParams)")
+        run['data'] = data_identity(run)
+    tasks = [(t, name) for t, name in ACCURACY_COLUMNS if all(t in r['eval'] for r in runs)]
+    ppl = ('C4 PPL', lambda r: r['eval']['c4']['ppl']) if all('c4' in r['eval'] for r in runs) else \
+        ('Val PPL', lambda r: [x['val_ppl'] for x in r['records'] if 'val_ppl' in x][-1])
+    if ppl[0] == 'Val PPL' and not all(any('val_ppl' in x for x in r['records']) for r in runs):
+        raise RunError("neither a c4 result in every eval file nor a val_ppl in every run's metrics.jsonl")
+
+    def accuracy(r, task):
+        result = r['eval'][task]
+        return 100 * (result['acc_norm'] if metric == 'acc_norm' and result.get('acc_norm') is not None
+                      else result['acc'])
+
+    tables = {}  # (objective, data) -> {method: runs}
+    for run in runs:
+        tables.setdefault((run['objective'], run['data']), {}).setdefault(run['method'], []).append(run)
+    groups, report, lines = [], ['# Results table', ''], []
+    for (goal, _), rows in tables.items():
+        key, loss = ('loss', 'CE loss') if goal == 'CE' else ('kd_loss', 'KD loss')
+        columns = [(loss, lambda r, key=key: r['records'][-1][key], min, 3), (ppl[0], ppl[1], min, 2)]
+        columns += [(name, lambda r, t=t: accuracy(r, t), max, 1) for t, name in tasks]
+        if tasks:
+            columns.append(('Avg.', lambda r: statistics.fmean(accuracy(r, t) for t, _ in tasks), max, 1))
+        numbers, table = method_rows(rows, columns)
+        data_dir = next(iter(rows.values()))[0]['config'].get('data_dir')
+        groups.append(dict(objective=goal, data_dir=data_dir, loss=key, methods=numbers))
+        title = f"{goal}, data {data_dir}"
+        if all(len(group) > 1 for group in rows.values()) and len(rows) > 1:
+            note = noise_note(numbers, columns)
+        else:
+            note = ("One run per method: there is no estimate of run-to-run noise, so small differences between "
+                    "rows are not evidence that one method is better (run several seeds).")
+        report += [f"## {title}", '', *table, '', note, '']
+        lines += [f"{title}:", *table]
+    first = groups[0]['methods'][next(iter(groups[0]['methods']))]
     cfg = runs[0]['config']
-    seeds = sorted({s for n in numbers.values() for s in n['seeds']}, key=str)
-    notes = [f"Model: {cfg.get('n_layer')} layers, width {cfg.get('n_embd')}, {size / 1e6:,.1f}M parameters with "
-             f"softmax attention. Loss: the final step's {key.replace('_', ' ')}. Accuracies x 100 "
-             f"({metric} where the task reports it, else acc). Seeds: {', '.join(map(str, seeds))}."]
-    if all(len(group) > 1 for group in rows.values()) and len(rows) > 1:
-        notes.append(noise_note(numbers, columns))
-    else:
-        notes.append("One run per method: there is no estimate of run-to-run noise, so small differences between "
-                     "rows are not evidence that one method is better (run several seeds).")
-    report = ['# Results table', '', *lines, '', '\n\n'.join(notes)]
+    seeds = sorted({s for g in groups for n in g['methods'].values() for s in n['seeds']}, key=str)
+    report.append(f"Model: {cfg.get('n_layer')} layers, width {cfg.get('n_embd')}, "
+                  f"{(first['params'] - first['delta_params']) / 1e6:,.1f}M parameters with softmax attention. Each "
+                  f"table holds runs of one training objective and one data set; only its rows are compared. Loss: "
+                  f"the final step's KD loss (runs distilled from a teacher) or CE loss (cross-entropy, runs without). "
+                  f"Accuracies x 100 ({metric} where the task reports it, else acc). "
+                  f"Seeds: {', '.join(map(str, seeds))}.")
 
     def build(tmp):
         with open(os.path.join(tmp, 'numbers.json'), 'w') as f:
-            json.dump(dict(metric=metric, loss=key, methods=numbers), f, indent=1)
+            json.dump(dict(metric=metric, tables=groups), f, indent=1)
         with open(os.path.join(tmp, 'report.md'), 'w') as f:
             f.write('\n'.join(report) + '\n')
 
     write_report(out_dir, build)
-    return numbers, lines
+    return groups, lines
 
 
 def noise_note(numbers, columns):
@@ -641,9 +693,10 @@ def main(argv=None):
                               tuple(int(k) if k.is_integer() else k for k in args.ks), args.late)
         print(f"wrote {args.out_dir}/report.md, numbers.json and 4 figures for {len(numbers)} runs")
     else:
-        numbers, lines = table_report(args.run_dirs, args.out_dir, args.eval_file, args.metric)
+        tables, lines = table_report(args.run_dirs, args.out_dir, args.eval_file, args.metric)
         print('\n'.join(lines))
-        print(f"wrote {args.out_dir}/report.md and numbers.json for {len(numbers)} methods")
+        print(f"wrote {args.out_dir}/report.md and numbers.json: {len(tables)} table(s), "
+              f"{sum(len(t['methods']) for t in tables)} row(s)")
 
 
 if __name__ == '__main__':

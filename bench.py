@@ -57,7 +57,7 @@ from distill import fused_kd_loss, kd_loss, load_teacher
 from common import (KNOWN_PEAK_BF16, Progress, apply_fsdp, compile_layers, default_peak_flops, flops_per_token,
                     gemm_shapes, measured_matmul_flops, resolve_device, wrap_ddp)
 from configurator import DEVICE, Key, parse
-from files import RunError, run_script, write_json
+from files import RunError, read_log, run_script, write_json
 from eval_zeroshot import (choice_doc, encode_docs, load_model_and_tokenizer, plan_forwards, score_one_by_one,
                            score_requests)
 from model import ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
@@ -741,9 +741,9 @@ def check_torchrun(check, device, args, workdir):
         return [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1', 'train.py',
                 *common, *extra]
 
-    def records(out_dir):
+    def records(out_dir):  # read while the run appends: a line being written is left out
         path = os.path.join(out_dir, 'metrics.jsonl')
-        return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+        return read_log(path) if os.path.exists(path) else []
 
     teacher = os.path.join(workdir, 'teacher')  # a teacher worth distilling: 60 steps of cross-entropy
     subprocess.run([sys.executable, 'train.py', *common, '--max_iters=60', '--eval_interval=60', '--compile=False',

@@ -6,14 +6,23 @@ is first claimed (claim_dir): a directory that holds another tool's outputs, or 
 would write that it did not write, is refused before any work; one that a failed run made is removed (made_dirs).
 A script's entry point is run_script(main): a fault the user must act on (RunError, or the OS refusing a read or a
 write) is printed as one line naming the path, what happened and what to do, with exit status 1, instead of a
-traceback.
+traceback. A directory that a long-running process writes into (train.py's run) has one writer at a time (lock_dir),
+and the JSON-lines log such a process appends to is read back whole-lines-only (read_log): a crash can cut its last
+line short, never one before it.
 Pure Python on purpose: quickstart.py writes through it before torch is installed, and exports ship it.
 """
 import errno
 import json
 import os
+import socket
 import sys
+import time
 from contextlib import contextmanager
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; lock_dir then says that nothing stops a second writer
+    fcntl = None
 
 
 class RunError(Exception):
@@ -121,6 +130,101 @@ MARKERS = {'ckpt.pt': "a train.py run", 'metrics.jsonl': "a train.py run", 'meta
            'model.safetensors': "a Hugging Face model", 'model.safetensors.index.json': "a Hugging Face model",
            'numbers.json': "an analyze.py report", 'report.md': "a report (analyze.py or quickstart.py)",
            'config.json': "a model (a train.py run or a Hugging Face directory)"}
+
+
+LOCK_NAME = '.lock'  # in a directory lock_dir holds: who holds it (the lock itself is the kernel's flock on it)
+
+
+def lock_holder(fd):
+    """Who holds the lock file open as fd, as its holder recorded it (it may not have written it yet)."""
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0))
+        return f"pid {holder['pid']} on host {holder['host']}, since {holder['since']}"
+    except (OSError, ValueError, TypeError, KeyError):
+        return "its pid and host not recorded yet"
+
+
+def take_lock(path, owner):
+    """An open descriptor of the lock file `path`, exclusively flock'ed by this process, with this process's pid, host
+    and start time written in it; RunError naming the holder's if another process holds it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = lock_holder(fd)
+            os.close(fd)
+            raise RunError(f"{os.path.dirname(path)}: another {owner} writes there ({holder}); two writers would "
+                           f"interleave its files: wait for it to end (or stop it), or write elsewhere") from None
+        except OSError as e:  # a file system without locks (Lustre mounted without -o flock, some FUSE ones)
+            print(f"note: {path}: this file system has no file locks ({e.strerror}), so nothing stops a second "
+                  f"{owner} from writing into {os.path.dirname(path)}: run one at a time", file=sys.stderr)
+            break
+        try:  # the holder removes the file as it ends: if it did after our open, lock the file now there instead
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps(dict(owner=owner, pid=os.getpid(), host=socket.gethostname(),
+                                 since=time.strftime('%Y-%m-%d %H:%M:%S'))).encode())
+    return fd
+
+
+@contextmanager
+def lock_dir(path, owner):
+    """Hold the directory `path` (created if needed) as the only writer of `owner` (a script's name) while the block
+    runs; a second process is refused with RunError, one line naming the first one's pid and host. The lock is
+    flock() on path/LOCK_NAME: the kernel releases it when its process ends, however it ends (kill -9 included), so
+    no stale lock can block the same command from continuing, and a recycled pid is never mistaken for the holder.
+    On exit the lock file is removed, and where the block fails, the directories this call created if they are
+    still empty (made_dirs: a start that failed before writing anything leaves nothing behind). See docs/training.md for shared file systems."""
+    lock = os.path.join(path, LOCK_NAME)
+    with made_dirs(path):
+        fd = None
+        try:
+            if fcntl is None:
+                print(f"note: {lock}: no file locks on this OS, so nothing stops a second {owner} from writing into "
+                      f"{path}: run one at a time", file=sys.stderr)
+            else:
+                fd = take_lock(lock, owner)
+            yield
+        finally:
+            if fd is not None:
+                try:
+                    os.remove(lock)  # while still holding it: one that opened it meanwhile sees it gone, takes a new one
+                except FileNotFoundError:
+                    pass
+                os.close(fd)
+
+
+def read_log(path):
+    """The records of a JSON-lines log that a process appends to (train.py's metrics.jsonl): each line one JSON
+    object with an integer 'step'; records[i] is line i + 1. A crash while appending can cut the last line short:
+    such a line is dropped, with a note on stderr. Any other line that is not a record is a RunError naming it."""
+    with open(path, 'rb') as f:
+        lines = f.read().split(b'\n')
+    if lines[-1] == b'':  # the file ends with a newline (or is empty)
+        lines.pop()
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError:  # not JSON (or not UTF-8): as the last line, one whose writing was cut short
+            if number == len(lines):
+                print(f"note: {path}: line {number}, the last, is cut short (the writer was stopped while writing "
+                      f"it): dropped", file=sys.stderr)
+                break
+            record = None
+        if isinstance(record, dict) and isinstance(record.get('step'), int):
+            records.append(record)
+        else:
+            shown = line[:40].decode('utf-8', 'replace') + ('...' if len(line) > 40 else '')
+            raise RunError(f"{path}: line {number} is not a record with a step ({shown!r}); only its last line can be "
+                           f"cut short by a crash, so the file was damaged or edited: restore it from a copy, or "
+                           f"delete that line")
+    return records
 
 
 def run_script(main, argv=None):

@@ -22,10 +22,11 @@ them over the ranks with PyTorch's FSDP2 (fully_shard per decoder layer), activa
 a recomputed forward for most activation memory. Checkpoints hold full (unsharded) state keyed by parameter
 name either way, so a run resumes on any number of ranks, with or without FSDP. memory_plan.py is the plan.
 
-Reading order: main, at the bottom, is the training loop, as nanoGPT writes it: each micro-step's forward, loss
-(compute_loss) and backward, then clipping, AdamW, alpha_ma (Eq. 9), logging, evaluation and checkpoints. Above it,
-the setup it calls (setup_run, load_data, build_model, load_run_teacher), and above that the pieces of a step;
-what runs the model over the ranks (DDP, FSDP2, compile) is in common.py.
+Reading order: train, at the bottom, is the training loop, as nanoGPT writes it: each micro-step's forward, loss
+(compute_loss) and backward, then clipping, AdamW, alpha_ma (Eq. 9), logging, evaluation and checkpoints; main,
+below it, checks everything it can before writing, then holds out_dir for the run (one writer: files.lock_dir).
+Above them, the setup they call (setup_run, load_data, build_model, load_run_teacher), and above that the pieces of
+a step; what runs the model over the ranks (DDP, FSDP2, compile) is in common.py.
 """
 import dataclasses
 import json
@@ -49,7 +50,7 @@ from common import (DeviceTimer, apply_fsdp, batch_to_device, compile_layers, de
                     resolve_dtype, wrap_ddp)
 from configurator import DEVICE, Key, parse
 from data import Windows, read_meta
-from files import RunError, atomic_write, claim_dir, run_script, write_json
+from files import RunError, atomic_write, claim_dir, lock_dir, read_log, run_script, write_json
 from distill import check_compatibility, fused_kd_loss, kd_loss, load_teacher
 from memory_plan import print_dry_run
 from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig,
@@ -74,6 +75,8 @@ TRAIN_KEYS = dict(
     micro_batch_size=Key(8, "sequences per forward on one rank; accumulation steps are derived", min=1),
     learning_rate=Key(1e-3, "Section 5.1 (swept 5e-4 ... 5e-3)", above=0),
     min_lr=Key(0.0, "learning rate at the end of the decay (at most learning_rate)", min=0),
+    resume_lr_change=Key(False, "on resume: let learning_rate and min_lr differ from the checkpoint's (e.g. lower "
+                         "after a non-finite stop); the change is recorded in metrics.jsonl"),
     warmup_iters=Key(100, "linear warmup of the warmup-stable-decay schedule (Appendix B.1)", min=0),
     decay_frac=Key(0.2, "the last 20% of the steps decay linearly to min_lr (the paper gives no number)", min=0, max=1),
     weight_decay=Key(0.1, "AdamW, on matrices only (Section 5.1)", min=0),
@@ -86,6 +89,8 @@ TRAIN_KEYS = dict(
     log_interval=Key(10, "console line every this many steps (metrics.jsonl gets every step)", min=1),
     nonfinite=Key('stop', "a non-finite loss or gradient norm: stop with an error, or skip the step and count it",
                   choices=('stop', 'skip')),
+    max_skipped_frac=Key(0.05, "nonfinite='skip': stop with an error, saving nothing more, once more than this share "
+                         "of max_iters has been skipped (1: never)", min=0, max=1),
     device=DEVICE,
     dtype=Key('auto', "auto: bfloat16 autocast on GPUs that support it, else float32",
               choices=('auto', 'float32', 'bfloat16')),
@@ -154,9 +159,12 @@ def learning_rate(step, c):
 # max_iters may grow to extend a run; note that with decay_frac > 0 the decay then starts later than it would have.
 # Every other training key, and the model, must be the same; data_dir may move, but must hold the same data.
 RESUME_MAY_CHANGE = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'keep_previous', 'max_iters', 'micro_batch_size',
-                     'eval_interval', 'eval_batches', 'log_interval', 'nonfinite', 'device', 'compile', 'peak_flops',
-                     'wandb_log', 'wandb_project', 'wandb_run_name', 'kd_loss', 'fsdp', 'activation_checkpointing',
-                     'dry_run', 'dry_run_world_size', 'dry_run_gpu_gib'}
+                     'eval_interval', 'eval_batches', 'log_interval', 'nonfinite', 'max_skipped_frac', 'device',
+                     'compile', 'peak_flops', 'wandb_log', 'wandb_project', 'wandb_run_name', 'kd_loss', 'fsdp',
+                     'activation_checkpointing', 'dry_run', 'dry_run_world_size', 'dry_run_gpu_gib', 'resume_lr_change'}
+# What a resume may change only when asked to (resume_lr_change=True): the continued run is then not the same run,
+# so the change is recorded in metrics.jsonl, at the first step it applies to.
+LR_KEYS = ('learning_rate', 'min_lr')
 
 
 def configure_optimizers(model, weight_decay, lr, betas, fused=None):
@@ -181,8 +189,17 @@ def check_resumable(ckpt, c, model_config, data_meta, path):
     if changed:
         raise RunError(f"{path} was written by a different run; continuing it with these settings would not be the "
                        f"same run:\n  - " + "\n  - ".join(changed) + f"\nKeys that may change on resume: "
-                       f"{', '.join(sorted(RESUME_MAY_CHANGE))}. To start a new run instead: another --out_dir, or "
+                       f"{', '.join(sorted(RESUME_MAY_CHANGE))}; {' and '.join(LR_KEYS)} with --resume_lr_change=True "
+                       f"(recorded in metrics.jsonl). To start a new run instead: another --out_dir, or "
                        f"--init_from=scratch --overwrite=True.")
+
+
+def lr_changes(ckpt, c):
+    """{key: {'from': the checkpoint's, 'to': this run's}} of the LR_KEYS that this resume changes, where
+    resume_lr_change=True allows it (else {}: check_resumable then refuses a change)."""
+    if not c['resume_lr_change']:
+        return {}
+    return {key: {'from': ckpt['config'][key], 'to': c[key]} for key in LR_KEYS if ckpt['config'][key] != c[key]}
 
 
 def data_fingerprint(meta):
@@ -363,30 +380,38 @@ def checkpoint_to_resume(c, ckpt_path):
 
 
 def build_model(c, model_config, run, data_meta, ckpt_path):
-    """(the GPT, its AdamW, the step it starts at): fresh from the seed, or out_dir's checkpoint continued bit-exactly;
-    compiled per layer and sharded (FSDP) as the config asks."""
+    """(the GPT, its AdamW, where the loop starts): fresh from the seed, or out_dir's checkpoint continued bit-exactly;
+    compiled per layer and sharded (FSDP) as the config asks. Where the loop starts: its step, the steps skipped so far
+    (nonfinite='skip') and the first of them, and the learning-rate keys this resume changes (lr_changes)."""
     torch.manual_seed(c['seed'])
     model = GPT(model_config).to(run.device)  # whole on every rank first: FSDP then starts from DDP's initial weights
     for layer in model.model.layers:
         layer.activation_checkpointing = c['activation_checkpointing']
     ckpt = checkpoint_to_resume(c, ckpt_path)
+    changes = {}
     if ckpt is not None:
-        check_resumable(ckpt, c, model_config, data_meta, ckpt_path)
+        changes = lr_changes(ckpt, c)  # asked for: not a difference to refuse
+        check_resumable(ckpt, {**c, **{key: change['from'] for key, change in changes.items()}}, model_config,
+                        data_meta, ckpt_path)
         model.load_state_dict(model_state(ckpt))  # full tensors, before any sharding
     if run.master:  # the first line of every run says how it started
         print(f"init_from={c['init_from']}: " + (f"resuming from {ckpt_path} at step {ckpt['step']}" if ckpt is not None
-              else f"starting fresh{' (replacing ' + ckpt_path + ')' if os.path.isfile(ckpt_path) else ''}"), flush=True)
+              else f"starting fresh{' (replacing ' + ckpt_path + ')' if os.path.isfile(ckpt_path) else ''}")
+              + ''.join(f"; {key} {change['from']} -> {change['to']} (resume_lr_change=True)"
+                        for key, change in changes.items()), flush=True)
     if c['compile']:
         compile_layers(model)
     if c['fsdp']:
         apply_fsdp(model, c['dtype'])
     optimizer = configure_optimizers(model, c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
     if ckpt is None:
-        return model, optimizer, 0
+        return model, optimizer, dict(step=0, skipped=0, first_skipped=None, lr_changes={})
     # the full state, keyed by parameter name; under FSDP each rank keeps its shard
     set_optimizer_state_dict(model, optimizer, ckpt['optimizer'], options=StateDictOptions(full_state_dict=True))
     set_rng_state(ckpt['rng'])
-    return model, optimizer, ckpt['step']
+    skipped = ckpt.get('skipped', {})  # a checkpoint from before it was saved counted none
+    return model, optimizer, dict(step=ckpt['step'], skipped=skipped.get('steps', 0),
+                                  first_skipped=skipped.get('first'), lr_changes=changes)
 
 
 def load_run_teacher(c, model_config, data_meta, device):
@@ -400,24 +425,33 @@ def load_run_teacher(c, model_config, data_meta, device):
     return teacher
 
 
+def import_wandb():
+    """The wandb module, imported before anything is written: wandb_log=True without it stops with nothing left."""
+    try:
+        import wandb
+    except ImportError:
+        raise RunError("wandb_log=True needs the wandb package, which is not installed: pip install wandb (then "
+                       "wandb login), or --wandb_log=False") from None
+    return wandb
+
+
 class Metrics:
     """Where the run's records go: out_dir/metrics.jsonl (every step), the console (every log_interval steps and
-    every evaluation) and wandb; rank 0 only. Also writes out_dir/config.json."""
+    every evaluation) and wandb (the module, or None); rank 0 only. Also writes out_dir/config.json.
+    A record with an 'event' (a resume that changed the learning rate) goes to metrics.jsonl only."""
 
-    def __init__(self, c, run, start_step):
-        self.c, self.on = c, run.master
+    def __init__(self, c, run, start_step, wandb=None):
+        self.c, self.on, self.wandb = c, run.master, wandb
         self.path = os.path.join(c['out_dir'], 'metrics.jsonl')
         if not self.on:
             return
-        write_json(os.path.join(c['out_dir'], 'config.json'), c)
         kept = []  # on resume, the records up to the checkpoint's step (a crash may have left later ones)
         if start_step and os.path.isfile(self.path):
-            kept = [line for line in open(self.path) if json.loads(line)['step'] <= start_step]
+            kept = [record for record in read_log(self.path) if record['step'] <= start_step]
+        write_json(os.path.join(c['out_dir'], 'config.json'), c)
         with atomic_write(self.path) as f:
-            f.writelines(kept)
-        if c['wandb_log']:
-            import wandb
-            self.wandb = wandb
+            f.writelines(json.dumps(record) + '\n' for record in kept)
+        if wandb:
             wandb.init(project=c['wandb_project'], name=c['wandb_run_name'], config=c)
 
     def write(self, record):
@@ -425,7 +459,9 @@ class Metrics:
             return
         with open(self.path, 'a') as f:
             f.write(json.dumps(record) + '\n')
-        if self.c['wandb_log']:
+        if 'event' in record:
+            return
+        if self.wandb:
             self.wandb.log(record, step=record['step'])
         if record['step'] % self.c['log_interval'] == 0 or 'val_loss' in record:
             val = f" | val {record['val_loss']:.4f}" if 'val_loss' in record else ''
@@ -434,50 +470,44 @@ class Metrics:
                   f"{100 * record['mfu']:.2f}% | {1000 * record['dt']:.0f} ms", flush=True)
 
 
-def save(path, step, c, run, raw_model, optimizer, model_config, data_meta):
+def save(path, step, skipped, c, run, raw_model, optimizer, model_config, data_meta):
     """ckpt.pt at `step`: full tensors on rank 0's CPU, keyed by name (every rank takes part in gathering FSDP's
-    shards); the other ranks wait in the save group's barrier while rank 0 writes."""
+    shards); the other ranks wait in the save group's barrier while rank 0 writes. skipped: {'steps': how many
+    nonfinite='skip' skipped so far, 'first': the first one's step}, which the run continues counting."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state_dict = get_model_state_dict(raw_model, options=options)
     optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
     if run.master:
         save_checkpoint(path, dict(model=model_state_dict, optimizer=optimizer_state, step=step, rng=rng_state(),
                                    config=c, model_config=dataclasses.asdict(model_config),
-                                   tokenizer=data_meta['tokenizer'], data=data_fingerprint(data_meta)),
+                                   tokenizer=data_meta['tokenizer'], data=data_fingerprint(data_meta),
+                                   skipped=skipped),
                         keep_previous=c['keep_previous'])
     del model_state_dict, optimizer_state
     if run.distributed:
         dist.barrier(group=run.save_group)
 
 
-def main(argv):
-    c = load_config(argv)
-    try:
-        model_config = ModelConfig(**{k: c[k] for k in FIELD_NAMES})
-    except ValueError as e:  # ModelConfig's own checks (variant names, head counts, rope_scaling)
-        raise RunError(f"config: {e}")
-    if c['dry_run']:
-        return print_dry_run(c, model_config)
-    run = setup_run(c)
-    data_meta, train_data, val_data = load_data(c, model_config)
-    claim_dir(c['out_dir'], 'train.py', ours=lambda names: CKPT_NAME in names or is_run_config(c['out_dir']),
-              writes=(CKPT_NAME, 'config.json', 'metrics.jsonl'))
-    os.makedirs(c['out_dir'], exist_ok=True)
+def train(c, model_config, run, data_meta, train_data, val_data, wandb):
+    """The run, in out_dir, which this process (rank 0) holds: the model built or resumed, then the loop."""
     ckpt_path = os.path.join(c['out_dir'], CKPT_NAME)
-    raw_model, optimizer, step = build_model(c, model_config, run, data_meta, ckpt_path)
+    raw_model, optimizer, start = build_model(c, model_config, run, data_meta, ckpt_path)
+    step, skipped, first_skipped = start['step'], start['skipped'], start['first_skipped']
     model = wrap_ddp(raw_model, run.device) if run.ddp else raw_model  # what the loop calls; raw_model: the GPT itself
     teacher = load_run_teacher(c, model_config, data_meta, run.device)
     peak_flops = c['peak_flops'] or default_peak_flops(  # of the step's matmuls: bf16 under autocast
         run.device, torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32,
         gemm_shapes(raw_model, c['micro_batch_size'] * model_config.block_size))
-    metrics = Metrics(c, run, step)
+    metrics = Metrics(c, run, step, wandb)
+    if start['lr_changes']:  # from the first step it applies to; a resume from this checkpoint again drops it
+        metrics.write(dict(step=step + 1, event='resume_lr_change', **start['lr_changes']))
     if run.master:
         print(f"GPT: {raw_model.get_num_params():,} parameters, attention={model_config.attention}; {run.world} rank(s) "
               f"x {run.accumulation} micro-steps x {c['micro_batch_size']} sequences x {model_config.block_size} tokens; "
               f"{'FSDP' if c['fsdp'] else 'DDP' if run.distributed else 'one process'}, {run.device}, {c['dtype']}"
               f"{', activation checkpointing' if c['activation_checkpointing'] else ''}; {len(train_data):,} train windows"
               f"; MFU of a {peak_flops / 1e12:.4g} TFLOP/s peak")
-    B, skipped, teacher_timer = c['micro_batch_size'], 0, DeviceTimer(run.device)  # the teacher's forward time
+    B, teacher_timer = c['micro_batch_size'], DeviceTimer(run.device)  # the teacher's forward time
     model.train()
     with preemption_flag() as stop_signal:
         while step < c['max_iters']:
@@ -505,11 +535,15 @@ def main(argv):
             if finite:
                 optimizer.step()
             elif c['nonfinite'] == 'stop':
-                raise RunError(f"step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); stopping "
-                               f"(nonfinite='skip' skips such steps instead)")
+                raise RunError(f"step {step + 1}: non-finite loss ({loss}) or gradient norm ({grad_norm}); stopping. "
+                               f"To continue from the last checkpoint with a lower learning rate: "
+                               f"--learning_rate=<lower> --resume_lr_change=True (nonfinite='skip' skips such steps "
+                               f"instead)")
             alpha_means = raw_model.update_alpha_ma(discard=not finite)  # Eq. 9 with this step's global batch
             optimizer.zero_grad(set_to_none=not run.ddp)  # DDP: in place, the gradients are its buckets
             step, skipped, dt = step + 1, skipped + (not finite), time.perf_counter() - t0
+            if not finite and first_skipped is None:
+                first_skipped = step
 
             record = dict(step=step, lr=lr, loss=loss, grad_norm=grad_norm,
                           tokens_per_sec=c['global_batch_size'] * model_config.block_size / dt,
@@ -523,14 +557,43 @@ def main(argv):
             if step % c['eval_interval'] == 0 or step == c['max_iters']:
                 record |= evaluation_record(c, run, model, raw_model, val_data, alpha_means)
             metrics.write(record)
+            if skipped > c['max_skipped_frac'] * c['max_iters']:  # every rank counts the same: all stop here
+                raise RunError(f"step {step}: the run has skipped {skipped} step(s) (non-finite loss or gradient "
+                               f"norm), the first at step {first_skipped}: more than max_skipped_frac="
+                               f"{c['max_skipped_frac']} of max_iters={c['max_iters']}; stopping without saving "
+                               f"(out_dir's checkpoint, if any, is from before). To continue from it with a lower "
+                               f"learning rate: --learning_rate=<lower> --resume_lr_change=True (or allow more: "
+                               f"--max_skipped_frac)")
             stop = reduce_mean([float(bool(stop_signal))], run.device)[0] > 0  # all ranks stop at the same step
             if 'val_loss' in record or stop:
-                save(ckpt_path, step, c, run, raw_model, optimizer, model_config, data_meta)
+                save(ckpt_path, step, dict(steps=skipped, first=first_skipped), c, run, raw_model, optimizer,
+                     model_config, data_meta)
             if stop:
                 if run.master:
                     print(f"stopped by a signal: saved {ckpt_path} at step {step}; the same command continues it",
                           flush=True)
                 break
+    if skipped and run.master:
+        print(f"nonfinite=skip: {skipped} of the run's {step} steps were skipped (non-finite loss or gradient norm), "
+              f"the first at step {first_skipped}", flush=True)
+
+
+def main(argv):
+    c = load_config(argv)
+    try:
+        model_config = ModelConfig(**{k: c[k] for k in FIELD_NAMES})
+    except ValueError as e:  # ModelConfig's own checks (variant names, head counts, rope_scaling)
+        raise RunError(f"config: {e}")
+    if c['dry_run']:
+        return print_dry_run(c, model_config)
+    run = setup_run(c)
+    wandb = import_wandb() if c['wandb_log'] and run.master else None
+    data_meta, train_data, val_data = load_data(c, model_config)
+    claim_dir(c['out_dir'], 'train.py', ours=lambda names: CKPT_NAME in names or is_run_config(c['out_dir']),
+              writes=(CKPT_NAME, 'config.json', 'metrics.jsonl'))
+    # one writer per run: rank 0, which alone writes into out_dir, holds it (and creates it) until the run ends
+    with lock_dir(c['out_dir'], 'train.py') if run.master else nullcontext():
+        train(c, model_config, run, data_meta, train_data, val_data, wandb)
     if run.distributed:
         dist.destroy_process_group()
 

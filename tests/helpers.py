@@ -15,6 +15,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 import eval_zeroshot
 from data import gpt2_unicode_to_byte
+from files import read_log
 from prepare_data import builtin_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,8 +227,8 @@ def tiny_args(data_dir, out_dir, *extra):
 
 
 def metrics(out_dir):
-    with open(os.path.join(out_dir, 'metrics.jsonl')) as f:
-        return [json.loads(line) for line in f]
+    """A run's metrics.jsonl records, as train.py reads them back (a line being written now is left out)."""
+    return read_log(os.path.join(out_dir, 'metrics.jsonl'))
 
 
 def fake_run(path, attention, grad_norms, n_layer=2, kd=False):

@@ -216,14 +216,16 @@ def test_attention_job_bad_input_leaves_no_report(tmp_path):
         assert not out.exists() and not (tmp_path / 'report.tmp').exists()
 
 
-def table_run(path, attention, seed, loss, accs, c4=None, **config):
-    """A finished run as the table job reads it: config.json, metrics.jsonl and eval.json."""
+def table_run(path, attention, seed, loss, accs, c4=None, teacher='out/teacher', data_dir='data/a', **config):
+    """A finished run as the table job reads it: config.json, metrics.jsonl and eval.json. With a teacher (as the
+    paper's runs) its KD loss is `loss` and its total loss loss + 1; without one its (CE) loss is `loss`."""
     path.mkdir(parents=True)
     cfg = dict(attention=attention, seed=seed, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64,
-               vocab_size=300, **config)
+               vocab_size=300, teacher=teacher, data_dir=data_dir, **config)
     (path / 'config.json').write_text(json.dumps(cfg))
-    records = [dict(step=1, loss=9.0, kd_loss=9.0, grad_norm=1.0),
-               dict(step=2, loss=loss + 1, kd_loss=loss, grad_norm=1.0, val_loss=2.0, val_ppl=math.exp(2.0))]
+    kd = dict(kd_loss=loss, loss=loss + 1) if teacher else dict(loss=loss)
+    records = [dict(step=1, loss=9.0, grad_norm=1.0, **({'kd_loss': 9.0} if teacher else {})),
+               dict(step=2, **kd, grad_norm=1.0, val_loss=2.0, val_ppl=math.exp(2.0))]
     (path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
     results = {task: dict(acc=a, acc_norm=a + 0.01 if task == 'hellaswag' else None) for task, a in accs.items()}
     if c4:
@@ -242,14 +244,18 @@ def test_table_job_lays_out_tables_1_to_3(tmp_path):
     analyze.main(['table', *runs, f'--out_dir={out}'])
     report = (out / 'report.md').read_text()
     # ΔParams: W_alpha is d x H per layer (2 * 32 * 4 = 256), the sink one logit per head (2 * 4 = 8)
-    assert '| Method | ΔParams | Loss | C4 PPL | PIQA |' not in report  # only the tasks evaluated
-    assert '| Method | ΔParams | Loss | C4 PPL | Hella | BoolQ | Avg. |' in report
+    assert '| Method | ΔParams | KD loss | C4 PPL | PIQA |' not in report  # only the tasks evaluated
+    assert ('## KD from out/teacher, data data/a\n\n| Method | ΔParams | KD loss | C4 PPL | Hella | BoolQ | Avg. |'
+            in report)
     assert '| Baseline | 0 | 2.820 | 71.70 | 46.0 | 60.0 | **53.0** |' in report  # hellaswag: acc_norm; ties: both
     assert '| Sink | 8 | 2.830 | 81.50 | 45.0 | **61.0** | **53.0** |' in report
     assert '| Affine-Scaled | 256 | **2.800** | **70.60** | **47.0** | 58.0 | **52.5** |' not in report
     assert '| Affine-Scaled | 256 | **2.800** | **70.60** | **47.0** | 58.0 | 52.5 |' in report
     assert '| Affine-Scaled (sigmoid) |' in report
-    methods = json.loads((out / 'numbers.json').read_text())['methods']
+    [table] = json.loads((out / 'numbers.json').read_text())['tables']
+    methods = table['methods']
+    assert table['objective'] == 'KD from out/teacher' and table['loss'] == 'kd_loss'
+
     assert methods['Affine-Scaled']['delta_params'] == 2 * 32 * 4 and methods['Sink']['delta_params'] == 2 * 4
     assert 'One run per method' in report
     analyze.main(['table', *runs[:2], f'--out_dir={out}', '--metric=acc'])
@@ -264,12 +270,12 @@ def test_table_job_seeds_give_mean_std_and_a_noise_verdict(tmp_path):
     out = tmp_path / 'table'
     analyze.main(['table', *runs, f'--out_dir={out}'])
     report = (out / 'report.md').read_text()
-    assert '| Method | ΔParams | Loss | Val PPL | Held-out | Avg. |' in report  # no c4: the runs' val PPL
+    assert '| Method | ΔParams | KD loss | Val PPL | Held-out | Avg. |' in report  # no c4: the runs' val PPL
     assert '| Baseline | 0 | 2.010 ± 0.010 | **7.39** ± 0.00 | **51.0** ± 1.0 | **51.0** ± 1.0 |' in report
     assert '| Affine-Scaled | 256 | **1.010** ± 0.010 |' in report
     assert 'Seeds: 0, 1, 2' in report
     assert 'Held-out: Baseline vs Affine-Scaled' in report or 'Held-out: Affine-Scaled vs Baseline' in report
-    assert 'Loss:' not in report.split('Within noise')[1]  # 1.0 vs 2.0 with std 0.01 is far outside noise
+    assert 'loss:' not in report.split('Within noise')[1].split('\n')[0]  # 1.0 vs 2.0, std 0.01: far outside noise
 
 
 def test_table_job_bad_input(tmp_path):
@@ -283,3 +289,44 @@ def test_table_job_bad_input(tmp_path):
         with pytest.raises(RunError, match=message):
             analyze.main(['table', *runs, f'--out_dir={out}'])
         assert not out.exists()
+
+
+def test_table_job_never_ranks_or_pools_runs_of_other_objectives_or_data(tmp_path):
+    """A variant trained with KD and with CE: two tables, each loss column named, bold only against its own rows."""
+    runs = [table_run(tmp_path / 'kd_softmax', 'softmax', 0, 2.5, dict(boolq=0.6)),
+            table_run(tmp_path / 'kd_affine', 'affine', 0, 2.4, dict(boolq=0.5)),
+            table_run(tmp_path / 'ce_affine0', 'affine', 0, 3.1, dict(boolq=0.55), teacher=None),
+            table_run(tmp_path / 'ce_affine1', 'affine', 1, 3.3, dict(boolq=0.57), teacher=None),
+            table_run(tmp_path / 'kd_half', 'affine', 0, 2.0, dict(boolq=0.5), kd_alpha=0.5),
+            table_run(tmp_path / 'other_data', 'affine', 0, 1.0, dict(boolq=0.9), teacher=None, data_dir='data/b')]
+    out = tmp_path / 'table'
+    analyze.main(['table', *runs, f'--out_dir={out}'])
+    report = (out / 'report.md').read_text()
+    sections = {part.split('\n')[0]: part for part in report.split('## ')[1:]}
+    assert list(sections) == ['KD from out/teacher, data data/a', 'CE, data data/a',
+                              'KD from out/teacher, kd_alpha=0.5, data data/a', 'CE, data data/b']
+    kd = sections['KD from out/teacher, data data/a']
+    assert '| Method | ΔParams | KD loss | Val PPL | BoolQ | Avg. |' in kd
+    assert '| Baseline | 0 | 2.500 |' in kd and '| Affine-Scaled | 256 | **2.400** |' in kd
+    ce = sections['CE, data data/a']  # the two CE seeds pooled with each other only, and ranked against nothing
+    assert '| Method | ΔParams | CE loss | Val PPL | BoolQ | Avg. |' in ce
+    assert '| Affine-Scaled | 256 | 3.200 ± 0.141 | 7.39 ± 0.00 | 56.0 ± 1.4 | 56.0 ± 1.4 |' in ce
+    assert '| Affine-Scaled | 256 | 1.000 | 7.39 | 90.0 | 90.0 |' in sections['CE, data data/b']
+    tables = json.loads((out / 'numbers.json').read_text())['tables']
+    assert [(t['objective'], t['data_dir'], t['loss']) for t in tables] == [
+        ('KD from out/teacher', 'data/a', 'kd_loss'), ('CE', 'data/a', 'loss'),
+        ('KD from out/teacher, kd_alpha=0.5', 'data/a', 'kd_loss'), ('CE', 'data/b', 'loss')]
+    assert tables[1]['methods']['Affine-Scaled']['runs'] == runs[2:4]
+    labels = [r['label'] for r in analyze.label_runs([analyze.load_run(d) for d in runs[1:4]])]
+    assert labels == ['Affine-Scaled [KD from out/teacher]', 'Affine-Scaled [CE] seed 0', 'Affine-Scaled [CE] seed 1']
+
+
+def test_a_log_with_repeated_steps_is_refused(tmp_path):
+    fake_run(tmp_path / 'run', 'softmax', [1.0] * 4)
+    log = tmp_path / 'run' / 'metrics.jsonl'
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text(''.join(lines[:3] + lines[1:2] + lines[3:]))  # step 2 again, on line 4
+    out = tmp_path / 'report'
+    with pytest.raises(RunError, match=r'step 2 is on lines 2 and 4: two train.py wrote this log at once') as e:
+        analyze.main(['runs', str(tmp_path / 'run'), f'--out_dir={out}', '--window=0,2'])
+    assert str(e.value).startswith(f"{log}: ") and '\n' not in str(e.value) and not out.exists()

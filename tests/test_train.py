@@ -112,11 +112,21 @@ def test_checkpoint_from_compiled_model_has_plain_names(data_dir, tmp_path):
     assert state['tokenizer']['family'] == 'bytes' and state['step'] == 1
 
 
-def test_non_finite_loss_stops_or_is_skipped(data_dir, tmp_path):
-    with pytest.raises(RunError, match=r'step \d+: non-finite'):
+def test_non_finite_loss_stops_or_is_skipped(data_dir, tmp_path, capsys):
+    """lr=1e30: step 1 is finite and its update blows the weights up, so every later step is non-finite."""
+    with pytest.raises(RunError, match=r'step 2: non-finite .* --learning_rate=<lower> --resume_lr_change=True'):
         train.main(tiny_args(data_dir, tmp_path / 'stop', '--learning_rate=1e30', '--max_iters=10'))
-    train.main(tiny_args(data_dir, tmp_path / 'skip', '--learning_rate=1e30', '--max_iters=5', '--nonfinite=skip'))
-    assert metrics(tmp_path / 'skip')[-1]['skipped_steps'] > 0
+    with pytest.raises(RunError, match=r'step 2: the run has skipped 1 step\(s\) .* the first at step 2: more than '
+                                       r'max_skipped_frac=0.05 of max_iters=8; stopping without saving') as e:
+        train.main(tiny_args(data_dir, tmp_path / 'many', '--learning_rate=1e30', '--max_iters=8', '--nonfinite=skip'))
+    assert '\n' not in str(e.value) and not (tmp_path / 'many' / 'ckpt.pt').exists()
+    capsys.readouterr()
+    train.main(tiny_args(data_dir, tmp_path / 'skip', '--learning_rate=1e30', '--max_iters=4', '--nonfinite=skip',
+                         '--max_skipped_frac=1'))
+    assert [r['skipped_steps'] for r in metrics(tmp_path / 'skip')] == [0, 1, 2, 3]
+    assert capsys.readouterr().out.endswith("nonfinite=skip: 3 of the run's 4 steps were skipped (non-finite loss or "
+                                            "gradient norm), the first at step 2\n")
+    assert torch.load(tmp_path / 'skip' / 'ckpt.pt', weights_only=False)['skipped'] == dict(steps=3, first=2)
 
 
 def test_data_must_fit_the_model_vocabulary(data_dir, tmp_path):
