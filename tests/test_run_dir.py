@@ -47,13 +47,15 @@ def test_a_second_writer_is_refused_and_a_killed_writer_does_not_block_the_same_
 
 def test_lock_dir_refuses_a_second_holder_and_leaves_no_empty_directory(tmp_path, monkeypatch, capsys):
     target = tmp_path / 'new' / 'run'
-    with files.lock_dir(str(target), 'train.py'):
-        holder = json.loads((target / files.LOCK_NAME).read_text())
-        assert (holder['pid'], holder['host'], holder['owner']) == (os.getpid(), socket.gethostname(), 'train.py')
-        with pytest.raises(RunError, match=re.escape(f"another train.py writes there (pid {os.getpid()} on host ")):
-            with files.lock_dir(str(target), 'train.py'):  # another open file: flock refuses it too
-                pass
-        assert (target / files.LOCK_NAME).exists()  # the refused one removed nothing
+    with pytest.raises(RunError, match='a fault before the first write'):
+        with files.lock_dir(str(target), 'train.py'):
+            holder = json.loads((target / files.LOCK_NAME).read_text())
+            assert (holder['pid'], holder['host'], holder['owner']) == (os.getpid(), socket.gethostname(), 'train.py')
+            with pytest.raises(RunError, match=re.escape(f"another train.py writes there (pid {os.getpid()} on host ")):
+                with files.lock_dir(str(target), 'train.py'):  # another open file: flock refuses it too
+                    pass
+            assert (target / files.LOCK_NAME).exists()  # the refused one removed nothing
+            raise RunError('a fault before the first write')
     assert not (tmp_path / 'new').exists()  # nothing written: the directories it made are gone with the lock
     with pytest.raises(ValueError):
         with files.lock_dir(str(target), 'train.py'):
