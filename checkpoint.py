@@ -88,7 +88,8 @@ def read_checkpoint(path, keys=MODEL_KEYS):
 # types, a state dict's OrderedDict, bytes) and what numpy pickles its random state with (train.rng_state), under
 # numpy 2's names and numpy 1.x's. Nothing else is ever resolved, let alone called.
 _RECONSTRUCT = np.zeros(0).__reduce__()[0]  # the function numpy pickles an array with
-NUMPY_GLOBALS = {'numpy._core.multiarray._reconstruct': _RECONSTRUCT, 'numpy.core.multiarray._reconstruct': _RECONSTRUCT,
+NUMPY_GLOBALS = {'numpy._core.multiarray._reconstruct': _RECONSTRUCT,  # numpy 2's name of it
+                 'numpy.core.multiarray._reconstruct': _RECONSTRUCT,  # numpy 1.x's
                  'numpy.ndarray': np.ndarray, 'numpy.dtype': np.dtype}
 TORCH_GLOBALS = ('torch._utils._rebuild_tensor_v2', 'torch._utils._rebuild_tensor_v3', 'collections.OrderedDict',
                  '_codecs.encode')
@@ -142,8 +143,8 @@ def load_data_only(path):
         with zipfile.ZipFile(path) as archive:
             code = [name for info in archive.infolist() if info.filename.endswith('.pkl')
                     for name in code_in(archive.read(info))]
-    except (zipfile.BadZipFile, ValueError, OSError):  # not a zip, or damaged: torch.load says so (or the checksums)
-        code = []
+    except (zipfile.BadZipFile, ValueError, OSError):  # not a zip, damaged, or saved without checksums (zipfile then
+        code = []  # takes them for wrong): torch.load's own refusal below names what such a file holds
     if code:
         raise refused(path, held_code(code))
     try:
@@ -152,8 +153,8 @@ def load_data_only(path):
     except pickle.UnpicklingError as e:  # its weights-only unpickler refused it: the line of its message saying
         # what (the lines around it offer weights_only=False, which would run the file's code)
         lines = [line.strip() for line in str(e).splitlines() if line.strip() and 'Check the documentation' not in line]
-        raise refused(path, f"what torch.load(weights_only=True) refuses "
-                            f"({lines[-1].rpartition('WeightsUnpickler error: ')[2] if lines else 'no reason given'})") from None
+        reason = lines[-1].rpartition('WeightsUnpickler error: ')[2] if lines else 'no reason given'
+        raise refused(path, f"what torch.load(weights_only=True) refuses ({reason})") from None
     except Exception as e:  # truncated (a copy cut short), corrupt, or not a torch file at all
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path} is not a readable checkpoint of train.py ({reason}): it is truncated, corrupt "

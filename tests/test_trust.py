@@ -102,7 +102,8 @@ def test_numpy_1x_names_of_the_rng_state_load(tmp_path, monkeypatch):
     with zipfile.ZipFile(path) as archive:
         assert b'cnumpy.core.multiarray\n_reconstruct\n' in archive.read('ckpt/data.pkl')
     state = checkpoint.read_checkpoint(path, keys=checkpoint.CKPT_KEYS)['rng']['numpy']
-    assert state[0] == 'MT19937' and (state[1] == ckpt['rng']['numpy'][1]).all() and state[2:] == ckpt['rng']['numpy'][2:]
+    assert state[0] == 'MT19937' and (state[1] == ckpt['rng']['numpy'][1]).all()
+    assert state[2:] == ckpt['rng']['numpy'][2:]
 
 # -----------------------------------------------------------------------------
 # A checkpoint that would run code: refused by every command, in one line, and nothing runs
@@ -126,7 +127,8 @@ def hostile(tmp_path):
     # every key a checkpoint has, and valid ones at that: only the pickled call is wrong
     ckpt = checkpoint.read_checkpoint(os.path.join(FIXTURE, 'ckpt.pt'), keys=checkpoint.CKPT_KEYS)
     torch.save(dict(ckpt, step=Hostile(marker)), run / 'ckpt.pt')
-    return run, marker, f"{run / 'ckpt.pt'} is refused: it holds code, not only data: the global '{os.system.__module__}.system'"
+    return run, marker, (f"{run / 'ckpt.pt'} is refused: it holds code, not only data: the global "
+                         f"'{os.system.__module__}.system'")
 
 
 def refusal(capsys, main, argv):
