@@ -53,6 +53,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 import distill
 import prepare_data
+from checkpoint import read_checkpoint
 from distill import fused_kd_loss, kd_loss, load_teacher
 from common import (KNOWN_PEAK_BF16, Progress, apply_fsdp, compile_layers, default_peak_flops, flops_per_token,
                     gemm_shapes, measured_matmul_flops, resolve_device, wrap_ddp)
@@ -767,7 +768,7 @@ def check_torchrun(check, device, args, workdir):
     for v in variants:
         out_dir = os.path.join(workdir, v)
         ckpt = os.path.join(out_dir, 'ckpt.pt')
-        stopped = torch.load(ckpt, map_location='cpu', weights_only=False)['step'] if os.path.exists(ckpt) else 0
+        stopped = read_checkpoint(ckpt, keys=('step',))['step'] if os.path.exists(ckpt) else 0
         saved = stopped >= stop_after and len(records(out_dir)) == stopped and 'stopped by a signal' in outputs.get(v, '')
         check.add('torchrun', f'{v}: DDP run, SIGTERM saves the step reached', saved,
                   f'stopped at step {stopped}, {len(records(out_dir))} records', f'>= {stop_after}',

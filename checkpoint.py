@@ -15,6 +15,9 @@ ckpt.pt, written by train.py: one torch.save'd dict,
     model_config  ModelConfig's fields
     tokenizer     the data's tokenizer record (meta.json's: family, spec, sha256, ...)
     data          what identifies the data: the tokenizer's sha256 and each split's token count
+Reading one runs no code from it (read_checkpoint): a pickle may name any function to call as it is read, and a
+checkpoint may name only what torch.save writes for tensors and numpy's random state (allowed_global); anything else
+is refused by name before any of it is unpickled, and torch.load(weights_only=True) then reads it as data.
 A Hugging Face directory: config.json, and model.safetensors or the shards that model.safetensors.index.json lists.
 Llama / Mistral / Qwen2 as published, or one that export_hf.py wrote: its config.json then carries our ModelConfig
 under model_config and the run's tokenizer record under tokenizer_info.
@@ -24,9 +27,12 @@ import io
 import json
 import os
 import pickle
+import pickletools
 import sys
 import zipfile
+from collections import OrderedDict
 
+import numpy as np
 import torch
 
 try:  # an export, which transformers imports as a package (see model.py)
@@ -80,16 +86,11 @@ def is_run_config(out_dir):
 
 def read_checkpoint(path, keys=MODEL_KEYS):
     """One of this repo's checkpoints, memory-mapped: only the tensors used are read from disk (not the optimizer state
-    a training checkpoint also holds), and the ranks of a node share one copy in the page cache. Our own file, so its
-    pickles are trusted. keys: what the caller needs (CKPT_KEYS to resume training); the bytes of every tensor under
-    them are verified against the checksums written with them (verify_checkpoint) before anything is returned."""
-    try:
-        ckpt = torch.load(path, map_location='cpu', mmap=True, weights_only=False)
-    except Exception as e:  # truncated (a copy cut short), corrupt, or not a torch file at all
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path} is not a readable checkpoint of train.py ({reason}): it is truncated, corrupt "
-                              f"or another kind of file (train.py writes it atomically, so it changed since); "
-                              f"{fallback(path)}") from None
+    a training checkpoint also holds), and the ranks of a node share one copy in the page cache. Read as data only
+    (load_data_only): a file that would run code is refused. keys: what the caller needs (CKPT_KEYS to resume
+    training); the bytes of every tensor under them are verified against the checksums written with them
+    (verify_checkpoint) before anything is returned."""
+    ckpt = load_data_only(path)
     missing = [key for key in keys if not isinstance(ckpt, dict) or key not in ckpt]
     if missing:
         raise CheckpointError(f"{path} is not a checkpoint written by train.py: it has no {', '.join(missing)}")
@@ -97,22 +98,119 @@ def read_checkpoint(path, keys=MODEL_KEYS):
     return ckpt
 
 
+# What reading a checkpoint may look up: what torch.save writes for tensors (their rebuild functions and storage
+# types, a state dict's OrderedDict, bytes) and what numpy pickles its random state with (train.rng_state), under
+# numpy 2's names and numpy 1.x's. Nothing else is ever resolved, let alone called.
+_RECONSTRUCT = np.zeros(0).__reduce__()[0]  # the function numpy pickles an array with
+NUMPY_GLOBALS = {'numpy._core.multiarray._reconstruct': _RECONSTRUCT,  # numpy 2's name of it
+                 'numpy.core.multiarray._reconstruct': _RECONSTRUCT,  # numpy 1.x's
+                 'numpy.ndarray': np.ndarray, 'numpy.dtype': np.dtype}
+TORCH_GLOBALS = ('torch._utils._rebuild_tensor_v2', 'torch._utils._rebuild_tensor_v3', 'collections.OrderedDict',
+                 '_codecs.encode')
+# what torch.load(weights_only=True) needs besides its own allowlist: the numpy names above, and the class of the
+# random state's dtype (uint32), whose pickled state it sets
+SAFE_GLOBALS = [(obj, name) for name, obj in NUMPY_GLOBALS.items()] + [type(np.dtype(np.uint32))]
+
+
+def allowed_global(name):
+    """Whether a checkpoint may name the global `name` (module.qualified_name)."""
+    module, _, attr = name.rpartition('.')
+    return name in TORCH_GLOBALS or name in NUMPY_GLOBALS or (module == 'torch' and attr.endswith('Storage'))
+
+
+def code_in(pickled):
+    """The globals that the pickle `pickled` (bytes) names and a checkpoint may not (allowed_global), found without
+    unpickling it: what loading it would look up, and may call."""
+    found, strings = [], []
+    for opcode, arg, _ in pickletools.genops(pickled):
+        if opcode.name in ('GLOBAL', 'INST') and not allowed_global(arg.replace(' ', '.')):
+            found.append(arg.replace(' ', '.'))
+        elif opcode.name == 'STACK_GLOBAL':  # never in torch.save's pickles (protocol 2); named by the two strings
+            found.append('.'.join(strings[-2:]) or opcode.name)  # pushed before it, unless fetched from the memo
+        elif opcode.name.startswith('EXT'):  # a global by its number in copyreg's registry: never in torch.save's
+            found.append(f"copyreg extension {arg}")
+        elif isinstance(arg, str):
+            strings.append(arg)
+    return found
+
+
+def held_code(names):
+    """What a file holds that names the globals `names`, for refused."""
+    names = list(dict.fromkeys(names))
+    return (f"code, not only data: the global{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))} "
+            f"(which loading it would call)")
+
+
+def refused(path, what):
+    """The one line for a file that holds what a checkpoint does not (what) and that nothing was run from."""
+    return CheckpointError(f"{path} is refused: it holds {what}; a checkpoint of train.py holds only tensors, plain "
+                           f"values and numpy's random state. Nothing in it was run. Do not open it with torch.load "
+                           f"either; ask its source for the model as safetensors (export_hf.py writes them)")
+
+
+def load_data_only(path):
+    """torch.load of a checkpoint that runs no code from it: every pickle in the file is first scanned, without
+    unpickling it, for a global a checkpoint may not name (code_in), and refused in one line naming it; then
+    torch.load(weights_only=True), whose unpickler builds only tensors and plain values (plus SAFE_GLOBALS), reads
+    it. A file that is not a zip archive is refused by torch.load (memory-mapping needs one) before it reads any."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            code = [name for info in archive.infolist() if info.filename.endswith('.pkl')
+                    for name in code_in(archive.read(info))]
+    except (zipfile.BadZipFile, ValueError, OSError):  # not a zip, damaged, or saved without checksums (zipfile then
+        code = []  # takes them for wrong): torch.load's own refusal below names what such a file holds
+    if code:
+        raise refused(path, held_code(code))
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location='cpu', mmap=True, weights_only=True)
+    except pickle.UnpicklingError as e:  # its weights-only unpickler refused it: the line of its message saying
+        # what (the lines around it offer weights_only=False, which would run the file's code)
+        lines = [line.strip() for line in str(e).splitlines() if line.strip() and 'Check the documentation' not in line]
+        reason = lines[-1].rpartition('WeightsUnpickler error: ')[2] if lines else 'no reason given'
+        raise refused(path, f"what torch.load(weights_only=True) refuses ({reason})") from None
+    except Exception as e:  # truncated (a copy cut short), corrupt, or not a torch file at all
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path} is not a readable checkpoint of train.py ({reason}): it is truncated, corrupt "
+                              f"or another kind of file (train.py writes it atomically, so it changed since); "
+                              f"{fallback(path)}") from None
+
+
 class _StorageRef:
     def __init__(self, key):
         self.key = key
 
 
+class _Inert:
+    """What the checksum pass builds for a global it does not need (a storage type, bytes, numpy's random state):
+    nothing is called, nothing is kept."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+
 class _TensorsAsRecords(pickle.Unpickler):
     """A torch.save'd file's data.pkl read without its tensors: each tensor becomes a _StorageRef to the zip record
-    that holds its bytes (torch's persistent id is ('storage', type, key, location, numel); the record is data/<key>)."""
+    that holds its bytes (torch's persistent id is ('storage', type, key, location, numel); the record is data/<key>).
+    Only the globals a checkpoint may name are resolved (allowed_global), and none to what it is: tensors to their
+    records, an OrderedDict to one, the rest to _Inert."""
+
+    def __init__(self, file, path):
+        super().__init__(file)
+        self.path = path
 
     def persistent_load(self, saved_id):
         return _StorageRef(saved_id[2])
 
     def find_class(self, module, name):
-        if module == 'torch._utils' and name.startswith('_rebuild_tensor'):
+        if not allowed_global(f"{module}.{name}"):  # (read_checkpoint refuses such a file before this pass)
+            raise refused(self.path, held_code([f"{module}.{name}"]))
+        if module == 'torch._utils':
             return lambda ref, *args, **kwargs: ref
-        return super().find_class(module, name)
+        return OrderedDict if (module, name) == ('collections', 'OrderedDict') else _Inert
 
 
 def _records(obj, where):
@@ -145,7 +243,7 @@ def verify_checkpoint(path, keys):
             return
         prefix, where = pickled.filename[:-len('data.pkl')], 'its index'
         try:
-            tree = _TensorsAsRecords(io.BytesIO(archive.read(pickled))).load()
+            tree = _TensorsAsRecords(io.BytesIO(archive.read(pickled)), path).load()
             for key, where in {record: name for key in keys for name, record in _records(tree[key], key)}.items():
                 with archive.open(f"{prefix}data/{key}") as f:  # zipfile checks the CRC-32 once it has read all
                     while f.read(1 << 24):

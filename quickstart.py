@@ -148,9 +148,9 @@ def training_plan(argv, teacher=None):
     if not os.path.exists(path):
         return False, [], ''
     then = read_checkpoint(path, keys=('step', 'config'))
-    changed = [f"{key} {then['config'][key]!r} -> {value!r}" for key, value in now.items()
-               if key in then['config'] and then['config'][key] != value
-               and (key == 'max_iters' or key not in train.RESUME_MAY_CHANGE)]
+    recorded = train.recorded_config(then['config'])[0]  # a key it predates at its default, as train.py takes it
+    changed = [f"{key} {recorded[key]!r} -> {value!r}" for key, value in now.items()
+               if recorded[key] != value and (key == 'max_iters' or key not in train.RESUME_MAY_CHANGE)]
     if teacher and newer(ckpt_path(teacher), path):
         changed.append(f"its teacher {teacher} was trained again")
     if changed:

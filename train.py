@@ -33,6 +33,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from contextlib import nullcontext
 from datetime import timedelta
@@ -61,6 +62,8 @@ SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0 to write a c
 # -----------------------------------------------------------------------------------------------
 # The keys, with the paper's recipe as their defaults; the model's keys are ModelConfig's fields (model.py), usually
 # set by a config file's `model = '<shape>'`. `python train.py --help` lists them all.
+# A key added later takes the default that does what the code did before it: a checkpoint written before the key
+# resumes with that default (recorded_config).
 TRAIN_KEYS = dict(
     out_dir=Key('out', "where ckpt.pt, metrics.jsonl and config.json go"),
     data_dir=Key('data/fineweb_edu_llama3', "a prepare_data.py output directory"),
@@ -177,10 +180,18 @@ def configure_optimizers(model, weight_decay, lr, betas, fused=None):
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
 
 
+def recorded_config(config):
+    """A checkpoint's config (its dict) with every key added since it was written at its default, and those keys: a
+    key is added with the default that does what the code did before it, so that is what the checkpoint's run did."""
+    missing = [key for key in KEYS if key not in config]
+    return {**config, **{key: KEYS[key].default for key in missing}}, missing
+
+
 def check_resumable(ckpt, c, model_config, data_meta, path):
     """RunError listing everything that would make continuing the checkpoint `ckpt` with config `c` differ from the
-    run that wrote it: the model, a training key outside RESUME_MAY_CHANGE, or the data (its tokenizer and size)."""
-    old = {**ckpt['config'], **ckpt['model_config']}
+    run that wrote it: the model, a training key outside RESUME_MAY_CHANGE, or the data (its tokenizer and size).
+    Returns the keys the checkpoint predates, taken at their defaults (recorded_config)."""
+    old, missing = recorded_config({**ckpt['config'], **ckpt['model_config']})
     new = {**c, **dataclasses.asdict(model_config)}
     changed = [f"{key}: {old[key]!r} -> {new[key]!r}" for key in sorted(new)
                if key not in RESUME_MAY_CHANGE and old[key] != new[key]]
@@ -192,6 +203,7 @@ def check_resumable(ckpt, c, model_config, data_meta, path):
                        f"{', '.join(sorted(RESUME_MAY_CHANGE))}; {' and '.join(LR_KEYS)} with --resume_lr_change=True "
                        f"(recorded in metrics.jsonl). To start a new run instead: another --out_dir, or "
                        f"--init_from=scratch --overwrite=True.")
+    return {key: old[key] for key in missing}
 
 
 def lr_changes(ckpt, c):
@@ -387,18 +399,21 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
     model = GPT(model_config).to(run.device)  # whole on every rank first: FSDP then starts from DDP's initial weights
     for layer in model.model.layers:
         layer.activation_checkpointing = c['activation_checkpointing']
-    ckpt = checkpoint_to_resume(c, ckpt_path)
-    changes = {}
+    ckpt, changes, predated = checkpoint_to_resume(c, ckpt_path), {}, {}
     if ckpt is not None:
         changes = lr_changes(ckpt, c)  # asked for: not a difference to refuse
-        check_resumable(ckpt, {**c, **{key: change['from'] for key, change in changes.items()}}, model_config,
-                        data_meta, ckpt_path)
+        predated = check_resumable(ckpt, {**c, **{key: change['from'] for key, change in changes.items()}},
+                                   model_config, data_meta, ckpt_path)
         model.load_state_dict(model_state(ckpt))  # full tensors, before any sharding
     if run.master:  # the first line of every run says how it started
         print(f"init_from={c['init_from']}: " + (f"resuming from {ckpt_path} at step {ckpt['step']}" if ckpt is not None
               else f"starting fresh{' (replacing ' + ckpt_path + ')' if os.path.isfile(ckpt_path) else ''}")
               + ''.join(f"; {key} {change['from']} -> {change['to']} (resume_lr_change=True)"
                         for key, change in changes.items()), flush=True)
+        if predated:
+            print(f"note: {ckpt_path} predates the key{'s' * (len(predated) > 1)} {', '.join(predated)}; "
+                  f"{'they take their defaults' if len(predated) > 1 else 'it takes its default'} "
+                  f"{', '.join(f'{key}={value!r}' for key, value in predated.items())}", file=sys.stderr, flush=True)
     if c['compile']:
         compile_layers(model)
     if c['fsdp']:

@@ -1,0 +1,224 @@
+"""Opening a checkpoint runs no code from it: every command that opens one refuses a ckpt.pt whose pickle would run
+a command, in one line naming the file and what it held, and nothing in it runs; every read goes through
+checkpoint.read_checkpoint. Checkpoints written before this (a fixture the old code wrote) still load and resume
+bit for bit, also when they predate a config key."""
+import ast
+import glob
+import json
+import os
+import shutil
+import zipfile
+
+import pytest
+import torch
+
+import analyze
+import checkpoint
+import distill
+import eval_zeroshot
+import export_hf
+import files
+import prepare_data
+import quickstart
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE = os.path.join(ROOT, 'tests', 'fixtures', 'resume_2e82b72')  # how it was made: its README.md
+# the fixture's run (its README's command), less --out_dir
+FIXTURE_RUN = ['--n_layer=1', '--n_head=2', '--n_kv_head=1', '--n_embd=8', '--intermediate_size=16', '--vocab_size=257',
+               '--tie_embeddings=True', '--block_size=16', '--global_batch_size=4', '--micro_batch_size=2',
+               '--warmup_iters=2', '--attention=affine', '--max_iters=4', '--eval_interval=2', '--eval_batches=2',
+               '--log_interval=1000', '--peak_flops=1e12', '--device=cpu']
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+    """The fixture's data, prepared again by its README's command (the checkpoint records its fingerprint)."""
+    out = str(tmp_path_factory.mktemp('fixture_data') / 'data')
+    prepare_data.main([f'--source={FIXTURE}/corpus.txt', '--txt_sample_by=paragraph', '--tokenizer=bytes',
+                       f'--out_dir={out}', '--val_every=5', '--num_proc=1'])
+    return out
+
+
+def records(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def resume(ckpt, data, out_dir, *extra):
+    """train.py continuing the checkpoint `ckpt` (a dict) from out_dir to step 4; its records."""
+    os.makedirs(out_dir)
+    checkpoint.save_checkpoint(os.path.join(out_dir, 'ckpt.pt'), ckpt)
+    train.main([*FIXTURE_RUN, f'--data_dir={data}', f'--out_dir={out_dir}', *extra])
+    return records(os.path.join(out_dir, 'metrics.jsonl'))
+
+
+def assert_continues_the_old_run(resumed):
+    """The resumed steps 3-4 are the old code's uninterrupted run's, bit for bit."""
+    old = records(os.path.join(FIXTURE, 'metrics.jsonl'))
+    assert [r['step'] for r in resumed] == [3, 4]
+    for key in ('loss', 'grad_norm', 'lr'):
+        assert [r[key] for r in resumed] == [r[key] for r in old[2:]]
+    for key in ('val_loss', 'alpha_ma', 'attn_logit_mean'):
+        assert resumed[-1][key] == old[-1][key]
+
+# -----------------------------------------------------------------------------
+# Checkpoints written before: they load and resume
+
+
+def test_a_checkpoint_of_the_old_code_resumes_bit_for_bit(data, tmp_path, capsys):
+    os.makedirs(tmp_path / 'run')
+    shutil.copy(os.path.join(FIXTURE, 'ckpt.pt'), tmp_path / 'run' / 'ckpt.pt')  # as it is, byte for byte
+    train.main([*FIXTURE_RUN, f'--data_dir={data}', f'--out_dir={tmp_path / "run"}'])
+    out, err = capsys.readouterr()
+    assert out.startswith(f"init_from=auto: resuming from {tmp_path / 'run' / 'ckpt.pt'} at step 2\n")
+    assert 'predates' not in err
+    assert_continues_the_old_run(records(tmp_path / 'run' / 'metrics.jsonl'))
+
+
+def test_a_key_added_since_a_checkpoint_takes_its_default(data, tmp_path, capsys):
+    """A checkpoint lacking keys (as one written before they existed): they take their defaults, with one line that
+    says so, and the run continues bit for bit; a value other than the default is a change like any other."""
+    ckpt = checkpoint.read_checkpoint(os.path.join(FIXTURE, 'ckpt.pt'), keys=checkpoint.CKPT_KEYS)
+    del ckpt['config']['kd_loss'], ckpt['config']['affine_bias_norm'], ckpt['model_config']['affine_bias_norm']
+    path = tmp_path / 'run' / 'ckpt.pt'
+    resumed = resume(ckpt, data, tmp_path / 'run')
+    notes = [line for line in capsys.readouterr().err.splitlines() if 'predates' in line]
+    assert notes == [f"note: {path} predates the keys kd_loss, affine_bias_norm; they take their defaults "
+                     f"kd_loss='fused', affine_bias_norm='seq_len'"]
+    assert_continues_the_old_run(resumed)
+    del ckpt['config']['kd_alpha']
+    with pytest.raises(files.RunError, match=r"kd_alpha: 1\.0 -> 0\.5"):
+        resume(ckpt, data, tmp_path / 'changed', '--kd_alpha=0.5')
+
+
+def test_numpy_1x_names_of_the_rng_state_load(tmp_path, monkeypatch):
+    """numpy 1.x pickles its arrays with numpy.core.multiarray._reconstruct (numpy 2: numpy._core...)."""
+    ckpt = checkpoint.read_checkpoint(os.path.join(FIXTURE, 'ckpt.pt'), keys=checkpoint.CKPT_KEYS)
+    monkeypatch.setattr(checkpoint._RECONSTRUCT, '__module__', 'numpy.core.multiarray')  # what numpy 1.x names it
+    path = str(tmp_path / 'ckpt.pt')
+    torch.save(ckpt, path)
+    monkeypatch.undo()
+    with zipfile.ZipFile(path) as archive:
+        assert b'cnumpy.core.multiarray\n_reconstruct\n' in archive.read('ckpt/data.pkl')
+    state = checkpoint.read_checkpoint(path, keys=checkpoint.CKPT_KEYS)['rng']['numpy']
+    assert state[0] == 'MT19937' and (state[1] == ckpt['rng']['numpy'][1]).all()
+    assert state[2:] == ckpt['rng']['numpy'][2:]
+
+# -----------------------------------------------------------------------------
+# A checkpoint that would run code: refused by every command, in one line, and nothing runs
+
+
+class Hostile:
+    """Unpickled, it creates the file `marker` (as any command a shared ckpt.pt could run)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch '{self.marker}'",)
+
+
+@pytest.fixture
+def hostile(tmp_path):
+    """(a run directory whose ckpt.pt would create marker if unpickled, marker, what the refusal names)."""
+    run, marker = tmp_path / 'hostile', tmp_path / 'ran'
+    run.mkdir()
+    # every key a checkpoint has, and valid ones at that: only the pickled call is wrong
+    ckpt = checkpoint.read_checkpoint(os.path.join(FIXTURE, 'ckpt.pt'), keys=checkpoint.CKPT_KEYS)
+    torch.save(dict(ckpt, step=Hostile(marker)), run / 'ckpt.pt')
+    return run, marker, (f"{run / 'ckpt.pt'} is refused: it holds code, not only data: the global "
+                         f"'{os.system.__module__}.system'")
+
+
+def refusal(capsys, main, argv):
+    """What main(argv) printed through files.run_script: its exit status 1 and one line on stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        files.run_script(main, argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and 'Traceback' not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def commands(run, data, tmp_path):
+    """Every command that opens a checkpoint, pointed at `run`: (name, main, argv)."""
+    return [('eval_zeroshot.py --ckpt', eval_zeroshot.main, [f'--ckpt={run}', '--tasks=heldout',
+                                                             f'--heldout_data={data}']),
+            ('analyze.py attention', analyze.main, ['attention', str(run), f'--out_dir={tmp_path / "attention"}',
+                                                    f'--data={data}', '--num_seqs=1', '--seq_len=16']),
+            ('export_hf.py --ckpt', export_hf.main, [f'--ckpt={run}', f'--out_dir={tmp_path / "hf"}']),
+            ('train.py --teacher', train.main, [*FIXTURE_RUN, f'--data_dir={data}', f'--teacher={run}',
+                                                f'--out_dir={tmp_path / "student"}']),
+            ('a resume', train.main, [*FIXTURE_RUN, f'--data_dir={data}', f'--out_dir={run}']),
+            ('distill.py --teacher', distill.main, [f'--teacher={run}', f'--data_dir={data}']),
+            ('train.py --dry_run --teacher', train.main, [*FIXTURE_RUN, '--dry_run=True', f'--teacher={run}'])]
+
+
+def test_every_command_refuses_a_checkpoint_that_would_run_code(hostile, data, tmp_path, capsys, monkeypatch):
+    run, marker, message = hostile
+    for name, main, argv in commands(run, data, tmp_path):
+        line = refusal(capsys, main, argv)
+        assert message in line and 'Nothing in it was run' in line, (name, line)
+    # the quick start's check of a stage's checkpoint (its own out_dir/teacher), with no install and no stage run
+    monkeypatch.setattr(quickstart, 'install', lambda *args: True)
+    monkeypatch.setattr(quickstart.subprocess, 'call', lambda *args, **kwargs: 0)
+    shutil.copytree(run, tmp_path / 'quickstart' / 'teacher')
+    line = refusal(capsys, quickstart.main, [f'--out_dir={tmp_path / "quickstart"}', f'--data_dir={data}',
+                                             '--real_model=False'])
+    assert f"{tmp_path / 'quickstart' / 'teacher' / 'ckpt.pt'} is refused: it holds code" in line, line
+    assert not marker.exists()
+    assert sorted(os.listdir(run)) == ['ckpt.pt']  # and the resume wrote nothing beside it
+
+
+def test_the_refusal_comes_before_anything_unpickles_it(hostile, monkeypatch):
+    """Neither torch.load nor the checksum pass's unpickler sees such a file; the checksum pass alone refuses it
+    too, and so does torch.load(weights_only=True) where the scan would miss it."""
+    run, marker, message = hostile
+    path = str(run / 'ckpt.pt')
+
+    def unpickled(*args, **kwargs):
+        raise AssertionError("unpickled")
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint.torch, 'load', unpickled)
+        m.setattr(checkpoint._TensorsAsRecords, 'load', unpickled)
+        with pytest.raises(checkpoint.CheckpointError, match='is refused'):
+            checkpoint.read_checkpoint(path)
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.verify_checkpoint(path, checkpoint.CKPT_KEYS)
+    assert message in str(e.value)
+    monkeypatch.setattr(checkpoint, 'code_in', lambda pickled: [])
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.read_checkpoint(path)
+    assert f"{path} is refused: it holds what torch.load(weights_only=True) refuses (" in str(e.value)
+    assert '\n' not in str(e.value) and 'weights_only=False' not in str(e.value)
+    assert not marker.exists()
+
+
+def test_other_forms_of_a_pickled_call_are_refused_by_name(tmp_path):
+    """Protocol 4's STACK_GLOBAL (which torch.save never writes), and a global no checkpoint names even where torch's
+    own allowlist has it."""
+    marker = tmp_path / 'ran'
+    for name, obj, protocol in [('posix.system', Hostile(marker), 4), ('torch.device', torch.device('cpu'), 2)]:
+        path = str(tmp_path / f'{protocol}.pt')
+        torch.save(dict(model={}, model_config={}, tokenizer=obj), path, pickle_protocol=protocol)
+        with pytest.raises(checkpoint.CheckpointError, match=f"is refused: it holds code, not only data: the "
+                                                             f"global '{name.replace('posix', os.system.__module__)}'"):
+            checkpoint.read_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_every_checkpoint_read_goes_through_read_checkpoint():
+    """No script reads a pickle itself: torch.load and pickle's loaders are called only in checkpoint.py, and
+    torch.load there with weights_only=True."""
+    calls = []
+    for path in glob.glob(os.path.join(ROOT, '*.py')) + glob.glob(os.path.join(ROOT, 'scripts', '*.py')):
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and ast.unparse(node.func) in ('torch.load', 'pickle.load', 'pickle.loads', 'pickle.Unpickler',
+                                                   'torch.serialization.load', 'np.load', 'numpy.load'):
+                calls.append((os.path.basename(path), ast.unparse(node)))
+    assert [name for name, _ in calls] == ['checkpoint.py'], calls
+    assert 'weights_only=True' in calls[0][1]
