@@ -37,19 +37,13 @@ from configurator import DEVICE, Key, fail, parse
 from files import MARKERS, RunError, claim_dir, made_dirs, read_log, run_script, write_json
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows
 from data import Windows, read_meta, tokenizer_info
-from model import FIELD_NAMES, GPT, ModelConfig
-
-METHODS = dict(softmax='Baseline', sink='Sink', gated='Gated', affine='Affine-Scaled',
-               affine_gated='Affine-Scaled + Gated')  # the paper's row names
+from model import FIELD_NAMES, GPT, HEAD_STATS, ModelConfig
 
 
 def method_name(config):
-    """The paper's name for a model config (a dict); the sigmoid ablation of Table 3 says so."""
-    config = ModelConfig(**{key: value for key, value in config.items() if key in FIELD_NAMES})
-    name = METHODS[config.attention]
-    if config.is_affine and config.affine_act != 'linear_clip':
-        name += f" ({config.affine_act})"
-    return name
+    """The paper's name for a model config (a dict; ModelConfig.display_name); the sigmoid ablation of Table 3 says
+    so."""
+    return ModelConfig(**{key: value for key, value in config.items() if key in FIELD_NAMES}).display_name
 
 
 def is_report(names):
@@ -112,7 +106,8 @@ def attention_statistics(model, idx, corner=30):
                            entropy of the distribution of attention *magnitude* over the visible keys; for softmax
                            the usual entropy, for sink that of the weights renormalised without the sink's mass;
       corner (B, c, c):    the head-averaged top-left corner x corner block (Figure 9);
-      alpha (B, T, H):     affine's scale per token and head (Eq. 7), with alpha_ma (H,); sink: sinks (H,)."""
+      and the variant's own (Attention.statistics): alpha (B, T, H), affine's scale per token and head (Eq. 7); its
+      per-head tensors (H,) (model.HEAD_STATS: affine's alpha_ma, the sink logits)."""
     def statistics(attn, x, cos, sin, positions):
         w = attn.weights(x, cos, sin, positions).double()
         p = w.abs() / w.abs().sum(-1, keepdim=True).clamp_min(1e-30)
@@ -120,11 +115,7 @@ def attention_statistics(model, idx, corner=30):
         stats = dict(first_token=w[:, :, 1:, 0].mean(dim=(1, 2)), row_sums=w.sum(-1).mean(1),
                      head_total=w.sum(-1).mean(2), entropy=entropy[:, :, 1:].mean(dim=(1, 2)),
                      corner=w[:, :, :corner, :corner].mean(1))
-        if attn.config.is_affine:
-            stats.update(alpha=attn.scale(x).double(), alpha_ma=attn.alpha_ma.double())
-        if attn.config.attention == 'sink':
-            stats['sinks'] = attn.sinks.double()
-        return stats
+        return stats | attn.statistics(x)
 
     return model.inspect_attention(idx, statistics)
 
@@ -142,7 +133,7 @@ def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):
             progress(min(start + batch_size, len(sequences)))
     layers = []
     for per_batch in zip(*parts):
-        s = {key: torch.cat([b[key] for b in per_batch]) if key not in ('alpha_ma', 'sinks') else per_batch[0][key]
+        s = {key: torch.cat([b[key] for b in per_batch]) if key not in HEAD_STATS else per_batch[0][key]
              for key in per_batch[0]}
         layer = dict(first_token=s['first_token'].mean().item(), entropy=s['entropy'].mean().item(),
                      row_sum_mean=s['row_sums'].mean().item(), row_sum_median=s['row_sums'].median().item(),
@@ -150,11 +141,10 @@ def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):
         if 'alpha' in s:
             alpha = s['alpha'].flatten(0, 1)  # (tokens, H)
             qs = torch.tensor([0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0], dtype=alpha.dtype, device=alpha.device)
-            layer.update(alpha_head_mean=alpha.mean(0).tolist(), alpha_ma=s['alpha_ma'].tolist(),
+            layer.update(alpha_head_mean=alpha.mean(0).tolist(),
                          alpha_quantiles=dict(zip(('min', 'p5', 'p25', 'median', 'p75', 'p95', 'max'),
                                                   torch.quantile(alpha.flatten(), qs).tolist())))
-        if 'sinks' in s:
-            layer['sinks'] = s['sinks'].tolist()
+        layer.update({key: s[key].tolist() for key in HEAD_STATS if key in s})
         layers.append((layer, s['row_sums'].flatten().cpu().numpy()))
     row_sums = np.concatenate([r for _, r in layers])
     lo, hi = float(row_sums.min()), float(row_sums.max())

@@ -29,6 +29,7 @@ threshold pinned so that every freed tensor really leaves the process.
 import contextlib
 import ctypes
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -61,12 +62,12 @@ from configurator import DEVICE, Key, parse
 from files import RunError, read_log, run_script, write_json
 from eval_zeroshot import (choice_doc, encode_docs, load_model_and_tokenizer, plan_forwards, score_one_by_one,
                            score_requests)
-from model import ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
+from model import ATTENTIONS, BASELINE, FIELD_NAMES, GPT, MODEL_SHAPES, PROPOSED, ModelConfig
 from data import Windows, load_tokenizer
 from memory_plan import KNOWN_TEACHERS, memory_estimate, plan_dtype
 from train import compute_loss, configure_optimizers, load_config
 
-EXPLICIT = 'affine (explicit T x T)'
+EXPLICIT = f'{PROPOSED} (explicit T x T)'  # the paper's variant as its explicit weights: what its O(T) form saves
 TINY_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config', 'tiny_cpu.py')
 
 # -----------------------------------------------------------------------------
@@ -488,6 +489,12 @@ ONE_B_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config'
 H100_BF16_PEAK = KNOWN_PEAK_BF16['H100']  # NVIDIA H100 SXM datasheet, dense bf16: what nanochat's MFU uses
 
 
+def holds_mfu_target(gpu_name):
+    """Whether --check holds a GPU to its MFU target: the GPUs of the H100 SXM's dense bf16 peak (common's table:
+    H100 SXM, H200; not the H100 PCIe, 756 TFLOP/s), over which the MFU is taken."""
+    return next((peak for key, peak in KNOWN_PEAK_BF16.items() if key in gpu_name), None) == H100_BF16_PEAK
+
+
 def is_check_record(path):
     """Whether path holds a JSON record that --check wrote."""
     try:
@@ -669,8 +676,7 @@ def check_variants(check, device, args):
             log(f'  variants: {variant:<24} out of memory at batch {B}')
         del model, step
         free_cuda()
-    base = results['softmax']
-    targets = {'affine': 1.03, 'sink': 1.05}
+    base = results[BASELINE]
     for variant, result in results.items():
         if result is None:
             check.add('variants (1B, T=2048)', f'{variant}: step', variant == EXPLICIT and None,
@@ -678,16 +684,17 @@ def check_variants(check, device, args):
             continue
         seconds, peak, events = result
         time_ratio, mem_ratio = seconds / base[0], peak / base[1] if base[1] else math.nan
-        limit = targets.get(variant)
+        config = ModelConfig(attention=variant.split(' ')[0])
+        limit = None if variant == EXPLICIT or config.is_gated else config.variant.check_time
         check.add('variants (1B, T=2048)', f'{variant}: fwd+bwd, batch {B}',
                   None if limit is None else time_ratio <= limit,
                   f'{seconds * 1e3:.1f} ms ({time_ratio:.3f}x softmax), peak {peak / 2**30:.2f} GiB '
                   f'({mem_ratio:.2f}x)', f'<= {limit}x softmax' if limit else '', seconds=seconds, peak_bytes=peak)
         add_compile_row(check, 'variants (1B, T=2048)', variant, *events)
-    if results.get(EXPLICIT) and results.get('affine'):
-        check.add('variants (1B, T=2048)', 'affine O(T) vs explicit T x T affine', None,
-                  f'{ratio(results["affine"][0], results[EXPLICIT][0])}x the time, '
-                  f'{ratio(results["affine"][1], results[EXPLICIT][1])}x the peak memory')
+    if results.get(EXPLICIT) and results.get(PROPOSED):
+        check.add('variants (1B, T=2048)', f'{PROPOSED} O(T) vs explicit T x T {PROPOSED}', None,
+                  f'{ratio(results[PROPOSED][0], results[EXPLICIT][0])}x the time, '
+                  f'{ratio(results[PROPOSED][1], results[EXPLICIT][1])}x the peak memory')
 
 
 def check_kd(check, device, args):
@@ -727,7 +734,11 @@ def check_torchrun(check, device, args, workdir):
     stopped by SIGTERM, resumed under FSDP, both compiled on CUDA. Checks: the signal saves the step reached, the
     resumed run continues from it and the loss curve continues, the loss falls, and the checkpoint loads on CPU."""
     cuda = device.type == 'cuda'
-    variants = ATTENTIONS if cuda else ('affine',)  # on CPU: the plumbing of one variant, in seconds
+    variants = ATTENTIONS if cuda else (PROPOSED,)  # on CPU: the plumbing of one variant, in seconds
+    if importlib.util.find_spec('datasets') is None:  # prepare_data.py reads even the built-in corpus through it
+        check.add('torchrun', 'train.py under torchrun', None, 'skipped: prepare_data.py needs the datasets package '
+                  '(pip install -r requirements.txt)', 'every variant runs')
+        return
     data = os.path.join(workdir, 'data')
     with contextlib.redirect_stdout(sys.stderr):
         prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={data}', '--val_every=10',
@@ -857,10 +868,10 @@ def check_mfu(check, device, args):
         mfu = step_flops * tokens / H100_BF16_PEAK
         measured_peak = measured_matmul_flops(device, torch.bfloat16, gemm_shapes(student, B * T))
         check.add(section, f'micro-batch {B} x {T}, {accumulation} micro-steps + AdamW',
-                  mfu >= 0.45 if 'H100' in torch.cuda.get_device_name(device) else None,
+                  mfu >= 0.45 if holds_mfu_target(torch.cuda.get_device_name(device)) else None,
                   f'{tokens:,.0f} tokens/s, MFU {100 * mfu:.1f}% of 989 TFLOP/s ({100 * step_flops * tokens / measured_peak:.1f}% '
                   f'of the measured {measured_peak / 1e12:.0f}); peak {peak / 2**30:.1f} GiB; '
-                  f'compile {compile_s:.0f} s', '>= 45% MFU (H100)', tokens_per_sec=tokens, mfu=mfu,
+                  f'compile {compile_s:.0f} s', '>= 45% MFU (H100, H200)', tokens_per_sec=tokens, mfu=mfu,
                   step_seconds=seconds, micro_batch=B)
         # the dry run's plan for this step: one GPU (DDP's per-GPU memory does not depend on the ranks)
         plan = sum(memory_estimate(cfg, 1, B, 'bfloat16', False, False, teacher_cfg).values())
@@ -868,9 +879,11 @@ def check_mfu(check, device, args):
                   f'{peak / 2**30:.1f} GiB allocated at the peak, plan {plan / 2**30:.1f} GiB ({peak / plan:.2f}x)',
                   '<= the plan', peak_bytes=peak, plan_bytes=plan)
         add_compile_row(check, section, 'student and teacher layers', before, first, dynamo_events())
-        dtypes = {layer.self_attn.alpha_ma.dtype for layer in student.model.layers}
-        check.add(section, 'alpha_ma after bf16 steps', dtypes == {torch.float32},
-                  ', '.join(sorted(str(d) for d in dtypes)), 'torch.float32')
+        if cfg.variant.fp32:  # the variant's float32 buffers (affine's alpha_ma)
+            dtypes = {getattr(layer.self_attn, name).dtype for layer in student.model.layers
+                      for name in cfg.variant.fp32}
+            check.add(section, f"{', '.join(cfg.variant.fp32)} after bf16 steps", dtypes == {torch.float32},
+                      ', '.join(sorted(str(d) for d in dtypes)), 'torch.float32')
         return
     check.add('1B affine KD step, 3B teacher', 'a micro-batch that fits', False, f'none of {fits} fit')
 
@@ -938,7 +951,7 @@ KEYS = dict(
     # kd
     kd_tokens=Key(8192, min=1), kd_vocab=Key(128256, min=1), kd_hidden=Key(2048, min=1),
     # train and eval
-    variants=Key(['softmax', 'affine'], 'comma-separated', choices=ATTENTIONS),
+    variants=Key([BASELINE, PROPOSED], 'comma-separated', choices=ATTENTIONS),
     train_steps=Key(10, min=1),
     train_batch_size=Key(None, 'default: 8 on CPU, 64 on CUDA', types=(int,), min=1),
     train_seq_len=Key(256, min=1), eval_docs=Key(200, min=1), eval_batch_size=Key(32, min=1),

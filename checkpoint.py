@@ -299,15 +299,12 @@ def read_hf_config(path):
         return json.load(f)
 
 
-def config_from_hf(hf, attention='softmax'):
+def config_from_hf(hf):
     """ModelConfig's fields (a dict) of a Hugging Face config.json (a dict) of a Llama (2/3/3.1/3.2), Mistral or Qwen2
-    (also Qwen1.5, Qwen2.5) model, or of an export_hf.py export. A setting the model does not reproduce exactly is a
-    ValueError naming it, never a silent change."""
-    if 'model_config' in hf:  # an export of a sink/gated/affine/affine_gated model: our own ModelConfig, as it is.
-        # Such a model is always its own variant (attention='softmax', the default everywhere, means "as it is")
-        exported = hf['model_config']['attention']
-        if attention not in ('softmax', exported):
-            raise ValueError(f"config.json: an exported {exported!r} model cannot be loaded as {attention!r}")
+    (also Qwen1.5, Qwen2.5) model, whose attention is then ModelConfig's default, softmax (GPT.from_pretrained may give
+    it another), or of an export_hf.py export, its own ModelConfig as it is. A setting the model does not reproduce
+    exactly is a ValueError naming it, never a silent change."""
+    if 'model_config' in hf:  # an export of a model that transformers' own classes do not compute: our ModelConfig
         return dict(hf['model_config'])
     model_type = hf.get('model_type')
     if model_type not in ('llama', 'mistral', 'qwen2'):
@@ -340,8 +337,7 @@ def config_from_hf(hf, attention='softmax'):
         block_size=block_size, rope_theta=hf.get('rope_theta', rope.get('rope_theta', 10000.0)),
         rope_scaling={k: v for k, v in rope.items() if k != 'rope_theta'} if rope_type == 'llama3' else None,
         rms_norm_eps=hf['rms_norm_eps'], qkv_bias=model_type == 'qwen2',
-        tie_embeddings=hf.get('tie_word_embeddings', False), init_std=hf.get('initializer_range', 0.02),
-        attention=attention)
+        tie_embeddings=hf.get('tie_word_embeddings', False), init_std=hf.get('initializer_range', 0.02))
 
 
 def sliding_window(hf):
@@ -349,10 +345,11 @@ def sliding_window(hf):
     return hf.get('sliding_window') if hf.get('model_type') == 'mistral' else None
 
 
-def read_safetensors(path, dtype, device):
+def read_safetensors(path, dtype, device, keep_fp32=()):
     """Every tensor of a Hugging Face directory (model.safetensors, or the shards its index lists), each cast to dtype
-    and moved to device as it is read: on a GPU only one tensor at a time is in host RAM (every rank of an 8-GPU node
-    loads the teacher). RoPE's inv_freq, which older saves hold, is left out (model.py computes it)."""
+    (those whose last name is in keep_fp32 to float32) and moved to device as it is read: on a GPU only one tensor at
+    a time is in host RAM (every rank of an 8-GPU node loads the teacher). RoPE's inv_freq, which older saves hold, is
+    left out (model.py computes it)."""
     from safetensors import safe_open  # only reading needs it
     index = os.path.join(path, 'model.safetensors.index.json')
     if os.path.isfile(index):
@@ -368,8 +365,8 @@ def read_safetensors(path, dtype, device):
         with safe_open(os.path.join(path, name), framework='pt') as f:
             for key in f.keys():
                 if not key.endswith('rotary_emb.inv_freq'):
-                    # an exported affine model's alpha_ma stays float32, as model.py keeps it in every precision
-                    keep = torch.float32 if key.endswith('.alpha_ma') else dtype
+                    # an exported model's float32 buffers (affine's alpha_ma) stay so, as model.py keeps them
+                    keep = torch.float32 if key.rsplit('.', 1)[-1] in keep_fp32 else dtype
                     state[key] = f.get_tensor(key).to(device=device, dtype=keep)
     return state
 
@@ -383,13 +380,14 @@ def transformers_names(config):
 
 
 def hf_config(cfg, dtype, special_ids, tok_info):
-    """config.json of an export. softmax: transformers' own Llama (Qwen2 when q/k/v have biases) in the hub's layout,
-    which 4.x and 5.x both read (5.x writes rope_parameters, which 4.x ignores, falling back to rope_theta = 10000).
-    Other variants: our ModelConfig under model_config and an auto_map to the shipped hf_wrapper.py. Both record the
-    run's tokenizer (tokenizer_info, as meta.json has it), which distill.py checks a KD teacher's data against."""
+    """config.json of an export. A model transformers computes itself (ModelConfig.hf_native: softmax without the
+    gate): its own Llama (Qwen2 when q/k/v have biases) in the hub's layout, which 4.x and 5.x both read (5.x writes
+    rope_parameters, which 4.x ignores, falling back to rope_theta = 10000). Other models: our ModelConfig under
+    model_config and an auto_map to the shipped hf_wrapper.py. Both record the run's tokenizer (tokenizer_info, as
+    meta.json has it), which distill.py checks a KD teacher's data against."""
     common = dict(transformers_names(cfg), **special_ids, torch_dtype=str(dtype).removeprefix('torch.'),
                   tokenizer_info=tok_info)
-    if cfg.attention != 'softmax':
+    if not cfg.hf_native:
         config_class, model_class = WRAPPER_CLASSES
         return dict(architectures=[model_class], model_type=MODEL_TYPE,
                     auto_map={'AutoConfig': f'hf_wrapper.{config_class}',
@@ -406,13 +404,14 @@ def hf_config(cfg, dtype, special_ids, tok_info):
 
 
 def export_state_dict(model, dtype):
-    """A GPT's state dict in dtype, as transformers stores it: a tied lm_head once (as embed_tokens), and affine's
-    alpha statistics kept float32 (model.py keeps them so in every precision)."""
+    """A GPT's state dict in dtype, as transformers stores it: a tied lm_head once (as embed_tokens), and the
+    variant's float32 buffers (Variant.fp32: affine's alpha_ma) kept float32, as model.py keeps them in every
+    precision."""
     state = {}
     for key, t in model.state_dict().items():
         if key == 'lm_head.weight' and model.config.tie_embeddings:
             continue
-        keep = t.is_floating_point() and not key.endswith('.alpha_ma')
+        keep = t.is_floating_point() and key.rsplit('.', 1)[-1] not in model.config.variant.fp32
         state[key] = t.detach().to(dtype if keep else t.dtype).contiguous()
     return state
 

@@ -7,13 +7,14 @@ the hub:
 
 What it writes into out_dir:
   softmax       a plain Llama (Qwen2 with q/k/v biases) model: transformers' own LlamaForCausalLM / Qwen2ForCausalLM
-                load it, no remote code.
-  sink, gated,  config.json with our ModelConfig (under model_config) and an auto_map to hf_wrapper.py, shipped with
-  affine,       this repository's own code files (CODE_FILES): AutoModelForCausalLM.from_pretrained(dir,
-  affine_gated  trust_remote_code=True) builds our GPT, so the exported model computes what the trained one did.
-  and always    the weights as model.safetensors (shards + model.safetensors.index.json above --max_shard_size; alpha_ma
-                and the sinks included), generation_config.json, and the tokenizer the run trained with: the teacher's
-                Hugging Face tokenizer files, or for --tokenizer=bytes a generated tokenizer.json with the same ids.
+                load it, no remote code (model.ModelConfig.hf_native: softmax without the gate).
+  every other   config.json with our ModelConfig (under model_config) and an auto_map to hf_wrapper.py, shipped with
+  model         this repository's own code files (CODE_FILES): AutoModelForCausalLM.from_pretrained(dir,
+                trust_remote_code=True) builds our GPT, so the exported model computes what the trained one did.
+  and always    the weights as model.safetensors (shards + model.safetensors.index.json above --max_shard_size; the
+                variant's own tensors included, alpha_ma, sinks), generation_config.json, and the tokenizer the run
+                trained with: the teacher's Hugging Face tokenizer files, or for --tokenizer=bytes a generated
+                tokenizer.json with the same ids.
 The files are the ones transformers 4.x and 5.x both read (config.json keeps rope_theta / rope_scaling at the top
 level, as the hub's Llama-3 checkpoints do; tokenizer_config.json names PreTrainedTokenizerFast).
 
@@ -160,7 +161,7 @@ def check_logits(out_dir, model, dtype):
     from transformers import AutoModelForCausalLM
     # (alpha_ma stays float32 through the casts, as model.py keeps it)
     ours = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype).float()
-    hf = AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=model.config.attention != 'softmax')
+    hf = AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=not model.config.hf_native)
     hf = hf.float().eval()  # (transformers 5 loads a bf16 export in bf16, alpha_ma float32; 4.x in float32)
     T = min(model.config.block_size, 16)
     idx = torch.randint(0, model.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
@@ -189,9 +190,9 @@ def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 10
             enc = write_tokenizer(tok_info, tokenizer, tmp, cfg.block_size)
             special_ids = check_tokenizer(tmp, enc)
             write_json(os.path.join(tmp, 'config.json'), hf_config(cfg, dtype, special_ids, tok_info), indent=2)
-            generation = dict(special_ids, **({} if cfg.attention == 'softmax' else dict(use_cache=False)))
+            generation = dict(special_ids, **({} if cfg.hf_native else dict(use_cache=False)))
             write_json(os.path.join(tmp, 'generation_config.json'), generation, indent=2)
-            if cfg.attention != 'softmax':
+            if not cfg.hf_native:
                 for file in CODE_FILES:
                     shutil.copyfile(os.path.join(HERE, file), os.path.join(tmp, file))
             write_safetensors(export_state_dict(model, dtype), tmp, max_shard_bytes)
@@ -270,7 +271,7 @@ def main(argv=None):
     model, tok_info, path = load_checkpoint(args.ckpt)
     err = export(model, tok_info, out, DTYPES[args.dtype], args.max_shard_size, args.tokenizer, args.check)
     cfg = model.config
-    how = ("AutoModelForCausalLM.from_pretrained(DIR)" if cfg.attention == 'softmax' else
+    how = ("AutoModelForCausalLM.from_pretrained(DIR)" if cfg.hf_native else
            "AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)")
     checked = f"; transformers gives our logits (max difference {err:.1e})" if err is not None else ""
     print(f"exported {path} ({cfg.attention}, {model.get_num_params():,} parameters, {args.dtype}) to {out}: load it "

@@ -1,7 +1,8 @@
 """
 The Hugging Face face of model.py. export_hf.py copies this file and the ones it imports (model.py,
-attention_kernels.py, checkpoint.py, files.py) into an exported model directory of a sink, gated, affine or
-affine_gated model, and its config.json maps transformers' Auto classes here:
+attention_kernels.py, checkpoint.py, files.py) into an exported model directory of every model that transformers'
+own classes do not compute (all but plain softmax: model.ModelConfig.hf_native), and its config.json maps
+transformers' Auto classes here:
 
     model = AutoModelForCausalLM.from_pretrained('hf/affine_1b', trust_remote_code=True)
 
@@ -24,10 +25,10 @@ try:  # in an exported directory transformers imports this file as part of a pac
     from .attention_kernels import SinkAttention  # noqa: F401  (imported by model.py)
     from .files import RunError  # noqa: F401  (imported by checkpoint.py)
     from .checkpoint import MODEL_TYPE, transformers_names
-    from .model import GPT, IGNORE_INDEX, ModelConfig
+    from .model import GPT, IGNORE_INDEX, VARIANTS, ModelConfig
 except ImportError:  # in this repository
     from checkpoint import MODEL_TYPE, transformers_names
-    from model import GPT, IGNORE_INDEX, ModelConfig
+    from model import GPT, IGNORE_INDEX, VARIANTS, ModelConfig
 
 TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
 
@@ -58,9 +59,10 @@ class AffineScaledForCausalLM(PreTrainedModel, GenerationMixin):
     config_class = AffineScaledConfig
     base_model_prefix = 'model'
     _no_split_modules = ['Block']
-    # affine's alpha_ma stays float32 in a bf16/fp16 model, as in model.py (Attention._apply); transformers 4.x takes
-    # only module names here, and rounds it to the dtype asked for (load in float32 there, its default, to keep it)
-    _keep_in_fp32_modules_strict = ['alpha_ma'] if TRANSFORMERS_5 else None
+    # the variants' float32 buffers (affine's alpha_ma) stay float32 in a bf16/fp16 model, as in model.py
+    # (Attention._apply); transformers 4.x takes only module names here, and rounds them to the dtype asked for (load
+    # in float32 there, its default, to keep them)
+    _keep_in_fp32_modules_strict = sorted({n for v in VARIANTS.values() for n in v.fp32}) if TRANSFORMERS_5 else None
     # the tied lm_head (when config.tie_word_embeddings): transformers 5 takes {tied: source}, 4.x the tied names
     _tied_weights_keys = {'lm_head.weight': 'model.embed_tokens.weight'} if TRANSFORMERS_5 else ['lm_head.weight']
 
@@ -74,12 +76,12 @@ class AffineScaledForCausalLM(PreTrainedModel, GenerationMixin):
         self.post_init()
 
     def _init_weights(self, module):
-        """GPT's init, for what transformers did not load. Transformers 5 also calls it on an affine layer whose
-        alpha_ma it loaded, because of the running alpha sums beside it (never saved): those are zeroed, alpha_ma is
-        kept."""
-        if getattr(getattr(module, 'alpha_ma', None), '_is_hf_initialized', False):
-            module.alpha_sum.zero_()
-            module.alpha_count.zero_()
+        """GPT's init, for what transformers did not load. Transformers 5 also calls it on a layer whose saved buffers
+        it loaded (affine's alpha_ma), because of the running sums beside them (never saved: Variant.running): those
+        are zeroed, the loaded ones kept."""
+        if any(getattr(b, '_is_hf_initialized', False) for b in module.buffers(recurse=False)):
+            for name in module._non_persistent_buffers_set:
+                module._buffers[name].zero_()
         else:
             self.gpt._init_weights(module)
 

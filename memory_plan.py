@@ -59,24 +59,27 @@ def meta_param_counts(cfg):
 
 def saved_bytes_per_token(config, dtype, fsdp):
     """Bytes autograd saves for backward per token in one decoder layer (Block.compute: the two RMSNorms, q/k/v, the
-    attention output and log-sum-exp, the variant's extras, the SwiGLU MLP), for dtype 'float32' or 'bfloat16' (bf16
-    autocast over fp32 weights, or FSDP's bf16 weights with fsdp=True). A change to the forward it counts (model.py) is
-    a change here; tests/test_fsdp.py holds it against saved_tensors_hooks."""
+    attention output and log-sum-exp, the gate's and the variant's extras (its entry's Variant.saved_bytes), the SwiGLU
+    MLP), for dtype 'float32' or 'bfloat16' (bf16 autocast over fp32 weights, or FSDP's bf16 weights with fsdp=True).
+    A change to the forward it counts (model.py) is a change here; tests/test_fsdp.py holds it against
+    saved_tensors_hooks for every registered variant."""
     C, I, H = config.n_embd, config.intermediate_size, config.n_head
     HD, KVD = H * config.head_dim, config.n_kv_head * config.head_dim
-    affine, gated, a = config.is_affine, config.is_gated, 4 if dtype == 'float32' else 2
+    a = 4 if dtype == 'float32' else 2
+    # fp32 weights under autocast: every linear keeps its own bf16 copy of its input (X's, for the gate and a variant's)
+    x_copy = 2 * C if dtype != 'float32' and not fsdp else 0
     if dtype == 'float32':  # each RMSNorm keeps its input, normalised input and output (read by the linears)
         norms = 2 * (12 * C + 4)
     elif fsdp:  # bf16 weights: the input's fp32 upcast, then normalised and output in bf16
         norms = 2 * (8 * C + 4)
-    else:  # fp32 weights under autocast: fp32 input and normalised; every linear keeps its own bf16 input copy
-        norms = 2 * (8 * C + 4) + 2 * C * (5 + affine + gated)
+    else:  # fp32 weights under autocast: fp32 input and normalised; q, k, v, gate_proj and up_proj's bf16 input copies
+        norms = 2 * (8 * C + 4) + 5 * x_copy
     # k and v as the kernels save them: grouped in bf16 (flash takes GQA), repeated to every head in float32 on CUDA
     # (the memory-efficient kernel does not; kv_for_kernel)
     kv = 2 * (HD if dtype == 'float32' else KVD)
     return (norms + a * (3 * HD + kv) + 4 * H  # q, attention output, o_proj's input, k, v; fp32 log-sum-exp
-            + gated * 2 * a * HD  # the gate's input and its sigmoid
-            + affine * (12 * H + 4 * KVD)  # alpha (fp32) and its views, the running mean of V (fp32)
+            + config.is_gated * (x_copy + 2 * a * HD)  # g_proj's copy of X, the gate's input and its sigmoid
+            + config.variant.saved_bytes(config, a, x_copy)
             + 4 * a * I)  # SwiGLU: gate and up outputs, silu, down_proj's input
 
 

@@ -5,20 +5,26 @@ https://arxiv.org/abs/2602.23057 (equation numbers below are the paper's):
 
     softmax       Eq. 1    softmax(QK^T/sqrt(d)) V                        (Section 2.2, the baseline)
     sink          Eq. 3    a learnable logit s_h joins every softmax denominator (Section 2.3, gpt-oss)
-    gated         Eq. 4-5  SDPA(Q,K,V) * sigmoid(X W_g)                   (Section 2.4, Qiu et al. 2025, "G1")
     affine        Eq. 6-9  [alpha(X) softmax(QK^T/sqrt(d)) + beta(X)] V  (Section 3.2, this paper); phi of Eq. 7 is
                            linear clipping (Eq. 11) or, affine_act='sigmoid', Eq. 10 (Section 6, Table 3)
-    affine_gated  Table 2  affine, then the gate of `gated` (Section 5.4)
+    softmax1      Eq. 2    off-by-one attention, 1 in every softmax denominator: a sink whose logit is 0 (Section 2.3,
+                           Miller 2023; discussed by the paper, not trained in it)
+and the output gate of Eq. 4-5, SDPA(Q,K,V) * sigmoid(X W_g) (Section 2.4, Qiu et al. 2025, "G1"), which any variant
+may carry (ModelConfig.gate); the paper's two gated models keep their names:
+    gated         softmax with the gate
+    affine_gated  affine with the gate (Table 2, Section 5.4)
 
-None of them builds the T x T attention matrix: every variant is a fused SDPA/flash kernel (attention_kernels.py
-picks it) plus O(T) work (affine_scaled). Attention.weights writes each one as that explicit matrix, the slow
-reference the tests, bench.py (Attention.explicit) and the analyses read. Parameter names follow Hugging
-Face's Llama/Qwen2 layout, so the state_dict of a softmax model is an HF checkpoint and vice versa; files
-are read through checkpoint.py (GPT.from_pretrained).
+Each variant is one entry of VARIANTS (below): its tensors, its O(T) forward, its explicit T x T weights and what the
+rest of the repository reads about it; no other module names a variant. None of them builds the T x T attention
+matrix: every variant is a fused SDPA/flash kernel (attention_kernels.py picks it) plus O(T) work (affine_scaled).
+Each entry's weights write it as that explicit matrix (Attention.weights), the slow reference the tests, bench.py
+(Attention.explicit) and the analyses read. Parameter names follow Hugging Face's Llama/Qwen2 layout, so the
+state_dict of a softmax model is an HF checkpoint and vice versa; files are read through checkpoint.py
+(GPT.from_pretrained).
 """
 import math
 from dataclasses import dataclass, fields
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -36,11 +42,9 @@ except ImportError:  # this repository: model.py is a top-level module
     from checkpoint import (CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint,
                             read_hf_config, read_safetensors, sliding_window)
 
-ATTENTIONS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 AFFINE_ACTS = ('linear_clip', 'sigmoid')
 AFFINE_BIAS_NORMS = ('seq_len', 'visible')
 IGNORE_INDEX = -100  # targets with this value are left out of the loss (PyTorch's default)
-VARIANT_TENSORS = {'sinks', 'g_proj', 'alpha_proj', 'alpha_ma'}  # what the variants add to softmax attention
 
 
 @dataclass
@@ -58,7 +62,8 @@ class ModelConfig:
     qkv_bias: bool = False  # Qwen1.5/Qwen2 have biases on q/k/v (not on o)
     tie_embeddings: bool = False
     init_std: float = 0.02  # HF's initializer_range
-    attention: str = 'softmax'  # one of ATTENTIONS
+    attention: str = 'softmax'  # one of ATTENTIONS: a VARIANTS entry, or a name of GATED_NAMES
+    gate: bool = False  # Eq. 4-5: the output gate after the attention, on any variant (gated, affine_gated have it)
     affine_act: str = 'linear_clip'  # phi of Eq. 7: Eq. 11 (paper default) or sigmoid (Eq. 10, Table 3 ablation)
     affine_momentum: float = 0.9  # rho of Eq. 9
     # N of Eq. 8. 'seq_len': the key sequence length of the call (the paper's wording; with right padding
@@ -86,22 +91,35 @@ class ModelConfig:
         return self.n_embd // self.n_head
 
     @property
-    def is_affine(self):
-        """Eq. 6-9: alpha_proj, and the running alpha_ma that training updates (affine, affine_gated)."""
-        return self.attention in ('affine', 'affine_gated')
+    def is_gated(self):
+        """Eq. 4-5: whether the output gate g_proj follows the attention: gate=True, or a name of GATED_NAMES."""
+        return self.gate or self.attention in GATED_NAMES
 
     @property
-    def is_gated(self):
-        """Eq. 4-5: the output gate g_proj (gated, affine_gated)."""
-        return self.attention in ('gated', 'affine_gated')
+    def variant(self):
+        """Its entry of VARIANTS (the gate aside)."""
+        return VARIANTS[GATED_NAMES[self.attention][0] if self.attention in GATED_NAMES else self.attention]
 
     @property
     def outputs_depend_on_length(self):
-        """Whether a position's output changes with the number of tokens after it: affine with
-        affine_bias_norm='seq_len', where N of Eq. 8 is the whole call's length. Then a KV cache (generate) and
-        reading a shorter request's output from a longer one's forward (eval_zeroshot) are not exact; every other
-        variant is causal in the usual sense."""
-        return self.is_affine and self.affine_bias_norm == 'seq_len'
+        """Whether a position's output changes with the number of tokens after it (Variant.depends_on_length: affine
+        with affine_bias_norm='seq_len', where N of Eq. 8 is the whole call's length). Then a KV cache (generate) and
+        reading a shorter request's output from a longer one's forward (eval_zeroshot) are not exact."""
+        return self.variant.depends_on_length(self)
+
+    @property
+    def hf_native(self):
+        """Whether transformers' own Llama / Qwen2 computes this model (export_hf.py then ships no code)."""
+        return self.variant.hf_native and not self.is_gated
+
+    @property
+    def display_name(self):
+        """The paper's name for the model (analyze.py's rows), then its options: 'Affine-Scaled + Gated (sigmoid)'."""
+        name = self.variant.display
+        if self.is_gated:  # the paper's name for it with the gate, if the paper has one
+            of = GATED_NAMES[self.attention][0] if self.attention in GATED_NAMES else self.attention
+            name = next((shown for base, shown in GATED_NAMES.values() if base == of), f'{name} + Gated')
+        return name + self.variant.options(self)
 
 
 FIELD_NAMES = tuple(f.name for f in fields(ModelConfig))
@@ -196,16 +214,17 @@ class MLP(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# The attention layer: one module, five variants. Which fused kernel runs each (and how grouped K/V reach it) is
-# attention_kernels.py's business; here is what each variant computes.
+# The attention variants: what each computes, one entry of VARIANTS each, the only place in the repository that knows
+# them. Which fused kernel runs a variant (and how grouped K/V reach it) is attention_kernels.py's business.
 
 class KVCache:
-    """Keys and values of one layer for incremental decoding; affine also keeps the running sum of V."""
+    """Keys and values of one layer for incremental decoding, and the running sums a variant keeps beyond them
+    (Variant.cache: affine's sum of V)."""
 
     def __init__(self, max_len):
         self.max_len, self.length = max_len, 0
         self.k = self.v = None
-        self.v_sum = 0.0  # sum of all cached values (float32), for affine's beta term
+        self.sums = {}  # name -> its sum over every cached token (float32)
 
     def update(self, k, v):
         """Append k, v (B, H_kv, T, D); the keys and values of every cached token. Prefill (an empty cache) takes a
@@ -219,16 +238,68 @@ class KVCache:
         self.k[:, :, start:self.length], self.v[:, :, start:self.length] = k, v
         return self.k[:, :, :self.length], self.v[:, :, :self.length]
 
-    def continue_v_sums(self, v_sums):
-        """Running sums of the new values (B, H_kv, T, D), continued from the sum of every value cached before."""
-        v_sums = v_sums + self.v_sum
-        self.v_sum = v_sums[:, :, -1:]
-        return v_sums
+    def continue_sum(self, name, sums):
+        """Running sums over the new tokens (B, H_kv, T, D), continued from the sum over every token cached before."""
+        sums = sums + self.sums.get(name, 0.0)
+        self.sums[name] = sums[:, :, -1:]
+        return sums
+
+
+# Every variant is written twice, as functions of the layer `attn` (its config and tensors):
+#   forward(attn, q, k, v, is_causal, **call) -> y (B, H, T, D), the O(T) path on fused kernels. q (B, H, T, D); k, v
+#       (B, H_kv, T_k, D), every cached key and value included; is_causal is False while decoding (the one new query
+#       sees every cached key). call: alpha (Variant.alpha's, or None), v_new (this call's values), positions (T,),
+#       seq_lens ((B,) real lengths of right-padded rows, or None), cache (the layer's KVCache, or None).
+#   weights(attn, scores, **call) -> (B, H, T, T), the same attention as an explicit matrix in at least float32, from
+#       scores = QK^T / sqrt(d) with the keys after each query at -inf (attention_scores): weights @ V is forward's y.
+#       call: alpha, positions, seq_lens.
+
+def softmax_forward(attn, q, k, v, is_causal, **call):
+    return softmax_attention(q, k, v, is_causal)  # Eq. 1
+
+
+def softmax_weights(attn, scores, **call):
+    return torch.softmax(scores, dim=-1)
+
+
+def sink_tensors(attn, config):
+    attn.sinks = nn.Parameter(torch.zeros(config.n_head))  # s_h of Eq. 3, one logit per head
+
+
+def sink_forward(attn, q, k, v, is_causal, **call):
+    return sink_attention(q, k, v, attn.sinks, is_causal)  # Eq. 3: e^{s_h} joins every denominator of head h
+
+
+def sink_weights_of(attn, scores, **call):
+    return sink_weights(scores, attn.sinks)  # without the sink's own mass: rows sum to less than 1
+
+
+def affine_tensors(attn, config):
+    attn.alpha_proj = nn.Linear(config.n_embd, config.n_head, bias=False)  # W_alpha of Eq. 7: a scale per (token, head)
+    attn.register_buffer('alpha_ma', torch.zeros(config.n_head))  # Eq. 9, alpha_ma,0 = 0; saved in checkpoints
+    # sum of alpha and token count since the last GPT.update_alpha_ma() (train mode only)
+    attn.register_buffer('alpha_sum', torch.zeros(config.n_head), persistent=False)
+    attn.register_buffer('alpha_count', torch.zeros(()), persistent=False)
 
 
 def linear_clip(x):
     """Eq. 11: 0 for x <= -5, 0.1 x + 0.5 in between, 1 for x >= 5."""
     return (0.1 * x + 0.5).clamp(0.0, 1.0)
+
+
+def affine_alpha(attn, x):
+    """Eq. 7: alpha = phi(W_alpha X), one scale per (token, head): (B, T, H), at least float32."""
+    a = at_least_fp32(attn.alpha_proj(x))
+    return linear_clip(a) if attn.config.affine_act == 'linear_clip' else torch.sigmoid(a)  # Eq. 11 / Eq. 10
+
+
+def bias_norm(config, positions, seq_lens, n_keys):
+    """N of Eq. 8, broadcastable to (B, H, T, 1)."""
+    if config.affine_bias_norm == 'visible':
+        return (positions + 1).view(1, 1, -1, 1)  # the keys query i can see
+    if seq_lens is not None:
+        return seq_lens.view(-1, 1, 1, 1)  # right padding: each sequence's real length
+    return n_keys  # the key length of the call (with a cache: every cached key)
 
 
 def affine_scaled(y, alpha, alpha_ma, v_mean):
@@ -249,9 +320,111 @@ def affine_scaled(y, alpha, alpha_ma, v_mean):
     return (alpha * y.view(B, H_kv, G, T, D) + beta_scale * v_mean.unsqueeze(2)).view(B, H, T, D).to(y.dtype)
 
 
-class Attention(nn.Module):
-    ALPHA_STATS = ('alpha_ma', 'alpha_sum', 'alpha_count')  # affine's buffers for Eq. 9, float32 (see _apply)
+def affine_forward(attn, q, k, v, is_causal, alpha, v_new, positions, seq_lens, cache, **call):
+    y = softmax_attention(q, k, v, is_causal)
+    v_sums = at_least_fp32(v_new).cumsum(dim=2)  # sum_{j<=i} V_j over this call's tokens ...
+    if cache is not None:
+        v_sums = cache.continue_sum('v_sum', v_sums)  # ... and every cached one before them
+    return affine_scaled(y, alpha, attn.alpha_ma, v_sums / bias_norm(attn.config, positions, seq_lens, k.size(2)))
 
+
+def affine_weights(attn, scores, alpha, positions, seq_lens, **call):
+    T = scores.size(2)
+    visible = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril()
+    alpha = alpha.transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
+    beta = (attn.alpha_ma.view(1, -1, 1, 1) - alpha) / bias_norm(attn.config, positions, seq_lens, T)
+    return alpha * torch.softmax(scores, dim=-1) + beta * visible  # Eq. 6-8: beta on the visible keys only
+
+
+def accumulate_alpha(attn, alpha, positions, seq_lens):
+    """Add this micro-batch's sum of alpha (per head) and token count to the layer's running sums (Eq. 9's E[alpha],
+    applied by GPT.update_alpha_ma); padding is left out."""
+    alpha = alpha.detach()
+    if seq_lens is None:
+        attn.alpha_sum += alpha.sum(dim=(0, 1))
+        attn.alpha_count += alpha.size(0) * alpha.size(1)
+    else:
+        real = (positions[None, :] < seq_lens[:, None]).unsqueeze(-1)  # (B, T, 1)
+        attn.alpha_sum += (alpha * real).sum(dim=(0, 1))
+        attn.alpha_count += real.sum()
+
+
+def softmax1_forward(attn, q, k, v, is_causal, **call):
+    return sink_attention(q, k, v, q.new_zeros(attn.config.n_head), is_causal)  # Eq. 2: the sink's logit fixed at 0
+
+
+def softmax1_weights(attn, scores, **call):
+    return sink_weights(scores, scores.new_zeros(attn.config.n_head))  # rows sum to less than 1: the 1's share
+
+
+def init_variant_tensors(attn, std):
+    """What a variant adds, initialised as HF Llama would: its own parameters normal(0, init_std) (gpt-oss's sinks),
+    its buffers zero (alpha_ma,0 = 0 of Eq. 9); an nn.Linear it adds is initialised as every linear."""
+    for p in attn._parameters.values():
+        nn.init.normal_(p, mean=0.0, std=std)
+    for b in attn._buffers.values():
+        b.zero_()
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One attention variant: everything the rest of the repository reads about it."""
+    display: str  # the paper's name for it: analyze.py's tables and figures
+    forward: Callable  # the O(T) path (above)
+    weights: Callable  # the explicit T x T form (above): the tests', the analyses' and bench.py's reference
+    # (config, a, x_copy) -> bytes per token its forward saves for backward beyond softmax's, a bytes per activation
+    # element; x_copy: the bf16 copy of X each linear of X keeps under autocast over fp32 weights (else 0). memory_plan
+    # adds it, tests/test_fsdp.py holds it to what autograd saves
+    saved_bytes: Callable
+    tensors: Optional[Callable] = None  # (attn, config): registers what it adds to q/k/v/o_proj, under names of its
+    #   own: ΔParams (GPT.get_num_params), the tensors export and from_pretrained expect, FSDP shards its parameters
+    init: Callable = init_variant_tensors  # (attn, init_std): their init (also after from_pretrained's to_empty)
+    fp32: tuple = ()  # saved buffers kept float32 in every precision (Attention._apply, export_hf, hf_wrapper)
+    running: tuple = ()  # unsaved float32 buffers of per-rank sums, zeroed after loading; DDP must not sync buffers
+    alpha: Optional[Callable] = None  # (attn, x) -> (B, T, H): Eq. 7's per-token scale, which training averages into
+    #   the running sums (accumulate_alpha) and GPT.update_alpha_ma into alpha_ma (Eq. 9); forward gets it as alpha
+    cache: tuple = ()  # what its KVCache keeps beyond K and V (KVCache.sums' names)
+    depends_on_length: Callable = lambda config: False  # ModelConfig.outputs_depend_on_length
+    head_stats: tuple = ()  # per-head tensors the analyses plot and train.py logs (their means per layer)
+    options: Callable = lambda config: ''  # (config) -> its options, shown after its name
+    hf_native: bool = False  # transformers' own LlamaForCausalLM / Qwen2ForCausalLM computes it (without the gate)
+    check_time: Optional[float] = None  # bench.py --check's ceiling for its 1B training step, x softmax's
+
+
+VARIANTS = {
+    'softmax': Variant('Baseline', softmax_forward, softmax_weights, saved_bytes=lambda config, a, x_copy: 0,
+                       hf_native=True),
+    'sink': Variant('Sink', sink_forward, sink_weights_of, saved_bytes=lambda config, a, x_copy: 0,
+                    tensors=sink_tensors, head_stats=('sinks',), check_time=1.05),
+    'affine': Variant(
+        'Affine-Scaled', affine_forward, affine_weights,
+        # alpha_proj's copy of X, alpha (float32) and its views, the running mean of V (float32)
+        saved_bytes=lambda config, a, x_copy: x_copy + 12 * config.n_head + 4 * config.n_kv_head * config.head_dim,
+        tensors=affine_tensors, fp32=('alpha_ma',), running=('alpha_sum', 'alpha_count'), alpha=affine_alpha,
+        cache=('v_sum',), depends_on_length=lambda config: config.affine_bias_norm == 'seq_len',
+        head_stats=('alpha_ma',), options=lambda config: '' if config.affine_act == 'linear_clip' else
+        f' ({config.affine_act})', check_time=1.03),
+    'softmax1': Variant('Off-by-One', softmax1_forward, softmax1_weights, saved_bytes=lambda config, a, x_copy: 0,
+                        check_time=1.05),
+}
+# The paper's names for two variants with the output gate (Eq. 4-5), and their display names; the paper's five models
+# in its order (Tables 1-2); every value of ModelConfig.attention: those, then every other variant
+GATED_NAMES = {'gated': ('softmax', 'Gated'), 'affine_gated': ('affine', 'Affine-Scaled + Gated')}
+PAPER_VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
+ATTENTIONS = PAPER_VARIANTS + tuple(name for name in VARIANTS if name not in PAPER_VARIANTS)
+BASELINE, PROPOSED = 'softmax', 'affine'  # the paper's baseline and its own variant (bench.py's defaults)
+HEAD_STATS = tuple(dict.fromkeys(name for v in VARIANTS.values() for name in v.head_stats))
+SOFTMAX_TENSORS = ('q_proj', 'k_proj', 'v_proj', 'o_proj')  # the rest of an Attention is a variant's or the gate's
+
+
+def is_variant_tensor(key):
+    """Whether a parameter or state-dict key names a tensor the variant or the gate adds to softmax attention (the
+    paper's ΔParams; what a published softmax checkpoint does not hold): sinks, g_proj, alpha_proj, alpha_ma."""
+    parts = key.split('.')
+    return 'self_attn' in parts and parts[parts.index('self_attn') + 1] not in SOFTMAX_TENSORS
+
+
+class Attention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -261,50 +434,36 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(C, H_kv * D, bias=config.qkv_bias)
         self.o_proj = nn.Linear(H * D, C, bias=False)
         self.explicit = False  # attend through the explicit T x T weights (Attention.weights): the slow reference
-        if config.attention == 'sink':
-            self.sinks = nn.Parameter(torch.zeros(H))  # s_h of Eq. 3, one logit per head
         if config.is_gated:
             self.g_proj = nn.Linear(C, H * D, bias=False)  # W_g of Eq. 5: one gate per output channel
-        if config.is_affine:
-            self.alpha_proj = nn.Linear(C, H, bias=False)  # W_alpha of Eq. 7: one scale per (token, head)
-            self.register_buffer('alpha_ma', torch.zeros(H))  # Eq. 9, alpha_ma,0 = 0; saved in checkpoints
-            # sum of alpha and token count since the last update_alpha_ma() (train mode only)
-            self.register_buffer('alpha_sum', torch.zeros(H), persistent=False)
-            self.register_buffer('alpha_count', torch.zeros(()), persistent=False)
+        if config.variant.tensors:
+            config.variant.tensors(self, config)
 
     def forward(self, x, cos, sin, positions, seq_lens=None, cache=None, count_alpha=True):
         """x: (B, T, C), the normed hidden state X that feeds q/k/v, alpha and the gate. count_alpha=False: the
         caller adds alpha to alpha_ma's sums itself (activation checkpointing, see Block.forward)."""
         B, T, _ = x.shape
+        variant = self.config.variant
         q, k, v_new = self.project(x, cos, sin)
         is_causal = cache is None or cache.length == 0  # prefill is causal; a decoded token sees every cached key
         k, v = (k, v_new) if cache is None else cache.update(k, v_new)
-        if self.config.is_affine:
-            alpha = self.scale(x)  # Eq. 7
+        alpha = None
+        if variant.alpha:
+            alpha = variant.alpha(self, x)  # Eq. 7
             if self.training and count_alpha:
-                self._accumulate_alpha(alpha, positions, seq_lens)  # for alpha_ma's update, Eq. 9
+                accumulate_alpha(self, alpha, positions, seq_lens)  # for alpha_ma's update, Eq. 9
 
-        if self.explicit:  # the slow reference: Eq. 1, 3 or 6-8 as the explicit T x T weights (see weights)
+        if self.explicit:  # the slow reference: the variant's explicit T x T weights (see weights)
             if cache is not None:
                 raise ValueError("Attention.explicit computes whole sequences: no KV cache")
             G = self.config.n_head // self.config.n_kv_head
             y = self.weights(x, cos, sin, positions, seq_lens).to(v.dtype) @ v.repeat_interleave(G, dim=1)
-        # Eq. 3 (sink): softmax_sink, the learnable logit s_h joins every softmax denominator of head h
-        elif self.config.attention == 'sink':
-            y = sink_attention(q, k, v, self.sinks, is_causal)
-        # Eq. 1 (softmax, gated): softmax(QK^T / sqrt(d)) V
-        elif not self.config.is_affine:
-            y = softmax_attention(q, k, v, is_causal)
-        # Eq. 6-8 (affine, affine_gated): [alpha(X) softmax(QK^T / sqrt(d)) + beta(X)] V, beta = (alpha_ma - alpha) / N
         else:
-            y = softmax_attention(q, k, v, is_causal)
-            v_sums = at_least_fp32(v_new).cumsum(dim=2)  # sum_{j<=i} V_j over this call's tokens ...
-            if cache is not None:
-                v_sums = cache.continue_v_sums(v_sums)  # ... and every cached one before them
-            y = affine_scaled(y, alpha, self.alpha_ma, v_sums / self.bias_norm(positions, seq_lens, k.size(2)))
+            y = variant.forward(self, q, k, v, is_causal, alpha=alpha, v_new=v_new, positions=positions,
+                                seq_lens=seq_lens, cache=cache)
 
         y = y.transpose(1, 2).reshape(B, T, -1)
-        # Eq. 4-5 (gated, affine_gated): G(X) = sigmoid(W_g X), elementwise on the attention output, before o_proj
+        # Eq. 4-5 (the gate): G(X) = sigmoid(W_g X), elementwise on the attention output, before o_proj
         if self.config.is_gated:
             y = y * torch.sigmoid(self.g_proj(x))
         return self.o_proj(y)
@@ -317,61 +476,37 @@ class Attention(nn.Module):
         k = apply_rope(self.k_proj(x).view(B, T, H_kv, D).transpose(1, 2), cos, sin)
         return q, k, self.v_proj(x).view(B, T, H_kv, D).transpose(1, 2)
 
-    def scale(self, x):
-        """Eq. 7: alpha = phi(W_alpha X), one scale per (token, head): (B, T, H), at least float32."""
-        a = at_least_fp32(self.alpha_proj(x))
-        return linear_clip(a) if self.config.affine_act == 'linear_clip' else torch.sigmoid(a)  # Eq. 11 / Eq. 10
-
-    def bias_norm(self, positions, seq_lens, n_keys):
-        """N of Eq. 8, broadcastable to (B, H, T, 1)."""
-        if self.config.affine_bias_norm == 'visible':
-            return (positions + 1).view(1, 1, -1, 1)  # the keys query i can see
-        if seq_lens is not None:
-            return seq_lens.view(-1, 1, 1, 1)  # right padding: each sequence's real length
-        return n_keys  # the key length of the call (with a cache: every cached key)
-
     def weights(self, x, cos, sin, positions, seq_lens=None):
-        """The effective attention weights (B, H, T, T) as an explicit matrix, in at least float32: the written form
-        of each variant that the O(T) forward is checked against, and what analysis reads. softmax's (Eq. 1; also
-        gated's, whose gate acts after), sink's without the sink's own mass (Eq. 3), affine's alpha * softmax + beta
-        on the visible keys (Eq. 6-8). weights @ V is what the forward attends to. Same projections as forward;
-        a train-mode call adds nothing to alpha_ma."""
+        """The effective attention weights (B, H, T, T) as an explicit matrix, in at least float32 (Variant.weights):
+        the written form of each variant that the O(T) forward is checked against, and what analysis reads. The
+        gate acts after them. weights @ V is what the forward attends to. Same projections as forward; a train-mode
+        call adds nothing to alpha_ma."""
+        variant = self.config.variant
         q, k, _ = self.project(x, cos, sin)
-        scores = attention_scores(q, k)
-        if self.config.attention == 'sink':
-            return sink_weights(scores, self.sinks)
-        weights = torch.softmax(scores, dim=-1)
-        if self.config.is_affine:
-            T = q.size(2)
-            visible = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            alpha = self.scale(x).transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
-            beta = (self.alpha_ma.view(1, -1, 1, 1) - alpha) / self.bias_norm(positions, seq_lens, T)
-            weights = alpha * weights + beta * visible
-        return weights
+        alpha = variant.alpha(self, x) if variant.alpha else None
+        return variant.weights(self, attention_scores(q, k), alpha=alpha, positions=positions, seq_lens=seq_lens)
+
+    def statistics(self, x):
+        """What the analyses read of the variant besides its weights, in float64: alpha (B, T, H) of Eq. 7 on the
+        input x where it has one, and its per-head tensors (Variant.head_stats: sink logits, alpha_ma)."""
+        variant = self.config.variant
+        stats = {'alpha': variant.alpha(self, x).double()} if variant.alpha else {}
+        return stats | {name: getattr(self, name).double() for name in variant.head_stats}
 
     def _apply(self, fn, recurse=True):
         """nn.Module.to/half/bfloat16/cuda/to_empty all end here. A cast to half precision (bf16 evaluation casts
-        the whole model) leaves affine's alpha statistics in float32: alpha_ma ~ 0.5 in bf16 is off by up to 2e-3,
-        and beta of Eq. 8 would use that; alpha_count would round off past 256. Device moves, to_empty and
-        float64 still apply to them. FSDP2's mixed precision casts parameters only, and state_dict, load_state_dict
-        (copy_ into the buffer), deepcopy and torch.compile do not come through here."""
-        before = {name: self._buffers[name] for name in self.ALPHA_STATS if name in self._buffers}
+        the whole model) leaves the variant's float32 buffers (Variant.fp32 and .running: affine's alpha statistics)
+        in float32: alpha_ma ~ 0.5 in bf16 is off by up to 2e-3, and beta of Eq. 8 would use that; alpha_count would
+        round off past 256. Device moves, to_empty and float64 still apply to them. FSDP2's mixed precision casts
+        parameters only, and state_dict, load_state_dict (copy_ into the buffer), deepcopy and torch.compile do not
+        come through here."""
+        variant = self.config.variant
+        before = {name: self._buffers[name] for name in (*variant.fp32, *variant.running) if name in self._buffers}
         super()._apply(fn, recurse)
         for name, t in before.items():
             if self._buffers[name].dtype in (torch.float16, torch.bfloat16):
                 self._buffers[name] = t.to(device=self._buffers[name].device, dtype=torch.float32)
         return self
-
-    def _accumulate_alpha(self, alpha, positions, seq_lens):
-        """Add this micro-batch's sum of alpha (per head) and token count; padding is left out."""
-        alpha = alpha.detach()
-        if seq_lens is None:
-            self.alpha_sum += alpha.sum(dim=(0, 1))
-            self.alpha_count += alpha.size(0) * alpha.size(1)
-        else:
-            real = (positions[None, :] < seq_lens[:, None]).unsqueeze(-1)  # (B, T, 1)
-            self.alpha_sum += (alpha * real).sum(dim=(0, 1))
-            self.alpha_count += real.sum()
 
 
 class Block(nn.Module):
@@ -391,9 +526,9 @@ class Block(nn.Module):
         # the checkpointed part: one more RMSNorm and C x H projection. Checkpointing inside forward keeps
         # hooks on this module (FSDP's all-gather) out of the recomputation.
         attn = self.self_attn
-        if attn.training and attn.config.is_affine:
+        if attn.training and attn.config.variant.alpha:
             with torch.no_grad():
-                attn._accumulate_alpha(attn.scale(self.input_layernorm(x)), positions, seq_lens)
+                accumulate_alpha(attn, attn.config.variant.alpha(attn, self.input_layernorm(x)), positions, seq_lens)
         return checkpoint(self.compute, x, cos, sin, positions, seq_lens, count_alpha=False, use_reentrant=False)
 
     def compute(self, x, cos, sin, positions, seq_lens=None, cache=None, count_alpha=True):
@@ -443,12 +578,15 @@ class GPT(nn.Module):
             return model.to(device=device, dtype=dtype)
         hf = read_hf_config(path)
         exported = 'model_config' in hf
-        config = ModelConfig(**config_from_hf(hf, attention))
-        state = read_safetensors(path, dtype, device)
+        config = ModelConfig(**config_from_hf(hf) | ({} if exported else dict(attention=attention)))
+        if exported and attention not in ('softmax', config.attention):  # an export is always its own variant
+            raise ValueError(f"{path}/config.json: an exported {config.attention!r} model cannot be loaded as "
+                             f"{attention!r}")
+        state = read_safetensors(path, dtype, device, keep_fp32=config.variant.fp32)
         with torch.device('meta'):
             model = cls(config).to(dtype)
         # what the directory holds: every tensor of an exported variant, the softmax ones of a published model
-        expected = {key for key in model.state_dict() if exported or not VARIANT_TENSORS & set(key.split('.'))}
+        expected = {key for key in model.state_dict() if exported or not is_variant_tensor(key)}
         if config.tie_embeddings:  # lm_head is embed_tokens; HF ignores a stored copy, and so do we
             expected.discard('lm_head.weight')
             state.pop('lm_head.weight', None)
@@ -479,8 +617,9 @@ class GPT(nn.Module):
         return model
 
     def _init_weights(self, module):
-        """HF Llama's init: normal(0, init_std) for matrices (and the sink logits, as gpt-oss), zero biases,
-        unit norms, alpha_ma = 0. Also what a meta-device model needs after to_empty()."""
+        """HF Llama's init: normal(0, init_std) for matrices, zero biases, unit norms; what a variant adds as its
+        Variant.init says (the sink logits normal(0, init_std), as gpt-oss; alpha_ma = 0). Also what a meta-device
+        model needs after to_empty()."""
         std = self.config.init_std
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -489,11 +628,7 @@ class GPT(nn.Module):
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
         elif isinstance(module, Attention):
-            if hasattr(module, 'sinks'):
-                nn.init.normal_(module.sinks, mean=0.0, std=std)
-            for name in Attention.ALPHA_STATS:
-                if hasattr(module, name):
-                    getattr(module, name).zero_()
+            module.config.variant.init(module, std)
 
     def forward(self, idx, targets=None, *, seq_lens=None, kv_caches=None, return_hidden=False):
         """idx: (B, T) token ids. Returns (logits (B, T, vocab) for every position, mean cross-entropy
@@ -535,7 +670,7 @@ class GPT(nn.Module):
         per-forward buffer sync (common.DDP_NO_BUFFER_SYNC) so rank 0 does not overwrite the other ranks' sums.
         discard=True only clears the sums (a skipped step). Returns E[alpha] per layer, (n_head,) tensors
         (empty: not affine, nothing accumulated, or discarded)."""
-        layers = [m.self_attn for m in self.model.layers if m.self_attn.config.is_affine]
+        layers = [m.self_attn for m in self.model.layers if m.self_attn.config.variant.alpha]
         if not layers:
             return []
         stats = torch.stack([torch.cat([m.alpha_sum, m.alpha_count.view(1)]) for m in layers])  # (L, H + 1)
@@ -612,7 +747,6 @@ class GPT(nn.Module):
         return results
 
     def get_num_params(self, variant_only=False):
-        """Number of parameters, tied embeddings counted once; variant_only: only those the attention variant adds
-        to softmax attention (sinks, g_proj, alpha_proj: the paper's ΔParams)."""
-        return sum(p.numel() for name, p in self.named_parameters()
-                   if not variant_only or VARIANT_TENSORS & set(name.split('.')))
+        """Number of parameters, tied embeddings counted once; variant_only: only those the attention variant and
+        the gate add to softmax attention (sinks, g_proj, alpha_proj: the paper's ΔParams)."""
+        return sum(p.numel() for name, p in self.named_parameters() if not variant_only or is_variant_tensor(name))

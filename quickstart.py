@@ -42,11 +42,11 @@ from types import SimpleNamespace
 from configurator import Key, fail, parse  # pure Python: these run before the install
 from files import RunError, atomic_write, claim_dir, run_script
 
-VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 KEYS = dict(
     tests=Key(False, "install the test requirements and run the test suite"),
     seeds=Key([0], "comma-separated student seeds, e.g. 0,1,2", min=0),
-    variants=Key(list(VARIANTS), "comma-separated attention variants"),
+    variants=Key(None, "comma-separated attention variants (default: every one model.py has, model.ATTENTIONS)",
+                 types=(list,)),
     out_dir=Key('out/quickstart'),
     data_dir=Key('data/builtin_bytes'),
     teacher_iters=Key(0, "teacher steps (0: the config's)", min=0),
@@ -326,8 +326,6 @@ def main(argv=None):
         if not install({**NEEDED, **TEST_NEEDED}, requirement_files('requirements.txt', 'requirements-test.txt')):
             sys.exit(INSTALL_FAILED)
         sys.exit(subprocess.call([sys.executable, '-m', 'pytest', '-q', 'tests'], cwd=HERE))
-    if unknown := [v for v in args.variants if v not in VARIANTS]:  # this message, not the configurator's (tested)
-        fail(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     if os.path.abspath(args.out_dir) == os.path.abspath(args.data_dir):
         fail(f"--out_dir and --data_dir are both {args.out_dir}: the prepared data and the runs need places of their "
              f"own")
@@ -336,6 +334,10 @@ def main(argv=None):
               ours=lambda names: 'teacher' in names and not names & {'ckpt.pt', 'metrics.jsonl', 'numbers.json'})
     if not install(NEEDED, requirement_files('requirements.txt') + ['matplotlib>=3.7']):
         sys.exit(INSTALL_FAILED)
+    from model import ATTENTIONS  # (torch is installed now) the variants are model.py's to say
+    args.variants = args.variants or list(ATTENTIONS)
+    if unknown := [v for v in args.variants if v not in ATTENTIONS]:
+        fail(f"--variants: unknown {unknown}; choose from {', '.join(ATTENTIONS)}")
     from checkpoint import CheckpointError
     try:
         study(args)

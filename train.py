@@ -288,15 +288,14 @@ def mean_attention_logit(model, idx):
 
 
 def attention_stats(model, alpha_means):
-    """Per-layer head means of this step's E[alpha] and of alpha_ma (affine), or of the sink logits (sink)."""
+    """Per-layer head means of this step's E[alpha] (affine) and of the variant's per-head tensors (Variant.head_stats:
+    affine's alpha_ma, the sink logits)."""
     layers = [layer.self_attn for layer in model.model.layers]
     stats = {}
     if alpha_means:
         stats['alpha_mean'] = [round(a.mean().item(), 5) for a in alpha_means]
-    if model.config.is_affine:
-        stats['alpha_ma'] = [round(m.alpha_ma.mean().item(), 5) for m in layers]
-    if model.config.attention == 'sink':  # a parameter: under FSDP a shard, gathered (every rank calls this)
-        stats['sinks'] = [round(full_tensor(m.sinks).mean().item(), 5) for m in layers]
+    for name in model.config.variant.head_stats:  # a parameter is a shard under FSDP: gathered (every rank calls this)
+        stats[name] = [round(full_tensor(getattr(m, name)).mean().item(), 5) for m in layers]
     return stats
 
 

@@ -36,11 +36,9 @@ import train  # noqa: E402
 from common import KNOWN_PEAK_BF16, flops_per_token  # noqa: E402
 from configurator import parse  # noqa: E402
 from files import atomic_write, run_script  # noqa: E402
-from model import FIELD_NAMES, GPT, ModelConfig  # noqa: E402
+from model import ATTENTIONS, BASELINE, FIELD_NAMES, GPT, ModelConfig  # noqa: E402
 
 SIZES = ('0.5b', '1b', '3b')
-VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated', 'affine_gated_sigmoid')
-SHOWN = dict(affine_gated='affine + gated', affine_gated_sigmoid='affine + gated (sigmoid)')  # names in tables
 GPUS, GPU_GIB = 8, 80  # the machine the plan is for: 8 GPUs of 80 GiB (train.py's dry_run_* defaults)
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # tried for the largest micro-batch that fits
 ASSUMED_MFU, PEAK = 0.4, KNOWN_PEAK_BF16['H100']  # the time estimates: 40% of an H100's dense bf16 peak
@@ -57,6 +55,10 @@ class Row:
         self.variant, self.size = self.name.rsplit('_', 1) if '_' in self.name else (self.name, '')
         self.c = train.load_config([path, *overrides])
         self.cfg = ModelConfig(**{k: self.c[k] for k in FIELD_NAMES})
+        # in tables: the attention flag, '_' read as '+' (affine_gated: affine + gated), then its options; rows in
+        # model.ATTENTIONS' order, a variant's options after it
+        self.shown = self.cfg.attention.replace('_', ' + ') + self.cfg.variant.options(self.cfg)
+        self.order = (ATTENTIONS.index(self.cfg.attention), self.shown)
         self.teacher_name = os.path.basename(os.path.normpath(self.c['teacher']))
         self.teacher = ModelConfig(**memory_plan.KNOWN_TEACHERS[self.teacher_name])
         self.micro, self.gpus = self.c['micro_batch_size'], self.c['dry_run_world_size']
@@ -82,7 +84,7 @@ class Row:
 
 def rows():
     paths = glob.glob(os.path.join(ROOT, 'config', '*_*b.py'))
-    found = sorted((Row(p) for p in paths), key=lambda r: (SIZES.index(r.size), VARIANTS.index(r.variant)))
+    found = sorted((Row(p) for p in paths), key=lambda r: (SIZES.index(r.size), r.order))
     return found
 
 
@@ -121,10 +123,11 @@ class Flops:
 
 
 def params_table(found):
-    by = {(r.variant, r.size): memory_plan.meta_param_counts(r.cfg)[0] for r in found}
-    header = ['size', 'softmax params'] + [SHOWN.get(v, v) for v in VARIANTS[1:]]
-    lines = [[size.upper(), f'{by["softmax", size]:,}'] +
-             [f'+{by[v, size] - by["softmax", size]:,}' if (v, size) in by else '' for v in VARIANTS[1:]]
+    by = {(r.shown, r.size): memory_plan.meta_param_counts(r.cfg)[0] for r in found}
+    columns = [s for _, s in sorted({r.order for r in found}) if s != BASELINE]
+    header = ['size', f'{BASELINE} params'] + columns
+    lines = [[size.upper(), f'{by[BASELINE, size]:,}'] +
+             [f'+{by[v, size] - by[BASELINE, size]:,}' if (v, size) in by else '' for v in columns]
              for size in SIZES]
     return table(header, lines)
 
@@ -170,7 +173,7 @@ def multi_node_table(found):
         fsdp, micro, batch = first.c['fsdp'], first.micro, first.c['global_batch_size']
         assert all(r.c['fsdp'] == fsdp and r.micro == micro and r.c['global_batch_size'] == batch for r in group)
         names = [r.variant for r in group]
-        lines.append([f'{size.upper()}: ' + ', '.join(SHOWN.get(n, n) for n in names),
+        lines.append([f'{size.upper()}: ' + ', '.join(r.shown for r in group),
                       '`{' + ','.join(names) + '}_' + size + '.py`', 'FSDP' if fsdp else 'DDP', micro,
                       ' / '.join(str(batch // (gpus * micro)) for gpus in (8, 16, 32)),
                       gib_range([r.total(fsdp) for r in group]),
@@ -235,10 +238,10 @@ def onegpu_table():
     header = ['config/onegpu.py', 'params', 'extra over softmax', 'one 24 GiB GPU', 'one 80 GiB GPU',
               'time on 1 x H100 (estimate)']
     lines = []
-    for variant in VARIANTS[:5]:
+    for variant in ATTENTIONS:
         r = Row(os.path.join(ROOT, 'config', 'onegpu.py'), f'--attention={variant}')
         total = memory_plan.meta_param_counts(r.cfg)[0]
-        softmax = memory_plan.meta_param_counts(ModelConfig(**{**vars(r.cfg), 'attention': 'softmax'}))[0]
+        softmax = memory_plan.meta_param_counts(ModelConfig(**{**vars(r.cfg), 'attention': BASELINE}))[0]
         fits = [f'micro-batch {best}: {r.total(False, micro=best):.1f} GiB'
                 for best in (r.largest_micro_batch(24), r.largest_micro_batch(80))]
         lines.append([f'`--attention={variant}`', f'{total:,}', f'{total - softmax:,}', *fits,

@@ -13,12 +13,14 @@ import prepare_data
 from data import load_tokenizer, tokenizer_info
 from helpers import fake_run
 from files import RunError
-from model import GPT, ModelConfig, rope_cos_sin
+from model import ATTENTIONS, GPT, ModelConfig, rope_cos_sin
+from test_model import REFERENCES, variant_name
 
 
 @torch.no_grad()
 def explicit_weights(model, idx):
-    """Every layer's effective weights, built here from the paper's equations with the model's parameters."""
+    """Every layer's effective weights, built from the paper's equations with the model's parameters (each variant's
+    float64 reference in test_model.py)."""
     cfg = model.config
     out, x = [], model.model.embed_tokens(idx).double()
     T = idx.size(1)
@@ -31,14 +33,8 @@ def explicit_weights(model, idx):
         q, k, v = a.project(h, cos, sin)
         k = k.repeat_interleave(cfg.n_head // cfg.n_kv_head, dim=1)
         e = torch.where(visible, torch.exp(q @ k.transpose(-2, -1) / math.sqrt(cfg.head_dim)), torch.zeros(()))
-        denominator = e.sum(-1, keepdim=True)
-        if cfg.attention == 'sink':
-            denominator = denominator + a.sinks.double().exp().view(1, -1, 1, 1)
-        w = e / denominator
-        if 'affine' in cfg.attention:
-            alpha = (0.1 * (h @ a.alpha_proj.weight.double().T) + 0.5).clamp(0, 1).transpose(1, 2)[..., None]
-            w = alpha * w + (a.alpha_ma.double().view(1, -1, 1, 1) - alpha) / T * visible
-        out.append(w)
+        p = {n: t.double() for n, t in [*a.named_parameters(), *a.named_buffers()]}
+        out.append(REFERENCES[variant_name(cfg)](e=e, p=p, x=h, cfg=cfg, visible=visible, seq_lens=None))
         x = layer(x, cos, sin, positions)
     return out
 
@@ -53,7 +49,7 @@ def tiny_model(attention, seed=0):
     return model
 
 
-@pytest.mark.parametrize('attention', ['softmax', 'sink', 'gated', 'affine', 'affine_gated'])
+@pytest.mark.parametrize('attention', ATTENTIONS)
 def test_attention_statistics_match_the_explicit_matrix(attention):
     model = tiny_model(attention).double()
     idx = torch.randint(0, 300, (3, 16))

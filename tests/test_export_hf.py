@@ -24,7 +24,7 @@ import export_hf
 import prepare_data as prep
 from data import gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 from files import RunError
-from model import GPT, ModelConfig
+from model import ATTENTIONS, GPT, ModelConfig
 from helpers import HF_LLAMA3_REGEX, TEXT, train_hf_bpe, write_tiktoken_file
 from hf_helpers import randomise
 
@@ -34,7 +34,8 @@ TRANSFORMERS4_PYTHON = os.environ.get('TRANSFORMERS4_PYTHON', '/tmp/tf4/bin/pyth
 LLAMA3_ROPE = dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=16)
 # name -> (ModelConfig settings, tokenizer): every variant, both transformers architectures a softmax student becomes,
-# biases, tied and untied heads, Llama-3 rope scaling, both affine activations, a sharded export, both tokenizers
+# biases, tied and untied heads, Llama-3 rope scaling, both affine activations, a sharded export, both tokenizers, the
+# gate on a variant the paper has without it; then every other variant model.py has, as it comes
 VARIANTS = {
     'softmax': (dict(attention='softmax', rope_scaling=LLAMA3_ROPE), 'hf'),  # -> LlamaForCausalLM
     'softmax_qwen2': (dict(attention='softmax', qkv_bias=True, tie_embeddings=False), 'bytes'),  # -> Qwen2ForCausalLM
@@ -42,7 +43,9 @@ VARIANTS = {
     'gated': (dict(attention='gated', qkv_bias=True, tie_embeddings=False), 'bytes'),
     'affine': (dict(attention='affine', rope_scaling=LLAMA3_ROPE), 'hf'),  # sharded
     'affine_gated': (dict(attention='affine_gated', affine_act='sigmoid'), 'bytes'),
+    'sink_gate': (dict(attention='sink', gate=True), 'bytes'),
 }
+VARIANTS |= {name: (dict(attention=name), 'bytes') for name in ATTENTIONS if name not in VARIANTS}
 SHARDED = 'affine'
 
 
@@ -189,7 +192,8 @@ def test_exported_files(name, exported):
     assert state.keys() == expected.keys() and all(torch.equal(state[k], v) for k, v in expected.items())
     assert (name == SHARDED) == (len(shards) > 1)
     variant_keys = {k.rsplit('.', 1)[-1] for k in state if '.self_attn.' in k} - {'weight', 'bias'}
-    assert variant_keys == {'sink': {'sinks'}, 'affine': {'alpha_ma'}, 'affine_gated': {'alpha_ma'}}.get(name, set())
+    assert variant_keys == {'sink': {'sinks'}, 'sink_gate': {'sinks'}, 'affine': {'alpha_ma'},
+                            'affine_gated': {'alpha_ma'}}.get(name, set())
     config = json.loads((out / 'config.json').read_text())
     assert config['tokenizer_info'] == tok_info
     assert config['max_position_embeddings'] == cfg.block_size and config['tie_word_embeddings'] == cfg.tie_embeddings

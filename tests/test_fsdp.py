@@ -10,10 +10,8 @@ import common
 import memory_plan
 import train
 from files import RunError
-from model import FIELD_NAMES, GPT, ModelConfig
+from model import ATTENTIONS, FIELD_NAMES, GPT, ModelConfig
 from helpers import ROOT, metrics, tiny_args
-
-ATTENTIONS = ['softmax', 'sink', 'gated', 'affine', 'affine_gated']
 
 
 def torchrun(nproc, args):

@@ -3,7 +3,9 @@
 The reference below builds the explicit masked T x T attention matrix in float64 straight from the
 paper's equations (Eq. 1, 3, 4-5, 6-8, 10-11) and its own RoPE (pairwise rotations, not model.py's
 tables), then the fast path (flash/SDPA + O(T) identities, custom sink backward) must match it,
-forward and backward, on fresh random inputs.
+forward and backward, on fresh random inputs. Each variant of model.VARIANTS has its own reference here
+(REFERENCES): a variant without one fails test_every_variant_has_a_reference_and_explicit_weights, and every test
+below runs each registered variant, with and without the gate.
 """
 import copy
 import gc
@@ -15,7 +17,7 @@ import torch
 
 from attention_kernels import SinkAttention, needs_repeated_kv, sink_attention, sink_attention_explicit
 from common import estimate_mfu, flops_per_token
-from model import ATTENTIONS, GPT, Attention, KVCache, ModelConfig, rope_cos_sin
+from model import ATTENTIONS, GATED_NAMES, GPT, VARIANTS, Attention, KVCache, ModelConfig, rope_cos_sin
 from train import configure_optimizers
 
 torch.set_num_threads(2)
@@ -44,10 +46,52 @@ def reference_rotate(t, angles):
     return torch.cat([t1 * c - t2 * s, t2 * c + t1 * s], dim=-1)
 
 
-def reference_attention(attn, x, angles, seq_lens=None):
-    """Attention layer output from the paper's equations with an explicit (B, H, T, T) matrix."""
+# Each variant's attention matrix A (B, H, T, T), from the paper's equations, in float64: `e` holds exp(QK^T / sqrt(d))
+# on the visible keys (0 on the others), p the layer's parameters and buffers, x its input (B, T, C).
+
+def softmax_reference(e, **_):
+    return e / e.sum(-1, keepdim=True)  # Eq. 1
+
+
+def sink_reference(e, p, **_):
+    return e / (e.sum(-1, keepdim=True) + p['sinks'].exp().view(1, -1, 1, 1))  # Eq. 3: e^{s_h} joins the denominator
+
+
+def affine_reference(e, p, x, cfg, visible, seq_lens, **_):
+    B, T = x.shape[:2]
+    a = x @ p['alpha_proj.weight'].T  # (B, T, H)
+    if cfg.affine_act == 'linear_clip':  # Eq. 11, written piecewise
+        alpha = torch.where(a <= -5, torch.zeros(()), torch.where(a >= 5, torch.ones(()), 0.1 * a + 0.5))
+    else:
+        alpha = 1 / (1 + torch.exp(-a))  # Eq. 10
+    alpha = alpha.permute(0, 2, 1)[..., None]  # (B, H, T, 1)
+    if cfg.affine_bias_norm == 'visible':
+        N = torch.arange(1, T + 1, dtype=torch.float64).view(1, 1, T, 1)
+    elif seq_lens is not None:
+        N = seq_lens.double().view(B, 1, 1, 1)
+    else:
+        N = float(T)
+    beta = (p['alpha_ma'].view(1, -1, 1, 1) - alpha) / N  # Eq. 8
+    return alpha * (e / e.sum(-1, keepdim=True)) + beta * visible  # Eq. 6, beta on visible keys only
+
+
+def softmax1_reference(e, **_):
+    return e / (e.sum(-1, keepdim=True) + 1)  # Eq. 2 (Miller 2023): a constant 1 joins every denominator
+
+
+REFERENCES = dict(softmax=softmax_reference, sink=sink_reference, affine=affine_reference, softmax1=softmax1_reference)
+
+
+def variant_name(cfg):
+    """The VARIANTS entry's name of a config (gated: softmax)."""
+    return next(name for name, variant in VARIANTS.items() if variant is cfg.variant)
+
+
+def reference_matrix(attn, x, angles, seq_lens=None):
+    """(the attention matrix A (B, H, T, T), V (B, T, H, D) repeated to every query head, the parameters), from the
+    paper's equations, in float64."""
     cfg = attn.config
-    p = {n: t.double() for n, t in attn.named_parameters()}
+    p = {n: t.double() for n, t in [*attn.named_parameters(), *attn.named_buffers()]}
     x = x.double()
     B, T, _ = x.shape
     H, H_kv, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -63,30 +107,27 @@ def reference_attention(attn, x, angles, seq_lens=None):
     k, v = k[:, :, kv_head], v[:, :, kv_head]
     scores = torch.einsum('bihd,bjhd->bhij', q, k) / math.sqrt(D)
     visible = torch.ones(T, T, dtype=torch.bool).tril()  # key j visible to query i iff j <= i
-    exp_scores = torch.where(visible, scores.exp(), torch.zeros(()))
-    denominator = exp_scores.sum(-1, keepdim=True)
-    if cfg.attention == 'sink':  # Eq. 3: e^{s_h} joins the denominator
-        denominator = denominator + p['sinks'].exp().view(1, H, 1, 1)
-    A = exp_scores / denominator  # Eq. 1 / Eq. 3
-    if cfg.attention in ('affine', 'affine_gated'):
-        a = x @ p['alpha_proj.weight'].T  # (B, T, H)
-        if cfg.affine_act == 'linear_clip':  # Eq. 11, written piecewise
-            alpha = torch.where(a <= -5, torch.zeros(()), torch.where(a >= 5, torch.ones(()), 0.1 * a + 0.5))
-        else:
-            alpha = 1 / (1 + torch.exp(-a))  # Eq. 10
-        alpha = alpha.permute(0, 2, 1)[..., None]  # (B, H, T, 1)
-        if cfg.affine_bias_norm == 'visible':
-            N = torch.arange(1, T + 1, dtype=torch.float64).view(1, 1, T, 1)
-        elif seq_lens is not None:
-            N = seq_lens.double().view(B, 1, 1, 1)
-        else:
-            N = float(T)
-        beta = (attn.alpha_ma.double().view(1, H, 1, 1) - alpha) / N  # Eq. 8
-        A = alpha * A + beta * visible  # Eq. 6, beta on visible keys only
-    y = torch.einsum('bhij,bjhd->bihd', A, v).reshape(B, T, H * D)
-    if cfg.attention in ('gated', 'affine_gated'):
+    e = torch.where(visible, scores.exp(), torch.zeros(()))
+    return REFERENCES[variant_name(cfg)](e=e, p=p, x=x, cfg=cfg, visible=visible, seq_lens=seq_lens), v, p
+
+
+def reference_attention(attn, x, angles, seq_lens=None):
+    """Attention layer output from the paper's equations with an explicit (B, H, T, T) matrix."""
+    cfg = attn.config
+    A, v, p = reference_matrix(attn, x, angles, seq_lens)
+    x = x.double()
+    y = torch.einsum('bhij,bjhd->bihd', A, v).flatten(2)
+    if cfg.is_gated:
         y = y * torch.sigmoid(x @ p['g_proj.weight'].T)  # Eq. 4-5
     return y @ p['o_proj.weight'].T
+
+
+def test_every_variant_has_a_reference_and_explicit_weights():
+    """A variant registered in model.VARIANTS is told to these tests in one place: its float64 reference above."""
+    for name, variant in VARIANTS.items():
+        assert name in REFERENCES, (f"attention variant {name!r} has no float64 reference: add one, written from its "
+                                    f"equations, to REFERENCES in tests/test_model.py")
+        assert callable(variant.weights), f"attention variant {name!r} has no explicit weights (Variant.weights)"
 
 
 def random_attention(cfg, dtype):
@@ -105,15 +146,23 @@ def grads_of(attn, x, out, weight):
     return g
 
 
-VARIANTS = [(a, act, norm) for a in ATTENTIONS for act, norm in
-            ([('linear_clip', 'seq_len'), ('sigmoid', 'seq_len'), ('linear_clip', 'visible')]
-             if a.startswith('affine') else [('linear_clip', 'seq_len')])]
+# Every model: each name of model.ATTENTIONS, and each variant with the gate where that has no name of its own (sink);
+# affine's options too
+GATED = [name for name in VARIANTS if name not in {base for base, _ in GATED_NAMES.values()}]
+MODELS = [(a, False) for a in ATTENTIONS] + [(a, True) for a in GATED]
+CASES = [(a, gate, act, norm) for a, gate in MODELS for act, norm in
+         ([('linear_clip', 'seq_len'), ('sigmoid', 'seq_len'), ('linear_clip', 'visible')]
+          if ModelConfig(attention=a).variant.alpha else [('linear_clip', 'seq_len')])]
 
 
-def check_against_reference(attention, act, bias_norm, qkv_bias, device, dtype, tol):
+def case_id(case):
+    return '-'.join(str(c) for c in case if c not in (False, 'linear_clip', 'seq_len')).replace('True', 'gate')
+
+
+def check_against_reference(attention, gate, act, bias_norm, qkv_bias, device, dtype, tol):
     # a seed of its own per case, the same in every process (hash() of strings changes with PYTHONHASHSEED)
-    torch.manual_seed(zlib.crc32(repr((attention, act, bias_norm, qkv_bias)).encode()))
-    cfg = tiny_config(attention=attention, affine_act=act, affine_bias_norm=bias_norm, qkv_bias=qkv_bias)
+    torch.manual_seed(zlib.crc32(repr((attention, act, bias_norm, qkv_bias) + (('gate',) if gate else ())).encode()))
+    cfg = tiny_config(attention=attention, gate=gate, affine_act=act, affine_bias_norm=bias_norm, qkv_bias=qkv_bias)
     B, T = 3, 37
     attn = random_attention(cfg, torch.float64)
     ref_attn = copy.deepcopy(attn)
@@ -137,31 +186,31 @@ def check_against_reference(attention, act, bias_norm, qkv_bias, device, dtype, 
         assert err <= 10 * tol, f'gradient of {name}: relative error {err:.2e}'
 
 
-@pytest.mark.parametrize('attention,act,bias_norm', VARIANTS)
+@pytest.mark.parametrize('attention,gate,act,bias_norm', CASES, ids=map(case_id, CASES))
 @pytest.mark.parametrize('qkv_bias', [False, True])
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-10), (torch.float32, 2e-5)], ids=['float64', 'float32'])
-def test_attention_matches_explicit_reference(attention, act, bias_norm, qkv_bias, dtype, tol):
-    check_against_reference(attention, act, bias_norm, qkv_bias, 'cpu', dtype, tol)
+def test_attention_matches_explicit_reference(attention, gate, act, bias_norm, qkv_bias, dtype, tol):
+    check_against_reference(attention, gate, act, bias_norm, qkv_bias, 'cpu', dtype, tol)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA (run this file on a GPU machine)')
-@pytest.mark.parametrize('attention,act,bias_norm', VARIANTS)
+@pytest.mark.parametrize('attention,gate,act,bias_norm', CASES, ids=map(case_id, CASES))
 @pytest.mark.parametrize('dtype,tol', [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)], ids=['float32', 'bfloat16'])
-def test_cuda_kernels_match_explicit_reference(attention, act, bias_norm, dtype, tol):
+def test_cuda_kernels_match_explicit_reference(attention, gate, act, bias_norm, dtype, tol):
     """CUDA: float32 runs the memory-efficient kernel (sink: its padded LSE), bf16 FlashAttention-2."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    check_against_reference(attention, act, bias_norm, True, 'cuda', dtype, tol)
+    check_against_reference(attention, gate, act, bias_norm, True, 'cuda', dtype, tol)
 
 
-@pytest.mark.parametrize('attention,act,bias_norm', VARIANTS)
+@pytest.mark.parametrize('attention,gate,act,bias_norm', CASES, ids=map(case_id, CASES))
 @pytest.mark.parametrize('qkv_bias', [False, True])
-def test_attention_matches_explicit_reference_bf16_cpu(attention, act, bias_norm, qkv_bias):
+def test_attention_matches_explicit_reference_bf16_cpu(attention, gate, act, bias_norm, qkv_bias):
     """bfloat16 on CPU, GQA included (tiny_config: n_kv_head=2 < n_head=4; CPU's flash kernel reads the groups).
     tol 3e-2 of the output's scale (gradients: check_against_reference's multiple of it), as for CUDA bf16: bf16 keeps
     8 significant bits (rounding 2^-9 = 2e-3), and the bf16 model also rounds the reference's float64 weights,
     input and RoPE tables, then q, k, v, the attention output and o_proj's input. Measured: outputs up to 2.5e-2,
     gradients up to 3.7e-2 over these cases; a wrong head grouping or a dropped term is off by O(1)."""
-    check_against_reference(attention, act, bias_norm, qkv_bias, 'cpu', torch.bfloat16, 3e-2)
+    check_against_reference(attention, gate, act, bias_norm, qkv_bias, 'cpu', torch.bfloat16, 3e-2)
 
 
 class RecordOps(torch.utils._python_dispatch.TorchDispatchMode):
@@ -390,13 +439,14 @@ def test_rope_tables_match_reference_and_llama3_scaling():
 # ------------------------------------------------------------------------------------------------
 # Whole model: causality, padding, alpha_ma, KV cache
 
-ALL_MODEL_VARIANTS = [('softmax', 'seq_len'), ('sink', 'seq_len'), ('gated', 'seq_len'), ('affine', 'seq_len'),
-                      ('affine', 'visible'), ('affine_gated', 'seq_len')]
+# every model, and affine's other N
+ALL_MODEL_VARIANTS = [(a, gate, 'seq_len') for a, gate in MODELS] + [
+    (a, False, 'visible') for a in VARIANTS if ModelConfig(attention=a).variant.alpha]
 
 
-def random_model(attention, bias_norm='seq_len', **kw):
+def random_model(attention, bias_norm='seq_len', gate=False, **kw):
     torch.manual_seed(0)
-    model = GPT(tiny_config(attention=attention, affine_bias_norm=bias_norm, **kw))
+    model = GPT(tiny_config(attention=attention, affine_bias_norm=bias_norm, gate=gate, **kw))
     with torch.no_grad():
         for name, t in model.named_parameters():
             if name.endswith('alpha_proj.weight') or name.endswith('sinks'):
@@ -407,10 +457,10 @@ def random_model(attention, bias_norm='seq_len', **kw):
     return model
 
 
-@pytest.mark.parametrize('attention,bias_norm', ALL_MODEL_VARIANTS)
+@pytest.mark.parametrize('attention,gate,bias_norm', ALL_MODEL_VARIANTS)
 @pytest.mark.parametrize('mode', ['train', 'eval'])
-def test_causality(attention, bias_norm, mode):
-    model = random_model(attention, bias_norm)
+def test_causality(attention, gate, bias_norm, mode):
+    model = random_model(attention, bias_norm, gate)
     model.train(mode == 'train')
     idx = torch.randint(0, 97, (2, 24))
     for t in (0, 9, 23):
@@ -422,9 +472,9 @@ def test_causality(attention, bias_norm, mode):
         assert not torch.allclose(a[:, t:], b[:, t:]), 'the changed token must matter from its position on'
 
 
-@pytest.mark.parametrize('attention,bias_norm', ALL_MODEL_VARIANTS)
-def test_right_padding_with_seq_lens_changes_nothing(attention, bias_norm):
-    model = random_model(attention, bias_norm).eval()
+@pytest.mark.parametrize('attention,gate,bias_norm', ALL_MODEL_VARIANTS)
+def test_right_padding_with_seq_lens_changes_nothing(attention, gate, bias_norm):
+    model = random_model(attention, bias_norm, gate).eval()
     lengths = [11, 17, 6]
     seqs = [torch.randint(0, 97, (n,)) for n in lengths]
     padded = torch.zeros(3, 20, dtype=torch.long)
@@ -590,14 +640,16 @@ def test_bf16_affine_output_uses_the_float32_alpha_ma():
     assert abs(scale.item() - 1) < 1.5e-3, f'output scaled by {scale.item():.5f}'
 
 
-@pytest.mark.parametrize('attention,bias_norm', ALL_MODEL_VARIANTS)
-def test_kv_cache_decoding_equals_full_recomputation(attention, bias_norm):
-    model = random_model(attention, bias_norm, block_size=24).eval()
+@pytest.mark.parametrize('attention,gate,bias_norm', ALL_MODEL_VARIANTS)
+def test_kv_cache_decoding_equals_full_recomputation(attention, gate, bias_norm):
+    model = random_model(attention, bias_norm, gate, block_size=24).eval()
     idx = torch.randint(0, 97, (2, 7))
-    exact = not (attention.startswith('affine') and bias_norm == 'seq_len')
+    exact = (variant_name(model.config), bias_norm) != ('affine', 'seq_len')  # there N is the whole call's length
+    assert model.config.outputs_depend_on_length == (not exact)
     if exact:  # step by step: the cached logits equal the full forward's last-position logits
         caches = [KVCache(24) for _ in range(model.config.n_layer)]
         logits, _ = model(idx, kv_caches=caches)
+        assert set(caches[0].sums) == set(model.config.variant.cache)  # what the cache keeps beyond K and V
         seq = idx
         for _ in range(10):
             full, _ = model(seq)
@@ -730,41 +782,43 @@ def test_alpha_ma_is_global_batch_exact_under_ddp(tmp_path):
         torch.testing.assert_close(got, layer.self_attn.alpha_ma, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize('attention,act,bias_norm', VARIANTS)
-def test_explicit_weights_reproduce_the_forward(attention, act, bias_norm):
-    """Attention.weights (the analysis path) @ V, then gate and o_proj, equals the fast forward: the analyses
-    see exactly the attention the model computes. Also the row sums each variant implies."""
+@pytest.mark.parametrize('attention,gate,act,bias_norm', CASES, ids=map(case_id, CASES))
+def test_explicit_weights_reproduce_the_forward(attention, gate, act, bias_norm):
+    """Attention.weights (the analysis path) is the reference's matrix, and @ V, then gate and o_proj, equals the fast
+    forward: the analyses see exactly the attention the model computes. Also the row sums each variant implies."""
     torch.manual_seed(3)
-    cfg = tiny_config(attention=attention, affine_act=act, affine_bias_norm=bias_norm)
+    cfg = tiny_config(attention=attention, gate=gate, affine_act=act, affine_bias_norm=bias_norm)
     attn = random_attention(cfg, torch.float64)
     B, T = 2, 19
     x = torch.randn(B, T, cfg.n_embd, dtype=torch.float64)
     positions = torch.arange(T)
-    cos, sin = (t.double() for t in rope_cos_sin(cfg, positions))
+    angles = reference_angles(T, cfg.head_dim, cfg.rope_theta)
+    cos, sin = torch.cat([angles, angles], dim=-1).cos(), torch.cat([angles, angles], dim=-1).sin()
     w = attn.weights(x, cos, sin, positions)
     assert w.shape == (B, cfg.n_head, T, T) and (w.triu(1) == 0).all()  # causal
+    torch.testing.assert_close(w, reference_matrix(attn, x, angles)[0], rtol=1e-10, atol=1e-12)
     _, _, v = attn.project(x, cos, sin)
     y = (w @ v.repeat_interleave(cfg.n_head // cfg.n_kv_head, dim=1)).transpose(1, 2).reshape(B, T, -1)
-    if attention in ('gated', 'affine_gated'):
+    if cfg.is_gated:
         y = y * torch.sigmoid(attn.g_proj(x))
     torch.testing.assert_close(attn.o_proj(y), attn(x, cos, sin, positions), rtol=1e-10, atol=1e-12)
     rows = w.sum(-1)
-    if attention in ('softmax', 'gated'):
+    if variant_name(cfg) == 'softmax':
         torch.testing.assert_close(rows, torch.ones_like(rows))
-    elif attention == 'sink':
+    elif variant_name(cfg) == 'sink':
         assert (rows < 1).all()
     elif bias_norm == 'visible':  # every row sums to alpha_ma of its head
         torch.testing.assert_close(rows, attn.alpha_ma.view(1, -1, 1).expand_as(rows))
 
 
-@pytest.mark.parametrize('attention', ATTENTIONS)
-def test_explicit_attention_equals_the_fast_path(attention):
+@pytest.mark.parametrize('attention,gate', MODELS)
+def test_explicit_attention_equals_the_fast_path(attention, gate):
     """Attention.explicit (Attention.weights @ V: the written T x T form of Eq. 1, 3, 6-8, bench.py's peer) and the
     O(T) fused path give the same logits and gradients, in float64, GQA, for both of affine's N."""
     for bias_norm in ('seq_len', 'visible'):
         torch.manual_seed(0)
         fast = GPT(ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64, vocab_size=50,
-                               block_size=24, attention=attention, affine_bias_norm=bias_norm)).double()
+                               block_size=24, attention=attention, gate=gate, affine_bias_norm=bias_norm)).double()
         for layer in fast.model.layers:  # nonzero alpha_ma and sinks: beta and the sink's mass matter
             if hasattr(layer.self_attn, 'alpha_ma'):
                 layer.self_attn.alpha_ma.uniform_(0.2, 0.8)
