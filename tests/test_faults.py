@@ -86,8 +86,9 @@ def test_analyze_pointed_at_runs_never_deletes_them(tmp_path):
     outcopy = tmp_path / 'outcopy'
     fake_run(outcopy / 'softmax', 'softmax', [1.0] * 600)
     fake_run(outcopy / 'affine', 'affine', [1.0] * 600)
-    for run in ('softmax', 'affine'):
-        (outcopy / run / 'ckpt.pt').write_bytes(b'a week of GPU time')
+    for run in ('softmax', 'affine'):  # (analyze.py table reads what identifies the data from the checkpoint)
+        torch.save(dict(data=dict(tokenizer='a' * 64, train_tokens=10, val_tokens=1), weeks_of_gpu_time=1),
+                   outcopy / run / 'ckpt.pt')
         (outcopy / run / 'eval.json').write_text(json.dumps({'heldout': {'acc': 0.5, 'acc_norm': 0.5, 'n': 10},
                                                              'c4': {'ppl': 30.0, 'n': 10}}))
     (outcopy / 'NOTES.txt').write_text('my notes')
