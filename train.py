@@ -50,7 +50,7 @@ from common import (DeviceTimer, apply_fsdp, batch_to_device, compile_layers, de
                     full_tensor, gemm_shapes, init_distributed, preemption_flag, reduce_mean, resolve_device,
                     resolve_dtype, wrap_ddp)
 from configurator import DEVICE, Key, parse
-from data import Windows, read_meta
+from data import Windows, first_token_id, read_meta
 from files import RunError, atomic_write, claim_dir, lock_dir, read_log, run_script, write_json
 from distill import check_compatibility, fused_kd_loss, kd_loss, load_teacher
 from memory_plan import print_dry_run
@@ -67,6 +67,10 @@ SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0 to write a c
 TRAIN_KEYS = dict(
     out_dir=Key('out', "where ckpt.pt, metrics.jsonl and config.json go"),
     data_dir=Key('data/fineweb_edu_llama3', "a prepare_data.py output directory"),
+    first_token=Key('stream', "position 0 of every training and validation window. stream: the token where the "
+                    "window's cut lands (nanoGPT's windows); prefix: the tokenizer's BOS (else its end-of-text token), "
+                    "then block_size - 1 tokens of the stream: a fixed first token, under which attention sinks "
+                    "grow (Gu et al. 2025; sink_study.py, docs/data.md)", choices=('stream', 'prefix')),
     init_from=Key('auto', "auto: continue from out_dir/ckpt.pt if there is one (bit-exactly), else start fresh; "
                   "resume: continue, and refuse if there is none; scratch: start fresh, and refuse to replace a "
                   "checkpoint unless overwrite", choices=('auto', 'resume', 'scratch')),
@@ -365,8 +369,9 @@ def load_data(c, model_config):
     if meta['vocab_size'] > model_config.vocab_size:
         raise RunError(f"data_dir={c['data_dir']} was tokenized with {meta['vocab_size']} token ids but the "
                        f"model has vocab_size={model_config.vocab_size}")
-    return (meta, Windows(c['data_dir'], 'train', model_config.block_size),
-            Windows(c['data_dir'], 'val', model_config.block_size))
+    first = first_token_id(c, meta['tokenizer'])
+    return (meta, Windows(c['data_dir'], 'train', model_config.block_size, first),
+            Windows(c['data_dir'], 'val', model_config.block_size, first))
 
 
 def checkpoint_to_resume(c, ckpt_path):
