@@ -914,8 +914,8 @@ class Windows:
         self.starts = np.cumsum([0] + [(len(s) - self.row) // block_size + 1 if len(s) >= self.row else 0
                                        for s in self.shards])  # first window of each shard
         if self.starts[-1] == 0:
-            raise RunError(f"{data_dir}: the {split} split has fewer than {self.row} tokens, one window of "
-                           f"block_size={block_size}")
+            raise RunError(f"{data_dir}: the {split} split has fewer than "
+                           f"{'block_size + 1' if first_token is None else 'block_size'} = {self.row} tokens")
         self.perm_key, self.perm = None, None  # the permutation of the current (seed, epoch)
 
     def __len__(self):
