@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 
-from configurator import Key, fail, parse
+from configurator import Key, parse
 from files import RunError, atomic_write, claim_dir, run_script, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -171,7 +171,7 @@ def run_all(runs, steps, jobs, threads, logs):
             running[run['name']] = (subprocess.Popen(command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT),
                                     run, log)
         if not running and todo:
-            raise RunError(f"the kd runs wait for ce_softmax_s0, which is not planned")
+            raise RunError("the kd runs wait for ce_softmax_s0, which is not planned")
         if time.time() - last_print >= 30 or not running:
             last_print = time.time()
             progress(runs, running, todo, steps, start_steps, t0)
@@ -248,9 +248,12 @@ def groups(results):
 
 
 def compare(a, b, key):
-    """'<', '>' or '~' (within noise): the difference of the two groups' means of key (a number per run) against two
-    standard errors of that difference; with one run in a group there is no noise estimate and '~' is never said."""
+    """('<', '>', '=' or '~', mean of a, mean of b): the two groups' means of key (a number per run) compared, '~'
+    (within noise) where they differ by at most two standard errors of that difference; with one run in a group there
+    is no noise estimate, so '~' is never said."""
     (ma, sa), (mb, sb) = mean_std([key(r) for r in a]), mean_std([key(r) for r in b])
+    if ma == mb:
+        return '=', ma, mb
     if sa is not None and sb is not None and abs(ma - mb) <= 2 * math.sqrt(sa ** 2 / len(a) + sb ** 2 / len(b)):
         return '~', ma, mb
     return ('<' if ma < mb else '>'), ma, mb
@@ -297,12 +300,14 @@ def verdicts(results):
             for low, high in pairs:
                 sign, a, b = compare(by[arm, low], by[arm, high], key)
                 holds.append(sign)
-                parts.append(f"{low} {a:.4g} {'<' if sign == '<' else '>' if sign == '>' else 'vs'} {high} {b:.4g}"
-                             + (' (within noise)' if sign == '~' else ''))
+                shown = {'<': '<', '>': '>', '=': '=', '~': 'vs'}[sign]
+                parts.append(f"{low} {a:.4g} {shown} {high} {b:.4g}" + (' (within noise)' if sign == '~' else ''))
             verdict = ('holds' if all(s == '<' for s in holds) else
-                       'does not hold' if all(s == '>' for s in holds) else
+                       'does not hold' if all(s in '>=' for s in holds) else
                        'within noise' if all(s == '~' for s in holds) else 'holds in part')
-            lines.append(f"- {text}: **{verdict}** — {'; '.join(parts)}. Measure: {why}.")
+            seeds = min(len(by[arm, v]) for pair in pairs for v in pair)
+            caveat = ' (one seed: no estimate of the noise, so this is not evidence either way)' if seeds < 2 else ''
+            lines.append(f"- {text}: **{verdict}**{caveat} — {'; '.join(parts)}. Measure: {why}.")
     return lines
 
 
@@ -425,7 +430,7 @@ def prepare_corpus(args):
                '--val_every=50']
     print(f"$ {shlex.join(command)}", flush=True)
     if subprocess.call(command, cwd=HERE) != 0:
-        raise RunError(f"preparing the corpus failed (above): fix it and run the same command again")
+        raise RunError("preparing the corpus failed (above): fix it and run the same command again")
 
 
 def collect(args, runs, steps, per_step, command, seconds):

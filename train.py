@@ -93,6 +93,9 @@ TRAIN_KEYS = dict(
     seed=Key(1337, "the initial weights and the order of the data", min=0),
     eval_interval=Key(500, "evaluate, log attention statistics and save a checkpoint every this many steps", min=1),
     eval_batches=Key(20, "validation batches of micro_batch_size sequences, split over ranks", min=1),
+    attention_windows=Key(0, "validation windows whose explicit attention weights each evaluation measures: the "
+                          "first token's weight per layer and head, Sink_1^0.3, entropy, row sums (sink_record; a "
+                          "T x T matrix per layer and head, so 0, off, for large models)", min=0),
     log_interval=Key(10, "console line every this many steps (metrics.jsonl gets every step)", min=1),
     nonfinite=Key('stop', "a non-finite loss or gradient norm: stop with an error, or skip the step and count it",
                   choices=('stop', 'skip')),
@@ -168,7 +171,8 @@ def learning_rate(step, c):
 RESUME_MAY_CHANGE = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'keep_previous', 'max_iters', 'micro_batch_size',
                      'eval_interval', 'eval_batches', 'log_interval', 'nonfinite', 'max_skipped_frac', 'device',
                      'compile', 'peak_flops', 'wandb_log', 'wandb_project', 'wandb_run_name', 'kd_loss', 'fsdp',
-                     'activation_checkpointing', 'dry_run', 'dry_run_world_size', 'dry_run_gpu_gib', 'resume_lr_change'}
+                     'activation_checkpointing', 'dry_run', 'dry_run_world_size', 'dry_run_gpu_gib', 'resume_lr_change',
+                     'attention_windows'}
 # What a resume may change only when asked to (resume_lr_change=True): the continued run is then not the same run,
 # so the change is recorded in metrics.jsonl, at the first step it applies to.
 LR_KEYS = ('learning_rate', 'min_lr')
@@ -303,14 +307,42 @@ def attention_stats(model, alpha_means):
     return stats
 
 
+SINK_THRESHOLD = 0.3  # Gu et al. (2025)'s epsilon: a head whose mean first-token weight exceeds it has a sink
+
+
+def sink_record(model, idx):
+    """What the attention puts on the first token, per layer, on the windows idx (GPT.attention_statistics, in float64;
+    attention_windows): the first-token weight (Figure 4), its share of each row, a learned sink's own mass, the
+    per-head weights and Sink_1^0.3, the share of all heads above SINK_THRESHOLD (Gu et al. 2025, Section 3), the
+    entropy (Figure 6) and the mean row sum (Figure 3). Under FSDP every rank must call it."""
+    layers = model.attention_statistics(idx)
+    per_head = [layer['first_token_head'].mean(0).tolist() for layer in layers]
+    heads = [w for layer in per_head for w in layer]
+
+    def mean(key):
+        return [round(layer[key].mean().item(), 6) for layer in layers]
+
+    record = dict(first_token_weight=mean('first_token'), first_token_share=mean('first_token_share'),
+                  first_token_per_head=[[round(w, 6) for w in layer] for layer in per_head],
+                  sink_rate=sum(w > SINK_THRESHOLD for w in heads) / len(heads), entropy=mean('entropy'),
+                  row_sum=mean('row_sums'))
+    if layers[0]['sink_mass'] is not None:
+        record['sink_mass'] = mean('sink_mass')
+    return record
+
+
 def evaluation_record(c, run, model, raw_model, val_data, alpha_means):
-    """The evaluation record: validation loss and perplexity, the mean attention logit (Figure 2) and the variant's
-    statistics (alpha, alpha_ma, sinks). Every rank takes part."""
+    """The evaluation record: validation loss and perplexity, the mean attention logit (Figure 2), the variant's
+    statistics (alpha, alpha_ma, sinks) and, with attention_windows, the first token's (sink_record). Every rank
+    takes part."""
     record = dict(val_loss=validation_loss(model, val_data, c, run.device, run.autocast))
     record['val_ppl'] = math.exp(min(record['val_loss'], 50))
     with run.autocast:
         record['attn_logit_mean'], record['attn_logit_abs_mean'] = mean_attention_logit(
             raw_model, batch_to_device(val_data.get([0]), run.device)[0])
+        if c['attention_windows']:  # the same windows at every evaluation
+            record |= sink_record(raw_model, batch_to_device(val_data.get(range(c['attention_windows'])),
+                                                             run.device)[0])
     return record | attention_stats(raw_model, alpha_means)
 
 

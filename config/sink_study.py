@@ -18,5 +18,6 @@ weight_decay = 0.5
 warmup_iters = 100
 eval_interval = 500
 eval_batches = 8
+attention_windows = 8  # the first token's weight per layer and head at every evaluation (train.sink_record)
 log_interval = 100
 seed = 0
