@@ -91,50 +91,21 @@ def pyplot():
 # From checkpoints: Figures 3, 4, 5, 6, 9, alpha and sink logits
 
 
-@torch.no_grad()
-def attention_statistics(model, idx, corner=30):
-    """Per-layer statistics of the effective attention weights on the sequences idx (B, T), T <= block_size,
-    each per sequence so that batches concatenate (torch.cat along dim 0) into the statistics of all sequences.
-    Weights come from each layer's Attention.weights on the inputs the model's own forward gives that layer (eval
-    mode, so affine's alpha_ma is untouched). For weights w (B, H, T, T):
-      first_token (B,):    w[:, :, i, 0] averaged over heads and queries i >= 1 (query 0 sees only token 0);
-      row_sums (B, T):     sum_j w_ij per query, averaged over heads (Figure 3's histogram; sink: the real tokens
-                           only, so softmax's rows give exactly 1 and sink's 1 - the sink's weight);
-      head_total (B, H):   per head, the mean row sum (Figure 5);
-      entropy (B,):        -sum_j p_ij log p_ij with p_ij = |w_ij| / sum_j |w_ij|, averaged over heads and queries
-                           i >= 1. Affine weights can be negative and rows need not sum to 1, so this is the
-                           entropy of the distribution of attention *magnitude* over the visible keys; for softmax
-                           the usual entropy, for sink that of the weights renormalised without the sink's mass;
-      corner (B, c, c):    the head-averaged top-left corner x corner block (Figure 9);
-      and the variant's own (Attention.statistics): alpha (B, T, H), affine's scale per token and head (Eq. 7); its
-      per-head tensors (H,) (model.HEAD_STATS: affine's alpha_ma, the sink logits)."""
-    def statistics(attn, x, cos, sin, positions):
-        w = attn.weights(x, cos, sin, positions).double()
-        p = w.abs() / w.abs().sum(-1, keepdim=True).clamp_min(1e-30)
-        entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # (B, H, T)
-        stats = dict(first_token=w[:, :, 1:, 0].mean(dim=(1, 2)), row_sums=w.sum(-1).mean(1),
-                     head_total=w.sum(-1).mean(2), entropy=entropy[:, :, 1:].mean(dim=(1, 2)),
-                     corner=w[:, :, :corner, :corner].mean(1))
-        return stats | attn.statistics(x)
-
-    return model.inspect_attention(idx, statistics)
-
-
 def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):
-    """attention_statistics over all sequences (N, T), batch by batch (the weights of a whole 1B model at T = 1024
+    """GPT.attention_statistics over all sequences (N, T), batch by batch (the weights of a whole 1B model at T = 1024
     are gigabytes per sequence), reduced to plain numbers: per layer, means over sequences, the row sums' mean and
     median, per-head totals, the corner, alpha's per-head means, quantiles and alpha_ma, the sink logits; and,
     over all layers, the histogram of per-query row sums (Figure 3)."""
     device = next(model.parameters()).device
     parts = []
     for start in range(0, len(sequences), batch_size):
-        parts.append(attention_statistics(model, sequences[start:start + batch_size].to(device), corner))
+        parts.append(model.attention_statistics(sequences[start:start + batch_size].to(device), corner))
         if progress:
             progress(min(start + batch_size, len(sequences)))
     layers = []
     for per_batch in zip(*parts):
         s = {key: torch.cat([b[key] for b in per_batch]) if key not in HEAD_STATS else per_batch[0][key]
-             for key in per_batch[0]}
+             for key in per_batch[0] if per_batch[0][key] is not None}
         layer = dict(first_token=s['first_token'].mean().item(), entropy=s['entropy'].mean().item(),
                      row_sum_mean=s['row_sums'].mean().item(), row_sum_median=s['row_sums'].median().item(),
                      head_total=s['head_total'].mean(0).tolist(), corner=s['corner'].mean(0).tolist())

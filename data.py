@@ -882,17 +882,40 @@ def read_split(data_dir, split, meta=None):
     return shards
 
 
-class Windows:
-    """A split cut into windows of block_size + 1 tokens (inputs and their next-token targets; consecutive
-    windows share one token), for training (train.py) and evaluation (distill.py). NumPy only, so that
-    importing this module stays cheap for the tokenizer workers."""
+def prefix_id(tokenizer):
+    """The token every window starts with under first_token='prefix': the tokenizer's BOS, else its end-of-text token
+    (lm-evaluation-harness's prefix token; the bytes tokenizer's <|endoftext|>, id 256). tokenizer: meta.json's
+    record of it (tokenizer_info)."""
+    token = tokenizer['bos_id'] if tokenizer.get('bos_id') is not None else tokenizer.get('eos_id')
+    if token is None:
+        raise RunError(f"first_token='prefix': the tokenizer {tokenizer['spec']} has neither a BOS nor an end-of-text "
+                       f"token to put first; use first_token='stream'")
+    return token
 
-    def __init__(self, data_dir, split, block_size):
+
+def first_token_id(config, tokenizer):
+    """The id at position 0 of every window of a run whose train.py config is `config` (its first_token key; runs
+    from before the key have none), for tokenizer (meta.json's record of it): None, or prefix_id(tokenizer). Every
+    reader of a checkpoint (analyze.py, eval_zeroshot.py) puts the same token first."""
+    return prefix_id(tokenizer) if config.get('first_token', 'stream') == 'prefix' else None
+
+
+class Windows:
+    """A split cut into windows of block_size inputs and their next-token targets, for training (train.py) and
+    evaluation (distill.py). NumPy only, so that importing this module stays cheap for the tokenizer workers.
+    first_token: None, each window is block_size + 1 consecutive tokens of the stream (consecutive windows share
+    one); or a token id put at position 0 of every window, followed by block_size - 1 tokens of the stream whose
+    targets are the next block_size tokens (every stream token a target once; the windows do not overlap)."""
+
+    def __init__(self, data_dir, split, block_size, first_token=None):
         self.shards = read_split(data_dir, split)
-        self.block_size = block_size
-        self.starts = np.cumsum([0] + [(len(s) - 1) // block_size for s in self.shards])  # first window of each shard
+        self.block_size, self.first_token = block_size, first_token
+        self.row = block_size + (first_token is None)  # stream tokens per window
+        self.starts = np.cumsum([0] + [(len(s) - self.row) // block_size + 1 if len(s) >= self.row else 0
+                                       for s in self.shards])  # first window of each shard
         if self.starts[-1] == 0:
-            raise RunError(f"{data_dir}: the {split} split has fewer than block_size + 1 = {block_size + 1} tokens")
+            raise RunError(f"{data_dir}: the {split} split has fewer than "
+                           f"{'block_size + 1' if first_token is None else 'block_size'} = {self.row} tokens")
         self.perm_key, self.perm = None, None  # the permutation of the current (seed, epoch)
 
     def __len__(self):
@@ -904,8 +927,10 @@ class Windows:
         for i in indices:
             shard = int(np.searchsorted(self.starts, i, side="right")) - 1
             offset = (int(i) - int(self.starts[shard])) * self.block_size
-            rows.append(self.shards[shard][offset:offset + self.block_size + 1])
+            rows.append(self.shards[shard][offset:offset + self.row])
         batch = np.stack(rows).astype(np.int64)
+        if self.first_token is not None:
+            batch = np.concatenate([np.full((len(rows), 1), self.first_token, dtype=np.int64), batch], axis=1)
         return batch[:, :-1], batch[:, 1:]
 
     def step_indices(self, seed, step, global_batch_size):

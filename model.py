@@ -388,6 +388,7 @@ class Variant:
     head_stats: tuple = ()  # per-head tensors the analyses plot and train.py logs (their means per layer)
     options: Callable = lambda config: ''  # (config) -> its options, shown after its name
     hf_native: bool = False  # transformers' own LlamaForCausalLM / Qwen2ForCausalLM computes it (without the gate)
+    sink: bool = False  # its weights leave a sink's own mass out of every row: that mass is 1 - the row's sum
     check_time: Optional[float] = None  # bench.py --check's ceiling for its 1B training step, x softmax's
 
 
@@ -395,7 +396,7 @@ VARIANTS = {
     'softmax': Variant('Baseline', softmax_forward, softmax_weights, saved_bytes=lambda config, a, x_copy: 0,
                        hf_native=True),
     'sink': Variant('Sink', sink_forward, sink_weights_of, saved_bytes=lambda config, a, x_copy: 0,
-                    tensors=sink_tensors, head_stats=('sinks',), check_time=1.05),
+                    tensors=sink_tensors, head_stats=('sinks',), sink=True, check_time=1.05),
     'affine': Variant(
         'Affine-Scaled', affine_forward, affine_weights,
         # alpha_proj's copy of X, alpha (float32) and its views, the running mean of V (float32)
@@ -405,7 +406,7 @@ VARIANTS = {
         head_stats=('alpha_ma',), options=lambda config: '' if config.affine_act == 'linear_clip' else
         f' ({config.affine_act})', check_time=1.03),
     'softmax1': Variant('Off-by-One', softmax1_forward, softmax1_weights, saved_bytes=lambda config, a, x_copy: 0,
-                        check_time=1.05),
+                        sink=True, check_time=1.05),
 }
 # The paper's names for two variants with the output gate (Eq. 4-5), and their display names; the paper's five models
 # in its order (Tables 1-2); every value of ModelConfig.attention: those, then every other variant
@@ -745,6 +746,45 @@ class GPT(nn.Module):
             for hook in hooks:
                 hook.remove()
         return results
+
+    @torch.no_grad()
+    def attention_statistics(self, idx, corner=30):
+        """Per-layer statistics of the effective attention weights on the sequences idx (B, T), T <= block_size, each
+        per sequence so that batches concatenate (torch.cat along dim 0) into the statistics of all sequences:
+        what analyze.py's figures, train.py's evaluations and sink_study.py read. Weights come from each layer's
+        Attention.weights on the inputs the model's own forward gives that layer (inspect_attention), in float64.
+        For weights w (B, H, T, T):
+          first_token (B,):    w[:, :, i, 0] averaged over heads and queries i >= 1 (query 0 sees only token 0):
+                               Figure 4's measure;
+          first_token_head (B, H): the same per head (Gu et al.'s sink metric counts heads whose mean is > 0.3);
+          first_token_share (B,): w[:, :, i, 0] / sum_j w_ij, averaged likewise: where a row puts its weight, for
+                               variants whose rows do not sum to one (affine, and the sinks');
+          sink_mass (B,) or None: the weight on a learned sink (Variant.sink: 1 - the row's sum), averaged likewise;
+          row_sums (B, T):     sum_j w_ij per query, averaged over heads (Figure 3's histogram; sink: the real tokens
+                               only, so softmax's rows give exactly 1 and sink's 1 - the sink's weight);
+          head_total (B, H):   per head, the mean row sum (Figure 5);
+          entropy (B,):        -sum_j p_ij log p_ij with p_ij = |w_ij| / sum_j |w_ij|, averaged over heads and queries
+                               i >= 1. Affine weights can be negative and rows need not sum to 1, so this is the
+                               entropy of the distribution of attention *magnitude* over the visible keys; for
+                               softmax the usual entropy, for sink that of the weights renormalised without the
+                               sink's mass (Figure 6);
+          corner (B, c, c):    the head-averaged top-left corner x corner block (Figure 9);
+          and the variant's own (Attention.statistics): alpha (B, T, H), affine's scale per token and head (Eq. 7);
+          its per-head tensors (H,) (HEAD_STATS: affine's alpha_ma, the sink logits)."""
+        def statistics(attn, x, cos, sin, positions):
+            w = attn.weights(x, cos, sin, positions).double()
+            rows = w.sum(-1)  # (B, H, T)
+            p = w.abs() / w.abs().sum(-1, keepdim=True).clamp_min(1e-30)
+            entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # (B, H, T)
+            first = w[:, :, 1:, 0]
+            stats = dict(first_token=first.mean(dim=(1, 2)), first_token_head=first.mean(2),
+                         first_token_share=(first / rows[:, :, 1:]).mean(dim=(1, 2)),
+                         sink_mass=(1 - rows[:, :, 1:]).mean(dim=(1, 2)) if attn.config.variant.sink else None,
+                         row_sums=rows.mean(1), head_total=rows.mean(2), entropy=entropy[:, :, 1:].mean(dim=(1, 2)),
+                         corner=w[:, :, :corner, :corner].mean(1))
+            return stats | attn.statistics(x)
+
+        return self.inspect_attention(idx, statistics)
 
     def get_num_params(self, variant_only=False):
         """Number of parameters, tied embeddings counted once; variant_only: only those the attention variant and

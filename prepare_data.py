@@ -14,6 +14,7 @@ The tokenizers, the shard and meta.json formats and the readers of this script's
 (this module imports `datasets` only when it streams).
 """
 import glob
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -21,6 +22,7 @@ import os
 import re
 import shlex
 import sys
+import sysconfig
 import time
 from collections import deque
 from types import SimpleNamespace
@@ -47,6 +49,37 @@ def builtin_corpus():
     (pydoc_data.topics, what help('assert') shows; ~0.5 MB of English prose and code), one document per topic."""
     from pydoc_data.topics import topics
     return [topics[name] for name in sorted(topics)]
+
+
+def stdlib_files():
+    """The offline corpus for sink_study.py: every .py file of the running Python's standard library (sysconfig's
+    stdlib directory, its tests included, installed packages not), in sorted order: ~1,800 files, ~31 MB on
+    CPython 3.11. Other Python versions have other files, so the corpus's sha256 is recorded with it."""
+    root = sysconfig.get_paths()["stdlib"]
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "dist-packages", "__pycache__"))
+        files += [os.path.join(folder, name) for name in sorted(names) if name.endswith(".py")]
+    return root, files
+
+
+def stdlib_corpus():
+    """(documents, description): the text of every stdlib_files() file that is UTF-8 (a few test files are not, on
+    purpose), one document per file, with the files' count, bytes and sha256 over (path, bytes) in order."""
+    root, files = stdlib_files()
+    h, documents, skipped, size = hashlib.sha256(), [], 0, 0
+    for path in files:
+        with open(path, "rb") as f:
+            raw = f.read()
+        try:
+            documents.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            skipped += 1
+            continue
+        name = os.path.relpath(path, root).encode()
+        h.update(b"%d %s %d\n" % (len(name), name, len(raw)) + raw)
+        size += len(raw)
+    return documents, dict(files=len(documents), bytes=size, sha256=h.hexdigest(), not_utf8=skipped)
 
 
 def resolve_files(source):
@@ -83,6 +116,8 @@ def open_source(source_info):
         return ds, source_info["text_field"]
     if source == "builtin":
         return datasets.Dataset.from_dict({"text": builtin_corpus()}).to_iterable_dataset(), "text"
+    if source == "stdlib":
+        return datasets.Dataset.from_dict({"text": stdlib_corpus()[0]}).to_iterable_dataset(), "text"
     files = source_info["files"]
     builder = BUILDERS[os.path.splitext(files[0])[1]]
     if builder == "text":  # the text builder always names its column "text"
@@ -299,6 +334,8 @@ def describe_source(args):
         return dict(source=args.source, fineweb_config=args.fineweb_config, text_field=args.text_field)
     if args.source == "builtin":  # the help topics differ between Python versions
         return dict(source=args.source, python=sys.version.split()[0])
+    if args.source == "stdlib":  # and so do the standard library's sources: their sha256 says which
+        return dict(source=args.source, python=sys.version.split()[0], corpus=stdlib_corpus()[1])
     files = resolve_files(args.source)
     if BUILDERS[os.path.splitext(files[0])[1]] == "text":
         return dict(source=args.source, files=files, txt_sample_by=args.txt_sample_by)
@@ -419,7 +456,8 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
 
 
 KEYS = dict(
-    source=Key("builtin", "fineweb-edu | builtin (offline: Python's help topics) | comma-separated paths/globs of "
+    source=Key("builtin", "fineweb-edu | builtin (offline: Python's help topics, 0.5 MB) | stdlib (offline: the "
+                          "standard library's .py files, ~31 MB; sink_study.py) | comma-separated paths/globs of "
                           ".txt, .jsonl/.json or .parquet files (one type per run)"),
     tokenizer=Key("bytes", "bytes | a tiktoken BPE file | a Hugging Face model or tokenizer directory with a byte-level "
                            "BPE tokenizer (tokenizer.json, or vocab.json + merges.txt, or original/tokenizer.model)"),

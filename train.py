@@ -50,7 +50,7 @@ from common import (DeviceTimer, apply_fsdp, batch_to_device, compile_layers, de
                     full_tensor, gemm_shapes, init_distributed, preemption_flag, reduce_mean, resolve_device,
                     resolve_dtype, wrap_ddp)
 from configurator import DEVICE, Key, parse
-from data import Windows, read_meta
+from data import Windows, first_token_id, read_meta
 from files import RunError, atomic_write, claim_dir, lock_dir, read_log, run_script, write_json
 from distill import check_compatibility, fused_kd_loss, kd_loss, load_teacher
 from memory_plan import print_dry_run
@@ -67,6 +67,10 @@ SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0 to write a c
 TRAIN_KEYS = dict(
     out_dir=Key('out', "where ckpt.pt, metrics.jsonl and config.json go"),
     data_dir=Key('data/fineweb_edu_llama3', "a prepare_data.py output directory"),
+    first_token=Key('stream', "position 0 of every training and validation window. stream: the token where the "
+                    "window's cut lands (nanoGPT's windows); prefix: the tokenizer's BOS (else its end-of-text token), "
+                    "then block_size - 1 tokens of the stream: a fixed first token, under which attention sinks "
+                    "grow (Gu et al. 2025; sink_study.py, docs/data.md)", choices=('stream', 'prefix')),
     init_from=Key('auto', "auto: continue from out_dir/ckpt.pt if there is one (bit-exactly), else start fresh; "
                   "resume: continue, and refuse if there is none; scratch: start fresh, and refuse to replace a "
                   "checkpoint unless overwrite", choices=('auto', 'resume', 'scratch')),
@@ -89,6 +93,9 @@ TRAIN_KEYS = dict(
     seed=Key(1337, "the initial weights and the order of the data", min=0),
     eval_interval=Key(500, "evaluate, log attention statistics and save a checkpoint every this many steps", min=1),
     eval_batches=Key(20, "validation batches of micro_batch_size sequences, split over ranks", min=1),
+    attention_windows=Key(0, "validation windows whose explicit attention weights each evaluation measures: the "
+                          "first token's weight per layer and head, Sink_1^0.3, entropy, row sums (sink_record; a "
+                          "T x T matrix per layer and head, so 0, off, for large models)", min=0),
     log_interval=Key(10, "console line every this many steps (metrics.jsonl gets every step)", min=1),
     nonfinite=Key('stop', "a non-finite loss or gradient norm: stop with an error, or skip the step and count it",
                   choices=('stop', 'skip')),
@@ -164,7 +171,8 @@ def learning_rate(step, c):
 RESUME_MAY_CHANGE = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'keep_previous', 'max_iters', 'micro_batch_size',
                      'eval_interval', 'eval_batches', 'log_interval', 'nonfinite', 'max_skipped_frac', 'device',
                      'compile', 'peak_flops', 'wandb_log', 'wandb_project', 'wandb_run_name', 'kd_loss', 'fsdp',
-                     'activation_checkpointing', 'dry_run', 'dry_run_world_size', 'dry_run_gpu_gib', 'resume_lr_change'}
+                     'activation_checkpointing', 'dry_run', 'dry_run_world_size', 'dry_run_gpu_gib', 'resume_lr_change',
+                     'attention_windows'}
 # What a resume may change only when asked to (resume_lr_change=True): the continued run is then not the same run,
 # so the change is recorded in metrics.jsonl, at the first step it applies to.
 LR_KEYS = ('learning_rate', 'min_lr')
@@ -299,14 +307,42 @@ def attention_stats(model, alpha_means):
     return stats
 
 
+SINK_THRESHOLD = 0.3  # Gu et al. (2025)'s epsilon: a head whose mean first-token weight exceeds it has a sink
+
+
+def sink_record(model, idx):
+    """What the attention puts on the first token, per layer, on the windows idx (GPT.attention_statistics, in float64;
+    attention_windows): the first-token weight (Figure 4), its share of each row, a learned sink's own mass, the
+    per-head weights and Sink_1^0.3, the share of all heads above SINK_THRESHOLD (Gu et al. 2025, Section 3), the
+    entropy (Figure 6) and the mean row sum (Figure 3). Under FSDP every rank must call it."""
+    layers = model.attention_statistics(idx)
+    per_head = [layer['first_token_head'].mean(0).tolist() for layer in layers]
+    heads = [w for layer in per_head for w in layer]
+
+    def mean(key):
+        return [round(layer[key].mean().item(), 6) for layer in layers]
+
+    record = dict(first_token_weight=mean('first_token'), first_token_share=mean('first_token_share'),
+                  first_token_per_head=[[round(w, 6) for w in layer] for layer in per_head],
+                  sink_rate=sum(w > SINK_THRESHOLD for w in heads) / len(heads), entropy=mean('entropy'),
+                  row_sum=mean('row_sums'))
+    if layers[0]['sink_mass'] is not None:
+        record['sink_mass'] = mean('sink_mass')
+    return record
+
+
 def evaluation_record(c, run, model, raw_model, val_data, alpha_means):
-    """The evaluation record: validation loss and perplexity, the mean attention logit (Figure 2) and the variant's
-    statistics (alpha, alpha_ma, sinks). Every rank takes part."""
+    """The evaluation record: validation loss and perplexity, the mean attention logit (Figure 2), the variant's
+    statistics (alpha, alpha_ma, sinks) and, with attention_windows, the first token's (sink_record). Every rank
+    takes part."""
     record = dict(val_loss=validation_loss(model, val_data, c, run.device, run.autocast))
     record['val_ppl'] = math.exp(min(record['val_loss'], 50))
     with run.autocast:
         record['attn_logit_mean'], record['attn_logit_abs_mean'] = mean_attention_logit(
             raw_model, batch_to_device(val_data.get([0]), run.device)[0])
+        if c['attention_windows']:  # the same windows at every evaluation
+            record |= sink_record(raw_model, batch_to_device(val_data.get(range(c['attention_windows'])),
+                                                             run.device)[0])
     return record | attention_stats(raw_model, alpha_means)
 
 
@@ -365,8 +401,9 @@ def load_data(c, model_config):
     if meta['vocab_size'] > model_config.vocab_size:
         raise RunError(f"data_dir={c['data_dir']} was tokenized with {meta['vocab_size']} token ids but the "
                        f"model has vocab_size={model_config.vocab_size}")
-    return (meta, Windows(c['data_dir'], 'train', model_config.block_size),
-            Windows(c['data_dir'], 'val', model_config.block_size))
+    first = first_token_id(c, meta['tokenizer'])
+    return (meta, Windows(c['data_dir'], 'train', model_config.block_size, first),
+            Windows(c['data_dir'], 'val', model_config.block_size, first))
 
 
 def checkpoint_to_resume(c, ckpt_path):

@@ -53,9 +53,12 @@ def tiny_model(attention, seed=0):
 def test_attention_statistics_match_the_explicit_matrix(attention):
     model = tiny_model(attention).double()
     idx = torch.randint(0, 300, (3, 16))
-    stats = analyze.attention_statistics(model, idx, corner=5)
+    stats = model.attention_statistics(idx, corner=5)
     for s, w in zip(stats, explicit_weights(model, idx)):
         assert torch.allclose(s['first_token'], w[:, :, 1:, 0].mean(dim=(1, 2)), rtol=1e-9)
+        assert torch.allclose(s['first_token_head'], w[:, :, 1:, 0].mean(2), rtol=1e-9)
+        share = [[[w[b, h, i, 0] / w[b, h, i, :i + 1].sum() for i in range(1, 16)] for h in range(4)] for b in range(3)]
+        assert torch.allclose(s['first_token_share'], torch.tensor(share, dtype=torch.float64).mean(dim=(1, 2)))
         assert torch.allclose(s['row_sums'], w.sum(-1).mean(1), rtol=1e-9)
         assert torch.allclose(s['head_total'], w.sum(-1).mean(2), rtol=1e-9)
         for b in range(3):
@@ -71,6 +74,10 @@ def test_attention_statistics_match_the_explicit_matrix(attention):
             assert torch.allclose(s['row_sums'], torch.ones(3, 16, dtype=torch.float64))
         if attention == 'sink':
             assert s['row_sums'].max() < 1 and s['sinks'].shape == (4,)
+        if attention in ('sink', 'softmax1'):  # the sink's mass: what each row's real weights leave of 1
+            assert torch.allclose(s['sink_mass'], 1 - w[:, :, 1:].sum(-1).mean(dim=(1, 2)))
+        else:
+            assert s['sink_mass'] is None
         if 'affine' in attention:
             assert s['row_sums'].min() != s['row_sums'].max() and s['alpha'].shape == (3, 16, 4)
 

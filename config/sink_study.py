@@ -1,0 +1,23 @@
+# The sink study's recipe (sink_study.py runs it for every variant and seed; docs/analysis.md tells how it was found):
+# the quick start's tiny shape (4 layers, 128 wide, GQA 4:2, byte tokens) on 128-token windows of Python's standard
+# library that all start with <|endoftext|> (first_token='prefix'), cross-entropy from scratch with a large learning
+# rate and weight decay, under which softmax grows a first-token sink (Gu et al. 2025).
+# Run one alone (first: python prepare_data.py --source=stdlib --tokenizer=bytes --out_dir=data/stdlib_bytes --val_every=50):
+#   python train.py config/sink_study.py --attention=softmax --out_dir=out/sink_study/ce_softmax_s0
+model = 'tiny'
+block_size = 128
+attention = 'softmax'
+data_dir = 'data/stdlib_bytes'
+first_token = 'prefix'
+out_dir = 'out/sink_study/run'
+max_iters = 3000  # 16 x 128 x 3000 = 6.1M tokens
+global_batch_size = 16
+micro_batch_size = 16
+learning_rate = 3e-3
+weight_decay = 0.5
+warmup_iters = 100
+eval_interval = 500
+eval_batches = 8
+attention_windows = 8  # the first token's weight per layer and head at every evaluation (train.sink_record)
+log_interval = 100
+seed = 0
