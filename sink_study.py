@@ -368,13 +368,18 @@ def figures(results, out_dir):
     return names
 
 
+def describe_corpus(corpus):
+    if corpus['source'] != 'stdlib':
+        return f"prepare_data.py --source={corpus['source']} ({corpus['data_dir']})"
+    return (f"Python {corpus['python']}'s standard library, {corpus['files']:,} .py files, {corpus['bytes']:,} bytes, "
+            f"sha256 {corpus['sha256'][:16]}… (another Python version has other files: the numbers move slightly)")
+
+
 def report_lines(results, figure_names):
     r0 = results
     lines = ['# The sink study', '',
              f"Command: `{r0['command']}`. Machine: {r0['machine']}. Wall time: {minutes(r0['seconds'])}.", '',
-             f"Corpus: Python {r0['corpus']['python']}'s standard library, {r0['corpus']['files']:,} .py files, "
-             f"{r0['corpus']['bytes']:,} bytes, sha256 {r0['corpus']['sha256'][:16]}… (another Python version has "
-             f"other files: the numbers move slightly). Every {r0['context']}-token window starts with token "
+             f"Corpus: {describe_corpus(r0['corpus'])}. Every {r0['context']}-token window starts with token "
              f"{r0['bos_id']} (<|endoftext|>). Recipe: {r0['recipe_text']}. Uniform attention would put "
              f"{r0['uniform_first_token']:.4f} on the first token.", '',
              '## What the study found', '',
@@ -425,7 +430,13 @@ RECIPE_KEYS = ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'block_size', 'global
 
 
 def prepare_corpus(args):
-    """The stdlib corpus in byte tokens at data_dir, unless it is there (prepare_data.py resumes or skips it)."""
+    """The stdlib corpus in byte tokens at data_dir, unless data_dir holds a complete prepare_data.py output already
+    (whatever its source: results.json records which); an interrupted one is continued."""
+    meta = os.path.join(HERE, args.data_dir, 'meta.json')
+    if os.path.isfile(meta):
+        with open(meta) as f:
+            if json.load(f).get('complete'):
+                return
     command = [sys.executable, 'prepare_data.py', '--source=stdlib', '--tokenizer=bytes', f'--out_dir={args.data_dir}',
                '--val_every=50']
     print(f"$ {shlex.join(command)}", flush=True)

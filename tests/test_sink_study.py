@@ -2,7 +2,6 @@
 corpus, the study's measurements against an independent recomputation, its verdicts, and the README's numbers."""
 import json
 import os
-import statistics
 
 import numpy as np
 import pytest
@@ -48,3 +47,69 @@ def test_stdlib_corpus_is_recorded(tmp_path):
     assert source['corpus'] == described and source['python']
     first = read_shard(str(out / 'train_000000.bin'))[:200]
     assert bytes(first.astype(np.uint8)) == documents[1].encode()[:200]  # document 0 is held out (0 mod 50)
+
+
+def test_the_study_end_to_end(data_dir, tmp_path):
+    """sink_study.py on a few thousand tokens (softmax and affine, a CE and a KD run each): results.json as documented,
+    report.md and the figures; each run's first-token weights agree with a recomputation from its checkpoint through
+    another path: transformers' eager attentions of the exported softmax model, the float64 references of
+    test_model.py (written from the paper's equations) for the others; and a re-run trains nothing."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    import export_hf
+    import sink_study
+    from checkpoint import read_checkpoint
+    from model import GPT
+    from test_analyze import explicit_weights
+    out = tmp_path / 'study'
+    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--variants=softmax,affine', '--seeds=0',
+            '--kd_seeds=0', '--tokens=4096', '--block_size=32']
+    results = sink_study.main(argv)
+    assert json.loads((out / 'results.json').read_text()) == json.loads(json.dumps(results))
+    assert results['schema_version'] == 1 and results['bos_id'] == 256 and results['context'] == 32
+    assert results['corpus']['source'] == 'builtin' and results['teacher'].endswith('ce_softmax_s0')
+    assert results['uniform_first_token'] == pytest.approx(sum(1 / (i + 1) for i in range(1, 32)) / 31)
+    assert [(r['arm'], r['variant']) for r in results['runs']] == [
+        ('ce', 'softmax'), ('ce', 'affine'), ('kd', 'softmax'), ('kd', 'affine')]
+    for name in ('report.md', 'fig4_ce.png', 'fig4_kd.png', 'curves_ce.png', 'curves_kd.png'):
+        assert (out / name).is_file()
+    report = (out / 'report.md').read_text()
+    assert 'first-token weight affine < sink < softmax' in report and '## KD arm' in report
+    windows = Windows(data_dir, 'val', 32, 256).get(range(8))[0]  # the study's fixed windows (attention_windows)
+    idx = torch.from_numpy(windows)
+    for run in results['runs']:
+        assert run['tokens'] == 4096 and len(run['curve']) >= 2 and run['curve'][-1]['tokens'] == 4096
+        assert run['sink_mass'] is None  # (train.sink_record's sink mass: tests/test_analyze.py)
+        model = GPT.from_pretrained(run['ckpt']).eval()
+        if run['variant'] == 'softmax' and run['arm'] == 'ce':  # through transformers
+            ckpt = read_checkpoint(run['ckpt'])
+            export_hf.export(model, ckpt['tokenizer'], str(tmp_path / 'hf'), check=False)
+            hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / 'hf'), attn_implementation='eager').double()
+            attentions = hf(idx, output_attentions=True).attentions
+        else:
+            attentions = explicit_weights(model.double(), idx)
+        recomputed = [a[:, :, 1:, 0].mean().item() for a in attentions]
+        assert run['first_token_weight'] == pytest.approx(recomputed, abs=2e-6)
+        heads = [a[:, :, 1:, 0].mean(dim=(0, 2)).tolist() for a in attentions]
+        assert run['sink_rate'] == sum(w > 0.3 for layer in heads for w in layer) / sum(map(len, heads))
+    stamp = (out / 'runs' / 'ce_softmax_s0' / 'ckpt.pt').stat().st_mtime_ns
+    sink_study.main(argv)  # finished runs are skipped
+    assert (out / 'runs' / 'ce_softmax_s0' / 'ckpt.pt').stat().st_mtime_ns == stamp
+
+
+def test_verdicts_follow_the_numbers_and_the_noise():
+    """A claim holds where every predicted order is beyond two standard errors; ties and single seeds are said."""
+    import sink_study
+
+    def run(variant, weight, seed):
+        return dict(arm='ce', variant=variant, seed=seed, first_token_weight=[weight], first_token_share=[weight],
+                    entropy=[1.0], val_loss=1.0, spikes={'6': 0, '9': 0})
+    results = dict(arms=['ce'], runs=[run('affine', 0.010, 0), run('affine', 0.011, 1), run('sink', 0.020, 0),
+                                      run('sink', 0.021, 1), run('softmax', 0.0205, 0), run('softmax', 0.30, 1)])
+    line = next(l for l in sink_study.verdicts(results) if l.startswith('- first-token weight'))
+    assert '**holds in part**' in line and 'affine 0.0105 < sink 0.0205' in line and '(within noise)' in line
+    spikes = next(l for l in sink_study.verdicts(results) if 'k = 6' in l)
+    assert '**does not hold**' in spikes and 'affine 0 = softmax 0' in spikes
+    results['runs'] = [r for r in results['runs'] if r['seed'] == 0]
+    line = next(l for l in sink_study.verdicts(results) if l.startswith('- first-token weight'))
+    assert 'one seed: no estimate of the noise' in line
