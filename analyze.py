@@ -35,7 +35,7 @@ from checkpoint import CKPT_NAME, read_checkpoint
 from common import Progress, resolve_device
 from configurator import DEVICE, Key, fail, parse
 from files import MARKERS, RunError, claim_dir, made_dirs, read_log, run_script, write_json
-from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows
+from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows, window_first_token
 from data import Windows, read_meta, tokenizer_info
 from model import FIELD_NAMES, GPT, HEAD_STATS, ModelConfig
 
@@ -253,11 +253,14 @@ def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=
             raise RunError(f"{spec}: --seq_len={length} exceeds the model's block_size {cfg.block_size}")
         sequences = heldout_sequences(data, enc, tokenizer_info(enc, spec)['sha256'], num_seqs, length, seed,
                                       data_dir)
+        first = window_first_token(spec)
+        if first is not None:  # trained on windows that all start with this token: so are these
+            sequences = torch.cat([torch.full_like(sequences[:, :1], first), sequences[:, :-1]], dim=1)
         name = method_name(vars(cfg))
         name = name if name not in models else f"{name} ({spec})"
         print(f"{spec}: {name}, {cfg.n_layer} layers, {num_seqs} x {length} tokens of {data}", file=sys.stderr)
         models[name] = model_statistics(model, sequences, corner, batch_size, Progress(f"{name} sequences", num_seqs))
-        sources[name] = dict(spec=spec, attention=cfg.attention, seq_len=length)
+        sources[name] = dict(spec=spec, attention=cfg.attention, seq_len=length, first_token=first)
         del model
     n_layer = shapes.pop()[0]
     layer = layer or max(1, n_layer // 2)  # the paper's Figure 9 shows layer 8 of the 1B model's 16

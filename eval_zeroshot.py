@@ -42,7 +42,7 @@ from checkpoint import checkpoint_file, read_checkpoint
 from common import Progress, resolve_device, resolve_dtype
 from configurator import DEVICE, Key, fail, parse
 from files import RunError, atomic_write, made_dirs, run_script, write_json
-from data import load_tokenizer, read_meta, read_split, tokenizer_info
+from data import first_token_id, load_tokenizer, read_meta, read_split, tokenizer_info
 from model import GPT
 
 # task -> (hub dataset path, config name, the split the harness evaluates) (lm-eval's task YAMLs: dataset_path,
@@ -407,15 +407,19 @@ def c4_tokens(enc, rows):
 
 
 @torch.inference_mode()
-def c4_perplexity(model, ids, n_windows, seqlen, batch_size, progress=None):
+def c4_perplexity(model, ids, n_windows, seqlen, batch_size, progress=None, first_token=None):
     """GPTQ's evaluation loop (llama.py, llama_eval): min(n_windows, len(ids) // seqlen) disjoint windows from the
     start, each an independent sequence; the mean cross-entropy of each window's seqlen - 1 predictions; exp of their
-    mean."""
-    n = min(n_windows, len(ids) // seqlen)
+    mean. first_token (a model trained with train.py's first_token='prefix'): each window is that token and the next
+    seqlen - 1 tokens, as the model was trained."""
+    body = seqlen - (first_token is not None)
+    n = min(n_windows, len(ids) // body)
     if n == 0:
         raise RunError(f"c4: {len(ids)} tokens are fewer than one window of {seqlen}")
     device = next(model.parameters()).device
-    windows = torch.tensor(ids[:n * seqlen], dtype=torch.long).view(n, seqlen)
+    windows = torch.tensor(ids[:n * body], dtype=torch.long).view(n, body)
+    if first_token is not None:
+        windows = torch.cat([torch.full((n, 1), first_token, dtype=torch.long), windows], dim=1)
     nlls = []
     for start in range(0, n, batch_size):
         x = windows[start:start + batch_size].to(device)
@@ -430,6 +434,16 @@ def c4_perplexity(model, ids, n_windows, seqlen, batch_size, progress=None):
 
 # -----------------------------------------------------------------------------
 # Model, tokenizer, command line
+
+
+def window_first_token(spec):
+    """The token a checkpoint's training windows all started with (train.py's first_token='prefix'), which every
+    reader puts first too: None for a Hugging Face directory or a run with the default windows."""
+    path = checkpoint_file(spec)
+    if path is None:
+        return None
+    ckpt = read_checkpoint(path, keys=('config', 'tokenizer'))
+    return first_token_id(ckpt['config'], ckpt['tokenizer'])
 
 
 def load_model_and_tokenizer(spec, tokenizer, device, dtype):
@@ -519,8 +533,12 @@ def evaluate(args, device):
         raise RunError(f"--add_bos: this tokenizer also puts {', '.join(enc.suffix)} after every text, which the "
                        f"harness would then put after each context; that is not reproduced")
     prefix_id = enc.ids([enc.prefix_token])[0] if enc.prefix_token is not None else None
+    first = window_first_token(args.ckpt) if args.ckpt else None  # trained with it first: every context starts so
+    before = first if first is not None else bos_id if args.add_bos else None
     print(f"model {args.hf_model or args.ckpt}: {cfg.attention}, {cfg.n_layer} layers, max_length {max_length}, "
-          f"tokenizer {enc.name}, BOS {'on' if args.add_bos else 'off'}, {dtype} on {device}", file=sys.stderr)
+          f"tokenizer {enc.name}, BOS {'on' if args.add_bos else 'off'}"
+          f"{'' if first is None else f', token {first} first (as its training windows)'}, {dtype} on {device}",
+          file=sys.stderr)
     results = {}
     for task in args.tasks:
         t0 = time.time()
@@ -528,7 +546,7 @@ def evaluate(args, device):
             rows, _ = read_rows(task, args.data_dir, C4_DOCS)
             ids, seqlen = c4_tokens(enc, rows), args.c4_seqlen or min(2048, max_length)
             r = c4_perplexity(model, ids, args.c4_windows, seqlen, args.batch_size,
-                              Progress('c4 windows', min(args.c4_windows, len(ids) // seqlen)))
+                              Progress('c4 windows', min(args.c4_windows, len(ids) // seqlen)), first)
             r['protocol'] = (f"c4-new (GPTQ --new-eval): first {C4_DOCS} docs of {C4_SHARD} joined by "
                              f"' ', {''.join(t + ' + ' for t in enc.prefix)}tokenized once"
                              f"{''.join(' + ' + t for t in enc.suffix)}, {r['n']} windows of {seqlen} "
@@ -541,7 +559,7 @@ def evaluate(args, device):
         else:
             rows, where = read_rows(task, args.data_dir, args.limit)
         docs = build_docs(task, rows, where)
-        requests = encode_docs(task, docs, enc, max_length, bos_id if args.add_bos else None, prefix_id)
+        requests = encode_docs(task, docs, enc, max_length, before, prefix_id)
         if args.one_by_one:
             logliks = score_one_by_one(model, requests, Progress(f"{task} requests", len(requests)))
         else:

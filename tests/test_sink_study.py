@@ -92,6 +92,22 @@ def test_the_study_end_to_end(data_dir, tmp_path):
         assert run['first_token_weight'] == pytest.approx(recomputed, abs=2e-6)
         heads = [a[:, :, 1:, 0].mean(dim=(0, 2)).tolist() for a in attentions]
         assert run['sink_rate'] == sum(w > 0.3 for layer in heads for w in layer) / sum(map(len, heads))
+    # every reader of these checkpoints puts the token first, as their training windows had it
+    import analyze
+    import eval_zeroshot
+    ce = str(out / 'runs' / 'ce_affine_s0')
+    assert eval_zeroshot.window_first_token(ce) == 256
+    analyze.main(['attention', ce, f'--out_dir={tmp_path / "attention"}', f'--data={data_dir}', '--num_seqs=2',
+                  '--seq_len=32'])
+    numbers = json.loads((tmp_path / 'attention' / 'numbers.json').read_text())
+    assert [m['first_token'] for m in numbers['models'].values()] == [256]
+    model = GPT.from_pretrained(ce).eval()
+    ids = list(range(97, 97 + 64))
+    with_token = eval_zeroshot.c4_perplexity(model, ids, 2, 32, 2, first_token=256)
+    by_hand = torch.tensor([[256] + ids[:31], [256] + ids[31:62]])
+    logits, _ = model(by_hand)
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), by_hand[:, 1:].reshape(-1))
+    assert with_token['nll'] == pytest.approx(nll.item(), rel=1e-5)
     stamp = (out / 'runs' / 'ce_softmax_s0' / 'ckpt.pt').stat().st_mtime_ns
     sink_study.main(argv)  # finished runs are skipped
     assert (out / 'runs' / 'ce_softmax_s0' / 'ckpt.pt').stat().st_mtime_ns == stamp
