@@ -442,8 +442,8 @@ def window_first_token(spec):
     path = checkpoint_file(spec)
     if path is None:
         return None
-    ckpt = read_checkpoint(path, keys=('config', 'tokenizer'))
-    return first_token_id(ckpt['config'], ckpt['tokenizer'])
+    ckpt = read_checkpoint(path, keys=('tokenizer',))
+    return first_token_id(ckpt.get('config', {}), ckpt['tokenizer'])  # (a checkpoint of a model alone has no config)
 
 
 def load_model_and_tokenizer(spec, tokenizer, device, dtype):
