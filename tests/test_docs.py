@@ -16,6 +16,7 @@ import eval_zeroshot
 import prepare_data
 import train
 from helpers import CHAT, EOT, digits_then_gpt2, hf_tokenizer, readme_commands, write_task_data
+from model import ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))
@@ -167,7 +168,8 @@ def test_the_one_gpu_loop_runs_as_written(tmp_path, monkeypatch):
         assert json.loads((tmp_path / 'out' / f'onegpu_{v}' / 'config.json').read_text())['attention'] == v
     with open(tmp_path / 'out' / 'table_onegpu' / 'report.md', encoding='utf-8') as f:
         table = [line for line in f if line.startswith('| ')]
-    methods = sorted(analyze.METHODS.values(), key=len, reverse=True)  # 'Affine-Scaled + Gated' before 'Affine-Scaled'
+    names = [ModelConfig(attention=v).display_name for v in variants]
+    methods = sorted(names, key=len, reverse=True)  # 'Affine-Scaled + Gated' before 'Affine-Scaled'
     named = [next(m for m in methods if line.startswith(f'| {m}')) for line in table[1:]]
-    assert sorted(named) == sorted(analyze.METHODS.values())  # a row per variant
+    assert sorted(named) == sorted(names)  # a row per variant
     assert 'C4 PPL' in table[0] and 'Avg.' in table[0]  # the eval tasks' columns
