@@ -7,6 +7,8 @@ https://arxiv.org/abs/2602.23057 (equation numbers below are the paper's):
     sink          Eq. 3    a learnable logit s_h joins every softmax denominator (Section 2.3, gpt-oss)
     affine        Eq. 6-9  [alpha(X) softmax(QK^T/sqrt(d)) + beta(X)] V  (Section 3.2, this paper); phi of Eq. 7 is
                            linear clipping (Eq. 11) or, affine_act='sigmoid', Eq. 10 (Section 6, Table 3)
+    softmax1      Eq. 2    off-by-one attention, 1 in every softmax denominator: a sink whose logit is 0 (Section 2.3,
+                           Miller 2023; discussed by the paper, not trained in it)
 and the output gate of Eq. 4-5, SDPA(Q,K,V) * sigmoid(X W_g) (Section 2.4, Qiu et al. 2025, "G1"), which any variant
 may carry (ModelConfig.gate); the paper's two gated models keep their names:
     gated         softmax with the gate
@@ -347,6 +349,14 @@ def accumulate_alpha(attn, alpha, positions, seq_lens):
         attn.alpha_count += real.sum()
 
 
+def softmax1_forward(attn, q, k, v, is_causal, **call):
+    return sink_attention(q, k, v, q.new_zeros(attn.config.n_head), is_causal)  # Eq. 2: the sink's logit fixed at 0
+
+
+def softmax1_weights(attn, scores, **call):
+    return sink_weights(scores, scores.new_zeros(attn.config.n_head))  # rows sum to less than 1: the 1's share
+
+
 def init_variant_tensors(attn, std):
     """What a variant adds, initialised as HF Llama would: its own parameters normal(0, init_std) (gpt-oss's sinks),
     its buffers zero (alpha_ma,0 = 0 of Eq. 9); an nn.Linear it adds is initialised as every linear."""
@@ -394,6 +404,8 @@ VARIANTS = {
         cache=('v_sum',), depends_on_length=lambda config: config.affine_bias_norm == 'seq_len',
         head_stats=('alpha_ma',), options=lambda config: '' if config.affine_act == 'linear_clip' else
         f' ({config.affine_act})', check_time=1.03),
+    'softmax1': Variant('Off-by-One', softmax1_forward, softmax1_weights, saved_bytes=lambda config, a, x_copy: 0,
+                        check_time=1.05),
 }
 # The paper's names for two variants with the output gate (Eq. 4-5), and their display names; the paper's five models
 # in its order (Tables 1-2); every value of ModelConfig.attention: those, then every other variant

@@ -75,7 +75,11 @@ def affine_reference(e, p, x, cfg, visible, seq_lens, **_):
     return alpha * (e / e.sum(-1, keepdim=True)) + beta * visible  # Eq. 6, beta on visible keys only
 
 
-REFERENCES = dict(softmax=softmax_reference, sink=sink_reference, affine=affine_reference)
+def softmax1_reference(e, **_):
+    return e / (e.sum(-1, keepdim=True) + 1)  # Eq. 2 (Miller 2023): a constant 1 joins every denominator
+
+
+REFERENCES = dict(softmax=softmax_reference, sink=sink_reference, affine=affine_reference, softmax1=softmax1_reference)
 
 
 def variant_name(cfg):
