@@ -29,6 +29,7 @@ threshold pinned so that every freed tensor really leaves the process.
 import contextlib
 import ctypes
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -487,6 +488,12 @@ ONE_B_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config'
 H100_BF16_PEAK = KNOWN_PEAK_BF16['H100']  # NVIDIA H100 SXM datasheet, dense bf16: what nanochat's MFU uses
 
 
+def holds_mfu_target(gpu_name):
+    """Whether --check holds a GPU to its MFU target: the GPUs of the H100 SXM's dense bf16 peak (common's table:
+    H100 SXM, H200; not the H100 PCIe, 756 TFLOP/s), over which the MFU is taken."""
+    return next((peak for key, peak in KNOWN_PEAK_BF16.items() if key in gpu_name), None) == H100_BF16_PEAK
+
+
 def is_check_record(path):
     """Whether path holds a JSON record that --check wrote."""
     try:
@@ -727,6 +734,10 @@ def check_torchrun(check, device, args, workdir):
     resumed run continues from it and the loss curve continues, the loss falls, and the checkpoint loads on CPU."""
     cuda = device.type == 'cuda'
     variants = ATTENTIONS if cuda else (PROPOSED,)  # on CPU: the plumbing of one variant, in seconds
+    if importlib.util.find_spec('datasets') is None:  # prepare_data.py reads even the built-in corpus through it
+        check.add('torchrun', 'train.py under torchrun', None, 'skipped: prepare_data.py needs the datasets package '
+                  '(pip install -r requirements.txt)', 'every variant runs')
+        return
     data = os.path.join(workdir, 'data')
     with contextlib.redirect_stdout(sys.stderr):
         prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={data}', '--val_every=10',
@@ -856,10 +867,10 @@ def check_mfu(check, device, args):
         mfu = step_flops * tokens / H100_BF16_PEAK
         measured_peak = measured_matmul_flops(device, torch.bfloat16, gemm_shapes(student, B * T))
         check.add(section, f'micro-batch {B} x {T}, {accumulation} micro-steps + AdamW',
-                  mfu >= 0.45 if 'H100' in torch.cuda.get_device_name(device) else None,
+                  mfu >= 0.45 if holds_mfu_target(torch.cuda.get_device_name(device)) else None,
                   f'{tokens:,.0f} tokens/s, MFU {100 * mfu:.1f}% of 989 TFLOP/s ({100 * step_flops * tokens / measured_peak:.1f}% '
                   f'of the measured {measured_peak / 1e12:.0f}); peak {peak / 2**30:.1f} GiB; '
-                  f'compile {compile_s:.0f} s', '>= 45% MFU (H100)', tokens_per_sec=tokens, mfu=mfu,
+                  f'compile {compile_s:.0f} s', '>= 45% MFU (H100, H200)', tokens_per_sec=tokens, mfu=mfu,
                   step_seconds=seconds, micro_batch=B)
         # the dry run's plan for this step: one GPU (DDP's per-GPU memory does not depend on the ranks)
         plan = sum(memory_estimate(cfg, 1, B, 'bfloat16', False, False, teacher_cfg).values())

@@ -137,3 +137,23 @@ def test_check_skips_the_kernel_tests_where_pytest_does_not_run(tmp_path, monkey
     (row,) = check.record['rows']
     assert row['section'] == 'kernels' and row['ok'] is None
     assert "No module named 'pygments'" in row['value'] and 'pip install -r requirements-test.txt' in row['value']
+
+
+def test_check_says_what_to_install_where_datasets_is_missing(tmp_path, monkeypatch):
+    """A GPU image without `datasets` (which prepare_data.py reads even the built-in corpus through): --check's
+    torchrun part is one skipped row naming the package and the command that installs it."""
+    find_spec = bench.importlib.util.find_spec
+    monkeypatch.setattr(bench.importlib.util, 'find_spec', lambda name: None if name == 'datasets' else find_spec(name))
+    check = bench.Check(str(tmp_path / 'check.json'), dict(device='cpu', torch=torch.__version__))
+    bench.check_torchrun(check, torch.device('cpu'), None, str(tmp_path))
+    (row,) = check.record['rows']
+    assert row['section'] == 'torchrun' and row['ok'] is None
+    assert 'datasets' in row['value'] and 'pip install -r requirements.txt' in row['value']
+    assert list(tmp_path.iterdir()) == [tmp_path / 'check.json']
+
+
+def test_the_mfu_target_holds_for_the_gpus_of_the_h100s_peak():
+    """--check's MFU target (of 989 TFLOP/s, the H100 SXM's dense bf16 peak) applies to the H100 SXM and the H200,
+    which has the same peak; not to the H100 PCIe (756) or other GPUs."""
+    assert bench.holds_mfu_target('NVIDIA H100 80GB HBM3') and bench.holds_mfu_target('NVIDIA H200')
+    assert not bench.holds_mfu_target('NVIDIA H100 PCIe') and not bench.holds_mfu_target('NVIDIA A100-SXM4-80GB')
