@@ -14,8 +14,6 @@ from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -170,6 +168,9 @@ def apply_fsdp(model, dtype):
     weights), gradients reduce-scattered and accumulated in fp32. The root keeps its parameters gathered from
     forward to backward (FSDP's default for the root, stated here because the KD loss reads lm_head.weight after
     the forward)."""
+    # imported here: FSDP and DTensor take as long to import as torch itself (they pull in sympy), and every script
+    # imports this file (the quick start starts twenty processes)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if dtype == 'bfloat16' \
         else MixedPrecisionPolicy()
     for layer in model.model.layers:
@@ -208,7 +209,8 @@ def wrap_ddp(model, device):
 def full_tensor(t):
     """A DTensor (an FSDP-sharded parameter, or a reduction over one) gathered whole; other tensors as they are.
     A collective under FSDP: every rank must call it."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    dtensor = sys.modules.get('torch.distributed.tensor')  # not imported (apply_fsdp does): t cannot be a DTensor
+    return t.full_tensor() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
 
 
 def init_distributed(backend):

