@@ -91,6 +91,12 @@ class ModelConfig:
         return self.n_embd // self.n_head
 
     @property
+    def is_affine(self):
+        """Whether the variant has Eq. 7's alpha and the alpha_ma of Eq. 9 that training updates (affine,
+        affine_gated: Variant.alpha)."""
+        return self.variant.alpha is not None
+
+    @property
     def is_gated(self):
         """Eq. 4-5: whether the output gate g_proj follows the attention: gate=True, or a name of GATED_NAMES."""
         return self.gate or self.attention in GATED_NAMES
