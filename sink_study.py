@@ -38,6 +38,10 @@ import time
 
 from configurator import Key, parse
 from files import RunError, atomic_write, claim_dir, run_script, write_json
+from model import ATTENTIONS, PAPER_VARIANTS
+
+SOFTMAX, SINK, GATED, AFFINE, AFFINE_GATED = PAPER_VARIANTS  # the paper's five, in its order
+TEACHER = f'ce_{SOFTMAX}_s0'  # the kd arm's teacher: the ce arm's softmax run of seed 0
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = 'config/sink_study.py'
@@ -89,7 +93,7 @@ def plan_runs(args, overrides):
     steps = max(1, round(args.tokens / per_step))
     common = [CONFIG, f'--data_dir={args.data_dir}', f'--device={args.device}', f'--max_iters={steps}',
               f'--eval_interval={max(1, steps // EVALUATIONS)}', *overrides]
-    teacher = os.path.join(args.out_dir, 'runs', 'ce_softmax_s0')
+    teacher = os.path.join(args.out_dir, 'runs', TEACHER)
     runs = []
     for arm, seeds in (('ce', args.seeds), ('kd', args.kd_seeds)):
         if arm not in args.arms:
@@ -101,7 +105,7 @@ def plan_runs(args, overrides):
                         f"--out_dir={os.path.join(args.out_dir, 'runs', name)}"]
                 runs.append(dict(name=name, arm=arm, variant=variant, seed=seed,
                                  argv=argv + ([f'--teacher={teacher}'] if arm == 'kd' else [])))
-    if 'kd' in args.arms and args.kd_seeds and not any(r['name'] == 'ce_softmax_s0' for r in runs):
+    if 'kd' in args.arms and args.kd_seeds and not any(r['name'] == TEACHER for r in runs):
         if not os.path.isfile(os.path.join(HERE, teacher, 'ckpt.pt')):
             raise RunError(f"--arms=kd distils from the ce arm's softmax run of seed 0 ({teacher}), which is neither "
                            f"there nor planned: add ce to --arms, softmax to --variants and 0 to --seeds")
@@ -159,7 +163,7 @@ def run_all(runs, steps, jobs, threads, logs):
                                    f"and run the same command again (finished runs are skipped)")
                 done_names.add(name)
                 print(f"finished {name} ({len(done_names)}/{len(runs)} runs)", flush=True)
-        ready = [r for r in todo if r['arm'] == 'ce' or 'ce_softmax_s0' in done_names]
+        ready = [r for r in todo if r['arm'] == 'ce' or TEACHER in done_names]
         while ready and len(running) < jobs:
             run = ready.pop(0)
             todo.remove(run)
@@ -171,7 +175,7 @@ def run_all(runs, steps, jobs, threads, logs):
             running[run['name']] = (subprocess.Popen(command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT),
                                     run, log)
         if not running and todo:
-            raise RunError("the kd runs wait for ce_softmax_s0, which is not planned")
+            raise RunError(f"the kd runs wait for {TEACHER}, which is not planned")
         if time.time() - last_print >= 30 or not running:
             last_print = time.time()
             progress(runs, running, todo, steps, start_steps, t0)
@@ -267,22 +271,23 @@ def share(r):
     return layer_mean(r['first_token_share'])
 
 
-# The paper's claims, each as (what it says, the variants' order it predicts, the measure, why that measure)
+# The paper's five models, in its order (model.py's names for them), and its claims about them, each as (what it
+# says, the variants' order it predicts, the measure, why that measure)
 CLAIMS = [
-    ("first-token weight affine < sink < softmax (Figure 4)", [('affine', 'sink'), ('sink', 'softmax')], first_token,
+    ("first-token weight affine < sink < softmax (Figure 4)", [(AFFINE, SINK), (SINK, SOFTMAX)], first_token,
      "the raw weight, averaged over layers: Figure 4's own measure"),
-    ("the same, as a share of each row's total", [('affine', 'sink'), ('sink', 'softmax')], share,
+    ("the same, as a share of each row's total", [(AFFINE, SINK), (SINK, SOFTMAX)], share,
      "affine's rows do not sum to one (Figure 3), so its raw weight is also smaller where its rows are; the share "
      "compares where each row puts its weight"),
-    ("gated attention reduces the first-token weight (Table 2's gate)", [('gated', 'softmax')], first_token,
+    ("gated attention reduces the first-token weight (Table 2's gate)", [(GATED, SOFTMAX)], first_token,
      "the raw weight, as Figure 4"),
-    ("affine attention has a higher entropy than softmax (Figure 6)", [('softmax', 'affine')],
+    ("affine attention has a higher entropy than softmax (Figure 6)", [(SOFTMAX, AFFINE)],
      lambda r: layer_mean(r['entropy']), "analyze.py's entropy of attention magnitude, averaged over layers"),
-    ("affine attention reaches a lower loss than softmax (Table 1)", [('affine', 'softmax')], lambda r: r['val_loss'],
+    ("affine attention reaches a lower loss than softmax (Table 1)", [(AFFINE, SOFTMAX)], lambda r: r['val_loss'],
      "the validation loss of the last evaluation"),
-    ("affine attention has fewer gradient-norm spikes than softmax (Table 5, k = 6)", [('affine', 'softmax')],
+    ("affine attention has fewer gradient-norm spikes than softmax (Table 5, k = 6)", [(AFFINE, SOFTMAX)],
      lambda r: r['spikes']['6'], "steps with a gradient norm above median + 6 MAD, over the whole run"),
-    ("the same at k = 9", [('affine', 'softmax')], lambda r: r['spikes']['9'], "median + 9 MAD"),
+    ("the same at k = 9", [(AFFINE, SOFTMAX)], lambda r: r['spikes']['9'], "median + 9 MAD"),
 ]
 
 
@@ -461,15 +466,14 @@ def collect(args, runs, steps, per_step, command, seconds):
         bos_id=meta['tokenizer']['bos_id'] if meta['tokenizer']['bos_id'] is not None else meta['tokenizer']['eos_id'],
         context=config['block_size'], layers=config['n_layer'], recipe=recipe,
         recipe_text=', '.join(f"{k}={v}" for k, v in recipe.items()),
-        teacher=os.path.join(args.out_dir, 'runs', 'ce_softmax_s0') if 'kd' in args.arms else None,
+        teacher=os.path.join(args.out_dir, 'runs', TEACHER) if 'kd' in args.arms else None,
         uniform_first_token=uniform_first_token(config['block_size']), arms=[a for a in ('ce', 'kd') if a in args.arms],
         runs=[run_result(r, steps, per_step) for r in runs])
     return results
 
 
 def main(argv=None):
-    import model
-    keys = study_keys(tuple(model.ATTENTIONS))
+    keys = study_keys(tuple(ATTENTIONS))
     mine, overrides = split_argv(sys.argv[1:] if argv is None else argv, keys)
     args = parse(mine, keys, __doc__.split('\n\n')[1], prog='sink_study.py')
     args = type('Args', (), args)
