@@ -39,6 +39,7 @@ import time
 from configurator import Key, parse
 from files import RunError, atomic_write, claim_dir, run_script, write_json
 from model import ATTENTIONS, PAPER_VARIANTS
+from train import SINK_THRESHOLD
 
 SOFTMAX, SINK, GATED, AFFINE, AFFINE_GATED = PAPER_VARIANTS  # the paper's five, in its order
 TEACHER = f'ce_{SOFTMAX}_s0'  # the kd arm's teacher: the ce arm's softmax run of seed 0
@@ -46,7 +47,6 @@ TEACHER = f'ce_{SOFTMAX}_s0'  # the kd arm's teacher: the ce arm's softmax run o
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = 'config/sink_study.py'
 SCHEMA_VERSION = 1
-SINK_THRESHOLD = 0.3  # Gu et al.'s epsilon: a head "has a sink" when its mean first-token weight exceeds it
 SPIKE_KS = (6, 9)  # Table 5's thresholds: median + k MAD
 EVALUATIONS = 8  # evaluations per run (the curves' points)
 # what the paper reports about each (Section 4, Tables 1 and 5)
