@@ -49,7 +49,7 @@ CONFIG = 'config/sink_study.py'
 SCHEMA_VERSION = 1
 SPIKE_KS = (6, 9)  # Table 5's thresholds: median + k MAD
 EVALUATIONS = 8  # evaluations per run (the curves' points)
-# what the paper reports about each (Section 4, Tables 1 and 5)
+# a real pretrained softmax model's first-token weight, for scale: as the quick start's real-model stage measured it
 SMOLLM2 = dict(first_token_mean=0.36, first_token_max=0.65, source=(
     "python quickstart.py's real-model stage: SmolLM2-135M-Instruct (analyze.py attention on the built-in corpus in "
     "its tokens, 4 x 256 tokens; docs/analysis.md)"))
