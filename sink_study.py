@@ -65,7 +65,7 @@ def study_keys(variants):
         kd_seeds=Key([0], "the kd arm's seeds", min=0),
         arms=Key(['ce', 'kd'], "ce: cross-entropy from scratch; kd: distilled from the ce arm's softmax seed 0",
                  choices=('ce', 'kd')),
-        tokens=Key(6_000_000, "training tokens per run", min=1),
+        tokens=Key(3_000_000, "training tokens per run", min=1),
         device=Key('cpu', "cpu, cuda, cuda:1, ... (every run on it)"),
         jobs=Key(0, "runs at once (0: one per CPU core on cpu, 1 on a GPU)", min=0),
         report_only=Key(False, "write results.json and report.md from the runs there are, train nothing"),

@@ -63,7 +63,7 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     from test_analyze import explicit_weights
     out = tmp_path / 'study'
     argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--variants=softmax,affine', '--seeds=0',
-            '--kd_seeds=0', '--tokens=4096', '--block_size=32']
+            '--kd_seeds=0', '--tokens=4096', '--block_size=32', '--compile=False']
     results = sink_study.main(argv)
     assert json.loads((out / 'results.json').read_text()) == json.loads(json.dumps(results))
     assert results['schema_version'] == 1 and results['bos_id'] == 256 and results['context'] == 32
