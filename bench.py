@@ -17,6 +17,9 @@ Sections:
              device's measured matmul peak at the model's matmul shapes (common.measured_matmul_flops)
   eval       docs/s of eval_zeroshot's batched scoring vs one request per forward, synthetic 4-choice docs
   harness    docs/s of eval_zeroshot vs lm-evaluation-harness 0.4.9 on a real model (--harness_model; lm_eval installed)
+  study      the sink study's runs: tokens/s of train.py as sink_study.py starts it (eager, and compiled as the study
+             runs it; its seconds outside the steps) against a plain PyTorch loop on the same shape; 2 one-thread
+             processes side by side against one with 2 threads
 
 The memory plan: fake_peak_memory measures the peak of a training micro-step of a train.py config on fake tensors
 (torch's MemTracker: real shapes, no memory, no GPU), what train.py --dry_run's plan (memory_plan.py) is held to
@@ -35,6 +38,7 @@ import math
 import os
 import random
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -330,6 +334,119 @@ def bench_train(args, device):
                 f'measured matmul peak at the model\'s matmul shapes, {peak / 1e12:.2f} TFLOP/s '
                 f'(common.measured_matmul_flops{how})' + note,
                 ['variant', 'params', 'step (ms)', 'tokens/s', 'model TFLOP/s', 'MFU'], rows)
+
+# -----------------------------------------------------------------------------
+# study: the sink study's runs (train.py as sink_study.py starts them) vs a plain PyTorch loop on the same shape
+
+STUDY_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config', 'sink_study.py')
+
+
+def plain_loop(config, steps, device, threads):
+    """tokens/s of the loop the study is held to: the study's model and batch in a plain PyTorch loop, as one first
+    writes it: AdamW over every parameter at one learning rate, batches sliced at random from a random token stream,
+    eager, nothing else (no schedule, clipping, logging, evaluation or checkpoint), on `threads` threads. Median
+    step after 5 warm-up."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**{key: config[key] for key in FIELD_NAMES})).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config['learning_rate'], weight_decay=config['weight_decay'])
+    B, T = config['global_batch_size'], config['block_size']
+    stream = torch.randint(0, config['vocab_size'], (1_000_000,))
+    times = []
+    for _ in range(5 + steps):
+        t0 = time.perf_counter()
+        starts = torch.randint(0, len(stream) - T - 1, (B,)).tolist()
+        batch = torch.stack([stream[s:s + T + 1] for s in starts]).to(device)
+        _, loss = model(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    torch.set_num_threads(before)
+    return B * T / statistics.median(times[5:])
+
+
+def study_command(variant, steps, compile, data_dir, out_dir, device):
+    """train.py as sink_study.py starts a run, for `steps` steps with the study's 8 evaluations per run."""
+    return [sys.executable, 'train.py', STUDY_CONFIG, f'--data_dir={data_dir}', f'--out_dir={out_dir}',
+            f'--attention={variant}', f'--max_iters={steps}', f'--eval_interval={max(1, steps // 8)}',
+            f'--compile={compile}', f'--device={device}']
+
+
+def study_runs(commands, threads):
+    """Run train.py commands side by side, each with `threads` threads; per run (median tokens/s of its steps after
+    the first 5, as its metrics.jsonl records them; seconds outside the steps: start, compile, evaluations and
+    checkpoints, from its wall time)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    here = os.path.dirname(os.path.abspath(__file__))
+    out_dirs = [next(a.partition('=')[2] for a in c if a.startswith('--out_dir=')) for c in commands]
+    outputs = [open(f'{d}.log', 'w') for d in out_dirs]
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(c, cwd=here, env=env, stdout=output, stderr=subprocess.STDOUT)
+             for c, output in zip(commands, outputs)]
+    walls = {}
+    while len(walls) < len(procs):
+        walls |= {i: time.perf_counter() - t0 for i, p in enumerate(procs) if i not in walls and p.poll() is not None}
+        time.sleep(0.05)
+    results = []
+    for i, (command, proc, out_dir, output) in enumerate(zip(commands, procs, out_dirs, outputs)):
+        output.close()
+        if proc.returncode != 0:
+            with open(output.name) as f:
+                raise RunError(f"{shlex.join(command)} failed:\n{f.read()[-2000:]}")
+        steps = [r for r in read_log(os.path.join(out_dir, 'metrics.jsonl')) if 'tokens_per_sec' in r]
+        results.append((statistics.median(r['tokens_per_sec'] for r in steps[5:] or steps),
+                        walls[i] - sum(r['dt'] for r in steps)))
+    return results
+
+
+def bench_study(args, device):
+    """Per variant: the plain loop, train.py eager, and train.py as the study runs it (config/sink_study.py: layers
+    compiled); then the processes (the study's 2 one-thread runs side by side against one run on 2 threads) and what
+    the attention statistics of its evaluations cost."""
+    config = load_config([STUDY_CONFIG])
+    B, T, threads = config['global_batch_size'], config['block_size'], args.study_threads
+    steps, full = args.study_steps, config['max_iters']
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, 'data')  # the built-in corpus: throughput does not depend on which text it is
+        with contextlib.redirect_stdout(sys.stderr):
+            prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={data}', '--val_every=10'])
+        run = lambda variant, compile, i=0: study_command(variant, steps, compile, data,
+                                                         os.path.join(tmp, f'{variant}_{compile}_{i}'), device)
+        for variant in args.variants:
+            plain = plain_loop(config | dict(attention=variant), steps, device, threads)
+            (eager, _), = study_runs([run(variant, False)], threads)
+            (compiled, outside), = study_runs([run(variant, True)], threads)
+            rows.append([variant, f'{plain:,.0f}', f'{eager:,.0f}', f'{compiled:,.0f}', ratio(compiled, plain),
+                         f'{outside:.0f}', f'{(outside + full * B * T / compiled) / 60:.1f}'])
+            log(f'  study: {variant:<14} plain {plain:,.0f}, train.py eager {eager:,.0f}, compiled {compiled:,.0f} '
+                f'tokens/s; {outside:.0f} s outside the steps')
+        variant = args.variants[0]
+        side = study_runs([run(variant, True, i) for i in range(2)], threads)
+        (together, _), = study_runs([run(variant, True, 9)], 2 * threads)
+        # the analysis passes: a run without the attention statistics at its evaluations, beside one with them
+        (_, without), (_, with_stats) = study_runs([run(variant, True, 8) + ['--attention_windows=0'],
+                                                    run(variant, True, 7)], threads)
+    print_table("The sink study's runs: train.py against a plain PyTorch loop",
+                f"config/sink_study.py's model and batch ({B} x {T} tokens), {threads} thread(s) per process, "
+                f"{steps} steps per run (tokens/s: the median step after the first 5). Plain loop: bench.plain_loop, "
+                f"eager. train.py: the study's command (its data loading, schedule, clipping, logging, 8 "
+                f"evaluations with the attention statistics, checkpoints), eager and as the study runs it (layers "
+                f"compiled); 'outside the steps': its seconds of start, compile, evaluations and checkpoints. A study "
+                f"run of {full:,} steps: those seconds plus its steps at the compiled rate.",
+                ['variant', 'plain loop tokens/s', 'train.py eager', 'train.py compiled', 'compiled / plain',
+                 'outside the steps (s)', f'a {full:,}-step run (min)'], rows)
+    print_table('Processes',
+                f"{variant}, train.py compiled, {steps} steps: the study's way on a 2-core machine (2 runs side by "
+                f"side, {threads} thread(s) each) against one run with {2 * threads}. The attention statistics of the "
+                f"8 evaluations (train.sink_record, the study's analysis pass) cost {with_stats - without:.1f} s of a "
+                f"run's {with_stats:.0f} s outside its steps (two runs side by side, one with --attention_windows=0)).",
+                ['processes x threads', 'tokens/s per run', 'tokens/s in all'],
+                [[f'2 x {threads}', ' / '.join(f'{t:,.0f}' for t, _ in side), f'{sum(t for t, _ in side):,.0f}'],
+                 [f'1 x {2 * threads}', f'{together:,.0f}', f'{together:,.0f}']])
 
 # -----------------------------------------------------------------------------
 # eval: eval_zeroshot's batched scoring vs one request at a time
@@ -927,7 +1044,8 @@ def run_check(args):
     return 1 if check.failed() else 0
 
 
-SECTIONS = dict(attention=bench_attention, kd=bench_kd, train=bench_train, eval=bench_eval, harness=bench_harness)
+SECTIONS = dict(attention=bench_attention, kd=bench_kd, train=bench_train, eval=bench_eval, harness=bench_harness,
+                study=bench_study)
 MEMORY_SECTIONS = ('attention', 'kd')  # they measure peak memory
 CHECK_PARTS = ('kernels', 'torchrun', 'ddp', 'variants', 'kd', 'mfu')
 
@@ -955,6 +1073,9 @@ KEYS = dict(
     train_steps=Key(10, min=1),
     train_batch_size=Key(None, 'default: 8 on CPU, 64 on CUDA', types=(int,), min=1),
     train_seq_len=Key(256, min=1), eval_docs=Key(200, min=1), eval_batch_size=Key(32, min=1),
+    # study
+    study_steps=Key(100, "study: steps per train.py run (the study's runs have config/sink_study.py's max_iters)", min=6),
+    study_threads=Key(1, "study: threads per process (the study's: cores / jobs)", min=1),
     # harness (needs lm-evaluation-harness 0.4.9, which needs transformers 4)
     harness_model=Key(None, 'harness: a Hugging Face model directory, e.g. what scripts/gguf_to_hf.py writes',
                       types=(str,)),

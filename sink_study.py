@@ -427,6 +427,32 @@ def report_lines(results, figure_names):
               'per seed.']
     return lines
 
+
+def readme_lines(results):
+    """The README's block on the study (tests/test_sink_study.py holds the README to it for the committed
+    docs/sink_study/results.json): per variant and arm, the first-token weight (mean over layers, and its largest
+    layer), Sink_1^0.3 and the validation loss, mean ± std over seeds; then the claims on the first token, as report.md states them."""
+    by, arms = groups(results), results['arms']
+    header = ['variant'] + [f"{arm.upper()}: {col}" for arm in arms
+                            for col in ('first-token weight', 'largest layer', 'Sink₁^0.3', 'val loss')]
+    lines = [f"`{results['command']}` ({minutes(results['seconds'])} on {results['machine']}; "
+             f"{results['recipe']['tokens']:,} tokens per run; uniform attention puts "
+             f"{results['uniform_first_token']:.4f} on the first token):", '',
+             '| ' + ' | '.join(header) + ' |', '|---|' + '---|' * (len(header) - 1)]
+    for variant in dict.fromkeys(v for _, v in by):
+        cells = [variant]
+        for arm in arms:
+            runs = by.get((arm, variant), [])
+            cells += [fmt(mean_std([first_token(r) for r in runs])),
+                      fmt(mean_std([max(r['first_token_weight']) for r in runs])),
+                      fmt(mean_std([r['sink_rate'] for r in runs]), 2), fmt(mean_std([r['val_loss'] for r in runs]))]
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    first_token_claims = ('**', '- first-token weight', '- the same, as a share', '- gated attention')
+    for line in verdicts(results):
+        if line.startswith(first_token_claims) or (not line and lines[-1]):
+            lines.append(line)
+    return lines
+
 # -----------------------------------------------------------------------------
 
 RECIPE_KEYS = ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'block_size', 'global_batch_size', 'learning_rate', 'min_lr',

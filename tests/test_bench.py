@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ['--device=cpu', '--n_layer=1', '--n_embd=128', '--n_head=2', '--n_kv_head=1', '--vocab_size=512',
         '--seq_lens=512,1024', '--steps=1', '--kd_tokens=256', '--kd_vocab=2000', '--kd_hidden=32',
         '--variants=softmax,affine', '--train_steps=1', '--train_batch_size=2', '--train_seq_len=64',
-        '--eval_docs=3', '--eval_batch_size=4']
+        '--eval_docs=3', '--eval_batch_size=4', '--sections=attention,kd,train,eval,harness']
 TITLES = {'attention': 'Attention variants', 'kd': 'KD loss', 'train': 'Training throughput',
-          'eval': 'Zero-shot evaluation'}
+          'eval': 'Zero-shot evaluation', 'study': "The sink study's runs", 'processes': 'Processes'}
 
 
 def tables(stdout):
@@ -85,6 +85,43 @@ def test_eval_table(output):
         assert (r['docs'], r['requests'], r['forwards (batched)']) == ('3', '12', '12')
         assert all(finite(r[key]) for key in ('batched docs/s', 'one-by-one docs/s', 'speedup'))
         assert float(r['max abs loglik diff']) < 1e-3  # both scorers score the same requests
+
+
+def test_study_runs_read_each_runs_own_record(data_dir, tmp_path):
+    """bench.study_runs: the study's train.py command, run for real (eager here: compiling would take a minute), its
+    tokens/s read back from its metrics.jsonl and its seconds outside the steps from its wall time."""
+    out = str(tmp_path / 'run')
+    command = bench.study_command('softmax', 6, False, data_dir, out, 'cpu') + ['--eval_batches=1']
+    (tokens_per_sec, outside), = bench.study_runs([command], threads=1)
+    records = [json.loads(line) for line in open(f'{out}/metrics.jsonl')]
+    steps = [r for r in records if 'tokens_per_sec' in r]
+    assert [r['step'] for r in steps] == [1, 2, 3, 4, 5, 6] and tokens_per_sec == steps[-1]['tokens_per_sec']
+    assert sum(1 for r in records if 'first_token_weight' in r) == 6  # the study's 8 evaluations, here every step
+    assert 0 < outside and 'step 6/6' in open(f'{out}.log').read()
+
+
+def test_study_section_table(monkeypatch, capsys):
+    """--sections=study: its two tables from the runs' numbers (stand-ins here: the runs are the test above's), the
+    plain loop measured for real."""
+    runs = []
+
+    def fake_runs(commands, threads):
+        runs.append(([c[c.index('--compile=True') if '--compile=True' in c else c.index('--compile=False')]
+                      for c in commands], threads))
+        return [(1000.0 * (len(runs) + i), 20.0 + i) for i in range(len(commands))]
+    monkeypatch.setattr(bench, 'study_runs', fake_runs)
+    args = bench.parse_args(['--device=cpu', '--sections=study', '--variants=softmax', '--study_steps=6'])
+    bench.bench_study(args, torch.device('cpu'))
+    assert runs == [(['--compile=False'], 1), (['--compile=True'], 1), (['--compile=True'] * 2, 1),
+                    (['--compile=True'], 2), (['--compile=True'] * 2, 1)]
+    out = capsys.readouterr().out
+    (study,), processes = tables(out)['study'], tables(out)['processes']
+    assert (study['variant'], study['train.py eager'], study['train.py compiled']) == ('softmax', '1,000', '2,000')
+    assert study['compiled / plain'] == f"{2000 / float(study['plain loop tokens/s'].replace(',', '')):.2f}"
+    assert study['outside the steps (s)'] == '20' and study['a 1,465-step run (min)'] == f'{(20 + 1465 * 2048 / 2000) / 60:.1f}'
+    assert processes == [{'processes x threads': '2 x 1', 'tokens/s per run': '3,000 / 4,000', 'tokens/s in all': '7,000'},
+                         {'processes x threads': '1 x 2', 'tokens/s per run': '4,000', 'tokens/s in all': '4,000'}]
+    assert 'cost 1.0 s of a run\'s 21 s outside its steps' in out
 
 
 def test_kd_skips_the_naive_path_when_it_cannot_fit(monkeypatch, capsys):

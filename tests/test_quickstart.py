@@ -32,6 +32,7 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     assert re.search(r'\| Baseline \| 0 \| [*\d.]+ \| [*\d.]+ \| [*\d.]+ \| [*\d.]+ \|', report)
     assert '| Affine-Scaled | 2,048 |' in report  # W_alpha: 4 layers x 128 x 4 heads
     assert 'Seeds: 0.' in report and 'One run per method' in report
+    assert '`python sink_study.py` trains models that do' in report and os.path.isfile(os.path.join(ROOT, 'docs/sink_study/report.md'))
     for figure in re.findall(r'\]\(([^)]+\.png)\)', report):
         assert (out / figure).stat().st_size > 1000
     # Figures 3-6, 9, alpha of the students; 2, 7, 8, 10 of their runs; 3-6, 9 of the real model

@@ -129,3 +129,25 @@ def test_verdicts_follow_the_numbers_and_the_noise():
     results['runs'] = [r for r in results['runs'] if r['seed'] == 0]
     line = next(l for l in sink_study.verdicts(results) if l.startswith('- first-token weight'))
     assert 'one seed: no estimate of the noise' in line
+
+
+README_START = '<!-- the sink study: sink_study.readme_lines(docs/sink_study/results.json) -->'
+README_END = '<!-- end of the sink study -->'
+
+
+def test_the_readme_shows_the_committed_study():
+    """The README's study numbers are those of the committed results.json (sink_study.readme_lines), and the report
+    and figures it points to are committed beside it."""
+    import sink_study
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, 'docs', 'sink_study', 'results.json')) as f:
+        results = json.load(f)
+    with open(os.path.join(root, 'README.md')) as f:
+        readme = f.read()
+    assert readme.count(README_START) == readme.count(README_END) == 1
+    block = readme.split(README_START)[1].split(README_END)[0].strip('\n')
+    expected = '\n'.join(sink_study.readme_lines(results))
+    assert block == expected, f"README.md's study block is not the committed results'; it should read:\n{expected}"
+    for name in ('report.md', 'fig4_ce.png', 'fig4_kd.png', 'curves_ce.png', 'curves_kd.png'):
+        assert os.path.getsize(os.path.join(root, 'docs', 'sink_study', name)) > 1000, name
+    assert results['schema_version'] == sink_study.SCHEMA_VERSION
