@@ -220,6 +220,18 @@ def compile_layers(model, backend='inductor'):
     return model
 
 
+def check_cpu_compiler():
+    """torch.compile on CPU makes TorchInductor generate C++, built with the machine's C++ compiler: without one the
+    first step would fail deep in a traceback, so say it in one line before any work."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    try:
+        get_cpp_compiler()
+    except Exception as e:  # torch's own InvalidCxxCompiler and whatever else its search raises
+        raise RunError(f"compile=True on CPU needs a C++ compiler (TorchInductor builds C++): "
+                       f"{str(e).strip().splitlines()[0]}. Install g++ or clang++, or pass --compile=False "
+                       f"(eager: about 1.4x slower; docs/benchmarks.md)") from None
+
+
 def wrap_ddp(model, device):
     """DDP around the GPT, its gradients kept once: every .grad is created before DDP(...), which then turns them into
     views of its all-reduce buckets (gradient_as_bucket_view), and train.py's loop zeroes them in place

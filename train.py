@@ -46,9 +46,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, is_run_config, model_state, previous_checkpoint,
                         read_checkpoint, save_checkpoint)
-from common import (DeviceTimer, apply_fsdp, batch_to_device, compile_layers, default_peak_flops, estimate_mfu,
-                    full_tensor, gemm_shapes, init_distributed, preemption_flag, reduce_mean, resolve_device,
-                    resolve_dtype, wrap_ddp)
+from common import (DeviceTimer, apply_fsdp, batch_to_device, check_cpu_compiler, compile_layers, default_peak_flops,
+                    estimate_mfu, full_tensor, gemm_shapes, init_distributed, preemption_flag, reduce_mean,
+                    resolve_device, resolve_dtype, wrap_ddp)
 from configurator import DEVICE, Key, parse
 from data import Windows, first_token_id, read_meta
 from files import RunError, atomic_write, claim_dir, lock_dir, read_log, run_script, write_json
@@ -389,6 +389,8 @@ def setup_run(c):
     c['dtype'] = resolve_dtype(c['dtype'], device)
     if c['compile'] is None:
         c['compile'] = device.type == 'cuda'
+    if c['compile'] and device.type == 'cpu':
+        check_cpu_compiler()
     accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])
     if rest or accumulation == 0:
         raise RunError(f"global_batch_size={c['global_batch_size']} must be a multiple of world size ({world}) "

@@ -377,6 +377,19 @@ def test_a_device_torch_cannot_use_is_one_line(tmp_path, monkeypatch):
         assert str(e.value) == message
 
 
+def test_compiling_on_a_cpu_without_a_cpp_compiler_is_one_line(data_dir, tmp_path, monkeypatch):
+    """--compile=True on CPU (the sink study's recipe) where no C++ compiler is found: TorchInductor would fail at the
+    first step, deep in a traceback; train.py says it in one line before writing anything."""
+    import torch._inductor.config
+    monkeypatch.setattr(torch._inductor.config.cpp, 'cxx', ('no-such-c++-compiler',))
+    with pytest.raises(files.RunError) as e:
+        train.main([f'--data_dir={data_dir}', f'--out_dir={tmp_path / "run"}', '--device=cpu', '--compile=True'])
+    assert str(e.value).startswith("compile=True on CPU needs a C++ compiler (TorchInductor builds C++): ")
+    assert "no-such-c++-compiler" in str(e.value) and str(e.value).endswith(
+        "Install g++ or clang++, or pass --compile=False (eager: about 1.4x slower; docs/benchmarks.md)")
+    assert not (tmp_path / 'run').exists()
+
+
 def test_a_run_that_has_not_saved_yet_is_named_as_such(tmp_path):
     """A train.py run directory holds config.json (and metrics.jsonl) from its start, ckpt.pt only from its first
     evaluation: given to a reader before then, it is named as such (not "model_type None is not supported")."""
