@@ -39,3 +39,22 @@ def test_the_check_finds_names_and_branches(tmp_path):
     module.write_text("x = ('softmax', 'other')\nif cfg.attention != y:\n    pass\nok = c['attention'] in names\n"
                       "fine = 'affine scaled'\n")
     assert [line for line, _ in variant_names_and_branches(module)] == [1, 2, 4]
+
+
+def test_graph_ops_names_what_a_variant_adds(capsys):
+    """scripts/graph_ops.py (docs/benchmarks.md's table of the compiled graphs): the gate adds its projection's three
+    matmuls (forward, and the input's and weight's gradients) and a sigmoid with its backward to softmax's layer
+    graph, and nothing else of substance; affine adds the cumulative sums of V (forward, and reversed backward)."""
+    import importlib.util
+    path = ROOT / 'scripts' / 'graph_ops.py'
+    spec = importlib.util.spec_from_file_location('graph_ops', path)
+    graph_ops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(graph_ops)
+    graph_ops.main(['--variants=softmax,gated,affine', '--kernels=False', '--seq_len=16'])
+    rows = {line.split(' | ')[0].strip('| '): line.split(' | ') for line in capsys.readouterr().out.splitlines()
+            if line.startswith('| ') and not line.startswith('| variant')}
+    assert list(rows) == ['softmax', 'gated', 'affine'] and rows['softmax'][-1].strip(' |') == '-'
+    gated = rows['gated'][-1]
+    assert 'mm.default x3' in gated and 'sigmoid.default' in gated and 'sigmoid_backward.default' in gated
+    assert 'cumsum' not in gated and 'cumsum.default x2' in rows['affine'][-1] and 'flip.default x2' in rows['affine'][-1]
+    assert int(rows['gated'][1]) > int(rows['softmax'][1]) and int(rows['affine'][2]) > int(rows['softmax'][2])
