@@ -435,8 +435,11 @@ def readme_lines(results):
     by, arms = groups(results), results['arms']
     header = ['variant'] + [f"{arm.upper()}: {col}" for arm in arms
                             for col in ('first-token weight', 'largest layer', 'Sink₁^0.3', 'val loss')]
+    per_run = '; '.join(f"a {arm.upper()} run's steps "
+                        f"{minutes(statistics.fmean(r['seconds'] for r in results['runs'] if r['arm'] == arm))} on average"
+                        for arm in arms)
     lines = [f"`{results['command']}` ({minutes(results['seconds'])} on {results['machine']}; "
-             f"{results['recipe']['tokens']:,} tokens per run; uniform attention puts "
+             f"{results['recipe']['tokens']:,} tokens per run; {per_run}; uniform attention puts "
              f"{results['uniform_first_token']:.4f} on the first token):", '',
              '| ' + ' | '.join(header) + ' |', '|---|' + '---|' * (len(header) - 1)]
     for variant in dict.fromkeys(v for _, v in by):
