@@ -229,7 +229,7 @@ def check_cpu_compiler():
     except Exception as e:  # torch's own InvalidCxxCompiler and whatever else its search raises
         raise RunError(f"compile=True on CPU needs a C++ compiler (TorchInductor builds C++): "
                        f"{str(e).strip().splitlines()[0]}. Install g++ or clang++, or pass --compile=False "
-                       f"(eager: about 1.4x slower; docs/benchmarks.md)") from None
+                       f"(eager: about 1.2x slower in the sink study; docs/benchmarks.md)") from None
 
 
 def wrap_ddp(model, device):

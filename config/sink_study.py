@@ -24,4 +24,4 @@ eval_batches = 8
 attention_windows = 8  # the first token's weight per layer and head at every evaluation (train.sink_record)
 log_interval = 100
 seed = 0
-compile = True  # torch.compile per layer, on CPU too: 1.4x the tokens/s of eager here (docs/benchmarks.md)
+compile = True  # torch.compile per layer, on CPU too: 1.2x the tokens/s of eager on one thread (docs/benchmarks.md)
