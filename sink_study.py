@@ -431,13 +431,13 @@ def report_lines(results, figure_names):
 def readme_lines(results):
     """The README's block on the study (tests/test_sink_study.py holds the README to it for the committed
     docs/sink_study/results.json): per variant and arm, the first-token weight (mean over layers, and its largest
-    layer), Sink_1^0.3 and the validation loss, mean ± std over seeds; then the claims on the first token, as report.md states them."""
+    layer), Sink_1^0.3 and the validation loss, mean ± std over seeds; then the claims on the first token, as
+    report.md states them."""
     by, arms = groups(results), results['arms']
     header = ['variant'] + [f"{arm.upper()}: {col}" for arm in arms
                             for col in ('first-token weight', 'largest layer', 'Sink₁^0.3', 'val loss')]
-    per_run = '; '.join(f"a {arm.upper()} run's steps "
-                        f"{minutes(statistics.fmean(r['seconds'] for r in results['runs'] if r['arm'] == arm))} on average"
-                        for arm in arms)
+    seconds = {arm: statistics.fmean(r['seconds'] for r in results['runs'] if r['arm'] == arm) for arm in arms}
+    per_run = '; '.join(f"a {arm.upper()} run's steps {minutes(seconds[arm])} on average" for arm in arms)
     lines = [f"`{results['command']}` ({minutes(results['seconds'])} on {results['machine']}; "
              f"{results['recipe']['tokens']:,} tokens per run; {per_run}; uniform attention puts "
              f"{results['uniform_first_token']:.4f} on the first token):", '',

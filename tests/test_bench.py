@@ -118,8 +118,10 @@ def test_study_section_table(monkeypatch, capsys):
     (study,), processes = tables(out)['study'], tables(out)['processes']
     assert (study['variant'], study['train.py eager'], study['train.py compiled']) == ('softmax', '1,000', '2,000')
     assert study['compiled / plain'] == f"{2000 / float(study['plain loop tokens/s'].replace(',', '')):.2f}"
-    assert study['outside the steps (s)'] == '20' and study['a 1,465-step run (min)'] == f'{(20 + 1465 * 2048 / 2000) / 60:.1f}'
-    assert processes == [{'processes x threads': '2 x 1', 'tokens/s per run': '3,000 / 4,000', 'tokens/s in all': '7,000'},
+    assert study['outside the steps (s)'] == '20'
+    assert study['a 1,465-step run (min)'] == f'{(20 + 1465 * 2048 / 2000) / 60:.1f}'
+    assert processes == [{'processes x threads': '2 x 1', 'tokens/s per run': '3,000 / 4,000',
+                          'tokens/s in all': '7,000'},
                          {'processes x threads': '1 x 2', 'tokens/s per run': '4,000', 'tokens/s in all': '4,000'}]
     assert 'cost 1.0 s of a run\'s 21 s outside its steps' in out
 
