@@ -69,6 +69,7 @@ from eval_zeroshot import (choice_doc, encode_docs, load_model_and_tokenizer, pl
 from model import ATTENTIONS, BASELINE, FIELD_NAMES, GPT, MODEL_SHAPES, PROPOSED, ModelConfig
 from data import Windows, load_tokenizer
 from memory_plan import KNOWN_TEACHERS, memory_estimate, plan_dtype
+from sink_study import EVALUATIONS
 from train import compute_loss, configure_optimizers, load_config
 
 EXPLICIT = f'{PROPOSED} (explicit T x T)'  # the paper's variant as its explicit weights: what its O(T) form saves
@@ -369,9 +370,9 @@ def plain_loop(config, steps, device, threads):
 
 
 def study_command(variant, steps, compile, data_dir, out_dir, device):
-    """train.py as sink_study.py starts a run, for `steps` steps with the study's 8 evaluations per run."""
+    """train.py as sink_study.py starts a run, for `steps` steps with the study's evaluations per run."""
     return [sys.executable, 'train.py', STUDY_CONFIG, f'--data_dir={data_dir}', f'--out_dir={out_dir}',
-            f'--attention={variant}', f'--max_iters={steps}', f'--eval_interval={max(1, steps // 8)}',
+            f'--attention={variant}', f'--max_iters={steps}', f'--eval_interval={max(1, steps // EVALUATIONS)}',
             f'--compile={compile}', f'--device={device}']
 
 
@@ -442,7 +443,8 @@ def bench_study(args, device):
     print_table('Processes',
                 f"{variant}, train.py compiled, {steps} steps: the study's way on a 2-core machine (2 runs side by "
                 f"side, {threads} thread(s) each) against one run with {2 * threads}. The attention statistics of the "
-                f"8 evaluations (train.sink_record, the study's analysis pass) cost {with_stats - without:.1f} s of a "
+                f"{EVALUATIONS} evaluations (train.sink_record, the study's analysis pass) cost "
+                f"{with_stats - without:.1f} s of a "
                 f"run's {with_stats:.0f} s outside its steps (two runs side by side, one with --attention_windows=0)).",
                 ['processes x threads', 'tokens/s per run', 'tokens/s in all'],
                 [[f'2 x {threads}', ' / '.join(f'{t:,.0f}' for t, _ in side), f'{sum(t for t, _ in side):,.0f}'],
