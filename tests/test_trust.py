@@ -63,20 +63,34 @@ def predated_note(path, ckpt):
             + ', '.join(f"{key}={train.KEYS[key].default!r}" for key in missing))
 
 
+# The fixture's numbers were recorded on one CPU. Another CPU orders float reductions differently (oneDNN/MKL pick
+# kernels by SIMD width), so a resumed step can differ from the recording in the last bits of a float32 (5.553018569
+# against 5.553019047 seen on an AMD EPYC: 9e-8 relative). Relative 1e-5 allows that reordering (about 100 float32
+# ulps) and not what a wrong resume gives: a checkpoint taking a wrong default moved step 4 by 3.0e-5 and fails
+# (docs/testing.md). Bit-for-bit resume, both runs on the same machine, is test_train.py's test_resume_is_bit_exact.
+RTOL = 1e-5
+
+
 def assert_continues_the_old_run(resumed):
-    """The resumed steps 3-4 are the old code's uninterrupted run's, bit for bit."""
+    """The resumed steps 3-4 are the old code's uninterrupted run's, within what another CPU's float order changes."""
     old = records(os.path.join(FIXTURE, 'metrics.jsonl'))
     assert [r['step'] for r in resumed] == [3, 4]
-    for key in ('loss', 'grad_norm', 'lr'):
-        assert [r[key] for r in resumed] == [r[key] for r in old[2:]]
-    for key in ('val_loss', 'alpha_ma', 'attn_logit_mean'):
-        assert resumed[-1][key] == old[-1][key]
+    assert [r['lr'] for r in resumed] == [r['lr'] for r in old[2:]]  # the schedule: Python floats, exact anywhere
+    for key in ('loss', 'grad_norm'):
+        assert [r[key] for r in resumed] == pytest.approx([r[key] for r in old[2:]], rel=RTOL, abs=0)
+    assert resumed[-1]['val_loss'] == pytest.approx(old[-1]['val_loss'], rel=RTOL, abs=0)
+    # alpha_ma is logged rounded to 5 decimals: a reordering may flip the last one
+    assert resumed[-1]['alpha_ma'] == pytest.approx(old[-1]['alpha_ma'], rel=0, abs=1e-5)
+    # a mean of logits near 0 (-2e-4, cancelling): relative to the scale of the logits it averages, not to itself
+    scale = old[-1]['attn_logit_abs_mean']
+    assert resumed[-1]['attn_logit_mean'] == pytest.approx(old[-1]['attn_logit_mean'], rel=0, abs=RTOL * scale)
+    assert resumed[-1]['attn_logit_abs_mean'] == pytest.approx(scale, rel=RTOL, abs=0)
 
 # -----------------------------------------------------------------------------
 # Checkpoints written before: they load and resume
 
 
-def test_a_checkpoint_of_the_old_code_resumes_bit_for_bit(data, tmp_path, capsys):
+def test_a_checkpoint_of_the_old_code_resumes_and_continues_its_run(data, tmp_path, capsys):
     os.makedirs(tmp_path / 'run')
     shutil.copy(os.path.join(FIXTURE, 'ckpt.pt'), tmp_path / 'run' / 'ckpt.pt')  # as it is, byte for byte
     train.main([*FIXTURE_RUN, f'--data_dir={data}', f'--out_dir={tmp_path / "run"}'])
