@@ -37,13 +37,19 @@ from configurator import DEVICE, Key, fail, parse
 from files import MARKERS, RunError, claim_dir, made_dirs, read_log, run_script, write_json
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows, window_first_token
 from data import Windows, read_meta, tokenizer_info
-from model import FIELD_NAMES, GPT, HEAD_STATS, ModelConfig
+from model import FIELD_NAMES, GATED_NAMES, GPT, ModelConfig
+from probes import model_statistics
 
 
 def method_name(config):
-    """The paper's name for a model config (a dict; ModelConfig.display_name); the sigmoid ablation of Table 3 says
-    so."""
-    return ModelConfig(**{key: value for key, value in config.items() if key in FIELD_NAMES}).display_name
+    """The paper's name for a model config (a dict): its variant's display name (Variant.display; GATED_NAMES' with the
+    gate), then its options (Variant.options), so that the sigmoid ablation of Table 3 says so."""
+    config = ModelConfig(**{key: value for key, value in config.items() if key in FIELD_NAMES})
+    of = GATED_NAMES[config.attention][0] if config.attention in GATED_NAMES else config.attention
+    name = config.variant.display or of
+    if config.is_gated:  # the paper's name for it with the gate, if the paper has one
+        name = next((shown for base, shown in GATED_NAMES.values() if base == of), f'{name} + Gated')
+    return name + config.variant.options(config)
 
 
 def is_report(names):
@@ -89,40 +95,6 @@ def pyplot():
 
 # -----------------------------------------------------------------------------
 # From checkpoints: Figures 3, 4, 5, 6, 9, alpha and sink logits
-
-
-def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):
-    """GPT.attention_statistics over all sequences (N, T), batch by batch (the weights of a whole 1B model at T = 1024
-    are gigabytes per sequence), reduced to plain numbers: per layer, means over sequences, the row sums' mean and
-    median, per-head totals, the corner, alpha's per-head means, quantiles and alpha_ma, the sink logits; and,
-    over all layers, the histogram of per-query row sums (Figure 3)."""
-    device = next(model.parameters()).device
-    parts = []
-    for start in range(0, len(sequences), batch_size):
-        parts.append(model.attention_statistics(sequences[start:start + batch_size].to(device), corner))
-        if progress:
-            progress(min(start + batch_size, len(sequences)))
-    layers = []
-    for per_batch in zip(*parts):
-        s = {key: torch.cat([b[key] for b in per_batch]) if key not in HEAD_STATS else per_batch[0][key]
-             for key in per_batch[0] if per_batch[0][key] is not None}
-        layer = dict(first_token=s['first_token'].mean().item(), entropy=s['entropy'].mean().item(),
-                     row_sum_mean=s['row_sums'].mean().item(), row_sum_median=s['row_sums'].median().item(),
-                     head_total=s['head_total'].mean(0).tolist(), corner=s['corner'].mean(0).tolist())
-        if 'alpha' in s:
-            alpha = s['alpha'].flatten(0, 1)  # (tokens, H)
-            qs = torch.tensor([0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0], dtype=alpha.dtype, device=alpha.device)
-            layer.update(alpha_head_mean=alpha.mean(0).tolist(),
-                         alpha_quantiles=dict(zip(('min', 'p5', 'p25', 'median', 'p75', 'p95', 'max'),
-                                                  torch.quantile(alpha.flatten(), qs).tolist())))
-        layer.update({key: s[key].tolist() for key in HEAD_STATS if key in s})
-        layers.append((layer, s['row_sums'].flatten().cpu().numpy()))
-    row_sums = np.concatenate([r for _, r in layers])
-    lo, hi = float(row_sums.min()), float(row_sums.max())
-    counts, edges = np.histogram(row_sums, bins=50, range=(lo - 1e-3, hi + 1e-3))  # softmax: every row is 1
-    return dict(layers=[layer for layer, _ in layers],
-                row_sums=dict(mean=float(row_sums.mean()), median=float(np.median(row_sums)), n=len(row_sums),
-                              histogram=dict(counts=counts.tolist(), edges=edges.tolist())))
 
 
 def heldout_sequences(source, enc, tokenizer_sha256, num_seqs, seq_len, seed=0, data_dir=None):

@@ -3,8 +3,9 @@ Checkpoints in and out: this repo's training checkpoints (ckpt.pt) and Hugging F
 written. Every file a model is read from or written to goes through here, so every reader gets the same checks and
 the same one-line errors (CheckpointError, a ValueError naming the file, what is wrong and what to do).
 
-This file knows formats only: dicts, tensors and JSON. model.py builds a GPT from what it reads (GPT.from_pretrained),
-so imports flow one way: checkpoint -> model -> the scripts. (An exported model ships this file beside model.py.)
+model.py stands alone (the network); this file reads and writes what it is made of, and builds a GPT from a file
+(load_model, which GPT.from_pretrained calls): imports flow one way, model -> checkpoint -> the scripts. (An exported
+model ships this file beside model.py.)
 
 ckpt.pt, written by train.py: one torch.save'd dict,
     model         the GPT's state dict: full tensors keyed by parameter name (never sharded, whatever the run's ranks)
@@ -37,8 +38,10 @@ import torch
 
 try:  # an export, which transformers imports as a package (see model.py)
     from .files import RunError, atomic_write, write_json
+    from .model import BASELINE, ModelConfig, is_variant_tensor
 except ImportError:
     from files import RunError, atomic_write, write_json
+    from model import BASELINE, ModelConfig, is_variant_tensor
 
 CKPT_NAME = 'ckpt.pt'
 CKPT_KEYS = ('model', 'optimizer', 'step', 'rng', 'config', 'model_config', 'tokenizer', 'data')
@@ -439,3 +442,67 @@ def write_safetensors(state, out_dir, max_shard_bytes):
     total = sum(t.numel() * t.element_size() for t in state.values())
     write_json(os.path.join(out_dir, 'model.safetensors.index.json'),
                dict(metadata=dict(total_size=total), weight_map=weight_map), indent=2)
+
+# -----------------------------------------------------------------------------
+# A GPT from any of them
+
+
+def load_model(cls, path, attention=BASELINE, dtype=torch.float32, device='cpu'):
+    """GPT.from_pretrained: a model of class cls (model.GPT) from a Hugging Face Llama / Mistral / Qwen2 directory
+    (with attention=BASELINE, softmax, model(idx) gives HF's logits; another variant keeps every checkpoint tensor and
+    initialises its own, sinks, g_proj or alpha_proj, fresh), a directory export_hf.py wrote, or one of this repo's
+    checkpoints (ckpt.pt, or the out_dir holding it); the last two are the variant they hold. The model is built on
+    the meta device and takes the tensors as they are read (cast to dtype, on device): about 1x the model's size in
+    memory."""
+    ckpt_path = checkpoint_file(path)
+    if ckpt_path is not None:  # ours: every tensor of its own variant
+        ckpt = read_checkpoint(ckpt_path)
+        config = ModelConfig(**ckpt['model_config'])
+        if attention not in (BASELINE, config.attention):
+            raise ValueError(f"{ckpt_path}: a {config.attention!r} model cannot be loaded as {attention!r}")
+        model = cls(config)
+        try:
+            model.load_state_dict(model_state(ckpt))
+        except RuntimeError as e:  # torch's message spans lines: one line of it
+            raise CheckpointError(f"{ckpt_path} is not a readable checkpoint of train.py: its tensors do not fit its "
+                                  f"model_config ({' '.join(str(e).split())})") from None
+        return model.to(device=device, dtype=dtype)
+    hf = read_hf_config(path)
+    exported = 'model_config' in hf
+    config = ModelConfig(**config_from_hf(hf) | ({} if exported else dict(attention=attention)))
+    if exported and attention not in (BASELINE, config.attention):  # an export is always its own variant
+        raise ValueError(f"{path}/config.json: an exported {config.attention!r} model cannot be loaded as "
+                         f"{attention!r}")
+    state = read_safetensors(path, dtype, device, keep_fp32=config.variant.fp32)
+    with torch.device('meta'):
+        model = cls(config).to(dtype)
+    # what the directory holds: every tensor of an exported variant, the softmax ones of a published model
+    expected = {key for key in model.state_dict() if exported or not is_variant_tensor(key)}
+    if config.tie_embeddings:  # lm_head is embed_tokens; HF ignores a stored copy, and so do we
+        expected.discard('lm_head.weight')
+        state.pop('lm_head.weight', None)
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise ValueError(f"{path}: the tensors do not match its config.json: missing {missing}, "
+                         f"unexpected {unexpected}")
+    model.load_state_dict(state, strict=False, assign=True)
+    if config.tie_embeddings:  # assign=True gave embed_tokens a new Parameter: tie lm_head to it again
+        model.lm_head.weight = model.model.embed_tokens.weight
+    for module in model.modules():  # affine's running alpha sums: never saved, zero at the start
+        for key in module._non_persistent_buffers_set:
+            module._buffers[key] = torch.zeros_like(module._buffers[key], device=device)
+    # what is still on meta is a published model's missing variant tensors: materialised and initialised
+    fresh = set()
+    for name, module in model.named_modules():
+        own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
+        if any(t.is_meta for t in own.values()):
+            fresh |= {f"{name.split('.', 3)[-1]}.{key}" for key in own}  # 'model.layers.N.' dropped
+            module.to_empty(device=device, recurse=False)
+            model._init_weights(module)
+    if fresh:
+        print(f"from_pretrained: attention={attention!r} is not in {path}: initialised fresh in every "
+              f"layer: {', '.join(sorted(fresh))}")
+    if config.block_size == sliding_window(hf):
+        model.length_note = (f", the sliding_window of {path}/config.json: this Mistral attends to the last "
+                             f"{config.block_size} positions, which is full attention only up to that length")
+    return model

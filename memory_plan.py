@@ -14,7 +14,7 @@ import torch
 
 from checkpoint import checkpoint_file, config_from_hf, read_checkpoint, read_hf_config
 from distill import CHUNK_LOGITS, fp32_output_gemm
-from model import FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
+from model import FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig, no_more_saved
 
 # The paper's teachers by their checkpoint directory's name: a dry run sizes the teacher from its published shape
 # (model.MODEL_SHAPES) when its checkpoint is not on this machine.
@@ -79,7 +79,7 @@ def saved_bytes_per_token(config, dtype, fsdp):
     kv = 2 * (HD if dtype == 'float32' else KVD)
     return (norms + a * (3 * HD + kv) + 4 * H  # q, attention output, o_proj's input, k, v; fp32 log-sum-exp
             + config.is_gated * (x_copy + 2 * a * HD)  # g_proj's copy of X, the gate's input and its sigmoid
-            + config.variant.saved_bytes(config, a, x_copy)
+            + (config.variant.saved_bytes or no_more_saved)(config, a, x_copy)  # not planned: print_dry_run says so
             + 4 * a * I)  # SwiGLU: gate and up outputs, silu, down_proj's input
 
 
@@ -243,3 +243,6 @@ def print_dry_run(c, model_config):
     for name, value in estimate.items():
         print(f"  {name:<12} {value / 2 ** 30:7.2f} GiB")
     print(f"  {'total':<12} {total:7.2f} GiB of {gpu_gib:g}: {said}")
+    if model_config.variant.saved_bytes is None:
+        print(f"  {model_config.attention}: activation memory not planned (its Variant has no saved_bytes): counted "
+              f"as softmax attention's")

@@ -14,13 +14,10 @@ may carry (ModelConfig.gate); the paper's two gated models keep their names:
     gated         softmax with the gate
     affine_gated  affine with the gate (Table 2, Section 5.4)
 
-Each variant is one entry of VARIANTS (below): its tensors, its O(T) forward, its explicit T x T weights and what the
-rest of the repository reads about it; no other module names a variant. None of them builds the T x T attention
-matrix: every variant is a fused SDPA/flash kernel (attention_kernels.py picks it) plus O(T) work (affine_scaled).
-Each entry's weights write it as that explicit matrix (Attention.weights), the slow reference the tests, bench.py
-(Attention.explicit) and the analyses read. Parameter names follow Hugging Face's Llama/Qwen2 layout, so the
-state_dict of a softmax model is an HF checkpoint and vice versa; files are read through checkpoint.py
-(GPT.from_pretrained).
+Each variant is one entry of VARIANTS (below), the only place that names it: its O(T) forward, a fused SDPA/flash
+kernel (attention_kernels.py) plus O(T) work, never the T x T matrix; its explicit T x T weights (Attention.weights),
+the slow reference of the tests, bench.py and the analyses (probes.py); its tensors. Parameter names follow Hugging
+Face's Llama/Qwen2 layout: a softmax model's state_dict is an HF checkpoint (GPT.from_pretrained, checkpoint.py).
 """
 import math
 from dataclasses import dataclass, fields
@@ -35,12 +32,8 @@ from torch.utils.checkpoint import checkpoint
 try:  # an exported model directory (export_hf.py) is imported by transformers as a package: only relative imports
     # work there, and its remote-code check refuses absolute imports of modules that are not installed (outside a try)
     from .attention_kernels import at_least_fp32, attention_scores, sink_attention, sink_weights, softmax_attention
-    from .checkpoint import (CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint,
-                             read_hf_config, read_safetensors, sliding_window)
 except ImportError:  # this repository: model.py is a top-level module
     from attention_kernels import at_least_fp32, attention_scores, sink_attention, sink_weights, softmax_attention
-    from checkpoint import (CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint,
-                            read_hf_config, read_safetensors, sliding_window)
 
 AFFINE_ACTS = ('linear_clip', 'sigmoid')
 AFFINE_BIAS_NORMS = ('seq_len', 'visible')
@@ -91,12 +84,6 @@ class ModelConfig:
         return self.n_embd // self.n_head
 
     @property
-    def is_affine(self):
-        """Whether the variant has Eq. 7's alpha and the alpha_ma of Eq. 9 that training updates (affine,
-        affine_gated: Variant.alpha)."""
-        return self.variant.alpha is not None
-
-    @property
     def is_gated(self):
         """Eq. 4-5: whether the output gate g_proj follows the attention: gate=True, or a name of GATED_NAMES."""
         return self.gate or self.attention in GATED_NAMES
@@ -117,15 +104,6 @@ class ModelConfig:
     def hf_native(self):
         """Whether transformers' own Llama / Qwen2 computes this model (export_hf.py then ships no code)."""
         return self.variant.hf_native and not self.is_gated
-
-    @property
-    def display_name(self):
-        """The paper's name for the model (analyze.py's rows), then its options: 'Affine-Scaled + Gated (sigmoid)'."""
-        name = self.variant.display
-        if self.is_gated:  # the paper's name for it with the gate, if the paper has one
-            of = GATED_NAMES[self.attention][0] if self.attention in GATED_NAMES else self.attention
-            name = next((shown for base, shown in GATED_NAMES.values() if base == of), f'{name} + Gated')
-        return name + self.variant.options(self)
 
 
 FIELD_NAMES = tuple(f.name for f in fields(ModelConfig))
@@ -372,46 +350,50 @@ def init_variant_tensors(attn, std):
         b.zero_()
 
 
+def no_more_saved(config, a, x_copy):
+    return 0  # a forward that saves nothing for backward beyond softmax attention's
+
+
 @dataclass(frozen=True)
 class Variant:
-    """One attention variant: everything the rest of the repository reads about it."""
-    display: str  # the paper's name for it: analyze.py's tables and figures
+    """One attention variant: everything the rest of the repository reads about it. A new variant declares its O(T)
+    forward, its explicit weights and, if it has parameters, its tensors; every other field has a default that says
+    what it does (docs/implementation.md, "Adding your own attention")."""
     forward: Callable  # the O(T) path (above)
     weights: Callable  # the explicit T x T form (above): the tests', the analyses' and bench.py's reference
-    # (config, a, x_copy) -> bytes per token its forward saves for backward beyond softmax's, a bytes per activation
-    # element; x_copy: the bf16 copy of X each linear of X keeps under autocast over fp32 weights (else 0). memory_plan
-    # adds it, tests/test_fsdp.py holds it to what autograd saves
-    saved_bytes: Callable
     tensors: Optional[Callable] = None  # (attn, config): registers what it adds to q/k/v/o_proj, under names of its
     #   own: ΔParams (GPT.get_num_params), the tensors export and from_pretrained expect, FSDP shards its parameters
+    display: Optional[str] = None  # the paper's name for it (analyze.py's tables and figures); None: its own name
+    # (config, a, x_copy) -> bytes per token its forward saves for backward beyond softmax's (a: bytes per activation,
+    # x_copy: autocast's bf16 copy of X or 0): the dry run's plan, held to autograd by tests/test_fsdp.py; None: not
+    saved_bytes: Optional[Callable] = None  # planned (the dry run says so)
     init: Callable = init_variant_tensors  # (attn, init_std): their init (also after from_pretrained's to_empty)
     fp32: tuple = ()  # saved buffers kept float32 in every precision (Attention._apply, export_hf, hf_wrapper)
     running: tuple = ()  # unsaved float32 buffers of per-rank sums, zeroed after loading; DDP must not sync buffers
-    alpha: Optional[Callable] = None  # (attn, x) -> (B, T, H): Eq. 7's per-token scale, which training averages into
-    #   the running sums (accumulate_alpha) and GPT.update_alpha_ma into alpha_ma (Eq. 9); forward gets it as alpha
+    alpha: Optional[Callable] = None  # (attn, x) -> (B, T, H): Eq. 7's scale, averaged into alpha_ma (Eq. 9)
     cache: tuple = ()  # what its KVCache keeps beyond K and V (KVCache.sums' names)
     depends_on_length: Callable = lambda config: False  # ModelConfig.outputs_depend_on_length
     head_stats: tuple = ()  # per-head tensors the analyses plot and train.py logs (their means per layer)
     options: Callable = lambda config: ''  # (config) -> its options, shown after its name
     hf_native: bool = False  # transformers' own LlamaForCausalLM / Qwen2ForCausalLM computes it (without the gate)
     sink: bool = False  # its weights leave a sink's own mass out of every row: that mass is 1 - the row's sum
-    check_time: Optional[float] = None  # bench.py --check's ceiling for its 1B training step, x softmax's
+    check_time: Optional[float] = None  # bench.py --check's ceiling for its 1B training step, x softmax's (None: none)
 
 
 VARIANTS = {
-    'softmax': Variant('Baseline', softmax_forward, softmax_weights, saved_bytes=lambda config, a, x_copy: 0,
+    'softmax': Variant(softmax_forward, softmax_weights, display='Baseline', saved_bytes=no_more_saved,
                        hf_native=True),
-    'sink': Variant('Sink', sink_forward, sink_weights_of, saved_bytes=lambda config, a, x_copy: 0,
-                    tensors=sink_tensors, head_stats=('sinks',), sink=True, check_time=1.05),
+    'sink': Variant(sink_forward, sink_weights_of, sink_tensors, display='Sink', saved_bytes=no_more_saved,
+                    head_stats=('sinks',), sink=True, check_time=1.05),
     'affine': Variant(
-        'Affine-Scaled', affine_forward, affine_weights,
+        affine_forward, affine_weights, affine_tensors, display='Affine-Scaled',
         # alpha_proj's copy of X, alpha (float32) and its views, the running mean of V (float32)
         saved_bytes=lambda config, a, x_copy: x_copy + 12 * config.n_head + 4 * config.n_kv_head * config.head_dim,
-        tensors=affine_tensors, fp32=('alpha_ma',), running=('alpha_sum', 'alpha_count'), alpha=affine_alpha,
+        fp32=('alpha_ma',), running=('alpha_sum', 'alpha_count'), alpha=affine_alpha,
         cache=('v_sum',), depends_on_length=lambda config: config.affine_bias_norm == 'seq_len',
         head_stats=('alpha_ma',), options=lambda config: '' if config.affine_act == 'linear_clip' else
         f' ({config.affine_act})', check_time=1.03),
-    'softmax1': Variant('Off-by-One', softmax1_forward, softmax1_weights, saved_bytes=lambda config, a, x_copy: 0,
+    'softmax1': Variant(softmax1_forward, softmax1_weights, display='Off-by-One', saved_bytes=no_more_saved,
                         sink=True, check_time=1.05),
 }
 # The paper's names for two variants with the output gate (Eq. 4-5), and their display names; the paper's five models
@@ -493,20 +475,11 @@ class Attention(nn.Module):
         alpha = variant.alpha(self, x) if variant.alpha else None
         return variant.weights(self, attention_scores(q, k), alpha=alpha, positions=positions, seq_lens=seq_lens)
 
-    def statistics(self, x):
-        """What the analyses read of the variant besides its weights, in float64: alpha (B, T, H) of Eq. 7 on the
-        input x where it has one, and its per-head tensors (Variant.head_stats: sink logits, alpha_ma)."""
-        variant = self.config.variant
-        stats = {'alpha': variant.alpha(self, x).double()} if variant.alpha else {}
-        return stats | {name: getattr(self, name).double() for name in variant.head_stats}
-
     def _apply(self, fn, recurse=True):
-        """nn.Module.to/half/bfloat16/cuda/to_empty all end here. A cast to half precision (bf16 evaluation casts
-        the whole model) leaves the variant's float32 buffers (Variant.fp32 and .running: affine's alpha statistics)
-        in float32: alpha_ma ~ 0.5 in bf16 is off by up to 2e-3, and beta of Eq. 8 would use that; alpha_count would
-        round off past 256. Device moves, to_empty and float64 still apply to them. FSDP2's mixed precision casts
-        parameters only, and state_dict, load_state_dict (copy_ into the buffer), deepcopy and torch.compile do not
-        come through here."""
+        """nn.Module.to/half/bfloat16/cuda/to_empty end here. A cast to half precision leaves the variant's float32
+        buffers (Variant.fp32, .running) in float32: alpha_ma ~ 0.5 in bf16 is off by up to 2e-3, which beta of Eq. 8
+        would use; alpha_count would round off past 256. Device moves, to_empty and float64 still apply. (FSDP2 casts
+        parameters only; state_dict, load_state_dict, deepcopy and torch.compile do not come here.)"""
         variant = self.config.variant
         before = {name: self._buffers[name] for name in (*variant.fp32, *variant.running) if name in self._buffers}
         super()._apply(fn, recurse)
@@ -564,64 +537,13 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, attention='softmax', dtype=torch.float32, device='cpu'):
-        """A GPT (nanoGPT's name) from any checkpoint, read through checkpoint.py: a Hugging Face Llama / Mistral / Qwen2
-        directory (with attention='softmax', model(idx) gives HF's logits; another variant keeps every checkpoint
-        tensor and initialises its own, sinks, g_proj or alpha_proj, fresh), a directory export_hf.py wrote, or one of
-        this repo's checkpoints (ckpt.pt, or the out_dir holding it); the last two are the variant they hold. The model
-        is built on the meta device and takes the tensors as they are read (cast to dtype, on device): about 1x the
-        model's size in memory."""
-        ckpt_path = checkpoint_file(path)
-        if ckpt_path is not None:  # ours: every tensor of its own variant
-            ckpt = read_checkpoint(ckpt_path)
-            config = ModelConfig(**ckpt['model_config'])
-            if attention not in ('softmax', config.attention):
-                raise ValueError(f"{ckpt_path}: a {config.attention!r} model cannot be loaded as {attention!r}")
-            model = cls(config)
-            try:
-                model.load_state_dict(model_state(ckpt))
-            except RuntimeError as e:  # torch's message spans lines: one line of it
-                raise CheckpointError(f"{ckpt_path} is not a readable checkpoint of train.py: its tensors do not fit its "
-                                      f"model_config ({' '.join(str(e).split())})") from None
-            return model.to(device=device, dtype=dtype)
-        hf = read_hf_config(path)
-        exported = 'model_config' in hf
-        config = ModelConfig(**config_from_hf(hf) | ({} if exported else dict(attention=attention)))
-        if exported and attention not in ('softmax', config.attention):  # an export is always its own variant
-            raise ValueError(f"{path}/config.json: an exported {config.attention!r} model cannot be loaded as "
-                             f"{attention!r}")
-        state = read_safetensors(path, dtype, device, keep_fp32=config.variant.fp32)
-        with torch.device('meta'):
-            model = cls(config).to(dtype)
-        # what the directory holds: every tensor of an exported variant, the softmax ones of a published model
-        expected = {key for key in model.state_dict() if exported or not is_variant_tensor(key)}
-        if config.tie_embeddings:  # lm_head is embed_tokens; HF ignores a stored copy, and so do we
-            expected.discard('lm_head.weight')
-            state.pop('lm_head.weight', None)
-        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-        if missing or unexpected:
-            raise ValueError(f"{path}: the tensors do not match its config.json: missing {missing}, "
-                             f"unexpected {unexpected}")
-        model.load_state_dict(state, strict=False, assign=True)
-        if config.tie_embeddings:  # assign=True gave embed_tokens a new Parameter: tie lm_head to it again
-            model.lm_head.weight = model.model.embed_tokens.weight
-        for module in model.modules():  # affine's running alpha sums: never saved, zero at the start
-            for key in module._non_persistent_buffers_set:
-                module._buffers[key] = torch.zeros_like(module._buffers[key], device=device)
-        # what is still on meta is a published model's missing variant tensors: materialised and initialised
-        fresh = set()
-        for name, module in model.named_modules():
-            own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
-            if any(t.is_meta for t in own.values()):
-                fresh |= {f"{name.split('.', 3)[-1]}.{key}" for key in own}  # 'model.layers.N.' dropped
-                module.to_empty(device=device, recurse=False)
-                model._init_weights(module)
-        if fresh:
-            print(f"from_pretrained: attention={attention!r} is not in {path}: initialised fresh in every "
-                  f"layer: {', '.join(sorted(fresh))}")
-        if config.block_size == sliding_window(hf):
-            model.length_note = (f", the sliding_window of {path}/config.json: this Mistral attends to the last "
-                                 f"{config.block_size} positions, which is full attention only up to that length")
-        return model
+        """A GPT (nanoGPT's name) from any checkpoint: a Hugging Face Llama / Mistral / Qwen2 directory, a directory
+        export_hf.py wrote, or one of this repo's checkpoints (checkpoint.load_model says how each is read)."""
+        try:  # the reading of files lives with the files (checkpoint.py): imported here, so model.py stands alone
+            from .checkpoint import load_model
+        except ImportError:
+            from checkpoint import load_model
+        return load_model(cls, path, attention, dtype, device)
 
     def _init_weights(self, module):
         """HF Llama's init: normal(0, init_std) for matrices, zero biases, unit norms; what a variant adds as its
@@ -667,16 +589,13 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def update_alpha_ma(self, discard=False):
-        """Eq. 9, once per optimizer step: alpha_ma <- rho * alpha_ma + (1 - rho) * E[alpha], E over every
-        token of the global batch. Each train-mode forward added its sum of alpha and token count; here they
-        are summed over DDP ranks (one all_reduce of a few numbers per layer) and cleared. The mean is
-        therefore the same however the global batch is split into micro-batches and ranks.
-        Our reading of the paper, where it is silent: the forward of step t uses the stored alpha_ma,t-1
-        (a constant, no gradient), and alpha_ma,t includes step t's batch. Eval-mode forwards add
-        nothing, so this never changes alpha_ma for them. Under DDP, wrap the model without
-        per-forward buffer sync (common.DDP_NO_BUFFER_SYNC) so rank 0 does not overwrite the other ranks' sums.
-        discard=True only clears the sums (a skipped step). Returns E[alpha] per layer, (n_head,) tensors
-        (empty: not affine, nothing accumulated, or discarded)."""
+        """Eq. 9, once per optimizer step: alpha_ma <- rho * alpha_ma + (1 - rho) * E[alpha], E over every token of the
+        global batch: each train-mode forward added its sum of alpha and token count, summed here over DDP ranks (one
+        all_reduce) and cleared, so the mean is the same however the batch is split into micro-batches and ranks.
+        Our reading where the paper is silent: step t's forward uses the stored alpha_ma,t-1 (a constant, no
+        gradient), and alpha_ma,t includes step t's batch. Under DDP, wrap without buffer sync (common's
+        DDP_NO_BUFFER_SYNC). discard=True only clears the sums (a skipped step). Returns E[alpha] per layer, (n_head,)
+        tensors (empty: not affine, nothing accumulated, or discarded)."""
         layers = [m.self_attn for m in self.model.layers if m.self_attn.config.variant.alpha]
         if not layers:
             return []
@@ -699,26 +618,21 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=None):
         """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 is greedy. Contexts longer than
-        block_size keep their last block_size tokens (the cache is refilled then). With a KV cache the
-        result equals recomputing the full sequence each step, except for affine with
-        affine_bias_norm='seq_len': there N is the length of the whole call, so cached keys of earlier
-        steps would have been computed with a different N. That case recomputes by default;
-        use_cache=True forces the cache anyway (N = current key length, an approximation)."""
+        block_size keep their last block_size tokens (the cache is refilled then). A KV cache gives the tokens of a
+        full recomputation, except where outputs depend on the call's length (affine with affine_bias_norm='seq_len':
+        N of Eq. 8 is the call's length): that recomputes by default; use_cache=True forces the cache anyway (N = the
+        current key length, an approximation)."""
         if temperature < 0 or (top_k is not None and top_k < 1):
             raise ValueError(f"need temperature >= 0 and top_k >= 1 or None, got {temperature}, {top_k}")
-        cfg = self.config
-        if use_cache is None:
-            use_cache = not cfg.outputs_depend_on_length
-        caches = None
-        cache_len = min(cfg.block_size, idx.size(1) + max_new_tokens)  # what this call can fill, no more
+        use_cache = not self.config.outputs_depend_on_length if use_cache is None else use_cache
+        window, caches = self.config.block_size, None
+        cache_len = min(window, idx.size(1) + max_new_tokens)  # what this call can fill, no more
         for _ in range(max_new_tokens):
-            if not use_cache:
-                logits, _ = self(idx[:, -cfg.block_size:])
-            elif caches is None or caches[0].length == cache_len:  # (re)fill the cache
-                caches = [KVCache(cache_len) for _ in range(cfg.n_layer)]
-                logits, _ = self(idx[:, -cfg.block_size:], kv_caches=caches)
-            else:
-                logits, _ = self(idx[:, -1:], kv_caches=caches)
+            if use_cache and caches is not None and caches[0].length < cache_len:
+                logits, _ = self(idx[:, -1:], kv_caches=caches)  # decode: the one new token
+            else:  # recompute, or (re)fill the cache
+                caches = [KVCache(cache_len) for _ in range(self.config.n_layer)] if use_cache else None
+                logits, _ = self(idx[:, -window:], kv_caches=caches)
             logits = logits[:, -1, :].float()
             if temperature == 0:
                 next_token = logits.argmax(dim=-1, keepdim=True)
@@ -730,67 +644,6 @@ class GPT(nn.Module):
                 next_token = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, next_token), dim=1)
         return idx
-
-    @torch.no_grad()
-    def inspect_attention(self, idx, fn):
-        """[fn(attention layer, x, cos, sin, positions) for every layer], x each layer's own attention input in an
-        eval-mode forward of idx (so affine's alpha_ma counts nothing), called inside the layer's forward (where FSDP
-        has gathered its weights; every rank must call it then): how train.py and analyze.py read the explicit
-        attention (Attention.weights) of a real forward. The forward runs eagerly, compiled layers too: traced, the
-        hooks (new at every call) and their growing list of results would make dynamo recompile every layer, every
-        call."""
-        results = []
-        hooks = [layer.self_attn.register_forward_pre_hook(lambda attn, args: results.append(fn(attn, *args[:4])))
-                 for layer in self.model.layers]
-        was_training = self.training
-        self.eval()
-        try:
-            with torch.compiler.set_stance('force_eager'):
-                self(idx)
-        finally:
-            self.train(was_training)
-            for hook in hooks:
-                hook.remove()
-        return results
-
-    @torch.no_grad()
-    def attention_statistics(self, idx, corner=30):
-        """Per-layer statistics of the effective attention weights on the sequences idx (B, T), T <= block_size, each
-        per sequence so that batches concatenate (torch.cat along dim 0) into the statistics of all sequences:
-        what analyze.py's figures, train.py's evaluations and sink_study.py read. Weights come from each layer's
-        Attention.weights on the inputs the model's own forward gives that layer (inspect_attention), in float64.
-        For weights w (B, H, T, T):
-          first_token (B,):    w[:, :, i, 0] averaged over heads and queries i >= 1 (query 0 sees only token 0):
-                               Figure 4's measure;
-          first_token_head (B, H): the same per head (Gu et al.'s sink metric counts heads whose mean is > 0.3);
-          first_token_share (B,): w[:, :, i, 0] / sum_j w_ij, averaged likewise: where a row puts its weight, for
-                               variants whose rows do not sum to one (affine, and the sinks');
-          sink_mass (B,) or None: the weight on a learned sink (Variant.sink: 1 - the row's sum), averaged likewise;
-          row_sums (B, T):     sum_j w_ij per query, averaged over heads (Figure 3's histogram; sink: the real tokens
-                               only, so softmax's rows give exactly 1 and sink's 1 - the sink's weight);
-          head_total (B, H):   per head, the mean row sum (Figure 5);
-          entropy (B,):        -sum_j p_ij log p_ij with p_ij = |w_ij| / sum_j |w_ij|, averaged over heads and queries
-                               i >= 1. Affine weights can be negative and rows need not sum to 1, so this is the
-                               entropy of the distribution of attention *magnitude* over the visible keys; for
-                               softmax the usual entropy, for sink that of the weights renormalised without the
-                               sink's mass (Figure 6);
-          corner (B, c, c):    the head-averaged top-left corner x corner block (Figure 9);
-          and the variant's own (Attention.statistics): alpha (B, T, H), affine's scale per token and head (Eq. 7);
-          its per-head tensors (H,) (HEAD_STATS: affine's alpha_ma, the sink logits)."""
-        def statistics(attn, x, cos, sin, positions):
-            w = attn.weights(x, cos, sin, positions).double()
-            rows = w.sum(-1)  # (B, H, T)
-            p = w.abs() / w.abs().sum(-1, keepdim=True).clamp_min(1e-30)
-            entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # (B, H, T)
-            first = w[:, :, 1:, 0]
-            stats = dict(first_token=first.mean(dim=(1, 2)), first_token_head=first.mean(2),
-                         first_token_share=(first / rows[:, :, 1:]).mean(dim=(1, 2)),
-                         sink_mass=(1 - rows[:, :, 1:]).mean(dim=(1, 2)) if attn.config.variant.sink else None,
-                         row_sums=rows.mean(1), head_total=rows.mean(2), entropy=entropy[:, :, 1:].mean(dim=(1, 2)),
-                         corner=w[:, :, :corner, :corner].mean(1))
-            return stats | attn.statistics(x)
-
-        return self.inspect_attention(idx, statistics)
 
     def get_num_params(self, variant_only=False):
         """Number of parameters, tied embeddings counted once; variant_only: only those the attention variant and

@@ -183,29 +183,22 @@ def newer(path, than):
 
 def training_plan(argv, teacher=None):
     """(done, extra train.py arguments, note) for the train.py stage `argv` (a config file, then overrides), from the
-    checkpoint its out_dir holds. Done: it ran the settings train.py would now resolve to the end, after the last
-    training of its teacher. The same settings stopped part way: train.py continues from the checkpoint. Settings
-    that change what training computes (the keys train.py's resume checks, and max_iters), or a teacher trained
-    again since: trained again from scratch, the note saying why."""
+    checkpoint its out_dir holds (train.planned_run: train.py's own rule for continuing a run). Done: it ran the
+    settings train.py would now resolve to the end, after the last training of its teacher. The same settings stopped
+    part way: train.py continues from the checkpoint. Settings that change what training computes (the keys train.py's
+    resume checks, and max_iters), or a teacher trained again since: trained again from scratch, the note saying
+    why."""
     import train  # installed by now
-    from checkpoint import read_checkpoint
-    from common import resolve_device, resolve_dtype
-    now = train.load_config([os.path.join(HERE, argv[0]), *argv[1:]])
-    now['dtype'] = resolve_dtype(now['dtype'], resolve_device(now['device']))  # as train.setup_run resolves it
-    path = ckpt_path(now['out_dir'])
-    if not os.path.exists(path):
+    now, step, changed = train.planned_run([os.path.join(HERE, argv[0]), *argv[1:]], cwd=HERE)
+    if step is None:
         return False, [], ''
-    then = read_checkpoint(path, keys=('step', 'config'))
-    recorded = train.recorded_config(then['config'])[0]  # a key it predates at its default, as train.py takes it
-    changed = [f"{key} {recorded[key]!r} -> {value!r}" for key, value in now.items()
-               if recorded[key] != value and (key == 'max_iters' or key not in train.RESUME_MAY_CHANGE)]
-    if teacher and newer(ckpt_path(teacher), path):
+    if teacher and newer(ckpt_path(teacher), ckpt_path(now['out_dir'])):
         changed.append(f"its teacher {teacher} was trained again")
     if changed:
-        return False, ['--init_from=scratch', '--overwrite=True'], (
+        return False, train.RESTART, (
             f"changed since {now['out_dir']} was trained: {'; '.join(changed)}. Training it again from scratch, "
             f"replacing its checkpoint, metrics.jsonl and config.json")
-    return then['step'] >= now['max_iters'], [], ''
+    return step >= now['max_iters'], [], ''
 
 
 def evaluated(student):
@@ -314,6 +307,7 @@ def real_model_section(out_dir, skipped):
     if skipped:
         return lines + [f'Skipped: {skipped}.', '']
     import json
+    from probes import layer_mean
     rows = []
     for subdir in ('smollm2_attention', 'attention'):
         with open(os.path.join(out_dir, subdir, 'numbers.json')) as f:
@@ -321,7 +315,7 @@ def real_model_section(out_dir, skipped):
         for name, stats in numbers['models'].items():
             layers = stats['layers']
             first = [layer['first_token'] for layer in layers]
-            mean = lambda key: sum(layer[key] for layer in layers) / len(layers)
+            mean = lambda key: layer_mean([layer[key] for layer in layers])
             top = max(range(len(layers)), key=first.__getitem__)
             shown = 'SmolLM2-135M-Instruct' if subdir == 'smollm2_attention' else name
             rows.append(f"| {shown} | {len(layers)} | {mean('first_token'):.3f} | {first[top]:.3f} (layer {top + 1}) | "

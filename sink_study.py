@@ -39,7 +39,7 @@ import time
 from configurator import Key, parse
 from files import RunError, atomic_write, claim_dir, run_script, write_json
 from model import ATTENTIONS, PAPER_VARIANTS
-from train import SINK_THRESHOLD
+from probes import SINK_THRESHOLD, first_token_share, first_token_weight, layer_mean
 
 SOFTMAX, SINK, GATED, AFFINE, AFFINE_GATED = PAPER_VARIANTS  # the paper's five, in its order
 TEACHER = f'ce_{SOFTMAX}_s0'  # the kd arm's teacher: the ce arm's softmax run of seed 0
@@ -115,12 +115,14 @@ def plan_runs(args, overrides):
 
 
 def state(run):
-    """done / partial / new / changed of a run, from its checkpoint: done when it finished these settings."""
-    from quickstart import training_plan  # the quick start's rule: the same settings continue, changed ones restart
-    done, extra, note = training_plan(run['argv'])
-    run['extra'], run['note'] = extra, note
-    return 'done' if done else 'changed' if extra else 'new' if not os.path.isfile(
-        os.path.join(HERE, run['config']['out_dir'], 'ckpt.pt')) else 'partial'
+    """done / partial / new / changed of a run, from its checkpoint (train.planned_run: train.py's rule, which the
+    quick start applies too): the same settings continue, changed ones train again from scratch."""
+    import train
+    c, step, changed = train.planned_run([os.path.join(HERE, run['argv'][0]), *run['argv'][1:]], cwd=HERE)
+    run['extra'], run['note'] = (train.RESTART, f"changed since {c['out_dir']} was trained: {'; '.join(changed)}. "
+                                 f"Training it again from scratch, replacing its checkpoint, metrics.jsonl and "
+                                 f"config.json") if changed else ([], '')
+    return 'new' if step is None else 'changed' if changed else 'done' if step >= c['max_iters'] else 'partial'
 
 
 # -----------------------------------------------------------------------------
@@ -239,10 +241,6 @@ def mean_std(values):
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def layer_mean(values):
-    return statistics.fmean(values) if values is not None else None
-
-
 def groups(results):
     """{(arm, variant): [runs]} in the plan's order: CE and KD never pooled."""
     out = {}
@@ -263,23 +261,15 @@ def compare(a, b, key):
     return ('<' if ma < mb else '>'), ma, mb
 
 
-def first_token(r):
-    return layer_mean(r['first_token_weight'])
-
-
-def share(r):
-    return layer_mean(r['first_token_share'])
-
-
 # The paper's five models, in its order (model.py's names for them), and its claims about them, each as (what it
 # says, the variants' order it predicts, the measure, why that measure)
 CLAIMS = [
-    ("first-token weight affine < sink < softmax (Figure 4)", [(AFFINE, SINK), (SINK, SOFTMAX)], first_token,
+    ("first-token weight affine < sink < softmax (Figure 4)", [(AFFINE, SINK), (SINK, SOFTMAX)], first_token_weight,
      "the raw weight, averaged over layers: Figure 4's own measure"),
-    ("the same, as a share of each row's total", [(AFFINE, SINK), (SINK, SOFTMAX)], share,
+    ("the same, as a share of each row's total", [(AFFINE, SINK), (SINK, SOFTMAX)], first_token_share,
      "affine's rows do not sum to one (Figure 3), so its raw weight is also smaller where its rows are; the share "
      "compares where each row puts its weight"),
-    ("gated attention reduces the first-token weight (Table 2's gate)", [(GATED, SOFTMAX)], first_token,
+    ("gated attention reduces the first-token weight (Table 2's gate)", [(GATED, SOFTMAX)], first_token_weight,
      "the raw weight, as Figure 4"),
     ("affine attention has a higher entropy than softmax (Figure 6)", [(SOFTMAX, AFFINE)],
      lambda r: layer_mean(r['entropy']), "analyze.py's entropy of attention magnitude, averaged over layers"),
@@ -405,7 +395,7 @@ def report_lines(results, figure_names):
             sink = [layer_mean(r['sink_mass']) for r in runs]
             lines.append(
                 f"| {variant} | {len(runs)} | {fmt(mean_std([r['val_loss'] for r in runs]))} | "
-                f"{fmt(mean_std([first_token(r) for r in runs]))} | {fmt(mean_std([share(r) for r in runs]))} | "
+                f"{fmt(mean_std([first_token_weight(r) for r in runs]))} | {fmt(mean_std([first_token_share(r) for r in runs]))} | "
                 f"{fmt(mean_std(sink))} | {fmt(mean_std([r['sink_rate'] for r in runs]), 2)} | "
                 f"{fmt(mean_std([layer_mean(r['entropy']) for r in runs]), 2)} | "
                 f"{fmt(mean_std([layer_mean(r['row_sum']) for r in runs]))} | "
@@ -446,7 +436,7 @@ def readme_lines(results):
         cells = [variant]
         for arm in arms:
             runs = by.get((arm, variant), [])
-            cells += [fmt(mean_std([first_token(r) for r in runs])),
+            cells += [fmt(mean_std([first_token_weight(r) for r in runs])),
                       fmt(mean_std([max(r['first_token_weight']) for r in runs])),
                       fmt(mean_std([r['sink_rate'] for r in runs]), 2), fmt(mean_std([r['val_loss'] for r in runs]))]
         lines.append('| ' + ' | '.join(cells) + ' |')

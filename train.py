@@ -54,8 +54,8 @@ from data import Windows, first_token_id, read_meta
 from files import RunError, atomic_write, claim_dir, lock_dir, read_log, run_script, write_json
 from distill import check_compatibility, fused_kd_loss, kd_loss, load_teacher
 from memory_plan import print_dry_run
-from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig,
-                   attention_scores)
+from model import AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
+from probes import mean_attention_logit, sink_record, variant_tensor_means
 
 SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0 to write a checkpoint (NCCL's default is 10 min)
 
@@ -197,14 +197,39 @@ def recorded_config(config):
     return {**config, **{key: KEYS[key].default for key in missing}}, missing
 
 
+def changed_settings(old, new, also=()):
+    """[(key, old value, new value)] of the settings (dicts) whose change makes a continued run another run: every key
+    outside RESUME_MAY_CHANGE, and those of `also`. The one rule for continuing a run: train.py's resume
+    (check_resumable), and the quick start's and the sink study's plans (planned_run, with also=('max_iters',))."""
+    return [(key, old[key], new[key]) for key in sorted(new)
+            if (key in also or key not in RESUME_MAY_CHANGE) and old[key] != new[key]]
+
+
+def planned_run(argv, cwd=''):
+    """(config, step, changed) of the train.py command `argv` (a config file, then overrides; run in cwd) beside the
+    checkpoint its out_dir holds: the config train.py would resolve, the step the checkpoint reached (None: none),
+    and changed_settings' changes as 'key old -> new', max_iters among them (the plans train a changed run again
+    from scratch: RESTART)."""
+    c = load_config(argv)
+    c['dtype'] = resolve_dtype(c['dtype'], resolve_device(c['device']))  # as setup_run resolves it
+    path = os.path.join(cwd, c['out_dir'], CKPT_NAME)
+    if not os.path.exists(path):
+        return c, None, []
+    then = read_checkpoint(path, keys=('step', 'config'))
+    changed = changed_settings(recorded_config(then['config'])[0], c, also=('max_iters',))
+    return c, then['step'], [f"{key} {before!r} -> {after!r}" for key, before, after in changed]
+
+
+RESTART = ['--init_from=scratch', '--overwrite=True']  # train.py's arguments that train a run again from scratch
+
+
 def check_resumable(ckpt, c, model_config, data_meta, path):
     """RunError listing everything that would make continuing the checkpoint `ckpt` with config `c` differ from the
     run that wrote it: the model, a training key outside RESUME_MAY_CHANGE, or the data (its tokenizer and size).
     Returns the keys the checkpoint predates, taken at their defaults (recorded_config)."""
     old, missing = recorded_config({**ckpt['config'], **ckpt['model_config']})
-    new = {**c, **dataclasses.asdict(model_config)}
-    changed = [f"{key}: {old[key]!r} -> {new[key]!r}" for key in sorted(new)
-               if key not in RESUME_MAY_CHANGE and old[key] != new[key]]
+    changed = [f"{key}: {before!r} -> {after!r}" for key, before, after in
+               changed_settings(old, {**c, **dataclasses.asdict(model_config)})]
     if ckpt['data'] != data_fingerprint(data_meta):
         changed.append(f"the data: {ckpt['data']} -> {data_fingerprint(data_meta)} (data_dir={c['data_dir']})")
     if changed:
@@ -284,55 +309,6 @@ def validation_loss(model, val_data, c, device, autocast):
     return (total[0] / total[1]).item()
 
 
-def mean_attention_logit(model, idx):
-    """Mean of q_i.k_j/sqrt(d) over layers, heads and causal pairs j <= i (paper Figure 2), and of its absolute value,
-    on one sequence: each layer's explicit logits (Attention.weights' scores), one layer at a time, inside its
-    forward (GPT.inspect_attention). Under FSDP every rank must call it."""
-    def logits(attn, x, cos, sin, positions):
-        scores = attention_scores(*attn.project(x, cos, sin)[:2])
-        visible = scores[..., torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()]
-        return torch.stack([visible.mean(), visible.abs().mean()])
-
-    signed, absolute = zip(*torch.stack(model.inspect_attention(idx[:1], logits)).tolist())  # one transfer
-    return sum(signed) / len(signed), sum(absolute) / len(absolute)
-
-
-def attention_stats(model, alpha_means):
-    """Per-layer head means of this step's E[alpha] (affine) and of the variant's per-head tensors (Variant.head_stats:
-    affine's alpha_ma, the sink logits)."""
-    layers = [layer.self_attn for layer in model.model.layers]
-    stats = {}
-    if alpha_means:
-        stats['alpha_mean'] = [round(a.mean().item(), 5) for a in alpha_means]
-    for name in model.config.variant.head_stats:  # a parameter is a shard under FSDP: gathered (every rank calls this)
-        stats[name] = [round(full_tensor(getattr(m, name)).mean().item(), 5) for m in layers]
-    return stats
-
-
-SINK_THRESHOLD = 0.3  # Gu et al. (2025)'s epsilon: a head whose mean first-token weight exceeds it has a sink
-
-
-def sink_record(model, idx):
-    """What the attention puts on the first token, per layer, on the windows idx (GPT.attention_statistics, in float64;
-    attention_windows): the first-token weight (Figure 4), its share of each row, a learned sink's own mass, the
-    per-head weights and Sink_1^0.3, the share of all heads above SINK_THRESHOLD (Gu et al. 2025, Section 3), the
-    entropy (Figure 6) and the mean row sum (Figure 3). Under FSDP every rank must call it."""
-    layers = model.attention_statistics(idx)
-    per_head = [layer['first_token_head'].mean(0).tolist() for layer in layers]
-    heads = [w for layer in per_head for w in layer]
-
-    def mean(key):
-        return [round(layer[key].mean().item(), 6) for layer in layers]
-
-    record = dict(first_token_weight=mean('first_token'), first_token_share=mean('first_token_share'),
-                  first_token_per_head=[[round(w, 6) for w in layer] for layer in per_head],
-                  sink_rate=sum(w > SINK_THRESHOLD for w in heads) / len(heads), entropy=mean('entropy'),
-                  row_sum=mean('row_sums'))
-    if layers[0]['sink_mass'] is not None:
-        record['sink_mass'] = mean('sink_mass')
-    return record
-
-
 def evaluation_record(c, run, model, raw_model, val_data, alpha_means):
     """The evaluation record: validation loss and perplexity, the mean attention logit (Figure 2), the variant's
     statistics (alpha, alpha_ma, sinks) and, with attention_windows, the first token's (sink_record). Every rank
@@ -345,7 +321,7 @@ def evaluation_record(c, run, model, raw_model, val_data, alpha_means):
         if c['attention_windows']:  # the same windows at every evaluation
             record |= sink_record(raw_model, batch_to_device(val_data.get(range(c['attention_windows'])),
                                                              run.device)[0])
-    return record | attention_stats(raw_model, alpha_means)
+    return record | variant_tensor_means(raw_model, alpha_means)
 
 
 # -----------------------------------------------------------------------------------------------

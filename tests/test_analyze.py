@@ -10,6 +10,7 @@ import torch
 
 import analyze
 import prepare_data
+import probes
 from data import load_tokenizer, tokenizer_info
 from helpers import fake_run
 from files import RunError
@@ -53,7 +54,7 @@ def tiny_model(attention, seed=0):
 def test_attention_statistics_match_the_explicit_matrix(attention):
     model = tiny_model(attention).double()
     idx = torch.randint(0, 300, (3, 16))
-    stats = model.attention_statistics(idx, corner=5)
+    stats = probes.attention_statistics(model, idx, corner=5)
     for s, w in zip(stats, explicit_weights(model, idx)):
         assert torch.allclose(s['first_token'], w[:, :, 1:, 0].mean(dim=(1, 2)), rtol=1e-9)
         assert torch.allclose(s['first_token_head'], w[:, :, 1:, 0].mean(2), rtol=1e-9)
@@ -85,7 +86,7 @@ def test_attention_statistics_match_the_explicit_matrix(attention):
 def test_model_statistics_are_the_same_for_any_batch_size():
     model = tiny_model('affine')
     idx = torch.randint(0, 300, (4, 16))
-    one, all_four = analyze.model_statistics(model, idx, 5, batch_size=1), analyze.model_statistics(model, idx, 5, 4)
+    one, all_four = probes.model_statistics(model, idx, 5, batch_size=1), probes.model_statistics(model, idx, 5, 4)
     assert json.dumps(one)[:200] and one['row_sums']['n'] == 4 * 16 * 2
     for a, b in zip(one['layers'], all_four['layers']):
         for key in ('first_token', 'entropy', 'row_sum_mean', 'row_sum_median'):
@@ -196,7 +197,7 @@ def test_attention_job_writes_every_figure_and_the_numbers(tmp_path):
     enc = load_tokenizer('bytes')
     seqs = analyze.heldout_sequences(str(tmp_path / 'text.txt'), enc, tokenizer_info(enc, 'bytes')['sha256'],
                                      4, 32)
-    direct = analyze.model_statistics(tiny_model('affine'), seqs, 8)
+    direct = probes.model_statistics(tiny_model('affine'), seqs, 8)
     assert models['Affine-Scaled']['layers'][1]['first_token'] == pytest.approx(direct['layers'][1]['first_token'])
     report = (out / 'report.md').read_text()
     for name in ('fig3_row_sums.png', 'fig4_first_token.png', 'fig5_head_total.png', 'fig6_entropy.png',

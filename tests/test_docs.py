@@ -168,7 +168,7 @@ def test_the_one_gpu_loop_runs_as_written(tmp_path, monkeypatch):
         assert json.loads((tmp_path / 'out' / f'onegpu_{v}' / 'config.json').read_text())['attention'] == v
     with open(tmp_path / 'out' / 'table_onegpu' / 'report.md', encoding='utf-8') as f:
         table = [line for line in f if line.startswith('| ')]
-    names = [ModelConfig(attention=v).display_name for v in variants]
+    names = [analyze.method_name(dict(attention=v)) for v in variants]
     methods = sorted(names, key=len, reverse=True)  # 'Affine-Scaled + Gated' before 'Affine-Scaled'
     named = [next(m for m in methods if line.startswith(f'| {m}')) for line in table[1:]]
     assert sorted(named) == sorted(names)  # a row per variant

@@ -206,7 +206,7 @@ def test_student_forward_on_cuda_in_bf16_on_fused_kernels(row, attention):
         assert k.shape == v.shape == (MICRO_BATCH, cfg.n_kv_head, T, cfg.head_dim) and k.dtype == v.dtype == q.dtype
     assert not trace.attention_matrices(T, cfg.n_head)
     alpha_ma = [t.dtype for name, t in model.named_buffers() if name.endswith('alpha_ma')]
-    assert alpha_ma == [torch.float32] * (cfg.n_layer if cfg.is_affine else 0)
+    assert alpha_ma == [torch.float32] * (cfg.n_layer if cfg.variant.alpha else 0)
 
 
 @pytest.mark.parametrize('attention', ATTENTIONS)

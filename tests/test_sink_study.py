@@ -79,7 +79,7 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     idx = torch.from_numpy(windows)
     for run in results['runs']:
         assert run['tokens'] == 4096 and len(run['curve']) >= 2 and run['curve'][-1]['tokens'] == 4096
-        assert run['sink_mass'] is None  # (train.sink_record's sink mass: tests/test_analyze.py)
+        assert run['sink_mass'] is None  # (probes.sink_record's sink mass: tests/test_analyze.py)
         model = GPT.from_pretrained(run['ckpt']).eval()
         if run['variant'] == 'softmax' and run['arm'] == 'ce':  # through transformers
             ckpt = read_checkpoint(run['ckpt'])
