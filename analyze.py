@@ -45,7 +45,7 @@ def method_name(config):
     """The paper's name for a model config (a dict): its variant's display name (Variant.display; GATED_NAMES' with the
     gate), then its options (Variant.options), so that the sigmoid ablation of Table 3 says so."""
     config = ModelConfig(**{key: value for key, value in config.items() if key in FIELD_NAMES})
-    of = GATED_NAMES[config.attention][0] if config.attention in GATED_NAMES else config.attention
+    of = config.variant_name
     name = config.variant.display or of
     if config.is_gated:  # the paper's name for it with the gate, if the paper has one
         name = next((shown for base, shown in GATED_NAMES.values() if base == of), f'{name} + Gated')

@@ -102,7 +102,7 @@ def read_checkpoint(path, keys=MODEL_KEYS):
 
 
 # What reading a checkpoint may look up: what torch.save writes for tensors (their rebuild functions and storage
-# types, a state dict's OrderedDict, bytes) and what numpy pickles its random state with (train.rng_state), under
+# types, a state dict's OrderedDict, bytes) and what numpy pickles its random state with (resume.rng_state), under
 # numpy 2's names and numpy 1.x's. Nothing else is ever resolved, let alone called.
 _RECONSTRUCT = np.zeros(0).__reduce__()[0]  # the function numpy pickles an array with
 NUMPY_GLOBALS = {'numpy._core.multiarray._reconstruct': _RECONSTRUCT,  # numpy 2's name of it

@@ -59,13 +59,12 @@ class ModelConfig:
     gate: bool = False  # Eq. 4-5: the output gate after the attention, on any variant (gated, affine_gated have it)
     affine_act: str = 'linear_clip'  # phi of Eq. 7: Eq. 11 (paper default) or sigmoid (Eq. 10, Table 3 ablation)
     affine_momentum: float = 0.9  # rho of Eq. 9
-    # N of Eq. 8. 'seq_len': the key sequence length of the call (the paper's wording; with right padding
-    # each sequence's real length). 'visible': N_i = i + 1, the keys query i sees (every row then sums to alpha_ma).
-    affine_bias_norm: str = 'seq_len'
+    # N of Eq. 8. 'seq_len': the call's key length (the paper's wording; with right padding each sequence's real
+    affine_bias_norm: str = 'seq_len'  # length). 'visible': N_i = i + 1, the keys query i sees (rows sum to alpha_ma)
 
     def __post_init__(self):
-        for name, value, choices in [('attention', self.attention, ATTENTIONS), ('affine_act', self.affine_act, AFFINE_ACTS),
-                                     ('affine_bias_norm', self.affine_bias_norm, AFFINE_BIAS_NORMS)]:
+        for name, value, choices in [('attention', self.attention, ATTENTIONS), ('affine_act', self.affine_act,
+                                     AFFINE_ACTS), ('affine_bias_norm', self.affine_bias_norm, AFFINE_BIAS_NORMS)]:
             if value not in choices:
                 raise ValueError(f"ModelConfig.{name}={value!r}; valid values: {', '.join(choices)}")
         if self.n_embd % self.n_head or self.n_head % self.n_kv_head or (self.n_embd // self.n_head) % 2:
@@ -89,9 +88,13 @@ class ModelConfig:
         return self.gate or self.attention in GATED_NAMES
 
     @property
+    def variant_name(self):
+        """The name of its VARIANTS entry (the gate aside: gated's is softmax)."""
+        return GATED_NAMES[self.attention][0] if self.attention in GATED_NAMES else self.attention
+
+    @property
     def variant(self):
-        """Its entry of VARIANTS (the gate aside)."""
-        return VARIANTS[GATED_NAMES[self.attention][0] if self.attention in GATED_NAMES else self.attention]
+        return VARIANTS[self.variant_name]
 
     @property
     def outputs_depend_on_length(self):
@@ -131,9 +134,8 @@ MODEL_SHAPES = {
     'llama3.1-8b': dict(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, intermediate_size=14336, vocab_size=128256,
                         rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE, factor=8.0), rms_norm_eps=1e-5,
                         qkv_bias=False, tie_embeddings=False, block_size=2048),
-    # the one-GPU tier (config/onegpu.py): HuggingFaceTB/SmolLM2-135M and -360M's config.json (the 135M fields are
-    # also in the GGUF the tests convert: llama.block_count, embedding_length, feed_forward_length, head_count[_kv],
-    # rope.freq_base, layer_norm_rms_epsilon); their context is 8,192 tokens, trained here at 2,048
+    # the one-GPU tier (config/onegpu.py): HuggingFaceTB/SmolLM2-135M and -360M's config.json (the 135M's also in the
+    # GGUF the tests convert); their context is 8,192 tokens, trained here at 2,048
     'smollm2-135m': dict(n_layer=30, n_head=9, n_kv_head=3, n_embd=576, intermediate_size=1536, vocab_size=49152,
                          rope_theta=100000.0, rope_scaling=None, rms_norm_eps=1e-5, qkv_bias=False,
                          tie_embeddings=True, block_size=2048),
@@ -198,16 +200,15 @@ class MLP(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# The attention variants: what each computes, one entry of VARIANTS each, the only place in the repository that knows
-# them. Which fused kernel runs a variant (and how grouped K/V reach it) is attention_kernels.py's business.
+# The attention variants, one entry of VARIANTS each (the only place that knows them); which fused kernel runs them is
+# attention_kernels.py's business.
 
 class KVCache:
     """Keys and values of one layer for incremental decoding, and the running sums a variant keeps beyond them
     (Variant.cache: affine's sum of V)."""
 
     def __init__(self, max_len):
-        self.max_len, self.length = max_len, 0
-        self.k = self.v = None
+        self.max_len, self.length, self.k, self.v = max_len, 0, None, None
         self.sums = {}  # name -> its sum over every cached token (float32)
 
     def update(self, k, v):
@@ -501,10 +502,9 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, positions, seq_lens=None, cache=None):
         if not (self.activation_checkpointing and torch.is_grad_enabled()):
             return self.compute(x, cos, sin, positions, seq_lens, cache)
-        # Keep only the inputs for backward and recompute the rest there. The recomputation would add affine's
-        # alpha to alpha_ma's sums a second time (also under torch.compile), so alpha is counted here, outside
-        # the checkpointed part: one more RMSNorm and C x H projection. Checkpointing inside forward keeps
-        # hooks on this module (FSDP's all-gather) out of the recomputation.
+        # Keep only the inputs for backward and recompute the rest there. The recomputation would add affine's alpha
+        # to alpha_ma's sums twice, so alpha is counted here, outside it (one more RMSNorm and C x H projection).
+        # Checkpointing inside forward keeps hooks on this module (FSDP's all-gather) out of the recomputation.
         attn = self.self_attn
         if attn.training and attn.config.variant.alpha:
             with torch.no_grad():
@@ -537,18 +537,17 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, attention='softmax', dtype=torch.float32, device='cpu'):
-        """A GPT (nanoGPT's name) from any checkpoint: a Hugging Face Llama / Mistral / Qwen2 directory, a directory
-        export_hf.py wrote, or one of this repo's checkpoints (checkpoint.load_model says how each is read)."""
-        try:  # the reading of files lives with the files (checkpoint.py): imported here, so model.py stands alone
+        """A GPT from a Hugging Face Llama / Mistral / Qwen2 directory, an export or one of our checkpoints: read by
+        checkpoint.load_model, imported here so that model.py stands alone."""
+        try:
             from .checkpoint import load_model
         except ImportError:
             from checkpoint import load_model
         return load_model(cls, path, attention, dtype, device)
 
     def _init_weights(self, module):
-        """HF Llama's init: normal(0, init_std) for matrices, zero biases, unit norms; what a variant adds as its
-        Variant.init says (the sink logits normal(0, init_std), as gpt-oss; alpha_ma = 0). Also what a meta-device
-        model needs after to_empty()."""
+        """HF Llama's init: normal(0, init_std) matrices, zero biases, unit norms; a variant's tensors as its
+        Variant.init says (sink logits normal(0, init_std), as gpt-oss; alpha_ma = 0). Also after to_empty()."""
         std = self.config.init_std
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -560,10 +559,10 @@ class GPT(nn.Module):
             module.config.variant.init(module, std)
 
     def forward(self, idx, targets=None, *, seq_lens=None, kv_caches=None, return_hidden=False):
-        """idx: (B, T) token ids. Returns (logits (B, T, vocab) for every position, mean cross-entropy
-        against targets or None); with return_hidden=True the final normed hidden states (B, T, n_embd)
-        replace the logits (for fused losses that apply lm_head chunk by chunk).
-        seq_lens: (B,) real lengths of right-padded sequences (affine's N). kv_caches: one KVCache per layer."""
+        """idx: (B, T) token ids. Returns (logits (B, T, vocab), mean cross-entropy against targets or None); with
+        return_hidden=True the final normed hidden states (B, T, n_embd) replace the logits (for fused losses that
+        apply lm_head chunk by chunk). seq_lens: (B,) real lengths of right-padded rows (affine's N). kv_caches: one
+        KVCache per layer."""
         B, T = idx.shape
         start = kv_caches[0].length if kv_caches else 0
         if start + T > self.config.block_size:

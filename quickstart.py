@@ -10,7 +10,7 @@ and the real model's stage; the data, the training and the evaluation are offlin
 A re-run does what is not yet done with these settings, judged by what each stage's outputs record. A training stage
 whose checkpoint (ckpt.pt: its steps and config) finished the settings it would now run with is skipped; one stopped
 part way with them continues from its checkpoint; one whose settings changed what it computes (--teacher_iters, an
-edited config file's learning rate, ...; not micro_batch_size or the device: train.RESUME_MAY_CHANGE) is trained
+edited config file's learning rate, ...; not micro_batch_size or the device: resume.RESUME_MAY_CHANGE) is trained
 again from scratch, replacing that stage's checkpoint, metrics.jsonl and config.json, after a line saying what
 changed. What came from a replaced stage is redone too: the students of a teacher trained again, the evaluation of a
 student trained again. To keep earlier results, give another --out_dir. report.md states the steps, tokens and seed
@@ -188,14 +188,15 @@ def training_plan(argv, teacher=None):
     part way: train.py continues from the checkpoint. Settings that change what training computes (the keys train.py's
     resume checks, and max_iters), or a teacher trained again since: trained again from scratch, the note saying
     why."""
-    import train  # installed by now
+    import resume  # installed by now
+    import train
     now, step, changed = train.planned_run([os.path.join(HERE, argv[0]), *argv[1:]], cwd=HERE)
     if step is None:
         return False, [], ''
     if teacher and newer(ckpt_path(teacher), ckpt_path(now['out_dir'])):
         changed.append(f"its teacher {teacher} was trained again")
     if changed:
-        return False, train.RESTART, (
+        return False, resume.RESTART, (
             f"changed since {now['out_dir']} was trained: {'; '.join(changed)}. Training it again from scratch, "
             f"replacing its checkpoint, metrics.jsonl and config.json")
     return step >= now['max_iters'], [], ''

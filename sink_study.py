@@ -117,9 +117,10 @@ def plan_runs(args, overrides):
 def state(run):
     """done / partial / new / changed of a run, from its checkpoint (train.planned_run: train.py's rule, which the
     quick start applies too): the same settings continue, changed ones train again from scratch."""
+    import resume
     import train
     c, step, changed = train.planned_run([os.path.join(HERE, run['argv'][0]), *run['argv'][1:]], cwd=HERE)
-    run['extra'], run['note'] = (train.RESTART, f"changed since {c['out_dir']} was trained: {'; '.join(changed)}. "
+    run['extra'], run['note'] = (resume.RESTART, f"changed since {c['out_dir']} was trained: {'; '.join(changed)}. "
                                  f"Training it again from scratch, replacing its checkpoint, metrics.jsonl and "
                                  f"config.json") if changed else ([], '')
     return 'new' if step is None else 'changed' if changed else 'done' if step >= c['max_iters'] else 'partial'

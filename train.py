@@ -32,20 +32,17 @@ import dataclasses
 import json
 import math
 import os
-import random
 import sys
 import time
 from contextlib import nullcontext
 from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
-from checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, is_run_config, model_state, previous_checkpoint,
-                        read_checkpoint, save_checkpoint)
+from checkpoint import CKPT_NAME, is_run_config, model_state, read_checkpoint, save_checkpoint
 from common import (DeviceTimer, apply_fsdp, batch_to_device, check_cpu_compiler, compile_layers, default_peak_flops,
                     estimate_mfu, full_tensor, gemm_shapes, init_distributed, preemption_flag, reduce_mean,
                     resolve_device, resolve_dtype, wrap_ddp)
@@ -56,6 +53,8 @@ from distill import check_compatibility, fused_kd_loss, kd_loss, load_teacher
 from memory_plan import print_dry_run
 from model import AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
 from probes import mean_attention_logit, sink_record, variant_tensor_means
+from resume import (changed_settings, check_resumable, checkpoint_to_resume, data_fingerprint, lr_changes,
+                    recorded_config, rng_state, set_rng_state)
 
 SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0 to write a checkpoint (NCCL's default is 10 min)
 
@@ -143,6 +142,7 @@ KEYS = {**TRAIN_KEYS,
         # lines and overrides after it still win
         'model': Key(None, "a published shape (model.MODEL_SHAPES): sets its ModelConfig fields where it stands",
                      choices=tuple(MODEL_SHAPES), types=(str,), expands=MODEL_SHAPES)}
+KEY_DEFAULTS = {name: key.default for name, key in KEYS.items()}  # what a key a checkpoint predates takes
 
 
 def load_config(argv):
@@ -164,20 +164,6 @@ def learning_rate(step, c):
     return c['learning_rate'] + (c['min_lr'] - c['learning_rate']) * progress
 
 
-# What may differ between a checkpoint's run and the run that continues it: nothing here changes what a step
-# computes (the data of step s depends only on (seed, s, global_batch_size), not on the ranks or the micro-batch).
-# max_iters may grow to extend a run; note that with decay_frac > 0 the decay then starts later than it would have.
-# Every other training key, and the model, must be the same; data_dir may move, but must hold the same data.
-RESUME_MAY_CHANGE = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'keep_previous', 'max_iters', 'micro_batch_size',
-                     'eval_interval', 'eval_batches', 'log_interval', 'nonfinite', 'max_skipped_frac', 'device',
-                     'compile', 'peak_flops', 'wandb_log', 'wandb_project', 'wandb_run_name', 'kd_loss', 'fsdp',
-                     'activation_checkpointing', 'dry_run', 'dry_run_world_size', 'dry_run_gpu_gib', 'resume_lr_change',
-                     'attention_windows'}
-# What a resume may change only when asked to (resume_lr_change=True): the continued run is then not the same run,
-# so the change is recorded in metrics.jsonl, at the first step it applies to.
-LR_KEYS = ('learning_rate', 'min_lr')
-
-
 def configure_optimizers(model, weight_decay, lr, betas, fused=None):
     """AdamW; matrices (embeddings and projections) decay, vectors (norms, biases, sinks) do not."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -190,82 +176,19 @@ def configure_optimizers(model, weight_decay, lr, betas, fused=None):
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused, foreach=not fused)
 
 
-def recorded_config(config):
-    """A checkpoint's config (its dict) with every key added since it was written at its default, and those keys: a
-    key is added with the default that does what the code did before it, so that is what the checkpoint's run did."""
-    missing = [key for key in KEYS if key not in config]
-    return {**config, **{key: KEYS[key].default for key in missing}}, missing
-
-
-def changed_settings(old, new, also=()):
-    """[(key, old value, new value)] of the settings (dicts) whose change makes a continued run another run: every key
-    outside RESUME_MAY_CHANGE, and those of `also`. The one rule for continuing a run: train.py's resume
-    (check_resumable), and the quick start's and the sink study's plans (planned_run, with also=('max_iters',))."""
-    return [(key, old[key], new[key]) for key in sorted(new)
-            if (key in also or key not in RESUME_MAY_CHANGE) and old[key] != new[key]]
-
-
 def planned_run(argv, cwd=''):
     """(config, step, changed) of the train.py command `argv` (a config file, then overrides; run in cwd) beside the
     checkpoint its out_dir holds: the config train.py would resolve, the step the checkpoint reached (None: none),
     and changed_settings' changes as 'key old -> new', max_iters among them (the plans train a changed run again
-    from scratch: RESTART)."""
+    from scratch: resume.RESTART)."""
     c = load_config(argv)
     c['dtype'] = resolve_dtype(c['dtype'], resolve_device(c['device']))  # as setup_run resolves it
     path = os.path.join(cwd, c['out_dir'], CKPT_NAME)
     if not os.path.exists(path):
         return c, None, []
     then = read_checkpoint(path, keys=('step', 'config'))
-    changed = changed_settings(recorded_config(then['config'])[0], c, also=('max_iters',))
+    changed = changed_settings(recorded_config(then['config'], KEY_DEFAULTS)[0], c, also=('max_iters',))
     return c, then['step'], [f"{key} {before!r} -> {after!r}" for key, before, after in changed]
-
-
-RESTART = ['--init_from=scratch', '--overwrite=True']  # train.py's arguments that train a run again from scratch
-
-
-def check_resumable(ckpt, c, model_config, data_meta, path):
-    """RunError listing everything that would make continuing the checkpoint `ckpt` with config `c` differ from the
-    run that wrote it: the model, a training key outside RESUME_MAY_CHANGE, or the data (its tokenizer and size).
-    Returns the keys the checkpoint predates, taken at their defaults (recorded_config)."""
-    old, missing = recorded_config({**ckpt['config'], **ckpt['model_config']})
-    changed = [f"{key}: {before!r} -> {after!r}" for key, before, after in
-               changed_settings(old, {**c, **dataclasses.asdict(model_config)})]
-    if ckpt['data'] != data_fingerprint(data_meta):
-        changed.append(f"the data: {ckpt['data']} -> {data_fingerprint(data_meta)} (data_dir={c['data_dir']})")
-    if changed:
-        raise RunError(f"{path} was written by a different run; continuing it with these settings would not be the "
-                       f"same run:\n  - " + "\n  - ".join(changed) + f"\nKeys that may change on resume: "
-                       f"{', '.join(sorted(RESUME_MAY_CHANGE))}; {' and '.join(LR_KEYS)} with --resume_lr_change=True "
-                       f"(recorded in metrics.jsonl). To start a new run instead: another --out_dir, or "
-                       f"--init_from=scratch --overwrite=True.")
-    return {key: old[key] for key in missing}
-
-
-def lr_changes(ckpt, c):
-    """{key: {'from': the checkpoint's, 'to': this run's}} of the LR_KEYS that this resume changes, where
-    resume_lr_change=True allows it (else {}: check_resumable then refuses a change)."""
-    if not c['resume_lr_change']:
-        return {}
-    return {key: {'from': ckpt['config'][key], 'to': c[key]} for key in LR_KEYS if ckpt['config'][key] != c[key]}
-
-
-def data_fingerprint(meta):
-    """What identifies a prepare_data.py directory's contents (its meta.json): the tokenizer and each split's size."""
-    return dict(tokenizer=meta['tokenizer']['sha256'],
-                **{f'{split}_tokens': info['tokens'] for split, info in sorted(meta['splits'].items())})
-
-
-def rng_state():
-    return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
-                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
-
-
-def set_rng_state(state):
-    random.setstate(state['python'])
-    np.random.set_state(state['numpy'])
-    torch.set_rng_state(state['torch'])
-    if state['cuda'] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state['cuda'])
 
 
 # -----------------------------------------------------------------------------------------------
@@ -386,27 +309,6 @@ def load_data(c, model_config):
             Windows(c['data_dir'], 'val', model_config.block_size, first))
 
 
-def checkpoint_to_resume(c, ckpt_path):
-    """out_dir's checkpoint if this run continues it (init_from), else None; refuses to replace one unasked."""
-    exists, previous = os.path.isfile(ckpt_path), previous_checkpoint(ckpt_path)
-    if not exists and os.path.isfile(previous) and not c['overwrite']:
-        raise RunError(f"{previous} is there without {ckpt_path}: to continue from it, mv {previous} {ckpt_path}; "
-                       f"to start over (replacing it): --init_from=scratch --overwrite=True")
-    if c['init_from'] == 'resume' and not exists:
-        raise RunError(f"init_from=resume: no checkpoint at {ckpt_path}")
-    if not exists:
-        return None
-    try:
-        ckpt = read_checkpoint(ckpt_path, keys=CKPT_KEYS)
-    except CheckpointError as e:
-        raise RunError(f"init_from={c['init_from']}: {e} (--init_from=scratch --overwrite=True starts the run over)")
-    if c['init_from'] == 'scratch' and not c['overwrite']:
-        raise RunError(f"{ckpt_path} holds a run at step {ckpt['step']}, which init_from=scratch would replace at "
-                       f"its first save. To continue it: --init_from=auto (the default). To start over and "
-                       f"replace it: --init_from=scratch --overwrite=True. Or choose another --out_dir.")
-    return None if c['init_from'] == 'scratch' else ckpt
-
-
 def build_model(c, model_config, run, data_meta, ckpt_path):
     """(the GPT, its AdamW, where the loop starts): fresh from the seed, or out_dir's checkpoint continued bit-exactly;
     compiled per layer and sharded (FSDP) as the config asks. Where the loop starts: its step, the steps skipped so far
@@ -419,7 +321,7 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
     if ckpt is not None:
         changes = lr_changes(ckpt, c)  # asked for: not a difference to refuse
         predated = check_resumable(ckpt, {**c, **{key: change['from'] for key, change in changes.items()}},
-                                   model_config, data_meta, ckpt_path)
+                                   model_config, data_meta, ckpt_path, KEY_DEFAULTS)
         model.load_state_dict(model_state(ckpt))  # full tensors, before any sharding
     if run.master:  # the first line of every run says how it started
         print(f"init_from={c['init_from']}: " + (f"resuming from {ckpt_path} at step {ckpt['step']}" if ckpt is not None

@@ -1,0 +1,64 @@
+"""
+The repository's map in numbers: the lines of every Python file at the top level, and of the reading set of one
+training step and one variant (docs/implementation.md, "Reading order").
+
+    python scripts/line_counts.py           # print the table
+    python scripts/line_counts.py --write   # write it into docs/implementation.md, between its markers
+
+tests/test_docs.py holds the docs' table to this script's, and the reading sets to their limits.
+"""
+import glob
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join(ROOT, 'docs', 'implementation.md')
+START, END = '<!-- scripts/line_counts.py: start -->', '<!-- scripts/line_counts.py: end -->'
+
+# What a reader opens, in order, to follow one training step and one variant: train.py's loop, the network and its
+# variants down to the kernels, the data's windows, the flags, what runs the model over ranks
+READING_SET = ('train.py', 'model.py', 'attention_kernels.py', 'data.py', 'configurator.py', 'common.py')
+LIMITS = {'reading set': 2300, 'model.py': 650, 'data.py': 400, 'train.py': 550}  # the map's promises
+
+
+def lines(path):
+    with open(os.path.join(ROOT, path), encoding='utf-8') as f:
+        return sum(1 for _ in f)
+
+
+def table():
+    """The markdown of the map's numbers: every top-level .py file's lines, then the reading set's total."""
+    files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, '*.py')))
+    return '\n'.join(['| file | lines |', '|---|---:|', *[f'| `{name}` | {lines(name):,} |' for name in files],
+                      f"| **one training step and one variant**: {', '.join(f'`{p}`' for p in READING_SET)} | "
+                      f"**{reading_set_lines():,}** |"])
+
+
+def reading_set_lines():
+    return sum(lines(path) for path in READING_SET)
+
+
+def in_doc():
+    """The table docs/implementation.md holds between the markers."""
+    with open(DOC, encoding='utf-8') as f:
+        text = f.read()
+    return text[text.index(START) + len(START):text.index(END)].strip('\n')
+
+
+def main(argv):
+    if argv not in ([], ['--write']):
+        raise SystemExit(f"usage: python scripts/line_counts.py [--write]; got {' '.join(argv)}")
+    if not argv:
+        return print(table())
+    with open(DOC, encoding='utf-8') as f:
+        text = f.read()
+    text = text[:text.index(START) + len(START)] + '\n' + table() + '\n' + text[text.index(END):]
+    tmp = DOC + '.tmp'
+    with open(tmp, 'w', encoding='utf-8') as f:
+        f.write(text)
+    os.replace(tmp, DOC)
+    print(f"wrote the table into {os.path.relpath(DOC)}")
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])
