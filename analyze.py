@@ -36,8 +36,9 @@ from common import Progress, resolve_device
 from configurator import DEVICE, Key, fail, parse
 from files import MARKERS, RunError, claim_dir, made_dirs, read_log, run_script, write_json
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows, window_first_token
-from data import Windows, read_meta, tokenizer_info
+from data import Windows, read_meta
 from model import FIELD_NAMES, GPT, HEAD_STATS, ModelConfig
+from tokenizer import tokenizer_info
 
 
 def method_name(config):

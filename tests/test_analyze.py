@@ -10,7 +10,7 @@ import torch
 
 import analyze
 import prepare_data
-from data import load_tokenizer, tokenizer_info
+from tokenizer import load_tokenizer, tokenizer_info
 from helpers import fake_run
 from files import RunError
 from model import ATTENTIONS, GPT, ModelConfig, rope_cos_sin
