@@ -36,9 +36,10 @@ from common import Progress, resolve_device
 from configurator import DEVICE, Key, fail, parse
 from files import MARKERS, RunError, claim_dir, made_dirs, read_log, run_script, write_json
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows, window_first_token
-from data import Windows, read_meta, tokenizer_info
+from data import Windows, read_meta
 from model import FIELD_NAMES, GATED_NAMES, GPT, ModelConfig
 from probes import model_statistics
+from tokenizer import tokenizer_info
 
 
 def method_name(config):

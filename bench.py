@@ -67,9 +67,10 @@ from files import RunError, read_log, run_script, write_json
 from eval_zeroshot import (choice_doc, encode_docs, load_model_and_tokenizer, plan_forwards, score_one_by_one,
                            score_requests)
 from model import ATTENTIONS, BASELINE, FIELD_NAMES, GPT, MODEL_SHAPES, PROPOSED, ModelConfig
-from data import Windows, load_tokenizer
+from data import Windows
 from memory_plan import KNOWN_TEACHERS, memory_estimate, plan_dtype
 from sink_study import EVALUATIONS
+from tokenizer import load_tokenizer
 from train import compute_loss, configure_optimizers, load_config
 
 EXPLICIT = f'{PROPOSED} (explicit T x T)'  # the paper's variant as its explicit weights: what its O(T) form saves

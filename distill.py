@@ -53,9 +53,10 @@ import torch.nn.functional as F
 from checkpoint import checkpoint_file, read_checkpoint, read_hf_config
 from common import resolve_device, resolve_dtype
 from configurator import DEVICE, Key, parse
-from data import Windows, load_tokenizer, read_meta, tokenizer_info
+from data import Windows, read_meta
 from files import RunError, run_script
 from model import GPT, IGNORE_INDEX
+from tokenizer import load_tokenizer, tokenizer_info
 from attention_kernels import at_least_fp32
 
 CHUNK_LOGITS = 2 ** 26  # float32 logits per chunk of fused_kd_loss: 256 MB

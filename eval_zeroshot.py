@@ -42,8 +42,9 @@ from checkpoint import checkpoint_file, read_checkpoint
 from common import Progress, resolve_device, resolve_dtype
 from configurator import DEVICE, Key, fail, parse
 from files import RunError, atomic_write, made_dirs, run_script, write_json
-from data import first_token_id, load_tokenizer, read_meta, read_split, tokenizer_info
+from data import first_token_id, read_meta, read_split
 from model import GPT
+from tokenizer import load_tokenizer, tokenizer_info
 
 # task -> (hub dataset path, config name, the split the harness evaluates) (lm-eval's task YAMLs: dataset_path,
 # dataset_name, test_split or else validation_split). datasets >= 4 cannot run the dataset scripts behind v0.4.9's
@@ -522,7 +523,7 @@ def evaluate(args, device):
     model, enc = load_model_and_tokenizer(args.hf_model or args.ckpt, args.tokenizer, device, dtype)
     cfg = model.config
     max_length = args.max_length or cfg.block_size  # HFLM: the user's max_length, else the model's positions
-    # the tokenizer's own conventions, read from its files (data.Tokenizer): the BOS it puts before a text
+    # the tokenizer's own conventions, read from its files (tokenizer.Tokenizer): the BOS it puts before a text
     # (add_special_tokens=True, what --add_bos asks the harness for), and the harness's prefix token for an empty
     # context (TemplateLM._encode_pair: the tokenizer's BOS, else its EOS)
     bos_id = enc.ids(enc.prefix)[0] if enc.prefix else None

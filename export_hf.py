@@ -35,8 +35,8 @@ from checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, hf_config
                         write_safetensors)
 from configurator import Key, fail, parse
 from files import RunError, made_dirs, run_script, write_json
-from data import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 from model import GPT
+from tokenizer import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # what a non-softmax export ships (hf_wrapper.py: the entry; the others are what it imports)

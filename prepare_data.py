@@ -10,8 +10,8 @@ teacher's tokenizer (through tiktoken) and write train/val shards of token ids.
     # any byte-level BPE tokenizer directory (SmolLM2, Qwen2.5, ...; config.json not needed)
     python prepare_data.py --source=docs/*.jsonl --tokenizer=checkpoints/SmolLM2-360M --out_dir=data/smollm2
 
-The tokenizers, the shard and meta.json formats and the readers of this script's output live in data.py
-(this module imports `datasets` only when it streams).
+The tokenizers live in tokenizer.py, the shard and meta.json formats and the readers of this script's output in
+data.py (this module imports `datasets` only when it streams).
 """
 import glob
 import hashlib
@@ -31,10 +31,11 @@ import numpy as np
 
 from configurator import Key, parse
 from files import RunError, run_script, write_json
-from data import VERSION, check_shard, encode_document, load_tokenizer, read_shard, tokenizer_info, write_shard
+from data import VERSION, check_shard, read_shard, write_shard
+from tokenizer import encode_document, load_tokenizer, tokenizer_info
 
-# load_tokenizer and read_shard live in data.py; they stay importable from here, public entry points kept for
-# existing users (`from prepare_data import load_tokenizer, read_shard`)
+# load_tokenizer lives in tokenizer.py, read_shard in data.py; they stay importable from here, public entry points
+# kept for existing users (`from prepare_data import load_tokenizer, read_shard`)
 __all__ = ["load_tokenizer", "read_shard", "main"]
 
 # -----------------------------------------------------------------------------
@@ -239,7 +240,7 @@ def init_worker(enc, dtype):
 def tokenize_chunk(docs):
     """-> (train token ids, train document lengths, bytes dropped from each train document, val token ids, number
     of val documents, bytes dropped from them): a vocabulary without a token for every byte drops those bytes, as
-    Hugging Face's tokenizer does (data.Tokenizer.encode_lossy)"""
+    Hugging Face's tokenizer does (tokenizer.Tokenizer.encode_lossy)"""
     train, val, train_dropped, val_dropped = [], [], [], 0
     for is_val, text in docs:
         (val if is_val else train).append(np.array(encode_document(worker_enc, text), dtype=worker_dtype))

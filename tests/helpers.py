@@ -14,7 +14,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 import eval_zeroshot
-from data import gpt2_unicode_to_byte
+from tokenizer import gpt2_unicode_to_byte
 from files import read_log
 from prepare_data import builtin_corpus
 
@@ -38,7 +38,7 @@ POOL = (list("abcXYZé") + ["the", "don't", "'s", "'LL", "'ve", "x=1", "O'Neil"]
         + list(".,;:!?-_()[]{}<>\"'/\\@#$%^&*+=~`|")
         + ["🤖", "👩\u200d💻", "🇺🇸", "你好", "e\u0301", "한국어", "مرحبا", "नमस्ते", "    return x", "def f(a, b):"])
 # The pre-tokenizer regexes as the HF tokenizers of Llama-3 (tokenizer.json, "Split" pre-tokenizer) and Qwen1.5/2
-# (PRETOKENIZE_REGEX of transformers' tokenization_qwen2.py) use them; written out independently of data.py.
+# (PRETOKENIZE_REGEX of transformers' tokenization_qwen2.py) use them; written out independently of tokenizer.py.
 HF_LLAMA3_REGEX = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
                    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 HF_QWEN2_REGEX = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"

@@ -11,7 +11,7 @@ import torch
 import analyze
 import prepare_data
 import probes
-from data import load_tokenizer, tokenizer_info
+from tokenizer import load_tokenizer, tokenizer_info
 from helpers import fake_run
 from files import RunError
 from model import ATTENTIONS, GPT, ModelConfig, rope_cos_sin

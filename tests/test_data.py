@@ -1,5 +1,5 @@
-"""Tests for data.py: tokenizers (round trip, exact parity with Hugging Face `tokenizers` on tiny tokenizers
-built here: helpers.py, and the fixtures checkpoints and layouts of conftest.py), shard files."""
+"""Tests for tokenizer.py and data.py: tokenizers (round trip, exact parity with Hugging Face `tokenizers` on tiny
+tokenizers built here: helpers.py, and the fixtures checkpoints and layouts of conftest.py), shard files."""
 import base64
 import hashlib
 import json
@@ -19,9 +19,10 @@ from tokenizers import Regex, Tokenizer, pre_tokenizers, processors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from files import RunError  # noqa: E402
-from data import (FAMILIES, GPT2_DIGIT_RUNS_PATTERN, GPT2_DIGITS_PATTERN, GPT2_PATTERN, LLAMA3_PATTERN,  # noqa: E402
-                  QWEN2_PATTERN, encode_document, gpt2_unicode_to_byte, llama3_special_tokens, load_tokenizer,
-                  read_shard, read_split, tokenizer_info, write_shard)
+from data import read_shard, read_split, write_shard  # noqa: E402
+from tokenizer import (FAMILIES, GPT2_DIGIT_RUNS_PATTERN, GPT2_DIGITS_PATTERN, GPT2_PATTERN,  # noqa: E402
+                       LLAMA3_PATTERN, QWEN2_PATTERN, encode_document, gpt2_unicode_to_byte, llama3_special_tokens,
+                       load_tokenizer, tokenizer_info)
 from helpers import (CODE, EOT, HF_LLAMA3_REGEX, HF_QWEN2_REGEX, POOL, SMOLLM2_LACKS, TEXT,  # noqa: E402
                      byte_level, corpus, digits_then_gpt2, flip_byte, lossy_texts, lossy_tokenizer, save_layout,
                      split_then_bytes, write_json)

@@ -18,7 +18,8 @@ import distill
 import memory_plan
 import prepare_data as prep
 import train
-from data import load_tokenizer, read_shard, tokenizer_info
+from data import read_shard
+from tokenizer import load_tokenizer, tokenizer_info
 from files import RunError, run_script
 from model import GPT, ModelConfig
 from helpers import EOT

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import eval_zeroshot as ez
-from data import load_tokenizer, tokenizer_info, write_shard
+from data import write_shard
+from tokenizer import load_tokenizer, tokenizer_info
 from files import RunError
 from model import GPT, IGNORE_INDEX, ModelConfig
 from helpers import EOT, TASK_ROWS, write_task_data, write_tiktoken_file

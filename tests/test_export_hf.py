@@ -22,7 +22,7 @@ import distill
 import eval_zeroshot as ez
 import export_hf
 import prepare_data as prep
-from data import gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
+from tokenizer import gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 from files import RunError
 from model import ATTENTIONS, GPT, ModelConfig
 from helpers import HF_LLAMA3_REGEX, TEXT, train_hf_bpe, write_tiktoken_file

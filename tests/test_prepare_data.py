@@ -14,10 +14,10 @@ import tiktoken
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import data  # noqa: E402
 import prepare_data as prep  # noqa: E402
-from data import QWEN2_PATTERN, Windows, load_tokenizer, read_shard, tokenizer_info  # noqa: E402
+from data import Windows, read_shard  # noqa: E402
 from files import RunError  # noqa: E402
+from tokenizer import QWEN2_PATTERN, load_tokenizer, tokenizer_info  # noqa: E402
 from helpers import (EOT, SMOLLM2_LACKS, byte_level, corpus, flip_byte, lossy_fuzz, lossy_tokenizer,  # noqa: E402
                      save_layout, write_json, write_tiktoken_file)
 
@@ -48,8 +48,9 @@ def shard_bytes(out_dir):
 
 
 def test_public_entry_points():
-    """Code written against prepare_data.py keeps working: its tokenizer and shard reader are data.py's."""
-    assert prep.load_tokenizer is data.load_tokenizer and prep.read_shard is data.read_shard
+    """Code written against prepare_data.py keeps working: its tokenizer and shard reader are tokenizer.py's and
+    data.py's."""
+    assert prep.load_tokenizer is load_tokenizer and prep.read_shard is read_shard
 
 # -----------------------------------------------------------------------------
 # Tokenizers read from their own files, through the command line

@@ -18,7 +18,8 @@ import eval_zeroshot as ez
 import export_hf
 import prepare_data
 import train
-from data import load_tokenizer, read_shard
+from data import read_shard
+from tokenizer import load_tokenizer
 from files import RunError
 from model import GPT
 from helpers import EOT, digits_then_gpt2, lossy_texts, lossy_tokenizer
@@ -60,7 +61,7 @@ def write_gguf(path, tok, pre):
 
 def test_gguf_to_hf_rebuilds_the_tokenizer_a_gguf_holds(tmp_path):
     """A tiny SmolLM-style tokenizer (digits split, bytes missing) written as a GGUF and rebuilt by --tokenizer=hub:
-    the original's ids from the rebuilt directory, through tokenizers, transformers and data.py alike."""
+    the original's ids from the rebuilt directory, through tokenizers, transformers and tokenizer.py alike."""
     tok = lossy_tokenizer(digits_then_gpt2(True))
     out = tmp_path / 'tokenizer'
     gguf_to_hf().main([f'--gguf={write_gguf(tmp_path / "tiny.gguf", tok, "smollm")}', f'--out_dir={out}',
