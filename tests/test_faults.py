@@ -335,6 +335,7 @@ def every_script_with_a_device(tmp_path, device):
     asserting that it wrote nothing."""
     import bench
     import distill
+    import sample
     missing = tmp_path / 'missing'
     runs = {'train.py': lambda: train.main([f'--device={device}', f'--data_dir={missing}',
                                             f'--out_dir={tmp_path / "run"}']),
@@ -343,7 +344,8 @@ def every_script_with_a_device(tmp_path, device):
                                                             f'--out={tmp_path / "eval" / "eval.json"}']),
             'analyze.py': lambda: analyze.main(['attention', str(missing), f'--out_dir={tmp_path / "analysis"}',
                                                 f'--device={device}']),
-            'bench.py': lambda: bench.main([f'--device={device}'])}
+            'bench.py': lambda: bench.main([f'--device={device}']),
+            'sample.py': lambda: sample.main([f'--device={device}', f'--ckpt={missing}'])}
     errors = []
     for name, run in runs.items():
         with pytest.raises(files.RunError) as e:

@@ -20,6 +20,7 @@ import export_hf
 import files
 import prepare_data
 import quickstart
+import sample
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -178,6 +179,7 @@ def commands(run, data, tmp_path):
                                                              f'--heldout_data={data}']),
             ('analyze.py attention', analyze.main, ['attention', str(run), f'--out_dir={tmp_path / "attention"}',
                                                     f'--data={data}', '--num_seqs=1', '--seq_len=16']),
+            ('sample.py --ckpt', sample.main, [f'--ckpt={run}', '--num_samples=1', '--max_new_tokens=1']),
             ('export_hf.py --ckpt', export_hf.main, [f'--ckpt={run}', f'--out_dir={tmp_path / "hf"}']),
             ('train.py --teacher', train.main, [*FIXTURE_RUN, f'--data_dir={data}', f'--teacher={run}',
                                                 f'--out_dir={tmp_path / "student"}']),
