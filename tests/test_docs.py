@@ -173,3 +173,20 @@ def test_the_one_gpu_loop_runs_as_written(tmp_path, monkeypatch):
     named = [next(m for m in methods if line.startswith(f'| {m}')) for line in table[1:]]
     assert sorted(named) == sorted(names)  # a row per variant
     assert 'C4 PPL' in table[0] and 'Avg.' in table[0]  # the eval tasks' columns
+
+
+def test_the_map_is_the_code():
+    """docs/implementation.md's map: its line counts are scripts/line_counts.py's, the reading set of one training step
+    and one variant and the files it names keep their limits, and its Files table names every top-level Python file."""
+    spec = importlib.util.spec_from_file_location('line_counts', os.path.join(ROOT, 'scripts', 'line_counts.py'))
+    line_counts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(line_counts)
+    assert line_counts.in_doc() == line_counts.table(), 'regenerate it: python scripts/line_counts.py --write'
+    assert line_counts.reading_set_lines() <= line_counts.LIMITS['reading set']
+    for name, limit in line_counts.LIMITS.items():
+        if name.endswith('.py'):
+            assert line_counts.lines(name) <= limit, name
+    with open(os.path.join(ROOT, 'docs', 'implementation.md')) as f:
+        files_table = f.read().split('## Files')[1].split('\n## ')[0]
+    named = set(re.findall(r'^\| `([\w.]+\.py)` \|', files_table, re.M))
+    assert named >= {os.path.basename(p) for p in glob.glob(os.path.join(ROOT, '*.py'))}
