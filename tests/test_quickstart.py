@@ -32,6 +32,7 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     assert re.search(r'\| Baseline \| 0 \| [*\d.]+ \| [*\d.]+ \| [*\d.]+ \| [*\d.]+ \|', report)
     assert '| Affine-Scaled | 2,048 |' in report  # W_alpha: 4 layers x 128 x 4 heads
     assert 'Seeds: 0.' in report and 'One run per method' in report
+    assert 'train on 12,288 tokens or fewer' in report  # the teacher's 3 steps x 16 sequences x 256 tokens
     assert '`python sink_study.py` trains models that do' in report and os.path.isfile(os.path.join(ROOT, 'docs/sink_study/report.md'))
     for figure in re.findall(r'\]\(([^)]+\.png)\)', report):
         assert (out / figure).stat().st_size > 1000
@@ -58,17 +59,26 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
         assert re.search(rf'{stage} \(at \d+m\d+s\): finished in an earlier run with these settings, skipped', rerun)
     assert 'train.py' not in rerun and 'eval_zeroshot.py' not in rerun and 'gguf_to_hf.py' not in rerun
 
-    # a longer teacher: trained again from scratch, and so is what came from it (the student, its evaluation)
-    changed = quickstart(tmp_path, '--teacher_iters=4', '--variants=softmax', '--real_model=False')
-    assert f'changed since {out}/teacher was trained: max_iters 3 -> 4. Training it again from scratch' in changed
-    assert f'changed since {out}/softmax_seed0 was trained: its teacher {out}/teacher was trained again' in changed
-    assert changed.count('--init_from=scratch --overwrite=True') == 2
-    assert 'init_from=scratch: starting fresh (replacing' in changed  # train.py's own word on it
-    assert 'evaluating it again, replacing its eval.json' in changed
-    report = (out / 'report.md').read_text()
-    assert stage_row(report, 'train the softmax teacher') == (f'{out}/teacher', '4', f'{4 * 16 * 256:,}', '1337')
-    assert 'train on 16,384 tokens or fewer' in report
-    assert 'Skipped: not asked for (--real_model=False).' in report
+    # a longer teacher: its stage trains it again from scratch, and so are the stages that came from it (the student,
+    # its evaluation): the plan of each stage (quickstart.train_stage, evaluated), and train.py carrying out the first
+    sys.path.insert(0, ROOT)
+    import quickstart
+    data = f'--data_dir={tmp_path / "data"}'
+    name, command, done, note, _ = quickstart.train_stage('train the softmax teacher', 'config/quickstart_teacher.py',
+                                                          f'{out}/teacher', data, '--max_iters=4')
+    assert not done and command[-2:] == ['--init_from=scratch', '--overwrite=True']
+    assert note.startswith(f'changed since {out}/teacher was trained: max_iters 3 -> 4. Training it again from scratch')
+    retrained = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert retrained.returncode == 0 and 'init_from=scratch: starting fresh (replacing' in retrained.stdout  # its word
+    _, command, done, note, _ = quickstart.train_stage('distill softmax seed 0', 'config/quickstart_student.py',
+                                                       f'{out}/softmax_seed0', '--attention=softmax', '--seed=0', data,
+                                                       '--max_iters=2', teacher=f'{out}/teacher')
+    assert not done and command[-2:] == ['--init_from=scratch', '--overwrite=True']
+    assert note.startswith(f'changed since {out}/softmax_seed0 was trained: its teacher {out}/teacher was trained again')
+    os.utime(out / 'softmax_seed0' / 'ckpt.pt')  # as its retraining would leave it: newer than its evaluation
+    assert quickstart.evaluated(f'{out}/softmax_seed0') == (False, f'{out}/softmax_seed0 was trained again after its '
+                                                             'evaluation: evaluating it again, replacing its eval.json')
+    assert quickstart.evaluated(f'{out}/affine_seed0') == (True, '')
     assert (out / 'NOTES.txt').read_text() == 'a user\'s notes beside the report'
 
 

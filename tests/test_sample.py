@@ -12,7 +12,7 @@ import torch
 
 import sample
 from checkpoint import export_state_dict, hf_config, write_safetensors
-from data import load_tokenizer, tokenizer_info
+from tokenizer import load_tokenizer, tokenizer_info
 from files import run_script
 from helpers import HF_LLAMA3_REGEX, hf_tokenizer, save_layout, split_then_bytes
 from model import AFFINE_BIAS_NORMS, ATTENTIONS, GPT, ModelConfig
