@@ -1,12 +1,14 @@
 """
 What every script shares and none owns: the device and dtype its --device/--dtype name, MFU (a model's FLOPs per
-token and the device's peak FLOP/s), timers and a progress line; and how a model runs over torchrun's ranks
+token and the device's peak FLOP/s), timers and a progress line; what bench.py's tables and gpu_check.py's rows
+measure and print with (autocast, PeakMemory, log, ratio, print_table); and how a model runs over torchrun's ranks
 (compiled per layer, sharded with FSDP2 or wrapped in DDP; init_distributed, reduce_mean, full_tensor,
-batch_to_device, preemption_flag), which train.py, bench.py and the tests share.
+batch_to_device, preemption_flag), which train.py, bench.py, gpu_check.py and the tests share.
 Imports flow one way: this file imports only torch and files.py, and every script may import it.
 """
 import inspect
 import os
+import re
 import signal
 import sys
 import time
@@ -176,6 +178,65 @@ class DeviceTimer:
         total = sum(s.elapsed_time(e) / 1000 for s, e in self.spans) if self.cuda else sum(self.spans)
         self.spans = []
         return total
+
+
+# -----------------------------------------------------------------------------
+# Measuring and reporting: what bench.py's tables and gpu_check.py's rows share
+
+
+def autocast(device):
+    """The precision bench.py and gpu_check.py time a step in: bf16 autocast on CUDA, float32 elsewhere."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == 'cuda')
+
+
+class PeakMemory:
+    """Peak bytes allocated during the `with` block (beyond what was live when it started): CUDA's allocator peak
+    (max_memory_allocated) on GPU; on CPU the rise of the process's peak resident set size (VmHWM, reset through
+    /proc/self/clear_refs), which follows the live tensors only where freed memory leaves the process (bench.py pins
+    glibc's mmap threshold for that: bench.set_mmap_threshold)."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def _rss(self, field):
+        return int(re.search(rf'{field}:\s+(\d+)', open('/proc/self/status').read()).group(1)) * 1024
+
+    def __enter__(self):
+        if self.device.type == 'cuda':
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+        else:
+            with open('/proc/self/clear_refs', 'w') as f:
+                f.write('5')  # reset VmHWM to the current resident size
+            self.start = self._rss('VmRSS')
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == 'cuda':
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated() - self.start
+        else:
+            self.peak = self._rss('VmHWM') - self.start
+
+
+def log(message):
+    """A progress line on stderr: stdout holds the Markdown tables."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def ratio(x, base):
+    return f'{x / base:.2f}' if base else '-'
+
+
+def print_table(title, notes, header, rows):
+    """One section: a heading, what was measured and how, and a Markdown table of already formatted cells."""
+    print(f'\n## {title}\n\n{notes}\n')
+    print('| ' + ' | '.join(header) + ' |')
+    print('|' + '---|' * len(header))
+    for row in rows:
+        print('| ' + ' | '.join(row) + ' |')
+    sys.stdout.flush()
 
 
 # -----------------------------------------------------------------------------

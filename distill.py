@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import checkpoint_file, read_checkpoint, read_hf_config
-from common import resolve_device, resolve_dtype
+from common import autocast, resolve_device, resolve_dtype
 from configurator import DEVICE, Key, parse
 from data import Windows, read_meta
 from files import RunError, run_script
@@ -333,6 +333,31 @@ def fused_kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight
     loss, kd, ce = FusedKDLoss.apply(student_hidden, student_weight, teacher_hidden, teacher_weight, targets,
                                      temperature, kd_alpha, chunk_size)
     return loss, kd, ce if targets is not None else None
+
+
+def kd_problem(N, V, C_s, C_t, device, hidden_dtype):
+    """Random hidden states and lm_heads of a student (C_s wide, hidden states in hidden_dtype, fp32 head) and a
+    teacher (C_t wide; bf16 on CUDA, as train.py loads it), and the two KD paths on them, each a function that runs
+    one forward + backward (under bf16 autocast on CUDA) and returns the loss: 'naive', kd_loss (both models' full
+    logits, then the KL; autocast computes the log-softmaxes in fp32), and 'fused_kd_loss'. What bench.py's kd
+    section and gpu_check.py's kd part measure. Returns (h_s, w_s, paths); gradients land in h_s.grad and w_s.grad."""
+    low = torch.bfloat16 if device.type == 'cuda' else torch.float32
+    torch.manual_seed(0)
+    h_s = torch.randn(N, C_s, device=device, dtype=hidden_dtype, requires_grad=True)
+    w_s = (torch.randn(V, C_s, device=device) * C_s ** -0.5).requires_grad_()
+    h_t = torch.randn(N, C_t, device=device, dtype=low)
+    w_t = (torch.randn(V, C_t, device=device) * C_t ** -0.5).to(low)
+    losses = dict(naive=lambda: kd_loss(h_s, w_s, h_t, w_t)[0],
+                  fused_kd_loss=lambda: fused_kd_loss(h_s, w_s, h_t, w_t)[0])
+
+    def step(loss_fn):
+        h_s.grad = w_s.grad = None  # each step computes its gradients afresh
+        with autocast(device):
+            loss = loss_fn()
+        loss.backward()
+        return loss.detach()
+
+    return h_s, w_s, {name: (lambda fn=fn: step(fn)) for name, fn in losses.items()}
 
 
 # -----------------------------------------------------------------------------

@@ -378,7 +378,7 @@ class Variant:
     options: Callable = lambda config: ''  # (config) -> its options, shown after its name
     hf_native: bool = False  # transformers' own LlamaForCausalLM / Qwen2ForCausalLM computes it (without the gate)
     sink: bool = False  # its weights leave a sink's own mass out of every row: that mass is 1 - the row's sum
-    check_time: Optional[float] = None  # bench.py --check's ceiling for its 1B training step, x softmax's (None: none)
+    check_time: Optional[float] = None  # gpu_check.py's ceiling for its 1B training step, x softmax's (None: none)
 
 
 VARIANTS = {
@@ -403,6 +403,8 @@ GATED_NAMES = {'gated': ('softmax', 'Gated'), 'affine_gated': ('affine', 'Affine
 PAPER_VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 ATTENTIONS = PAPER_VARIANTS + tuple(name for name in VARIANTS if name not in PAPER_VARIANTS)
 BASELINE, PROPOSED = 'softmax', 'affine'  # the paper's baseline and its own variant (bench.py's defaults)
+EXPLICIT = f'{PROPOSED} (explicit T x T)'  # the paper's variant as its explicit weights (Attention.explicit): the peer
+# that bench.py and gpu_check.py time its O(T) form against
 HEAD_STATS = tuple(dict.fromkeys(name for v in VARIANTS.values() for name in v.head_stats))
 SOFTMAX_TENSORS = ('q_proj', 'k_proj', 'v_proj', 'o_proj')  # the rest of an Attention is a variant's or the gate's
 

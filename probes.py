@@ -17,6 +17,7 @@ from common import full_tensor
 from model import HEAD_STATS
 
 SINK_THRESHOLD = 0.3  # Gu et al. (2025)'s epsilon: a head whose mean first-token weight exceeds it has a sink
+SINK_STUDY_EVALUATIONS = 8  # evaluations per sink study run (its curves' points): sink_study.py's runs, bench.py's
 
 
 @torch.no_grad()

@@ -39,7 +39,8 @@ import time
 from configurator import Key, parse
 from files import RunError, atomic_write, claim_dir, run_script, write_json
 from model import ATTENTIONS, PAPER_VARIANTS
-from probes import SINK_THRESHOLD, first_token_share, first_token_weight, layer_mean
+from probes import (SINK_STUDY_EVALUATIONS as EVALUATIONS, SINK_THRESHOLD, first_token_share, first_token_weight,
+                    layer_mean)
 
 SOFTMAX, SINK, GATED, AFFINE, AFFINE_GATED = PAPER_VARIANTS  # the paper's five, in its order
 TEACHER = f'ce_{SOFTMAX}_s0'  # the kd arm's teacher: the ce arm's softmax run of seed 0
@@ -48,7 +49,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = 'config/sink_study.py'
 SCHEMA_VERSION = 1
 SPIKE_KS = (6, 9)  # Table 5's thresholds: median + k MAD
-EVALUATIONS = 8  # evaluations per run (the curves' points)
 # a real pretrained softmax model's first-token weight, for scale: as the quick start's real-model stage measured it
 SMOLLM2 = dict(first_token_mean=0.36, first_token_max=0.65, source=(
     "python quickstart.py's real-model stage: SmolLM2-135M-Instruct (analyze.py attention on the built-in corpus in "

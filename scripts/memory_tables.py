@@ -9,7 +9,8 @@ the meta device, and each teacher has its published shape (memory_plan.KNOWN_TEA
     python scripts/memory_tables.py --check   # exit 1 when a file holds another text (tests/test_docs.py does this)
     python scripts/memory_tables.py --measure # the plan of each row against the peak MemTracker measures in a
                                               # training micro-step on fake tensors at full depth, the config's own
-                                              # mode (bench.fake_peak_memory; 20-45 s a row): printed, not written
+                                              # mode (memory_measure.fake_peak_memory; 20-45 s a row): printed, not
+                                              # written
 
 A file holds a table as
     <!-- memory_tables.py:start NAME -->
@@ -30,7 +31,7 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-import bench  # noqa: E402
+import memory_measure  # noqa: E402
 import memory_plan  # noqa: E402
 import train  # noqa: E402
 from common import KNOWN_PEAK_BF16, flops_per_token  # noqa: E402
@@ -269,17 +270,19 @@ def dry_run_example(config='config/affine_3b.py'):
 
 
 def measured_table(found):
-    """Each row's plan in the mode its config selects, against bench.fake_peak_memory at full depth: the peak
-    MemTracker sees in a training micro-step on fake tensors (real shapes, no memory). Minutes: never in the docs."""
+    """Each row's plan in the mode its config selects, against memory_measure.fake_peak_memory at full depth: the
+    peak MemTracker sees in a training micro-step on fake tensors (real shapes, no memory). Minutes: never in the
+    docs."""
     header = ['row', 'mode', 'micro-batch', 'plan', 'measured (fake tensors)', 'plan / measured']
     lines = []
     for r in found:
         plan = sum(memory_plan.memory_plan(r.c, r.cfg, r.teacher).values())
-        peak = bench.fake_peak_memory(r.c, r.cfg, r.teacher)
+        peak = memory_measure.fake_peak_memory(r.c, r.cfg, r.teacher)
         lines.append([r.name, 'FSDP' if r.c['fsdp'] else 'DDP', r.micro, f'{plan / 2**30:.1f} GiB',
                       f'{peak / 2**30:.1f} GiB', f'{plan / peak:.3f}x'])
     return (f'The plan (train.py --dry_run: {GPUS} GPUs, bfloat16, each config\'s mode and micro-batch) against '
-            f'MemTracker\'s peak of a training micro-step on fake tensors at full depth (bench.fake_peak_memory):\n\n'
+            f'MemTracker\'s peak of a training micro-step on fake tensors at full depth '
+            f'(memory_measure.fake_peak_memory):\n\n'
             + table(header, lines))
 
 

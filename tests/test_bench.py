@@ -3,6 +3,7 @@ process); the output must be one well-formed Markdown table per section with eve
 ratios. Timings are never checked against a threshold."""
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 import bench
+import gpu_check
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,53 +148,26 @@ def test_bad_arguments(capsys):
         assert message in capsys.readouterr().err
 
 
-def test_check_on_a_machine_without_a_gpu(tmp_path):
-    """python bench.py --check without CUDA: the CPU parts (the kernel tests on CPU; train.py under torchrun with a KD
-    teacher, stopped by SIGTERM and resumed under FSDP, its checkpoint loaded back) pass, the GPU parts are named as
-    skipped, exit status 0; one Markdown table, and the same rows in the JSON file."""
-    json_path = tmp_path / 'check.json'
-    run = subprocess.run([sys.executable, 'bench.py', '--check', f'--check_json={json_path}'], cwd=ROOT,
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
-    lines = [line for line in run.stdout.splitlines() if line.startswith('|')]
-    header = [cell.strip() for cell in lines[0].strip('|').split('|')]
-    assert header == ['section', 'check', 'result', 'measured', 'target'] and lines[1] == '|' + '---|' * 5
-    rows = [[cell.strip() for cell in line.strip('|').split('|')] for line in lines[2:]]
-    record = json.loads(json_path.read_text())
-    assert [r['check'] for r in record['rows']] == [row[1] for row in rows]
-    assert [row[0] for row in rows] == ['kernels'] * 2 + ['torchrun'] * 4 + ['GPU']
-    assert all(row[2] == 'pass' for row in rows[:-1]) and rows[-1][2] == '-' and 'none found' in rows[-1][3]
-    assert 'no GPU' in record['device'] and record['torch'] == torch.__version__
+def test_check_hands_over_to_gpu_check(monkeypatch):
+    """python bench.py --check becomes python gpu_check.py (os.execv: its output and exit status are the check's, as
+    tests/test_faults.py sees), with the check's flags in whatever form they were given, --steps and --kd_tokens;
+    gpu_check.py reads them back as they were."""
+    class Executed(Exception):
+        pass
 
-
-def test_check_skips_the_kernel_tests_where_pytest_does_not_run(tmp_path, monkeypatch):
-    """A GPU box with requirements.txt alone: pytest missing, or (pytest >= 8.4) its pygments. --check's kernels part
-    is then one skipped row that names the cause and the fix, not a failure reading "no output"."""
-    (tmp_path / 'pygments').mkdir()
-    (tmp_path / 'pygments' / '__init__.py').write_text("raise ModuleNotFoundError(\"No module named 'pygments'\")\n")
-    monkeypatch.setenv('PYTHONPATH', str(tmp_path))  # the subprocesses find this pygments first
-    check = bench.Check(str(tmp_path / 'check.json'), dict(device='cpu', torch=torch.__version__))
-    bench.check_kernel_tests(check, torch.device('cpu'))
-    (row,) = check.record['rows']
-    assert row['section'] == 'kernels' and row['ok'] is None
-    assert "No module named 'pygments'" in row['value'] and 'pip install -r requirements-test.txt' in row['value']
-
-
-def test_check_says_what_to_install_where_datasets_is_missing(tmp_path, monkeypatch):
-    """A GPU image without `datasets` (which prepare_data.py reads even the built-in corpus through): --check's
-    torchrun part is one skipped row naming the package and the command that installs it."""
-    find_spec = bench.importlib.util.find_spec
-    monkeypatch.setattr(bench.importlib.util, 'find_spec', lambda name: None if name == 'datasets' else find_spec(name))
-    check = bench.Check(str(tmp_path / 'check.json'), dict(device='cpu', torch=torch.__version__))
-    bench.check_torchrun(check, torch.device('cpu'), None, str(tmp_path))
-    (row,) = check.record['rows']
-    assert row['section'] == 'torchrun' and row['ok'] is None
-    assert 'datasets' in row['value'] and 'pip install -r requirements.txt' in row['value']
-    assert list(tmp_path.iterdir()) == [tmp_path / 'check.json']
-
-
-def test_the_mfu_target_holds_for_the_gpus_of_the_h100s_peak():
-    """--check's MFU target (of 989 TFLOP/s, the H100 SXM's dense bf16 peak) applies to the H100 SXM and the H200,
-    which has the same peak; not to the H100 PCIe (756) or other GPUs."""
-    assert bench.holds_mfu_target('NVIDIA H100 80GB HBM3') and bench.holds_mfu_target('NVIDIA H200')
-    assert not bench.holds_mfu_target('NVIDIA H100 PCIe') and not bench.holds_mfu_target('NVIDIA A100-SXM4-80GB')
+    def execv(path, argv):
+        raise Executed(path, argv)
+    monkeypatch.setattr(bench.os, 'execv', execv)
+    with pytest.raises(Executed) as e:
+        bench.main(['--check', '--check_parts', 'torchrun,kernels', '--check_json=out/check.json', '--steps=3',
+                    '--sections=kd'])
+    path, argv = e.value.args
+    assert path == argv[0] == sys.executable and os.path.samefile(argv[1], ROOT / 'gpu_check.py')
+    assert argv[2:] == ['--check_json=out/check.json', '--check_parts=torchrun,kernels', '--steps=3',
+                        '--kd_tokens=8192']
+    args = gpu_check.parse_args(argv[2:])
+    assert (args.check_json, args.check_parts, args.check_batch_size, args.steps, args.kd_tokens) == (
+        'out/check.json', ['torchrun', 'kernels'], 4, 3, 8192)
+    with pytest.raises(Executed) as e:
+        bench.main(['--check=True', '--check_batch_size', '2'])
+    assert e.value.args[1][2:] == ['--check_batch_size=2', '--steps=7', '--kd_tokens=8192']

@@ -203,6 +203,7 @@ def test_prepare_data_removes_only_its_own_unconfirmed_files(data_dir, tmp_path)
 
 
 def test_bench_check_json_refuses_a_file_it_did_not_write(tmp_path):
+    """Through bench.py --check, which hands over to gpu_check.py: the check's one line and exit status 1."""
     foreign = tmp_path / 'results.json'
     foreign.write_text('{"mine": 1}')
     code, _, err = script('bench.py', '--check', f'--check_json={foreign}')

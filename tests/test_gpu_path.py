@@ -25,9 +25,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-import bench
 import common
 import distill
+import gpu_check
+import memory_measure
 import memory_plan
 import train
 from data import Windows
@@ -162,7 +163,7 @@ class Trace(TorchDispatchMode):
 def cuda_gpt(config, dtype=torch.float32):
     """A fake GPT on CUDA with its parameters frozen: a CUDA tensor that requires grad aborts the process (not an
     exception) when autograd records it in a CPU-only build."""
-    return bench.fake_gpt(config, 'cuda', dtype).requires_grad_(False)
+    return memory_measure.fake_gpt(config, 'cuda', dtype).requires_grad_(False)
 
 
 def shapes(row, attention):
@@ -293,8 +294,8 @@ def test_memory_plan_is_the_dry_runs(config, capsys):
 def test_memory_plan_holds_against_a_fake_tensor_measurement(config):
     """--dry_run's per-GPU plan for a paper row (1B: DDP; 3B: FSDP on 8 GPUs; micro-batch 4 x 2,048 tokens, KD from
     the published teacher's shape) against the peak MemTracker measures in a training micro-step on fake tensors
-    (bench.fake_peak_memory). Measured with 1 and 2 student layers (the teacher whole) and extrapolated, every
-    decoder layer adding the same: peak(n_layer) = peak(1) + (n_layer - 1) (peak(2) - peak(1));
+    (memory_measure.fake_peak_memory). Measured with 1 and 2 student layers (the teacher whole) and extrapolated,
+    every decoder layer adding the same: peak(n_layer) = peak(1) + (n_layer - 1) (peak(2) - peak(1));
     scripts/memory_tables.py --measure=True measures full depth, where this extrapolation was exact to 0.01 GiB (1B
     and 3B). The plan's per-layer step is the measured one within 2%, and its total is conservative by at most 10%:
     the margin for what it leaves out (the CUDA context, NCCL, fragmentation) is the dry run's verdict's, not the
@@ -305,7 +306,7 @@ def test_memory_plan_holds_against_a_fake_tensor_measurement(config):
     for n_layer in (1, 2):
         shallow = dataclasses.replace(student, n_layer=n_layer)
         plan[n_layer] = sum(memory_plan.memory_plan(c, shallow, teacher).values())
-        peak[n_layer] = bench.fake_peak_memory(c, shallow, teacher)
+        peak[n_layer] = memory_measure.fake_peak_memory(c, shallow, teacher)
     assert plan[2] - plan[1] == pytest.approx(peak[2] - peak[1], rel=0.02)
     full = peak[1] + (student.n_layer - 1) * (peak[2] - peak[1])
     planned = sum(memory_plan.memory_plan(c, student, teacher).values())
@@ -330,7 +331,7 @@ def compiled_run(rank, world, data_dir, parallel, attention):
     graphs dynamo compiles and the graph breaks, in each phase of a run's start: a first micro-step (under DDP a
     no_sync one), three optimizer steps as train.py's loop takes them, train.evaluation_record after the second and
     the third. Also, under DDP, how many gradients the first micro-step made beside DDP's buckets
-    (bench.ddp_gradient_copies)."""
+    (gpu_check.ddp_gradient_copies)."""
     torch._dynamo.reset()  # each variant from scratch: graphs kept from the last one count towards the recompile limit
     counters.clear()
     graphs = []
@@ -377,7 +378,7 @@ def compiled_run(rank, world, data_dir, parallel, attention):
 
     phase('first micro-step', lambda: micro_step(range(rank * 2, rank * 2 + 2), last=not run.ddp))
     if run.ddp:
-        copies = bench.ddp_gradient_copies(model)
+        copies = gpu_check.ddp_gradient_copies(model)
     optimizer.zero_grad(set_to_none=not run.ddp)
     for step in range(3):
         alpha_means = phase(f'step {step + 1}', lambda: optimizer_step(step))

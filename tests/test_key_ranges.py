@@ -11,6 +11,7 @@ import bench
 import distill
 import eval_zeroshot
 import export_hf
+import gpu_check
 import prepare_data
 import quickstart
 import sample
@@ -29,6 +30,7 @@ SCRIPTS = {
     'export_hf': (export_hf.KEYS, export_hf.parse_args, ['--ckpt=c', '--out_dir=o']),
     'bench': (bench.KEYS, bench.parse_args, []),
     'sample': (sample.KEYS, sample.parse_args, ['--ckpt=c']),
+    'gpu_check': (gpu_check.KEYS, gpu_check.parse_args, []),
     'quickstart': (quickstart.KEYS, lambda argv: parse(argv, quickstart.KEYS, prog='quickstart.py'), []),
     **{f'analyze {job}': (keys, lambda argv, keys=keys, positional=positional, what=what, rules=rules: parse(
         argv, keys, what, positional, prog='analyze.py', rules=rules), ['run', '--out_dir=o'])
