@@ -204,8 +204,7 @@ class MLP(nn.Module):
 # attention_kernels.py's business.
 
 class KVCache:
-    """Keys and values of one layer for incremental decoding, and the running sums a variant keeps beyond them
-    (Variant.cache: affine's sum of V)."""
+    """One layer's keys and values for incremental decoding, and the sums a variant keeps (Variant.cache)."""
 
     def __init__(self, max_len):
         self.max_len, self.length, self.k, self.v = max_len, 0, None, None
@@ -403,8 +402,7 @@ GATED_NAMES = {'gated': ('softmax', 'Gated'), 'affine_gated': ('affine', 'Affine
 PAPER_VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 ATTENTIONS = PAPER_VARIANTS + tuple(name for name in VARIANTS if name not in PAPER_VARIANTS)
 BASELINE, PROPOSED = 'softmax', 'affine'  # the paper's baseline and its own variant (bench.py's defaults)
-EXPLICIT = f'{PROPOSED} (explicit T x T)'  # the paper's variant as its explicit weights (Attention.explicit): the peer
-# that bench.py and gpu_check.py time its O(T) form against
+EXPLICIT = f'{PROPOSED} (explicit T x T)'  # its explicit weights (Attention.explicit): bench.py's, gpu_check.py's peer
 HEAD_STATS = tuple(dict.fromkeys(name for v in VARIANTS.values() for name in v.head_stats))
 SOFTMAX_TENSORS = ('q_proj', 'k_proj', 'v_proj', 'o_proj')  # the rest of an Attention is a variant's or the gate's
 
