@@ -106,8 +106,8 @@ def main(argv=None):
     cfg = model.config
     how = ('recomputing the window each step (its outputs depend on the sequence length)'
            if cfg.outputs_depend_on_length else 'KV cache')
-    print(f"sample.py: {args.ckpt}: {cfg.display_name} ({cfg.attention}), {cfg.n_layer} layers, block_size "
-          f"{cfg.block_size}, {how}; tokenizer {enc.name}; {dtype} on {device}", file=sys.stderr)
+    print(f"sample.py: {args.ckpt}: attention={cfg.attention}{' with the gate' * cfg.gate}, {cfg.n_layer} layers, "
+          f"block_size {cfg.block_size}, {how}; tokenizer {enc.name}; {dtype} on {device}", file=sys.stderr)
     torch.manual_seed(args.seed)
     x = torch.tensor([before + ids], dtype=torch.long, device=device)
     samples = []
