@@ -51,7 +51,7 @@ GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s
 # A "digit" is what Digits takes for one, Rust's char::is_numeric: \p{N} and 13 code points of Unicode 16 that
 # the regex engines' older tables do not know yet (Kirat Rai U+11DE0-11DE9, U+16FF4-16FF6; DIGIT_EXTRA). Inside a
 # run of digits GPT-2's regex still tells the two kinds apart (\p{N}+ and a "punctuation" run), so runs do too.
-# tests/test_data.py checks these splits piece by piece against the `tokenizers` library.
+# tests/test_tokenizer.py checks these splits piece by piece against the `tokenizers` library.
 DIGIT_EXTRA = r"\x{11DE0}-\x{11DE9}\x{16FF4}-\x{16FF6}"
 GPT2_DIGITS_PATTERN = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|[\p{N}" + DIGIT_EXTRA + r"]| ?[^\s\p{L}\p{N}" + DIGIT_EXTRA
                        + r"]+|\s+(?![^\s\p{N}" + DIGIT_EXTRA + r"])|\s+")
