@@ -62,23 +62,23 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     # a longer teacher: its stage trains it again from scratch, and so are the stages that came from it (the student,
     # its evaluation): the plan of each stage (quickstart.train_stage, evaluated), and train.py carrying out the first
     sys.path.insert(0, ROOT)
-    import quickstart
+    import quickstart as script  # (quickstart, above, runs it)
     data = f'--data_dir={tmp_path / "data"}'
-    name, command, done, note, _ = quickstart.train_stage('train the softmax teacher', 'config/quickstart_teacher.py',
+    name, command, done, note, _ = script.train_stage('train the softmax teacher', 'config/quickstart_teacher.py',
                                                           f'{out}/teacher', data, '--max_iters=4')
     assert not done and command[-2:] == ['--init_from=scratch', '--overwrite=True']
     assert note.startswith(f'changed since {out}/teacher was trained: max_iters 3 -> 4. Training it again from scratch')
     retrained = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert retrained.returncode == 0 and 'init_from=scratch: starting fresh (replacing' in retrained.stdout  # its word
-    _, command, done, note, _ = quickstart.train_stage('distill softmax seed 0', 'config/quickstart_student.py',
+    _, command, done, note, _ = script.train_stage('distill softmax seed 0', 'config/quickstart_student.py',
                                                        f'{out}/softmax_seed0', '--attention=softmax', '--seed=0', data,
                                                        '--max_iters=2', teacher=f'{out}/teacher')
     assert not done and command[-2:] == ['--init_from=scratch', '--overwrite=True']
     assert note.startswith(f'changed since {out}/softmax_seed0 was trained: its teacher {out}/teacher was trained again')
     os.utime(out / 'softmax_seed0' / 'ckpt.pt')  # as its retraining would leave it: newer than its evaluation
-    assert quickstart.evaluated(f'{out}/softmax_seed0') == (False, f'{out}/softmax_seed0 was trained again after its '
+    assert script.evaluated(f'{out}/softmax_seed0') == (False, f'{out}/softmax_seed0 was trained again after its '
                                                              'evaluation: evaluating it again, replacing its eval.json')
-    assert quickstart.evaluated(f'{out}/affine_seed0') == (True, '')
+    assert script.evaluated(f'{out}/affine_seed0') == (True, '')
     assert (out / 'NOTES.txt').read_text() == 'a user\'s notes beside the report'
 
 
