@@ -50,19 +50,29 @@ def eager_eval(model):
 
 
 @torch.no_grad()
-def inspect_attention(model, idx, fn):
-    """[fn(attention layer, x, cos, sin, positions) for every layer], x each layer's own attention input in an
-    eval-mode forward of idx, called inside the layer's forward (where FSDP has gathered its weights; every rank
-    must call it then): how the measures below read the explicit attention (Attention.weights) of a real forward."""
-    results = []
-    hooks = [layer.self_attn.register_forward_pre_hook(lambda attn, args: results.append(fn(attn, *args[:4])))
-             for layer in model.model.layers]
+def hooked_forward(model, idx, hooks):
+    """An eval-mode, eager forward of idx with the hooks (handles) in place, removed after."""
     try:
         with eager_eval(model):
             model(idx)
     finally:
         for hook in hooks:
             hook.remove()
+
+
+def attention_hooks(model, fn, results):
+    """Pre-hooks that append fn(attention layer, x, cos, sin, positions) to results for every layer, x the layer's
+    own attention input, called inside the layer's forward (where FSDP has gathered its weights; every rank must
+    run the forward then): how the measures below read the explicit attention (Attention.weights) of a real forward."""
+    return [layer.self_attn.register_forward_pre_hook(lambda attn, args: results.append(fn(attn, *args[:4])))
+            for layer in model.model.layers]
+
+
+def inspect_attention(model, idx, fn):
+    """[fn(attention layer, x, cos, sin, positions) for every layer] in an eval-mode forward of idx
+    (attention_hooks)."""
+    results = []
+    hooked_forward(model, idx, attention_hooks(model, fn, results))
     return results
 
 
@@ -131,18 +141,19 @@ def value_weighted_first_token(attn, x, cos, sin, w):
     H, D = config.n_head, config.head_dim
     v = attn.project(x, cos, sin)[2].double().repeat_interleave(H // config.n_kv_head, dim=1)  # (B, H, T, D)
     W = attn.o_proj.weight.double().view(-1, H, D)  # (C, H, D)
-    if config.is_gated:  # the gate scales query i's output channel by channel: ||f_i(x_j)||^2 = (g_i v_j)' M (g_i v_j)
-        # with M = W_O^h' W_O^h, a product of (g_i x g_i) M and v_j x v_j over D * D: T^2 D^2 work per head, in float32
-        # (norms to 1e-6) so that the gated variants' evaluations stay cheap
-        g = torch.sigmoid(attn.g_proj(x).float()).view(B, T, H, D).transpose(1, 2)
-        gram = torch.einsum('chd,che->hde', W, W).float()[:, None]  # (H, 1, D, D)
-        queries = torch.einsum('bhtd,bhte->bhtde', g, g).mul_(gram).flatten(-2)  # (B, H, T, D * D)
+    gram = torch.einsum('chd,che->hde', W, W)  # ||f_i(x_j)||^2 = (g_i v_j)' M (g_i v_j), M = W_O^h' W_O^h (H, D, D)
+    w = w[:, :, 1:].abs()
+    if config.is_gated:  # the gate scales query i's output channel by channel: a product of (g_i x g_i) M and v_j x v_j
+        # over D * D, T^2 D^2 work per head, in float32 (norms to 1e-6) so that the gated evaluations stay cheap
+        g = torch.sigmoid(attn.g_proj(x[:, 1:]).float()).view(B, T - 1, H, D).transpose(1, 2)
+        queries = torch.einsum('bhtd,bhte->bhtde', g, g).mul_(gram.float()[:, None]).flatten(-2)  # (B, H, T - 1, D^2)
         keys = torch.einsum('bhtd,bhte->bhtde', v.float(), v.float()).flatten(-2)
-        norms = (queries @ keys.transpose(-1, -2)).clamp_min(0).sqrt().double()  # (B, H, T_i, T_j)
+        parts = w * (queries @ keys.transpose(-1, -2)).clamp_min(0).sqrt()  # (B, H, T - 1, T)
+        first, total = parts[..., 0], parts.sum(-1)
     else:
-        norms = torch.einsum('bhjd,chd->bhjc', v, W).norm(dim=-1).unsqueeze(2)  # (B, H, 1, T_j)
-    parts = (w.abs() * norms)[:, :, 1:]
-    return (parts[..., 0] / parts.sum(-1).clamp_min(torch.finfo(parts.dtype).tiny)).mean(-1)
+        norms = torch.einsum('bhjd,hde,bhje->bhj', v, gram, v).clamp_min(0).sqrt()  # (B, H, T)
+        first, total = w[..., 0] * norms[..., :1], (w @ norms.unsqueeze(-1)).squeeze(-1)
+    return (first / total.clamp_min(torch.finfo(total.dtype).tiny)).mean(-1)
 
 
 def alpha_summary(alpha):
@@ -164,18 +175,23 @@ def kurtosis(x):
     layer's output flattened per sequence: E[(x - mu)^4] / (s^4 + 1e-6), s the unbiased standard deviation (3 for a
     Gaussian; outliers make it large)."""
     flat = x.flatten(1)
-    centred = flat - flat.mean(1, keepdim=True)
-    return centred.pow(4).mean(1) / (flat.std(1).pow(4) + KURTOSIS_EPS)
+    squares = (flat - flat.mean(1, keepdim=True)).square()
+    return squares.square().mean(1) / ((squares.sum(1) / (flat.size(1) - 1)).square() + KURTOSIS_EPS)
 
 
-@torch.no_grad()
 def activation_outliers(model, idx):
     """Per layer, (B,) tensors on the sequences idx (B, T), in float64, each with and without position 0 (where
     massive activations and sinks sit): Bondarenko et al. (2023, arXiv 2306.12929; validate_clm.py)'s two measures
     on the attention layer's output (o_proj's, what it adds to the residual stream), max |x| per sequence (averaged
     over sequences by the readers) and kurtosis; and max |x| of the residual stream after the layer (Sun et al.
-    2024's massive activations). Computed in the forward's hooks, one layer at a time."""
+    2024's massive activations). Computed in the forward's hooks (outlier_hooks), one layer at a time."""
     layers = [{} for _ in model.model.layers]
+    hooked_forward(model, idx, outlier_hooks(model, layers))
+    return layers
+
+
+def outlier_hooks(model, layers):
+    """Forward hooks that put activation_outliers' measures of each layer into its dict of layers."""
 
     def measure(stats, prefix, kinds):
         def hook(module, args, out):
@@ -185,16 +201,9 @@ def activation_outliers(model, idx):
         return hook
 
     attention, residual = (('max_abs', max_abs), ('kurtosis', kurtosis)), (('max_abs', max_abs),)
-    hooks = [h for layer, stats in zip(model.model.layers, layers)
-             for h in (layer.self_attn.register_forward_hook(measure(stats, 'attention', attention)),
-                       layer.register_forward_hook(measure(stats, 'residual', residual)))]
-    try:
-        with eager_eval(model):
-            model(idx)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return layers
+    return [h for layer, stats in zip(model.model.layers, layers)
+            for h in (layer.self_attn.register_forward_hook(measure(stats, 'attention', attention)),
+                      layer.register_forward_hook(measure(stats, 'residual', residual)))]
 
 
 @torch.no_grad()
@@ -233,14 +242,15 @@ def attention_statistics(model, idx, corner=30):
                      first_token_share=first['share'].mean(dim=(1, 2)), first_token_share_head=first['share'].mean(2),
                      null_mass_head=null, sink_mass=null.mean(1) if variant.sink else None,
                      sink_score=sink['tokens'], sink_score_null_slot=sink['null_slot'],
-                     negative_rows=(w < 0).any(-1).double().mean(dim=(1, 2)),
+                     negative_rows=(w.amin(-1) < 0).double().mean(dim=(1, 2)),
                      value_weighted_first_head=value_weighted_first_token(attn, x, cos, sin, w),
                      row_sums=rows.mean(1), head_total=rows.mean(2), entropy=entropy[:, :, 1:].mean(dim=(1, 2)),
                      corner=w[:, :, :corner, :corner].mean(1))
         return stats | variant_statistics(attn, x)
 
-    layers = inspect_attention(model, idx, statistics)
-    return [layer | outliers for layer, outliers in zip(layers, activation_outliers(model, idx))]
+    layers, outliers = [], [{} for _ in model.model.layers]
+    hooked_forward(model, idx, attention_hooks(model, statistics, layers) + outlier_hooks(model, outliers))
+    return [layer | stats for layer, stats in zip(layers, outliers)]
 
 
 OUTLIERS = ('attention_max_abs', 'attention_max_abs_after_first', 'attention_kurtosis',
