@@ -392,7 +392,8 @@ def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):
         s = {key: torch.cat([b[key] for b in per_batch]) if key not in HEAD_STATS else per_batch[0][key]
              for key in per_batch[0] if per_batch[0][key] is not None}
         layer = layer_summary(s) | dict(row_sum_median=s['row_sums'].median().item(),
-                                        head_total=s['head_total'].mean(0).tolist(), corner=s['corner'].mean(0).tolist())
+                                        head_total=s['head_total'].mean(0).tolist(),
+                                        corner=s['corner'].mean(0).tolist())
         if 'alpha' in s:
             alpha = s['alpha'].flatten(0, 1)  # (tokens, H)
             qs = torch.tensor([0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0], dtype=alpha.dtype, device=alpha.device)

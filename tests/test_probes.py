@@ -14,8 +14,6 @@ from model import ATTENTIONS, GPT, ModelConfig, rope_cos_sin
 from test_analyze import explicit_weights, tiny_model
 from test_model import REFERENCES, variant_name
 
-torch.set_num_threads(2)
-
 
 # -----------------------------------------------------------------------------
 # Gu et al.'s Sink_1, written out as sail-sg/Attention-Sink computes it

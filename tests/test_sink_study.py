@@ -100,7 +100,7 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     ce = str(out / 'runs' / 'ce_affine_s0')
     assert eval_zeroshot.window_first_token(ce) == 256
     analyze.main(['attention', ce, f'--out_dir={tmp_path / "attention"}', f'--data={data_dir}', '--num_seqs=2',
-                  '--seq_len=32'])
+                  '--seq_len=32', '--sink_samples=4'])
     numbers = json.loads((tmp_path / 'attention' / 'numbers.json').read_text())
     assert [m['first_token'] for m in numbers['models'].values()] == [256]
     model = GPT.from_pretrained(ce).eval()
