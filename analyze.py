@@ -333,12 +333,13 @@ def sink_lines(models):
               f"their ratio. Knockout (StreamingLLM): the loss of the predictions of queries i >= {knockout['window']} "
               f"when each sees only its last {knockout['window']} keys and the first k positions, against full "
               'attention on the same predictions.', '',
-              '| model | loss | W8A8 | ratio | knockout: full | ' + ' | '.join(f"k = {k[6:]}" for k in firsts) + ' |',
-              '|---|---|---|---|---|' + '---|' * len(firsts)]
+              '| model | loss | W8A8 | ratio | calibration windows | knockout: full | ' +
+              ' | '.join(f"k = {k[6:]}" for k in firsts) + ' |', '|---|---|---|---|---|---|' + '---|' * len(firsts)]
     for n in names:
         q, k = models[n]['w8a8'] or {}, models[n]['knockout']
         lines.append(f"| {n} | {number(q.get('fp'))} | {number(q.get('w8a8'))} | {number(q.get('ratio'))} | "
-                     f"{k['full']:.3f} | " + ' | '.join(f"{k[key]:.3f}" for key in firsts) + ' |')
+                     f"{q.get('calibration', '-')} | {k['full']:.3f} | " +
+                     ' | '.join(f"{k[key]:.3f}" for key in firsts) + ' |')
     return lines
 
 
