@@ -91,7 +91,8 @@ def first_token_weights(w):
     """Where each row's attention goes, per query i >= 1 (query 0 sees only token 0), as (B, H, T - 1) tensors:
       weight  w_i0: the paper's Figure 4 measure, as it plots it;
       share   w_i0 / sum_j w_ij: where the row's own total goes (affine's rows sum to alpha_i + (alpha_ma - alpha_i)
-              (i + 1) / N, 0.3-0.5 in trained models; sink's and softmax1's to 1 minus the null slot's mass);
+              (i + 1) / N, 0.3-0.5 in trained models, so the share is unbounded only where that nears 0: alpha_ma
+              near 0, untrained; sink's and softmax1's to 1 minus the null slot's mass);
       null    1 - sum_j w_ij: for sink and softmax1 the null slot's mass (Eq. 2-3: the weight of a value-less sink);
               for affine what the scale took away (or added, where the row sums to more than one); 0 for softmax;
     first-token-or-null is weight + null (linear, so its means are theirs): the paper's Figure 9 reading of sink,
