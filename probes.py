@@ -337,8 +337,8 @@ RECORD_NAMES = dict(first_token='first_token_weight', first_token_head='first_to
 
 def sink_record(model, idx):
     """Every measure of layer_summary on the windows idx (train.py's attention_windows), per layer (lists; per layer
-    and head where the name ends in _per_head), rounded to 6 decimals, under the names train.py's records have
-    always used (RECORD_NAMES); sink_mass (the null slot's) for a variant with one (Variant.sink); and over the
+    and head where the name ends in _per_head), rounded to 6 decimals, under the names the records had first
+    (RECORD_NAMES); sink_mass (the null slot's) for a variant with one (Variant.sink); and over the
     model, Gu et al.'s Sink_1^0.3 on these windows (sink_rate; sink_rate_null_slot) and the repository's earlier
     measure (sink_rate_mean_head), model_rates. Under FSDP every rank must call it."""
     layers = [layer_summary(layer) for layer in attention_statistics(model, idx)]
@@ -372,6 +372,7 @@ def first_token_share(record):
 
 
 def batches(sequences, batch_size, device):
+    """The sequences (N, T) batch_size at a time, on the device."""
     for start in range(0, len(sequences), batch_size):
         yield sequences[start:start + batch_size].to(device)
 
@@ -431,6 +432,7 @@ def sink_rates(model, sequences, batch_size=1):
     return dict(samples=len(sequences), length=sequences.size(1), **rates)
 
 
+@torch.no_grad()
 def prediction_loss(model, sequences, batch_size=1, first_query=0):
     """Mean cross-entropy of the next-token predictions of queries i >= first_query (targets: token i + 1) over the
     sequences (N, T), in float64 sums: the loss W8A8 and the knockout compare."""
