@@ -38,7 +38,7 @@ from files import MARKERS, RunError, claim_dir, made_dirs, read_log, run_script,
 from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows, window_first_token
 from data import Windows, read_meta
 from model import FIELD_NAMES, GATED_NAMES, GPT, ModelConfig
-from probes import model_statistics
+from probes import GU_LENGTH, GU_SAMPLES, knockout_losses, model_statistics, sink_rates, w8a8_losses
 from tokenizer import tokenizer_info
 
 
@@ -98,11 +98,13 @@ def pyplot():
 # From checkpoints: Figures 3, 4, 5, 6, 9, alpha and sink logits
 
 
-def heldout_sequences(source, enc, tokenizer_sha256, num_seqs, seq_len, seed=0, data_dir=None):
-    """num_seqs windows of seq_len tokens, drawn without replacement (seeded) from the non-overlapping windows of a
-    held-out token stream: 'c4' is the first 1100 C4 validation documents of the c4-new protocol (eval_zeroshot.py;
-    offline from --data_dir, exported with eval_zeroshot.py --export_data); a prepare_data.py directory gives its val
-    split (it must be tokenized with the model's tokenizer); a text file is tokenized with the model's tokenizer."""
+def heldout_text(source, enc, tokenizer_sha256, data_dir=None):
+    """windows(seq_len) -> (count, get, what): the non-overlapping windows of seq_len tokens of a held-out token
+    stream, how many there are, get(picks) -> those windows as a (k, seq_len) int64 tensor, and what the text is (for
+    messages). 'c4' is the first 1100 C4 validation documents of the c4-new protocol (eval_zeroshot.py; offline from
+    --data_dir, exported with eval_zeroshot.py --export_data); a prepare_data.py directory gives its val split (it
+    must be tokenized with the model's tokenizer); a text file is tokenized with the model's tokenizer. The text is
+    read once, for windows of any length."""
     if source == 'c4':
         rows, _ = read_rows('c4', data_dir, C4_DOCS)
         ids = np.asarray(c4_tokens(enc, rows), dtype=np.int64)
@@ -111,24 +113,65 @@ def heldout_sequences(source, enc, tokenizer_sha256, num_seqs, seq_len, seed=0, 
         if meta['tokenizer']['sha256'] != tokenizer_sha256:
             raise RunError(f"--data={source} was tokenized with {meta['tokenizer']['spec']}, not the model's "
                            f"tokenizer; prepare it with the model's, or pass a text file")
-        windows = Windows(source, 'val', seq_len)
-        picks = draw(len(windows), num_seqs, seed, f"{source}'s val split", seq_len)
-        return torch.from_numpy(windows.get(picks)[0])
+
+        def split_windows(seq_len):
+            windows = Windows(source, 'val', seq_len)
+            return len(windows), lambda picks: torch.from_numpy(windows.get(picks)[0]), f"{source}'s val split"
+        return split_windows
     elif os.path.isfile(source):
         with open(source, encoding='utf-8') as f:
             ids = np.asarray(enc.encode_ordinary(f.read()), dtype=np.int64)
     else:
         raise RunError(f"--data={source}: not 'c4', a prepare_data.py directory or a text file")
-    n = len(ids) // seq_len
-    picks = draw(n, num_seqs, seed, f"{source} ({len(ids):,} tokens)", seq_len)
-    return torch.from_numpy(ids[:n * seq_len].reshape(n, seq_len)[picks])
+
+    def windows(seq_len):
+        n = len(ids) // seq_len
+        return n, lambda picks: torch.from_numpy(ids[:n * seq_len].reshape(n, seq_len)[picks]), \
+            f"{source} ({len(ids):,} tokens)"
+    return windows
 
 
-def draw(n, k, seed, what, seq_len):
+def heldout_sequences(source, enc, tokenizer_sha256, num_seqs, seq_len, seed=0, data_dir=None):
+    """num_seqs windows of seq_len tokens of the held-out text (heldout_text), drawn without replacement (seeded)."""
+    count, get, what = heldout_text(source, enc, tokenizer_sha256, data_dir)(seq_len)
+    return get(draw(count, num_seqs, seed, what, seq_len))
+
+
+def draw(n, k, seed, what, seq_len, key='num_seqs'):
     if n < k:
-        raise RunError(f"{what} has {n} windows of {seq_len} tokens, fewer than --num_seqs={k}; lower --num_seqs "
+        raise RunError(f"{what} has {n} windows of {seq_len} tokens, fewer than --{key}={k}; lower --{key} "
                        f"or --seq_len")
     return np.sort(np.random.default_rng(seed).choice(n, k, replace=False))
+
+
+def starting_with(first, sequences):
+    """The sequences with the token `first` put in front (their last token dropped), as the checkpoint's training
+    windows all began (train.py --first_token); as they are where first is None."""
+    if first is None:
+        return sequences
+    return torch.cat([torch.full_like(sequences[:, :1], first), sequences[:, :-1]], dim=1)
+
+
+def sink_costs(model, windows, first, sequences, unread, seed, sink_samples, calibration, knockout_window,
+               batch_size):
+    """What the attention job measures at the end of each model (probes.py): Gu et al.'s Sink_1 in their own setting
+    (sink_samples windows of GU_LENGTH tokens; fewer windows where the text has fewer, shorter ones where the model's
+    block is: both are recorded), W8A8 with its
+    ranges from `calibration` windows drawn from those the analysis does not read (unread), and the first-token
+    knockout on the analysed sequences. windows: heldout_text's; 0 skips the first two."""
+    costs = dict(gu=None, w8a8=None)
+    if sink_samples:
+        length = min(GU_LENGTH, model.config.block_size)
+        count, get, what = windows(length)
+        picks = draw(count, min(sink_samples, max(count, 1)), seed, what, length, 'sink_samples')
+        per_forward = batch_size * max(1, sequences.size(1) // length)  # as many tokens as the analysis's forwards
+        costs['gu'] = sink_rates(model, starting_with(first, get(picks)), per_forward)
+    if calibration:
+        count, get, what = windows(sequences.size(1))
+        picks = unread[draw(len(unread), calibration, seed, f"{what} (beyond the analysed windows)",
+                            sequences.size(1), 'calibration')]
+        costs['w8a8'] = w8a8_losses(model, starting_with(first, get(picks)), sequences, batch_size)
+    return costs | dict(knockout=knockout_losses(model, sequences, knockout_window, batch_size=batch_size))
 
 
 def attention_figures(out, models, layer):
@@ -176,6 +219,40 @@ def attention_figures(out, models, layer):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend()
         save(fig, file, title)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), layout='constrained')
+    panels = [('first_token_share', "first token's share of the row"), ('null_mass', 'null mass (1 - row sum)'),
+              ('first_or_null', 'first token or null')]
+    for ax, (key, label) in zip(axes, panels):
+        for name in names:
+            ax.plot(x, [layer[key] for layer in models[name]['layers']], marker='o', label=name)
+        ax.set(title=label, xlabel='layer')
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0].legend()
+    save(fig, 'fig_first_token_share.png', "Where each row's attention goes: the first token's share, the null mass "
+                                           "and their sum, per layer")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), layout='constrained')
+    for ax, (key, label) in zip(axes, [('attention_max_abs', "attention output's max |x|"),
+                                       ('attention_kurtosis', "attention output's kurtosis"),
+                                       ('residual_max_abs', "residual stream's max |x|")]):
+        for i, name in enumerate(names):
+            layers = models[name]['layers']
+            ax.plot(x, [layer[key] for layer in layers], marker='o', color=f'C{i}', label=name)
+            ax.plot(x, [layer[f'{key}_after_first'] for layer in layers], linestyle='--', color=f'C{i}')
+        ax.set(title=label, xlabel='layer', yscale='log')
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0].legend()
+    save(fig, 'fig_outliers.png', 'Activation outliers per layer (solid: every position; dashed: without position 0)')
+    knockout = [key for key in models[names[0]]['knockout'] if key == 'full' or key.startswith('first_')]
+    fig, ax = plt.subplots(figsize=(6, 4), layout='constrained')
+    for i, key in enumerate(knockout):
+        ax.bar(np.arange(len(names)) + (i - len(knockout) / 2 + 0.5) * 0.8 / len(knockout),
+               [models[name]['knockout'][key] for name in names], 0.8 / len(knockout),
+               label='full attention' if key == 'full' else f"k = {key[6:]}")
+    ax.set_xticks(np.arange(len(names)), names)
+    ax.set(ylabel='validation loss', title=f"last {models[names[0]]['knockout']['window']} keys + first k positions")
+    ax.legend()
+    save(fig, 'fig_knockout.png', 'First-token knockout (StreamingLLM): loss with the first k positions and a recent '
+                                  'window against full attention')
     fig, axes = side_by_side(names)
     for ax, name in zip(axes[0], names):
         total = np.array([layer['head_total'] for layer in models[name]['layers']])
@@ -209,10 +286,69 @@ def attention_figures(out, models, layer):
     return figures
 
 
+def sink_lines(models):
+    """The report's sections on the sink's measures (probes.py; docs/analysis.md defines each) and what it costs."""
+    names = list(models)
+    number = lambda v, digits=3: '-' if v is None else f"{v:.{digits}f}"
+    lines = ['', "## Where each row's attention goes, per layer (mean over heads and queries i >= 1)", '',
+             'weight: w_i0 (Figure 4); share: w_i0 / the row\'s sum; null: 1 - the row\'s sum (the null slot of sink '
+             'and softmax1, what affine\'s scale took); first or null: their sum (Figure 9\'s reading of sink); '
+             'Sink_1: Gu et al.\'s rate (heads whose first-position score exceeds 0.3; on the null slot after the /); '
+             'value-weighted: the first token\'s share of ||w_ij f(x_j)|| (Kobayashi et al.); negative rows: the '
+             'share of rows holding a negative weight (affine).']
+    for n in names:
+        slot = 'sink_rate_null_slot' in models[n]['layers'][0]
+        lines += ['', f"### {n}", '', '| layer | weight | share | null | first or null | Sink_1 | value-weighted | '
+                  'negative rows |', '|---|---|---|---|---|---|---|---|']
+        lines += [f"| {i + 1} | {l['first_token']:.4f} | {l['first_token_share']:.4f} | {l['null_mass']:.4f} | "
+                  f"{l['first_or_null']:.4f} | {l['sink_rate']:.3f}" + (f" / {l['sink_rate_null_slot']:.3f}" if slot
+                                                                          else '') +
+                  f" | {l['value_weighted_first']:.4f} | {l['negative_rows']:.3f} |"
+                  for i, l in enumerate(models[n]['layers'])]
+    lines += ['', '## Sink_1^0.3 (Gu et al. 2025) over the model', '',
+              'The share of (layer, head) pairs whose first-position score exceeds 0.3, averaged over samples: on the '
+              'analysed sequences, and in their own setting (windows of 64 tokens); "null slot": the slot of sink and '
+              'softmax1 as an extra position 0 (their key-bias reading); "mean head": the measure this repository '
+              'used before (heads whose mean first-token weight exceeds 0.3).', '',
+              '| model | analysed | null slot | their setting | null slot | mean head |', '|---|---|---|---|---|---|']
+    for n in names:
+        m, gu = models[n], models[n]['gu'] or {}
+        setting = f"{number(gu.get('sink_rate'))} ({gu['samples']} x {gu['length']})" if gu else '-'
+        lines.append(f"| {n} | {number(m['sink_rate'])} | {number(m.get('sink_rate_null_slot'))} | {setting} | "
+                     f"{number(gu.get('sink_rate_null_slot'))} | {number(m['sink_rate_mean_head'])} |")
+    lines += ['', '## Activation outliers per layer (Bondarenko et al. 2023)', '',
+              "max |x| per sequence averaged over sequences and kurtosis, of the attention layer's output, and "
+              'max |x| of the residual stream after the layer; each with / without position 0.']
+    for n in names:
+        lines += ['', f"### {n}", '', '| layer | attention max abs | attention kurtosis | residual max abs |',
+                  '|---|---|---|---|']
+        lines += [f"| {i + 1} | {l['attention_max_abs']:.3g} / {l['attention_max_abs_after_first']:.3g} | "
+                  f"{l['attention_kurtosis']:.3g} / {l['attention_kurtosis_after_first']:.3g} | "
+                  f"{l['residual_max_abs']:.3g} / {l['residual_max_abs_after_first']:.3g} |"
+                  for i, l in enumerate(models[n]['layers'])]
+    knockout = next(iter(models.values()))['knockout']
+    firsts = [key for key in knockout if key.startswith('first_')]
+    lines += ['', '## What a sink costs', '',
+              'W8A8: validation loss in full precision and with int8 weights (symmetric, per tensor) and int8 inputs '
+              'of every linear layer but the last (asymmetric, per tensor, ranges fixed on calibration windows), and '
+              f"their ratio. Knockout (StreamingLLM): the loss of the predictions of queries i >= {knockout['window']} "
+              f"when each sees only its last {knockout['window']} keys and the first k positions, against full "
+              'attention on the same predictions.', '',
+              '| model | loss | W8A8 | ratio | calibration windows | knockout: full | ' +
+              ' | '.join(f"k = {k[6:]}" for k in firsts) + ' |', '|---|---|---|---|---|---|' + '---|' * len(firsts)]
+    for n in names:
+        q, k = models[n]['w8a8'] or {}, models[n]['knockout']
+        lines.append(f"| {n} | {number(q.get('fp'))} | {number(q.get('w8a8'))} | {number(q.get('ratio'))} | "
+                     f"{q.get('calibration', '-')} | {k['full']:.3f} | " +
+                     ' | '.join(f"{k[key]:.3f}" for key in firsts) + ' |')
+    return lines
+
+
 def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=0, layer=None, corner=30,
-                     data_dir=None, tokenizer=None, device='cpu', dtype='float32', batch_size=1):
-    """The `attention` job: statistics of every checkpoint in specs on the same held-out text, then figures,
-    numbers.json and report.md in out_dir."""
+                     data_dir=None, tokenizer=None, device='cpu', dtype='float32', batch_size=1,
+                     sink_samples=GU_SAMPLES, calibration=4, knockout_window=0):
+    """The `attention` job: statistics of every checkpoint in specs on the same held-out text and what its sink
+    costs (sink_costs), then figures, numbers.json and report.md in out_dir."""
     models, shapes, sources = {}, set(), {}
     for spec in specs:
         model, enc = load_model_and_tokenizer(spec, tokenizer, torch.device(device), getattr(torch, dtype))
@@ -221,24 +357,29 @@ def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=
         if len(shapes) > 1:
             raise RunError(f"models of different shapes (n_layer, n_head) {sorted(shapes)}; analyse each size "
                            f"separately")
+        if layer and not 1 <= layer <= cfg.n_layer:
+            raise RunError(f"--layer={layer}: the models have layers 1-{cfg.n_layer}")
         length = seq_len or min(1024, cfg.block_size)
         if length > cfg.block_size:
             raise RunError(f"{spec}: --seq_len={length} exceeds the model's block_size {cfg.block_size}")
-        sequences = heldout_sequences(data, enc, tokenizer_info(enc, spec)['sha256'], num_seqs, length, seed,
-                                      data_dir)
-        first = window_first_token(spec)
-        if first is not None:  # trained on windows that all start with this token: so are these
-            sequences = torch.cat([torch.full_like(sequences[:, :1], first), sequences[:, :-1]], dim=1)
+        if knockout_window >= length - 1:
+            raise RunError(f"--knockout_window={knockout_window} leaves no prediction of {length} tokens to knock "
+                           f"out: use one below {length - 1}")
+        windows = heldout_text(data, enc, tokenizer_info(enc, spec)['sha256'], data_dir)
+        count, get, what = windows(length)
+        picks = draw(count, num_seqs, seed, what, length)
+        first = window_first_token(spec)  # trained on windows that all start with this token: so are these
+        sequences = starting_with(first, get(picks))
         name = method_name(vars(cfg))
         name = name if name not in models else f"{name} ({spec})"
         print(f"{spec}: {name}, {cfg.n_layer} layers, {num_seqs} x {length} tokens of {data}", file=sys.stderr)
         models[name] = model_statistics(model, sequences, corner, batch_size, Progress(f"{name} sequences", num_seqs))
+        models[name] |= sink_costs(model, windows, first, sequences, np.setdiff1d(np.arange(count), picks), seed,
+                                   sink_samples, calibration, knockout_window, batch_size)
         sources[name] = dict(spec=spec, attention=cfg.attention, seq_len=length, first_token=first)
         del model
     n_layer = shapes.pop()[0]
     layer = layer or max(1, n_layer // 2)  # the paper's Figure 9 shows layer 8 of the 1B model's 16
-    if not 1 <= layer <= n_layer:
-        raise RunError(f"--layer={layer}: the models have layers 1-{n_layer}")
 
     def build(tmp):
         figures = attention_figures(tmp, models, layer)
@@ -263,15 +404,20 @@ def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=
             layers = models[n]['layers']
             if 'alpha_ma' in layers[0]:
                 lines += ['', f"## {n}: alpha and alpha_ma per layer (mean over heads)", '',
-                          '| layer | alpha mean | alpha p5-p95 | alpha_ma |', '|---|---|---|---|']
-                lines += [f"| {i + 1} | {np.mean(l['alpha_head_mean']):.4f} | {l['alpha_quantiles']['p5']:.3f}-"
-                          f"{l['alpha_quantiles']['p95']:.3f} | {np.mean(l['alpha_ma']):.4f} |"
+                          'alpha\'s standard deviation is across queries, per head, averaged over heads (0: a scale '
+                          'that ignores its input); "at 0", "at 1": the shares of alphas clipped there by Eq. 11.', '',
+                          '| layer | alpha mean | std | p5-p95 | at 0 | at 1 | alpha_ma |',
+                          '|---|---|---|---|---|---|---|']
+                lines += [f"| {i + 1} | {l['alpha_mean']:.4f} | {l['alpha_std']:.4f} | "
+                          f"{l['alpha_quantiles']['p5']:.3f}-{l['alpha_quantiles']['p95']:.3f} | "
+                          f"{l['alpha_at_0']:.3f} | {l['alpha_at_1']:.3f} | {np.mean(l['alpha_ma']):.4f} |"
                           for i, l in enumerate(layers)]
             if 'sinks' in layers[0]:
                 lines += ['', f"## {n}: sink logits per layer (mean, min, max over heads)", '',
                           '| layer | mean | min | max |', '|---|---|---|---|']
                 lines += [f"| {i + 1} | {np.mean(l['sinks']):.3f} | {min(l['sinks']):.3f} | {max(l['sinks']):.3f} |"
                           for i, l in enumerate(layers)]
+        lines += sink_lines(models)
         lines += ['', '## Figures', ''] + [f"![{title}]({file})" for file, title in sorted(figures)]
         with open(os.path.join(tmp, 'report.md'), 'w') as f:
             f.write('\n'.join(lines) + '\n')
@@ -587,8 +733,13 @@ JOBS = dict(
         device=DEVICE,
         dtype=Key('float32', choices=('float32', 'bfloat16', 'float64')),
         batch_size=Key(1, "sequences per forward", min=1),
-    ), 'checkpoints', "Figures 3-6, 9, alpha and sinks from checkpoints (train.py out_dirs, ckpt.pt files or HF model "
-                      "directories) on held-out text", ()),
+        sink_samples=Key(GU_SAMPLES, f"Gu et al.'s Sink_1 in their setting: windows of {GU_LENGTH} tokens (fewer if "
+                         "the text has fewer; 0: skip)", min=0),
+        calibration=Key(4, "W8A8: windows, not among the analysed, whose activation ranges it fixes (0: no W8A8)",
+                        min=0),
+        knockout_window=Key(0, "the first-token knockout's recent window W (0: a quarter of --seq_len)", min=0),
+    ), 'checkpoints', "Figures 3-6, 9, alpha and sinks, the sink's measures and costs from checkpoints (train.py "
+                      "out_dirs, ckpt.pt files or HF model directories) on held-out text", ()),
     runs=(dict(
         out_dir=Key(None, types=(str,), required=True),
         window=Key([0, 500], "steps for Tables 4-5: start,end (the paper: 0,500)", min=0),
@@ -623,7 +774,8 @@ def main(argv=None):
     if args.job == 'attention':
         models, figures = attention_report(args.checkpoints, args.out_dir, args.data, args.num_seqs, args.seq_len,
                                            args.seed, args.layer, args.corner, args.data_dir, args.tokenizer,
-                                           str(resolve_device(args.device)), args.dtype, args.batch_size)
+                                           str(resolve_device(args.device)), args.dtype, args.batch_size,
+                                           args.sink_samples, args.calibration, args.knockout_window)
         print(f"wrote {args.out_dir}/report.md, numbers.json and {len(figures)} figures for {len(models)} models")
     elif args.job == 'runs':
         numbers = runs_report(args.run_dirs, args.out_dir, tuple(args.window),

@@ -165,9 +165,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(config, positions):
-    """cos/sin tables (T, head_dim) for the given absolute positions, HF rotate-half layout.
-    Computed per forward from the config (cheap: T x head_dim/2) rather than stored, so a model built
-    on the meta device needs no buffer re-initialisation."""
+    """cos/sin tables (T, head_dim) for the given absolute positions, HF rotate-half layout. Computed per forward from
+    the config (cheap: T x head_dim/2) rather than stored, so a model built on the meta device needs no re-init."""
     dim = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, device=positions.device).float() / dim))
     if config.rope_scaling is not None:  # Llama 3.1 frequency scaling (HF "llama3" rope_type)
@@ -235,8 +234,8 @@ class KVCache:
 #       sees every cached key). call: alpha (Variant.alpha's, or None), v_new (this call's values), positions (T,),
 #       seq_lens ((B,) real lengths of right-padded rows, or None), cache (the layer's KVCache, or None).
 #   weights(attn, scores, **call) -> (B, H, T, T), the same attention as an explicit matrix in at least float32, from
-#       scores = QK^T / sqrt(d) with the keys after each query at -inf (attention_scores): weights @ V is forward's y.
-#       call: alpha, positions, seq_lens.
+#       scores = QK^T / sqrt(d) with the keys a query does not see at -inf (those after it; any the analyses' knockout
+#       hides, Attention.weights): weights @ V is forward's y. call: alpha, positions, seq_lens.
 
 def softmax_forward(attn, q, k, v, is_causal, **call):
     return softmax_attention(q, k, v, is_causal)  # Eq. 1
@@ -313,10 +312,10 @@ def affine_forward(attn, q, k, v, is_causal, alpha, v_new, positions, seq_lens, 
 
 
 def affine_weights(attn, scores, alpha, positions, seq_lens, **call):
-    T = scores.size(2)
-    visible = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril()
+    visible = scores > float('-inf')  # the causal keys, less any the analyses' knockout hides (Attention.weights)
+    seen = visible[0, 0].sum(-1)  # keys per query, alike in every row: N of Eq. 8 counts them, the call's is the most
     alpha = alpha.transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
-    beta = (attn.alpha_ma.view(1, -1, 1, 1) - alpha) / bias_norm(attn.config, positions, seq_lens, T)
+    beta = (attn.alpha_ma.view(1, -1, 1, 1) - alpha) / bias_norm(attn.config, seen - 1, seq_lens, int(seen.max()))
     return alpha * torch.softmax(scores, dim=-1) + beta * visible  # Eq. 6-8: beta on the visible keys only
 
 
@@ -377,12 +376,13 @@ class Variant:
     options: Callable = lambda config: ''  # (config) -> its options, shown after its name
     hf_native: bool = False  # transformers' own LlamaForCausalLM / Qwen2ForCausalLM computes it (without the gate)
     sink: bool = False  # its weights leave a sink's own mass out of every row: that mass is 1 - the row's sum
+    rows_sum_to_one: bool = False  # its weights are a distribution (Sink_1 reads them raw, probes.sink_scores)
     check_time: Optional[float] = None  # gpu_check.py's ceiling for its 1B training step, x softmax's (None: none)
 
 
 VARIANTS = {
     'softmax': Variant(softmax_forward, softmax_weights, display='Baseline', saved_bytes=no_more_saved,
-                       hf_native=True),
+                       hf_native=True, rows_sum_to_one=True),
     'sink': Variant(sink_forward, sink_weights_of, sink_tensors, display='Sink', saved_bytes=no_more_saved,
                     head_stats=('sinks',), sink=True, check_time=1.05),
     'affine': Variant(
@@ -424,6 +424,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(C, H_kv * D, bias=config.qkv_bias)
         self.o_proj = nn.Linear(H * D, C, bias=False)
         self.explicit = False  # attend through the explicit T x T weights (Attention.weights): the slow reference
+        self.hidden_keys = None  # explicit's (T, T) keys hidden beyond the causal mask (weights' hidden: the knockout)
         if config.is_gated:
             self.g_proj = nn.Linear(C, H * D, bias=False)  # W_g of Eq. 5: one gate per output channel
         if config.variant.tensors:
@@ -447,7 +448,7 @@ class Attention(nn.Module):
             if cache is not None:
                 raise ValueError("Attention.explicit computes whole sequences: no KV cache")
             G = self.config.n_head // self.config.n_kv_head
-            y = self.weights(x, cos, sin, positions, seq_lens).to(v.dtype) @ v.repeat_interleave(G, dim=1)
+            y = self.weights(x, cos, sin, positions, seq_lens, self.hidden_keys).to(v.dtype) @ v.repeat_interleave(G, 1)
         else:
             y = variant.forward(self, q, k, v, is_causal, alpha=alpha, v_new=v_new, positions=positions,
                                 seq_lens=seq_lens, cache=cache)
@@ -466,15 +467,16 @@ class Attention(nn.Module):
         k = apply_rope(self.k_proj(x).view(B, T, H_kv, D).transpose(1, 2), cos, sin)
         return q, k, self.v_proj(x).view(B, T, H_kv, D).transpose(1, 2)
 
-    def weights(self, x, cos, sin, positions, seq_lens=None):
+    def weights(self, x, cos, sin, positions, seq_lens=None, hidden=None):
         """The effective attention weights (B, H, T, T) as an explicit matrix, in at least float32 (Variant.weights):
-        the written form of each variant that the O(T) forward is checked against, and what analysis reads. The
-        gate acts after them. weights @ V is what the forward attends to. Same projections as forward; a train-mode
-        call adds nothing to alpha_ma."""
+        the written form of each variant the O(T) forward is checked against, what analysis reads; the gate acts after
+        them, weights @ V is what the forward attends to. Same projections as forward; a train-mode call adds nothing
+        to alpha_ma. hidden: (T, T) bool, keys hidden beyond the causal mask (the analyses' knockout): -inf scores."""
         variant = self.config.variant
         q, k, _ = self.project(x, cos, sin)
         alpha = variant.alpha(self, x) if variant.alpha else None
-        return variant.weights(self, attention_scores(q, k), alpha=alpha, positions=positions, seq_lens=seq_lens)
+        scores = attention_scores(q, k) if hidden is None else attention_scores(q, k).masked_fill(hidden, -math.inf)
+        return variant.weights(self, scores, alpha=alpha, positions=positions, seq_lens=seq_lens)
 
     def _apply(self, fn, recurse=True):
         """nn.Module.to/half/bfloat16/cuda/to_empty end here. A cast to half precision leaves the variant's float32
@@ -537,8 +539,7 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, attention='softmax', dtype=torch.float32, device='cpu'):
-        """A GPT from a Hugging Face Llama / Mistral / Qwen2 directory, an export or one of our checkpoints: read by
-        checkpoint.load_model, imported here so that model.py stands alone."""
+        """A GPT from a Hugging Face Llama / Mistral / Qwen2 directory, an export or our checkpoint (checkpoint.py)."""
         try:
             from .checkpoint import load_model
         except ImportError:

@@ -2,43 +2,78 @@
 Every measurement of a model's attention and activations, each defined once: what train.py's evaluations log,
 analyze.py's figures and numbers, sink_study.py's results and the quick start's real-model table all read.
 
-Each measure reads a layer as the model's own forward gives it (inspect_attention) through the layer's explicit
-weights (model.Attention.weights, the T x T form of every variant), in float64. The formulas, their sources and how
-they treat rows that do not sum to one (affine, and the null slot of sink and softmax1) are in the docstrings below
-and in docs/analysis.md.
+Each attention measure reads a layer as the model's own forward gives it (inspect_attention) through the layer's
+explicit weights (model.Attention.weights, the T x T form of every variant), in float64. Rows need not sum to one:
+affine's weights are alpha * softmax + beta (beta < 0 where alpha > alpha_ma, so a weight can be negative), and sink
+and softmax1 leave a null slot's mass out of every row (Variant.sink). How each measure treats both is in its
+docstring; docs/analysis.md gathers the definitions, their sources and the numbers of a real model.
+
+  where attention goes  first_token_weights: raw weight, share, null mass, first-token-or-null (per layer and head)
+  Gu et al.'s Sink_1    sink_scores (the rate: sink_rate), sink_rates for their own setting (100 x 64)
+  affine's alpha        alpha_summary: mean, spread across queries, clipping
+  Kobayashi et al.      value_weighted_first_token: the first token's share of the value-weighted contributions
+  outliers              activation_outliers: max |x| and kurtosis (Bondarenko et al.), the residual stream's max |x|
+  what a sink costs     w8a8_losses (simulated 8-bit quantization), knockout_losses (StreamingLLM's eviction)
 """
 import statistics
+from contextlib import contextmanager
 
 import numpy as np
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 from attention_kernels import attention_scores
 from common import full_tensor
 from model import HEAD_STATS
 
-SINK_THRESHOLD = 0.3  # Gu et al. (2025)'s epsilon: a head whose mean first-token weight exceeds it has a sink
+SINK_THRESHOLD = 0.3  # Gu et al. (2025)'s epsilon: a head whose first-position score exceeds it has a sink
+GU_SAMPLES, GU_LENGTH = 100, 64  # Gu et al.'s own setting: 100 samples of 64 tokens (pretrain/eval_sink_pretrain.py)
+GU_ROW_EPS = 1e-8  # added to a row's sum when Gu et al. renormalise it (lit_gpt/inference/model_attn_sim_infer.py)
 SINK_STUDY_EVALUATIONS = 8  # evaluations per sink study run (its curves' points): sink_study.py's runs, bench.py's
+KURTOSIS_EPS = 1e-6  # added to std^4 in Bondarenko et al.'s kurtosis (transformers_language/utils.py)
+KNOCKOUT_FIRST = (0, 1, 4)  # StreamingLLM's kept initial tokens: none, the first, four (Xiao et al. 2023)
+QUANTIZATION_BITS = 8
+RANGE_MOMENTUM = 0.9  # Bondarenko et al.'s running min-max over calibration batches (quantization/range_estimators.py)
 
 
-@torch.no_grad()
-def inspect_attention(model, idx, fn):
-    """[fn(attention layer, x, cos, sin, positions) for every layer], x each layer's own attention input in an
-    eval-mode forward of idx (so affine's alpha_ma counts nothing), called inside the layer's forward (where FSDP
-    has gathered its weights; every rank must call it then): how the measures below read the explicit attention
-    (Attention.weights) of a real forward. The forward runs eagerly, compiled layers too: traced, the hooks (new at
-    every call) and their growing list of results would make dynamo recompile every layer, every call."""
-    results = []
-    hooks = [layer.self_attn.register_forward_pre_hook(lambda attn, args: results.append(fn(attn, *args[:4])))
-             for layer in model.model.layers]
+@contextmanager
+def eager_eval(model):
+    """The model in eval mode (affine's alpha_ma counts nothing) and eager, compiled layers too: traced, the hooks the
+    measures add (new at every call) would make dynamo recompile every layer, every call."""
     was_training = model.training
     model.eval()
     try:
         with torch.compiler.set_stance('force_eager'):
-            model(idx)
+            yield
     finally:
         model.train(was_training)
+
+
+@torch.no_grad()
+def hooked_forward(model, idx, hooks):
+    """An eval-mode, eager forward of idx with the hooks (handles) in place, removed after."""
+    try:
+        with eager_eval(model):
+            model(idx)
+    finally:
         for hook in hooks:
             hook.remove()
+
+
+def attention_hooks(model, fn, results):
+    """Pre-hooks that append fn(attention layer, x, cos, sin, positions) to results for every layer, x the layer's
+    own attention input, called inside the layer's forward (where FSDP has gathered its weights; every rank must
+    run the forward then): how the measures below read the explicit attention (Attention.weights) of a real forward."""
+    return [layer.self_attn.register_forward_pre_hook(lambda attn, args: results.append(fn(attn, *args[:4])))
+            for layer in model.model.layers]
+
+
+def inspect_attention(model, idx, fn):
+    """[fn(attention layer, x, cos, sin, positions) for every layer] in an eval-mode forward of idx
+    (attention_hooks)."""
+    results = []
+    hooked_forward(model, idx, attention_hooks(model, fn, results))
     return results
 
 
@@ -49,6 +84,129 @@ def variant_statistics(attn, x):
     stats = {'alpha': variant.alpha(attn, x).double()} if variant.alpha else {}
     return stats | {name: getattr(attn, name).double() for name in variant.head_stats}
 
+# -----------------------------------------------------------------------------
+# The measures, each on a layer's explicit weights w (B, H, T, T) (0 on the keys a query does not see)
+
+
+def first_token_weights(w):
+    """Where each row's attention goes, per query i >= 1 (query 0 sees only token 0), as (B, H, T - 1) tensors:
+      weight  w_i0: the paper's Figure 4 measure, as it plots it;
+      share   w_i0 / sum_j w_ij: where the row's own total goes (affine's rows sum to alpha_i + (alpha_ma - alpha_i)
+              (i + 1) / N, 0.3-0.5 in trained models, so the share is unbounded only where that nears 0: alpha_ma
+              near 0, untrained; sink's and softmax1's to 1 minus the null slot's mass);
+      null    1 - sum_j w_ij: for sink and softmax1 the null slot's mass (Eq. 2-3: the weight of a value-less sink);
+              for affine what the scale took away (or added, where the row sums to more than one); 0 for softmax;
+    first-token-or-null is weight + null (linear, so its means are theirs): the paper's Figure 9 reading of sink,
+    where rows still concentrate "on the sink token and the first token"; for affine it counts the scaled-away mass
+    as if it were a sink's. A negative affine w_i0 (beta_i < -alpha_i a_i0) stays negative in all three."""
+    rows = w[:, :, 1:].sum(-1)
+    first = w[:, :, 1:, 0]
+    return dict(weight=first, share=first / rows, null=1 - rows)
+
+
+def sink_scores(w, rows_sum_to_one, null_slot):
+    """Gu et al.'s first-position score per sample and head (B, H), as pretrain/eval_sink_pretrain.py computes it
+    (sail-sg/Attention-Sink): the score of key k is sum_{i>=k} p_ik / (T - k), the mean weight it gets from the
+    T - k queries that see it, so for k = 0 query 0's own row counts; a head has a sink where the score exceeds
+    SINK_THRESHOLD, and Sink_1 is the share of (layer, head) pairs that do, averaged over samples (sink_rate).
+    The rows p it reads:
+      'tokens'     p = w where rows sum to one (Variant.rows_sum_to_one: softmax, gated: their softmax models); else
+                   p_ij = |w_ij| / (sum_j |w_ij| + 1e-8), the renormalisation their sigmoid and elu models get
+                   (lit_gpt/inference/model_attn_sim_infer.py): sink's and softmax1's first token among the tokens
+                   alone, affine's rows renormalised to one. Their rows are never negative; for affine's we
+                   renormalise magnitudes, as the entropy does (a subtracted value is still routed), so p_i0 is in
+                   [0, 1]; a negative weight is at least beta_i >= -alpha_i / N, small, and the share of affine rows
+                   that hold one is reported beside (negative_rows);
+      'null_slot'  (Variant.sink only) the null slot as an extra position 0, the way their learnable key bias enters
+                   (lit_gpt/inference/model_kv_bias_infer.py: a zero query and the bias key prepended, whose row is
+                   then [1, 0, ...]): T + 1 positions, the slot's score (1 + sum_i (1 - sum_j w_ij)) / (T + 1).
+    None for 'null_slot' where the variant has no slot."""
+    T = w.size(-1)
+    if rows_sum_to_one:
+        first = w[..., 0]
+    else:
+        first = w[..., 0].abs() / (w.abs().sum(-1) + GU_ROW_EPS)
+    tokens = first.sum(-1) / T
+    slot = (1 + (1 - w.sum(-1)).sum(-1)) / (T + 1) if null_slot else None
+    return dict(tokens=tokens, null_slot=slot)
+
+
+def value_weighted_first_token(attn, x, cos, sin, w):
+    """Kobayashi et al. (2020, arXiv 2004.10102)'s reading of the first token, per sample and head (B, H): the norm
+    of what token j adds to query i's output through head h, ||w_ij f_i(x_j)|| with f_i(x_j) = (g_i * v_j) W_O^h
+    (W_O^h the head's slice of o_proj; g_i the output gate of Eq. 4-5 where the model has one, else 1), and the
+    first token's share ||w_i0 f_i(x_0)|| / sum_j ||w_ij f_i(x_j)||, averaged over queries i >= 1. A first token that
+    draws weight but contributes little shows here. Norms take |w_ij| (affine's negative weights); the null slot of
+    sink and softmax1 has no value and adds nothing; a row that adds nothing at all (every w_ij f = 0) counts 0."""
+    config = attn.config
+    B, T, _ = x.shape
+    H, D = config.n_head, config.head_dim
+    v = attn.project(x, cos, sin)[2].double().repeat_interleave(H // config.n_kv_head, dim=1)  # (B, H, T, D)
+    W = attn.o_proj.weight.double().view(-1, H, D)  # (C, H, D)
+    gram = torch.einsum('chd,che->hde', W, W)  # ||f_i(x_j)||^2 = (g_i v_j)' M (g_i v_j), M = W_O^h' W_O^h (H, D, D)
+    w = w[:, :, 1:].abs()
+    if config.is_gated:  # the gate scales query i's output channel by channel: a product of (g_i x g_i) M and v_j x v_j
+        # over D * D, T^2 D^2 work per head, in float32 (norms to 1e-6) so that the gated evaluations stay cheap
+        g = torch.sigmoid(attn.g_proj(x[:, 1:]).float()).view(B, T - 1, H, D).transpose(1, 2)
+        queries = torch.einsum('bhtd,bhte->bhtde', g, g).mul_(gram.float()[:, None]).flatten(-2)  # (B, H, T - 1, D^2)
+        keys = torch.einsum('bhtd,bhte->bhtde', v.float(), v.float()).flatten(-2)
+        parts = w * (queries @ keys.transpose(-1, -2)).clamp_min(0).sqrt()  # (B, H, T - 1, T)
+        first, total = parts[..., 0], parts.sum(-1)
+    else:
+        norms = torch.einsum('bhjd,hde,bhje->bhj', v, gram, v).clamp_min(0).sqrt()  # (B, H, T)
+        first, total = w[..., 0] * norms[..., :1], (w @ norms.unsqueeze(-1)).squeeze(-1)
+    return (first / total.clamp_min(torch.finfo(total.dtype).tiny)).mean(-1)
+
+
+def alpha_summary(alpha):
+    """Affine's alpha (Eq. 7) of one layer, over every token of the sequences read, alpha (N, T, H): its mean; its
+    standard deviation across queries (tokens), per head, averaged over heads (0 if the scale ignored the input,
+    as a per-head constant would); the shares of alphas at the clip bounds of Eq. 11, exactly 0 and exactly 1."""
+    per_head = alpha.flatten(0, 1)
+    return dict(alpha_mean=per_head.mean().item(), alpha_std=per_head.std(0).mean().item(),
+                alpha_at_0=(per_head == 0).double().mean().item(), alpha_at_1=(per_head == 1).double().mean().item())
+
+
+def max_abs(x):
+    """max |x| per sequence of x (B, T, C)."""
+    return x.flatten(1).abs().amax(1)
+
+
+def kurtosis(x):
+    """Bondarenko et al.'s kurtosis per sequence of x (B, T, C), as transformers_language/utils.py computes it on a
+    layer's output flattened per sequence: E[(x - mu)^4] / (s^4 + 1e-6), s the unbiased standard deviation (3 for a
+    Gaussian; outliers make it large)."""
+    flat = x.flatten(1)
+    squares = (flat - flat.mean(1, keepdim=True)).square()
+    return squares.square().mean(1) / ((squares.sum(1) / (flat.size(1) - 1)).square() + KURTOSIS_EPS)
+
+
+def activation_outliers(model, idx):
+    """Per layer, (B,) tensors on the sequences idx (B, T), in float64, each with and without position 0 (where
+    massive activations and sinks sit): Bondarenko et al. (2023, arXiv 2306.12929; validate_clm.py)'s two measures
+    on the attention layer's output (o_proj's, what it adds to the residual stream), max |x| per sequence (averaged
+    over sequences by the readers) and kurtosis; and max |x| of the residual stream after the layer (Sun et al.
+    2024's massive activations). Computed in the forward's hooks (outlier_hooks), one layer at a time."""
+    layers = [{} for _ in model.model.layers]
+    hooked_forward(model, idx, outlier_hooks(model, layers))
+    return layers
+
+
+def outlier_hooks(model, layers):
+    """Forward hooks that put activation_outliers' measures of each layer into its dict of layers."""
+
+    def measure(stats, prefix, kinds):
+        def hook(module, args, out):
+            out = out.double()
+            for suffix, part in (('', out), ('_after_first', out[:, 1:])):
+                stats.update({f'{prefix}_{kind}{suffix}': fn(part) for kind, fn in kinds})
+        return hook
+
+    attention, residual = (('max_abs', max_abs), ('kurtosis', kurtosis)), (('max_abs', max_abs),)
+    return [h for layer, stats in zip(model.model.layers, layers)
+            for h in (layer.self_attn.register_forward_hook(measure(stats, 'attention', attention)),
+                      layer.register_forward_hook(measure(stats, 'residual', residual)))]
+
 
 @torch.no_grad()
 def attention_statistics(model, idx, corner=30):
@@ -56,38 +214,95 @@ def attention_statistics(model, idx, corner=30):
     per sequence so that batches concatenate (torch.cat along dim 0) into the statistics of all sequences:
     what analyze.py's figures, train.py's evaluations and sink_study.py read. Weights come from each layer's
     Attention.weights on the inputs the model's own forward gives that layer (inspect_attention), in float64.
-    For weights w (B, H, T, T):
-      first_token (B,):    w[:, :, i, 0] averaged over heads and queries i >= 1 (query 0 sees only token 0):
-                           Figure 4's measure;
-      first_token_head (B, H): the same per head (Gu et al.'s sink metric counts heads whose mean is > 0.3);
-      first_token_share (B,): w[:, :, i, 0] / sum_j w_ij, averaged likewise: where a row puts its weight, for
-                           variants whose rows do not sum to one (affine, and the sinks');
-      sink_mass (B,) or None: the weight on a learned sink (Variant.sink: 1 - the row's sum), averaged likewise;
+    For weights w (B, H, T, T), means over queries i >= 1 (query 0 sees only token 0) unless noted:
+      first_token (B,), first_token_head (B, H): w_i0 (Figure 4), over heads and queries / per head;
+      first_token_share (B,), first_token_share_head (B, H): w_i0 / sum_j w_ij (first_token_weights);
+      null_mass_head (B, H): 1 - sum_j w_ij, the null slot's mass or what affine's scale took (first_token_weights);
+      sink_mass (B,) or None: null_mass_head's mean over heads, for a variant with a null slot (Variant.sink);
+      sink_score, sink_score_null_slot (B, H) or None: Gu et al.'s first-position score (sink_scores);
+      negative_rows (B,): the share of rows (heads x every query) holding a negative weight (affine's);
+      value_weighted_first_head (B, H): Kobayashi et al.'s share of the first token (value_weighted_first_token);
       row_sums (B, T):     sum_j w_ij per query, averaged over heads (Figure 3's histogram; sink: the real tokens
                            only, so softmax's rows give exactly 1 and sink's 1 - the sink's weight);
       head_total (B, H):   per head, the mean row sum (Figure 5);
-      entropy (B,):        -sum_j p_ij log p_ij with p_ij = |w_ij| / sum_j |w_ij|, averaged over heads and queries
-                           i >= 1. Affine weights can be negative and rows need not sum to 1, so this is the
-                           entropy of the distribution of attention *magnitude* over the visible keys; for
-                           softmax the usual entropy, for sink that of the weights renormalised without the
-                           sink's mass (Figure 6);
+      entropy (B,):        -sum_j p_ij log p_ij with p_ij = |w_ij| / sum_j |w_ij|: the entropy of attention
+                           *magnitude* over the visible keys (affine weights can be negative and rows need not sum
+                           to 1); for softmax the usual entropy, for sink that without the sink's mass (Figure 6);
       corner (B, c, c):    the head-averaged top-left corner x corner block (Figure 9);
-      and the variant's own (variant_statistics): alpha (B, T, H), affine's scale per token and head (Eq. 7);
-      its per-head tensors (H,) (HEAD_STATS: affine's alpha_ma, the sink logits)."""
+      the variant's own (variant_statistics): alpha (B, T, H), affine's scale per token and head (Eq. 7), its
+      per-head tensors (H,) (HEAD_STATS: affine's alpha_ma, the sink logits); and activation_outliers' (B,) each."""
     def statistics(attn, x, cos, sin, positions):
+        variant = attn.config.variant
         w = attn.weights(x, cos, sin, positions).double()
         rows = w.sum(-1)  # (B, H, T)
         p = w.abs() / w.abs().sum(-1, keepdim=True).clamp_min(1e-30)
         entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # (B, H, T)
-        first = w[:, :, 1:, 0]
-        stats = dict(first_token=first.mean(dim=(1, 2)), first_token_head=first.mean(2),
-                     first_token_share=(first / rows[:, :, 1:]).mean(dim=(1, 2)),
-                     sink_mass=(1 - rows[:, :, 1:]).mean(dim=(1, 2)) if attn.config.variant.sink else None,
+        first = first_token_weights(w)
+        null = first['null'].mean(2)
+        sink = sink_scores(w, variant.rows_sum_to_one, variant.sink)
+        stats = dict(first_token=first['weight'].mean(dim=(1, 2)), first_token_head=first['weight'].mean(2),
+                     first_token_share=first['share'].mean(dim=(1, 2)), first_token_share_head=first['share'].mean(2),
+                     null_mass_head=null, sink_mass=null.mean(1) if variant.sink else None,
+                     sink_score=sink['tokens'], sink_score_null_slot=sink['null_slot'],
+                     negative_rows=(w.amin(-1) < 0).double().mean(dim=(1, 2)),
+                     value_weighted_first_head=value_weighted_first_token(attn, x, cos, sin, w),
                      row_sums=rows.mean(1), head_total=rows.mean(2), entropy=entropy[:, :, 1:].mean(dim=(1, 2)),
                      corner=w[:, :, :corner, :corner].mean(1))
         return stats | variant_statistics(attn, x)
 
-    return inspect_attention(model, idx, statistics)
+    layers, outliers = [], [{} for _ in model.model.layers]
+    hooked_forward(model, idx, attention_hooks(model, statistics, layers) + outlier_hooks(model, outliers))
+    return [layer | stats for layer, stats in zip(layers, outliers)]
+
+
+OUTLIERS = ('attention_max_abs', 'attention_max_abs_after_first', 'attention_kurtosis',
+            'attention_kurtosis_after_first', 'residual_max_abs', 'residual_max_abs_after_first')
+
+
+def layer_summary(s):
+    """One layer's measures as plain numbers, from attention_statistics' tensors of all sequences (concatenated):
+    means over sequences (Gu et al.'s rate: the share of (sequence, head) pairs whose score exceeds SINK_THRESHOLD),
+    per head where the key ends in _head; first_or_null = first_token + null_mass (first_token_weights); alpha's
+    (alpha_summary) where the variant has it. What sink_record logs and analyze.py's numbers.json holds per layer."""
+    head = lambda key: s[key].mean(0)
+    out = dict(first_token=s['first_token'].mean().item(), first_token_head=head('first_token_head').tolist(),
+               first_token_share=s['first_token_share'].mean().item(),
+               first_token_share_head=head('first_token_share_head').tolist(),
+               null_mass=s['null_mass_head'].mean().item(), null_mass_head=head('null_mass_head').tolist(),
+               first_or_null=(s['first_token_head'] + s['null_mass_head']).mean().item(),
+               first_or_null_head=head('first_token_head').add(head('null_mass_head')).tolist(),
+               sink_rate=(s['sink_score'] > SINK_THRESHOLD).double().mean().item(),
+               negative_rows=s['negative_rows'].mean().item(),
+               value_weighted_first=s['value_weighted_first_head'].mean().item(),
+               value_weighted_first_head=head('value_weighted_first_head').tolist(),
+               entropy=s['entropy'].mean().item(), row_sum_mean=s['row_sums'].mean().item())
+    if s.get('sink_score_null_slot') is not None:
+        out['sink_rate_null_slot'] = (s['sink_score_null_slot'] > SINK_THRESHOLD).double().mean().item()
+    if 'alpha' in s:
+        out |= alpha_summary(s['alpha'])
+    return out | {key: s[key].mean().item() for key in OUTLIERS}
+
+
+def mean_head_sink_rate(layers):
+    """The measure this repository called Sink_1^0.3 before Gu et al.'s (sink_rate): the share of all (layer, head)
+    pairs whose first-token weight, averaged over the sequences and queries i >= 1, exceeds SINK_THRESHOLD. It leaves
+    the first token's own row out, thresholds a mean over sequences and reads raw weights (docs/analysis.md)."""
+    heads = [w for layer in layers for w in layer['first_token_head']]
+    return sum(w > SINK_THRESHOLD for w in heads) / len(heads)
+
+
+def model_rates(layers):
+    """Gu et al.'s Sink_1 of a model from layer_summary's layers: their rate, the share of (layer, head) pairs over
+    the threshold averaged over samples, is the mean of the per-layer rates (every layer has the same heads and
+    samples); with a null slot, the same on the slot; and mean_head_sink_rate."""
+    rates = dict(sink_rate=layer_mean([layer['sink_rate'] for layer in layers]),
+                 sink_rate_mean_head=mean_head_sink_rate(layers))
+    if 'sink_rate_null_slot' in layers[0]:
+        rates['sink_rate_null_slot'] = layer_mean([layer['sink_rate_null_slot'] for layer in layers])
+    return rates
+
+# -----------------------------------------------------------------------------
+# What train.py's evaluations log
 
 
 def mean_attention_logit(model, idx):
@@ -115,25 +330,27 @@ def variant_tensor_means(model, alpha_means):
     return stats
 
 
+# sink_record's names for layer_summary's keys where the record had them first (a _head key's is _per_head)
+RECORD_NAMES = dict(first_token='first_token_weight', first_token_head='first_token_per_head', row_sum_mean='row_sum',
+                    sink_rate='sink_rate_per_layer', sink_rate_null_slot='sink_rate_null_slot_per_layer',
+                    alpha_mean='alpha_window_mean')
+
+
 def sink_record(model, idx):
-    """What the attention puts on the first token, per layer, on the windows idx (attention_statistics, in float64;
-    train.py's attention_windows): the first-token weight (Figure 4), its share of each row, a learned sink's own
-    mass, the per-head weights and Sink_1^0.3, the share of all heads above SINK_THRESHOLD (Gu et al. 2025,
-    Section 3), the entropy (Figure 6) and the mean row sum (Figure 3). Under FSDP every rank must call it."""
-    layers = attention_statistics(model, idx)
-    per_head = [layer['first_token_head'].mean(0).tolist() for layer in layers]
-    heads = [w for layer in per_head for w in layer]
-
-    def mean(key):
-        return [round(layer[key].mean().item(), 6) for layer in layers]
-
-    record = dict(first_token_weight=mean('first_token'), first_token_share=mean('first_token_share'),
-                  first_token_per_head=[[round(w, 6) for w in layer] for layer in per_head],
-                  sink_rate=sum(w > SINK_THRESHOLD for w in heads) / len(heads), entropy=mean('entropy'),
-                  row_sum=mean('row_sums'))
-    if layers[0]['sink_mass'] is not None:
-        record['sink_mass'] = mean('sink_mass')
-    return record
+    """Every measure of layer_summary on the windows idx (train.py's attention_windows), per layer (lists; per layer
+    and head where the name ends in _per_head), rounded to 6 decimals, under the names the records had first
+    (RECORD_NAMES); sink_mass (the null slot's) for a variant with one (Variant.sink); and over the
+    model, Gu et al.'s Sink_1^0.3 on these windows (sink_rate; sink_rate_null_slot) and the repository's earlier
+    measure (sink_rate_mean_head), model_rates. Under FSDP every rank must call it."""
+    layers = [layer_summary(layer) for layer in attention_statistics(model, idx)]
+    record = {}
+    for key in layers[0]:
+        name = RECORD_NAMES.get(key, key[:-len('_head')] + '_per_head' if key.endswith('_head') else key)
+        record[name] = [round(v, 6) if isinstance(v, float) else [round(h, 6) for h in v]
+                        for v in (layer[key] for layer in layers)]
+    if model.config.variant.sink:
+        record['sink_mass'] = record['null_mass']
+    return record | model_rates(layers)
 
 
 def layer_mean(values):
@@ -151,25 +368,35 @@ def first_token_share(record):
     """A run's first-token share of each row (sink_record's), averaged over layers."""
     return layer_mean(record['first_token_share'])
 
+# -----------------------------------------------------------------------------
+# analyze.py attention: every measure over many sequences, and what a sink costs
+
+
+def batches(sequences, batch_size, device):
+    """The sequences (N, T) batch_size at a time, on the device."""
+    for start in range(0, len(sequences), batch_size):
+        yield sequences[start:start + batch_size].to(device)
+
 
 def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):
     """attention_statistics over all sequences (N, T), batch by batch (the weights of a whole 1B model at T = 1024
-    are gigabytes per sequence), reduced to plain numbers: per layer, means over sequences, the row sums' mean and
-    median, per-head totals, the corner, alpha's per-head means, quantiles and alpha_ma, the sink logits; and,
-    over all layers, the histogram of per-query row sums (Figure 3). analyze.py attention's numbers.json."""
+    are gigabytes per sequence), reduced to plain numbers: per layer, layer_summary's measures, the row sums'
+    median, per-head totals, the corner, alpha's per-head means and quantiles, alpha_ma, the sink logits; over the
+    model, Gu et al.'s rates (model_rates) and the histogram of per-query row sums over all layers (Figure 3).
+    analyze.py attention's numbers.json."""
     device = next(model.parameters()).device
     parts = []
-    for start in range(0, len(sequences), batch_size):
-        parts.append(attention_statistics(model, sequences[start:start + batch_size].to(device), corner))
+    for idx in batches(sequences, batch_size, device):
+        parts.append(attention_statistics(model, idx, corner))
         if progress:
-            progress(min(start + batch_size, len(sequences)))
+            progress(sum(len(part[0]['first_token']) for part in parts))
     layers = []
     for per_batch in zip(*parts):
         s = {key: torch.cat([b[key] for b in per_batch]) if key not in HEAD_STATS else per_batch[0][key]
              for key in per_batch[0] if per_batch[0][key] is not None}
-        layer = dict(first_token=s['first_token'].mean().item(), entropy=s['entropy'].mean().item(),
-                     row_sum_mean=s['row_sums'].mean().item(), row_sum_median=s['row_sums'].median().item(),
-                     head_total=s['head_total'].mean(0).tolist(), corner=s['corner'].mean(0).tolist())
+        layer = layer_summary(s) | dict(row_sum_median=s['row_sums'].median().item(),
+                                        head_total=s['head_total'].mean(0).tolist(),
+                                        corner=s['corner'].mean(0).tolist())
         if 'alpha' in s:
             alpha = s['alpha'].flatten(0, 1)  # (tokens, H)
             qs = torch.tensor([0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0], dtype=alpha.dtype, device=alpha.device)
@@ -181,6 +408,143 @@ def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):
     row_sums = np.concatenate([r for _, r in layers])
     lo, hi = float(row_sums.min()), float(row_sums.max())
     counts, edges = np.histogram(row_sums, bins=50, range=(lo - 1e-3, hi + 1e-3))  # softmax: every row is 1
-    return dict(layers=[layer for layer, _ in layers],
+    summaries = [layer for layer, _ in layers]
+    return dict(layers=summaries, **model_rates(summaries),
                 row_sums=dict(mean=float(row_sums.mean()), median=float(np.median(row_sums)), n=len(row_sums),
                               histogram=dict(counts=counts.tolist(), edges=edges.tolist())))
+
+
+def sink_rates(model, sequences, batch_size=1):
+    """Gu et al.'s Sink_1^0.3 in their own setting (sequences: GU_SAMPLES x GU_LENGTH tokens; sink_scores): over the
+    model and per layer, on the tokens and, for a variant with a null slot, on the slot."""
+    device = next(model.parameters()).device
+    variant = model.config.variant
+
+    def scores(attn, x, cos, sin, positions):
+        return sink_scores(attn.weights(x, cos, sin, positions).double(), variant.rows_sum_to_one, variant.sink)
+
+    parts = [inspect_attention(model, idx, scores) for idx in batches(sequences, batch_size, device)]
+    rates = {}
+    for reading, name in (('tokens', 'sink_rate'), ('null_slot', 'sink_rate_null_slot')):
+        if parts[0][0][reading] is not None:
+            per_layer = [(torch.cat([p[reading] for p in layer]) > SINK_THRESHOLD).double().mean().item()
+                         for layer in zip(*parts)]
+            rates |= {name: layer_mean(per_layer), f'{name}_per_layer': per_layer}
+    return dict(samples=len(sequences), length=sequences.size(1), **rates)
+
+
+@torch.no_grad()
+def prediction_loss(model, sequences, batch_size=1, first_query=0):
+    """Mean cross-entropy of the next-token predictions of queries i >= first_query (targets: token i + 1) over the
+    sequences (N, T), in float64 sums: the loss W8A8 and the knockout compare."""
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    with eager_eval(model):
+        for idx in batches(sequences, batch_size, device):
+            logits, _ = model(idx[:, :-1])
+            logits, targets = logits[:, first_query:].double(), idx[:, first_query + 1:]
+            total += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction='sum').item()
+            count += targets.numel()
+    return total / count
+
+
+def quantize_symmetric(w, bits=QUANTIZATION_BITS):
+    """Symmetric per-tensor quantization, then dequantization: step max|w| / (2^(b-1) - 1), integers in
+    [-2^(b-1), 2^(b-1) - 1] (quantization/quantizers/uniform_quantizers.py's signed grid)."""
+    step = w.abs().max() / (2 ** (bits - 1) - 1)
+    return (w / step).round().clamp(-2 ** (bits - 1), 2 ** (bits - 1) - 1) * step
+
+
+def quantize_asymmetric(x, low, high, bits=QUANTIZATION_BITS):
+    """Asymmetric per-tensor quantization, then dequantization, over the range [low, high] widened to hold 0 (as
+    uniform_quantizers.py does): step (high - low) / (2^b - 1), zero point round(-low / step), integers in
+    [0, 2^b - 1]."""
+    low, high = min(low, 0.0), max(high, 1e-8)
+    step = (high - low) / (2 ** bits - 1)
+    zero = min(max(round(-low / step), 0), 2 ** bits - 1)
+    return ((x / step).round() + zero).clamp(0, 2 ** bits - 1).sub(zero) * step
+
+
+@torch.no_grad()
+def w8a8_losses(model, calibration, sequences, batch_size=1):
+    """Simulated W8A8 post-training quantization in Bondarenko et al. (2023)'s setup (their README's OPT command:
+    --quant_setup fp32_head --ranges_acts running_minmax --qmethod_acts asymmetric_uniform): every nn.Linear but the
+    final one (lm_head, kept in full precision with its input) gets symmetric per-tensor int8 weights
+    (quantize_symmetric) and asymmetric per-tensor int8 inputs (quantize_asymmetric) over static ranges: the running
+    min-max (momentum 0.9) of each input over the calibration sequences, fixed before the evaluation. Their code also
+    quantizes the embeddings, norms, residual sums and attention probabilities, and picks weight ranges by an MSE grid;
+    this is the narrower setup of the linear layers alone. The model is restored after.
+    Returns the loss (prediction_loss) on the sequences in full precision and quantized, and their ratio."""
+    device = next(model.parameters()).device
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not model.lm_head]
+    ranges = {}
+
+    def observe(module, args):
+        low, high = args[0].min().item(), args[0].max().item()
+        if module in ranges:
+            old_low, old_high = ranges[module]
+            low, high = (RANGE_MOMENTUM * old + (1 - RANGE_MOMENTUM) * new
+                         for old, new in ((old_low, low), (old_high, high)))
+        ranges[module] = low, high
+
+    def quantize_input(module, args):
+        return (quantize_asymmetric(args[0], *ranges[module]), *args[1:])
+
+    full = prediction_loss(model, sequences, batch_size)
+    originals = {m: m.weight.detach().clone() for m in linears}
+    hooks = [m.register_forward_pre_hook(observe) for m in linears]
+    try:
+        with eager_eval(model):
+            for idx in batches(calibration, batch_size, device):
+                model(idx)
+        for hook in hooks:
+            hook.remove()
+        hooks = [m.register_forward_pre_hook(quantize_input) for m in linears]
+        for m in linears:
+            m.weight.copy_(quantize_symmetric(m.weight))
+        quantized = prediction_loss(model, sequences, batch_size)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for m, weight in originals.items():
+            m.weight.copy_(weight)
+    return dict(fp=full, w8a8=quantized, ratio=quantized / full, calibration=len(calibration))
+
+
+def streaming_hidden(T, window, first, device=None):
+    """(T, T) bool, the keys hidden from each query in StreamingLLM's cache (Xiao et al. 2023, arXiv 2309.17453): query
+    i keeps its last `window` keys (i - window < j <= i) and the first `first` positions; the other causal keys hide."""
+    i = torch.arange(T, device=device).unsqueeze(1)
+    j = torch.arange(T, device=device)
+    return (j <= i - window) & (j >= first)
+
+
+@torch.no_grad()
+def knockout_losses(model, sequences, window=0, first=KNOCKOUT_FIRST, batch_size=1):
+    """StreamingLLM's first-token knockout: the loss (prediction_loss) of the queries i >= window (those with keys to
+    hide) when each sees only its last `window` keys plus the first k positions, for each k in `first`, against full
+    attention on the same predictions. window 0: a quarter of the sequences' length.
+    Every layer attends through its explicit weights (Attention.explicit) with the hidden keys' scores at -inf, so
+    they leave each variant's own normalisation: softmax's and the sinks' denominators (a null slot is no position:
+    it stays), and for affine Eq. 8 over the keys the query still sees (model.affine_weights): beta_i spreads over
+    them (Sigma_j V_j sums only them) and N counts them ('visible') or is the most any query sees, the cache's
+    length ('seq_len'), as for a model handed only that cache. Positions keep their RoPE angles (StreamingLLM
+    renumbers them within the cache). Full attention is the same explicit path with nothing hidden.
+    Returns dict(window, full, first_<k> for each k)."""
+    T = sequences.size(1)
+    window = window or T // 4
+    layers = [layer.self_attn for layer in model.model.layers]
+    device = next(model.parameters()).device
+    losses = dict(window=window)
+    try:
+        for attn in layers:
+            attn.explicit = True
+        losses['full'] = prediction_loss(model, sequences, batch_size, window)
+        for k in first:
+            for attn in layers:
+                attn.hidden_keys = streaming_hidden(T - 1, window, k, device)  # the predictions' forward: T - 1 tokens
+            losses[f'first_{k}'] = prediction_loss(model, sequences, batch_size, window)
+    finally:
+        for attn in layers:
+            attn.explicit, attn.hidden_keys = False, None
+    return losses

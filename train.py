@@ -92,9 +92,10 @@ TRAIN_KEYS = dict(
     seed=Key(1337, "the initial weights and the order of the data", min=0),
     eval_interval=Key(500, "evaluate, log attention statistics and save a checkpoint every this many steps", min=1),
     eval_batches=Key(20, "validation batches of micro_batch_size sequences, split over ranks", min=1),
-    attention_windows=Key(0, "validation windows whose explicit attention weights each evaluation measures: the "
-                          "first token's weight per layer and head, Sink_1^0.3, entropy, row sums (sink_record; a "
-                          "T x T matrix per layer and head, so 0, off, for large models)", min=0),
+    attention_windows=Key(0, "validation windows each evaluation measures the sink on: first-token weight, share "
+                          "and null mass per layer and head, Gu et al.'s Sink_1^0.3, alpha's spread, value-weighted "
+                          "share, outliers, entropy, row sums (probes.sink_record; a T x T matrix per layer and head, "
+                          "so 0, off, for large models)", min=0),
     log_interval=Key(10, "console line every this many steps (metrics.jsonl gets every step)", min=1),
     nonfinite=Key('stop', "a non-finite loss or gradient norm: stop with an error, or skip the step and count it",
                   choices=('stop', 'skip')),
@@ -234,7 +235,7 @@ def validation_loss(model, val_data, c, device, autocast):
 
 def evaluation_record(c, run, model, raw_model, val_data, alpha_means):
     """The evaluation record: validation loss and perplexity, the mean attention logit (Figure 2), the variant's
-    statistics (alpha, alpha_ma, sinks) and, with attention_windows, the first token's (sink_record). Every rank
+    statistics (alpha, alpha_ma, sinks) and, with attention_windows, the sink's measures (sink_record). Every rank
     takes part."""
     record = dict(val_loss=validation_loss(model, val_data, c, run.device, run.autocast))
     record['val_ppl'] = math.exp(min(record['val_loss'], 50))

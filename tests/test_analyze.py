@@ -186,7 +186,7 @@ def test_attention_job_writes_every_figure_and_the_numbers(tmp_path):
     specs = [save_checkpoint(tmp_path / a, tiny_model(a)) for a in ('softmax', 'sink', 'affine')]
     out = tmp_path / 'report'
     analyze.main(['attention', *specs, f'--out_dir={out}', f'--data={tmp_path / "text.txt"}', '--num_seqs=4',
-                  '--corner=8', '--batch_size=3'])
+                  '--corner=8', '--batch_size=3', '--sink_samples=7', '--calibration=2'])
     numbers = json.loads((out / 'numbers.json').read_text())
     models = numbers['models']
     assert list(models) == ['Baseline', 'Sink', 'Affine-Scaled'] and numbers['layer'] == 1
@@ -199,11 +199,23 @@ def test_attention_job_writes_every_figure_and_the_numbers(tmp_path):
                                      4, 32)
     direct = probes.model_statistics(tiny_model('affine'), seqs, 8)
     assert models['Affine-Scaled']['layers'][1]['first_token'] == pytest.approx(direct['layers'][1]['first_token'])
+    affine = models['Affine-Scaled']
+    for key in ('first_token_share', 'null_mass', 'first_or_null', 'sink_rate', 'value_weighted_first', 'alpha_std',
+                'attention_kurtosis_after_first', 'residual_max_abs'):
+        assert affine['layers'][1][key] == pytest.approx(direct['layers'][1][key])
+    assert affine['knockout'] == pytest.approx(probes.knockout_losses(tiny_model('affine'), seqs))
+    assert affine['w8a8']['fp'] == pytest.approx(probes.prediction_loss(tiny_model('affine'), seqs))
+    assert affine['w8a8']['calibration'] == 2 and affine['gu']['samples'] == 7 and affine['gu']['length'] == 32
+    assert 'sink_rate_null_slot' in models['Sink']['gu'] and 'sink_rate_null_slot' not in affine['gu']
     report = (out / 'report.md').read_text()
     for name in ('fig3_row_sums.png', 'fig4_first_token.png', 'fig5_head_total.png', 'fig6_entropy.png',
-                 'fig9_heatmap_layer1.png', 'fig_alpha.png', 'fig_sinks.png'):
+                 'fig9_heatmap_layer1.png', 'fig_alpha.png', 'fig_sinks.png', 'fig_first_token_share.png',
+                 'fig_outliers.png', 'fig_knockout.png'):
         assert (out / name).stat().st_size > 1000 and f'({name})' in report
-    assert '## First-token attention weight per layer (Figure 4)' in report
+    for section in ('## First-token attention weight per layer (Figure 4)', "## Where each row's attention goes",
+                    '## Sink_1^0.3 (Gu et al. 2025) over the model', '## Activation outliers per layer',
+                    '## What a sink costs', '| Sink | '):
+        assert section in report
 
 
 def test_attention_job_bad_input_leaves_no_report(tmp_path):
@@ -216,7 +228,8 @@ def test_attention_job_bad_input_leaves_no_report(tmp_path):
     for args, message in [([small, big], 'different shapes'), ([small, '--seq_len=64'], "exceeds the model's block"),
                           ([small, '--layer=5'], 'layers 1-2'), ([str(tmp_path / 'nothing')], 'no such file')]:
         with pytest.raises(RunError, match=message):
-            analyze.main(['attention', *args, f'--out_dir={out}', f'--data={tmp_path / "text.txt"}', '--num_seqs=2'])
+            analyze.main(['attention', *args, f'--out_dir={out}', f'--data={tmp_path / "text.txt"}', '--num_seqs=2',
+                          '--sink_samples=2'])
         assert not out.exists() and not (tmp_path / 'report.tmp').exists()
 
 
