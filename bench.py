@@ -28,6 +28,7 @@ threshold pinned so that every freed tensor really leaves the process (common.Pe
     python bench.py --check     # the GPU acceptance run, pass/fail: gpu_check.py, which this hands over to
 """
 import contextlib
+import dataclasses
 import ctypes
 import os
 import random
@@ -51,7 +52,8 @@ from files import RunError, read_log, run_script
 from eval_zeroshot import (choice_doc, encode_docs, load_model_and_tokenizer, plan_forwards, score_one_by_one,
                            score_requests)
 from model import ATTENTIONS, BASELINE, EXPLICIT, FIELD_NAMES, GPT, PROPOSED, ModelConfig
-from probes import SINK_STUDY_EVALUATIONS
+from probes import (GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS, knockout_losses, mean_attention_logit, sink_rates,
+                    sink_record, w8a8_losses)
 from tokenizer import load_tokenizer
 from train import configure_optimizers, load_config
 
@@ -358,6 +360,60 @@ def bench_study(args, device):
                  [f'1 x {2 * threads}', f'{together:,.0f}', f'{together:,.0f}']])
 
 # -----------------------------------------------------------------------------
+# probes: what the sink measures cost, at every evaluation and at the end of a run
+
+
+def seconds(fn, repeats=3):
+    """The median wall time of fn() over `repeats` calls, after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_probes(args, device):
+    """Per variant, on the sink study's model (config/sink_study.py, random weights: the cost does not depend on
+    them): an evaluation as train.py runs it (the validation loss on eval_batches x micro_batch_size windows and the
+    mean logit) against probes.sink_record on its attention_windows (the measures of every evaluation); then the
+    measures of the end of a run (analyze.py attention): Gu et al.'s setting, W8A8 and the knockout."""
+    config = load_config([STUDY_CONFIG])
+    T, model_config = config['block_size'], ModelConfig(**{key: config[key] for key in FIELD_NAMES})
+    n_val, n_windows = config['eval_batches'] * config['micro_batch_size'], config['attention_windows']
+    generator = torch.Generator().manual_seed(0)
+    tokens = lambda n, length: torch.randint(0, config['vocab_size'], (n, length), generator=generator).to(device)
+    val, windows, gu = tokens(n_val, T + 1), tokens(n_windows, T), tokens(GU_SAMPLES, GU_LENGTH)
+    rows = []
+    for variant in args.variants:
+        torch.manual_seed(0)
+        model = GPT(dataclasses.replace(model_config, attention=variant)).to(device)
+
+        def evaluation():
+            with torch.no_grad():
+                for i in range(0, n_val, config['micro_batch_size']):
+                    model(val[i:i + config['micro_batch_size'], :-1], val[i:i + config['micro_batch_size'], 1:])
+            mean_attention_logit(model, windows[:1])
+
+        base, measures = seconds(evaluation), seconds(lambda: sink_record(model, windows))
+        end = [seconds(fn, repeats=1) for fn in (lambda: sink_rates(model, gu, batch_size=GU_SAMPLES),
+                                                 lambda: w8a8_losses(model, val[:4, :-1], val[4:20, :-1], batch_size=16),
+                                                 lambda: knockout_losses(model, val[4:20, :-1], batch_size=16))]
+        rows.append([variant, f'{base:.2f}', f'{measures:.2f}', f'{100 * measures / base:.0f}%',
+                     *[f'{t:.2f}' for t in end]])
+        log(f'  probes: {variant:<14} evaluation {base:.2f} s, its sink measures {measures:.2f} s')
+    print_table("What the sink measures cost",
+                f"config/sink_study.py's model, {torch.get_num_threads()} thread(s). Evaluation: train.py's validation "
+                f"loss ({n_val} windows of {T} tokens) and mean logit; sink measures: probes.sink_record on its "
+                f"{n_windows} attention_windows (every measure of every evaluation), as a share of that evaluation. "
+                f"End of a run (analyze.py attention): Gu et al.'s Sink_1 on {GU_SAMPLES} x {GU_LENGTH} tokens, W8A8 "
+                f"(4 calibration windows, 16 evaluated), the knockout (16 windows, each k). Seconds, median of 3 "
+                f"(end of run: one call).",
+                ['variant', 'evaluation (s)', 'sink measures (s)', 'share', "Gu's setting (s)", 'W8A8 (s)',
+                 'knockout (s)'], rows)
+
+# -----------------------------------------------------------------------------
 # eval: eval_zeroshot's batched scoring vs one request at a time
 
 
@@ -449,7 +505,7 @@ def bench_harness(args, device):
 
 
 SECTIONS = dict(attention=bench_attention, kd=bench_kd, train=bench_train, eval=bench_eval, harness=bench_harness,
-                study=bench_study)
+                study=bench_study, probes=bench_probes)
 MEMORY_SECTIONS = ('attention', 'kd')  # they measure peak memory
 GPU_CHECK = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'gpu_check.py')
 # what --check hands over to gpu_check.py, under the same names there: its own keys (None: not given, gpu_check.py's

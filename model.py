@@ -468,10 +468,9 @@ class Attention(nn.Module):
         return q, k, self.v_proj(x).view(B, T, H_kv, D).transpose(1, 2)
 
     def weights(self, x, cos, sin, positions, seq_lens=None, hidden=None):
-        """The effective attention weights (B, H, T, T) as an explicit matrix, in at least float32 (Variant.weights):
-        the written form of each variant the O(T) forward is checked against, what analysis reads; the gate acts after
-        them, weights @ V is what the forward attends to. Same projections as forward; a train-mode call adds nothing
-        to alpha_ma. hidden: (T, T) bool, keys hidden beyond the causal mask (the analyses' knockout): -inf scores."""
+        """The effective attention weights (B, H, T, T), explicit, in at least float32 (Variant.weights): what the O(T)
+        forward is checked against and analysis reads; weights @ V is what the forward attends to (the gate acts after).
+        No alpha_ma update. hidden: (T, T) bool, keys hidden beyond the causal mask (the analyses' knockout)."""
         variant = self.config.variant
         q, k, _ = self.project(x, cos, sin)
         alpha = variant.alpha(self, x) if variant.alpha else None

@@ -22,7 +22,8 @@ TINY = ['--device=cpu', '--n_layer=1', '--n_embd=128', '--n_head=2', '--n_kv_hea
         '--variants=softmax,affine', '--train_steps=1', '--train_batch_size=2', '--train_seq_len=64',
         '--eval_docs=3', '--eval_batch_size=4', '--sections=attention,kd,train,eval,harness']
 TITLES = {'attention': 'Attention variants', 'kd': 'KD loss', 'train': 'Training throughput',
-          'eval': 'Zero-shot evaluation', 'study': "The sink study's runs", 'processes': 'Processes'}
+          'eval': 'Zero-shot evaluation', 'study': "The sink study's runs", 'processes': 'Processes',
+          'probes': 'What the sink measures cost'}
 
 
 def tables(stdout):
@@ -138,6 +139,18 @@ def test_kd_skips_the_naive_path_when_it_cannot_fit(monkeypatch, capsys):
     estimate = 5 * 64 * 1000 * 4
     assert f'~{estimate / 2**20:.1f} (estimate)' in rows[0]['peak mem (MiB)'] and 'naive skipped' in err
     assert finite(rows[1]['time (s)']) and rows[1]['time / naive'] == '-'
+
+
+def test_probes_section_table(monkeypatch, capsys):
+    """--sections=probes: one row per variant, each measure run once (the timings are not asserted)."""
+    def once(fn, repeats=3):  # every measure runs, a second each
+        fn()
+        return 1.0
+    monkeypatch.setattr(bench, 'seconds', once)
+    args = bench.parse_args(['--device=cpu', '--sections=probes', '--variants=softmax,affine'])
+    bench.bench_probes(args, torch.device('cpu'))
+    rows = tables(capsys.readouterr().out)['probes']
+    assert [r['variant'] for r in rows] == ['softmax', 'affine'] and all(r['share'] == '100%' for r in rows)
 
 
 def test_bad_arguments(capsys):
