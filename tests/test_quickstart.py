@@ -54,10 +54,12 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     assert float(rows['SmolLM2-135M-Instruct']) > 0.3 > max(float(rows['Baseline']), float(rows['Affine-Scaled']))
     assert (out / 'smollm2_attention' / 'fig4_first_token.png').stat().st_size > 1000
 
-    rerun = quickstart(tmp_path)
+    # a re-run (the real model left out: its analysis would run again, as every analysis does) skips what is done
+    rerun = quickstart(tmp_path, '--real_model=False')
     for stage in ('train the softmax teacher', 'distill affine seed 0', 'evaluate affine seed 0'):
         assert re.search(rf'{stage} \(at \d+m\d+s\): finished in an earlier run with these settings, skipped', rerun)
     assert 'train.py' not in rerun and 'eval_zeroshot.py' not in rerun and 'gguf_to_hf.py' not in rerun
+    assert 'Skipped: not asked for (--real_model=False).' in (out / 'report.md').read_text()
 
     # a longer teacher: its stage trains it again from scratch, and so are the stages that came from it (the student,
     # its evaluation): the plan of each stage (quickstart.train_stage, evaluated), and train.py carrying out the first
