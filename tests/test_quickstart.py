@@ -36,8 +36,9 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     assert '`python sink_study.py` trains models that do' in report and os.path.isfile(os.path.join(ROOT, 'docs/sink_study/report.md'))
     for figure in re.findall(r'\]\(([^)]+\.png)\)', report):
         assert (out / figure).stat().st_size > 1000
-    # Figures 3-6, 9, alpha of the students; 2, 7, 8, 10 of their runs; 3-6, 9 of the real model
-    assert len(re.findall(r'\]\(([^)]+\.png)\)', report)) == 15
+    # Figures 3-6, 9, alpha and where rows go, outliers, knockout of the students; 2, 7, 8, 10 of their runs; 3-6, 9
+    # and the three of the sink's measures of the real model
+    assert len(re.findall(r'\]\(([^)]+\.png)\)', report)) == 21
     # steps, tokens = steps x 16 sequences (both configs' global batch) x 256 (the tiny shape's block), seed (the
     # teacher: train.py's default); an evaluation reports the checkpoint it evaluated
     assert stage_row(report, 'train the softmax teacher') == (f'{out}/teacher', '3', f'{3 * 16 * 256:,}', '1337')

@@ -167,13 +167,15 @@ def test_kd_student_from_the_teacher(student):
 
 
 def test_analyze_attention(teacher, data, tmp_path):
-    """analyze.py attention on the real model: its 30 layers' statistics on two 64-token windows of the val split."""
+    """analyze.py attention on the real model: its 30 layers' statistics on two 64-token windows of the val split, and
+    the end-of-run measures on as few (Gu et al.'s setting on 2 windows, W8A8 calibrated on 1, the knockout)."""
     out = tmp_path / 'report'
     analyze.main(['attention', teacher, f'--out_dir={out}', f'--data={data}', '--num_seqs=2', '--seq_len=64',
-                  '--device=cpu'])
+                  '--sink_samples=2', '--calibration=1', '--device=cpu'])
     numbers = json.loads((out / 'numbers.json').read_text())
     (stats,) = numbers['models'].values()
     assert len(stats['layers']) == 30 and stats['row_sums']['mean'] == pytest.approx(1.0, abs=1e-5)
+    assert {'gu', 'w8a8', 'knockout'} <= set(stats) and stats['w8a8']['calibration'] == 1
     assert (out / 'report.md').is_file()
 
 
