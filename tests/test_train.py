@@ -319,9 +319,12 @@ def test_elastic_restarts_continue_from_the_last_checkpoint(data_dir, tmp_path):
         while time.time() < deadline and not (os.path.exists(run / 'metrics.jsonl') and metrics(run)
                                               and metrics(run)[-1]['step'] >= kill_at and len(worker_pids(proc.pid)) == 2):
             time.sleep(0.02)
-        reached, workers = metrics(run)[-1]['step'], worker_pids(proc.pid)
+        workers = worker_pids(proc.pid)
         os.kill(workers[rank], signal.SIGKILL)
-        redone.append(reached - torch.load(run / 'ckpt.pt', weights_only=False)['step'])
+        # the checkpoint first, then the log: a step's record is written before its checkpoint, so a save between
+        # the two reads (the other rank may finish a step) cannot make the count negative, as the reverse order could
+        saved = torch.load(run / 'ckpt.pt', weights_only=False)['step']
+        redone.append(metrics(run)[-1]['step'] - saved)
         while time.time() < deadline and not (len(worker_pids(proc.pid)) == 2 and  # restarted: two new workers
                                               not set(worker_pids(proc.pid).values()) & set(workers.values())):
             time.sleep(0.02)
