@@ -18,6 +18,23 @@ from helpers import (EOT, HF_LLAMA3_REGEX, HF_QWEN2_REGEX, byte_level, digits_th
                      split_then_bytes, train_hf_bpe, write_json, write_tiktoken_file)
 
 ROOT = Path(__file__).resolve().parents[1]
+# The slowest tests, which the inner loop leaves out (python -m pytest -n 2 -m "not slow" tests; docs/testing.md):
+# whole runs of a script, compiled graphs, the real model (every test of the smollm2 fixture), measured slowest
+SLOW = ('test_quickstart_runs_every_stage', 'test_check_on_a_machine_without_a_gpu', 'test_compiled_training_and_',
+        'test_the_study_end_to_end', 'test_elastic_restarts', 'test_sigterm_saves', 'test_fsdp_matches_one_process',
+        'test_memory_plan_holds_against_a_fake_tensor', 'test_short_distillation_run')
+
+
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'slow: among the slowest tests (conftest.SLOW, and every test of the real '
+                                       'model); -m "not slow" leaves them out')
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        real_model = 'smollm2' in getattr(item, 'fixturenames', ()) or item.name.endswith(('[hub]', '[gguf]'))
+        if item.name.startswith(SLOW) or real_model:
+            item.add_marker(pytest.mark.slow)
 CACHE = Path(os.environ.get('XDG_CACHE_HOME', Path.home() / '.cache')) / 'affine-scaled-attention' / 'smollm2'
 
 
