@@ -18,7 +18,7 @@ from helpers import (EOT, HF_LLAMA3_REGEX, HF_QWEN2_REGEX, byte_level, digits_th
                      split_then_bytes, train_hf_bpe, write_json, write_tiktoken_file)
 
 ROOT = Path(__file__).resolve().parents[1]
-# The slowest tests, which the inner loop leaves out (python -m pytest -n 2 -m "not slow" tests; docs/testing.md):
+# The slowest tests, which the inner loop leaves out (python -m pytest -m "not slow" tests; docs/testing.md):
 # whole runs of a script, compiled graphs, the real model (every test of the smollm2 fixture), measured slowest
 SLOW = ('test_quickstart_runs_every_stage', 'test_check_on_a_machine_without_a_gpu', 'test_compiled_training_and_',
         'test_the_study_end_to_end', 'test_elastic_restarts', 'test_sigterm_saves', 'test_fsdp_matches_one_process',
