@@ -4,8 +4,8 @@ written. Every file a model is read from or written to goes through here, so eve
 the same one-line errors (CheckpointError, a ValueError naming the file, what is wrong and what to do).
 
 model.py stands alone (the network); this file reads and writes what it is made of, and builds a GPT from a file
-(load_model, which GPT.from_pretrained calls): imports flow one way, model -> checkpoint -> the scripts. (An exported
-model ships this file beside model.py.)
+(load_model, which GPT.from_pretrained imports when called, handing it the GPT class): this file imports nothing of
+model.py, so there is no cycle. (An exported model ships this file beside model.py.)
 
 ckpt.pt, written by train.py: one torch.save'd dict,
     model         the GPT's state dict: full tensors keyed by parameter name (never sharded, whatever the run's ranks)
@@ -38,10 +38,8 @@ import torch
 
 try:  # an export, which transformers imports as a package (see model.py)
     from .files import RunError, atomic_write, write_json
-    from .model import BASELINE, ModelConfig, is_variant_tensor
 except ImportError:
     from files import RunError, atomic_write, write_json
-    from model import BASELINE, ModelConfig, is_variant_tensor
 
 CKPT_NAME = 'ckpt.pt'
 CKPT_KEYS = ('model', 'optimizer', 'step', 'rng', 'config', 'model_config', 'tokenizer', 'data')
@@ -447,13 +445,16 @@ def write_safetensors(state, out_dir, max_shard_bytes):
 # A GPT from any of them
 
 
-def load_model(cls, path, attention=BASELINE, dtype=torch.float32, device='cpu'):
+def load_model(cls, path, attention, dtype=torch.float32, device='cpu'):
     """GPT.from_pretrained: a model of class cls (model.GPT) from a Hugging Face Llama / Mistral / Qwen2 directory
-    (with attention=BASELINE, softmax, model(idx) gives HF's logits; another variant keeps every checkpoint tensor and
+    (with attention=model.BASELINE, softmax, model(idx) gives HF's logits; another variant keeps every tensor and
     initialises its own, sinks, g_proj or alpha_proj, fresh), a directory export_hf.py wrote, or one of this repo's
     checkpoints (ckpt.pt, or the out_dir holding it); the last two are the variant they hold. The model is built on
     the meta device and takes the tensors as they are read (cast to dtype, on device): about 1x the model's size in
-    memory."""
+    memory. What it needs of the network comes from the module that defines cls (model.py, or an export's copy of it),
+    so this file imports none: model.py imports it, inside from_pretrained."""
+    network = sys.modules[cls.__module__]
+    ModelConfig, BASELINE, is_variant_tensor = network.ModelConfig, network.BASELINE, network.is_variant_tensor
     ckpt_path = checkpoint_file(path)
     if ckpt_path is not None:  # ours: every tensor of its own variant
         ckpt = read_checkpoint(ckpt_path)

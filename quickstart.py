@@ -199,9 +199,7 @@ def training_plan(argv, teacher=None):
     if teacher and newer(ckpt_path(teacher), ckpt_path(now['out_dir'])):
         changed.append(f"its teacher {teacher} was trained again")
     if changed:
-        return False, resume.RESTART, (
-            f"changed since {now['out_dir']} was trained: {'; '.join(changed)}. Training it again from scratch, "
-            f"replacing its checkpoint, metrics.jsonl and config.json")
+        return False, resume.RESTART, resume.restart_note(now['out_dir'], changed)
     return step >= now['max_iters'], [], ''
 
 

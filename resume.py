@@ -30,6 +30,12 @@ LR_KEYS = ('learning_rate', 'min_lr')
 RESTART = ['--init_from=scratch', '--overwrite=True']  # train.py's arguments that train a run again from scratch
 
 
+def restart_note(out_dir, changes):
+    """What the quick start and the sink study say of a run they train again from scratch (RESTART)."""
+    return (f"changed since {out_dir} was trained: {'; '.join(changes)}. Training it again from scratch, replacing its "
+            f"checkpoint, metrics.jsonl and config.json")
+
+
 
 def recorded_config(config, defaults):
     """A checkpoint's config (its dict) with every key added since it was written at its default, and those keys (defaults: train.py's

@@ -120,9 +120,7 @@ def state(run):
     import resume
     import train
     c, step, changed = train.planned_run([os.path.join(HERE, run['argv'][0]), *run['argv'][1:]], cwd=HERE)
-    run['extra'], run['note'] = (resume.RESTART, f"changed since {c['out_dir']} was trained: {'; '.join(changed)}. "
-                                 f"Training it again from scratch, replacing its checkpoint, metrics.jsonl and "
-                                 f"config.json") if changed else ([], '')
+    run['extra'], run['note'] = (resume.RESTART, resume.restart_note(c['out_dir'], changed)) if changed else ([], '')
     return 'new' if step is None else 'changed' if changed else 'done' if step >= c['max_iters'] else 'partial'
 
 

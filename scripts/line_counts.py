@@ -12,6 +12,8 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from files import atomic_write  # noqa: E402
 DOC = os.path.join(ROOT, 'docs', 'implementation.md')
 START, END = '<!-- scripts/line_counts.py: start -->', '<!-- scripts/line_counts.py: end -->'
 
@@ -53,10 +55,8 @@ def main(argv):
     with open(DOC, encoding='utf-8') as f:
         text = f.read()
     text = text[:text.index(START) + len(START)] + '\n' + table() + '\n' + text[text.index(END):]
-    tmp = DOC + '.tmp'
-    with open(tmp, 'w', encoding='utf-8') as f:
+    with atomic_write(DOC) as f:  # the docs whole or as they were, and no other file touched
         f.write(text)
-    os.replace(tmp, DOC)
     print(f"wrote the table into {os.path.relpath(DOC)}")
 
 
