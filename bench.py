@@ -52,8 +52,10 @@ from files import RunError, read_log, run_script
 from eval_zeroshot import (choice_doc, encode_docs, load_model_and_tokenizer, plan_forwards, score_one_by_one,
                            score_requests)
 from model import ATTENTIONS, BASELINE, EXPLICIT, FIELD_NAMES, GPT, PROPOSED, ModelConfig
-from probes import (GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS, knockout_losses, mean_attention_logit, sink_rates,
-                    sink_record, w8a8_losses)
+from probes import (GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS, VALUE_WEIGHTED_STRIDE, activation_outliers,
+                    alpha_summary, first_token_weights, hooked_forward, inspect_attention, knockout_losses,
+                    mean_attention_logit, sink_rates, sink_record, sink_scores, value_weighted_first_token,
+                    variant_statistics, w8a8_losses)
 from tokenizer import load_tokenizer
 from train import configure_optimizers, load_config
 
@@ -376,9 +378,13 @@ def seconds(fn, repeats=3):
 
 def bench_probes(args, device):
     """Per variant, on the sink study's model (config/sink_study.py, random weights: the cost does not depend on
-    them): an evaluation as train.py runs it (the validation loss on eval_batches x micro_batch_size windows and the
-    mean logit) against probes.sink_record on its attention_windows (the measures of every evaluation); then the
-    measures of the end of a run (analyze.py attention): Gu et al.'s setting, W8A8 and the knockout."""
+    them): an evaluation as train.py runs it with attention_windows (the validation loss on eval_batches x
+    micro_batch_size windows, the mean logit and probes.sink_record on the windows), and within it the measures of
+    the sink-measures issue's items 1-5, each timed on its own on the layers' inputs of the windows: the
+    first-token-or-null split and Gu et al.'s scores (first_token_weights, sink_scores, the negative rows), the
+    value-weighted share (every VALUE_WEIGHTED_STRIDE-th query, as sink_record), alpha's summary, and the activation
+    outliers (a forward with their hooks less one without); then the measures of the end of a run (analyze.py
+    attention): Gu et al.'s setting, W8A8 and the knockout."""
     config = load_config([STUDY_CONFIG])
     T, model_config = config['block_size'], ModelConfig(**{key: config[key] for key in FIELD_NAMES})
     n_val, n_windows = config['eval_batches'] * config['micro_batch_size'], config['attention_windows']
@@ -389,28 +395,43 @@ def bench_probes(args, device):
     for variant in args.variants:
         torch.manual_seed(0)
         model = GPT(dataclasses.replace(model_config, attention=variant)).to(device)
+        layers = inspect_attention(model, windows, lambda attn, x, cos, sin, positions: (
+            attn, x, cos, sin, attn.weights(x, cos, sin, positions).double()))
 
         def evaluation():
             with torch.no_grad():
                 for i in range(0, n_val, config['micro_batch_size']):
                     model(val[i:i + config['micro_batch_size'], :-1], val[i:i + config['micro_batch_size'], 1:])
             mean_attention_logit(model, windows[:1])
+            sink_record(model, windows)
 
-        base, measures = seconds(evaluation), seconds(lambda: sink_record(model, windows))
+        def items():
+            for attn, x, cos, sin, w in layers:
+                v = attn.config.variant
+                first_token_weights(w), sink_scores(w, v.rows_sum_to_one, v.sink), (w.amin(-1) < 0).double().mean()
+                value_weighted_first_token(attn, x, cos, sin, w, VALUE_WEIGHTED_STRIDE)
+                if v.alpha:
+                    alpha_summary(variant_statistics(attn, x)['alpha'])
+
+        base = seconds(evaluation)
+        added = max(0.0, seconds(items) + seconds(lambda: activation_outliers(model, windows))
+                    - seconds(lambda: hooked_forward(model, windows, [])))
         end = [seconds(fn, repeats=1) for fn in (lambda: sink_rates(model, gu, batch_size=GU_SAMPLES),
                                                  lambda: w8a8_losses(model, val[:4, :-1], val[4:20, :-1], batch_size=16),
                                                  lambda: knockout_losses(model, val[4:20, :-1], batch_size=16))]
-        rows.append([variant, f'{base:.2f}', f'{measures:.2f}', f'{100 * measures / base:.0f}%',
+        rows.append([variant, f'{base:.2f}', f'{added:.3f}', f'{100 * added / base:.0f}%',
                      *[f'{t:.2f}' for t in end]])
-        log(f'  probes: {variant:<14} evaluation {base:.2f} s, its sink measures {measures:.2f} s')
+        log(f'  probes: {variant:<14} evaluation {base:.2f} s, of which items 1-5 {added:.3f} s')
     print_table("What the sink measures cost",
-                f"config/sink_study.py's model, {torch.get_num_threads()} thread(s). Evaluation: train.py's validation "
-                f"loss ({n_val} windows of {T} tokens) and mean logit; sink measures: probes.sink_record on its "
-                f"{n_windows} attention_windows (every measure of every evaluation), as a share of that evaluation. "
-                f"End of a run (analyze.py attention): Gu et al.'s Sink_1 on {GU_SAMPLES} x {GU_LENGTH} tokens, W8A8 "
-                f"(4 calibration windows, 16 evaluated), the knockout (16 windows, each k). Seconds, median of 3 "
+                f"config/sink_study.py's model, {torch.get_num_threads()} thread(s), eager. Evaluation: what train.py "
+                f"runs at each evaluation with attention_windows, the validation loss ({n_val} windows of {T} tokens), "
+                f"the mean logit and probes.sink_record on its {n_windows} windows. Items 1-5: the part of it the sink "
+                f"measures of the measures issue add (first-token share, null mass and Gu's scores; the value-weighted "
+                f"share on every {VALUE_WEIGHTED_STRIDE}th query; alpha's summary; the activation outliers), each timed "
+                f"alone. End of a run (analyze.py attention): Gu et al.'s Sink_1 on {GU_SAMPLES} x {GU_LENGTH} tokens, "
+                f"W8A8 (4 calibration windows, 16 evaluated), the knockout (16 windows, each k). Seconds, median of 3 "
                 f"(end of run: one call).",
-                ['variant', 'evaluation (s)', 'sink measures (s)', 'share', "Gu's setting (s)", 'W8A8 (s)',
+                ['variant', 'evaluation (s)', 'items 1-5 (s)', 'share', "Gu's setting (s)", 'W8A8 (s)',
                  'knockout (s)'], rows)
 
 # -----------------------------------------------------------------------------

@@ -31,6 +31,9 @@ SINK_THRESHOLD = 0.3  # Gu et al. (2025)'s epsilon: a head whose first-position 
 GU_SAMPLES, GU_LENGTH = 100, 64  # Gu et al.'s own setting: 100 samples of 64 tokens (pretrain/eval_sink_pretrain.py)
 GU_ROW_EPS = 1e-8  # added to a row's sum when Gu et al. renormalise it (lit_gpt/inference/model_attn_sim_infer.py)
 SINK_STUDY_EVALUATIONS = 8  # evaluations per sink study run (its curves' points): sink_study.py's runs, bench.py's
+# the value-weighted share at every evaluation reads every 4th query (1, 5, 9, ...): with a gate its norms cost T^2 D^2
+# per head, 40% of an evaluation on all queries; this keeps items 1-5 of the measures within 10% (bench.py --sections=probes)
+VALUE_WEIGHTED_STRIDE = 4
 KURTOSIS_EPS = 1e-6  # added to std^4 in Bondarenko et al.'s kurtosis (transformers_language/utils.py)
 KNOCKOUT_FIRST = (0, 1, 4)  # StreamingLLM's kept initial tokens: none, the first, four (Xiao et al. 2023)
 QUANTIZATION_BITS = 8
@@ -131,28 +134,33 @@ def sink_scores(w, rows_sum_to_one, null_slot):
     return dict(tokens=tokens, null_slot=slot)
 
 
-def value_weighted_first_token(attn, x, cos, sin, w):
+def value_weighted_first_token(attn, x, cos, sin, w, stride=1):
     """Kobayashi et al. (2020, arXiv 2004.10102)'s reading of the first token, per sample and head (B, H): the norm
     of what token j adds to query i's output through head h, ||w_ij f_i(x_j)|| with f_i(x_j) = (g_i * v_j) W_O^h
     (W_O^h the head's slice of o_proj; g_i the output gate of Eq. 4-5 where the model has one, else 1), and the
     first token's share ||w_i0 f_i(x_0)|| / sum_j ||w_ij f_i(x_j)||, averaged over queries i >= 1. A first token that
     draws weight but contributes little shows here. Norms take |w_ij| (affine's negative weights); the null slot of
-    sink and softmax1 has no value and adds nothing; a row that adds nothing at all (every w_ij f = 0) counts 0."""
+    sink and softmax1 has no value and adds nothing; a row that adds nothing at all (every w_ij f = 0) counts 0.
+    stride > 1 averages over the queries i = 1, 1 + stride, 1 + 2 stride, ... only (an evaluation's budget: with a gate
+    the norms cost T^2 D^2 per head, VALUE_WEIGHTED_STRIDE)."""
     config = attn.config
     B, T, _ = x.shape
     H, D = config.n_head, config.head_dim
-    v = attn.project(x, cos, sin)[2].double().repeat_interleave(H // config.n_kv_head, dim=1)  # (B, H, T, D)
+    v = attn.project(x, cos, sin)[2].double()  # (B, n_kv_head, T, D): head h reads kv head h // (H / n_kv_head)
     W = attn.o_proj.weight.double().view(-1, H, D)  # (C, H, D)
     gram = torch.einsum('chd,che->hde', W, W)  # ||f_i(x_j)||^2 = (g_i v_j)' M (g_i v_j), M = W_O^h' W_O^h (H, D, D)
-    w = w[:, :, 1:].abs()
+    w = w[:, :, 1::stride].abs()
     if config.is_gated:  # the gate scales query i's output channel by channel: a product of (g_i x g_i) M and v_j x v_j
         # over D * D, T^2 D^2 work per head, in float32 (norms to 1e-6) so that the gated evaluations stay cheap
-        g = torch.sigmoid(attn.g_proj(x[:, 1:]).float()).view(B, T - 1, H, D).transpose(1, 2)
-        queries = torch.einsum('bhtd,bhte->bhtde', g, g).mul_(gram.float()[:, None]).flatten(-2)  # (B, H, T - 1, D^2)
-        keys = torch.einsum('bhtd,bhte->bhtde', v.float(), v.float()).flatten(-2)
-        parts = w * (queries @ keys.transpose(-1, -2)).clamp_min(0).sqrt()  # (B, H, T - 1, T)
+        g = torch.sigmoid(attn.g_proj(x[:, 1::stride]).float()).view(B, -1, H, D).transpose(1, 2).contiguous()
+        queries = (g.unsqueeze(-1) * g.unsqueeze(-2)).mul_(gram.float()[:, None]).flatten(-2)  # (B, H, queries, D^2)
+        vt = v.float().transpose(-1, -2).contiguous()  # (B, n_kv_head, D, T)
+        keys = (vt.unsqueeze(-2) * vt.unsqueeze(-3)).flatten(-3, -2)  # (B, n_kv_head, D^2, T): once per kv head
+        squares = queries.view(B, config.n_kv_head, -1, D * D) @ keys  # a kv head's queries at once
+        parts = w * squares.view(w.shape).clamp_min_(0).sqrt_()  # (B, H, queries, T)
         first, total = parts[..., 0], parts.sum(-1)
     else:
+        v = v.repeat_interleave(H // config.n_kv_head, dim=1)  # (B, H, T, D)
         norms = torch.einsum('bhjd,hde,bhje->bhj', v, gram, v).clamp_min(0).sqrt()  # (B, H, T)
         first, total = w[..., 0] * norms[..., :1], (w @ norms.unsqueeze(-1)).squeeze(-1)
     return (first / total.clamp_min(torch.finfo(total.dtype).tiny)).mean(-1)
@@ -209,7 +217,7 @@ def outlier_hooks(model, layers):
 
 
 @torch.no_grad()
-def attention_statistics(model, idx, corner=30):
+def attention_statistics(model, idx, corner=30, value_stride=1):
     """Per-layer statistics of the effective attention weights on the sequences idx (B, T), T <= block_size, each
     per sequence so that batches concatenate (torch.cat along dim 0) into the statistics of all sequences:
     what analyze.py's figures, train.py's evaluations and sink_study.py read. Weights come from each layer's
@@ -221,7 +229,8 @@ def attention_statistics(model, idx, corner=30):
       sink_mass (B,) or None: null_mass_head's mean over heads, for a variant with a null slot (Variant.sink);
       sink_score, sink_score_null_slot (B, H) or None: Gu et al.'s first-position score (sink_scores);
       negative_rows (B,): the share of rows (heads x every query) holding a negative weight (affine's);
-      value_weighted_first_head (B, H): Kobayashi et al.'s share of the first token (value_weighted_first_token);
+      value_weighted_first_head (B, H): Kobayashi et al.'s share of the first token (value_weighted_first_token, on
+                           every value_stride-th query);
       row_sums (B, T):     sum_j w_ij per query, averaged over heads (Figure 3's histogram; sink: the real tokens
                            only, so softmax's rows give exactly 1 and sink's 1 - the sink's weight);
       head_total (B, H):   per head, the mean row sum (Figure 5);
@@ -245,7 +254,7 @@ def attention_statistics(model, idx, corner=30):
                      null_mass_head=null, sink_mass=null.mean(1) if variant.sink else None,
                      sink_score=sink['tokens'], sink_score_null_slot=sink['null_slot'],
                      negative_rows=(w.amin(-1) < 0).double().mean(dim=(1, 2)),
-                     value_weighted_first_head=value_weighted_first_token(attn, x, cos, sin, w),
+                     value_weighted_first_head=value_weighted_first_token(attn, x, cos, sin, w, value_stride),
                      row_sums=rows.mean(1), head_total=rows.mean(2), entropy=entropy[:, :, 1:].mean(dim=(1, 2)),
                      corner=w[:, :, :corner, :corner].mean(1))
         return stats | variant_statistics(attn, x)
@@ -341,8 +350,9 @@ def sink_record(model, idx):
     and head where the name ends in _per_head), rounded to 6 decimals, under the names the records had first
     (RECORD_NAMES); sink_mass (the null slot's) for a variant with one (Variant.sink); and over the
     model, Gu et al.'s Sink_1^0.3 on these windows (sink_rate; sink_rate_null_slot) and the repository's earlier
-    measure (sink_rate_mean_head), model_rates. Under FSDP every rank must call it."""
-    layers = [layer_summary(layer) for layer in attention_statistics(model, idx)]
+    measure (sink_rate_mean_head), model_rates; the value-weighted share on every VALUE_WEIGHTED_STRIDE-th query.
+    Under FSDP every rank must call it."""
+    layers = [layer_summary(layer) for layer in attention_statistics(model, idx, value_stride=VALUE_WEIGHTED_STRIDE)]
     record = {}
     for key in layers[0]:
         name = RECORD_NAMES.get(key, key[:-len('_head')] + '_per_head' if key.endswith('_head') else key)

@@ -141,9 +141,11 @@ def test_alpha_summary_by_hand():
 # Kobayashi et al.'s value-weighted share, outliers
 
 
+@pytest.mark.parametrize('stride', [1, 3])
 @pytest.mark.parametrize('attention', ['softmax', 'gated', 'sink', 'affine_gated'])
-def test_value_weighted_first_token_against_each_vector(attention):
-    """Every contribution w_ij (g_i * v_j) W_O^h built as a vector, one (i, j, h) at a time."""
+def test_value_weighted_first_token_against_each_vector(attention, stride):
+    """Every contribution w_ij (g_i * v_j) W_O^h built as a vector, one (i, j, h) at a time; with a stride, the queries
+    1, 1 + stride, ... only (T = 8, stride 3: 1, 4, 7)."""
     model = tiny_model(attention).double()
     attn, cfg = model.model.layers[0].self_attn, model.config
     T, H, D = 8, cfg.n_head, cfg.head_dim
@@ -151,16 +153,16 @@ def test_value_weighted_first_token_against_each_vector(attention):
     positions = torch.arange(T)
     cos, sin = rope_cos_sin(cfg, positions)
     w = attn.weights(x, cos, sin, positions).double()
-    got = probes.value_weighted_first_token(attn, x, cos, sin, w)
+    got = probes.value_weighted_first_token(attn, x, cos, sin, w, stride)
     v = attn.v_proj(x).view(2, T, cfg.n_kv_head, D)
     gate = torch.sigmoid(attn.g_proj(x)).view(2, T, H, D) if cfg.is_gated else torch.ones(2, T, H, D)
-    W = attn.o_proj.weight  # (C, H * D)
+    W, group = attn.o_proj.weight, H // cfg.n_kv_head  # (C, H * D); head h reads kv head h // group
     expected = torch.zeros(2, H, dtype=torch.float64)
     for b in range(2):
         for h in range(H):
             shares = []
-            for i in range(1, T):
-                norms = [(w[b, h, i, j] * (W[:, h * D:(h + 1) * D] @ (gate[b, i, h] * v[b, j, h // 2]))).norm()
+            for i in range(1, T, stride):
+                norms = [(w[b, h, i, j] * (W[:, h * D:(h + 1) * D] @ (gate[b, i, h] * v[b, j, h // group]))).norm()
                          for j in range(T)]
                 shares.append(norms[0] / sum(norms))
             expected[b, h] = torch.stack(shares).mean()
