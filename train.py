@@ -86,6 +86,9 @@ TRAIN_KEYS = dict(
     warmup_iters=Key(100, "linear warmup of the warmup-stable-decay schedule (Appendix B.1)", min=0),
     decay_frac=Key(0.2, "the last 20% of the steps decay linearly to min_lr (the paper gives no number)", min=0, max=1),
     weight_decay=Key(0.1, "AdamW, on matrices only (Section 5.1)", min=0),
+    no_decay=Key([], "modules whose matrices do not decay (the sink study's control: alpha_proj,g_proj)",
+                 choices=('alpha_proj', 'g_proj', 'q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj',
+                          'down_proj', 'embed_tokens', 'lm_head')),
     beta1=Key(0.9, "AdamW", min=0, below=1),
     beta2=Key(0.95, "AdamW", min=0, below=1),
     grad_clip=Key(1.0, "clip the global gradient norm (0: off); metrics log the norm before clipping", min=0),
@@ -165,11 +168,14 @@ def learning_rate(step, c):
     return c['learning_rate'] + (c['min_lr'] - c['learning_rate']) * progress
 
 
-def configure_optimizers(model, weight_decay, lr, betas, fused=None):
-    """AdamW; matrices (embeddings and projections) decay, vectors (norms, biases, sinks) do not."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
-              {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+def configure_optimizers(model, weight_decay, lr, betas, fused=None, no_decay=()):
+    """AdamW; matrices (embeddings and projections) decay, vectors (norms, biases, sinks) do not, nor do the matrices
+    of the modules named in no_decay (the sink study's control: alpha_proj, g_proj)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decays = [p.dim() >= 2 and not set(no_decay) & set(n.split('.')) for n, p in named]
+    groups = [{'params': [p for (_, p), d in zip(named, decays) if d], 'weight_decay': weight_decay},
+              {'params': [p for (_, p), d in zip(named, decays) if not d], 'weight_decay': 0.0}]
+    params = [p for _, p in named]
     if fused is None:
         fused = all(p.device.type == 'cuda' for p in params)
     # elsewhere the multi-tensor implementation (torch's default only on CUDA): the same numbers bit for bit, in a
@@ -337,7 +343,8 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
         compile_layers(model)
     if c['fsdp']:
         apply_fsdp(model, c['dtype'])
-    optimizer = configure_optimizers(model, c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
+    optimizer = configure_optimizers(model, c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']),
+                                     no_decay=c['no_decay'])
     if ckpt is None:
         return model, optimizer, dict(step=0, skipped=0, first_skipped=None, lr_changes={})
     # the full state, keyed by parameter name; under FSDP each rank keeps its shard
