@@ -200,18 +200,25 @@ def last_step(out_dir):
     return 0
 
 
+def priority(run, runs):
+    """The order runs start in: teachers, then the kd arm (the paper's setting), ce, the control, the extra variants
+    and the recipe's seed, each by seed: a study stopped part way has the most useful runs."""
+    teacher = any(r['teacher'] == run['name'] for r in runs)
+    arm = dict(kd=1, ce=2, control=3, recipe=5).get(run['arm'], 0)
+    return (0 if teacher else arm + 3 * (run['variant'] in EXTRA), run['seed'])
+
+
 def run_all(runs, steps, jobs, threads, logs, finished):
-    """Train every run whose state is not recorded or done, `jobs` at a time (a student once its teacher is done),
-    printing progress; finished(run) as each ends (and at once for those done already)."""
-    todo = [r for r in runs if r['state'] not in ('recorded', 'done')]
+    """Train every run whose state is not recorded or done, `jobs` at a time (a student once its teacher is done) in
+    priority's order, printing progress; finished(run) as each ends, and for those done already one per second
+    while the others train."""
+    todo = sorted((r for r in runs if r['state'] not in ('recorded', 'done')), key=lambda r: priority(r, runs))
     done_names = {r['name'] for r in runs if r['state'] in ('recorded', 'done')}
-    for run in runs:
-        if run['state'] == 'done':
-            finished(run)
+    unrecorded = [r for r in runs if r['state'] == 'done']
     running, t0, last_print = {}, time.time(), 0
     start_steps = {r['name']: last_step(r['config']['out_dir']) for r in todo}
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    while todo or running:
+    while todo or running or unrecorded:
         for name, (proc, run, log) in list(running.items()):
             if proc.poll() is not None:
                 log.close()
@@ -237,6 +244,9 @@ def run_all(runs, steps, jobs, threads, logs, finished):
                                     run, log)
         if not running and todo:
             raise RunError(f"{todo[0]['name']} waits for its teacher {todo[0]['teacher']}, which is not planned")
+        if unrecorded:
+            finished(unrecorded.pop(0))
+            continue
         if time.time() - last_print >= 30 or not running:
             last_print = time.time()
             progress(runs, running, steps, start_steps, t0)
@@ -295,6 +305,12 @@ def end_measures(out_dir, data_dir):
     return dict(gu=gu, w8a8=w8a8, knockout=knockout, row_total_std=spread)
 
 
+def timed_end_measures(out_dir, data_dir):
+    t0 = time.time()
+    end = end_measures(out_dir, data_dir)
+    return dict(end=end, end_seconds=round(time.time() - t0, 1))
+
+
 # what train.py logs at every step (its evaluations add the rest)
 STEP_KEYS = ('step', 'lr', 'loss', 'grad_norm', 'tokens_per_sec', 'mfu', 'dt', 'peak_memory_gib', 'kd_loss', 'ce_loss',
              'teacher_sec', 'skipped_steps')
@@ -315,7 +331,7 @@ def make_record(run, per_step, data_dir):
     measured = [k for k in last if k not in STEP_KEYS]  # the evaluation's keys (train.evaluation_record)
     curve = [dict(tokens=r['step'] * per_step, **{k: r[k] for k in measured if not k.endswith('_per_head')})
              for r in evals]
-    measures = {k: last[k] for k in measured}
+    measures = {'sink_mass': None} | {k: last[k] for k in measured}  # sink_mass: null where no null slot (schema 1)
     recipe = recipe_of(run['config'], per_step)
     return dict(
         schema_version=SCHEMA_VERSION, name=run['name'], arm=run['arm'], variant=run['variant'], seed=run['seed'],
@@ -327,7 +343,7 @@ def make_record(run, per_step, data_dir):
         spikes={str(k): n for k, n in spike_counts(grad, SPIKE_KS, 0, min(SPIKE_WINDOW[1], len(grad))).items()},
         spikes_window=[0, min(SPIKE_WINDOW[1], len(grad))],
         spikes_whole_run={str(k): n for k, n in spike_counts(grad, SPIKE_KS, 0, len(grad)).items()},
-        end=end_measures(run['config']['out_dir'], data_dir), curve=curve,
+        **timed_end_measures(run['config']['out_dir'], data_dir), curve=curve,
         ckpt=os.path.join(run['config']['out_dir'], 'ckpt.pt'))
 
 
@@ -554,8 +570,8 @@ def in_words(results):
     for arm in ('kd', 'ce'):
         if any(r['arm'] == arm for r in results['runs']):
             lines.append(f"In the {arm.upper()} arm{' (the paper’s setting)' if arm == 'kd' else ''}, "
-                         f"{counts_in_words(results, arm)}. Seeds that grew a sink by Gu et al.'s Sink₁ (100 x 64): "
-                         f"{sink_counts(results, arm)}.")
+                         f"{counts_in_words(results, arm)}. {sink_sentence(results, arm)} Seeds that grew a sink, per "
+                         f"variant: {sink_counts(results, arm)}.")
     return ' '.join(lines) + (" One small model at 3M tokens: a test of the mechanism, not of the paper's scale; "
                               "every sentence here is generated from the records (sink_study.readme_lines).")
 
@@ -616,6 +632,9 @@ def report_lines(results):
               'the knockout, the row-total spread) on the run\'s checkpoint. docs/analysis.md defines each.']
     if results['excluded']:
         lines += ['', f"Records left out (another recipe): {', '.join(results['excluded'])}."]
+    if results['missing']:
+        lines += ['', f"Planned runs without a record yet ({len(results['missing'])}; the same command trains them): "
+                      f"{', '.join(results['missing'])}."]
     return lines
 
 
@@ -626,10 +645,41 @@ def per_run_times(results):
     return '; '.join(f"a {arm} run's steps {minutes(statistics.fmean(s))} on average" for arm, s in seconds.items())
 
 
+def sink_sentence(results, arm):
+    """Whether the recipe grew the sink the claims are about: softmax's seeds with Gu et al.'s Sink_1 > 0."""
+    grown = [MEASURES['sink_grown'][1](r) for r in results['runs'] if r['arm'] == arm and r['variant'] == SOFTMAX
+             and r['seed'] != RECIPE_SEED]
+    if not grown:
+        return f"No {arm} softmax run has a record yet."
+    sentence = f"Softmax grew a sink (Gu et al.'s Sink₁ > 0, 100 x 64) in {int(sum(grown))} of {len(grown)} {arm} seeds"
+    if sum(grown) < 2 / 3 * len(grown):
+        return sentence + (": fewer than two in three, so the recipe did not reliably grow the sink the claims are "
+                           "about, and a first-token claim here compares variants that may all lack one.")
+    return sentence + '.'
+
+
+def pilot_lines(results):
+    """docs/analysis.md's pilot table: per arm and primary claim, the pilot's means and spread, the raw p, and the
+    seeds per variant a difference of that size would need (significance.seeds_needed: the power calculation); with
+    the time of a run and of its end-of-run measures."""
+    lines = [' '.join(sink_sentence(results, arm) for arm in ('kd', 'ce')) + f" Runs: {per_run_times(results)}; "
+             f"the end-of-run measures took {statistics.fmean(r['end_seconds'] for r in results['runs']):.1f} s a run "
+             f"on average.", '',
+             '| arm | claim | low: mean ± std | high: mean ± std | difference | p (exact) | seeds needed |',
+             '|---|---|---|---|---|---|---|']
+    for r in results['claims']:
+        if r['family'] == 'primary' and r['p'] is not None:
+            lines.append(f"| {r['arm']} | {r['source']}: {r['low']} {r['direction']} {r['high']} ({r['measure']}) | "
+                         f"{g(r['mean'][0])} ± {g(r['std'][0])} | {g(r['mean'][1])} ± {g(r['std'][1])} | "
+                         f"{g(r['difference'])} | {g(r['p'])} | {r['needed'] or 'no difference'} |")
+    return lines
+
+
 def readme_lines(results):
     """The README's block on the study (tests/test_sink_study.py holds the README to it for the committed
     docs/sink_study/results.json): the command, the primary claims' verdicts of each arm (kd first) and the words."""
-    lines = [f"`{results['command']}` ({len(results['runs'])} runs, {results['recipe']['tokens']:,} tokens each; "
+    missing = f", {len(results['missing'])} planned runs not yet trained" if results['missing'] else ''
+    lines = [f"`{results['command']}` ({len(results['runs'])} runs{missing}, {results['recipe']['tokens']:,} tokens each; "
              f"{per_run_times(results)}; {results['machine']}):"]
     lines += verdict_lines(results, arms=('kd', 'ce'), families=('primary',))
     return lines + ['', 'In words (generated): ' + in_words(results)]

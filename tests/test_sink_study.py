@@ -50,10 +50,11 @@ def test_stdlib_corpus_is_recorded(tmp_path):
 
 
 def test_the_study_end_to_end(data_dir, tmp_path):
-    """sink_study.py on a few thousand tokens (softmax and affine, a CE and a KD run each): results.json as documented,
-    report.md and the figures; each run's first-token weights agree with a recomputation from its checkpoint through
-    another path: transformers' eager attentions of the exported softmax model, the float64 references of
-    test_model.py (written from the paper's equations) for the others; and a re-run trains nothing."""
+    """sink_study.py on a few thousand tokens (softmax and affine: a CE run, a KD run and a control run): a record per
+    run, results.json (schema 2, the v1 fields kept), report.md and the figures; each run's first-token weights agree
+    with a recomputation from its checkpoint through another path: transformers' eager attentions of the exported
+    softmax model, the float64 references of test_model.py (written from the paper's equations) for the others; the
+    control run's alpha_proj did not decay; a record of another recipe is left out; and a re-run trains nothing."""
     import torch
     from transformers import AutoModelForCausalLM
     import export_hf
@@ -63,24 +64,29 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     from test_analyze import explicit_weights
     from test_probes import gu_metric
     out = tmp_path / 'study'
-    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--variants=softmax,affine', '--seeds=0',
-            '--kd_seeds=0', '--tokens=4096', '--block_size=32', '--compile=False']
+    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--variants=softmax,affine', '--seeds=1', '--kd_seeds=1',
+            '--teachers=1', '--arms=ce,kd,control', '--control_seeds=1', '--tokens=4096', '--block_size=32',
+            '--compile=False', '--eval_batches=2']
     results = sink_study.main(argv)
     assert json.loads((out / 'results.json').read_text()) == json.loads(json.dumps(results))
-    assert results['schema_version'] == 1 and results['bos_id'] == 256 and results['context'] == 32
-    assert results['corpus']['source'] == 'builtin' and results['teacher'].endswith('ce_softmax_s0')
+    assert results['schema_version'] == 2 and results['bos_id'] == 256 and results['context'] == 32
+    assert results['corpus']['source'] == 'builtin' and results['teachers'] == ['ce_softmax_s1']
     assert results['uniform_first_token'] == pytest.approx(sum(1 / (i + 1) for i in range(1, 32)) / 31)
     assert [(r['arm'], r['variant']) for r in results['runs']] == [
-        ('ce', 'softmax'), ('ce', 'affine'), ('kd', 'softmax'), ('kd', 'affine')]
+        ('ce', 'softmax'), ('ce', 'affine'), ('kd', 'softmax'), ('kd', 'affine'), ('control', 'affine')]
     for name in ('report.md', 'fig4_ce.png', 'fig4_kd.png', 'curves_ce.png', 'curves_kd.png'):
         assert (out / name).is_file()
     report = (out / 'report.md').read_text()
-    assert 'first-token weight affine < sink < softmax' in report and '## KD arm' in report
+    assert report.index('## KD arm') < report.index('## CE arm') and 'fig4_affine_sink' in report
+    assert all(c['verdict'].startswith(('numbers only', 'not measured')) for c in results['claims'])  # one seed each
     windows = Windows(data_dir, 'val', 32, 256).get(range(8))[0]  # the study's fixed windows (attention_windows)
     idx = torch.from_numpy(windows)
     for run in results['runs']:
+        assert set(V1_FIELDS) <= set(run) and {'tokens', 'first_token_weight', 'val_loss'} <= set(run['curve'][0])
+        assert run == json.loads((out / 'runs' / f"{run['name']}.json").read_text())
         assert run['tokens'] == 4096 and len(run['curve']) >= 2 and run['curve'][-1]['tokens'] == 4096
-        assert run['sink_mass'] is None  # (probes.sink_record's sink mass: tests/test_analyze.py)
+        assert (run['final_kd_loss'] is None) == (run['arm'] == 'ce')
+        assert run['teacher'] == (None if run['arm'] == 'ce' else 'ce_softmax_s1')
         model = GPT.from_pretrained(run['ckpt']).eval()
         if run['variant'] == 'softmax' and run['arm'] == 'ce':  # through transformers
             ckpt = read_checkpoint(run['ckpt'])
@@ -94,10 +100,15 @@ def test_the_study_end_to_end(data_dir, tmp_path):
         w = torch.stack(attentions, 1)  # Gu et al.'s Sink_1 on these windows (its reference: tests/test_probes.py)
         rows = w if model.config.variant.rows_sum_to_one else w.abs() / (w.abs().sum(-1, keepdim=True) + 1e-8)
         assert run['sink_rate'] == pytest.approx(gu_metric(rows)[:, 0].mean().item(), abs=1e-7)
+    # the control: weight decay off on alpha_proj and g_proj only; 4096 tokens are 8 steps, all in warmup (lr > 0)
+    control = GPT.from_pretrained(str(out / 'train' / 'control_affine_s1'))
+    config = json.loads((out / 'train' / 'control_affine_s1' / 'config.json').read_text())
+    assert config['no_decay'] == ['alpha_proj', 'g_proj'] and results['runs'][-1]['no_decay'] == config['no_decay']
+    assert control.model.layers[0].self_attn.alpha_proj.weight.requires_grad
     # every reader of these checkpoints puts the token first, as their training windows had it
     import analyze
     import eval_zeroshot
-    ce = str(out / 'runs' / 'ce_affine_s0')
+    ce = str(out / 'train' / 'ce_affine_s1')
     assert eval_zeroshot.window_first_token(ce) == 256
     analyze.main(['attention', ce, f'--out_dir={tmp_path / "attention"}', f'--data={data_dir}', '--num_seqs=2',
                   '--seq_len=32', '--sink_samples=4'])
@@ -110,46 +121,163 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     logits, _ = model(by_hand)
     nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), by_hand[:, 1:].reshape(-1))
     assert with_token['nll'] == pytest.approx(nll.item(), rel=1e-5)
-    stamp = (out / 'runs' / 'ce_softmax_s0' / 'ckpt.pt').stat().st_mtime_ns
-    sink_study.main(argv)  # finished runs are skipped
-    assert (out / 'runs' / 'ce_softmax_s0' / 'ckpt.pt').stat().st_mtime_ns == stamp
+    # a record of another recipe is never mixed in; a re-run trains nothing and rewrites no record
+    other = dict(json.loads((out / 'runs' / 'ce_affine_s1.json').read_text()), name='ce_affine_s9', seed=9)
+    other['recipe'] = dict(other['recipe'], learning_rate=1.0)
+    (out / 'runs' / 'ce_affine_s9.json').write_text(json.dumps(other))
+    stamps = {p: p.stat().st_mtime_ns for p in [*(out / 'runs').iterdir(), out / 'train' / 'ce_softmax_s1' / 'ckpt.pt']}
+    again = sink_study.main(argv)
+    assert again['excluded'] == ['ce_affine_s9'] and len(again['runs']) == 5 and 'ce_affine_s9' in (
+        out / 'report.md').read_text()
+    assert stamps == {p: p.stat().st_mtime_ns for p in stamps}
 
 
-def test_verdicts_follow_the_numbers_and_the_noise():
-    """A claim holds where every predicted order is beyond two standard errors; ties and single seeds are said."""
-    import sink_study
-
-    def run(variant, weight, seed):
-        return dict(arm='ce', variant=variant, seed=seed, first_token_weight=[weight], first_token_share=[weight],
-                    entropy=[1.0], val_loss=1.0, spikes={'6': 0, '9': 0})
-    results = dict(arms=['ce'], runs=[run('affine', 0.010, 0), run('affine', 0.011, 1), run('sink', 0.020, 0),
-                                      run('sink', 0.021, 1), run('softmax', 0.0205, 0), run('softmax', 0.30, 1)])
-    line = next(l for l in sink_study.verdicts(results) if l.startswith('- first-token weight'))
-    assert '**holds in part**' in line and 'affine 0.0105 < sink 0.0205' in line and '(within noise)' in line
-    spikes = next(l for l in sink_study.verdicts(results) if 'k = 6' in l)
-    assert '**does not hold**' in spikes and 'affine 0 = softmax 0' in spikes
-    results['runs'] = [r for r in results['runs'] if r['seed'] == 0]
-    line = next(l for l in sink_study.verdicts(results) if l.startswith('- first-token weight'))
-    assert 'one seed: no estimate of the noise' in line
+V1_FIELDS = ('variant', 'seed', 'arm', 'tokens', 'seconds', 'val_loss', 'first_token_weight', 'first_token_share',
+             'sink_mass', 'per_head', 'sink_rate', 'entropy', 'row_sum', 'spikes', 'curve', 'ckpt')
 
 
-README_START = '<!-- the sink study: sink_study.readme_lines(docs/sink_study/results.json) -->'
-README_END = '<!-- end of the sink study -->'
+def test_no_decay_leaves_those_matrices_out_of_weight_decay():
+    """train.configure_optimizers: the named modules' matrices join the vectors in the group without decay; the
+    default groups are what they were (old checkpoints' optimizer states still line up)."""
+    import train
+    from test_analyze import tiny_model
+    model = tiny_model('affine_gated')
+    names = {id(p): n for n, p in model.named_parameters()}
+    default = train.configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), fused=False)
+    control = train.configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), fused=False, no_decay=['alpha_proj', 'g_proj'])
+    decayed = lambda opt: {names[id(p)] for p in opt.param_groups[0]['params']}
+    assert decayed(default) == {n for n, p in model.named_parameters() if p.dim() >= 2}
+    assert decayed(default) - decayed(control) == {n for n in decayed(default) if '.alpha_proj.' in n or '.g_proj.' in n}
+    assert any('.alpha_proj.' in n for n in decayed(default)) and control.param_groups[1]['weight_decay'] == 0.0
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def block(path, start, end):
+    with open(os.path.join(ROOT, path)) as f:
+        text = f.read()
+    assert text.count(start) == text.count(end) == 1, f"{path}: the markers {start!r}, {end!r}"
+    return text.split(start)[1].split(end)[0].strip('\n')
 
 
 def test_the_readme_shows_the_committed_study():
-    """The README's study numbers are those of the committed results.json (sink_study.readme_lines), and the report
-    and figures it points to are committed beside it."""
+    """The README's study block, its words included, is the committed results.json's (sink_study.readme_lines), and
+    the report and figures it points to are committed beside it."""
     import sink_study
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, 'docs', 'sink_study', 'results.json')) as f:
+    with open(os.path.join(ROOT, 'docs', 'sink_study', 'results.json')) as f:
         results = json.load(f)
-    with open(os.path.join(root, 'README.md')) as f:
-        readme = f.read()
-    assert readme.count(README_START) == readme.count(README_END) == 1
-    block = readme.split(README_START)[1].split(README_END)[0].strip('\n')
     expected = '\n'.join(sink_study.readme_lines(results))
-    assert block == expected, f"README.md's study block is not the committed results'; it should read:\n{expected}"
-    for name in ('report.md', 'fig4_ce.png', 'fig4_kd.png', 'curves_ce.png', 'curves_kd.png'):
-        assert os.path.getsize(os.path.join(root, 'docs', 'sink_study', name)) > 1000, name
+    got = block('README.md', '<!-- the sink study: sink_study.readme_lines(docs/sink_study/results.json) -->',
+                '<!-- end of the sink study -->')
+    assert got == expected, f"README.md's study block is not the committed results'; it should read:\n{expected}"
+    for name in ('report.md', 'fig4_kd.png', 'curves_kd.png'):
+        assert os.path.getsize(os.path.join(ROOT, 'docs', 'sink_study', name)) > 1000, name
     assert results['schema_version'] == sink_study.SCHEMA_VERSION
+
+
+def test_analysis_md_shows_the_claims_and_the_pilot():
+    """docs/analysis.md's claims table is sink_study.CLAIMS, and its pilot table the committed pilot's results."""
+    import sink_study
+    got = block('docs/analysis.md', '<!-- the claims: sink_study.claims_table() -->', '<!-- end of the claims -->')
+    assert got == '\n'.join(sink_study.claims_table())
+    with open(os.path.join(ROOT, 'docs', 'sink_study', 'pilot', 'results.json')) as f:
+        pilot = json.load(f)
+    got = block('docs/analysis.md', '<!-- the pilot: sink_study.pilot_lines(docs/sink_study/pilot/results.json) -->',
+                '<!-- end of the pilot -->')
+    assert got == '\n'.join(sink_study.pilot_lines(pilot))
+    assert sorted(r['name'] for r in pilot['runs']) == sorted(
+        f'{arm}_{v}_s{s}' for arm in ('ce', 'kd') for v in ('softmax', 'sink', 'gated', 'affine') for s in (1, 2, 3))
+
+
+# -----------------------------------------------------------------------------
+# Every verdict of the committed study, recomputed from its records by a second implementation
+
+def committed():
+    root = os.path.join(ROOT, 'docs', 'sink_study')
+    with open(os.path.join(root, 'results.json')) as f:
+        results = json.load(f)
+    records = []
+    for name in sorted(os.listdir(os.path.join(root, 'runs'))):
+        with open(os.path.join(root, 'runs', name)) as f:
+            records.append(json.load(f))
+    return results, records
+
+
+def value(record, measure):
+    """Each claim's measure read from a record, written here from docs/analysis.md's definitions."""
+    mean = lambda xs: sum(xs) / len(xs)
+    if measure == 'loss':
+        return record['val_loss'] if record['arm'] == 'ce' else record['final_kd_loss']
+    end = record['end']
+    return dict(weight=lambda: mean(record['first_token_weight']), share=lambda: mean(record['first_token_share']),
+                first_or_null=lambda: mean(record['first_or_null']), entropy=lambda: mean(record['entropy']),
+                entropy_deep=lambda: mean(record['entropy'][len(record['entropy']) // 2:]),
+                spikes9=lambda: record['spikes']['9'], row_spread=lambda: mean(end['row_total_std']),
+                sink_grown=lambda: float(end['gu']['sink_rate'] > 0),
+                w8a8=lambda: end['w8a8']['w8a8'] / end['w8a8']['fp'],
+                knockout0=lambda: end['knockout']['first_0'] / end['knockout']['full'])[measure]()
+
+
+def every_labelling(a, b, strata_a, strata_b):
+    """Exact two-sided permutation p by brute force: all 2^n labellings of the seeds as a matrix, kept where every
+    stratum has its observed group sizes."""
+    values, strata = np.array(a + b, dtype=np.float64), strata_a + strata_b
+    labels = (np.arange(2 ** len(values))[:, None] >> np.arange(len(values))) & 1  # (2^n, n), 1: group a
+    for s in set(strata):
+        in_s = np.array([t == s for t in strata])
+        labels = labels[labels[:, in_s].sum(1) == sum(t == s for t in strata_a)]
+    differences = labels @ values / len(a) - (1 - labels) @ values / len(b)
+    observed = abs(np.mean(a) - np.mean(b))
+    return float(np.mean(np.abs(differences) >= observed - 1e-9))
+
+
+def counted_fisher(hits_a, n_a, hits_b, n_b):
+    """Fisher's two-sided p by counting every choice of which seeds form group a."""
+    import itertools
+    seeds = [1] * (hits_a + hits_b) + [0] * (n_a + n_b - hits_a - hits_b)
+    tables = {}
+    for pick in itertools.combinations(range(len(seeds)), n_a):
+        x = sum(seeds[i] for i in pick)
+        tables[x] = tables.get(x, 0) + 1
+    return sum(c for c in tables.values() if c <= tables[hits_a]) / sum(tables.values())
+
+
+def test_every_verdict_recomputed_from_the_committed_records():
+    """Each claim of docs/sink_study/results.json from the records under docs/sink_study/runs: its groups (the recipe's
+    seed 0 left out, records of another recipe too), its values, its p by another implementation, Holm's adjustment
+    by the step-down definition, and its verdict word."""
+    results, records = committed()
+    kept = [r for r in records if r['recipe'] == results['recipe']]
+    assert sorted(r['name'] for r in kept) == sorted(r['name'] for r in results['runs'])
+    claims = [c for c in results['claims'] if c['family'] != 'control']
+    assert {c['arm'] for c in claims} == {'kd', 'ce'} and len(claims) == 44
+    for claim in claims:
+        group = lambda v: [r for r in kept if r['arm'] == claim['arm'] and r['variant'] == v and r['seed'] != 0]
+        a, b = group(claim['low']), group(claim['high'])
+        assert claim['n'] == [len(a), len(b)]
+        if not a or not b:
+            assert claim['verdict'] == 'not measured'
+            continue
+        va, vb = [value(r, claim['measure']) for r in a], [value(r, claim['measure']) for r in b]
+        assert claim['mean'] == pytest.approx([np.mean(va), np.mean(vb)], abs=1e-12)
+        if claim['measure'] == 'sink_grown':
+            p = counted_fisher(int(sum(va)), len(va), int(sum(vb)), len(vb))
+        else:
+            strata = (lambda runs: [r['teacher'] for r in runs]) if claim['arm'] == 'kd' else (lambda runs: [0] * len(runs))
+            p = every_labelling(va, vb, strata(a), strata(b))
+        assert claim['p'] == pytest.approx(p, abs=1e-9), claim['id']
+    for arm in ('kd', 'ce'):
+        for family in ('primary', 'secondary'):
+            tested = [c for c in claims if c['arm'] == arm and c['family'] == family and min(c['n']) >= 3]
+            ranked = sorted(tested, key=lambda c: c['p'])
+            for i, c in enumerate(ranked):  # Holm: max over the ranks up to this one of (m - rank) p, at most 1
+                assert c['p_holm'] == pytest.approx(min(1, max((len(ranked) - j) * ranked[j]['p'] for j in range(i + 1))))
+            for c in [c for c in claims if c['arm'] == arm and c['family'] == family]:
+                if min(c['n']) < 3:
+                    assert c['verdict'].startswith(('numbers only', 'not measured')) and 'p_holm' not in c
+                elif c['p_holm'] >= 0.05:
+                    assert c['verdict'].startswith(f"not decided (p = {c['p_holm']:.3g}")
+                else:
+                    agrees = (c['mean'][0] < c['mean'][1]) == (c['direction'] == '<')
+                    assert c['verdict'] == f"{'supported' if agrees else 'contradicted'} (p = {c['p_holm']:.3g})"
