@@ -342,6 +342,11 @@ def bench_study(args, device):
         # the analysis passes: a run without the attention statistics at its evaluations, beside one with them
         (_, without), (_, with_stats) = study_runs([run(variant, True, 8) + ['--attention_windows=0'],
                                                     run(variant, True, 7)], threads)
+        # the most that training k seeds as one batched model could gain: one model's tokens/s at k times the batch
+        # (k seeds' weights stacked do at least the work of one model on k x the batch, in no fewer kernels)
+        batched = [study_runs([run(variant, True, 20 + k) + [f'--global_batch_size={k * B}',
+                                                               f'--micro_batch_size={k * B}']], threads)[0][0]
+                   for k in (1, 2, 4)]
     print_table("The sink study's runs: train.py against a plain PyTorch loop",
                 f"config/sink_study.py's model and batch ({B} x {T} tokens), {threads} thread(s) per process, "
                 f"{steps} steps per run (tokens/s: the median step after the first 5). Plain loop: bench.plain_loop, "
@@ -360,6 +365,12 @@ def bench_study(args, device):
                 ['processes x threads', 'tokens/s per run', 'tokens/s in all'],
                 [[f'2 x {threads}', ' / '.join(f'{t:,.0f}' for t, _ in side), f'{sum(t for t, _ in side):,.0f}'],
                  [f'1 x {2 * threads}', f'{together:,.0f}', f'{together:,.0f}']])
+    print_table('Seeds batched into one model: the most they could gain',
+                f"{variant}, train.py compiled, one run with {threads} thread(s), {steps} steps, at the study's batch "
+                f"({B} windows) and at 2 and 4 times it: training k seeds as one batched model does at least the work "
+                f"of one model on k times the batch, so the last column bounds its speed-up over k separate runs.",
+                ['batch (windows)', 'tokens/s', 'over the study\'s batch'],
+                [[f'{k * B}', f'{t:,.0f}', ratio(t, batched[0])] for k, t in zip((1, 2, 4), batched)])
 
 # -----------------------------------------------------------------------------
 # probes: what the sink measures cost, at every evaluation and at the end of a run

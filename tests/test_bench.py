@@ -23,7 +23,7 @@ TINY = ['--device=cpu', '--n_layer=1', '--n_embd=128', '--n_head=2', '--n_kv_hea
         '--eval_docs=3', '--eval_batch_size=4', '--sections=attention,kd,train,eval,harness']
 TITLES = {'attention': 'Attention variants', 'kd': 'KD loss', 'train': 'Training throughput',
           'eval': 'Zero-shot evaluation', 'study': "The sink study's runs", 'processes': 'Processes',
-          'probes': 'What the sink measures cost'}
+          'probes': 'What the sink measures cost', 'batched': 'Seeds batched into one model'}
 
 
 def tables(stdout):
@@ -116,7 +116,7 @@ def test_study_section_table(monkeypatch, capsys):
     args = bench.parse_args(['--device=cpu', '--sections=study', '--variants=softmax', '--study_steps=6'])
     bench.bench_study(args, torch.device('cpu'))
     assert runs == [(['--compile=False'], 1), (['--compile=True'], 1), (['--compile=True'] * 2, 1),
-                    (['--compile=True'], 2), (['--compile=True'] * 2, 1)]
+                    (['--compile=True'], 2), (['--compile=True'] * 2, 1)] + [(['--compile=True'], 1)] * 3
     out = capsys.readouterr().out
     (study,), processes = tables(out)['study'], tables(out)['processes']
     assert (study['variant'], study['train.py eager'], study['train.py compiled']) == ('softmax', '1,000', '2,000')
@@ -127,6 +127,8 @@ def test_study_section_table(monkeypatch, capsys):
                           'tokens/s in all': '7,000'},
                          {'processes x threads': '1 x 2', 'tokens/s per run': '4,000', 'tokens/s in all': '4,000'}]
     assert 'cost 1.0 s of a run\'s 21 s outside its steps' in out
+    assert [(r['batch (windows)'], r['tokens/s'], r["over the study's batch"]) for r in tables(out)['batched']] == [
+        ('16', '6,000', '1.00'), ('32', '7,000', '1.17'), ('64', '8,000', '1.33')]  # the 6th-8th stand-in runs
 
 
 def test_kd_skips_the_naive_path_when_it_cannot_fit(monkeypatch, capsys):
