@@ -572,8 +572,8 @@ def in_words(results):
             lines.append(f"In the {arm.upper()} arm{' (the paper’s setting)' if arm == 'kd' else ''}, "
                          f"{counts_in_words(results, arm)}. {sink_sentence(results, arm)} Seeds that grew a sink, per "
                          f"variant: {sink_counts(results, arm)}.")
-    return ' '.join(lines) + (" One small model at 3M tokens: a test of the mechanism, not of the paper's scale; "
-                              "every sentence here is generated from the records (sink_study.readme_lines).")
+    return ' '.join(lines) + (f" One small model ({results['layers']} layers) at {results['recipe']['tokens'] / 1e6:.1f}M "
+                              f"tokens a run: a test of the mechanism, not of the paper's scale.")
 
 
 def table_lines(results, arm):
