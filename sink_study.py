@@ -800,7 +800,9 @@ def main(argv=None):
         args.jobs = os.cpu_count() or 1 if args.device == 'cpu' else 1
     threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.device == 'cpu' else 1
     runs, steps, per_step = plan_runs(args, overrides)
-    command = shlex.join(['python', 'sink_study.py', *(sys.argv[1:] if argv is None else argv)])
+    # the command that trains these runs (--report_only only rewrites the report from their records)
+    command = shlex.join(['python', 'sink_study.py', *(a for a in (sys.argv[1:] if argv is None else argv)
+                                                       if not a.startswith('--report_only'))])
     t0 = time.time()
     os.makedirs(os.path.join(HERE, args.report_dir, 'runs'), exist_ok=True)
     if not args.report_only:
