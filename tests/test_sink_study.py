@@ -151,6 +151,35 @@ def test_no_decay_leaves_those_matrices_out_of_weight_decay():
     assert any('.alpha_proj.' in n for n in decayed(default)) and control.param_groups[1]['weight_decay'] == 0.0
 
 
+def test_claims_get_their_words_from_the_tests():
+    """sink_study.test_claims on made-up records of 6 ce seeds per variant: affine's weight below sink's in every seed
+    is supported (exact p = 2 / 924, Holm over the 7 primary claims), sink's above softmax's contradicted, equal
+    losses not decided; the recipe's seed 0 never enters; 2 kd seeds give numbers only; kd permutes within teachers."""
+    import sink_study
+
+    def record(arm, variant, seed, weight, teacher=None):
+        jitter = 1e-3 * seed
+        return dict(arm=arm, variant=variant, seed=seed, teacher=teacher, first_token_weight=[weight + jitter] * 4,
+                    first_token_share=[0.1] * 4, first_or_null=[0.1] * 4, entropy=[2.0 + jitter] * 4,
+                    val_loss=1.7, final_kd_loss=0.5, spikes={'6': 0, '9': 0},
+                    end=dict(row_total_std=[0.1] * 4, gu=dict(sink_rate=0.1 if variant == 'softmax' else 0.0),
+                             w8a8=dict(ratio=1.0), knockout=dict(ratio_first_0=1.0)))
+    weights = dict(affine=0.01, sink=0.5, softmax=0.1, gated=0.05)
+    records = [record('ce', v, s, w) for v, w in weights.items() for s in range(0, 7)]  # seed 0: never tested
+    records += [record('ce', 'affine', 0, 9.0)]  # would turn the verdict if seed 0 counted
+    records += [record('kd', v, s, w, teacher=f'ce_softmax_s{1 + s % 2}') for v, w in weights.items() for s in (1, 2)]
+    claims = {(c['arm'], c['id']): c for c in sink_study.test_claims(records)}
+    first = claims['ce', 'fig4_affine_sink']
+    assert first['n'] == [6, 6] and first['p'] == pytest.approx(2 / 924) and first['p_holm'] == pytest.approx(7 * 2 / 924)
+    assert first['verdict'] == f"supported (p = {7 * 2 / 924:.3g})"
+    assert claims['ce', 'fig4_sink_softmax']['verdict'].startswith('contradicted')
+    assert claims['ce', 'fig7_affine_softmax']['verdict'] == 'not decided (p = 1; no difference was observed)'
+    assert claims['ce', 'gu_sink']['test'] == "Fisher's exact" and claims['ce', 'gu_sink']['p'] == pytest.approx(
+        1 / 462)  # 0 of 6 against 6 of 6: 2 / C(12, 6)
+    assert all(c['verdict'].startswith('numbers only') for (arm, _), c in claims.items() if arm == 'kd')
+    assert claims['kd', 'fig4_affine_sink']['test'] == 'exact permutation within teachers'
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
