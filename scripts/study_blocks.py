@@ -1,0 +1,57 @@
+"""
+The sink study's blocks in the docs, generated from its committed results (tests/test_sink_study.py holds each to
+them): README.md's study block (sink_study.readme_lines of docs/sink_study/results.json), docs/analysis.md's claims
+table (sink_study.claims_table) and its pilot table (sink_study.pilot_lines of docs/sink_study/pilot/results.json).
+
+    python scripts/study_blocks.py           # check: exit status 1 and the blocks that differ
+    python scripts/study_blocks.py --write   # write them between their markers (nothing else in the files changes)
+"""
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import sink_study  # noqa: E402  (after the path: the repository's root)
+from files import atomic_write  # noqa: E402
+
+
+def results(path):
+    with open(os.path.join(ROOT, path)) as f:
+        return json.load(f)
+
+
+# (file, start marker, end marker, the lines between them)
+BLOCKS = [
+    ('README.md', '<!-- the sink study: sink_study.readme_lines(docs/sink_study/results.json) -->',
+     '<!-- end of the sink study -->', lambda: sink_study.readme_lines(results('docs/sink_study/results.json'))),
+    ('docs/analysis.md', '<!-- the claims: sink_study.claims_table() -->', '<!-- end of the claims -->',
+     sink_study.claims_table),
+    ('docs/analysis.md', '<!-- the pilot: sink_study.pilot_lines(docs/sink_study/pilot/results.json) -->',
+     '<!-- end of the pilot -->', lambda: sink_study.pilot_lines(results('docs/sink_study/pilot/results.json'))),
+]
+
+
+def main(argv):
+    stale = []
+    for path, start, end, lines in BLOCKS:
+        with open(os.path.join(ROOT, path)) as f:
+            text = f.read()
+        if text.count(start) != 1 or text.count(end) != 1:
+            raise SystemExit(f"{path}: expected one {start!r} and one {end!r}")
+        before, rest = text.split(start)
+        after = rest.split(end)[1]
+        new = before + start + '\n' + '\n'.join(lines()) + '\n' + end + after
+        if new != text:
+            stale.append(f"{path}: {start}")
+            if '--write' in argv:
+                with atomic_write(os.path.join(ROOT, path)) as f:
+                    f.write(new)
+    verb = 'wrote' if '--write' in argv else 'out of date (python scripts/study_blocks.py --write)'
+    print('\n'.join(f"{verb}: {s}" for s in stale) or 'every block is up to date')
+    return 1 if stale and '--write' not in argv else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))
