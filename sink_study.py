@@ -535,7 +535,7 @@ def verdict_lines(results, arms=('kd', 'ce', 'control'), families=('primary', 's
     lines = []
     for arm in arms:
         rows = [r for r in results['claims'] if r['arm'] == arm and r['family'] in families]
-        if not rows:
+        if not rows or not any(r['arm'] == arm for r in results['runs']):
             continue
         lines += ['', f"**{ARM_TITLES[arm]}**", '']
         for family in families:
