@@ -751,8 +751,14 @@ def prepare_corpus(args):
         raise RunError("preparing the corpus failed (above): fix it and run the same command again")
 
 
-V1_RUN_FIELDS = ('variant', 'seed', 'arm', 'tokens', 'seconds', 'val_loss', 'first_token_weight', 'first_token_share',
-                 'sink_mass', 'per_head', 'sink_rate', 'entropy', 'row_sum', 'spikes', 'curve', 'ckpt')
+CURVE_FIELDS = ('tokens', 'first_token_weight', 'first_token_share', 'sink_rate', 'val_loss')  # results.json's curves
+
+
+def summary(record):
+    """A record as results.json holds it: everything but the per-head lists, its curve's points cut to CURVE_FIELDS
+    (the record in runs/ keeps every measure of every evaluation)."""
+    return {k: v for k, v in record.items() if not k.endswith('_per_head') and k != 'curve'} | dict(
+        curve=[{k: point[k] for k in CURVE_FIELDS} for point in record['curve']])
 
 
 def collect(args, runs, per_step, command):
@@ -783,7 +789,7 @@ def collect(args, runs, per_step, command):
                                                                                for s in range(1, len(args.teachers) + 1)],
         uniform_first_token=uniform_first_token(config['block_size']),
         arms=[a for a in ('kd', 'ce', 'control', 'recipe') if any(r['arm'] == a for r in kept)],
-        excluded=excluded, missing=missing, runs=kept)
+        excluded=excluded, missing=missing, runs=[summary(r) for r in kept])
     results['claims'] = test_claims(kept)
     return results
 
