@@ -1,7 +1,7 @@
 """
 The sink study's blocks in the docs, generated from its committed results (tests/test_sink_study.py holds each to
-them): README.md's study block (sink_study.readme_lines of docs/sink_study/results.json), docs/analysis.md's claims
-table (sink_study.claims_table) and its pilot table (sink_study.pilot_lines of docs/sink_study/pilot/results.json).
+them): README.md's study block (study_results.readme_lines of docs/sink_study/results.json), docs/analysis.md's claims
+table (study_results.claims_table) and its pilot table (study_results.pilot_lines of docs/sink_study/pilot/results.json).
 
     python scripts/study_blocks.py           # check: exit status 1 and the blocks that differ
     python scripts/study_blocks.py --write   # write them between their markers (nothing else in the files changes)
@@ -13,7 +13,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import sink_study  # noqa: E402  (after the path: the repository's root)
+import study_results  # noqa: E402  (after the path: the repository's root)
 from files import atomic_write  # noqa: E402
 
 
@@ -24,12 +24,12 @@ def results(path):
 
 # (file, start marker, end marker, the lines between them)
 BLOCKS = [
-    ('README.md', '<!-- the sink study: sink_study.readme_lines(docs/sink_study/results.json) -->',
-     '<!-- end of the sink study -->', lambda: sink_study.readme_lines(results('docs/sink_study/results.json'))),
-    ('docs/analysis.md', '<!-- the claims: sink_study.claims_table() -->', '<!-- end of the claims -->',
-     sink_study.claims_table),
-    ('docs/analysis.md', '<!-- the pilot: sink_study.pilot_lines(docs/sink_study/pilot/results.json) -->',
-     '<!-- end of the pilot -->', lambda: sink_study.pilot_lines(results('docs/sink_study/pilot/results.json'))),
+    ('README.md', '<!-- the sink study: study_results.readme_lines(docs/sink_study/results.json) -->',
+     '<!-- end of the sink study -->', lambda: study_results.readme_lines(results('docs/sink_study/results.json'))),
+    ('docs/analysis.md', '<!-- the claims: study_results.claims_table() -->', '<!-- end of the claims -->',
+     study_results.claims_table),
+    ('docs/analysis.md', '<!-- the pilot: study_results.pilot_lines(docs/sink_study/pilot/results.json) -->',
+     '<!-- end of the pilot -->', lambda: study_results.pilot_lines(results('docs/sink_study/pilot/results.json'))),
 ]
 
 

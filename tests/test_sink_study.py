@@ -152,10 +152,10 @@ def test_no_decay_leaves_those_matrices_out_of_weight_decay():
 
 
 def test_claims_get_their_words_from_the_tests():
-    """sink_study.test_claims on made-up records of 6 ce seeds per variant: affine's weight below sink's in every seed
+    """study_results.test_claims on made-up records of 6 ce seeds per variant: affine's weight below sink's in every seed
     is supported (exact p = 2 / 924, Holm over the 7 primary claims), sink's above softmax's contradicted, equal
     losses not decided; the recipe's seed 0 never enters; 2 kd seeds give numbers only; kd permutes within teachers."""
-    import sink_study
+    import study_results
 
     def record(arm, variant, seed, weight, teacher=None):
         jitter = 1e-3 * seed
@@ -168,7 +168,7 @@ def test_claims_get_their_words_from_the_tests():
     records = [record('ce', v, s, w) for v, w in weights.items() for s in range(0, 7)]  # seed 0: never tested
     records += [record('ce', 'affine', 0, 9.0)]  # would turn the verdict if seed 0 counted
     records += [record('kd', v, s, w, teacher=f'ce_softmax_s{1 + s % 2}') for v, w in weights.items() for s in (1, 2)]
-    claims = {(c['arm'], c['id']): c for c in sink_study.test_claims(records)}
+    claims = {(c['arm'], c['id']): c for c in study_results.test_claims(records)}
     first = claims['ce', 'fig4_affine_sink']
     assert first['n'] == [6, 6] and first['p'] == pytest.approx(2 / 924) and first['p_holm'] == pytest.approx(7 * 2 / 924)
     assert first['verdict'] == f"supported (p = {7 * 2 / 924:.3g})"
@@ -191,32 +191,33 @@ def block(path, start, end):
 
 
 def test_the_readme_shows_the_committed_study():
-    """The README's study block, its words included, is the committed results.json's (sink_study.readme_lines), and
+    """The README's study block, its words included, is the committed results.json's (study_results.readme_lines), and
     the report and figures it points to are committed beside it."""
     import sink_study
+    import study_results
     with open(os.path.join(ROOT, 'docs', 'sink_study', 'results.json')) as f:
         results = json.load(f)
-    expected = '\n'.join(sink_study.readme_lines(results))
-    got = block('README.md', '<!-- the sink study: sink_study.readme_lines(docs/sink_study/results.json) -->',
+    expected = '\n'.join(study_results.readme_lines(results))
+    got = block('README.md', '<!-- the sink study: study_results.readme_lines(docs/sink_study/results.json) -->',
                 '<!-- end of the sink study -->')
     assert got == expected, f"README.md's study block is not the committed results'; it should read:\n{expected}"
     for name in ('report.md', 'fig4_kd.png', 'curves_kd.png'):
         assert os.path.getsize(os.path.join(ROOT, 'docs', 'sink_study', name)) > 1000, name
     with open(os.path.join(ROOT, 'docs', 'sink_study', 'report.md')) as f:
-        assert f.read() == '\n'.join(sink_study.report_lines(results)) + '\n'  # the report is the records' too
+        assert f.read() == '\n'.join(study_results.report_lines(results)) + '\n'  # the report is the records' too
     assert results['schema_version'] == sink_study.SCHEMA_VERSION
 
 
 def test_analysis_md_shows_the_claims_and_the_pilot():
-    """docs/analysis.md's claims table is sink_study.CLAIMS, and its pilot table the committed pilot's results."""
-    import sink_study
-    got = block('docs/analysis.md', '<!-- the claims: sink_study.claims_table() -->', '<!-- end of the claims -->')
-    assert got == '\n'.join(sink_study.claims_table())
+    """docs/analysis.md's claims table is study_results.CLAIMS, and its pilot table the committed pilot's results."""
+    import study_results
+    got = block('docs/analysis.md', '<!-- the claims: study_results.claims_table() -->', '<!-- end of the claims -->')
+    assert got == '\n'.join(study_results.claims_table())
     with open(os.path.join(ROOT, 'docs', 'sink_study', 'pilot', 'results.json')) as f:
         pilot = json.load(f)
-    got = block('docs/analysis.md', '<!-- the pilot: sink_study.pilot_lines(docs/sink_study/pilot/results.json) -->',
+    got = block('docs/analysis.md', '<!-- the pilot: study_results.pilot_lines(docs/sink_study/pilot/results.json) -->',
                 '<!-- end of the pilot -->')
-    assert got == '\n'.join(sink_study.pilot_lines(pilot))
+    assert got == '\n'.join(study_results.pilot_lines(pilot))
     assert sorted(r['name'] for r in pilot['runs']) == sorted(
         f'{arm}_{v}_s{s}' for arm in ('ce', 'kd') for v in ('softmax', 'sink', 'gated', 'affine') for s in (1, 2, 3))
 

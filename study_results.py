@@ -1,0 +1,402 @@
+"""
+The sink study's results: the claims fixed before its runs (CLAIMS, each on a measure of MEASURES), their tests
+(significance.py), and every word the report, the README's block and docs/analysis.md's pilot table say about them,
+generated from the runs' records (sink_study.py writes the records; scripts/study_blocks.py writes the blocks).
+"""
+import os
+import statistics
+
+import significance as sig
+from model import ATTENTIONS, PAPER_VARIANTS
+from probes import SINK_THRESHOLD, layer_mean
+
+SOFTMAX, SINK, GATED, AFFINE, AFFINE_GATED = PAPER_VARIANTS  # the paper's five, in its order
+CORE = [SOFTMAX, SINK, GATED, AFFINE]  # the variants of the claims
+EXTRA = [v for v in ATTENTIONS if v not in CORE]  # affine_gated and ours (softmax1): fewer seeds, numbers
+RECIPE_SEED = 0  # the seed the recipe was searched on (softmax, ce): reported, never in a test
+# a real pretrained softmax model's first-token weight, for scale: as the quick start's real-model stage measured it
+SMOLLM2 = dict(first_token_mean=0.36, first_token_max=0.65, source=(
+    "python quickstart.py's real-model stage: SmolLM2-135M-Instruct (analyze.py attention on the built-in corpus in "
+    "its tokens, 4 x 256 tokens; docs/analysis.md)"))
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def minutes(seconds):
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else \
+        f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+# -----------------------------------------------------------------------------
+# The claims, fixed before the runs (docs/analysis.md), and their tests (significance.py)
+
+# measure name -> (what it is, its value in a record)
+MEASURES = {
+    'weight': ("the first token's raw weight, mean over layers (Figure 4's own measure)",
+               lambda r: layer_mean(r['first_token_weight'])),
+    'share': ("the first token's share of each row's total, mean over layers",
+              lambda r: layer_mean(r['first_token_share'])),
+    'first_or_null': ("the first token's weight plus the null mass (the paper's Figure 9 reading of sink), mean "
+                      "over layers", lambda r: layer_mean(r['first_or_null'])),
+    'entropy': ("attention entropy (of the weights' magnitudes normalised over the visible keys), mean over all layers",
+                lambda r: layer_mean(r['entropy'])),
+    'entropy_deep': ("the same over the deeper half of the layers",
+                     lambda r: layer_mean(r['entropy'][len(r['entropy']) // 2:])),
+    'loss': ("kd arm: the final KD loss (mean of the last 50 steps); ce arm: the CE validation loss of the last "
+             "evaluation", lambda r: r['final_kd_loss'] if r['arm'] in ('kd', 'control') else r['val_loss']),
+    'spikes9': ("gradient-norm spikes over steps 0-500, median + 9 MAD (Table 5)", lambda r: r['spikes']['9']),
+    'row_spread': ("the standard deviation of the per-query row totals over the windows' queries (Figure 3's "
+                   "spread), mean over layers", lambda r: layer_mean(r['end']['row_total_std'])),
+    'sink_grown': ("1 where Gu et al.'s Sink_1^0.3 in their setting (100 x 64, the first token among the tokens) is "
+                   "above 0, else 0", lambda r: float(r['end']['gu']['sink_rate'] > 0)),
+    'w8a8': ("the W8A8 loss over the full-precision loss", lambda r: r['end']['w8a8']['ratio']),
+    'knockout0': ("the loss with the first token evicted (k = 0, window a quarter of the context) over full "
+                  "attention's", lambda r: r['end']['knockout']['ratio_first_0']),
+    'val_loss': ("the CE validation loss of the last evaluation", lambda r: r['val_loss']),
+}
+
+# (id, family, source, measure, low, direction, high): the claim is `low direction high` in each arm it names
+CLAIMS = [
+    ('fig4_affine_sink', 'primary', 'Figure 4', 'weight', AFFINE, '<', SINK),
+    ('fig4_sink_softmax', 'primary', 'Figure 4', 'weight', SINK, '<', SOFTMAX),
+    ('fig6_affine_sink', 'primary', 'Figure 6', 'entropy', AFFINE, '>', SINK),
+    ('fig6_affine_softmax', 'primary', 'Figure 6', 'entropy', AFFINE, '>', SOFTMAX),
+    ('fig7_affine_softmax', 'primary', 'Figures 7 and 10', 'loss', AFFINE, '<', SOFTMAX),
+    ('fig7_affine_sink', 'primary', 'Figures 7 and 10', 'loss', AFFINE, '<', SINK),
+    ('table5_affine_softmax', 'primary', 'Table 5 (k = 9)', 'spikes9', AFFINE, '<', SOFTMAX),
+    ('fig4_share_affine_sink', 'secondary', 'Figure 4, by share', 'share', AFFINE, '<', SINK),
+    ('fig4_share_sink_softmax', 'secondary', 'Figure 4, by share', 'share', SINK, '<', SOFTMAX),
+    ('fig4_null_affine_sink', 'secondary', 'Figure 4, first-token-or-null', 'first_or_null', AFFINE, '<', SINK),
+    ('fig4_null_sink_softmax', 'secondary', 'Figure 4, first-token-or-null', 'first_or_null', SINK, '<', SOFTMAX),
+    ('fig6_deep_affine_sink', 'secondary', 'Figure 6, deeper half', 'entropy_deep', AFFINE, '>', SINK),
+    ('fig6_deep_affine_softmax', 'secondary', 'Figure 6, deeper half', 'entropy_deep', AFFINE, '>', SOFTMAX),
+    ('fig3_spread_affine_sink', 'secondary', 'Figure 3', 'row_spread', AFFINE, '>', SINK),
+    ('qiu_gate_share', 'secondary', 'Qiu et al. (the gate)', 'share', GATED, '<', SOFTMAX),
+    ('gu_affine', 'secondary', 'Gu et al. (seeds with a sink)', 'sink_grown', AFFINE, '<', SOFTMAX),
+    ('gu_sink', 'secondary', 'Gu et al. (seeds with a sink)', 'sink_grown', SINK, '<', SOFTMAX),
+    ('gu_gated', 'secondary', 'Gu et al. (seeds with a sink)', 'sink_grown', GATED, '<', SOFTMAX),
+    ('w8a8_affine_softmax', 'secondary', 'the payoff: W8A8', 'w8a8', AFFINE, '<', SOFTMAX),
+    ('w8a8_affine_sink', 'secondary', 'the payoff: W8A8', 'w8a8', AFFINE, '<', SINK),
+    ('knockout_affine_softmax', 'secondary', 'the payoff: knockout', 'knockout0', AFFINE, '<', SOFTMAX),
+    ('knockout_affine_sink', 'secondary', 'the payoff: knockout', 'knockout0', AFFINE, '<', SINK),
+]
+CLAIM_ARMS = ('kd', 'ce')  # each claim is tested in both, kd (the paper's setting) first
+CONTROL_MEASURES = ('weight', 'share', 'loss')  # did turning decay off on alpha_proj, g_proj move these?
+
+
+def tested(records, arm, variant):
+    """The records of (arm, variant) that enter tests: never the recipe's seed."""
+    return [r for r in records if r['arm'] == arm and r['variant'] == variant and r['seed'] != RECIPE_SEED]
+
+
+def compare(a, b, measure, direction, family_size, fisher=False):
+    """One comparison of groups a and b (records) on a measure: means, stds, the test's raw p, the 95% interval of
+    the difference (bootstrap, within teachers in the kd arm) and the seeds a difference of this size would need."""
+    values = lambda runs: [MEASURES[measure][1](r) for r in runs]
+    va, vb = values(a), values(b)
+    strata = lambda runs: [r['teacher'] for r in runs] if any(r['teacher'] for r in runs) else None
+    out = dict(n=[len(a), len(b)], mean=[statistics.fmean(va) if va else None, statistics.fmean(vb) if vb else None],
+               std=[statistics.stdev(v) if len(v) > 1 else None for v in (va, vb)], seeds=[[r['seed'] for r in a],
+                                                                                          [r['seed'] for r in b]])
+    if not va or not vb:
+        return out | dict(p=None)
+    out['difference'] = out['mean'][0] - out['mean'][1]
+    if fisher:
+        out['test'] = "Fisher's exact"
+        out['p'] = sig.fisher_exact(int(sum(va)), len(va), int(sum(vb)), len(vb))
+    else:
+        out['test'] = 'exact permutation' + (' within teachers' if strata(a) else '')
+        out['p'] = sig.permutation_test(va, vb, strata(a), strata(b))
+    out['interval'] = list(sig.bootstrap_interval(va, vb, strata(a), strata(b)))
+    out['needed'] = sig.seeds_needed(va, vb, family_size, proportions=fisher) if len(va) > 1 and len(vb) > 1 else None
+    return out
+
+
+def test_claims(records):
+    """Every claim in each arm of CLAIM_ARMS, with Holm's correction within each (arm, family) over the comparisons
+    that have at least MIN_SEEDS seeds on both sides; and the control arm against kd. A list of result dicts."""
+    out = []
+    for arm in CLAIM_ARMS:
+        for family in ('primary', 'secondary'):
+            claims = [c for c in CLAIMS if c[1] == family]
+            size = sum(min(len(tested(records, arm, c[4])), len(tested(records, arm, c[6]))) >= sig.MIN_SEEDS
+                       for c in claims) or 1
+            results = []
+            for cid, _, source, measure, low, direction, high in claims:
+                a, b = tested(records, arm, low), tested(records, arm, high)
+                result = compare(a, b, measure, direction, size, fisher=measure == 'sink_grown')
+                results.append(dict(id=cid, arm=arm, family=family, source=source, measure=measure, low=low,
+                                    direction=direction, high=high, **result))
+            holm_set = [r for r in results if r['p'] is not None and min(r['n']) >= sig.MIN_SEEDS]
+            for r, adjusted in zip(holm_set, sig.holm([r['p'] for r in holm_set])):
+                r['p_holm'] = adjusted
+            for r in results:
+                r['verdict'] = (sig.verdict(direction=r['direction'], difference=r['difference'],
+                                            p_adjusted=r.get('p_holm', 1.0), n_a=r['n'][0], n_b=r['n'][1],
+                                            needed=r['needed']) if r['p'] is not None else 'not measured')
+            out += results
+    controls = [(v, m) for v in (AFFINE, GATED) for m in CONTROL_MEASURES
+                if tested(records, 'control', v) and tested(records, 'kd', v)]
+    results = []
+    for variant, measure in controls:
+        result = compare(tested(records, 'control', variant), tested(records, 'kd', variant), measure, '!=',
+                         len(controls))
+        results.append(dict(id=f'control_{variant}_{measure}', arm='control', family='control',
+                            source='the recipe (weight decay on alpha_proj, g_proj)', measure=measure,
+                            low=f'{variant} without decay', direction='!=', high=f'{variant} with decay', **result))
+    holm_set = [r for r in results if min(r['n']) >= sig.MIN_SEEDS]
+    for r, adjusted in zip(holm_set, sig.holm([r['p'] for r in holm_set])):
+        r['p_holm'] = adjusted
+    for r in results:
+        p = r.get('p_holm')
+        r['verdict'] = (f"numbers only (fewer than {sig.MIN_SEEDS} seeds in a group)" if p is None else
+                        f"moved (p = {p:.3g})" if p < sig.ALPHA else f"did not move detectably (p = {p:.3g})")
+    return out + results
+
+# -----------------------------------------------------------------------------
+# results.json, the report, the README's block: all generated from the records
+
+
+def uniform_first_token(context):
+    """The first token's weight under uniform causal attention, averaged over the queries after it: query i (0-based)
+    spreads 1 / (i + 1) over i + 1 keys."""
+    return sum(1 / (i + 1) for i in range(1, context)) / (context - 1)
+
+
+def mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def fmt(ms, digits=3):
+    mean, std = ms
+    if mean is None:
+        return '—'
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else '')
+
+
+def g(x):
+    return '—' if x is None else f"{x:.4g}"
+
+
+ARM_TITLES = dict(kd="KD arm: the paper's setting (students distilled from softmax teachers)",
+                  ce="CE arm: trained from scratch with cross-entropy (outside the paper's setting)",
+                  control="Control: kd with weight decay off on alpha_proj and g_proj",
+                  recipe="The recipe's seed (ce softmax, seed 0): reported, never tested")
+
+
+def claim_line(r):
+    if r['p'] is None:
+        return f"- {r['source']}: {r['low']} {r['direction']} {r['high']} on {r['measure']}: {r['verdict']}."
+    (ma, mb), (sa, sb) = r['mean'], r['std']
+    ci = r['interval']
+    holm = f", Holm-adjusted {g(r['p_holm'])}" if 'p_holm' in r else ''
+    return (f"- {r['source']}: {r['low']} {r['direction']} {r['high']} on {r['measure']}: **{r['verdict']}** — "
+            f"{r['low']} {g(ma)} ± {g(sa)} ({r['n'][0]} seeds) vs {r['high']} {g(mb)} ± {g(sb)} ({r['n'][1]} seeds); "
+            f"difference {g(r['difference'])}, 95% interval [{g(ci[0])}, {g(ci[1])}]; {r['test']} p = {g(r['p'])}"
+            f"{holm}.")
+
+
+def verdict_lines(results, arms=('kd', 'ce', 'control'), families=('primary', 'secondary', 'control')):
+    lines = []
+    for arm in arms:
+        rows = [r for r in results['claims'] if r['arm'] == arm and r['family'] in families]
+        if not rows or not any(r['arm'] == arm for r in results['runs']):
+            continue
+        lines += ['', f"**{ARM_TITLES[arm]}**", '']
+        for family in families:
+            chosen = [r for r in rows if r['family'] == family]
+            if chosen and family != 'control':
+                lines += [f"{family.capitalize()} claims (Holm over the {len([r for r in chosen if 'p_holm' in r])} "
+                          f"tested):"]
+            lines += [claim_line(r) for r in chosen]
+    return lines
+
+
+def counts_in_words(results, arm):
+    rows = [r for r in results['claims'] if r['arm'] == arm and r['family'] == 'primary']
+    words = [r['verdict'].split(' (')[0] for r in rows]
+    named = lambda word: ', '.join(f"{r['source']} ({r['low']} {r['direction']} {r['high']})" for r in rows
+                                   if r['verdict'].startswith(word)) or 'none'
+    return (f"of the paper's {len(rows)} primary claims, {words.count('supported')} supported ({named('supported')}), "
+            f"{words.count('contradicted')} contradicted ({named('contradicted')}), {words.count('not decided')} not "
+            f"decided and {sum(w.startswith('numbers only') or w == 'not measured' for w in words)} without a verdict "
+            f"(fewer than {sig.MIN_SEEDS} seeds)")
+
+
+def sink_counts(results, arm):
+    by = {}
+    for r in results['runs']:
+        if r['arm'] == arm and r['seed'] != RECIPE_SEED:
+            by.setdefault(r['variant'], []).append(MEASURES['sink_grown'][1](r))
+    return ', '.join(f"{v} {int(sum(x))} of {len(x)}" for v, x in by.items())
+
+
+def in_words(results):
+    lines = []
+    for arm in ('kd', 'ce'):
+        if any(r['arm'] == arm for r in results['runs']):
+            lines.append(f"In the {arm.upper()} arm{' (the paper’s setting)' if arm == 'kd' else ''}, "
+                         f"{counts_in_words(results, arm)}. {sink_sentence(results, arm)} Seeds that grew a sink, per "
+                         f"variant: {sink_counts(results, arm)}.")
+    return ' '.join(lines) + (f" One small model ({results['layers']} layers) at {results['recipe']['tokens'] / 1e6:.1f}M "
+                              f"tokens a run: a test of the mechanism, not of the paper's scale.")
+
+
+def table_lines(results, arm):
+    by = {}
+    for r in results['runs']:
+        if r['arm'] == arm:
+            by.setdefault(r['variant'], []).append(r)
+    lines = ['| variant | seeds | loss | first-token weight | share | first-or-null | value-weighted | Sink₁ (windows) '
+             '| Sink₁ > 0 (100 x 64) | entropy | row-total spread | W8A8 ratio | knockout k=0 ratio | spikes k=9 |',
+             '|---|' + '---|' * 13]
+    for variant, runs in by.items():
+        m = lambda key: fmt(mean_std([MEASURES[key][1](r) for r in runs]))
+        lines.append(f"| {variant} | {', '.join(str(r['seed']) for r in runs)} | {m('loss')} | {m('weight')} | "
+                     f"{m('share')} | {m('first_or_null')} | {fmt(mean_std([layer_mean(r['value_weighted_first']) for r in runs]))} | "
+                     f"{fmt(mean_std([r['sink_rate'] for r in runs]), 2)} | "
+                     f"{int(sum(MEASURES['sink_grown'][1](r) for r in runs))} of {len(runs)} | {m('entropy')} | "
+                     f"{m('row_spread')} | {m('w8a8')} | {m('knockout0')} | {fmt(mean_std([r['spikes']['9'] for r in runs]), 1)} |")
+    return lines
+
+
+def claims_table():
+    """The claims as fixed before the runs, one row each (the report and docs/analysis.md show it)."""
+    lines = ['| id | family | source | claim | measure | test |', '|---|---|---|---|---|---|']
+    for cid, family, source, measure, low, direction, high in CLAIMS:
+        test = "Fisher's exact" if measure == 'sink_grown' else 'exact permutation (kd: within teachers)'
+        lines.append(f"| {cid} | {family} | {source} | {low} {direction} {high} | {MEASURES[measure][0]} | {test} |")
+    return lines
+
+
+def report_lines(results):
+    r0 = results
+    lines = ['# The sink study', '',
+             f"Command: `{r0['command']}`. Machine: {r0['machine']}. Runs: {len(r0['runs'])} records; "
+             f"{per_run_times(r0)}.", '',
+             f"Corpus: {describe_corpus(r0['corpus'])}. Every {r0['context']}-token window starts with token "
+             f"{r0['bos_id']} (<|endoftext|>). Recipe: {r0['recipe_text']}. Uniform attention would put "
+             f"{r0['uniform_first_token']:.4f} on the first token.", '',
+             '## What the study found', '', in_words(results), '',
+             f"Tests (fixed before the runs; significance.py): per-seed values by an exact two-sided permutation test "
+             f"(kd: permuted within a teacher), seeds with a sink by Fisher's exact test, Holm's correction within "
+             f"each arm's family at {sig.ALPHA}; intervals are 95% percentile bootstraps ({sig.BOOTSTRAP_SAMPLES:,} "
+             f"resamples, seeded); a group with fewer than {sig.MIN_SEEDS} seeds gives numbers only. \"Seeds "
+             f"needed\": the normal approximation at Holm's strictest level with power {sig.POWER}, never below the "
+             f"exact test's floor.", *verdict_lines(results), '',
+             f"For scale, a real pretrained model, SmolLM2-135M-Instruct, puts {SMOLLM2['first_token_mean']} of its "
+             f"attention on the first token on average over its 30 layers, {SMOLLM2['first_token_max']} in its "
+             f"largest layer ({SMOLLM2['source']}).", '']
+    for arm in ('kd', 'ce', 'control', 'recipe'):
+        if any(r['arm'] == arm for r in results['runs']):
+            lines += [f"## {ARM_TITLES[arm]}", '', *table_lines(results, arm), '']
+            if os.path.exists(os.path.join(ROOT, results['report_dir'], f'fig4_{arm}.png')):
+                lines += [f"![Figure 4, {arm}](fig4_{arm}.png)", '', f"![curves, {arm}](curves_{arm}.png)", '']
+    lines += ['## The claims, as fixed before the runs', '', *claims_table(), '',
+              'Columns of the tables: means ± std over seeds of the last evaluation (per layer, averaged over layers) '
+              'on the same fixed validation windows; the end-of-run measures (Sink₁ in Gu et al.\'s setting, W8A8, '
+              'the knockout, the row-total spread) on the run\'s checkpoint. docs/analysis.md defines each.']
+    if results['excluded']:
+        lines += ['', f"Records left out (another recipe): {', '.join(results['excluded'])}."]
+    if results['missing']:
+        lines += ['', f"Planned runs without a record yet ({len(results['missing'])}; the same command trains them): "
+                      f"{', '.join(results['missing'])}."]
+    return lines
+
+
+def per_run_times(results):
+    seconds = {}
+    for r in results['runs']:
+        seconds.setdefault(r['arm'], []).append(r['seconds'])
+    return '; '.join(f"a {arm} run's steps {minutes(statistics.fmean(s))} on average" for arm, s in seconds.items())
+
+
+def sink_sentence(results, arm):
+    """Whether the recipe grew the sink the claims are about: softmax's seeds with Gu et al.'s Sink_1 > 0."""
+    grown = [MEASURES['sink_grown'][1](r) for r in results['runs'] if r['arm'] == arm and r['variant'] == SOFTMAX
+             and r['seed'] != RECIPE_SEED]
+    if not grown:
+        return f"No {arm} softmax run has a record yet."
+    sentence = f"Softmax grew a sink (Gu et al.'s Sink₁ > 0, 100 x 64) in {int(sum(grown))} of {len(grown)} {arm} seeds"
+    if sum(grown) < 2 / 3 * len(grown):
+        return sentence + (": fewer than two in three, so the recipe did not reliably grow the sink the claims are "
+                           "about, and a first-token claim here compares variants that may all lack one.")
+    return sentence + '.'
+
+
+def pilot_lines(results):
+    """docs/analysis.md's pilot table: per arm and primary claim, the pilot's means and spread, the raw p, and the
+    seeds per variant a difference of that size would need (significance.seeds_needed: the power calculation); with
+    the time of a run and of its end-of-run measures."""
+    lines = [' '.join(sink_sentence(results, arm) for arm in ('kd', 'ce')) + f" Runs: {per_run_times(results)}; "
+             f"the end-of-run measures took {statistics.fmean(r['end_seconds'] for r in results['runs']):.1f} s a run "
+             f"on average.", '',
+             '| arm | claim | low: mean ± std | high: mean ± std | difference | p (exact) | seeds needed |',
+             '|---|---|---|---|---|---|---|']
+    for r in results['claims']:
+        if r['family'] == 'primary' and r['p'] is not None:
+            lines.append(f"| {r['arm']} | {r['source']}: {r['low']} {r['direction']} {r['high']} ({r['measure']}) | "
+                         f"{g(r['mean'][0])} ± {g(r['std'][0])} | {g(r['mean'][1])} ± {g(r['std'][1])} | "
+                         f"{g(r['difference'])} | {g(r['p'])} | {r['needed'] or 'no difference'} |")
+    return lines
+
+
+def readme_lines(results):
+    """The README's block on the study (tests/test_sink_study.py holds the README to it for the committed
+    docs/sink_study/results.json): the command, the primary claims' verdicts of each arm (kd first) and the words."""
+    missing = f", {len(results['missing'])} planned runs not yet trained" if results['missing'] else ''
+    lines = [f"`{results['command']}` ({len(results['runs'])} runs{missing}, {results['recipe']['tokens']:,} tokens each; "
+             f"{per_run_times(results)}; {results['machine']}):"]
+    lines += verdict_lines(results, arms=('kd', 'ce'), families=('primary',))
+    return lines + ['', 'In words (generated): ' + in_words(results)]
+
+
+def describe_corpus(corpus):
+    if corpus['source'] != 'stdlib':
+        return f"prepare_data.py --source={corpus['source']} ({corpus['data_dir']})"
+    return (f"Python {corpus['python']}'s standard library, {corpus['files']:,} .py files, {corpus['bytes']:,} bytes, "
+            f"sha256 {corpus['sha256'][:16]}… (another Python version has other files: the numbers move slightly)")
+
+
+def figures(results, out_dir):
+    """Per arm: fig4_<arm>.png, the per-layer first-token weight and share, mean ± std over seeds, per variant;
+    curves_<arm>.png, the first-token weight (mean over layers) and Gu's Sink_1 on the windows against tokens."""
+    from analyze import pyplot
+    plt = pyplot()
+    for arm in ('kd', 'ce', 'control', 'recipe'):
+        by = {}
+        for r in results['runs']:
+            if r['arm'] == arm:
+                by.setdefault(r['variant'], []).append(r)
+        if not by:
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, key, title in ((axes[0], 'first_token_weight', 'weight on the first token (raw)'),
+                               (axes[1], 'first_token_share', "first token's share of the row")):
+            for variant, runs in by.items():
+                layers = list(zip(*[r[key] for r in runs]))
+                ax.errorbar(range(1, len(layers) + 1), [statistics.fmean(v) for v in layers],
+                            yerr=[statistics.stdev(v) if len(v) > 1 else 0 for v in layers], marker='o', capsize=3,
+                            label=variant)
+            ax.axhline(results['uniform_first_token'], color='grey', linestyle=':', label='uniform attention')
+            ax.set(title=f"Figure 4 ({arm}): {title}", xlabel='layer', ylabel=key.replace('_', ' '))
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, f'fig4_{arm}.png'), dpi=110)
+        plt.close(fig)
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for variant, runs in by.items():
+            for i, run in enumerate(runs):
+                tokens = [p['tokens'] / 1e6 for p in run['curve']]
+                style = dict(color=f"C{list(by).index(variant)}", label=variant if i == 0 else None, linewidth=1)
+                axes[0].plot(tokens, [statistics.fmean(p['first_token_weight']) for p in run['curve']], **style)
+                axes[1].plot(tokens, [p['sink_rate'] for p in run['curve']], **style)
+        axes[0].set(title=f"first-token weight, mean over layers ({arm})", xlabel='training tokens (M)', ylabel='weight')
+        axes[1].set(title=f"Gu et al.'s Sink_1^{SINK_THRESHOLD} on the windows ({arm})", xlabel='training tokens (M)',
+                    ylabel='share of (window, layer, head)')
+        for ax in axes:
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, f'curves_{arm}.png'), dpi=110)
+        plt.close(fig)
