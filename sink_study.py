@@ -2,7 +2,8 @@
 The sink study: does softmax attention, trained by this repo, grow a first-token sink, and do the paper's claims
 about each attention variant hold where it does? Figure 4's picture (the first token's weight per layer, affine <
 sink < softmax) and the paper's other claims, at a scale two CPU cores can train, with enough seeds for tests that
-were fixed before the runs (CLAIMS; significance.py), measured as the field measures a sink (probes.py).
+were fixed before the runs (study_results.CLAIMS; significance.py), measured as the field measures a sink
+(probes.py). This file plans, runs and records; study_results.py turns the records into verdicts and words.
 
     python sink_study.py                      # the pilot: 4 variants x 3 seeds x 2 arms -> out/sink_study/report.md
     python sink_study.py --plan=full --report_dir=docs/sink_study   # the committed study (about 80 runs, in parts)
