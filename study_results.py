@@ -261,6 +261,22 @@ def table_lines(results, arm):
     return lines
 
 
+def alpha_lines(results, arm):
+    """Affine's alpha (Eq. 7) on the windows, per variant that has one: its mean, its spread across queries and the
+    shares clipped at 0 and 1 (probes.alpha_summary), means over layers, mean ± std over seeds; a spread near 0 would
+    mean a scale that ignores its input (what weight decay on alpha_proj could cause: the control arm)."""
+    by = {}
+    for r in results['runs']:
+        if r['arm'] == arm and 'alpha_std' in r:
+            by.setdefault(r['variant'], []).append(r)
+    if not by:
+        return []
+    m = lambda runs, key: fmt(mean_std([layer_mean(r[key]) for r in runs]))
+    return ['| variant | alpha mean | alpha spread across queries | at 0 | at 1 |', '|---|---|---|---|---|'] + [
+        f"| {v} | {m(runs, 'alpha_window_mean')} | {m(runs, 'alpha_std')} | {m(runs, 'alpha_at_0')} | "
+        f"{m(runs, 'alpha_at_1')} |" for v, runs in by.items()] + ['']
+
+
 def claims_table():
     """The claims as fixed before the runs, one row each (the report and docs/analysis.md show it)."""
     lines = ['| id | family | source | claim | measure | test |', '|---|---|---|---|---|---|']
@@ -290,7 +306,7 @@ def report_lines(results):
              f"largest layer ({SMOLLM2['source']}).", '']
     for arm in ('kd', 'ce', 'control', 'recipe'):
         if any(r['arm'] == arm for r in results['runs']):
-            lines += [f"## {ARM_TITLES[arm]}", '', *table_lines(results, arm), '']
+            lines += [f"## {ARM_TITLES[arm]}", '', *table_lines(results, arm), '', *alpha_lines(results, arm)]
             if os.path.exists(os.path.join(ROOT, results['report_dir'], f'fig4_{arm}.png')):
                 lines += [f"![Figure 4, {arm}](fig4_{arm}.png)", '', f"![curves, {arm}](curves_{arm}.png)", '']
     lines += ['## The claims, as fixed before the runs', '', *claims_table(), '',
