@@ -39,6 +39,7 @@ from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_row
 from data import Windows, read_meta
 from model import FIELD_NAMES, GATED_NAMES, GPT, ModelConfig
 from probes import GU_LENGTH, GU_SAMPLES, knockout_losses, model_statistics, sink_rates, w8a8_losses
+from significance import mean_std
 from tokenizer import tokenizer_info
 
 
@@ -591,10 +592,6 @@ def attention_params(config):
 def count(n):
     """A parameter count as the paper prints it (millions, one decimal), exact below 0.1M (tiny models)."""
     return f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
-
-
-def mean_std(values):
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
 def data_identity(run):

@@ -20,6 +20,12 @@ BOOTSTRAP_SEED = 0
 TIE = 1e-12  # differences within this (relative) of the observed one count as at least as extreme
 
 
+def mean_std(values):
+    """(mean, sample standard deviation) of the values given (None: not measured, left out); None where undefined."""
+    values = [v for v in values if v is not None]
+    return (statistics.fmean(values) if values else None), (statistics.stdev(values) if len(values) > 1 else None)
+
+
 def mean_difference(a, b):
     return statistics.fmean(a) - statistics.fmean(b)
 

@@ -93,9 +93,9 @@ def compare(a, b, measure, direction, family_size, fisher=False):
     values = lambda runs: [MEASURES[measure][1](r) for r in runs]
     va, vb = values(a), values(b)
     strata = lambda runs: [r['teacher'] for r in runs] if any(r['teacher'] for r in runs) else None
-    out = dict(n=[len(a), len(b)], mean=[statistics.fmean(va) if va else None, statistics.fmean(vb) if vb else None],
-               std=[statistics.stdev(v) if len(v) > 1 else None for v in (va, vb)], seeds=[[r['seed'] for r in a],
-                                                                                          [r['seed'] for r in b]])
+    (mean_a, std_a), (mean_b, std_b) = sig.mean_std(va), sig.mean_std(vb)
+    out = dict(n=[len(a), len(b)], mean=[mean_a, mean_b], std=[std_a, std_b],
+               seeds=[[r['seed'] for r in a], [r['seed'] for r in b]])
     if not va or not vb:
         return out | dict(p=None)
     out['difference'] = out['mean'][0] - out['mean'][1]
@@ -159,13 +159,6 @@ def uniform_first_token(context):
     """The first token's weight under uniform causal attention, averaged over the queries after it: query i (0-based)
     spreads 1 / (i + 1) over i + 1 keys."""
     return sum(1 / (i + 1) for i in range(1, context)) / (context - 1)
-
-
-def mean_std(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None, None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
 def fmt(ms, digits=3):
@@ -252,12 +245,13 @@ def table_lines(results, arm):
              '| Sink₁ > 0 (100 x 64) | entropy | row-total spread | W8A8 ratio | knockout k=0 ratio | spikes k=9 |',
              '|---|' + '---|' * 13]
     for variant, runs in by.items():
-        m = lambda key: fmt(mean_std([MEASURES[key][1](r) for r in runs]))
+        stat = lambda get, digits=3: fmt(sig.mean_std([get(r) for r in runs]), digits)
+        m = lambda key: stat(MEASURES[key][1])
         lines.append(f"| {variant} | {', '.join(str(r['seed']) for r in runs)} | {m('loss')} | {m('weight')} | "
-                     f"{m('share')} | {m('first_or_null')} | {fmt(mean_std([layer_mean(r['value_weighted_first']) for r in runs]))} | "
-                     f"{fmt(mean_std([r['sink_rate'] for r in runs]), 2)} | "
+                     f"{m('share')} | {m('first_or_null')} | {stat(lambda r: layer_mean(r['value_weighted_first']))} | "
+                     f"{stat(lambda r: r['sink_rate'], 2)} | "
                      f"{int(sum(MEASURES['sink_grown'][1](r) for r in runs))} of {len(runs)} | {m('entropy')} | "
-                     f"{m('row_spread')} | {m('w8a8')} | {m('knockout0')} | {fmt(mean_std([r['spikes']['9'] for r in runs]), 1)} |")
+                     f"{m('row_spread')} | {m('w8a8')} | {m('knockout0')} | {stat(lambda r: r['spikes']['9'], 1)} |")
     return lines
 
 
@@ -271,7 +265,7 @@ def alpha_lines(results, arm):
             by.setdefault(r['variant'], []).append(r)
     if not by:
         return []
-    m = lambda runs, key: fmt(mean_std([layer_mean(r[key]) for r in runs]))
+    m = lambda runs, key: fmt(sig.mean_std([layer_mean(r[key]) for r in runs]))
     return ['| variant | alpha mean | alpha spread across queries | at 0 | at 1 |', '|---|---|---|---|---|'] + [
         f"| {v} | {m(runs, 'alpha_window_mean')} | {m(runs, 'alpha_std')} | {m(runs, 'alpha_at_0')} | "
         f"{m(runs, 'alpha_at_1')} |" for v, runs in by.items()] + ['']

@@ -103,3 +103,10 @@ def test_seeds_needed_and_the_words():
     assert sig.verdict('<', 0.2, 0.01, 3, 3, 5) == 'contradicted (p = 0.01)'
     assert sig.verdict('>', 0.2, 0.3, 8, 8, 12).startswith('not decided (p = 0.3; about 12 seeds')
     assert sig.verdict('>', 0.2, 0.001, 2, 8, 12).startswith('numbers only')
+
+
+def test_mean_std_leaves_out_what_was_not_measured():
+    # (1 + 3) / 2 = 2; sample variance ((1-2)² + (3-2)²) / (2 - 1) = 2
+    assert sig.mean_std([1.0, None, 3.0]) == (2.0, math.sqrt(2))
+    assert sig.mean_std([5.0]) == (5.0, None)  # one value: no spread
+    assert sig.mean_std([None]) == (None, None)
