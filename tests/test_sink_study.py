@@ -220,6 +220,12 @@ def test_analysis_md_shows_the_claims_and_the_pilot():
     assert got == '\n'.join(study_results.pilot_lines(pilot))
     assert sorted(r['name'] for r in pilot['runs']) == sorted(
         f'{arm}_{v}_s{s}' for arm in ('ce', 'kd') for v in ('softmax', 'sink', 'gated', 'affine') for s in (1, 2, 3))
+    # the quick start's "about an hour on 2 cores" for `python sink_study.py` (the pilot) is the committed pilot's
+    # time: its runs' steps and end-of-run measures, two at a time (measured: 60.5 minutes from first start to last end)
+    with open(os.path.join(ROOT, 'README.md')) as f:
+        assert 'python sink_study.py           # the sink study\'s pilot (about an hour on 2 cores)' in f.read()
+    assert '2 job(s)' in pilot['machine'] and '2 CPU cores' in pilot['machine']
+    assert 45 <= sum(r['seconds'] + r['end_seconds'] for r in pilot['runs']) / 2 / 60 <= 80
 
 
 # -----------------------------------------------------------------------------
