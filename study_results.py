@@ -225,6 +225,30 @@ def sink_counts(results, arm):
     return ', '.join(f"{v} {int(sum(x))} of {len(x)}" for v, x in by.items())
 
 
+def control_sentence(results):
+    """The control's outcome: per variant and measure, whether it moved with alpha_proj and g_proj left out of weight
+    decay (its test, against the kd arm), with both means; then, as numbers only (no test of it was fixed before the
+    runs), affine's first-token weight without that decay beside the kd sink's, whose logits the recipe never decays
+    (vectors: train.configure_optimizers)."""
+    rows = [r for r in results['claims'] if r['arm'] == 'control']
+    if not rows:
+        return ''
+    by = {}
+    for r in rows:
+        by.setdefault(r['low'].split()[0], []).append(  # "moved (p = 0.01; 0.008 without, 0.016 with)"
+            f"{r['measure']} {r['verdict'].rstrip(')')}; {g(r['mean'][0])} without, {g(r['mean'][1])} with)")
+    sentence = ("The control (kd, weight decay off on alpha_proj and g_proj, against the kd arm's runs with it): " +
+                '; '.join(f"{variant}'s {', '.join(items)}" for variant, items in by.items()) + '.')
+    affine, sink = tested(results['runs'], 'control', AFFINE), tested(results['runs'], 'kd', SINK)
+    if affine and sink:
+        weight = lambda runs: fmt(sig.mean_std([MEASURES['weight'][1](r) for r in runs]), 4)
+        sentence += (f" Figure 4's affine < sink was tested with that decay on alpha_proj; without it, affine's "
+                     f"first-token weight was {weight(affine)} ({len(affine)} seeds) against the kd sink's "
+                     f"{weight(sink)} ({len(sink)} seeds; the recipe never decays sink's logits): numbers only, as no "
+                     f"test of this comparison was fixed before the runs.")
+    return sentence
+
+
 def in_words(results):
     lines = []
     for arm in ('kd', 'ce'):
@@ -232,7 +256,8 @@ def in_words(results):
             lines.append(f"In the {arm.upper()} arm{' (the paper’s setting)' if arm == 'kd' else ''}, "
                          f"{counts_in_words(results, arm)}. {sink_sentence(results, arm)} Seeds that grew a sink, per "
                          f"variant: {sink_counts(results, arm)}.")
-    return ' '.join(lines) + (f" One small model ({results['layers']} layers) at {results['recipe']['tokens'] / 1e6:.1f}M "
+    lines.append(control_sentence(results))
+    return ' '.join(line for line in lines if line) + (f" One small model ({results['layers']} layers) at {results['recipe']['tokens'] / 1e6:.1f}M "
                               f"tokens a run: a test of the mechanism, not of the paper's scale.")
 
 

@@ -179,6 +179,15 @@ def test_claims_get_their_words_from_the_tests():
     assert all(c['verdict'].startswith('numbers only') for (arm, _), c in claims.items() if arm == 'kd')
     assert claims['kd', 'fig4_affine_sink']['test'] == 'exact permutation within teachers'
 
+    # the control (3 seeds against kd's 2): its words, and affine without decay beside the kd sink as numbers only
+    records += [record('control', v, s, 0.002, teacher=f'ce_softmax_s{1 + s % 2}') for v in ('affine', 'gated')
+                for s in (1, 2, 3)]
+    tested = study_results.test_claims(records)
+    words = study_results.control_sentence(dict(runs=records, claims=tested))
+    assert "affine's weight numbers only (fewer than 3 seeds in a group; 0.004 without, 0.0115 with)" in words
+    assert "affine's first-token weight was 0.0040 ± 0.0010 (3 seeds) against the kd sink's 0.5015 ± 0.0007 (2 seeds" \
+        in words and words.endswith('numbers only, as no test of this comparison was fixed before the runs.')
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
