@@ -257,8 +257,9 @@ def in_words(results):
                          f"{counts_in_words(results, arm)}. {sink_sentence(results, arm)} Seeds that grew a sink, per "
                          f"variant: {sink_counts(results, arm)}.")
     lines.append(control_sentence(results))
-    return ' '.join(line for line in lines if line) + (f" One small model ({results['layers']} layers) at {results['recipe']['tokens'] / 1e6:.1f}M "
-                              f"tokens a run: a test of the mechanism, not of the paper's scale.")
+    lines.append(f"One small model ({results['layers']} layers) at {results['recipe']['tokens'] / 1e6:.1f}M tokens a "
+                 f"run: a test of the mechanism, not of the paper's scale.")
+    return ' '.join(line for line in lines if line)
 
 
 def table_lines(results, arm):
