@@ -10,10 +10,12 @@ figures (pip install matplotlib).
     python analyze.py table out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_table
 
 attention: from checkpoints (train.py out_dirs, ckpt.pt files or Hugging Face directories) on held-out text
-    (default as Appendix A.1: 10 sequences of 1,024 tokens of C4 validation; or --data=a prepare_data.py directory
-    or a text file, offline): per layer and head, from each variant's effective attention weights (Attention.weights,
-    the model's own q/k/v/alpha code): Figure 3 (per-query row sums), 4 (first-token weight), 5 (per-head total
-    weight), 6 (entropy), 9 (a layer's top-left 30 x 30 block), and alpha / alpha_ma (affine) or sink logits.
+    (default as Appendix A.1: 10 sequences of 1,024 tokens of C4 validation, from the hub, which offline is refused
+    in seconds; or --data=a prepare_data.py directory or a UTF-8 text file, offline): per layer and head, from each
+    variant's effective attention weights (Attention.weights, the model's own q/k/v/alpha code): Figure 3 (per-query
+    row sums), 4 (first-token weight), 5 (per-head total weight), 6 (entropy), 9 (a layer's top-left 30 x 30 block),
+    and alpha / alpha_ma (affine) or sink logits. A short text is read as far as it goes: fewer sequences, and fewer
+    windows for Gu et al.'s setting and W8A8's ranges, or none (the measure is skipped); the report says which.
 runs: from train.py's metrics.jsonl: Figures 2, 7, 8, 10 and Tables 4-5 (gradient-norm statistics and spikes).
 table: Tables 1-3: per method, ΔParams, final training loss (KD or CE loss, labelled), perplexity and the
     zero-shot accuracies of eval_zeroshot.py --out=<run>/eval.json with their average, best per column in bold;
@@ -31,12 +33,13 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from checkpoint import CKPT_NAME, read_checkpoint
+from checkpoint import CKPT_NAME, checkpoint_file, read_checkpoint
 from common import Progress, resolve_device
 from configurator import DEVICE, Key, fail, parse
 from files import MARKERS, RunError, claim_dir, made_dirs, read_log, run_script, write_json
-from eval_zeroshot import C4_DOCS, c4_tokens, load_model_and_tokenizer, read_rows, window_first_token
-from data import Windows, read_meta
+from eval_zeroshot import (C4_DOCS, HubUnreachable, c4_tokens, load_model_and_tokenizer, read_rows,
+                           window_first_token)
+from data import Windows, read_meta, read_split
 from model import FIELD_NAMES, GATED_NAMES, GPT, ModelConfig
 from probes import GU_LENGTH, GU_SAMPLES, knockout_losses, model_statistics, sink_rates, w8a8_losses
 from significance import mean_std
@@ -99,29 +102,25 @@ def pyplot():
 # From checkpoints: Figures 3, 4, 5, 6, 9, alpha and sink logits
 
 
-def heldout_text(source, enc, tokenizer_sha256, data_dir=None):
+def heldout_text(source, enc, tokenizer_sha256, data_dir=None, c4=None):
     """windows(seq_len) -> (count, get, what): the non-overlapping windows of seq_len tokens of a held-out token
-    stream, how many there are, get(picks) -> those windows as a (k, seq_len) int64 tensor, and what the text is (for
-    messages). 'c4' is the first 1100 C4 validation documents of the c4-new protocol (eval_zeroshot.py; offline from
-    --data_dir, exported with eval_zeroshot.py --export_data); a prepare_data.py directory gives its val split (it
-    must be tokenized with the model's tokenizer); a text file is tokenized with the model's tokenizer. The text is
-    read once, for windows of any length."""
+    stream, how many there are (0 where the text is shorter than one), get(picks) -> those windows as a (k, seq_len)
+    int64 tensor, and what the text is (for messages). 'c4' is the first 1100 C4 validation documents of the c4-new
+    protocol (eval_zeroshot.py; offline from --data_dir, exported with eval_zeroshot.py --export_data; c4: the
+    (rows, where) of read_rows where they are read already); a prepare_data.py directory gives its val split (it
+    must be tokenized with the model's tokenizer); a UTF-8 text file is tokenized with the model's tokenizer. The
+    text is read once, for windows of any length."""
     if source == 'c4':
-        rows, _ = read_rows('c4', data_dir, C4_DOCS)
-        ids = np.asarray(c4_tokens(enc, rows), dtype=np.int64)
+        rows, where = c4 or read_rows('c4', data_dir, C4_DOCS)
+        ids = np.asarray(c4_tokens(enc, rows, where), dtype=np.int64)
     elif os.path.isdir(source):
         meta = read_meta(source)
         if meta['tokenizer']['sha256'] != tokenizer_sha256:
             raise RunError(f"--data={source} was tokenized with {meta['tokenizer']['spec']}, not the model's "
                            f"tokenizer; prepare it with the model's, or pass a text file")
-
-        def split_windows(seq_len):
-            windows = Windows(source, 'val', seq_len)
-            return len(windows), lambda picks: torch.from_numpy(windows.get(picks)[0]), f"{source}'s val split"
-        return split_windows
+        return lambda seq_len: split_windows(source, seq_len)
     elif os.path.isfile(source):
-        with open(source, encoding='utf-8') as f:
-            ids = np.asarray(enc.encode_ordinary(f.read()), dtype=np.int64)
+        ids = np.asarray(enc.encode_ordinary(read_text(source)), dtype=np.int64)
     else:
         raise RunError(f"--data={source}: not 'c4', a prepare_data.py directory or a text file")
 
@@ -132,16 +131,63 @@ def heldout_text(source, enc, tokenizer_sha256, data_dir=None):
     return windows
 
 
+def split_windows(source, seq_len):
+    """heldout_text's windows of a prepare_data.py directory's val split: none where every shard is shorter than a
+    window, which data.Windows refuses."""
+    what = f"{source}'s val split"
+    try:
+        windows = Windows(source, 'val', seq_len)
+    except RunError:
+        if any(len(shard) > seq_len for shard in read_split(source, 'val')):
+            raise  # not for want of tokens: a shard is missing or damaged
+        return 0, None, what
+    return len(windows), lambda picks: torch.from_numpy(windows.get(picks)[0]), what
+
+
+def read_text(path):
+    """A --data text file's text: UTF-8 and not empty, else a one-line RunError that says what to do."""
+    with open(path, 'rb') as f:
+        data = f.read()
+    if not data:
+        raise RunError(f"--data={path}: empty (0 bytes); give a file that holds held-out text")
+    try:
+        return data.decode('utf-8')
+    except UnicodeDecodeError as e:
+        line = data.count(b'\n', 0, e.start) + 1
+        raise RunError(f"--data={path}: not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start:,} (line "
+                       f"{line}); convert a Latin-1 text with iconv -f latin1 -t utf-8 {path} > <new file> and pass "
+                       f"that (a binary file cannot be analysed)") from None
+
+
+def c4_validation(data_dir, spec, tokenizer):
+    """read_rows' (rows, where) of the c4-new documents, read before any model is loaded: offline (the hub cannot be
+    reached) a one-line error in seconds, with the commands that give local text instead."""
+    try:
+        return read_rows('c4', data_dir, C4_DOCS)
+    except HubUnreachable as e:
+        path = checkpoint_file(spec)
+        tok = tokenizer or (read_checkpoint(path, keys=('tokenizer',))['tokenizer']['spec'] if path else spec)
+        raise RunError(f"--data=c4 reads C4 validation from the hub, and {e.reason}; analyse local text instead: the "
+                       f"built-in corpus in the model's tokens (python prepare_data.py --source=builtin "
+                       f"--tokenizer={tok} --val_every=10 --out_dir=data/heldout, then --data=data/heldout), or "
+                       f"--data=<a UTF-8 text file>; or export C4 where the hub can be reached (python "
+                       f"eval_zeroshot.py --export_data=evaldata --tasks=c4) and pass --data_dir=evaldata") from None
+
+
 def heldout_sequences(source, enc, tokenizer_sha256, num_seqs, seq_len, seed=0, data_dir=None):
     """num_seqs windows of seq_len tokens of the held-out text (heldout_text), drawn without replacement (seeded)."""
     count, get, what = heldout_text(source, enc, tokenizer_sha256, data_dir)(seq_len)
     return get(draw(count, num_seqs, seed, what, seq_len))
 
 
+def windows_of(n, seq_len):
+    """'1 window of 64 tokens', '3 windows of 64 tokens': for messages."""
+    return f"{n} window{'s' * (n != 1)} of {seq_len} tokens"
+
+
 def draw(n, k, seed, what, seq_len, key='num_seqs'):
     if n < k:
-        raise RunError(f"{what} has {n} windows of {seq_len} tokens, fewer than --{key}={k}; lower --{key} "
-                       f"or --seq_len")
+        raise RunError(f"{what} has {windows_of(n, seq_len)}, fewer than --{key}={k}; lower --{key} or --seq_len")
     return np.sort(np.random.default_rng(seed).choice(n, k, replace=False))
 
 
@@ -156,23 +202,46 @@ def starting_with(first, sequences):
 def sink_costs(model, windows, first, sequences, unread, seed, sink_samples, calibration, knockout_window,
                batch_size):
     """What the attention job measures at the end of each model (probes.py): Gu et al.'s Sink_1 in their own setting
-    (sink_samples windows of GU_LENGTH tokens; fewer windows where the text has fewer, shorter ones where the model's
-    block is: both are recorded), W8A8 with its
-    ranges from `calibration` windows drawn from those the analysis does not read (unread), and the first-token
-    knockout on the analysed sequences. windows: heldout_text's; 0 skips the first two."""
-    costs = dict(gu=None, w8a8=None)
+    (gu_setting), W8A8 with its ranges from `calibration` windows drawn from those the analysis does not read
+    (unread; w8a8_setting), and the first-token knockout on the analysed sequences. windows: heldout_text's; 0 skips
+    the first two. Where the text is too short for one, it takes fewer windows or none, and `notes` says so."""
+    costs, notes = dict(gu=None, w8a8=None), {}
     if sink_samples:
-        length = min(GU_LENGTH, model.config.block_size)
-        count, get, what = windows(length)
-        picks = draw(count, min(sink_samples, max(count, 1)), seed, what, length, 'sink_samples')
-        per_forward = batch_size * max(1, sequences.size(1) // length)  # as many tokens as the analysis's forwards
-        costs['gu'] = sink_rates(model, starting_with(first, get(picks)), per_forward)
+        costs['gu'], notes['gu'] = gu_setting(model, windows, first, sequences, seed, sink_samples, batch_size)
     if calibration:
-        count, get, what = windows(sequences.size(1))
-        picks = unread[draw(len(unread), calibration, seed, f"{what} (beyond the analysed windows)",
-                            sequences.size(1), 'calibration')]
-        costs['w8a8'] = w8a8_losses(model, starting_with(first, get(picks)), sequences, batch_size)
-    return costs | dict(knockout=knockout_losses(model, sequences, knockout_window, batch_size=batch_size))
+        costs['w8a8'], notes['w8a8'] = w8a8_setting(model, windows, first, sequences, unread, seed, calibration,
+                                                    batch_size)
+    return costs | dict(knockout=knockout_losses(model, sequences, knockout_window, batch_size=batch_size),
+                        notes={key: note for key, note in notes.items() if note})
+
+
+def gu_setting(model, windows, first, sequences, seed, sink_samples, batch_size):
+    """(Gu et al.'s Sink_1 on sink_samples windows of GU_LENGTH tokens (shorter where the model's block is; fewer
+    where the text has fewer, as many tokens per forward as the analysis's), a note where it took fewer or none)."""
+    length = min(GU_LENGTH, model.config.block_size)
+    count, get, what = windows(length)
+    if not count:
+        return None, f"Gu et al.'s setting: skipped: {what} has no window of {length} tokens"
+    picks = draw(count, min(sink_samples, count), seed, what, length, 'sink_samples')
+    per_forward = batch_size * max(1, sequences.size(1) // length)
+    note = None if count >= sink_samples else (f"Gu et al.'s setting: {windows_of(count, length)}, fewer than "
+                                               f"--sink_samples={sink_samples}: {what} has no more")
+    return sink_rates(model, starting_with(first, get(picks)), per_forward), note
+
+
+def w8a8_setting(model, windows, first, sequences, unread, seed, calibration, batch_size):
+    """(W8A8 (probes.w8a8_losses) on the analysed sequences, its ranges fixed on `calibration` windows drawn from
+    unread (fewer where there are fewer), a note where it took fewer or none)."""
+    length = sequences.size(1)
+    count, get, what = windows(length)
+    if not len(unread):
+        return None, (f"W8A8: skipped: {what} has {windows_of(count, length)}, all analysed, and W8A8 fixes its "
+                      f"ranges on others (--calibration={calibration}); give a longer text or a lower --num_seqs")
+    k = min(calibration, len(unread))
+    picks = unread[draw(len(unread), k, seed, f"{what} (beyond the analysed windows)", length, 'calibration')]
+    note = None if k == calibration else (f"W8A8: ranges fixed on {windows_of(k, length)}, fewer than "
+                                          f"--calibration={calibration}: {what} has no more beyond the analysed")
+    return w8a8_losses(model, starting_with(first, get(picks)), sequences, batch_size), note
 
 
 def attention_figures(out, models, layer):
@@ -317,6 +386,7 @@ def sink_lines(models):
         setting = f"{number(gu.get('sink_rate'))} ({gu['samples']} x {gu['length']})" if gu else '-'
         lines.append(f"| {n} | {number(m['sink_rate'])} | {number(m.get('sink_rate_null_slot'))} | {setting} | "
                      f"{number(gu.get('sink_rate_null_slot'))} | {number(m['sink_rate_mean_head'])} |")
+    lines += notes_lines(models, 'gu')
     lines += ['', '## Activation outliers per layer (Bondarenko et al. 2023)', '',
               "max |x| per sequence averaged over sequences and kurtosis, of the attention layer's output, and "
               'max |x| of the residual stream after the layer; each with / without position 0.']
@@ -332,9 +402,9 @@ def sink_lines(models):
     lines += ['', '## What a sink costs', '',
               'W8A8: validation loss in full precision and with int8 weights (symmetric, per tensor) and int8 inputs '
               'of every linear layer but the last (asymmetric, per tensor, ranges fixed on calibration windows), and '
-              f"their ratio. Knockout (StreamingLLM): the loss of the predictions of queries i >= {knockout['window']} "
-              f"when each sees only its last {knockout['window']} keys and the first k positions, against full "
-              'attention on the same predictions.', '',
+              f"their ratio. Knockout (StreamingLLM): the loss of the predictions of queries "
+              f"i >= {knockout['window']} when each sees only its last {knockout['window']} keys and the first k "
+              'positions, against full attention on the same predictions.', '',
               '| model | loss | W8A8 | ratio | calibration windows | knockout: full | ' +
               ' | '.join(f"k = {k[6:]}" for k in firsts) + ' |', '|---|---|---|---|---|---|' + '---|' * len(firsts)]
     for n in names:
@@ -342,14 +412,18 @@ def sink_lines(models):
         lines.append(f"| {n} | {number(q.get('fp'))} | {number(q.get('w8a8'))} | {number(q.get('ratio'))} | "
                      f"{q.get('calibration', '-')} | {k['full']:.3f} | " +
                      ' | '.join(f"{k[key]:.3f}" for key in firsts) + ' |')
-    return lines
+    return lines + notes_lines(models, 'w8a8')
 
 
 def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=0, layer=None, corner=30,
                      data_dir=None, tokenizer=None, device='cpu', dtype='float32', batch_size=1,
                      sink_samples=GU_SAMPLES, calibration=4, knockout_window=0):
     """The `attention` job: statistics of every checkpoint in specs on the same held-out text and what its sink
-    costs (sink_costs), then figures, numbers.json and report.md in out_dir."""
+    costs (sink_costs), then figures, numbers.json and report.md in out_dir. A text with fewer windows than asked
+    for is read as far as it goes (each model's `notes` say where); only one with no window at all is refused."""
+    c4 = c4_validation(data_dir, specs[0], tokenizer) if data == 'c4' else None  # offline: refused before any load
+    settings = SimpleNamespace(num_seqs=num_seqs, seed=seed, corner=corner, batch_size=batch_size,
+                               sink_samples=sink_samples, calibration=calibration, knockout_window=knockout_window)
     models, shapes, sources = {}, set(), {}
     for spec in specs:
         model, enc = load_model_and_tokenizer(spec, tokenizer, torch.device(device), getattr(torch, dtype))
@@ -358,26 +432,11 @@ def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=
         if len(shapes) > 1:
             raise RunError(f"models of different shapes (n_layer, n_head) {sorted(shapes)}; analyse each size "
                            f"separately")
-        if layer and not 1 <= layer <= cfg.n_layer:
-            raise RunError(f"--layer={layer}: the models have layers 1-{cfg.n_layer}")
-        length = seq_len or min(1024, cfg.block_size)
-        if length > cfg.block_size:
-            raise RunError(f"{spec}: --seq_len={length} exceeds the model's block_size {cfg.block_size}")
-        if knockout_window >= length - 1:
-            raise RunError(f"--knockout_window={knockout_window} leaves no prediction of {length} tokens to knock "
-                           f"out: use one below {length - 1}")
-        windows = heldout_text(data, enc, tokenizer_info(enc, spec)['sha256'], data_dir)
-        count, get, what = windows(length)
-        picks = draw(count, num_seqs, seed, what, length)
-        first = window_first_token(spec)  # trained on windows that all start with this token: so are these
-        sequences = starting_with(first, get(picks))
+        length = checked_length(spec, cfg, layer, seq_len, knockout_window)
+        windows = heldout_text(data, enc, tokenizer_info(enc, spec)['sha256'], data_dir, c4)
         name = method_name(vars(cfg))
         name = name if name not in models else f"{name} ({spec})"
-        print(f"{spec}: {name}, {cfg.n_layer} layers, {num_seqs} x {length} tokens of {data}", file=sys.stderr)
-        models[name] = model_statistics(model, sequences, corner, batch_size, Progress(f"{name} sequences", num_seqs))
-        models[name] |= sink_costs(model, windows, first, sequences, np.setdiff1d(np.arange(count), picks), seed,
-                                   sink_samples, calibration, knockout_window, batch_size)
-        sources[name] = dict(spec=spec, attention=cfg.attention, seq_len=length, first_token=first)
+        models[name], sources[name] = measure_model(model, spec, name, windows, length, data, settings)
         del model
     n_layer = shapes.pop()[0]
     layer = layer or max(1, n_layer // 2)  # the paper's Figure 9 shows layer 8 of the 1B model's 16
@@ -387,38 +446,7 @@ def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=
         with open(os.path.join(tmp, 'numbers.json'), 'w') as f:
             json.dump(dict(data=data, num_seqs=num_seqs, seed=seed, layer=layer, corner=corner,
                            models={name: dict(sources[name], **stats) for name, stats in models.items()}), f)
-        names = list(models)
-        lines = ['# Attention analysis', '',
-                 f"Held-out text: {num_seqs} sequences of {sources[names[0]]['seq_len']} tokens drawn (seed {seed}) "
-                 f"from `{data}`. Weights are each variant's effective attention weights (sink: without the sink's "
-                 f"mass; affine: alpha * softmax + beta on the visible keys; gated: the softmax, the gate acts after). "
-                 f"Entropy is that of |w| normalised over the visible keys (affine weights can be negative).", '',
-                 '| model | checkpoint |', '|---|---|'] + [f"| {n} | `{sources[n]['spec']}` |" for n in names]
-        lines += ['', '## Per-query attention weight sums (Figure 3)', '', '| model | mean | median |', '|---|---|---|']
-        lines += [f"| {n} | {models[n]['row_sums']['mean']:.4f} | {models[n]['row_sums']['median']:.4f} |" for n in names]
-        for key, title in [('first_token', 'First-token attention weight per layer (Figure 4)'),
-                           ('entropy', 'Mean attention entropy per layer (Figure 6)')]:
-            lines += ['', f"## {title}", '', '| layer | ' + ' | '.join(names) + ' |', '|---|' + '---|' * len(names)]
-            lines += [f"| {i + 1} | " + ' | '.join(f"{models[n]['layers'][i][key]:.4f}" for n in names) + ' |'
-                      for i in range(n_layer)]
-        for n in names:
-            layers = models[n]['layers']
-            if 'alpha_ma' in layers[0]:
-                lines += ['', f"## {n}: alpha and alpha_ma per layer (mean over heads)", '',
-                          'alpha\'s standard deviation is across queries, per head, averaged over heads (0: a scale '
-                          'that ignores its input); "at 0", "at 1": the shares of alphas clipped there by Eq. 11.', '',
-                          '| layer | alpha mean | std | p5-p95 | at 0 | at 1 | alpha_ma |',
-                          '|---|---|---|---|---|---|---|']
-                lines += [f"| {i + 1} | {l['alpha_mean']:.4f} | {l['alpha_std']:.4f} | "
-                          f"{l['alpha_quantiles']['p5']:.3f}-{l['alpha_quantiles']['p95']:.3f} | "
-                          f"{l['alpha_at_0']:.3f} | {l['alpha_at_1']:.3f} | {np.mean(l['alpha_ma']):.4f} |"
-                          for i, l in enumerate(layers)]
-            if 'sinks' in layers[0]:
-                lines += ['', f"## {n}: sink logits per layer (mean, min, max over heads)", '',
-                          '| layer | mean | min | max |', '|---|---|---|---|']
-                lines += [f"| {i + 1} | {np.mean(l['sinks']):.3f} | {min(l['sinks']):.3f} | {max(l['sinks']):.3f} |"
-                          for i, l in enumerate(layers)]
-        lines += sink_lines(models)
+        lines = attention_lines(models, sources, data, seed, n_layer) + sink_lines(models)
         lines += ['', '## Figures', ''] + [f"![{title}]({file})" for file, title in sorted(figures)]
         with open(os.path.join(tmp, 'report.md'), 'w') as f:
             f.write('\n'.join(lines) + '\n')
@@ -426,6 +454,90 @@ def attention_report(specs, out_dir, data='c4', num_seqs=10, seq_len=1024, seed=
 
     figures = write_report(out_dir, build)
     return models, figures
+
+
+def checked_length(spec, cfg, layer, seq_len, knockout_window):
+    """The analysed sequences' length for a model of config cfg, once the settings are checked against it."""
+    if layer and not 1 <= layer <= cfg.n_layer:
+        raise RunError(f"--layer={layer}: the models have layers 1-{cfg.n_layer}")
+    length = seq_len or min(1024, cfg.block_size)
+    if length > cfg.block_size:
+        raise RunError(f"{spec}: --seq_len={length} exceeds the model's block_size {cfg.block_size}")
+    if knockout_window >= length - 1:
+        raise RunError(f"--knockout_window={knockout_window} leaves no prediction of {length} tokens to knock "
+                       f"out: use one below {length - 1}")
+    return length
+
+
+def measure_model(model, spec, name, windows, length, data, settings):
+    """(statistics, source) of one model: model_statistics on settings.num_seqs windows of `length` tokens of the
+    held-out text (heldout_text's windows; all of them where it has fewer, none refused), then sink_costs."""
+    count, get, what = windows(length)
+    if not count:
+        raise RunError(f"{what} has no window of {length} tokens; give a longer text, or a lower --seq_len")
+    num_seqs = min(settings.num_seqs, count)
+    picks = draw(count, num_seqs, settings.seed, what, length)
+    first = window_first_token(spec)  # trained on windows that all start with this token: so are these
+    sequences = starting_with(first, get(picks))
+    print(f"{spec}: {name}, {model.config.n_layer} layers, {num_seqs} x {length} tokens of {data}", file=sys.stderr)
+    stats = model_statistics(model, sequences, settings.corner, settings.batch_size,
+                             Progress(f"{name} sequences", num_seqs))
+    stats |= sink_costs(model, windows, first, sequences, np.setdiff1d(np.arange(count), picks), settings.seed,
+                        settings.sink_samples, settings.calibration, settings.knockout_window, settings.batch_size)
+    if num_seqs < settings.num_seqs:
+        stats['notes'] = dict(sequences=f"analysed: {windows_of(num_seqs, length)}, fewer than --num_seqs="
+                                        f"{settings.num_seqs}: {what} has no more", **stats['notes'])
+    for note in stats['notes'].values():
+        print(f"{spec}: {note}", file=sys.stderr)
+    return stats, dict(spec=spec, attention=model.config.attention, seq_len=length, num_seqs=num_seqs,
+                       first_token=first)
+
+
+def attention_lines(models, sources, data, seed, n_layer):
+    """The report's opening: the text and the models, then Figures 3, 4 and 6 and alpha or the sink logits as
+    tables."""
+    names = list(models)
+    counts = sorted({sources[n]['num_seqs'] for n in names})
+    lines = ['# Attention analysis', '',
+             f"Held-out text: {' or '.join(map(str, counts))} sequence{'s' * (counts != [1])} of "
+             f"{sources[names[0]]['seq_len']} tokens "
+             f"drawn (seed {seed}) from `{data}`. Weights are each variant's effective attention weights (sink: "
+             f"without the sink's mass; affine: alpha * softmax + beta on the visible keys; gated: the softmax, the "
+             f"gate acts after). Entropy is that of |w| normalised over the visible keys (affine weights can be "
+             f"negative).", '', '| model | checkpoint |', '|---|---|']
+    lines += [f"| {n} | `{sources[n]['spec']}` |" for n in names]
+    lines += notes_lines(models, 'sequences')
+    lines += ['', '## Per-query attention weight sums (Figure 3)', '', '| model | mean | median |', '|---|---|---|']
+    lines += [f"| {n} | {models[n]['row_sums']['mean']:.4f} | {models[n]['row_sums']['median']:.4f} |" for n in names]
+    for key, title in [('first_token', 'First-token attention weight per layer (Figure 4)'),
+                       ('entropy', 'Mean attention entropy per layer (Figure 6)')]:
+        lines += ['', f"## {title}", '', '| layer | ' + ' | '.join(names) + ' |', '|---|' + '---|' * len(names)]
+        lines += [f"| {i + 1} | " + ' | '.join(f"{models[n]['layers'][i][key]:.4f}" for n in names) + ' |'
+                  for i in range(n_layer)]
+    for n in names:
+        layers = models[n]['layers']
+        if 'alpha_ma' in layers[0]:
+            lines += ['', f"## {n}: alpha and alpha_ma per layer (mean over heads)", '',
+                      'alpha\'s standard deviation is across queries, per head, averaged over heads (0: a scale '
+                      'that ignores its input); "at 0", "at 1": the shares of alphas clipped there by Eq. 11.', '',
+                      '| layer | alpha mean | std | p5-p95 | at 0 | at 1 | alpha_ma |',
+                      '|---|---|---|---|---|---|---|']
+            lines += [f"| {i + 1} | {l['alpha_mean']:.4f} | {l['alpha_std']:.4f} | "
+                      f"{l['alpha_quantiles']['p5']:.3f}-{l['alpha_quantiles']['p95']:.3f} | "
+                      f"{l['alpha_at_0']:.3f} | {l['alpha_at_1']:.3f} | {np.mean(l['alpha_ma']):.4f} |"
+                      for i, l in enumerate(layers)]
+        if 'sinks' in layers[0]:
+            lines += ['', f"## {n}: sink logits per layer (mean, min, max over heads)", '',
+                      '| layer | mean | min | max |', '|---|---|---|---|']
+            lines += [f"| {i + 1} | {np.mean(l['sinks']):.3f} | {min(l['sinks']):.3f} | {max(l['sinks']):.3f} |"
+                      for i, l in enumerate(layers)]
+    return lines
+
+
+def notes_lines(models, key):
+    """The report's lines for what the text did not allow of one measure (sink_costs' and measure_model's notes)."""
+    notes = [f"- {name}: {stats['notes'][key]}" for name, stats in models.items() if key in stats['notes']]
+    return ['', 'What the held-out text allowed:', '', *notes] if notes else []
 
 # -----------------------------------------------------------------------------
 # From training runs: Figures 2, 7, 8, 10 and Tables 4-5
@@ -719,9 +831,10 @@ def noise_note(numbers, columns):
 JOBS = dict(
     attention=(dict(
         out_dir=Key(None, types=(str,), required=True),
-        data=Key('c4', "held-out text: c4 (Appendix A.1), a prepare_data.py directory (its val split) or a text file"),
+        data=Key('c4', "held-out text: c4 (Appendix A.1; from the hub, or --data_dir), a prepare_data.py directory "
+                 "(its val split) or a UTF-8 text file"),
         data_dir=Key(None, "c4 offline: a directory of eval_zeroshot.py --export_data", types=(str,)),
-        num_seqs=Key(10, "sequences (Appendix A.1: 10)", min=1),
+        num_seqs=Key(10, "sequences (Appendix A.1: 10; all of the text's windows where it has fewer)", min=1),
         seq_len=Key(0, "tokens per sequence (0: min(1024, block_size))", min=0),
         seed=Key(0, "which windows are drawn", min=0),
         layer=Key(0, "Figure 9's layer, 1-based (0: n_layer // 2)", min=0),
@@ -732,8 +845,8 @@ JOBS = dict(
         batch_size=Key(1, "sequences per forward", min=1),
         sink_samples=Key(GU_SAMPLES, f"Gu et al.'s Sink_1 in their setting: windows of {GU_LENGTH} tokens (fewer if "
                          "the text has fewer; 0: skip)", min=0),
-        calibration=Key(4, "W8A8: windows, not among the analysed, whose activation ranges it fixes (0: no W8A8)",
-                        min=0),
+        calibration=Key(4, "W8A8: windows, not among the analysed, whose activation ranges it fixes (fewer if the "
+                        "text has fewer; none: W8A8 is skipped, and the report says why; 0: no W8A8)", min=0),
         knockout_window=Key(0, "the first-token knockout's recent window W (0: a quarter of --seq_len)", min=0),
     ), 'checkpoints', "Figures 3-6, 9, alpha and sinks, the sink's measures and costs from checkpoints (train.py "
                       "out_dirs, ckpt.pt files or HF model directories) on held-out text", ()),

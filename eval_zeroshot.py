@@ -28,9 +28,13 @@ import math
 import os
 import random
 import re
+import socket
 import statistics
 import sys
+import threading
 import time
+import urllib.parse
+import urllib.request
 from collections import namedtuple
 from contextlib import nullcontext
 from types import SimpleNamespace
@@ -163,32 +167,96 @@ DOC_BUILDERS = dict(arc_easy=arc_doc, arc_challenge=arc_doc, hellaswag=hellaswag
                     boolq=boolq_doc, winogrande=winogrande_doc, heldout=heldout_doc)
 
 
-def build_docs(task, rows, where):
-    docs = []
+def parse_rows(task, rows, where, parse):
+    """[parse(row) for each row]; a row that is not a JSON object, or that parse refuses (ValueError), is a RunError
+    naming the task, the row and where it is."""
+    parsed = []
     for i, row in enumerate(rows):
         try:
             if not isinstance(row, dict):
                 raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-            docs.append(DOC_BUILDERS[task](row))
+            parsed.append(parse(row))
         except ValueError as e:
             raise RunError(f"{task}: row {i} of {where}: {e}") from None
-    return docs
+    return parsed
+
+
+def build_docs(task, rows, where):
+    if not rows:  # an accuracy over no document is no number (statistics.fmean refuses it)
+        raise RunError(f"{task}: {where} holds no documents; export the task again (--export_data=DIR) or leave "
+                       f"{task} out of --tasks")
+    return parse_rows(task, rows, where, DOC_BUILDERS[task])
 
 # -----------------------------------------------------------------------------
 # Data: the hub (same dataset, config and split as the harness), or <data_dir>/<task>/<split>.jsonl offline
 
 
+HUB_TIMEOUT = 2.0  # seconds the hub has to accept a connection; offline, datasets would retry for ~26 s instead
+OFFLINE_VARIABLES = ('HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE')
+
+
+class HubUnreachable(RunError):
+    """The Hugging Face hub cannot be reached (no network, a firewall, offline mode); reason: how, in words."""
+
+    def __init__(self, message, reason):
+        super().__init__(message)
+        self.reason = reason
+
+
+def hub_unreachable(timeout=HUB_TIMEOUT):
+    """Why the hub (HF_ENDPOINT, else huggingface.co, through the proxy the environment names) accepts no TCP
+    connection within `timeout` seconds, else None. None in datasets' offline mode too (HF_HUB_OFFLINE,
+    HF_DATASETS_OFFLINE): there datasets never connects, and reads its cache at once."""
+    if any(os.environ.get(name, '').strip().upper() in ('1', 'ON', 'YES', 'TRUE') for name in OFFLINE_VARIABLES):
+        return None
+    url = urllib.parse.urlsplit(os.environ.get('HF_ENDPOINT') or 'https://huggingface.co')
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if proxy and url.hostname and not urllib.request.proxy_bypass(url.hostname):
+        url = urllib.parse.urlsplit(proxy if '://' in proxy else f'http://{proxy}')
+    try:
+        address = url.hostname, url.port or (443 if url.scheme == 'https' else 80)
+    except ValueError:  # a malformed port: datasets says what is wrong with it
+        return None
+    if not address[0]:
+        return None
+    failure = []
+
+    def connect():
+        try:
+            socket.create_connection(address, timeout=timeout).close()
+            failure.append(None)
+        except OSError as e:
+            failure.append(e)
+
+    # in a thread: the name lookup before the connection has no timeout of its own
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(timeout + 1)
+    if not failure:
+        return f"the Hugging Face hub ({address[0]}:{address[1]}) did not answer within {timeout + 1:g} s"
+    if failure[0] is not None:
+        return f"the Hugging Face hub ({address[0]}:{address[1]}) cannot be reached: {failure[0]}"
+    return None
+
+
 def hub_rows(task, limit=None):
-    from datasets import load_dataset  # only here: offline runs never touch the hub
     path, name, split = HUB[task]
+    what = f"{task}: cannot load {path} ({name}, {split}) from the hub"
+    advice = "offline, export it on a machine with internet (--export_data=DIR) and pass --data_dir=DIR"
+    reason = hub_unreachable()  # before datasets, whose retries take half a minute to fail
+    if reason:
+        raise HubUnreachable(f"{what}: {reason}; {advice} (or, to read a copy in the datasets cache, set "
+                             f"HF_DATASETS_OFFLINE=1)", reason)
+    from datasets import load_dataset  # only here: offline runs never touch the hub
     try:
         if task == 'c4':
             ds = load_dataset(path, data_files={split: C4_SHARD}, split=split)
         else:
             ds = load_dataset(path, name, split=split)
-    except (ConnectionError, OSError, ValueError) as e:  # offline, unknown dataset, missing split
-        raise RunError(f"{task}: cannot load {path} ({name}, {split}) from the hub: {e}; offline, export it on a "
-                       f"machine with internet (--export_data=DIR) and pass --data_dir=DIR") from None
+    except ConnectionError as e:  # offline mode (HF_DATASETS_OFFLINE) with no copy in the cache
+        raise HubUnreachable(f"{what}: {e}; {advice}", f"the Hugging Face hub cannot be reached: {e}") from None
+    except (OSError, ValueError) as e:  # unknown dataset, missing split
+        raise RunError(f"{what}: {e}; {advice}") from None
     return ds.select(range(min(limit, len(ds)))) if limit is not None else ds
 
 
@@ -200,12 +268,16 @@ def read_rows(task, data_dir, limit=None):
     if not os.path.isfile(path):
         raise RunError(f"{task}: {path}: no such file (export it with --export_data={data_dir})")
     rows = []
-    with open(path, encoding='utf-8') as f:
+    with open(path, 'rb') as f:
         for i, line in enumerate(f):
             if limit is not None and len(rows) == limit:
                 break
             try:
-                rows.append(json.loads(line))
+                rows.append(json.loads(line.decode('utf-8')))
+            except UnicodeDecodeError as e:
+                raise RunError(f"{task}: row {i} of {path}: not UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start} "
+                               f"of the line); convert the file (iconv -f latin1 -t utf-8 for Latin-1), or export "
+                               f"it again with --export_data") from None
             except json.JSONDecodeError as e:
                 raise RunError(f"{task}: row {i} of {path}: not JSON: {e}") from None
     return rows, path
@@ -397,13 +469,14 @@ def task_metrics(docs, logliks, log_samples=False):
 # C4 perplexity (GPTQ's "c4-new": IST-DASLab/gptq, datautils.py get_c4_new and llama.py llama_eval)
 
 
-def c4_tokens(enc, rows):
+def c4_tokens(enc, rows, where='the rows given'):
     """The first 1100 documents joined with single spaces, tokenized once with the special tokens the tokenizer
     puts around a text (Llama-3's BOS at the very start; nothing for GPT-2 or Qwen), as the HF tokenizer GPTQ calls
-    does (GPTQ's datautils.py)."""
+    does (GPTQ's datautils.py). where: what the rows are, for messages."""
     if len(rows) < C4_DOCS:
-        raise RunError(f"c4: the c4-new protocol needs the first {C4_DOCS} validation documents, got {len(rows)}")
-    text = ' '.join(field(row, 'text', str) for row in rows[:C4_DOCS])
+        raise RunError(f"c4: the c4-new protocol needs the first {C4_DOCS} validation documents, got {len(rows)} "
+                       f"from {where}")
+    text = ' '.join(parse_rows('c4', rows[:C4_DOCS], where, lambda row: field(row, 'text', str)))
     return enc.ids(enc.prefix) + enc.encode_ordinary(text) + enc.ids(enc.suffix)
 
 
@@ -544,8 +617,8 @@ def evaluate(args, device):
     for task in args.tasks:
         t0 = time.time()
         if task == 'c4':
-            rows, _ = read_rows(task, args.data_dir, C4_DOCS)
-            ids, seqlen = c4_tokens(enc, rows), args.c4_seqlen or min(2048, max_length)
+            rows, where = read_rows(task, args.data_dir, C4_DOCS)
+            ids, seqlen = c4_tokens(enc, rows, where), args.c4_seqlen or min(2048, max_length)
             r = c4_perplexity(model, ids, args.c4_windows, seqlen, args.batch_size,
                               Progress('c4 windows', min(args.c4_windows, len(ids) // seqlen)), first)
             r['protocol'] = (f"c4-new (GPTQ --new-eval): first {C4_DOCS} docs of {C4_SHARD} joined by "

@@ -101,9 +101,10 @@ def made_dirs(path):
         raise
 
 
-def write_json(path, obj, indent=1):
+def write_json(path, obj, indent=1, allow_nan=True):
+    """allow_nan=False: strict JSON, a NaN or infinity is a ValueError (Python's json writes a bare NaN otherwise)."""
     with atomic_write(path) as f:
-        json.dump(obj, f, indent=indent, ensure_ascii=False)
+        json.dump(obj, f, indent=indent, ensure_ascii=False, allow_nan=allow_nan)
         f.write('\n')
 
 
@@ -130,6 +131,20 @@ MARKERS = {'ckpt.pt': "a train.py run", 'metrics.jsonl': "a train.py run", 'meta
            'model.safetensors': "a Hugging Face model", 'model.safetensors.index.json': "a Hugging Face model",
            'numbers.json': "an analyze.py report", 'report.md': "a report (analyze.py or quickstart.py)",
            'config.json': "a model (a train.py run or a Hugging Face directory)"}
+
+
+def set_aside(path):
+    """Rename the file `path` to a free name beside it made from its last change, metrics.jsonl ->
+    metrics.20250102-153000.jsonl (-1, -2, ... after it where taken), and return that name: what an earlier run wrote
+    is kept, never replaced."""
+    root, ext = os.path.splitext(path)
+    stamp = time.strftime('%Y%m%d-%H%M%S', time.localtime(os.path.getmtime(path)))
+    aside, n = f"{root}.{stamp}{ext}", 0
+    while os.path.lexists(aside):
+        n += 1
+        aside = f"{root}.{stamp}-{n}{ext}"
+    os.rename(path, aside)
+    return aside
 
 
 LOCK_NAME = '.lock'  # in a directory lock_dir holds: who holds it (the lock itself is the kernel's flock on it)

@@ -29,33 +29,35 @@ measures Gu et al.'s own setting, W8A8 and the knockout on its checkpoint, and w
 report_dir/runs/<name>.json. results.json, report.md and the figures aggregate every record there whose recipe is
 this command's; a re-run trains only what has no record, continuing interrupted runs from their checkpoints.
 """
+import collections
+import datetime
 import json
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
 import time
 
+import study_records
 from configurator import Key, parse
 from files import RunError, atomic_write, claim_dir, run_script, write_json
 from model import ATTENTIONS
 from probes import GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS as EVALUATIONS
+from study_records import ARMS, NO_DECAY, RECIPE_KEYS, SCHEMA_VERSION, SPIKE_KS, record_name
 from study_results import (AFFINE, CORE, EXTRA, GATED, RECIPE_SEED, SOFTMAX, figures, minutes, report_lines,
                            test_claims, uniform_first_token)
 
-NO_DECAY = ['alpha_proj', 'g_proj']  # the control arm's matrices without weight decay
 FINAL_KD_STEPS = 50  # a kd run's final KD loss: the mean of its last 50 steps' kd_loss
-SPIKE_KS, SPIKE_WINDOW = (6, 9), (0, 500)  # Table 5: median + k MAD over steps 0-500 (a shorter run: all its steps)
+SPIKE_WINDOW = (0, 500)  # Table 5: median + k MAD over steps 0-500 (a shorter run: all its steps)
 END_WINDOWS, CALIBRATION = 32, 4  # validation windows of W8A8 and the knockout; W8A8's calibration windows after them
 
 GPU_JOBS = 4  # runs side by side on one GPU: a 0.8M-parameter model leaves most of it idle (not measured: an estimate)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = 'config/sink_study.py'
-SCHEMA_VERSION = 2
-ARMS = ('recipe', 'ce', 'kd', 'control')
 PLANS = {  # what --plan sets (each key may still be given after it)
     'pilot': dict(variants=CORE, arms=['ce', 'kd'], seeds=[1, 2, 3], kd_seeds=[1, 2, 3]),
     'full': dict(variants=CORE + EXTRA, arms=list(ARMS), seeds=[1, 2, 3, 4, 5, 6], kd_seeds=list(range(1, 9)),
@@ -84,6 +86,8 @@ def study_keys(variants):
         device=Key('cpu', "cpu, cuda, cuda:1, ... (every run on it)"),
         jobs=Key(0, "runs at once (0: one per CPU core on cpu; on a GPU, GPU_JOBS side by side)", min=0),
         report_only=Key(False, "write results.json and report.md from the records there are, train nothing"),
+        subset=Key(False, "report on the records this command plans even though runs/ holds others (of other seeds "
+                   "or settings: the report lists them); without it such records stop the study before any work"),
     )
 
 # -----------------------------------------------------------------------------
@@ -121,14 +125,20 @@ def plan_runs(args, overrides):
     """[run dicts: name, arm, variant, seed, teacher, argv, config], teachers first (the kd and control arms read the
     ce arm's softmax runs of --teachers)."""
     import train
+    from common import resolve_device, resolve_dtype
     base = train.load_config([os.path.join(HERE, CONFIG), *overrides])
     per_step = base['global_batch_size'] * base['block_size']
     steps = max(1, round(args.tokens / per_step))
     common = [CONFIG, f'--data_dir={args.data_dir}', f'--device={args.device}', f'--max_iters={steps}',
               f'--eval_interval={max(1, steps // EVALUATIONS)}', *overrides]
+    matrix = run_matrix(args)
+    twice = sorted(n for n, k in collections.Counter(record_name(*m) for m in matrix).items() if k > 1)
+    if twice:
+        raise RunError(f"{', '.join(twice)}: planned twice (a seed given twice?); each run has one directory and one "
+                       f"writer: give each seed once")
     runs = []
-    for arm, variant, seed in run_matrix(args):
-        name = f'{"ce" if arm == "recipe" else arm}_{variant}_s{seed}'
+    for arm, variant, seed in matrix:
+        name = record_name(arm, variant, seed)
         teacher = teacher_of(seed, args.teachers) if arm in ('kd', 'control') else None
         argv = [*common, f'--attention={variant}', f'--seed={seed}', f"--out_dir={train_dir(args, name)}"]
         argv += [f'--teacher={train_dir(args, teacher)}'] if teacher else []
@@ -142,6 +152,8 @@ def plan_runs(args, overrides):
                                   f"--out_dir={train_dir(args, teacher)}"]))
     for run in runs:  # every run's settings checked before any work (train.py's own messages)
         run['config'] = train.load_config([os.path.join(HERE, run['argv'][0]), *run['argv'][1:]])
+        # the dtype as train.py resolves it and writes it to config.json (a record's settings)
+        run['config']['dtype'] = resolve_dtype(run['config']['dtype'], resolve_device(run['config']['device']))
     return runs, steps, per_step
 
 
@@ -149,25 +161,25 @@ def train_dir(args, name):
     return os.path.join(args.out_dir, 'train', name)
 
 
-RECIPE_KEYS = ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'block_size', 'global_batch_size', 'learning_rate', 'min_lr',
-               'warmup_iters', 'decay_frac', 'weight_decay', 'beta1', 'beta2', 'grad_clip', 'max_iters', 'first_token',
-               'attention_windows', 'kd_alpha', 'kd_temperature')
-
-
 def recipe_of(config, per_step):
     """What every run of one study shares (its arm adds no_decay): records of another recipe are never mixed in."""
     return {key: config[key] for key in RECIPE_KEYS} | dict(tokens=config['max_iters'] * per_step)
 
 
-def state(run, records, per_step):
-    """recorded (its record has this recipe), or train.py's state of its run: done / partial / new / changed
-    (train.planned_run, the rule the quick start applies too: the same settings continue, changed ones train again
-    from scratch)."""
+def state(run, records, per_step, study):
+    """recorded (its record may stand for it: study_records.reuse_problems), or train.py's state of its run: done /
+    partial / new / changed (train.planned_run, the rule the quick start applies too: the same settings continue,
+    changed ones train again from scratch). A record that may not stand is said, with why, before any work."""
     import resume
     import train
     record = records.get(run['name'])
-    if record and record['recipe'] == recipe_of(run['config'], per_step) and record['teacher'] == run['teacher']:
-        return 'recorded'
+    if record:
+        problems = study_records.reuse_problems(record, run['config'], run['teacher'],
+                                                recipe_of(run['config'], per_step), study['corpus'], study['overrides'])
+        if not problems:
+            return 'recorded'
+        print(f"{run['name']}: its record was made with other settings ({'; '.join(problems)}): trained again",
+              flush=True)
     c, step, changed = train.planned_run([os.path.join(HERE, run['argv'][0]), *run['argv'][1:]], cwd=HERE)
     run['extra'], run['note'] = (resume.RESTART, resume.restart_note(c['out_dir'], changed)) if changed else ([], '')
     return 'new' if step is None else 'changed' if changed else 'done' if step >= c['max_iters'] else 'partial'
@@ -201,49 +213,98 @@ def priority(run, runs):
     return (0 if teacher else arm + 3 * (run['variant'] in EXTRA), run['seed'])
 
 
+class Stopped(RunError):
+    """SIGTERM or SIGINT (Ctrl-C) reached the study."""
+
+
+def raise_stopped(signum, frame):
+    raise Stopped(f"stopped by {signal.Signals(signum).name}")
+
+
+def last_line(path):
+    """The last non-empty line of a run's log (what a failed child said last)."""
+    try:
+        with open(path, errors='replace') as f:
+            lines = [line.strip() for line in f.read()[-8192:].splitlines() if line.strip()]
+    except OSError:
+        return ''
+    return lines[-1] if lines else ''
+
+
+def launch(run, logs, env):
+    """Start one run's train.py in a session of its own (a Ctrl-C at the terminal reaches the study alone, which
+    stops its children itself), after writing when and at which commit it started (its record holds both)."""
+    command = [sys.executable, 'train.py', *run['argv'], *run['extra']]
+    if run['note']:
+        print(run['note'], flush=True)
+    print(f"$ {shlex.join(command)}  > {logs}/{run['name']}.log", flush=True)
+    write_json(os.path.join(logs, f"{run['name']}.start.json"), dict(started=now(), **code_version()))
+    log = open(os.path.join(logs, f"{run['name']}.log"), 'a')
+    proc = subprocess.Popen(command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, run, log
+
+
+def stop_children(running, logs, why):
+    """SIGTERM to every running train.py (each saves its checkpoint at the end of its step, then exits), a wait for
+    them, SIGKILL for any still there after STOP_WAIT seconds; then the one-line error."""
+    for proc, _, _ in running.values():
+        proc.send_signal(signal.SIGTERM)
+    deadline = time.time() + STOP_WAIT
+    for name, (proc, _, log) in running.items():
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    names = ', '.join(running) or 'none'
+    return f"{why}; runs stopped (each saved its last step): {names}; run the same command again to continue"
+
+
+STOP_WAIT = 120  # seconds a child may take to finish its step and save before it is killed
+
+
 def run_all(runs, steps, jobs, threads, logs, finished):
     """Train every run whose state is not recorded or done, `jobs` at a time (a student once its teacher is done) in
     priority's order, printing progress; finished(run) as each ends, and for those done already one per second
-    while the others train."""
+    while the others train. A failed child, or SIGTERM / SIGINT to the study, stops every child cleanly first."""
     todo = sorted((r for r in runs if r['state'] not in ('recorded', 'done')), key=lambda r: priority(r, runs))
     done_names = {r['name'] for r in runs if r['state'] in ('recorded', 'done')}
     unrecorded = [r for r in runs if r['state'] == 'done']
     running, t0, last_print = {}, time.time(), 0
     start_steps = {r['name']: last_step(r['config']['out_dir']) for r in todo}
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    while todo or running or unrecorded:
-        for name, (proc, run, log) in list(running.items()):
-            if proc.poll() is not None:
-                log.close()
-                del running[name]
-                if proc.returncode != 0:
-                    for p, _, _ in running.values():
-                        p.terminate()
-                    raise RunError(f"run {name} failed (exit code {proc.returncode}): see {logs}/{name}.log; fix it "
-                                   f"and run the same command again (finished runs are skipped)")
-                done_names.add(name)
-                finished(run)
-                print(f"finished {name} ({len(done_names)}/{len(runs)} runs)", flush=True)
-        ready = [r for r in todo if r['teacher'] is None or r['teacher'] in done_names]
-        while ready and len(running) < jobs:
-            run = ready.pop(0)
-            todo.remove(run)
-            command = [sys.executable, 'train.py', *run['argv'], *run['extra']]
-            if run['note']:
-                print(run['note'], flush=True)
-            print(f"$ {shlex.join(command)}  > {logs}/{run['name']}.log", flush=True)
-            log = open(os.path.join(logs, f"{run['name']}.log"), 'a')
-            running[run['name']] = (subprocess.Popen(command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT),
-                                    run, log)
-        if not running and todo:
-            raise RunError(f"{todo[0]['name']} waits for its teacher {todo[0]['teacher']}, which is not planned")
-        if unrecorded:
-            finished(unrecorded.pop(0))
-            continue
-        if time.time() - last_print >= 30 or not running:
-            last_print = time.time()
-            progress(runs, running, steps, start_steps, t0)
-        time.sleep(1)
+    try:
+        while todo or running or unrecorded:
+            for name, (proc, run, log) in list(running.items()):
+                if proc.poll() is not None:
+                    log.close()
+                    del running[name]
+                    if proc.returncode != 0:
+                        raise RunError(f"run {name} failed (exit code {proc.returncode}): "
+                                       f"{last_line(os.path.join(logs, name + '.log'))!r} (its log: {logs}/{name}.log);"
+                                       f" fix it and run the same command again (finished runs are skipped)")
+                    done_names.add(name)
+                    finished(run)
+                    print(f"finished {name} ({len(done_names)}/{len(runs)} runs)", flush=True)
+            ready = [r for r in todo if r['teacher'] is None or r['teacher'] in done_names]
+            while ready and len(running) < jobs:
+                run = ready.pop(0)
+                todo.remove(run)
+                running[run['name']] = launch(run, logs, env)
+            if not running and todo:
+                raise RunError(f"{todo[0]['name']} waits for its teacher {todo[0]['teacher']}, which is not planned")
+            if unrecorded:
+                finished(unrecorded.pop(0))
+                continue
+            if time.time() - last_print >= 30 or not running:
+                last_print = time.time()
+                progress(runs, running, steps, start_steps, t0)
+            time.sleep(1)
+    except RunError as e:
+        if running:
+            raise type(e)(stop_children(running, logs, str(e))) from None
+        raise
 
 
 def progress(runs, running, steps, start_steps, t0):
@@ -272,7 +333,6 @@ def end_measures(out_dir, data_dir):
     from data import Windows, first_token_id, read_meta
     from model import GPT
     from probes import attention_statistics, knockout_losses, sink_rates, w8a8_losses
-    torch.set_num_threads(1)
     model = GPT.from_pretrained(os.path.join(HERE, out_dir)).eval()
     with open(os.path.join(HERE, out_dir, 'config.json')) as f:
         config = json.load(f)
@@ -294,8 +354,14 @@ def end_measures(out_dir, data_dir):
 
 
 def timed_end_measures(out_dir, data_dir):
-    t0 = time.time()
-    end = end_measures(out_dir, data_dir)
+    """end_measures on one thread (the runs still training have the cores), the caller's thread count restored."""
+    import torch
+    t0, threads = time.time(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        end = end_measures(out_dir, data_dir)
+    finally:
+        torch.set_num_threads(threads)
     return dict(end=end, end_seconds=round(time.time() - t0, 1))
 
 
@@ -304,7 +370,7 @@ STEP_KEYS = ('step', 'lr', 'loss', 'grad_norm', 'tokens_per_sec', 'mfu', 'dt', '
              'teacher_sec', 'skipped_steps')
 
 
-def make_record(run, per_step, data_dir):
+def make_record(run, per_step, data_dir, logs):
     """The record of a finished run (report_dir/runs/<name>.json; docs/analysis.md documents it)."""
     from analyze import load_run, spike_counts
     loaded = load_run(os.path.join(HERE, run['config']['out_dir']))
@@ -332,19 +398,52 @@ def make_record(run, per_step, data_dir):
         spikes_window=[0, min(SPIKE_WINDOW[1], len(grad))],
         spikes_whole_run={str(k): n for k, n in spike_counts(grad, SPIKE_KS, 0, len(grad)).items()},
         **timed_end_measures(run['config']['out_dir'], data_dir), curve=curve,
-        ckpt=os.path.join(run['config']['out_dir'], 'ckpt.pt'))
+        ckpt=os.path.join(run['config']['out_dir'], 'ckpt.pt'), **provenance(run, data_dir, logs))
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
+
+
+def code_version():
+    """{commit, dirty} of this checkout (None where git cannot tell): what a run started at."""
+    def git(*args):
+        out = subprocess.run(['git', *args], cwd=HERE, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise OSError(out.stderr)
+        return out.stdout.strip()
+    try:
+        return dict(commit=git('rev-parse', 'HEAD'), dirty=bool(git('status', '--porcelain', '--untracked-files=no')))
+    except OSError:
+        return dict(commit=None, dirty=None)
+
+
+def corpus_identity(data_dir):
+    """What identifies the prepared corpus: its shards' checksums (prepare_data.py's meta.json) and tokenizer."""
+    from data import read_meta
+    meta = read_meta(os.path.join(HERE, data_dir))
+    return dict(checksums=meta['checksums'], tokenizer_sha256=meta['tokenizer'].get('sha256'),
+                source=meta['settings']['source']['source'])
+
+
+def provenance(run, data_dir, logs):
+    """What produced a record: every train.py setting of the run (its config.json), the corpus, the commit the run
+    started at and whether the tree was dirty (launch's start file; None where the run was trained elsewhere), its
+    start and end times."""
+    with open(os.path.join(HERE, run['config']['out_dir'], 'config.json')) as f:
+        settings = json.load(f)
+    start = dict(started=None, commit=None, dirty=None)
+    path = os.path.join(logs, f"{run['name']}.start.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            start |= json.load(f)
+    return dict(settings=settings, corpus=corpus_identity(data_dir), **start, finished=now())
 
 
 def read_records(report_dir):
-    """{name: record} of report_dir/runs/*.json."""
-    folder = os.path.join(HERE, report_dir, 'runs')
-    out = {}
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        if name.endswith('.json'):
-            with open(os.path.join(folder, name)) as f:
-                record = json.load(f)
-            out[record['name']] = record
-    return out
+    """{name: record} of report_dir/runs, every file validated (study_records.read_records)."""
+    return study_records.read_records(os.path.join(HERE, report_dir, 'runs'))
+
 
 def prepare_corpus(args):
     """The stdlib corpus in byte tokens at data_dir, unless data_dir holds a complete prepare_data.py output already
@@ -371,26 +470,59 @@ def summary(record):
         curve=[{k: point[k] for k in CURVE_FIELDS} for point in record['curve']])
 
 
-def collect(args, runs, per_step, command):
-    """results.json (schema 2, docs/analysis.md): every record of report_dir/runs with this recipe, the claims'
-    tests, and what the report and README need."""
+def unusable(runs, records, per_step, study, planned_only=False):
+    """{name: why} of the records in runs/ that this command's report would leave out: not planned, or (unless
+    planned_only) made with other settings (study_records.reuse_problems)."""
+    plan = {r['name']: r for r in runs}
+    out = {}
+    for name, record in records.items():
+        run = plan.get(name)
+        if run is None:
+            out[name] = 'not planned by this command'
+        elif not planned_only:
+            problems = study_records.reuse_problems(record, run['config'], run['teacher'],
+                                                    recipe_of(run['config'], per_step), study['corpus'],
+                                                    study['overrides'])
+            if problems:
+                out[name] = 'other settings: ' + '; '.join(problems)
+    return out
+
+
+def refuse_unusable(args, left_out):
+    """Nothing in runs/ is left out in silence: without --subset, records this command would not report stop it."""
+    if left_out and not args.subset:
+        listed = ', '.join(f"{name} ({why})" for name, why in sorted(left_out.items())[:6])
+        more = f" and {len(left_out) - 6} more" if len(left_out) > 6 else ''
+        raise RunError(f"{args.report_dir}/runs holds {len(left_out)} record(s) this command would leave out of its "
+                       f"report: {listed}{more}; give the settings and seeds they were made with, or --subset=True "
+                       f"to report on this command's runs alone (the report lists the others)")
+
+
+def trained_on(records):
+    """The machines that trained the records, with how many each."""
+    counts = collections.Counter(r['machine'] for r in records)
+    return '; '.join(f"{machine} ({n} run{'s' if n > 1 else ''})" for machine, n in sorted(counts.items()))
+
+
+def collect(args, runs, per_step, command, study):
+    """results.json (schema 2, docs/analysis.md): every record of report_dir/runs this command plans, made with its
+    settings (others stop it unless --subset), the claims' tests, and what the report and README need."""
     from data import read_meta
     meta = read_meta(os.path.join(HERE, args.data_dir))
     config = runs[0]['config']
     source = meta['settings']['source']
     recipe = recipe_of(config, per_step)
     records = read_records(args.report_dir)
+    left_out = unusable(runs, records, per_step, study)
+    refuse_unusable(args, left_out)
     planned = {r['name'] for r in runs if r['arm'] != 'teacher'}
-    kept = [r for name, r in records.items() if r['recipe'] == recipe]
-    excluded = sorted(name for name, r in records.items() if r['recipe'] != recipe)
+    kept = [r for name, r in records.items() if name not in left_out]
     missing = sorted(planned - {r['name'] for r in kept})
     order = {(a, v): i for i, (a, v) in enumerate((a, v) for a in ARMS for v in list(ATTENTIONS))}
     kept.sort(key=lambda r: (order.get((r['arm'], r['variant']), 0), r['seed']))
-    import torch
     results = dict(
         schema_version=SCHEMA_VERSION, command=command, report_dir=args.report_dir,
-        machine=f"{platform.platform()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, torch "
-                f"{torch.__version__}, device {args.device}, {args.jobs} job(s)",
+        machine=trained_on(kept) if kept else 'no runs yet',
         corpus=dict(source=source['source'], python=source.get('python'), **source.get('corpus', {}),
                     data_dir=args.data_dir),
         bos_id=meta['tokenizer']['bos_id'] if meta['tokenizer']['bos_id'] is not None else meta['tokenizer']['eos_id'],
@@ -399,14 +531,27 @@ def collect(args, runs, per_step, command):
                                                                                for s in range(1, len(args.teachers) + 1)],
         uniform_first_token=uniform_first_token(config['block_size']),
         arms=[a for a in ('kd', 'ce', 'control', 'recipe') if any(r['arm'] == a for r in kept)],
-        excluded=excluded, missing=missing, runs=[summary(r) for r in kept])
+        excluded=sorted(left_out), missing=missing, runs=[summary(r) for r in kept])
     results['claims'] = test_claims(kept)
     return results
 
 
+def study_threads(args):
+    """Threads per run: the user's OMP_NUM_THREADS where set (said), else the cores shared among the jobs."""
+    if args.device != 'cpu':
+        return 1, ''
+    user = os.environ.get('OMP_NUM_THREADS', '')
+    if user:
+        if not user.isdigit() or int(user) < 1:
+            raise RunError(f"OMP_NUM_THREADS={user!r} is not a positive whole number: unset it or give one")
+        return int(user), ' (OMP_NUM_THREADS from the environment)'
+    return max(1, (os.cpu_count() or 1) // args.jobs), ''
+
+
 def main(argv=None):
     keys = study_keys(tuple(ATTENTIONS))
-    mine, overrides = split_argv(sys.argv[1:] if argv is None else argv, keys)
+    argv = sys.argv[1:] if argv is None else argv
+    mine, overrides = split_argv(argv, keys)
     args = parse(mine, keys, __doc__.split('\n\n')[1], prog='sink_study.py')
     args = type('Args', (), args)
     args.report_dir = args.report_dir or args.out_dir
@@ -415,45 +560,63 @@ def main(argv=None):
                   ours=lambda names: bool({'train', 'runs', 'results.json'} & names))
     if args.jobs == 0:
         args.jobs = os.cpu_count() or 1 if args.device == 'cpu' else GPU_JOBS
-    threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.device == 'cpu' else 1
+    threads, threads_from = study_threads(args)
     runs, steps, per_step = plan_runs(args, overrides)
     # the command that trains these runs (--report_only only rewrites the report from their records)
-    command = shlex.join(['python', 'sink_study.py', *(a for a in (sys.argv[1:] if argv is None else argv)
-                                                       if not a.startswith('--report_only'))])
+    command = shlex.join(['python', 'sink_study.py', *(a for a in argv if not a.startswith('--report_only'))])
     t0 = time.time()
-    os.makedirs(os.path.join(HERE, args.report_dir, 'runs'), exist_ok=True)
-    if not args.report_only:
-        prepare_corpus(args)
-        records = read_records(args.report_dir)
-        for run in runs:
-            run['state'] = state(run, records, per_step)
-        for run in runs:  # a teacher with a record but no checkpoint trains again where a student needs it
-            students = [r for r in runs if r['teacher'] == run['name'] and r['state'] != 'recorded']
-            if run['state'] == 'recorded' and students and not os.path.isfile(
-                    os.path.join(HERE, run['config']['out_dir'], 'ckpt.pt')):
-                run['state'] = state(run, {}, per_step)
-        todo = [r for r in runs if r['state'] not in ('recorded', 'done')]
-        print(f"{len(runs)} runs of {steps:,} steps ({steps * per_step:,} tokens) each, {len(runs) - len(todo)} done "
-              f"already; {args.jobs} at a time, {threads} thread(s) each", flush=True)
-        logs = os.path.join(HERE, args.out_dir, 'logs')
-        os.makedirs(logs, exist_ok=True)
-
-        def finished(run):
-            if run['arm'] != 'teacher' or not os.path.isfile(os.path.join(HERE, args.report_dir, 'runs',
-                                                                          f"{run['name']}.json")):
-                record = make_record(run, per_step, args.data_dir)
-                record['arm'] = 'ce' if run['arm'] == 'teacher' else run['arm']
-                write_json(os.path.join(HERE, args.report_dir, 'runs', f"{run['name']}.json"), record, indent=None)
-        run_all(runs, steps, args.jobs, threads, logs, finished)
-    results = collect(args, runs, per_step, command)
+    previous = {s: signal.signal(s, raise_stopped) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if not args.report_only:
+            prepare_corpus(args)
+        study = dict(corpus=corpus_identity(args.data_dir), overrides=[a[2:].partition('=')[0] for a in overrides])
+        if not args.report_only:
+            train_all(args, runs, steps, per_step, study, threads, threads_from)
+        results = collect(args, runs, per_step, command, study)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     out = os.path.join(HERE, args.report_dir)
-    write_json(os.path.join(out, 'results.json'), results)
+    write_json(os.path.join(out, 'results.json'), results, allow_nan=False)
     figures(results, out)
     with atomic_write(os.path.join(out, 'report.md')) as f:
         f.write('\n'.join(report_lines(results)) + '\n')
     print(f"wrote {args.report_dir}/report.md and results.json ({len(results['runs'])} records) in "
           f"{minutes(time.time() - t0)}")
     return results
+
+
+def train_all(args, runs, steps, per_step, study, threads, threads_from):
+    """Every planned run without a record that may stand for it, trained; a record written as each finishes."""
+    records = read_records(args.report_dir)
+    refuse_unusable(args, unusable(runs, records, per_step, study, planned_only=True))
+    for run in runs:
+        run['state'] = state(run, records, per_step, study)
+    for run in runs:  # a teacher with a record but no checkpoint trains again where a student needs it
+        students = [r for r in runs if r['teacher'] == run['name'] and r['state'] != 'recorded']
+        if run['state'] == 'recorded' and students and not os.path.isfile(
+                os.path.join(HERE, run['config']['out_dir'], 'ckpt.pt')):
+            run['state'] = state(run, {}, per_step, study)
+    todo = [r for r in runs if r['state'] not in ('recorded', 'done')]
+    print(f"{len(runs)} runs of {steps:,} steps ({steps * per_step:,} tokens) each, {len(runs) - len(todo)} done "
+          f"already; {args.jobs} at a time, {threads} thread(s) each{threads_from}", flush=True)
+    logs = os.path.join(HERE, args.out_dir, 'logs')
+    os.makedirs(logs, exist_ok=True)
+    os.makedirs(os.path.join(HERE, args.report_dir, 'runs'), exist_ok=True)
+
+    def finished(run):
+        path = os.path.join(HERE, args.report_dir, 'runs', f"{run['name']}.json")
+        if run['arm'] != 'teacher' or not os.path.isfile(path):
+            record = make_record(run, per_step, args.data_dir, logs)
+            record['arm'] = 'ce' if run['arm'] == 'teacher' else run['arm']
+            try:
+                record['digest'] = study_records.digest(record)  # a ValueError on a NaN (strict JSON)
+                study_records.validate(record)
+            except (study_records.Invalid, ValueError) as e:
+                raise RunError(f"{run['name']}: finished, but its measures make no valid record ({e}); see "
+                               f"{logs}/{run['name']}.log") from None
+            write_json(path, record, indent=None, allow_nan=False)
+    run_all(runs, steps, args.jobs, threads, logs, finished)
 
 
 if __name__ == '__main__':

@@ -189,3 +189,39 @@ def family_teachers(tmp_path_factory):
     """Tiny Hugging Face teachers of every model and tokenizer family (hf_helpers.family_teacher_dirs)."""
     from hf_helpers import family_teacher_dirs  # transformers: see hf_dirs
     return family_teacher_dirs(tmp_path_factory.mktemp('families'))
+
+
+# -----------------------------------------------------------------------------
+# No test leaves global state behind: a later test would see it (the suite passes in any order)
+
+@pytest.fixture(autouse=True)
+def no_global_state_left_behind():
+    """Fails a test that changes torch's thread count, default dtype or grad mode, or the environment (monkeypatch
+    undoes its own changes first), after restoring them, so that the tests after it see what they would alone."""
+    import torch
+    def environment():  # less pytest's own PYTEST_CURRENT_TEST, and the cache torch's compiler names on first use
+        return {k: v for k, v in os.environ.items()
+                if not k.startswith('PYTEST_') and k != 'TORCHINDUCTOR_CACHE_DIR'}
+    threads, dtype, grad, environ = torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled(), \
+        environment()
+    yield
+    changed = []
+    if torch.get_num_threads() != threads:
+        changed.append(f"torch's thread count {threads} -> {torch.get_num_threads()}")
+        torch.set_num_threads(threads)
+    if torch.get_default_dtype() != dtype:
+        changed.append(f"the default dtype {dtype} -> {torch.get_default_dtype()}")
+        torch.set_default_dtype(dtype)
+    if torch.is_grad_enabled() != grad:
+        changed.append(f"grad mode {grad} -> {torch.is_grad_enabled()}")
+        torch.set_grad_enabled(grad)
+    if environment() != environ:
+        now = environment()
+        keys = sorted(k for k in set(environ) | set(now) if environ.get(k) != now.get(k))
+        changed.append(f"the environment ({', '.join(keys)})")
+        for key in keys:
+            if key in environ:
+                os.environ[key] = environ[key]
+            else:
+                del os.environ[key]
+    assert not changed, "the test left global state behind: " + '; '.join(changed)

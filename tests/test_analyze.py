@@ -2,6 +2,10 @@
 import json
 import math
 import os
+import re
+import subprocess
+import sys
+import time
 from dataclasses import asdict
 
 import numpy as np
@@ -12,9 +16,10 @@ import analyze
 import prepare_data
 import probes
 from tokenizer import load_tokenizer, tokenizer_info
-from helpers import fake_run
+from helpers import ROOT, fake_run, write_task_data
 from files import RunError
 from model import ATTENTIONS, GPT, ModelConfig, rope_cos_sin
+from test_eval_zeroshot import unreachable_hub
 from test_model import REFERENCES, variant_name
 
 
@@ -347,3 +352,101 @@ def test_a_log_with_repeated_steps_is_refused(tmp_path):
     with pytest.raises(RunError, match=r'step 2 is on lines 2 and 4: two train.py wrote this log at once') as e:
         analyze.main(['runs', str(tmp_path / 'run'), f'--out_dir={out}', '--window=0,2'])
     assert str(e.value).startswith(f"{log}: ") and '\n' not in str(e.value) and not out.exists()
+
+
+# -----------------------------------------------------------------------------
+# What a short, odd or unreachable held-out text allows (issue 43)
+
+
+def short_text_report(tmp_path, spec, text, *args):
+    """analyze.py attention on `text` (in bytes tokens, one a byte): the one model's numbers, and report.md."""
+    (tmp_path / 'short.txt').write_text(text)
+    out = tmp_path / 'report'
+    analyze.main(['attention', spec, f'--out_dir={out}', f'--data={tmp_path / "short.txt"}', *args])
+    [stats] = json.loads((out / 'numbers.json').read_text())['models'].values()
+    assert (out / 'fig4_first_token.png').stat().st_size > 1000 and (out / 'fig_knockout.png').is_file()
+    return stats, (out / 'report.md').read_text()
+
+
+def test_attention_job_takes_what_a_short_text_has(tmp_path):
+    """Before, a text with no window beyond the analysed ones was refused ("has 0 windows of 32 tokens, fewer than
+    --calibration=4"), and so was one with fewer than --num_seqs; now the figures are drawn from what it has, and
+    W8A8's ranges and Gu et al.'s setting take fewer windows, or none, said in the report."""
+    spec = save_checkpoint(tmp_path / 'sink', tiny_model('sink'))  # block_size 32: Gu et al.'s windows are 32 long
+    stats, report = short_text_report(tmp_path, spec, TEXT[:6 * 32], '--num_seqs=4')  # 6 windows: 4 read, 2 left
+    assert stats['num_seqs'] == 4 and stats['w8a8']['calibration'] == 2 and stats['gu']['samples'] == 6
+    assert set(stats['notes']) == {'w8a8', 'gu'}
+    assert ('- Sink: W8A8: ranges fixed on 2 windows of 32 tokens, fewer than --calibration=4: '
+            f'{tmp_path / "short.txt"} (192 tokens) has no more beyond the analysed') in report
+    assert "- Sink: Gu et al.'s setting: 6 windows of 32 tokens, fewer than --sink_samples=100" in report
+    stats, report = short_text_report(tmp_path, spec, TEXT[:2 * 32 + 10], '--num_seqs=4')  # 2 windows: both read
+    assert stats['num_seqs'] == 2 and stats['w8a8'] is None and stats['gu']['samples'] == 2
+    assert 'Held-out text: 2 sequences of 32 tokens' in report and '| Sink | - | - | - | - |' in report
+    assert (f'- Sink: analysed: 2 windows of 32 tokens, fewer than --num_seqs=4: {tmp_path / "short.txt"} (74 tokens) '
+            'has no more') in report
+    assert ('- Sink: W8A8: skipped: ' in report and 'has 2 windows of 32 tokens, all analysed, and W8A8 fixes its '
+            'ranges on others (--calibration=4)' in report)
+    enc = load_tokenizer('bytes')
+    seqs = analyze.heldout_sequences(str(tmp_path / 'short.txt'), enc, tokenizer_info(enc, 'bytes')['sha256'], 2, 32)
+    assert stats['knockout'] == pytest.approx(probes.knockout_losses(tiny_model('sink'), seqs))
+
+
+def test_attention_job_on_a_run_whose_val_split_is_short(tmp_path):
+    """A prepared directory whose val split holds fewer than 65 tokens: data.Windows refuses windows of 64, which
+    Gu et al.'s setting asked for, and that stopped the job ("the val split has fewer than block_size + 1 = 65
+    tokens"); now Gu et al.'s setting is skipped, with a line in the report, and the rest is measured."""
+    torch.manual_seed(0)
+    spec = save_checkpoint(tmp_path / 'model', GPT(ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                                                               intermediate_size=64, vocab_size=300, block_size=64)))
+    (tmp_path / 'lines.txt').write_text(''.join(f'line {i} of the corpus, {i * 7}\n' for i in range(8)))
+    prepare_data.main([f'--source={tmp_path / "lines.txt"}', '--tokenizer=bytes', f'--out_dir={tmp_path / "data"}',
+                       '--txt_sample_by=line', '--val_every=4', '--num_proc=1'])  # val: lines 0 and 4
+    out = tmp_path / 'report'
+    analyze.main(['attention', spec, f'--out_dir={out}', f'--data={tmp_path / "data"}', '--seq_len=16',
+                  '--num_seqs=2'])
+    [stats] = json.loads((out / 'numbers.json').read_text())['models'].values()
+    assert stats['gu'] is None and stats['num_seqs'] == 2 and set(stats['notes']) == {'gu', 'w8a8'}
+    assert stats['w8a8']['calibration'] == 1  # the split's third window of 16 (+1) tokens
+    report = (out / 'report.md').read_text()
+    assert f"- Baseline: Gu et al.'s setting: skipped: {tmp_path / 'data'}'s val split has no window of 64 tokens" \
+        in report
+    assert re.search(r'\n\| Baseline \| [\d.]+ \| - \| - \| - \| [\d.]+ \|\n', report)  # "their setting": -
+
+
+@pytest.mark.parametrize('content,message', [
+    (b'', r'--data=\S+: empty \(0 bytes\); give a file that holds held-out text$'),
+    (b'too short', r'\(9 tokens\) has no window of 32 tokens; give a longer text, or a lower --seq_len$'),
+    ('Caf\u00e9 cr\u00e8me\n'.encode('latin-1') * 40, r'--data=\S+: not UTF-8 text: byte 0xe9 at offset 3 \(line 1\); '
+                                                       r'convert a Latin-1 text with iconv -f latin1 -t utf-8 '),
+    (b'\x00\x01' * 40 + b'\n\xff\xfe' + bytes(range(256)), r'byte 0xff at offset 81 \(line 2\).*a binary file'),
+], ids=['empty', 'shorter-than-a-window', 'latin-1', 'binary'])
+def test_attention_job_refuses_a_text_in_one_line(tmp_path, content, message):
+    """An empty text, one shorter than a window, a Latin-1 text and a binary file: one line each (before: a text with
+    no window was said to have fewer than --num_seqs, a Latin-1 or binary one gave a UnicodeDecodeError)."""
+    spec = save_checkpoint(tmp_path / 'softmax', tiny_model('softmax'))
+    (tmp_path / 'text.txt').write_bytes(content)
+    out = tmp_path / 'report'
+    with pytest.raises(RunError, match=message) as e:
+        analyze.main(['attention', spec, f'--out_dir={out}', f'--data={tmp_path / "text.txt"}'])
+    assert '\n' not in str(e.value) and not out.exists()
+
+
+def test_attention_job_offline_refuses_c4_in_seconds(tmp_path, monkeypatch):
+    """--data=c4 (the default) where the hub cannot be reached: before, datasets retried for 26 s, then said to
+    export C4; now the command fails within seconds, in one line that gives the commands for local text."""
+    unreachable_hub(monkeypatch)
+    spec = save_checkpoint(tmp_path / 'affine', tiny_model('affine'))
+    out = tmp_path / 'report'
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, 'analyze.py', 'attention', spec, f'--out_dir={out}'], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - start < 15 and run.returncode == 1 and not out.exists()
+    [line] = run.stderr.splitlines()
+    assert line.startswith('analyze.py: error: --data=c4 reads C4 validation from the hub, and the Hugging Face hub '
+                           '(127.0.0.1:') and 'cannot be reached' in line
+    assert ('python prepare_data.py --source=builtin --tokenizer=bytes --val_every=10 --out_dir=data/heldout, then '
+            '--data=data/heldout' in line)
+    data = write_task_data(tmp_path / 'evaldata')  # offline C4 as eval_zeroshot.py --export_data writes it
+    analyze.main(['attention', spec, f'--out_dir={out}', f'--data_dir={data}', '--num_seqs=2', '--sink_samples=2',
+                  '--calibration=1'])
+    assert json.loads((out / 'numbers.json').read_text())['data'] == 'c4'

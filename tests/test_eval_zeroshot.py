@@ -5,7 +5,10 @@ model's own loss for every attention variant, C4 windowing (GPTQ's c4-new),
 the heldout task, every bad-input error and the command line."""
 import json
 import math
+import re
+import socket
 import statistics
+import time
 from dataclasses import asdict
 
 import numpy as np
@@ -300,3 +303,67 @@ def test_hf_models_of_every_tokenizer_family_score_as_the_harness(kind, family_t
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(model_dir / 'tokenizer.json'))
     assert ez.c4_tokens(enc, rows) == tok.encode(' '.join(r['text'] for r in rows)).ids
+
+
+# -----------------------------------------------------------------------------
+# Task files that hold no usable document, and a hub that cannot be reached: one line each (issue 43)
+
+
+def unreachable_hub(monkeypatch):
+    """This process's environment (and its children's) made that of a machine where the hub cannot be reached,
+    whatever this machine's network: the hub named at a local port nothing listens on, no proxy, no offline mode."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv('HF_ENDPOINT', f'http://127.0.0.1:{port}')
+    for name in ('hf_hub_offline', 'hf_datasets_offline', 'http_proxy', 'https_proxy', 'all_proxy'):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+
+
+C4_ROWS = [json.dumps(dict(text=f'doc {i}')) for i in range(ez.C4_DOCS)]
+
+
+@pytest.mark.parametrize('task,lines,message', [
+    ('piqa', b'', r'piqa: {path} holds no documents; export the task again \(--export_data=DIR\) or leave piqa out'),
+    ('boolq', json.dumps(TASK_ROWS['boolq']).replace('The sky', 'Caf\u00e9').encode('latin-1'),
+     r'boolq: row 0 of {path}: not UTF-8 \(byte 0xe9 at byte 47 of the line\); convert the file \(iconv -f latin1'),
+    ('piqa', json.dumps([TASK_ROWS['piqa']]).encode(), r'piqa: row 0 of {path}: expected a JSON object, got list$'),
+    ('piqa', json.dumps(TASK_ROWS['piqa']).encode() + b'\n{"goal": "cut', r'piqa: row 1 of {path}: not JSON: '),
+    ('c4', b'', r'c4: the c4-new protocol needs the first 1100 validation documents, got 0 from {path}$'),
+    ('c4', '\n'.join(C4_ROWS[:5] + ['{"txt": "doc 5"}'] + C4_ROWS[6:]).encode(),
+     r"c4: row 5 of {path}: missing field 'text'$"),
+    ('c4', '\n'.join(C4_ROWS[:-1] + ['1100']).encode(), r'c4: row 1099 of {path}: expected a JSON object, got int$'),
+], ids=['empty', 'latin-1', 'json-array', 'cut-json', 'c4-empty', 'c4-no-text', 'c4-not-an-object'])
+def test_a_task_file_without_usable_documents_is_one_line(tmp_path, task, lines, message):
+    """An empty task file (before: StatisticsError), a Latin-1 one (UnicodeDecodeError), C4 rows that are no
+    documents (ValueError, TypeError); a JSON array and a cut JSON line were one line already, and stay so."""
+    data = write_task_data(tmp_path / 'data')
+    path = data / task / (ez.HUB[task][2] + '.jsonl')
+    path.write_bytes(lines)
+    ckpt = write_checkpoint(tmp_path / 'ckpt.pt', tiny_model(dtype=torch.float32))
+    with pytest.raises(RunError, match='^' + message.format(path=re.escape(str(path)))) as e:
+        ez.main([f'--ckpt={ckpt}', f'--data_dir={data}', f'--tasks={task}', '--c4_seqlen=16'])
+    assert '\n' not in str(e.value)
+
+
+def test_an_unreachable_hub_is_one_line_in_seconds(tmp_path, monkeypatch):
+    """Before, datasets retried for about 26 s before it failed; the hub is now tried for a connection first. In
+    datasets' offline mode the cache is read (no connection is tried), and no copy there is the same one line."""
+    unreachable_hub(monkeypatch)
+    ckpt = write_checkpoint(tmp_path / 'ckpt.pt', tiny_model(dtype=torch.float32))
+    start = time.monotonic()
+    with pytest.raises(RunError, match=r'^piqa: cannot load baber/piqa \(None, validation\) from the hub: '
+                                       r'the Hugging Face hub \(127\.0\.0\.1:\d+\) cannot be reached: .*; '
+                                       r'offline, export it .* --data_dir=DIR') as e:
+        ez.main([f'--ckpt={ckpt}', '--tasks=piqa'])
+    assert time.monotonic() - start < 15 and '\n' not in str(e.value) and isinstance(e.value, ez.HubUnreachable)
+    monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
+    assert ez.hub_unreachable() is None  # offline mode: datasets reads its cache and connects nowhere
+    import datasets
+
+    def no_copy(*args, **kwargs):  # what datasets' offline mode raises without a copy in the cache
+        raise ConnectionError("Couldn't reach 'baber/piqa' on the Hub (OfflineModeIsEnabled)")
+    monkeypatch.setattr(datasets, 'load_dataset', no_copy)
+    with pytest.raises(ez.HubUnreachable, match=r"^piqa: cannot load .*\(OfflineModeIsEnabled\); offline, export"):
+        ez.main([f'--ckpt={ckpt}', '--tasks=piqa'])

@@ -126,7 +126,9 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     other['recipe'] = dict(other['recipe'], learning_rate=1.0)
     (out / 'runs' / 'ce_affine_s9.json').write_text(json.dumps(other))
     stamps = {p: p.stat().st_mtime_ns for p in [*(out / 'runs').iterdir(), out / 'train' / 'ce_softmax_s1' / 'ckpt.pt']}
-    again = sink_study.main(argv)
+    with pytest.raises(RunError, match=r"ce_affine_s9 \(not planned by this command\)"):  # never in silence
+        sink_study.main(argv)
+    again = sink_study.main(argv + ['--subset=True'])
     assert again['excluded'] == ['ce_affine_s9'] and len(again['runs']) == 5 and 'ce_affine_s9' in (
         out / 'report.md').read_text()
     assert stamps == {p: p.stat().st_mtime_ns for p in stamps}

@@ -1,0 +1,276 @@
+"""The sink study's records (study_records.py) and the commands around them: a file in runs/ that is not a valid
+record, or a record made with other settings, stops the study with one line instead of changing a verdict; one
+writer per run; SIGTERM and SIGINT stop the children cleanly and a re-run continues. The committed v1 records pass
+unchanged. The study cases share one tiny study, trained once (study)."""
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import prepare_data
+import sink_study
+import study_records
+from files import RunError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMITTED = os.path.join(ROOT, 'docs', 'sink_study')
+TINY = ['--variants=softmax', '--arms=ce,kd', '--seeds=1', '--kd_seeds=1', '--teachers=1', '--tokens=2048',
+        '--block_size=32', '--compile=False', '--eval_batches=2', '--jobs=1']
+
+
+@pytest.fixture(scope='module')
+def stdlib_dir(tmp_path_factory):
+    """A small corpus of the standard library (the source v1's records were trained on)."""
+    out = str(tmp_path_factory.mktemp('stdlib') / 'stdlib_bytes')
+    prepare_data.main(['--source=stdlib', '--tokenizer=bytes', f'--out_dir={out}', '--val_every=50', '--num_proc=1',
+                       '--max_tokens=60000'])
+    return out
+
+
+@pytest.fixture(scope='module')
+def study(tmp_path_factory, data_dir):
+    """A tiny study, trained once: ce_softmax_s1 (the teacher) and kd_softmax_s1. Returns (its dir, argv)."""
+    out = tmp_path_factory.mktemp('study') / 'tiny'
+    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', *TINY]
+    sink_study.main(argv)
+    return out, argv
+
+
+def copy_of(study, tmp_path):
+    """A copy of the tiny study to change, and its argv."""
+    out, argv = study
+    shutil.copytree(out, tmp_path / 'copy')
+    return tmp_path / 'copy', [a.replace(str(out), str(tmp_path / 'copy')) for a in argv]
+
+
+@pytest.fixture
+def v1(tmp_path):
+    """A copy of the committed study's records, to change: (its report_dir, the argv of its report)."""
+    report = tmp_path / 'v1'
+    shutil.copytree(os.path.join(COMMITTED, 'runs'), report / 'runs')
+    return report
+
+
+def report_argv(report, stdlib_dir, tmp_path):
+    return ['--plan=full', f'--report_dir={report}', f'--out_dir={tmp_path / "out"}', f'--data_dir={stdlib_dir}',
+            '--report_only=True']
+
+
+def edit(path, change):
+    record = json.loads(path.read_text())
+    change(record)
+    path.write_text(json.dumps(record))
+
+
+def test_the_committed_records_pass_and_their_verdicts_regenerate(v1, stdlib_dir, tmp_path):
+    """Every committed record (the full study's and the pilot's) passes unchanged; the report regenerates from them
+    with the committed verdicts, and its Machine line names the machine that trained them."""
+    for folder in (os.path.join(COMMITTED, 'runs'), os.path.join(COMMITTED, 'pilot', 'runs')):
+        assert len(study_records.read_records(folder)) == len(os.listdir(folder)) > 20
+    results = sink_study.main(report_argv(v1, stdlib_dir, tmp_path))
+    with open(os.path.join(COMMITTED, 'results.json')) as f:
+        committed = json.load(f)
+    assert [(c['id'], c['verdict'], c['p']) for c in results['claims']] == [
+        (c['id'], c['verdict'], c['p']) for c in committed['claims']]
+    machines = {json.loads(p.read_text())['machine'] for p in (v1 / 'runs').iterdir()}
+    assert results['machine'] == f"{machines.pop()} (79 runs)" and not machines
+
+
+@pytest.mark.parametrize('case', ['stale copy', 'renamed', 'renamed, name edited', 'weight -5', 'NaN',
+                                  'teacher edited', 'no_decay edited', 'truncated', 'empty', 'not UTF-8', 'an array',
+                                  'a string', 'a folder'])
+def test_a_file_that_is_not_a_valid_record_stops_the_study(case, v1, stdlib_dir, tmp_path):
+    """Each of these changed the kd arm's verdicts in silence, or stopped the study with a traceback that named no
+    file: now one line names the file, what is wrong, and where to move it."""
+    runs = v1 / 'runs'
+    source = runs / 'kd_affine_s1.json'
+    target = {'stale copy': 'kd_affine_s1_old.json', 'renamed': 'kd_affine_s9.json',
+              'renamed, name edited': 'kd_affine_s9.json'}.get(case, 'kd_affine_s1.json')
+    if target != source.name:
+        shutil.copy(source, runs / target)
+    changes = {
+        'stale copy': lambda r: r.update(first_token_weight=[0.001] * 4),
+        'renamed, name edited': lambda r: r.update(name='kd_affine_s9'),
+        'weight -5': lambda r: r.update(first_token_weight=[-5.0, 0.01, 0.01, 0.01]),
+        'NaN': lambda r: r['end']['gu'].update(sink_rate=math.nan),
+        'teacher edited': lambda r: r.update(teacher='ce_sink_s1'),
+        'no_decay edited': lambda r: r.update(no_decay=['alpha_proj']),
+    }
+    if case in changes:
+        edit(runs / target, changes[case])
+    raw = {'truncated': source.read_bytes()[:500], 'empty': b'', 'not UTF-8': b'{"name": "caf\xe9"}',
+           'an array': b'[1, 2]', 'a string': b'"kd_affine_s1"'}
+    if case in raw:
+        (runs / target).write_bytes(raw[case])
+    if case == 'a folder':
+        (runs / 'notes').mkdir()
+        target = 'notes'
+    expected = {'stale copy': 'whose file is kd_affine_s1.json', 'renamed': 'whose file is kd_affine_s1.json',
+                'renamed, name edited': r'name is "kd_affine_s9", but its arm, variant and seed make it kd_affine_s1',
+                'weight -5': r'first_token_weight\[0\] is -5.0, outside its range', 'NaN': 'end.gu.sink_rate is nan',
+                'teacher edited': r'teacher is "ce_sink_s1"', 'no_decay edited': 'no_decay is',
+                'truncated': 'not JSON', 'empty': 'not JSON', 'not UTF-8': 'is not UTF-8',
+                'an array': 'holds a JSON list', 'a string': 'holds a JSON str', 'a folder': 'a directory'}[case]
+    with pytest.raises(RunError, match=expected) as e:
+        sink_study.main(report_argv(v1, stdlib_dir, tmp_path))
+    assert str(runs / target) in str(e.value) and 'move it out of runs/' in str(e.value)
+    assert '\n' not in str(e.value)
+    assert not (v1 / 'results.json').exists()  # nothing written
+
+
+def test_an_edited_teacher_that_is_still_a_teacher_is_refused(v1, stdlib_dir, tmp_path):
+    """kd student seed 1 distils from the first teacher (ce_softmax_s1); a record naming the other one is not this
+    command's run: the report refuses it, naming the setting, rather than counting it."""
+    edit(v1 / 'runs' / 'kd_affine_s1.json', lambda r: r.update(teacher='ce_softmax_s2'))
+    with pytest.raises(RunError, match=r"kd_affine_s1 \(other settings: teacher ce_softmax_s2 -> ce_softmax_s1\)"):
+        sink_study.main(report_argv(v1, stdlib_dir, tmp_path))
+
+
+def test_report_only_with_a_changed_key_refuses_instead_of_an_empty_report(v1, stdlib_dir, tmp_path):
+    """A typo in a recipe flag once rewrote the report with 0 records and exit status 0; now it lists the records
+    and the key, and writes nothing. --subset=True reports on what is left, listing the others."""
+    argv = report_argv(v1, stdlib_dir, tmp_path)
+    for flag, key in (('--learning_rate=1e-3', 'learning_rate 0.005 -> 0.001'),
+                      ('--init_std=0.5', 'init_std (a v1 record holds only the recipe)')):
+        with pytest.raises(RunError, match=r"holds 79 record\(s\) this command would leave out .*" + re.escape(key)):
+            sink_study.main(argv + [flag])
+        assert not (v1 / 'results.json').exists()
+    results = sink_study.main(argv + ['--learning_rate=1e-3', '--subset=True'])
+    assert results['runs'] == [] and len(results['excluded']) == 79
+
+
+def test_a_v1_record_stands_only_on_the_standard_library(v1, data_dir, tmp_path):
+    """The committed records hold no corpus checksum; they were trained on the standard library, and a study on
+    another corpus does not report them as its own."""
+    argv = ['--plan=full', f'--report_dir={v1}', f'--out_dir={tmp_path / "out"}', f'--data_dir={data_dir}',
+            '--report_only=True']
+    with pytest.raises(RunError, match=r"the corpus \(a v1 record trained on the standard library, this one is "
+                                       r"builtin\)"):
+        sink_study.main(argv)
+
+
+def test_a_new_record_knows_what_produced_it(study):
+    """Every train.py setting of the run, the corpus's checksums, the commit and whether the tree was dirty, the
+    start and end times, and a digest that an edit breaks."""
+    out, _ = study
+    record = json.loads((out / 'runs' / 'kd_softmax_s1.json').read_text())
+    config = json.loads((out / 'train' / 'kd_softmax_s1' / 'config.json').read_text())
+    assert record['settings'] == config and record['settings']['seed'] == 1
+    meta = json.loads(open(os.path.join(config['data_dir'], 'meta.json')).read())
+    assert record['corpus']['checksums'] == meta['checksums']
+    git = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True)
+    assert record['commit'] == (git.stdout.strip() if git.returncode == 0 else None)
+    assert record['dirty'] in (True, False, None)
+    assert record['started'] < record['finished'] and record['finished'].endswith('+00:00')
+    assert record['digest'] == study_records.digest(record) and record['digest'].startswith('sha256:')
+
+
+def test_an_edited_new_record_stops_the_study(study, tmp_path):
+    out, argv = copy_of(study, tmp_path)
+    edit(out / 'runs' / 'kd_softmax_s1.json', lambda r: r.update(val_loss=1.0))
+    with pytest.raises(RunError, match="kd_softmax_s1.json: .* do not match its digest: it was edited"):
+        sink_study.main(argv + ['--report_only=True'])
+
+
+@pytest.mark.parametrize('flag', ['--gate=True', '--affine_act=sigmoid', '--init_std=0.5', 'data_dir'])
+def test_a_setting_outside_the_recipe_keys_is_seen(flag, study, tmp_path, stdlib_dir):
+    """Only the recipe's keys were compared once: --init_std, --affine_act, --gate and --data_dir trained nothing
+    and reported the old records under the new command. Now the report refuses them, naming the setting."""
+    out, argv = copy_of(study, tmp_path)
+    if flag == 'data_dir':
+        argv = [a for a in argv if not a.startswith('--data_dir')] + [f'--data_dir={stdlib_dir}']
+        key = 'data_dir'
+    else:
+        argv = argv + [flag]
+        key = flag[2:].partition('=')[0]
+    with pytest.raises(RunError, match=rf"ce_softmax_s1 \(other settings: [^)]*{key} "):
+        sink_study.main(argv + ['--report_only=True'])
+
+
+def test_a_changed_setting_trains_again_and_says_so(study, tmp_path, capsys):
+    out, argv = copy_of(study, tmp_path)
+    results = sink_study.main(argv + ['--init_std=0.03', '--arms=ce', '--subset=True'])  # the ce run alone
+    said = capsys.readouterr().out
+    assert 'ce_softmax_s1: its record was made with other settings (init_std 0.02 -> 0.03): trained again' in said
+    assert said.index('trained again') < said.index('$ ')  # before any work
+    assert [r['name'] for r in results['runs']] == ['ce_softmax_s1'] and results['excluded'] == ['kd_softmax_s1']
+    assert json.loads((out / 'runs' / 'ce_softmax_s1.json').read_text())['settings']['init_std'] == 0.03
+
+
+def test_a_seed_given_twice_is_refused_before_any_run(study, tmp_path):
+    out, argv = copy_of(study, tmp_path)
+    before = sorted(os.listdir(out / 'train'))
+    with pytest.raises(RunError, match=r"ce_softmax_s1, kd_softmax_s1: planned twice"):
+        sink_study.main(argv + ['--seeds=1,1', '--kd_seeds=1,1'])
+    assert sorted(os.listdir(out / 'train')) == before
+
+
+def test_a_failed_child_fails_the_study_with_its_last_line(study, tmp_path):
+    """A run that fails (here: its directory holds a log train.py did not write) stops the study, which names the
+    run and what the child said last."""
+    out, argv = copy_of(study, tmp_path)
+    run = out / 'train' / 'ce_softmax_s2'
+    run.mkdir()
+    (run / 'metrics.jsonl').write_text('{"not": "ours"}\n')
+    with pytest.raises(RunError, match=r"run ce_softmax_s2 failed \(exit code 1\): 'train.py: error: .*"):
+        sink_study.main(argv + ['--seeds=1,2', '--kd_seeds=1'])
+
+
+def test_the_users_thread_count_is_respected(study, tmp_path, capsys, monkeypatch):
+    out, argv = copy_of(study, tmp_path)
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    sink_study.main(argv)
+    assert '1 at a time, 1 thread(s) each (OMP_NUM_THREADS from the environment)' in capsys.readouterr().out
+
+
+def study_process(argv, out):
+    return subprocess.Popen([sys.executable, 'sink_study.py', *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED='1'))
+
+
+def wait_for_training(out, name, timeout=120):
+    """Until the run's train.py has logged a step (its checkpoint then follows a stop)."""
+    path = out / 'train' / name / 'metrics.jsonl'
+    deadline = time.time() + timeout
+    while not (path.is_file() and path.stat().st_size > 0):
+        assert time.time() < deadline, f"{name} did not start"
+        time.sleep(0.2)
+
+
+def children(out):
+    """pids of train.py processes whose command names this study's directory."""
+    ps = subprocess.run(['ps', '-eo', 'pid,args'], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in ps if 'train.py' in line and str(out) in line]
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_children_and_a_rerun_continues(signum, data_dir, tmp_path):
+    """SIGTERM once killed the study silently and left its train.py children training as orphans; Ctrl-C gave a
+    traceback. Now the study stops its children (each saves its checkpoint), exits 1 with one line; the same
+    command then continues the run from its checkpoint, and nothing is trained twice."""
+    out = tmp_path / 'study'
+    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--variants=softmax', '--arms=ce', '--seeds=1',
+            '--tokens=30000', '--block_size=32', '--compile=False', '--eval_batches=1', '--jobs=1',
+            '--log_interval=1']
+    proc = study_process(argv, out)
+    wait_for_training(out, 'ce_softmax_s1')
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err.strip().count('\n') == 0, err
+    assert f'stopped by {signal.Signals(signum).name}' in err and 'ce_softmax_s1' in err
+    assert children(out) == []
+    steps = [json.loads(line)['step'] for line in (out / 'train' / 'ce_softmax_s1' / 'metrics.jsonl').open()]
+    assert (out / 'train' / 'ce_softmax_s1' / 'ckpt.pt').is_file() and steps
+    if signum == signal.SIGTERM:  # the same command continues from the checkpoint: every step once
+        again = subprocess.run([sys.executable, 'sink_study.py', *argv], cwd=ROOT, capture_output=True, text=True)
+        assert again.returncode == 0, again.stderr
+        steps = [json.loads(line)['step'] for line in (out / 'train' / 'ce_softmax_s1' / 'metrics.jsonl').open()]
+        assert steps == list(range(1, steps[-1] + 1)) and (out / 'runs' / 'ce_softmax_s1.json').is_file()
+        assert 'resuming from' in (out / 'logs' / 'ce_softmax_s1.log').read_text()
