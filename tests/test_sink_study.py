@@ -59,6 +59,7 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     from transformers import AutoModelForCausalLM
     import export_hf
     import sink_study
+    import study_records
     from checkpoint import read_checkpoint
     from model import GPT
     from test_analyze import explicit_weights
@@ -124,6 +125,7 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     # a record of another recipe is never mixed in; a re-run trains nothing and rewrites no record
     other = dict(json.loads((out / 'runs' / 'ce_affine_s1.json').read_text()), name='ce_affine_s9', seed=9)
     other['recipe'] = dict(other['recipe'], learning_rate=1.0)
+    other['digest'] = study_records.digest(other)  # a valid record, of another recipe and seed
     (out / 'runs' / 'ce_affine_s9.json').write_text(json.dumps(other))
     stamps = {p: p.stat().st_mtime_ns for p in [*(out / 'runs').iterdir(), out / 'train' / 'ce_softmax_s1' / 'ckpt.pt']}
     with pytest.raises(RunError, match=r"ce_affine_s9 \(not planned by this command\)"):  # never in silence
@@ -235,7 +237,8 @@ def test_analysis_md_shows_the_claims_and_the_pilot():
     # time: its runs' steps and end-of-run measures, two at a time (measured: 60.5 minutes from first start to last end)
     with open(os.path.join(ROOT, 'README.md')) as f:
         assert 'python sink_study.py           # the sink study\'s pilot (about an hour on 2 cores)' in f.read()
-    assert '2 job(s)' in pilot['machine'] and '2 CPU cores' in pilot['machine']
+    # two at a time: the default jobs, one per core, on the 2-core machine that trained all 24
+    assert '--jobs' not in pilot['command'] and pilot['machine'].endswith('2 CPU cores, device cpu (24 runs)')
     assert 45 <= sum(r['seconds'] + r['end_seconds'] for r in pilot['runs']) / 2 / 60 <= 80
 
 
