@@ -90,13 +90,32 @@ def read_checkpoint(path, keys=MODEL_KEYS):
     a training checkpoint also holds), and the ranks of a node share one copy in the page cache. Read as data only
     (load_data_only): a file that would run code is refused. keys: what the caller needs (CKPT_KEYS to resume
     training); the bytes of every tensor under them are verified against the checksums written with them
-    (verify_checkpoint) before anything is returned."""
+    (verify_checkpoint), and where they include the model, its weights are checked to be finite (check_finite),
+    before anything is returned."""
     ckpt = load_data_only(path)
     missing = [key for key in keys if not isinstance(ckpt, dict) or key not in ckpt]
     if missing:
         raise CheckpointError(f"{path} is not a checkpoint written by train.py: it has no {', '.join(missing)}")
     verify_checkpoint(path, keys)
+    if 'model' in keys:  # every tool that reads the weights comes through here: none runs a diverged model
+        check_finite(path, ckpt['model'])
     return ckpt
+
+
+def nonfinite_tensors(state):
+    """The names of the floating-point tensors of a state dict (name -> tensor) that hold a NaN or an infinity."""
+    return [name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
+def check_finite(path, state):
+    """CheckpointError naming the file, the first tensor of `state` (its model's) that is not finite and how many are
+    not: such weights (a diverged run's) give NaN logits, which every reader would turn into silent garbage."""
+    bad = nonfinite_tensors(state)
+    if bad:
+        floats = sum(t.is_floating_point() for t in state.values())
+        raise CheckpointError(f"{path} holds weights that are not finite: {len(bad)} of its {floats} float tensors "
+                              f"hold NaN or infinity, the first {bad[0]} (a run that diverged); nothing was loaded "
+                              f"from it; {fallback(path)}, or train again with a lower learning rate")
 
 
 # What reading a checkpoint may look up: what torch.save writes for tensors (their rebuild functions and storage

@@ -3,7 +3,7 @@ What every script shares and none owns: the device and dtype its --device/--dtyp
 token and the device's peak FLOP/s), timers and a progress line; what bench.py's tables and gpu_check.py's rows
 measure and print with (autocast, PeakMemory, log, ratio, print_table); and how a model runs over torchrun's ranks
 (compiled per layer, sharded with FSDP2 or wrapped in DDP; init_distributed, reduce_mean, full_tensor,
-batch_to_device, preemption_flag), which train.py, bench.py, gpu_check.py and the tests share.
+batch_to_device, local_tensor, preemption_flag), which train.py, bench.py, gpu_check.py and the tests share.
 Imports flow one way: this file imports only torch and files.py, and every script may import it.
 """
 import inspect
@@ -310,6 +310,12 @@ def full_tensor(t):
     A collective under FSDP: every rank must call it."""
     dtensor = sys.modules.get('torch.distributed.tensor')  # not imported (apply_fsdp does): t cannot be a DTensor
     return t.full_tensor() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
+
+
+def local_tensor(t):
+    """This rank's shard of a DTensor (an FSDP-sharded parameter); other tensors as they are. No collective."""
+    dtensor = sys.modules.get('torch.distributed.tensor')  # (see full_tensor)
+    return t.to_local() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
 
 
 def init_distributed(backend):

@@ -118,13 +118,38 @@ def check_shard(path, checksum, vocab_size):
 # A prepared directory: meta.json, and the windows training reads from its shards
 
 
+# the prepare_data.py commands of the directories the configs and the docs name (README, docs/data.md, the headers
+# of config/tiny_cpu.py, config/sink_study.py and config/onegpu.py), with the --out_dir the user gave
+FINEWEB = ("--source=fineweb-edu --fineweb_config=sample-100BT --tokenizer=checkpoints/{teacher} --out_dir={out} "
+           "--max_tokens=20_000_000_000 --num_proc=32")
+KNOWN_DATA = {
+    "data/builtin_bytes": "--source=builtin --tokenizer=bytes --out_dir={out} --val_every=10",
+    "data/stdlib_bytes": "--source=stdlib --tokenizer=bytes --out_dir={out} --val_every=50",
+    "data/fineweb_edu_llama3": FINEWEB.replace("{teacher}", "Llama-3.2-3B"),
+    "data/fineweb_edu_qwen": FINEWEB.replace("{teacher}", "Qwen1.5-1.8B"),
+    "data/fineweb_edu_smollm2": "--source=fineweb-edu --tokenizer=checkpoints/SmolLM2-360M --out_dir={out} "
+                                "--max_tokens=1_100_000_000",
+}
+GENERAL_DATA = ("--source=<builtin, stdlib, fineweb-edu or your own files> "
+                "--tokenizer=<bytes or the teacher's directory> --out_dir={out}")
+
+
+def prepare_command(data_dir):
+    """The command that prepares data_dir: the exact one for a directory the configs name (KNOWN_DATA, wherever the
+    repo is), else its general form."""
+    known = KNOWN_DATA.get("/".join(os.path.normpath(data_dir).split(os.sep)[-2:]), GENERAL_DATA)
+    return "python prepare_data.py " + known.replace("{out}", data_dir)
+
+
 def read_meta(data_dir):
     """meta.json of a prepare_data.py output directory (what train.py and distill.py read first)."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isdir(data_dir):
-        raise RunError(f"data_dir={data_dir}: no such directory; run prepare_data.py first")
+        raise RunError(f"data_dir={data_dir}: no such directory; run prepare_data.py first: "
+                       f"{prepare_command(data_dir)}")
     if not os.path.isfile(path):
-        raise RunError(f"{path}: no such file; data_dir must be an output directory of prepare_data.py")
+        raise RunError(f"{path}: no such file; data_dir must be an output directory of prepare_data.py, which "
+                       f"prepares one: {prepare_command(data_dir)}")
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)

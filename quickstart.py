@@ -11,10 +11,10 @@ A re-run does what is not yet done with these settings, judged by what each stag
 whose checkpoint (ckpt.pt: its steps and config) finished the settings it would now run with is skipped; one stopped
 part way with them continues from its checkpoint; one whose settings changed what it computes (--teacher_iters, an
 edited config file's learning rate, ...; not micro_batch_size or the device: resume.RESUME_MAY_CHANGE) is trained
-again from scratch, replacing that stage's checkpoint, metrics.jsonl and config.json, after a line saying what
-changed. What came from a replaced stage is redone too: the students of a teacher trained again, the evaluation of a
-student trained again. To keep earlier results, give another --out_dir. report.md states the steps, tokens and seed
-of every training and evaluation.
+again from scratch, replacing that stage's checkpoint and config.json (its metrics.jsonl kept aside under a new
+name), after a line saying what changed. What came from a replaced stage is redone too: the students of a teacher
+trained again, the evaluation of a student trained again. To keep earlier results, give another --out_dir. report.md
+states the steps, tokens and seed of every training and evaluation.
 
 Both first install what is missing (requirements.txt and matplotlib; --tests: requirements-test.txt too; the real
 model's stage: transformers, tokenizers, gguf and accelerate). Stages:

@@ -33,7 +33,7 @@ RESTART = ['--init_from=scratch', '--overwrite=True']  # train.py's arguments th
 def restart_note(out_dir, changes):
     """What the quick start and the sink study say of a run they train again from scratch (RESTART)."""
     return (f"changed since {out_dir} was trained: {'; '.join(changes)}. Training it again from scratch, replacing its "
-            f"checkpoint, metrics.jsonl and config.json")
+            f"checkpoint and config.json (its metrics.jsonl is kept aside, under a new name)")
 
 
 

@@ -42,7 +42,8 @@ KEYS = dict(
     max_new_tokens=Key(500, "tokens generated per sample", min=1),
     temperature=Key(0.8, "1.0: the model's distribution; below 1 less random; 0: greedy (argmax)", min=0),
     top_k=Key(200, "sample from the k most likely tokens only (None: from all)", types=(int,), min=1),
-    seed=Key(1337, "torch's seed: the same seed gives the same samples", min=0),
+    seed=Key(1337, "torch's seed: the same seed gives the same samples; at most 2**64 - 1, the largest "
+             "torch.manual_seed takes", min=0, max=2 ** 64 - 1),
     device=DEVICE,
     dtype=Key('auto', "auto: bfloat16 on GPUs that support it, else float32",
               choices=('auto', 'float32', 'bfloat16', 'float16')),

@@ -23,13 +23,13 @@ a recomputed forward for most activation memory. Checkpoints hold full (unsharde
 name either way, so a run resumes on any number of ranks, with or without FSDP. memory_plan.py is the plan.
 
 Reading order: train, at the bottom, is the training loop, as nanoGPT writes it: each micro-step's forward, loss
-(compute_loss) and backward, then clipping, AdamW, alpha_ma (Eq. 9), logging, evaluation and checkpoints; main,
-below it, checks everything it can before writing, then holds out_dir for the run (one writer: files.lock_dir).
-Above them, the setup they call (setup_run, load_data, build_model, load_run_teacher), and above that the pieces of
-a step; what runs the model over the ranks (DDP, FSDP2, compile) is in common.py.
+(compute_loss) and backward, then clipping and AdamW (take_step), alpha_ma (Eq. 9), logging, evaluation and
+checkpoints; main, below it, checks everything it can before writing, then holds out_dir for the run (one writer:
+files.lock_dir). Above them, the setup they call (setup_run, load_data, build_model, load_run_teacher), and above
+that the pieces of a step; what runs the model over the ranks (DDP, FSDP2, compile) is in common.py, the checks of
+the settings against the data and of the weights before a save in run_checks.py, the records in run_log.py.
 """
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -48,13 +48,15 @@ from common import (DeviceTimer, apply_fsdp, batch_to_device, check_cpu_compiler
                     resolve_device, resolve_dtype, wrap_ddp)
 from configurator import DEVICE, Key, parse
 from data import Windows, first_token_id, read_meta
-from files import RunError, atomic_write, claim_dir, lock_dir, read_log, run_script, write_json
+from files import RunError, claim_dir, lock_dir, run_script
 from distill import check_compatibility, fused_kd_loss, kd_loss, load_teacher
 from memory_plan import print_dry_run
 from model import AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
 from probes import mean_attention_logit, sink_record, variant_tensor_means
 from resume import (changed_settings, check_resumable, checkpoint_to_resume, data_fingerprint, lr_changes,
                     recorded_config, rng_state, set_rng_state)
+from run_checks import check_finite, check_sizes, start_notes, validation_batches
+from run_log import Metrics, import_wandb
 
 SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0 to write a checkpoint (NCCL's default is 10 min)
 
@@ -79,7 +81,9 @@ TRAIN_KEYS = dict(
     max_iters=Key(9000, "optimizer steps (Appendix B.1)", min=1),
     global_batch_size=Key(1024, "sequences per optimizer step, over all ranks (Section 5.1)", min=1),
     micro_batch_size=Key(8, "sequences per forward on one rank; accumulation steps are derived", min=1),
-    learning_rate=Key(1e-3, "Section 5.1 (swept 5e-4 ... 5e-3)", above=0),
+    learning_rate=Key(1e-3, "Section 5.1 (swept 5e-4 ... 5e-3); at most 1: AdamW moves each weight by about the "
+                      "learning rate a step, and the weights start at init_std=0.02, so 1 already replaces them all in "
+                      "one step (200x the largest rate the paper swept)", above=0, max=1),
     min_lr=Key(0.0, "learning rate at the end of the decay (at most learning_rate)", min=0),
     resume_lr_change=Key(False, "on resume: let learning_rate and min_lr differ from the checkpoint's (e.g. lower "
                          "after a non-finite stop); the change is recorded in metrics.jsonl"),
@@ -92,7 +96,8 @@ TRAIN_KEYS = dict(
     beta1=Key(0.9, "AdamW", min=0, below=1),
     beta2=Key(0.95, "AdamW", min=0, below=1),
     grad_clip=Key(1.0, "clip the global gradient norm (0: off); metrics log the norm before clipping", min=0),
-    seed=Key(1337, "the initial weights and the order of the data", min=0),
+    seed=Key(1337, "the initial weights and the order of the data; at most 2**64 - 1, the largest seed "
+             "torch.manual_seed takes", min=0, max=2 ** 64 - 1),
     eval_interval=Key(500, "evaluate, log attention statistics and save a checkpoint every this many steps", min=1),
     eval_batches=Key(20, "validation batches of micro_batch_size sequences, split over ranks", min=1),
     attention_windows=Key(0, "validation windows each evaluation measures the sink on: first-token weight, share "
@@ -112,7 +117,8 @@ TRAIN_KEYS = dict(
                    types=(float, int), above=0),
     teacher=Key(None, "knowledge distillation from a teacher: a Hugging Face directory or one of our checkpoints",
                 types=(str,)),
-    kd_temperature=Key(1.0, "T of the KD loss", above=0),
+    kd_temperature=Key(1.0, "T of the KD loss; at most 100: distillation uses 1 to 20, and at 100 logits 10 apart "
+                       "differ by 0.1, the teacher's distribution all but uniform", above=0, max=100),
     kd_alpha=Key(1.0, "loss = kd_alpha * KD + (1 - kd_alpha) * CE; 1.0 is the paper's pure KD", min=0, max=1),
     kd_loss=Key('fused', "fused: distill.fused_kd_loss, chunked, never holding the (tokens x vocab) logits; plain: "
                 "distill.kd_loss, the same loss from full logits with autograd (readable, memory-hungry)",
@@ -129,18 +135,26 @@ TRAIN_KEYS = dict(
     dry_run_world_size=Key(8, "GPUs the dry run's per-GPU memory plan assumes (a real run: torchrun's ranks)", min=1),
     dry_run_gpu_gib=Key(80.0, "memory of one GPU, for the dry run's verdict on whether the config fits", above=0),
 )
-# what must hold between the keys, checked with them (warmup_iters may exceed max_iters: a short test of a config)
+# what must hold between the keys, checked with them (warmup_iters may exceed max_iters: a short test of a config;
+# run_checks.start_notes warns)
 RULES = ('min_lr <= learning_rate',)
 DEFAULTS = {name: key.default for name, key in TRAIN_KEYS.items()}
 # what each ModelConfig field's key declares besides its default (ModelConfig checks how the head counts divide n_embd)
 MODEL_FIELD_KEYS = dict(
     n_layer=dict(min=1), n_head=dict(min=1), n_kv_head=dict(min=1), n_embd=dict(min=1), intermediate_size=dict(min=1),
-    vocab_size=dict(min=1), block_size=dict(min=1), rope_theta=dict(above=0), rope_scaling=dict(types=(dict,)),
-    rms_norm_eps=dict(above=0), init_std=dict(above=0), attention=dict(choices=ATTENTIONS),
+    vocab_size=dict(min=1), block_size=dict(min=1),
+    rope_theta=dict(above=1, max=1e9, help="RoPE's base; above 1 (at 1 every pair of dimensions turns at one speed, "
+                    "and below it the slowest come first), at most 1e9: published models use 1e4 to 1e6 (model."
+                    "MODEL_SHAPES), and at 1e9 the slowest pair turns once in 6e9 tokens"),
+    rope_scaling=dict(types=(dict,)),
+    rms_norm_eps=dict(above=0, max=1e-3, help="at most 1e-3: published models use 1e-6 to 1e-5, and the embeddings "
+                      "start with a mean square of init_std**2 = 4e-4, which a larger eps would outweigh (the norm "
+                      "would no longer normalise)"),
+    init_std=dict(above=0), attention=dict(choices=ATTENTIONS),
     affine_act=dict(choices=AFFINE_ACTS), affine_momentum=dict(min=0, max=1),
     affine_bias_norm=dict(choices=AFFINE_BIAS_NORMS))
 KEYS = {**TRAIN_KEYS,
-        **{f.name: Key(f.default, "ModelConfig (model.py)", **MODEL_FIELD_KEYS.get(f.name, {}))
+        **{f.name: Key(f.default, **{'help': "ModelConfig (model.py)", **MODEL_FIELD_KEYS.get(f.name, {})})
            for f in dataclasses.fields(ModelConfig)},
         # a published shape by name: model = 'llama3.2-1b' sets its ModelConfig fields where it stands, so the
         # lines and overrides after it still win
@@ -217,34 +231,46 @@ def compute_loss(model, student, teacher, x, y, c, teacher_timer=None):
         targets=y, kd_alpha=c['kd_alpha'])
 
 
+EVAL_STOP_EVERY = 4  # validation batches between looks at the stop signal (a look is a host sync, and collective)
+
+
 @torch.no_grad()
-def validation_loss(model, val_data, c, device, autocast):
-    """Mean validation loss per token over eval_batches batches of micro_batch_size windows, split over ranks.
-    Every rank runs equally many forwards (FSDP's all-gathers are collective); the padding ones are not counted."""
+def validation_loss(model, val_data, c, device, autocast, stop=()):
+    """Mean validation loss per token over validation_batches(c, val_data) batches of micro_batch_size windows, split
+    over ranks. Every rank runs equally many forwards (FSDP's all-gathers are collective); the padding ones are not
+    counted. None where `stop` (preemption_flag's list) fills meanwhile: a signal ends the evaluation within
+    EVAL_STOP_EVERY batches, every rank at the same batch, and no partial loss is returned."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    model.eval()
+    batches = validation_batches(c, val_data)
     total = torch.zeros(2, dtype=torch.float64, device=device)  # summed loss, token count
-    for b in range(rank, math.ceil(c['eval_batches'] / world) * world, world):
-        first = b * c['micro_batch_size']
-        indices = [i % len(val_data) for i in range(first, first + c['micro_batch_size'])]
-        x, y = batch_to_device(val_data.get(indices), device)
-        with autocast:
-            _, loss = model(x, y)
-        if b < c['eval_batches']:  # summed on the device: no host sync per batch, so the copies overlap the forwards
-            total[0] += loss.double() * y.numel()
-            total[1] += y.numel()
-    model.train()
+    model.eval()
+    try:
+        for n, b in enumerate(range(rank, math.ceil(batches / world) * world, world)):
+            if n % EVAL_STOP_EVERY == 0 and reduce_mean([float(bool(stop))], device)[0] > 0:
+                return None
+            first = b * c['micro_batch_size']
+            indices = [i % len(val_data) for i in range(first, first + c['micro_batch_size'])]
+            x, y = batch_to_device(val_data.get(indices), device)
+            with autocast:
+                _, loss = model(x, y)
+            if b < batches:  # summed on the device: no host sync per batch, so the copies overlap the forwards
+                total[0] += loss.double() * y.numel()
+                total[1] += y.numel()
+    finally:
+        model.train()
     if dist.is_initialized():
         dist.all_reduce(total)
     return (total[0] / total[1]).item()
 
 
-def evaluation_record(c, run, model, raw_model, val_data, alpha_means):
+def evaluation_record(c, run, model, raw_model, val_data, alpha_means, stop=()):
     """The evaluation record: validation loss and perplexity, the mean attention logit (Figure 2), the variant's
     statistics (alpha, alpha_ma, sinks) and, with attention_windows, the sink's measures (sink_record). Every rank
-    takes part."""
-    record = dict(val_loss=validation_loss(model, val_data, c, run.device, run.autocast))
-    record['val_ppl'] = math.exp(min(record['val_loss'], 50))
+    takes part. Empty where a signal (stop: preemption_flag's list) cut the validation loss short."""
+    val_loss = validation_loss(model, val_data, c, run.device, run.autocast, stop)
+    if val_loss is None:
+        return {}
+    record = dict(val_loss=val_loss, val_ppl=math.exp(min(val_loss, 50)))
     with run.autocast:
         record['attn_logit_mean'], record['attn_logit_abs_mean'] = mean_attention_logit(
             raw_model, batch_to_device(val_data.get([0]), run.device)[0])
@@ -366,51 +392,6 @@ def load_run_teacher(c, model_config, data_meta, device):
     return teacher
 
 
-def import_wandb():
-    """The wandb module, imported before anything is written: wandb_log=True without it stops with nothing left."""
-    try:
-        import wandb
-    except ImportError:
-        raise RunError("wandb_log=True needs the wandb package, which is not installed: pip install wandb (then "
-                       "wandb login), or --wandb_log=False") from None
-    return wandb
-
-
-class Metrics:
-    """Where the run's records go: out_dir/metrics.jsonl (every step), the console (every log_interval steps and
-    every evaluation) and wandb (the module, or None); rank 0 only. Also writes out_dir/config.json.
-    A record with an 'event' (a resume that changed the learning rate) goes to metrics.jsonl only."""
-
-    def __init__(self, c, run, start_step, wandb=None):
-        self.c, self.on, self.wandb = c, run.master, wandb
-        self.path = os.path.join(c['out_dir'], 'metrics.jsonl')
-        if not self.on:
-            return
-        kept = []  # on resume, the records up to the checkpoint's step (a crash may have left later ones)
-        if start_step and os.path.isfile(self.path):
-            kept = [record for record in read_log(self.path) if record['step'] <= start_step]
-        write_json(os.path.join(c['out_dir'], 'config.json'), c)
-        with atomic_write(self.path) as f:
-            f.writelines(json.dumps(record) + '\n' for record in kept)
-        if wandb:
-            wandb.init(project=c['wandb_project'], name=c['wandb_run_name'], config=c)
-
-    def write(self, record):
-        if not self.on:
-            return
-        with open(self.path, 'a') as f:
-            f.write(json.dumps(record) + '\n')
-        if 'event' in record:
-            return
-        if self.wandb:
-            self.wandb.log(record, step=record['step'])
-        if record['step'] % self.c['log_interval'] == 0 or 'val_loss' in record:
-            val = f" | val {record['val_loss']:.4f}" if 'val_loss' in record else ''
-            print(f"step {record['step']}/{self.c['max_iters']} | loss {record['loss']:.4f}{val} | lr {record['lr']:.2e} "
-                  f"| grad {record['grad_norm']:.3f} | {record['tokens_per_sec']:,.0f} tok/s | mfu "
-                  f"{100 * record['mfu']:.2f}% | {1000 * record['dt']:.0f} ms", flush=True)
-
-
 def save(path, step, skipped, c, run, raw_model, optimizer, model_config, data_meta):
     """ckpt.pt at `step`: full tensors on rank 0's CPU, keyed by name (every rank takes part in gathering FSDP's
     shards); the other ranks wait in the save group's barrier while rank 0 writes. skipped: {'steps': how many
@@ -429,17 +410,54 @@ def save(path, step, skipped, c, run, raw_model, optimizer, model_config, data_m
         dist.barrier(group=run.save_group)
 
 
+def take_step(c, run, model, raw_model, teacher, optimizer, train_data, step, teacher_timer):
+    """The optimizer step after `step` steps: each micro-step's forward, loss and backward over this rank's part of
+    the step's global batch, the gradient clipped, and AdamW's update where the loss and the gradient norm are
+    finite (else nonfinite='stop' stops here, 'skip' leaves the weights as they were). Returns (lr, loss, KD, CE,
+    gradient norm, finite); the gradients are still to be zeroed."""
+    B, lr = c['micro_batch_size'], learning_rate(step, c)
+    for group in optimizer.param_groups:
+        group['lr'] = lr
+    # this rank's part of the step's global batch (a function of (seed, step) only), as micro-batches
+    mine = train_data.step_indices(c['seed'], step, c['global_batch_size'])[run.rank * run.accumulation * B:]
+    losses = torch.zeros(3, device=run.device)  # (loss, KD, CE) summed on the device: read once per step
+    for micro in range(run.accumulation):
+        x, y = batch_to_device(train_data.get(mine[micro * B:(micro + 1) * B]), run.device)
+        # DDP all-reduces the gradients only in the last micro-step's backward; FSDP reduce-scatters them
+        # every micro-step (only the sharded gradients are kept between micro-steps)
+        with model.no_sync() if run.ddp and micro < run.accumulation - 1 else nullcontext():
+            with run.autocast:
+                loss, kd, ce = compute_loss(model, raw_model, teacher, x, y, c, teacher_timer)
+            (loss / run.accumulation).backward()
+        losses += torch.stack([loss.detach(), kd, ce])
+    # the raw norm before clipping (paper Tables 4-5); grad_clip=0 only measures it
+    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c['grad_clip'] or math.inf)).item()
+    loss, kd, ce = reduce_mean(losses / run.accumulation, run.device)
+    finite = math.isfinite(loss) and math.isfinite(grad_norm)
+    if finite:
+        optimizer.step()
+    elif c['nonfinite'] == 'stop':
+        raise RunError(f"step {step + 1}: non-finite loss ({loss}) or gradient norm ({grad_norm}); stopping. "
+                       f"To continue from the last checkpoint with a lower learning rate: "
+                       f"--learning_rate=<lower> --resume_lr_change=True (nonfinite='skip' skips such steps "
+                       f"instead)")
+    return lr, loss, kd, ce, grad_norm, finite
+
+
 def train(c, model_config, run, data_meta, train_data, val_data, wandb):
     """The run, in out_dir, which this process (rank 0) holds: the model built or resumed, then the loop."""
     ckpt_path = os.path.join(c['out_dir'], CKPT_NAME)
     raw_model, optimizer, start = build_model(c, model_config, run, data_meta, ckpt_path)
     step, skipped, first_skipped = start['step'], start['skipped'], start['first_skipped']
+    saved = step or None  # the step of this run's last checkpoint: the one resumed from, until the next save
     model = wrap_ddp(raw_model, run.device) if run.ddp else raw_model  # what the loop calls; raw_model: the GPT itself
     teacher = load_run_teacher(c, model_config, data_meta, run.device)
     peak_flops = c['peak_flops'] or default_peak_flops(  # of the step's matmuls: bf16 under autocast
         run.device, torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32,
         gemm_shapes(raw_model, c['micro_batch_size'] * model_config.block_size))
     metrics = Metrics(c, run, step, wandb)
+    for note in start_notes(c, val_data) if run.master else ():
+        print(note, file=sys.stderr, flush=True)
     if start['lr_changes']:  # from the first step it applies to; a resume from this checkpoint again drops it
         metrics.write(dict(step=step + 1, event='resume_lr_change', **start['lr_changes']))
     if run.master:
@@ -448,38 +466,13 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
               f"{'FSDP' if c['fsdp'] else 'DDP' if run.distributed else 'one process'}, {run.device}, {c['dtype']}"
               f"{', activation checkpointing' if c['activation_checkpointing'] else ''}; {len(train_data):,} train windows"
               f"; MFU of a {peak_flops / 1e12:.4g} TFLOP/s peak")
-    B, teacher_timer = c['micro_batch_size'], DeviceTimer(run.device)  # the teacher's forward time
+    teacher_timer = DeviceTimer(run.device)  # the teacher's forward time
     model.train()
     with preemption_flag() as stop_signal:
         while step < c['max_iters']:
             t0 = time.perf_counter()
-            lr = learning_rate(step, c)
-            for group in optimizer.param_groups:
-                group['lr'] = lr
-            # this rank's part of the step's global batch (a function of (seed, step) only), as micro-batches
-            mine = train_data.step_indices(c['seed'], step, c['global_batch_size'])[run.rank * run.accumulation * B:]
-            losses = torch.zeros(3, device=run.device)  # (loss, KD, CE) summed on the device: read once per step
-            for micro in range(run.accumulation):
-                x, y = batch_to_device(train_data.get(mine[micro * B:(micro + 1) * B]), run.device)
-                # DDP all-reduces the gradients only in the last micro-step's backward; FSDP reduce-scatters them
-                # every micro-step (only the sharded gradients are kept between micro-steps)
-                with model.no_sync() if run.ddp and micro < run.accumulation - 1 else nullcontext():
-                    with run.autocast:
-                        loss, kd, ce = compute_loss(model, raw_model, teacher, x, y, c, teacher_timer)
-                    (loss / run.accumulation).backward()
-                losses += torch.stack([loss.detach(), kd, ce])
-            # the raw norm before clipping (paper Tables 4-5); grad_clip=0 only measures it
-            grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(raw_model.parameters(),
-                                                                   c['grad_clip'] or math.inf)).item()
-            loss, kd, ce = reduce_mean(losses / run.accumulation, run.device)
-            finite = math.isfinite(loss) and math.isfinite(grad_norm)
-            if finite:
-                optimizer.step()
-            elif c['nonfinite'] == 'stop':
-                raise RunError(f"step {step + 1}: non-finite loss ({loss}) or gradient norm ({grad_norm}); stopping. "
-                               f"To continue from the last checkpoint with a lower learning rate: "
-                               f"--learning_rate=<lower> --resume_lr_change=True (nonfinite='skip' skips such steps "
-                               f"instead)")
+            lr, loss, kd, ce, grad_norm, finite = take_step(c, run, model, raw_model, teacher, optimizer, train_data,
+                                                            step, teacher_timer)
             alpha_means = raw_model.update_alpha_ma(discard=not finite)  # Eq. 9 with this step's global batch
             optimizer.zero_grad(set_to_none=not run.ddp)  # DDP: in place, the gradients are its buckets
             step, skipped, dt = step + 1, skipped + (not finite), time.perf_counter() - t0
@@ -495,8 +488,9 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
                 record.update(kd_loss=kd, ce_loss=ce, teacher_sec=teacher_timer.seconds())
             if c['nonfinite'] == 'skip':
                 record['skipped_steps'] = skipped
-            if step % c['eval_interval'] == 0 or step == c['max_iters']:
-                record |= evaluation_record(c, run, model, raw_model, val_data, alpha_means)
+            evaluated = step % c['eval_interval'] == 0 or step == c['max_iters']
+            if evaluated:  # (nothing, where a signal cut it short: then saved below, unevaluated)
+                record |= evaluation_record(c, run, model, raw_model, val_data, alpha_means, stop_signal)
             metrics.write(record)
             if skipped > c['max_skipped_frac'] * c['max_iters']:  # every rank counts the same: all stop here
                 raise RunError(f"step {step}: the run has skipped {skipped} step(s) (non-finite loss or gradient "
@@ -506,12 +500,15 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
                                f"learning rate: --learning_rate=<lower> --resume_lr_change=True (or allow more: "
                                f"--max_skipped_frac)")
             stop = reduce_mean([float(bool(stop_signal))], run.device)[0] > 0  # all ranks stop at the same step
-            if 'val_loss' in record or stop:
+            if evaluated or stop:
+                check_finite(step, record, raw_model, run.device, ckpt_path, saved)
                 save(ckpt_path, step, dict(steps=skipped, first=first_skipped), c, run, raw_model, optimizer,
                      model_config, data_meta)
+                saved = step
             if stop:
                 if run.master:
-                    print(f"stopped by a signal: saved {ckpt_path} at step {step}; the same command continues it",
+                    cut = " (its evaluation, cut short, is not logged)" * (evaluated and 'val_loss' not in record)
+                    print(f"stopped by a signal: saved {ckpt_path} at step {step}{cut}; the same command continues it",
                           flush=True)
                 break
     if skipped and run.master:
@@ -530,6 +527,7 @@ def main(argv):
     run = setup_run(c)
     wandb = import_wandb() if c['wandb_log'] and run.master else None
     data_meta, train_data, val_data = load_data(c, model_config)
+    check_sizes(c, train_data, val_data)
     claim_dir(c['out_dir'], 'train.py', ours=lambda names: CKPT_NAME in names or is_run_config(c['out_dir']),
               writes=(CKPT_NAME, 'config.json', 'metrics.jsonl'))
     # one writer per run: rank 0, which alone writes into out_dir, holds it (and creates it) until the run ends

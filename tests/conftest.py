@@ -199,9 +199,8 @@ def no_global_state_left_behind():
     """Fails a test that changes torch's thread count, default dtype or grad mode, or the environment (monkeypatch
     undoes its own changes first), after restoring them, so that the tests after it see what they would alone."""
     import torch
-    def environment():  # less pytest's own PYTEST_CURRENT_TEST, and the cache torch's compiler names on first use
-        return {k: v for k, v in os.environ.items()
-                if not k.startswith('PYTEST_') and k != 'TORCHINDUCTOR_CACHE_DIR'}
+    def environment():  # less pytest's own PYTEST_CURRENT_TEST, and what torch's compiler sets on first use
+        return {k: v for k, v in os.environ.items() if not k.startswith('PYTEST_') and 'TORCHINDUCTOR_' not in k}
     threads, dtype, grad, environ = torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled(), \
         environment()
     yield

@@ -1,7 +1,8 @@
 """What several test files build the same way, as plain functions and constants (the fixtures built from them are
 in conftest.py; tiny Hugging Face models, which need transformers, are in hf_helpers.py): tiny byte-level BPE
-tokenizers trained here with the `tokenizers` library and the files they are read from, train.py's arguments for a
-tiny run, a fake run directory for analyze.py."""
+tokenizers trained here with the `tokenizers` library and the files they are read from, the checkpoint an old commit
+wrote (tests/fixtures) and every command that opens a checkpoint, train.py's arguments for a tiny run, a fake run
+directory for analyze.py."""
 import base64
 import json
 import os
@@ -11,11 +12,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 import eval_zeroshot
 from tokenizer import gpt2_unicode_to_byte
-from files import read_log
+from files import read_log, run_script
+import prepare_data
 from prepare_data import builtin_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,6 +218,58 @@ def readme_commands(heading):
     done = subprocess.run([shutil.which('bash'), '-c', record + block], env={'PATH': '/nonexistent'}, cwd='/',
                           capture_output=True, text=True, check=True)
     return block, [line.split('\x1f')[:-1] for line in done.stdout.splitlines()]
+
+
+# -----------------------------------------------------------------------------
+# A checkpoint of the old code, and every command that opens a checkpoint
+
+FIXTURE = os.path.join(ROOT, 'tests', 'fixtures', 'resume_2e82b72')  # how it was made: its README.md
+# the fixture's run (its README's command), less --out_dir
+FIXTURE_RUN = ['--n_layer=1', '--n_head=2', '--n_kv_head=1', '--n_embd=8', '--intermediate_size=16', '--vocab_size=257',
+               '--tie_embeddings=True', '--block_size=16', '--global_batch_size=4', '--micro_batch_size=2',
+               '--warmup_iters=2', '--attention=affine', '--max_iters=4', '--eval_interval=2', '--eval_batches=2',
+               '--log_interval=1000', '--peak_flops=1e12', '--device=cpu']
+
+
+def fixture_data(out):
+    """The fixture's data, prepared again into out by its README's command (the checkpoint records its
+    fingerprint)."""
+    prepare_data.main([f'--source={FIXTURE}/corpus.txt', '--txt_sample_by=paragraph', '--tokenizer=bytes',
+                       f'--out_dir={out}', '--val_every=5', '--num_proc=1'])
+    return out
+
+
+def checkpoint_commands(run, data, tmp_path):
+    """Every command that opens a checkpoint, pointed at `run` (a run directory of the fixture's shape, data: its
+    data): (name, main, argv)."""
+    import analyze  # (here: the scripts import much that only these commands need)
+    import distill
+    import export_hf
+    import sample
+    import train
+    return [('eval_zeroshot.py --ckpt', eval_zeroshot.main, [f'--ckpt={run}', '--tasks=heldout',
+                                                             f'--heldout_data={data}']),
+            ('analyze.py attention', analyze.main, ['attention', str(run), f'--out_dir={tmp_path / "attention"}',
+                                                    f'--data={data}', '--num_seqs=1', '--seq_len=16']),
+            ('sample.py --ckpt', sample.main, [f'--ckpt={run}', '--num_samples=1', '--max_new_tokens=1']),
+            ('export_hf.py --ckpt', export_hf.main, [f'--ckpt={run}', f'--out_dir={tmp_path / "hf"}']),
+            ('train.py --teacher', train.main, [*FIXTURE_RUN, f'--data_dir={data}', f'--teacher={run}',
+                                                f'--out_dir={tmp_path / "student"}']),
+            ('a resume', train.main, [*FIXTURE_RUN, f'--data_dir={data}', f'--out_dir={run}']),
+            ('distill.py --teacher', distill.main, [f'--teacher={run}', f'--data_dir={data}']),
+            ('train.py --dry_run --teacher', train.main, [*FIXTURE_RUN, '--dry_run=True', f'--teacher={run}'])]
+
+
+def refusal(capsys, main, argv):
+    """What main(argv) printed through files.run_script: its exit status 1 and one line on stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        run_script(main, argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and 'Traceback' not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
 
 
 # -----------------------------------------------------------------------------

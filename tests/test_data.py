@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from data import read_shard, read_split, write_shard  # noqa: E402
+from data import read_meta, read_shard, read_split, write_shard  # noqa: E402
 from files import RunError  # noqa: E402
 from helpers import flip_byte  # noqa: E402
 
@@ -67,3 +67,41 @@ def test_read_split_checks_each_shard_once_per_process(tmp_path, monkeypatch):
     (tmp_path / "meta.json").write_text(json.dumps(meta)[:-1])  # meta.json cut short
     with pytest.raises(RunError, match=rf"^{re.escape(str(tmp_path / 'meta.json'))}: damaged, not a JSON file \("):
         read_split(str(tmp_path), "train")
+
+
+def documented(path, out_dir):
+    """The prepare_data.py command that a file of the repo (a config's header, the README) gives for out_dir, its
+    continued lines joined."""
+    text = re.sub(r"\s*\\\n[#\s]*", " ", (Path(__file__).resolve().parents[1] / path).read_text(encoding="utf-8"))
+    return re.search(rf"python prepare_data\.py [^\n)]*--out_dir={re.escape(out_dir)}[^\n)]*", text).group(0).strip()
+
+
+@pytest.mark.parametrize("out_dir,path", [("data/builtin_bytes", "config/tiny_cpu.py"),
+                                          ("data/stdlib_bytes", "config/sink_study.py"),
+                                          ("data/fineweb_edu_llama3", "README.md"),
+                                          ("data/fineweb_edu_smollm2", "config/onegpu.py")])
+def test_missing_data_names_the_command_that_prepares_it(tmp_path, monkeypatch, out_dir, path):
+    """'run prepare_data.py first' said which command: now it gives the one the docs give for a directory they name,
+    wherever the repo is."""
+    command = documented(path, out_dir)
+    monkeypatch.chdir(tmp_path)  # (where the directory is not: the repo may hold it)
+    with pytest.raises(RunError) as e:
+        read_meta(out_dir)
+    assert str(e.value) == f"data_dir={out_dir}: no such directory; run prepare_data.py first: {command}"
+    moved = str(tmp_path / out_dir)  # the same directory under another root: the same command, there
+    with pytest.raises(RunError) as e:
+        read_meta(moved)
+    assert str(e.value).endswith(command.replace(f"--out_dir={out_dir}", f"--out_dir={moved}"))
+
+
+def test_missing_data_of_another_name_gets_the_general_command(tmp_path):
+    general = (f"python prepare_data.py --source=<builtin, stdlib, fineweb-edu or your own files> "
+               f"--tokenizer=<bytes or the teacher's directory> --out_dir={tmp_path / 'mine'}")
+    with pytest.raises(RunError) as e:
+        read_meta(str(tmp_path / "mine"))
+    assert str(e.value) == f"data_dir={tmp_path / 'mine'}: no such directory; run prepare_data.py first: {general}"
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(RunError) as e:
+        read_meta(str(tmp_path / "mine"))
+    assert str(e.value) == (f"{tmp_path / 'mine' / 'meta.json'}: no such file; data_dir must be an output directory "
+                            f"of prepare_data.py, which prepares one: {general}")

@@ -12,6 +12,7 @@ import distill
 import eval_zeroshot
 import export_hf
 import gpu_check
+import model
 import prepare_data
 import quickstart
 import sample
@@ -93,16 +94,26 @@ def test_out_of_range_is_refused_in_one_line_and_in_range_is_accepted(script, na
 @pytest.mark.parametrize('argv,message', [  # train.py accepted all of these before, or failed deep inside torch
     (['--min_lr=-0.001'], '--min_lr=-0.001 is out of range: must be >= 0'),
     (['--kd_alpha=1.5'], '--kd_alpha=1.5 is out of range: must be in [0, 1]'),
-    (['--kd_temperature=0'], '--kd_temperature=0.0 is out of range: must be > 0'),
+    (['--kd_temperature=0'], '--kd_temperature=0.0 is out of range: must be in (0, 100]'),
     (['--grad_clip=-1'], '--grad_clip=-1.0 is out of range: must be >= 0'),
     (['--warmup_iters=-3'], '--warmup_iters=-3 is out of range: must be >= 0'),
     (['--decay_frac=1.5'], '--decay_frac=1.5 is out of range: must be in [0, 1]'),
-    (['--learning_rate=-0.001'], '--learning_rate=-0.001 is out of range: must be > 0'),
+    (['--learning_rate=-0.001'], '--learning_rate=-0.001 is out of range: must be in (0, 1]'),
     (['--beta2=1'], '--beta2=1.0 is out of range: must be in [0, 1)'),
     (['--max_iters=0'], '--max_iters=0 is out of range: must be >= 1'),
     (['--dry_run=True', '--dry_run_world_size=0'], '--dry_run_world_size=0 is out of range: must be >= 1'),
     (['--dry_run=True', '--dry_run_gpu_gib=0'], '--dry_run_gpu_gib=0.0 is out of range: must be > 0'),
-    (['--rms_norm_eps=0'], '--rms_norm_eps=0.0 is out of range: must be > 0'),
+    (['--rms_norm_eps=0'], '--rms_norm_eps=0.0 is out of range: must be in (0, 0.001]'),
+    # accepted before, and trained to a finite but meaningless loss (issue 43), or a NaN checkpoint
+    (['--learning_rate=1e999'], '--learning_rate=inf is out of range: must be in (0, 1]'),
+    (['--learning_rate=2'], '--learning_rate=2.0 is out of range: must be in (0, 1]'),
+    (['--rope_theta=1e999'], '--rope_theta=inf is out of range: must be in (1, 1000000000.0]'),
+    (['--rope_theta=1'], '--rope_theta=1.0 is out of range: must be in (1, 1000000000.0]'),
+    (['--rms_norm_eps=1e30'], '--rms_norm_eps=1e+30 is out of range: must be in (0, 0.001]'),
+    (['--kd_temperature=1e999'], '--kd_temperature=inf is out of range: must be in (0, 100]'),
+    # torch.manual_seed's OverflowError, a traceback, before
+    (['--seed=99999999999999999999'], '--seed=99999999999999999999 is out of range: must be in [0, '
+                                      '18446744073709551615]'),
     (['--min_lr=0.01'], '--min_lr=0.01 --learning_rate=0.001: must have min_lr <= learning_rate'),
     (['--min_lr=1e-4', '--learning_rate=1e-5'], '--min_lr=0.0001 --learning_rate=1e-05: must have min_lr <= '
                                                 'learning_rate'),
@@ -119,6 +130,15 @@ def test_train_accepts_the_edges_of_each_range():
     # a rule is checked once every key is set: min_lr may be written before the learning_rate it stays under
     assert config_of('train', ['--min_lr=0.01', '--learning_rate=0.1'])['min_lr'] == 0.01
     assert config_of('train', ['--min_lr=0.01', '--learning_rate=0.01'])['min_lr'] == 0.01
+
+
+def test_the_upper_bounds_are_accepted_and_every_published_shape_passes():
+    edges = dict(learning_rate=1.0, seed=2 ** 64 - 1, kd_temperature=100.0, rope_theta=1e9, rms_norm_eps=1e-3)
+    c = config_of('train', [TINY, *[f'--{k}={v}' for k, v in edges.items()]])
+    assert {k: c[k] for k in edges} == edges
+    for shape, fields in model.MODEL_SHAPES.items():  # their rope_theta (1e4 to 1e6) and rms_norm_eps (1e-6, 1e-5)
+        c = config_of('train', [f'--model={shape}'])
+        assert {k: c[k] for k in fields} == fields, shape
 
 
 def test_config_files_are_checked_like_overrides(tmp_path, capsys):
@@ -152,9 +172,14 @@ def test_help_shows_the_ranges_and_rules(capsys):
     assert 'must hold: len(window) == 2' in capsys.readouterr().out
 
 
-def test_train_command_line_prints_one_error_line_not_a_traceback():
-    proc = subprocess.run([sys.executable, 'train.py', '--learning_rate=-0.001'], cwd=ROOT, capture_output=True,
-                          text=True)
+@pytest.mark.parametrize('arg,error', [
+    ('--learning_rate=-0.001', '--learning_rate=-0.001 is out of range: must be in (0, 1]'),
+    # before: torch.manual_seed's traceback (RuntimeError: Overflow when unpacking long)
+    ('--seed=99999999999999999999',
+     '--seed=99999999999999999999 is out of range: must be in [0, 18446744073709551615]'),
+])
+def test_train_command_line_prints_one_error_line_not_a_traceback(arg, error):
+    proc = subprocess.run([sys.executable, 'train.py', arg], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stdout == ''
-    usage, error = proc.stderr.splitlines()
-    assert usage.startswith('usage: train.py') and error == 'error: --learning_rate=-0.001 is out of range: must be > 0'
+    usage, line = proc.stderr.splitlines()
+    assert usage.startswith('usage: train.py') and line == f'error: {error}'

@@ -119,3 +119,28 @@ def test_resume_after_a_cut_log_line_with_a_lower_learning_rate(data_dir, tmp_pa
     assert [r['lr'] for r in records if 'lr' in r] == [0.0005, 0.001, 0.0005]
     assert [r['step'] for r in analyze.load_run(str(tmp_path))['records']] == [1, 2, 3]  # the event left out
     assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['config']['learning_rate'] == 5e-4
+
+
+def test_a_fresh_start_keeps_the_log_it_finds(data_dir, tmp_path, capsys):
+    """Train 6 steps, delete the run's checkpoints, run again with --max_iters=2: the run started fresh and replaced
+    the log (6 lines became 2). The earlier log is now kept aside under a new name, in one line; so is the log a start
+    over with init_from=scratch --overwrite=True replaces the checkpoint of."""
+    train.main(tiny_args(data_dir, tmp_path, '--max_iters=6', '--eval_interval=3'))
+    for name in ('ckpt.pt', 'ckpt.prev.pt'):
+        os.remove(tmp_path / name)
+    capsys.readouterr()
+    logs = {}  # name -> the steps it holds, of every log kept aside so far
+
+    def kept_aside():
+        names = [name for name in os.listdir(tmp_path) if re.fullmatch(r'metrics\.\d{8}-\d{6}(-\d+)?\.jsonl', name)]
+        new = [name for name in names if name not in logs]
+        logs.update({name: [r['step'] for r in files.read_log(str(tmp_path / name))] for name in new})
+        assert len(new) == 1, names
+        assert (f"note: {tmp_path / 'metrics.jsonl'} holds the log of an earlier run in {tmp_path}, which this one "
+                f"does not continue: kept as {tmp_path / new[0]}; a new log begins") in capsys.readouterr().err
+        return logs[new[0]]
+
+    train.main(tiny_args(data_dir, tmp_path, '--max_iters=2'))
+    assert kept_aside() == [1, 2, 3, 4, 5, 6] and [r['step'] for r in metrics(tmp_path)] == [1, 2]
+    train.main(tiny_args(data_dir, tmp_path, '--max_iters=1', '--init_from=scratch', '--overwrite=True'))
+    assert kept_aside() == [1, 2] and [r['step'] for r in metrics(tmp_path)] == [1]

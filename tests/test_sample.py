@@ -171,7 +171,7 @@ def test_decode_shows_what_the_tokenizer_does_not_know():
     (['--top_k=0'], '--top_k=0 is out of range: must be >= 1'),
     (['--num_samples=0'], '--num_samples=0 is out of range: must be >= 1'),
     (['--max_new_tokens=0'], '--max_new_tokens=0 is out of range: must be >= 1'),
-    (['--seed=-1'], '--seed=-1 is out of range: must be >= 0'),
+    (['--seed=-1'], '--seed=-1 is out of range: must be in [0, 18446744073709551615]'),
     (['--temperature=hot'], "--temperature=hot: temperature='hot' has type str, expected float (invalid float value: "
                             "'hot')"),
     (['--dtype=float8'], "--dtype=float8: invalid choice: dtype='float8'; valid values: auto, float32, bfloat16, "

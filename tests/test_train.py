@@ -1,5 +1,6 @@
 """train.py on tiny configs: learning, exact resume (also after SIGTERM), DDP = single process, guards."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -112,21 +113,91 @@ def test_checkpoint_from_compiled_model_has_plain_names(data_dir, tmp_path):
     assert state['tokenizer']['family'] == 'bytes' and state['step'] == 1
 
 
-def test_non_finite_loss_stops_or_is_skipped(data_dir, tmp_path, capsys):
-    """lr=1e30: step 1 is finite and its update blows the weights up, so every later step is non-finite."""
+def test_non_finite_loss_stops_or_is_skipped(data_dir, tmp_path, capsys, monkeypatch):
+    """A learning rate of 1e30 (past learning_rate's range, so set in the schedule): step 1 is finite and its update
+    blows the weights up, so every later step is non-finite."""
+    monkeypatch.setattr(train, 'learning_rate', lambda step, c: 1e30)
     with pytest.raises(RunError, match=r'step 2: non-finite .* --learning_rate=<lower> --resume_lr_change=True'):
-        train.main(tiny_args(data_dir, tmp_path / 'stop', '--learning_rate=1e30', '--max_iters=10'))
+        train.main(tiny_args(data_dir, tmp_path / 'stop', '--max_iters=10'))
     with pytest.raises(RunError, match=r'step 2: the run has skipped 1 step\(s\) .* the first at step 2: more than '
                                        r'max_skipped_frac=0.05 of max_iters=8; stopping without saving') as e:
-        train.main(tiny_args(data_dir, tmp_path / 'many', '--learning_rate=1e30', '--max_iters=8', '--nonfinite=skip'))
+        train.main(tiny_args(data_dir, tmp_path / 'many', '--max_iters=8', '--nonfinite=skip'))
     assert '\n' not in str(e.value) and not (tmp_path / 'many' / 'ckpt.pt').exists()
     capsys.readouterr()
-    train.main(tiny_args(data_dir, tmp_path / 'skip', '--learning_rate=1e30', '--max_iters=4', '--nonfinite=skip',
-                         '--max_skipped_frac=1'))
+    train.main(tiny_args(data_dir, tmp_path / 'skip', '--max_iters=4', '--nonfinite=skip', '--max_skipped_frac=1'))
     assert [r['skipped_steps'] for r in metrics(tmp_path / 'skip')] == [0, 1, 2, 3]
     assert capsys.readouterr().out.endswith("nonfinite=skip: 3 of the run's 4 steps were skipped (non-finite loss or "
                                             "gradient norm), the first at step 2\n")
     assert torch.load(tmp_path / 'skip' / 'ckpt.pt', weights_only=False)['skipped'] == dict(steps=3, first=2)
+
+
+def test_settings_larger_than_the_data_stop_before_any_work(data_dir, tmp_path):
+    """A step's batch beyond the train split (1e8 sequences against 1,695 windows was OOM-killed) and
+    attention_windows beyond the val split (an IndexError at the first evaluation): one line, nothing written."""
+    n_train, n_val = (len(Windows(data_dir, split, 32)) for split in ('train', 'val'))
+    for args, message in [
+            (['--global_batch_size=100000000'], f"global_batch_size=100,000,000: the train split of data_dir="
+                                                f"{data_dir} holds {n_train:,} windows of 32 tokens, and one step "
+                                                f"would read some of them more than once; give at most {n_train:,}"),
+            (['--attention_windows=100000'], f"attention_windows=100,000: the val split of data_dir={data_dir} "
+                                             f"holds {n_val:,} windows of 32 tokens; give at most {n_val:,}")]:
+        with pytest.raises(RunError) as e:
+            train.main(tiny_args(data_dir, tmp_path / 'run', '--max_iters=1', *args))
+        assert str(e.value).startswith(message) and '\n' not in str(e.value)
+    assert not (tmp_path / 'run').exists()
+
+
+def reading_val(monkeypatch, on_read=None):
+    """The index lists train.py's val windows are read with, in order, as it reads them (each after on_read())."""
+    read, load = [], train.load_data
+
+    def load_data(c, model_config):
+        meta, train_data, val_data = load(c, model_config)
+        get = val_data.get
+        val_data.get = lambda indices: (on_read and on_read(), read.append(list(indices)), get(indices))[-1]
+        return meta, train_data, val_data
+    monkeypatch.setattr(train, 'load_data', load_data)
+    return read
+
+
+def test_an_evaluation_reads_the_val_split_once_at_most(data_dir, tmp_path, capsys, monkeypatch):
+    """--eval_batches=100000 read the val split's windows again and again (killed after 216 s): an evaluation now
+    reads each window once, and the run says so as it starts."""
+    read = reading_val(monkeypatch)
+    train.main(tiny_args(data_dir, tmp_path, '--max_iters=1', '--eval_batches=100000', '--micro_batch_size=32',
+                         '--global_batch_size=32', '--warmup_iters=0'))
+    n_val, batches = len(Windows(data_dir, 'val', 32)), math.ceil(len(Windows(data_dir, 'val', 32)) / 32)
+    assert capsys.readouterr().err.splitlines() == [
+        f"note: eval_batches=100,000 x micro_batch_size=32 is more than the {n_val:,} windows the val split of "
+        f"data_dir={data_dir} holds: each evaluation reads {batches} batches, every window once"]
+    loss_batches = read[:-1]  # (the last: the window the mean attention logit is measured on)
+    assert len(loss_batches) == batches and {i for b in loss_batches for i in b} == set(range(n_val))
+    assert 'val_loss' in metrics(tmp_path)[-1]
+
+
+def test_sigterm_during_an_evaluation_stops_it_within_a_few_batches(data_dir, tmp_path, capsys, monkeypatch):
+    """SIGTERM waited for the evaluation to end (100000 batches took minutes; here 100). Now it stops within
+    EVAL_STOP_EVERY batches; the step is saved, its record written without an evaluation (none half done), and the
+    same command continues the run."""
+    read = reading_val(monkeypatch, on_read=lambda: read or os.kill(os.getpid(), signal.SIGTERM))
+    args = tiny_args(data_dir, tmp_path, '--max_iters=4', '--eval_interval=2', '--warmup_iters=0')
+    train.main(args + ['--eval_batches=100'])
+    assert 1 <= len(read) <= train.EVAL_STOP_EVERY
+    assert capsys.readouterr().out.endswith(f"stopped by a signal: saved {tmp_path / 'ckpt.pt'} at step 2 (its "
+                                            f"evaluation, cut short, is not logged); the same command continues it\n")
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 2
+    assert [r['step'] for r in metrics(tmp_path) if 'val_loss' in r] == []
+    read.append('no more signals')
+    train.main(args)
+    assert [r['step'] for r in metrics(tmp_path) if 'val_loss' in r] == [4]
+
+
+def test_a_warmup_longer_than_the_run_is_warned_about(data_dir, tmp_path, capsys):
+    train.main(tiny_args(data_dir, tmp_path, '--max_iters=2', '--warmup_iters=8'))
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: warmup_iters=8 is longer than max_iters=2: the learning rate never reaches learning_rate=0.001, "
+        "only 25% of it at the last step"]
+    assert metrics(tmp_path)[-1]['lr'] == pytest.approx(0.001 * 2 / 8)
 
 
 def test_data_must_fit_the_model_vocabulary(data_dir, tmp_path):

@@ -12,33 +12,18 @@ import zipfile
 import pytest
 import torch
 
-import analyze
 import checkpoint
-import distill
-import eval_zeroshot
-import export_hf
 import files
-import prepare_data
 import quickstart
-import sample
 import train
+from helpers import FIXTURE, FIXTURE_RUN, checkpoint_commands, fixture_data, refusal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURE = os.path.join(ROOT, 'tests', 'fixtures', 'resume_2e82b72')  # how it was made: its README.md
-# the fixture's run (its README's command), less --out_dir
-FIXTURE_RUN = ['--n_layer=1', '--n_head=2', '--n_kv_head=1', '--n_embd=8', '--intermediate_size=16', '--vocab_size=257',
-               '--tie_embeddings=True', '--block_size=16', '--global_batch_size=4', '--micro_batch_size=2',
-               '--warmup_iters=2', '--attention=affine', '--max_iters=4', '--eval_interval=2', '--eval_batches=2',
-               '--log_interval=1000', '--peak_flops=1e12', '--device=cpu']
 
 
 @pytest.fixture(scope='module')
 def data(tmp_path_factory):
-    """The fixture's data, prepared again by its README's command (the checkpoint records its fingerprint)."""
-    out = str(tmp_path_factory.mktemp('fixture_data') / 'data')
-    prepare_data.main([f'--source={FIXTURE}/corpus.txt', '--txt_sample_by=paragraph', '--tokenizer=bytes',
-                       f'--out_dir={out}', '--val_every=5', '--num_proc=1'])
-    return out
+    return fixture_data(str(tmp_path_factory.mktemp('fixture_data') / 'data'))
 
 
 def records(path):
@@ -161,36 +146,9 @@ def hostile(tmp_path):
                          f"'{os.system.__module__}.system'")
 
 
-def refusal(capsys, main, argv):
-    """What main(argv) printed through files.run_script: its exit status 1 and one line on stderr."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as stop:
-        files.run_script(main, argv)
-    err = capsys.readouterr().err
-    assert stop.value.code == 1 and 'Traceback' not in err
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
-
-
-def commands(run, data, tmp_path):
-    """Every command that opens a checkpoint, pointed at `run`: (name, main, argv)."""
-    return [('eval_zeroshot.py --ckpt', eval_zeroshot.main, [f'--ckpt={run}', '--tasks=heldout',
-                                                             f'--heldout_data={data}']),
-            ('analyze.py attention', analyze.main, ['attention', str(run), f'--out_dir={tmp_path / "attention"}',
-                                                    f'--data={data}', '--num_seqs=1', '--seq_len=16']),
-            ('sample.py --ckpt', sample.main, [f'--ckpt={run}', '--num_samples=1', '--max_new_tokens=1']),
-            ('export_hf.py --ckpt', export_hf.main, [f'--ckpt={run}', f'--out_dir={tmp_path / "hf"}']),
-            ('train.py --teacher', train.main, [*FIXTURE_RUN, f'--data_dir={data}', f'--teacher={run}',
-                                                f'--out_dir={tmp_path / "student"}']),
-            ('a resume', train.main, [*FIXTURE_RUN, f'--data_dir={data}', f'--out_dir={run}']),
-            ('distill.py --teacher', distill.main, [f'--teacher={run}', f'--data_dir={data}']),
-            ('train.py --dry_run --teacher', train.main, [*FIXTURE_RUN, '--dry_run=True', f'--teacher={run}'])]
-
-
 def test_every_command_refuses_a_checkpoint_that_would_run_code(hostile, data, tmp_path, capsys, monkeypatch):
     run, marker, message = hostile
-    for name, main, argv in commands(run, data, tmp_path):
+    for name, main, argv in checkpoint_commands(run, data, tmp_path):
         line = refusal(capsys, main, argv)
         assert message in line and 'Nothing in it was run' in line, (name, line)
     # the quick start's check of a stage's checkpoint (its own out_dir/teacher), with no install and no stage run
