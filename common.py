@@ -3,9 +3,11 @@ What every script shares and none owns: the device and dtype its --device/--dtyp
 token and the device's peak FLOP/s), timers and a progress line; what bench.py's tables and gpu_check.py's rows
 measure and print with (autocast, PeakMemory, log, ratio, print_table); and how a model runs over torchrun's ranks
 (compiled per layer, sharded with FSDP2 or wrapped in DDP; init_distributed, reduce_mean, full_tensor,
-batch_to_device, local_tensor, preemption_flag), which train.py, bench.py, gpu_check.py and the tests share.
+batch_to_device, local_tensor, preemption_flag) and initialised (init_matched), which train.py, bench.py,
+gpu_check.py and the tests share.
 Imports flow one way: this file imports only torch and files.py, and every script may import it.
 """
+import hashlib
 import inspect
 import os
 import re
@@ -263,6 +265,16 @@ def apply_fsdp(model, dtype):
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy, reshard_after_forward=False)
+
+
+def init_matched(model, seed):
+    """A GPT's init again, each module from a generator seeded by (seed, its name) alone rather than one stream in
+    module order: variants built from one seed then start equal in every tensor they share and differ in their own
+    (train.py's matched_init; the sink study's matched pairs). The global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        for name, module in model.named_modules():
+            torch.manual_seed(int.from_bytes(hashlib.sha256(f'{seed}:{name}'.encode()).digest()[:8], 'little'))
+            model._init_weights(module)
 
 
 def compile_layers(model, backend='inductor'):

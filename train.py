@@ -44,8 +44,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from checkpoint import CKPT_NAME, is_run_config, model_state, read_checkpoint, save_checkpoint
 from common import (DeviceTimer, apply_fsdp, batch_to_device, check_cpu_compiler, compile_layers, default_peak_flops,
-                    estimate_mfu, full_tensor, gemm_shapes, init_distributed, preemption_flag, reduce_mean,
-                    resolve_device, resolve_dtype, wrap_ddp)
+                    estimate_mfu, full_tensor, gemm_shapes, init_distributed, init_matched, preemption_flag,
+                    reduce_mean, resolve_device, resolve_dtype, wrap_ddp)
 from configurator import DEVICE, Key, parse
 from data import Windows, first_token_id, read_meta
 from files import RunError, claim_dir, lock_dir, run_script
@@ -90,6 +90,8 @@ TRAIN_KEYS = dict(
     warmup_iters=Key(100, "linear warmup of the warmup-stable-decay schedule (Appendix B.1)", min=0),
     decay_frac=Key(0.2, "the last 20% of the steps decay linearly to min_lr (the paper gives no number)", min=0, max=1),
     weight_decay=Key(0.1, "AdamW, on matrices only (Section 5.1)", min=0),
+    matched_init=Key(False, "initialise each module from (seed, its name) alone (common.init_matched): variants of "
+                     "one seed then share every initial tensor they have in common; False: one stream in module order"),
     no_decay=Key([], "modules whose matrices do not decay (the sink study's control: alpha_proj,g_proj)",
                  choices=('alpha_proj', 'g_proj', 'q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj',
                           'down_proj', 'embed_tokens', 'lm_head')),
@@ -347,7 +349,10 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
     compiled per layer and sharded (FSDP) as the config asks. Where the loop starts: its step, the steps skipped so far
     (nonfinite='skip') and the first of them, and the learning-rate keys this resume changes (lr_changes)."""
     torch.manual_seed(c['seed'])
-    model = GPT(model_config).to(run.device)  # whole on every rank first: FSDP then starts from DDP's initial weights
+    model = GPT(model_config)
+    if c['matched_init']:
+        init_matched(model, c['seed'])
+    model = model.to(run.device)  # whole on every rank first: FSDP then starts from DDP's initial weights
     for layer in model.model.layers:
         layer.activation_checkpointing = c['activation_checkpointing']
     ckpt, changes, predated = checkpoint_to_resume(c, ckpt_path), {}, {}

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from attention_kernels import SinkAttention, needs_repeated_kv, sink_attention, sink_attention_explicit
-from common import estimate_mfu, flops_per_token
+from common import estimate_mfu, flops_per_token, init_matched
 from model import ATTENTIONS, GATED_NAMES, GPT, VARIANTS, Attention, KVCache, ModelConfig, rope_cos_sin
 from train import configure_optimizers
 
@@ -834,3 +834,56 @@ def test_explicit_attention_equals_the_fast_path(attention):
         assert torch.allclose(outs[0][0], outs[1][0], rtol=1e-10, atol=1e-10)
         for name, grad in outs[0][1].items():
             assert torch.allclose(grad, outs[1][1][name], rtol=1e-9, atol=1e-11), name
+
+
+# -----------------------------------------------------------------------------
+# Matched initialisation (train.py's matched_init): the sink study v2's pairs start from the same shared tensors
+
+def sink_study_model(attention, seed, matched):
+    """The model train.py builds for config/sink_study.py at this seed (train.build_model: the seed, then GPT)."""
+    import train
+    from model import FIELD_NAMES
+    c = train.load_config(['config/sink_study.py', f'--attention={attention}', f'--seed={seed}'])
+    torch.manual_seed(seed)
+    model = GPT(ModelConfig(**{k: c[k] for k in FIELD_NAMES}))
+    if matched:
+        init_matched(model, seed)
+    return model
+
+
+def test_matched_init_shares_every_tensor_the_variants_share():
+    """With matched_init, every variant of one seed starts equal in each tensor it shares with another, whatever it
+    adds; its own tensors are initialised as the default init would (alpha_proj normal(0, init_std), alpha_ma 0);
+    another seed gives other values; and the global RNG is where it was."""
+    states = {}
+    for attention in ATTENTIONS:
+        states[attention] = sink_study_model(attention, 7, matched=True).state_dict()
+    softmax = states['softmax']
+    for attention, state in states.items():
+        shared = [k for k in state if k in softmax]
+        assert len(shared) == len(softmax)  # every variant holds softmax's tensors, and adds its own
+        assert all(torch.equal(state[k], softmax[k]) for k in shared), attention
+    affine = states['affine']
+    alpha = affine['model.layers.0.self_attn.alpha_proj.weight']
+    assert alpha.std().item() == pytest.approx(0.02, rel=0.15) and not affine['model.layers.0.self_attn.alpha_ma'].any()
+    other = sink_study_model('softmax', 8, matched=True).state_dict()
+    assert not torch.equal(other['model.embed_tokens.weight'], softmax['model.embed_tokens.weight'])
+    model = sink_study_model('softmax', 7, matched=False)
+    state = torch.get_rng_state()
+    init_matched(model, 7)
+    assert torch.equal(torch.get_rng_state(), state)
+    # without it (the default, v1's), a variant's own modules draw from the one stream: shared tensors differ
+    default = {a: sink_study_model(a, 7, matched=False).state_dict() for a in ('softmax', 'affine')}
+    differ = [k for k in default['softmax'] if not torch.equal(default['softmax'][k], default['affine'][k])]
+    assert 'model.layers.3.mlp.down_proj.weight' in differ
+
+
+def test_the_default_init_is_v1s():
+    """matched_init=False is the init the committed v1 study trained from (a fresh ce_softmax_s1 reproduced its record
+    bit for bit): the sha256 of its initial weights, pinned when matched_init was added."""
+    import hashlib
+    digest = hashlib.sha256()
+    for name, tensor in sink_study_model('softmax', 1, matched=False).state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.numpy().tobytes())
+    assert digest.hexdigest() == '3498eeed50103d7cc0417282d6ab1acbea8bf153066f88b958e4a8bca3d2dde7'
