@@ -1,6 +1,7 @@
 """
 The sink study's statistics, fixed before its runs (docs/analysis.md, "The sink study's tests"): an exact two-sided
-permutation test on per-seed values (permuted within strata: the kd arm's teachers), Fisher's exact test on counts,
+permutation test on per-seed values (permuted within strata: the kd arm's teachers), its paired form for matched
+seeds (v2: an exact sign-flip test on per-seed differences), Fisher's exact test on counts,
 Holm's correction within a family, seeded bootstrap intervals, and the seeds per variant a difference of the observed
 size would need. The standard library only (itertools, math, random, statistics): no dependency.
 
@@ -58,6 +59,33 @@ def permutation_test(a, b, strata_a=None, strata_b=None):
         count += 1
         extreme += abs(difference) >= observed - TIE * max(1.0, observed)
     return extreme / count
+
+
+MAX_PAIRS = 20  # the paired test enumerates 2^n sign flips: a million at most
+
+
+def paired_test(differences):
+    """Exact two-sided p of the mean of paired differences (one per seed: the same seed's batches and shared initial
+    tensors in both variants, train.py's matched_init): the share of the 2^n assignments of signs to the differences
+    whose |mean| is at least the observed one's. A pair is its own stratum, so the kd arm's teachers need no more.
+    The observed signs are one assignment, so p >= 2 / 2^n: 8 pairs can never go below 0.0078."""
+    if len(differences) > MAX_PAIRS:
+        raise ValueError(f"{len(differences)} pairs: the exact paired test enumerates 2^n sign flips, at most "
+                         f"{MAX_PAIRS} pairs")
+    observed = abs(sum(differences))
+    extreme = count = 0
+    for signs in itertools.product((1, -1), repeat=len(differences)):
+        count += 1
+        extreme += abs(sum(s * d for s, d in zip(signs, differences))) >= observed - TIE * max(1.0, observed)
+    return extreme / count
+
+
+def paired_floor(level):
+    """The fewest pairs at which the exact paired test can reach a p below `level` at all: 2 / 2^n < level."""
+    n = 1
+    while 2 / 2 ** n >= level:
+        n += 1
+    return n
 
 
 def hypergeometric(x, n_a, n_b, hits):

@@ -110,3 +110,21 @@ def test_mean_std_leaves_out_what_was_not_measured():
     assert sig.mean_std([1.0, None, 3.0]) == (2.0, math.sqrt(2))
     assert sig.mean_std([5.0]) == (5.0, None)  # one value: no spread
     assert sig.mean_std([None]) == (None, None)
+
+
+def test_paired_test_by_hand_and_against_every_sign_vector():
+    """The sign-flip test on paired differences: by hand for [1, 2, 3] (of the 8 sign vectors only +++ and --- reach
+    |sum| 6, so p = 2/8), for [1, -1] (every vector reaches 0: p = 1), and against a count over a grid of numpy sign
+    vectors for 12 pairs (its floor, 2 / 4096, is below Holm's strictest level for 7 claims, 0.05 / 7, which 8 pairs'
+    2 / 256 is not)."""
+    import numpy as np
+    assert sig.paired_test([1.0, 2.0, 3.0]) == 0.25 and sig.paired_test([1.0, -1.0]) == 1.0
+    rng = np.random.default_rng(0)
+    d = rng.normal(0.3, 1.0, 12)
+    grid = np.array(list(itertools.product((1, -1), repeat=12)))
+    sums = np.abs(grid @ d)
+    assert sig.paired_test(list(d)) == pytest.approx(np.mean(sums >= abs(d.sum()) - 1e-12))
+    assert sig.paired_test([0.1 * (i + 1) for i in range(12)]) == 2 / 4096 < 0.05 / 7 < 2 / 256
+    assert sig.paired_floor(0.05 / 7) == 9 and sig.paired_floor(0.05) == 6
+    with pytest.raises(ValueError, match='at most 20 pairs'):
+        sig.paired_test([1.0] * 21)
