@@ -120,6 +120,9 @@ def sink_scores(w, rows_sum_to_one, null_slot):
                    renormalise magnitudes, as the entropy does (a subtracted value is still routed), so p_i0 is in
                    [0, 1]; a negative weight is at least beta_i >= -alpha_i / N, small, and the share of affine rows
                    that hold one is reported beside (negative_rows);
+      'raw'        p = w as the variant computes it, never renormalised: where rows do not sum to one (sink, softmax1,
+                   affine, the gated models' own weights), a first token that holds a large share of a small row total
+                   is no sink here (the same as 'tokens' for softmax and gated);
       'null_slot'  (Variant.sink only) the null slot as an extra position 0, the way their learnable key bias enters
                    (lit_gpt/inference/model_kv_bias_infer.py: a zero query and the bias key prepended, whose row is
                    then [1, 0, ...]): T + 1 positions, the slot's score (1 + sum_i (1 - sum_j w_ij)) / (T + 1).
@@ -131,7 +134,7 @@ def sink_scores(w, rows_sum_to_one, null_slot):
         first = w[..., 0].abs() / (w.abs().sum(-1) + GU_ROW_EPS)
     tokens = first.sum(-1) / T
     slot = (1 + (1 - w.sum(-1)).sum(-1)) / (T + 1) if null_slot else None
-    return dict(tokens=tokens, null_slot=slot)
+    return dict(tokens=tokens, null_slot=slot, raw=w[..., 0].sum(-1) / T)
 
 
 def value_weighted_first_token(attn, x, cos, sin, w, stride=1):
@@ -426,7 +429,7 @@ def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):
 
 def sink_rates(model, sequences, batch_size=1):
     """Gu et al.'s Sink_1^0.3 in their own setting (sequences: GU_SAMPLES x GU_LENGTH tokens; sink_scores): over the
-    model and per layer, on the tokens and, for a variant with a null slot, on the slot."""
+    model and per layer, on the tokens, on the raw rows and, for a variant with a null slot, on the slot."""
     device = next(model.parameters()).device
     variant = model.config.variant
 
@@ -435,7 +438,7 @@ def sink_rates(model, sequences, batch_size=1):
 
     parts = [inspect_attention(model, idx, scores) for idx in batches(sequences, batch_size, device)]
     rates = {}
-    for reading, name in (('tokens', 'sink_rate'), ('null_slot', 'sink_rate_null_slot')):
+    for reading, name in (('tokens', 'sink_rate'), ('null_slot', 'sink_rate_null_slot'), ('raw', 'sink_rate_raw')):
         if parts[0][0][reading] is not None:
             per_layer = [(torch.cat([p[reading] for p in layer]) > SINK_THRESHOLD).double().mean().item()
                          for layer in zip(*parts)]

@@ -527,8 +527,8 @@ def collect(args, runs, per_step, command, study):
                     data_dir=args.data_dir),
         bos_id=meta['tokenizer']['bos_id'] if meta['tokenizer']['bos_id'] is not None else meta['tokenizer']['eos_id'],
         context=config['block_size'], layers=config['n_layer'], recipe=recipe,
-        recipe_text=', '.join(f"{k}={v}" for k, v in recipe.items()), teachers=[teacher_of(s, args.teachers)
-                                                                               for s in range(1, len(args.teachers) + 1)],
+        recipe_text=', '.join(f"{k}={v}" for k, v in recipe.items()),
+        teachers=[teacher_of(s, args.teachers) for s in range(1, len(args.teachers) + 1)],
         uniform_first_token=uniform_first_token(config['block_size']),
         arms=[a for a in ('kd', 'ce', 'control', 'recipe') if any(r['arm'] == a for r in kept)],
         excluded=sorted(left_out), missing=missing, runs=[summary(r) for r in kept])

@@ -39,11 +39,13 @@ MEASURES = dict(
     val_loss=('scalar', NONNEGATIVE), val_ppl=('scalar', (1.0, math.inf)), attn_logit_mean=('scalar', REAL),
     attn_logit_abs_mean=('scalar', NONNEGATIVE), sink_rate=('scalar', FRACTION),
     sink_rate_mean_head=('scalar', FRACTION), sink_rate_null_slot=('scalar', FRACTION),
+    sink_rate_raw=('scalar', FRACTION),
     first_token_weight=('layer', WEIGHT), first_token_per_head=('head', WEIGHT), per_head=('head', WEIGHT),
     first_token_share=('layer', REAL), first_token_share_per_head=('head', REAL),  # unbounded where a row total is 0
     null_mass=('layer', FRACTION), null_mass_per_head=('head', FRACTION), sink_mass=('layer', FRACTION),
     first_or_null=('layer', WEIGHT), first_or_null_per_head=('head', WEIGHT),
     sink_rate_per_layer=('layer', FRACTION), sink_rate_null_slot_per_layer=('layer', FRACTION),
+    sink_rate_raw_per_layer=('layer', FRACTION),
     negative_rows=('layer', FRACTION), value_weighted_first=('layer', FRACTION),
     value_weighted_first_per_head=('head', FRACTION), entropy=('layer', NONNEGATIVE), row_sum=('layer', FRACTION),
     alpha_window_mean=('layer', FRACTION), alpha_mean=('layer', FRACTION), alpha_ma=('layer', FRACTION),
@@ -272,8 +274,9 @@ def read_records(folder):
     for name in names:
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
-            raise RunError(f"{path}: not a record of the study (a {'directory' if os.path.isdir(path) else 'special file'}"
-                           f"); move it out of runs/ and run the same command again")
+            kind = 'a directory' if os.path.isdir(path) else 'a special file'
+            raise RunError(f"{path}: not a record of the study ({kind}); move it out of runs/ and run the same "
+                           f"command again")
         record = read_record(path)
         records[record['name']] = record
     return records

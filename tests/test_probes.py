@@ -104,6 +104,8 @@ def test_sink_rates_and_first_token_measures_of_every_variant(attention):
     assert rates['sink_rate'] == pytest.approx(gu_metric(tokens)[:, 0].mean().item(), abs=1e-7)  # (theirs in float32)
     assert rates['sink_rate_per_layer'] == pytest.approx(
         [(tokens[:, l] / torch.arange(16, 0, -1).to(w)).sum(-2)[..., 0].gt(0.3).double().mean().item() for l in (0, 1)])
+    assert rates['sink_rate_raw'] == pytest.approx(gu_metric(w)[:, 0].mean().item(), abs=1e-7)  # rows as they are
+    assert len(rates['sink_rate_raw_per_layer']) == 2
     assert ('sink_rate_null_slot' in rates) == slot
     if slot:
         assert rates['sink_rate_null_slot'] == pytest.approx(gu_metric(kv_bias_rows(w))[:, 0].mean().item())
