@@ -397,8 +397,18 @@ def make_record(run, per_step, data_dir, logs):
         spikes={str(k): n for k, n in spike_counts(grad, SPIKE_KS, 0, min(SPIKE_WINDOW[1], len(grad))).items()},
         spikes_window=[0, min(SPIKE_WINDOW[1], len(grad))],
         spikes_whole_run={str(k): n for k, n in spike_counts(grad, SPIKE_KS, 0, len(grad)).items()},
+        **spikes_after_warmup(grad, run['config']['warmup_iters']),
         **timed_end_measures(run['config']['out_dir'], data_dir), curve=curve,
         ckpt=os.path.join(run['config']['out_dir'], 'ckpt.pt'), **provenance(run, data_dir, logs))
+
+
+def spikes_after_warmup(grad, warmup):
+    """Table 5's counts over steps warmup-500 only (None where the warm-up reaches step 500): the warm-up's own
+    spikes (most of a short run's) left out, the median and MAD over that window."""
+    from analyze import spike_counts
+    end = min(SPIKE_WINDOW[1], len(grad))
+    counts = {str(k): n for k, n in spike_counts(grad, SPIKE_KS, warmup, end).items()} if warmup < end else None
+    return dict(spikes_after_warmup=counts, spikes_after_warmup_window=[min(warmup, end), end])
 
 
 def now():

@@ -57,7 +57,8 @@ MEASURES = dict(
 )
 REQUIRED_MEASURES = ('val_loss', 'first_token_weight', 'per_head', 'first_token_share', 'entropy', 'row_sum',
                      'sink_rate', 'sink_rate_per_layer', 'null_mass', 'first_or_null')
-OPTIONAL = ('settings', 'corpus', 'commit', 'dirty', 'started', 'finished', 'digest')  # not in records before them
+OPTIONAL = ('settings', 'corpus', 'commit', 'dirty', 'started', 'finished', 'digest', 'spikes_after_warmup',
+            'spikes_after_warmup_window')  # not in records before them
 
 
 def record_name(arm, variant, seed):
@@ -180,7 +181,9 @@ def check_run(record, n_layer):
         number(kd, 'final_kd_loss', NONNEGATIVE)
     elif kd is not None:
         raise Invalid(f"final_kd_loss is {kd}: a {record['arm']} run has no KD loss")
-    for key in ('spikes', 'spikes_whole_run'):
+    for key in ('spikes', 'spikes_whole_run', 'spikes_after_warmup'):
+        if key == 'spikes_after_warmup' and record.get(key) is None:
+            continue  # a record from before it, or a warm-up that reaches step 500
         counts = record.get(key)
         if not isinstance(counts, dict) or set(counts) != {str(k) for k in SPIKE_KS}:
             raise Invalid(f"{key} does not hold the counts of k = {', '.join(map(str, SPIKE_KS))}")
@@ -190,6 +193,11 @@ def check_run(record, n_layer):
     if not isinstance(window, list) or len(window) != 2 or window[0] != 0:
         raise Invalid("spikes_window is not [0, last step]")
     number(window[1], 'spikes_window[1]', NONNEGATIVE, integer=True)
+    if 'spikes_after_warmup_window' in record:
+        after = record['spikes_after_warmup_window']
+        if not (isinstance(after, list) and len(after) == 2 and all(isinstance(x, int) for x in after)
+                and 0 <= after[0] <= after[1]):
+            raise Invalid("spikes_after_warmup_window is not [warm-up, last step]")
     check_end(record.get('end'), n_layer)
 
 

@@ -274,3 +274,13 @@ def test_a_signal_stops_the_children_and_a_rerun_continues(signum, data_dir, tmp
         steps = [json.loads(line)['step'] for line in (out / 'train' / 'ce_softmax_s1' / 'metrics.jsonl').open()]
         assert steps == list(range(1, steps[-1] + 1)) and (out / 'runs' / 'ce_softmax_s1.json').is_file()
         assert 'resuming from' in (out / 'logs' / 'ce_softmax_s1.log').read_text()
+
+
+def test_table_5_after_the_warm_up_leaves_the_warm_up_out():
+    """Steps 0-4 (the warm-up) spike to 10; after it one step of 5 stands out of a run of 1s (median 1, MAD 0): one
+    spike at each k, where steps 0-500 would count the warm-up's too. A warm-up that reaches the end leaves none."""
+    grad = [10.0] * 5 + [1.0, 1.0, 1.0, 1.0, 5.0, 1.0, 1.0, 1.0]
+    assert sink_study.spikes_after_warmup(grad, 5) == dict(spikes_after_warmup={'6': 1, '9': 1},
+                                                           spikes_after_warmup_window=[5, 13])
+    assert sink_study.spikes_after_warmup(grad, 100) == dict(spikes_after_warmup=None,
+                                                             spikes_after_warmup_window=[13, 13])
