@@ -80,6 +80,8 @@ CLAIMS = [
 ]
 CLAIM_ARMS = ('kd', 'ce')  # each claim is tested in both, kd (the paper's setting) first
 CONTROL_MEASURES = ('weight', 'share', 'loss')  # did turning decay off on alpha_proj, g_proj move these?
+# Figure 4's comparison, each way the study reads it
+FIGURE_4_MEASURES = dict(weight='first-token weight', share='first-token share', first_or_null='first-token-or-null')
 
 
 def tested(records, arm, variant):
@@ -172,10 +174,22 @@ def g(x):
     return '—' if x is None else f"{x:.4g}"
 
 
-ARM_TITLES = dict(kd="KD arm: the paper's setting (students distilled from softmax teachers)",
+ARM_TITLES = dict(kd="KD arm: students distilled from softmax teachers",
                   ce="CE arm: trained from scratch with cross-entropy (outside the paper's setting)",
                   control="Control: kd with weight decay off on alpha_proj and g_proj",
                   recipe="The recipe's seed (ce softmax, seed 0): reported, never tested")
+
+
+def teachers_in_words(results):
+    """What the kd arm's teachers are, from their records: peers of the students' own recipe (v1's), or not."""
+    teachers = [r for r in results['runs'] if r['name'] in results['teachers']]
+    if teachers and all(r['recipe'] == results['recipe'] for r in teachers):
+        return "of the students' own shape and tokens, where the paper's teachers are about 3x larger"
+    return "larger than the students"
+
+
+def arm_title(results, arm):
+    return f"{ARM_TITLES[arm]} {teachers_in_words(results)}" if arm == 'kd' else ARM_TITLES[arm]
 
 
 def claim_line(r):
@@ -196,7 +210,7 @@ def verdict_lines(results, arms=('kd', 'ce', 'control'), families=('primary', 's
         rows = [r for r in results['claims'] if r['arm'] == arm and r['family'] in families]
         if not rows or not any(r['arm'] == arm for r in results['runs']):
             continue
-        lines += ['', f"**{ARM_TITLES[arm]}**", '']
+        lines += ['', f"**{arm_title(results, arm)}**", '']
         for family in families:
             chosen = [r for r in rows if r['family'] == family]
             if chosen and family != 'control':
@@ -240,22 +254,71 @@ def control_sentence(results):
     sentence = ("The control (kd, weight decay off on alpha_proj and g_proj, against the kd arm's runs with it): " +
                 '; '.join(f"{variant}'s {', '.join(items)}" for variant, items in by.items()) + '.')
     affine, sink = tested(results['runs'], 'control', AFFINE), tested(results['runs'], 'kd', SINK)
-    if affine and sink:
-        weight = lambda runs: fmt(sig.mean_std([MEASURES['weight'][1](r) for r in runs]), 4)
-        sentence += (f" Figure 4's affine < sink was tested with that decay on alpha_proj; without it, affine's "
-                     f"first-token weight was {weight(affine)} ({len(affine)} seeds) against the kd sink's "
-                     f"{weight(sink)} ({len(sink)} seeds; the recipe never decays sink's logits): numbers only, as no "
+    if affine and sink:  # every measure of Figure 4's comparison, not the one that reads one way
+        both = lambda key: (f"{FIGURE_4_MEASURES[key]} {fmt(sig.mean_std([MEASURES[key][1](r) for r in affine]), 4)} "
+                            f"against {fmt(sig.mean_std([MEASURES[key][1](r) for r in sink]), 4)}")
+        sentence += (f" Figure 4's affine < sink was tested with that decay on alpha_proj; without it, affine "
+                     f"({len(affine)} seeds) against the kd sink ({len(sink)} seeds; the recipe never decays sink's "
+                     f"logits) had {', '.join(both(k) for k in FIGURE_4_MEASURES)}: numbers only, as no "
                      f"test of this comparison was fixed before the runs.")
     return sentence
+
+
+PAPER_WEIGHT_DECAY = 0.1  # Section 5.1
+SINK_LAYER_RATE = 0.25  # a layer "has a sink" where Gu et al.'s Sink_1 of that layer is at least this (v2's rule)
+
+
+def layer_means(runs, get):
+    return [statistics.fmean(values) for values in zip(*(get(r) for r in runs))]
+
+
+def design_confounds(results):
+    """The confounds of the study's design that its records show (issue 44; v1 has all four, which v2 removes):
+    decay on the variants' own matrices but not on sink's logits, a sink in fewer than half of the layers, teachers
+    that are the students' peers and share their seeds, and "seeds with a sink" counting Sink_1 > 0. '' if none."""
+    runs = [r for r in results['runs'] if r['arm'] == 'kd' and r['seed'] != RECIPE_SEED]
+    found = []
+    decayed = [r for r in runs if r['variant'] in (AFFINE, GATED) and not {'alpha_proj', 'g_proj'} & set(r['no_decay'])]
+    if results['recipe']['weight_decay'] > 0 and decayed:
+        found.append(f"the recipe's weight decay ({results['recipe']['weight_decay']:g}; the paper's: "
+                     f"{PAPER_WEIGHT_DECAY:g}) acts on affine's alpha_proj and gated's g_proj, which are matrices, and "
+                     f"never on sink's logits, which are vectors")
+    softmax = [r for r in runs if r['variant'] == SOFTMAX]
+    if softmax:
+        rates = layer_means(softmax, lambda r: r['end']['gu']['sink_rate_per_layer'])
+        if sum(rate >= SINK_LAYER_RATE for rate in rates) * 2 < len(rates):
+            weights = layer_means(softmax, lambda r: r['first_token_weight'])
+            found.append(f"the sink lives in {sum(rate >= SINK_LAYER_RATE for rate in rates)} of {len(rates)} "
+                         f"layers: kd softmax's first-token weight per layer is {', '.join(f'{w:.3f}' for w in weights)}"
+                         f" (uniform attention: {results['uniform_first_token']:.3f}) and Gu et al.'s Sink₁ per layer "
+                         f"{', '.join(f'{x:.2f}' for x in rates)}, and Figure 4's measures average the layers")
+    teacher_seeds = {int(t.rsplit('_s', 1)[1]) for t in results['teachers']}
+    shared = sorted(teacher_seeds & {r['seed'] for r in runs})
+    if teachers_in_words(results).startswith('of the') or shared:
+        found.append(f"the teachers are {', '.join(results['teachers'])}, {teachers_in_words(results)}"
+                     + (f", and kd seeds {', '.join(map(str, shared))} are their own seeds: those softmax students "
+                        f"start from their teacher's initial weights and see its batches" if shared else ''))
+    spread = lambda variant: [r['end']['gu']['sink_rate'] for r in runs if r['variant'] == variant]
+    if runs and any(c['measure'] == 'sink_grown' for c in results['claims']):
+        pairs = runs[0]['end']['gu']['samples'] * results['recipe']['n_layer'] * results['recipe']['n_head']
+        found.append(f"\"seeds with a sink\" counts Gu et al.'s Sink₁ > 0, one (layer, head) over 0.3 in one of "
+                     f"{pairs:,} (sample, layer, head) triples being enough: the kd seeds' Sink₁ runs from "
+                     + ', '.join(f"{g(min(spread(v)))} to {g(max(spread(v)))} ({v})" for v in (SOFTMAX, AFFINE)
+                                 if spread(v)))
+    if not found:
+        return ''
+    return (f"This design has {len(found)} confound{'s' * (len(found) > 1)} its records show (v2, issue 44, removes "
+            f"them): " + '; '.join(f"({i}) {text}" for i, text in enumerate(found, 1)) + '.')
 
 
 def in_words(results):
     lines = []
     for arm in ('kd', 'ce'):
         if any(r['arm'] == arm for r in results['runs']):
-            lines.append(f"In the {arm.upper()} arm{' (the paper’s setting)' if arm == 'kd' else ''}, "
-                         f"{counts_in_words(results, arm)}. {sink_sentence(results, arm)} Seeds that grew a sink, per "
-                         f"variant: {sink_counts(results, arm)}.")
+            kd = f" (distilled from softmax teachers {teachers_in_words(results)})" if arm == 'kd' else ''
+            lines.append(f"In the {arm.upper()} arm{kd}, {counts_in_words(results, arm)}. "
+                         f"{sink_sentence(results, arm)} Seeds with Gu et al.'s Sink₁ > 0 (one head over 0.3 in one "
+                         f"of 100 samples is enough), per variant: {sink_counts(results, arm)}.")
     lines.append(control_sentence(results))
     lines.append(f"One small model ({results['layers']} layers) at {results['recipe']['tokens'] / 1e6:.1f}M tokens a "
                  f"run: a test of the mechanism, not of the paper's scale.")
@@ -315,6 +378,7 @@ def report_lines(results):
              f"{r0['bos_id']} (<|endoftext|>). Recipe: {r0['recipe_text']}. Uniform attention would put "
              f"{r0['uniform_first_token']:.4f} on the first token.", '',
              '## What the study found', '', in_words(results), '',
+             *([design_confounds(results), ''] if design_confounds(results) else []),
              f"Tests (fixed before the runs; significance.py): per-seed values by an exact two-sided permutation test "
              f"(kd: permuted within a teacher), seeds with a sink by Fisher's exact test, Holm's correction within "
              f"each arm's family at {sig.ALPHA}; intervals are 95% percentile bootstraps ({sig.BOOTSTRAP_SAMPLES:,} "
@@ -326,7 +390,7 @@ def report_lines(results):
              f"largest layer ({SMOLLM2['source']}).", '']
     for arm in ('kd', 'ce', 'control', 'recipe'):
         if any(r['arm'] == arm for r in results['runs']):
-            lines += [f"## {ARM_TITLES[arm]}", '', *table_lines(results, arm), '', *alpha_lines(results, arm)]
+            lines += [f"## {arm_title(results, arm)}", '', *table_lines(results, arm), '', *alpha_lines(results, arm)]
             if os.path.exists(os.path.join(ROOT, results['report_dir'], f'fig4_{arm}.png')):
                 lines += [f"![Figure 4, {arm}](fig4_{arm}.png)", '', f"![curves, {arm}](curves_{arm}.png)", '']
     lines += ['## The claims, as fixed before the runs', '', *claims_table(), '',
@@ -354,7 +418,7 @@ def sink_sentence(results, arm):
              and r['seed'] != RECIPE_SEED]
     if not grown:
         return f"No {arm} softmax run has a record yet."
-    sentence = f"Softmax grew a sink (Gu et al.'s Sink₁ > 0, 100 x 64) in {int(sum(grown))} of {len(grown)} {arm} seeds"
+    sentence = f"Softmax had Gu et al.'s Sink₁ > 0 (100 x 64) in {int(sum(grown))} of {len(grown)} {arm} seeds"
     if sum(grown) < 2 / 3 * len(grown):
         return sentence + (": fewer than two in three, so the recipe did not reliably grow the sink the claims are "
                            "about, and a first-token claim here compares variants that may all lack one.")
@@ -385,7 +449,8 @@ def readme_lines(results):
     lines = [f"`{results['command']}` ({len(results['runs'])} runs{missing}, {results['recipe']['tokens']:,} tokens each; "
              f"{per_run_times(results)}; {results['machine']}):"]
     lines += verdict_lines(results, arms=('kd', 'ce'), families=('primary',))
-    return lines + ['', 'In words (generated): ' + in_words(results)]
+    confounds = design_confounds(results)
+    return lines + ['', 'In words (generated): ' + in_words(results)] + (['', confounds] if confounds else [])
 
 
 def describe_corpus(corpus):

@@ -9,6 +9,7 @@ import pytest
 import prepare_data
 from data import Windows, first_token_id, prefix_id, read_meta, read_shard
 from files import RunError
+from study_records import NO_DECAY
 
 
 def test_prefix_windows_start_with_the_token_and_cover_every_token_once(data_dir):
@@ -189,8 +190,41 @@ def test_claims_get_their_words_from_the_tests():
     tested = study_results.test_claims(records)
     words = study_results.control_sentence(dict(runs=records, claims=tested))
     assert "affine's weight numbers only (fewer than 3 seeds in a group; 0.004 without, 0.0115 with)" in words
-    assert "affine's first-token weight was 0.0040 ± 0.0010 (3 seeds) against the kd sink's 0.5015 ± 0.0007 (2 seeds" \
-        in words and words.endswith('numbers only, as no test of this comparison was fixed before the runs.')
+    # every measure of Figure 4's comparison (first_or_null 0.1 on both sides here), never the weight alone
+    assert ("affine (3 seeds) against the kd sink (2 seeds; the recipe never decays sink's logits) had first-token "
+            "weight 0.0040 ± 0.0010 against 0.5015 ± 0.0007, first-token share 0.1000 ± 0.0000 against 0.1000 ± "
+            "0.0000, first-token-or-null 0.1000 ± 0.0000 against 0.1000 ± 0.0000: numbers only") in words
+
+
+def test_the_design_confounds_come_from_the_records():
+    """study_results.design_confounds on made-up kd records: each of v1's four confounds is said, with the records'
+    numbers, where the records show it, and none where a design removed them (v2's: the variants' own matrices out of
+    the decay, a sink in half of the layers or more, larger teachers of other seeds, no "Sink_1 > 0" claim)."""
+    import study_results
+
+    def run(variant, seed, rates, no_decay=()):
+        return dict(name=f'kd_{variant}_s{seed}', arm='kd', variant=variant, seed=seed, no_decay=list(no_decay),
+                    first_token_weight=[0.3, 0.1, 0.02, 0.02], end=dict(gu=dict(samples=100, sink_rate=sum(rates) / 4,
+                                                                                sink_rate_per_layer=rates)))
+    recipe = dict(weight_decay=2.0, n_layer=4, n_head=4)
+    teacher = dict(name='ce_softmax_s1', arm='ce', variant='softmax', seed=1, recipe=recipe)
+    v1 = dict(recipe=recipe, layers=4, teachers=['ce_softmax_s1'], uniform_first_token=0.035,
+              claims=[dict(measure='sink_grown')],
+              runs=[teacher, run('softmax', 1, [0.5, 0.0, 0.0, 0.0]), run('softmax', 2, [0.7, 0.0, 0.0, 0.0]),
+                    run('affine', 1, [0.0, 0.0, 0.0, 0.0])])
+    words = study_results.design_confounds(v1)
+    assert words.startswith("This design has 4 confounds its records show")
+    assert "(1) the recipe's weight decay (2; the paper's: 0.1) acts on affine's alpha_proj" in words
+    assert ("(2) the sink lives in 1 of 4 layers: kd softmax's first-token weight per layer is 0.300, 0.100, 0.020, "
+            "0.020 (uniform attention: 0.035) and Gu et al.'s Sink₁ per layer 0.60, 0.00, 0.00, 0.00") in words
+    assert "(3) the teachers are ce_softmax_s1, of the students' own shape and tokens" in words
+    assert "kd seeds 1 are their own seeds" in words
+    assert "one of 1,600 (sample, layer, head) triples" in words and "0.125 to 0.175 (softmax), 0 to 0 (affine)" in words
+    larger = dict(teacher, name='teacher_softmax_s101', seed=101, recipe=dict(recipe, n_layer=8))
+    v2 = dict(v1, teachers=['teacher_softmax_s101'], claims=[dict(measure='weight')],
+              runs=[larger, run('softmax', 1, [0.5, 0.3, 0.0, 0.0], NO_DECAY),
+                    run('affine', 1, [0.0, 0.0, 0.0, 0.0], NO_DECAY)])
+    assert study_results.design_confounds(v2) == ''
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
