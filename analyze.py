@@ -328,7 +328,8 @@ def attention_figures(out, models, layer):
         total = np.array([layer['head_total'] for layer in models[name]['layers']])
         span = total.max() - total.min()  # min-max over the model's grid (the paper: "normalized to [0, 1]")
         layer_by_head(fig, ax, (total - total.min()) / (span if span > 0 else 1), name, vmin=0, vmax=1)
-    save(fig, 'fig5_head_total.png', 'Figure 5: total attention weight per layer and head, min-max normalised to [0, 1]')
+    save(fig, 'fig5_head_total.png',
+         'Figure 5: total attention weight per layer and head, min-max normalised to [0, 1]')
     fig, axes = side_by_side(names)
     for ax, name in zip(axes[0], names):
         image = ax.imshow(np.array(models[name]['layers'][layer - 1]['corner']))
@@ -351,7 +352,8 @@ def attention_figures(out, models, layer):
     if sink:
         fig, axes = side_by_side(sink)
         for ax, name in zip(axes[0], sink):
-            layer_by_head(fig, ax, [l['sinks'] for l in models[name]['layers']], f"{name}: sink logits", cmap='coolwarm')
+            layer_by_head(fig, ax, [l['sinks'] for l in models[name]['layers']], f"{name}: sink logits",
+                          cmap='coolwarm')
         save(fig, 'fig_sinks.png', 'learned sink logits per layer and head')
     return figures
 

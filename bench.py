@@ -1,7 +1,7 @@
 """
 Benchmarks, measured side by side in one run on whatever device is found: CPU runs float32 eager; CUDA runs
-bf16 autocast, with torch.compile (each decoder layer, as train.py) where a training step is timed. Each section prints a Markdown table under
-its own heading; progress goes to stderr. Timings are reports, never pass/fail.
+bf16 autocast, with torch.compile (each decoder layer, as train.py) where a training step is timed. Each section
+prints a Markdown table under its own heading; progress goes to stderr. Timings are reports, never pass/fail.
 
     python bench.py                                        # every section at the sizes below
     python bench.py --sections=attention,train --steps=7   # some sections
@@ -237,7 +237,8 @@ def bench_train(args, device):
     peak = measured_matmul_flops(device, dtype, sorted(shapes))
     how = f": one thread's best x {torch.get_num_threads()} threads" if device.type == 'cpu' else ''
     note = (f'; the peak train.py uses for its MFU on this GPU is '
-            f'{default_peak_flops(device, dtype, sorted(shapes)) / 1e12:.0f} TFLOP/s.' if device.type == 'cuda' else '.')
+            f'{default_peak_flops(device, dtype, sorted(shapes)) / 1e12:.0f} TFLOP/s.'
+            if device.type == 'cuda' else '.')
     rows = [[variant, f'{params:,}', f'{dt * 1e3:.1f}', f'{B * T / dt:,.0f}', f'{flops / 1e12:.3f}',
              f'{100 * flops / peak:.1f}%'] for variant, params, dt, flops in rows]
     print_table('Training throughput',
@@ -427,9 +428,10 @@ def bench_probes(args, device):
         base = seconds(evaluation)
         added = max(0.0, seconds(items) + seconds(lambda: activation_outliers(model, windows))
                     - seconds(lambda: hooked_forward(model, windows, [])))
-        end = [seconds(fn, repeats=1) for fn in (lambda: sink_rates(model, gu, batch_size=GU_SAMPLES),
-                                                 lambda: w8a8_losses(model, val[:4, :-1], val[4:20, :-1], batch_size=16),
-                                                 lambda: knockout_losses(model, val[4:20, :-1], batch_size=16))]
+        end = [seconds(fn, repeats=1)
+               for fn in (lambda: sink_rates(model, gu, batch_size=GU_SAMPLES),
+                          lambda: w8a8_losses(model, val[:4, :-1], val[4:20, :-1], batch_size=16),
+                          lambda: knockout_losses(model, val[4:20, :-1], batch_size=16))]
         rows.append([variant, f'{base:.2f}', f'{added:.3f}', f'{100 * added / base:.0f}%',
                      *[f'{t:.2f}' for t in end]])
         log(f'  probes: {variant:<14} evaluation {base:.2f} s, of which items 1-5 {added:.3f} s')
@@ -438,10 +440,10 @@ def bench_probes(args, device):
                 f"runs at each evaluation with attention_windows, the validation loss ({n_val} windows of {T} tokens), "
                 f"the mean logit and probes.sink_record on its {n_windows} windows. Items 1-5: the part of it the sink "
                 f"measures of the measures issue add (first-token share, null mass and Gu's scores; the value-weighted "
-                f"share on every {VALUE_WEIGHTED_STRIDE}th query; alpha's summary; the activation outliers), each timed "
-                f"alone. End of a run (analyze.py attention): Gu et al.'s Sink_1 on {GU_SAMPLES} x {GU_LENGTH} tokens, "
-                f"W8A8 (4 calibration windows, 16 evaluated), the knockout (16 windows, each k). Seconds, median of 3 "
-                f"(end of run: one call).",
+                f"share on every {VALUE_WEIGHTED_STRIDE}th query; alpha's summary; the activation outliers), each "
+                f"timed alone. End of a run (analyze.py attention): Gu et al.'s Sink_1 on {GU_SAMPLES} x {GU_LENGTH} "
+                f"tokens, W8A8 (4 calibration windows, 16 evaluated), the knockout (16 windows, each k). Seconds, "
+                f"median of 3 (end of run: one call).",
                 ['variant', 'evaluation (s)', 'items 1-5 (s)', 'share', "Gu's setting (s)", 'W8A8 (s)',
                  'knockout (s)'], rows)
 
@@ -528,8 +530,8 @@ def bench_harness(args, device):
     except Exception as e:  # lm_eval 0.4.9 does not import with transformers 5 (AutoModelForVision2Seq is gone)
         return log(f'  harness: skipped: lm-evaluation-harness did not run here: {type(e).__name__}: {e}')
     print_table('Zero-shot evaluation: eval_zeroshot vs lm-evaluation-harness on a real model',
-                f'{args.harness_model}, {dtype}, {len(docs)} synthetic 4-choice docs ({len(requests)} requests) as text; '
-                f'batch size {args.eval_batch_size} on both sides: eval_zeroshot.score_requests and lm-eval '
+                f'{args.harness_model}, {dtype}, {len(docs)} synthetic 4-choice docs ({len(requests)} requests) as '
+                f'text; batch size {args.eval_batch_size} on both sides: eval_zeroshot.score_requests and lm-eval '
                 f'0.4.9\'s HFLM.loglikelihood (each tokenizing the text itself).',
                 ['docs', 'eval_zeroshot docs/s', 'lm-eval docs/s', 'speedup', 'max abs loglik diff'],
                 [[str(len(docs)), f'{len(docs) / t_ours:.1f}', f'{len(docs) / t_theirs:.1f}', ratio(t_theirs, t_ours),
@@ -569,7 +571,8 @@ KEYS = dict(
     train_batch_size=Key(None, 'default: 8 on CPU, 64 on CUDA', types=(int,), min=1),
     train_seq_len=Key(256, min=1), eval_docs=Key(200, min=1), eval_batch_size=Key(32, min=1),
     # study
-    study_steps=Key(100, "study: steps per train.py run (the study's runs have config/sink_study.py's max_iters)", min=6),
+    study_steps=Key(100, "study: steps per train.py run (the study's runs have config/sink_study.py's max_iters)",
+                    min=6),
     study_threads=Key(1, "study: threads per process (the study's: cores / jobs)", min=1),
     # harness (needs lm-evaluation-harness 0.4.9, which needs transformers 4)
     harness_model=Key(None, 'harness: a Hugging Face model directory, e.g. what scripts/gguf_to_hf.py writes',

@@ -30,7 +30,8 @@ and goes through chunks of tokens whose float32 logits are at most CHUNK_LOGITS 
 tokens at V = 128,256), computing each chunk's loss and its gradients already in the forward. At its peak a
 chunk holds 3 (n, V) float32 tensors (4 when T != 1 and kd_alpha < 1), next to the float32 gradient of the
 student's lm_head and the gradient of its hidden states; memory_plan.kd_loss_memory counts it all, tensor by
-tensor (train.py's dry-run memory plan), and bench.py (--sections=kd) measures the loss against the naive full-logits KL.
+tensor (train.py's dry-run memory plan), and bench.py (--sections=kd) measures the loss against the naive
+full-logits KL.
 
 Precision: the four GEMMs of a chunk (both models' logits, the gradients w.r.t. the student's hidden states and
 lm_head) run in the compute dtype: the autocast dtype under autocast (bf16: an H100's ~989 dense TFLOP/s rather

@@ -127,7 +127,8 @@ def claim_dir(path, owner, ours=lambda names: False, writes=()):
 
 
 # the files by which the outputs of this repo's tools (and Hugging Face's) are recognised, the most telling first
-MARKERS = {'ckpt.pt': "a train.py run", 'metrics.jsonl': "a train.py run", 'meta.json': "prepared data (prepare_data.py)",
+MARKERS = {'ckpt.pt': "a train.py run", 'metrics.jsonl': "a train.py run",
+           'meta.json': "prepared data (prepare_data.py)",
            'model.safetensors': "a Hugging Face model", 'model.safetensors.index.json': "a Hugging Face model",
            'numbers.json': "an analyze.py report", 'report.md': "a report (analyze.py or quickstart.py)",
            'config.json': "a model (a train.py run or a Hugging Face directory)"}
@@ -194,7 +195,8 @@ def lock_dir(path, owner):
     flock() on path/LOCK_NAME: the kernel releases it when its process ends, however it ends (kill -9 included), so
     no stale lock can block the same command from continuing, and a recycled pid is never mistaken for the holder.
     On exit the lock file is removed, and where the block fails, the directories this call created if they are
-    still empty (made_dirs: a start that failed before writing anything leaves nothing behind). See docs/training.md for shared file systems."""
+    still empty (made_dirs: a start that failed before writing anything leaves nothing behind). See docs/training.md
+    for shared file systems."""
     lock = os.path.join(path, LOCK_NAME)
     with made_dirs(path):
         fd = None
@@ -208,7 +210,8 @@ def lock_dir(path, owner):
         finally:
             if fd is not None:
                 try:
-                    os.remove(lock)  # while still holding it: one that opened it meanwhile sees it gone, takes a new one
+                    # while still holding it: one that opened it meanwhile sees it gone, takes a new one
+                    os.remove(lock)
                 except FileNotFoundError:
                     pass
                 os.close(fd)

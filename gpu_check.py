@@ -193,7 +193,8 @@ def ddp_gradient_copies(ddp):
 
 def check_ddp(check, device, workdir):
     """common.wrap_ddp on this device (a one-rank process group): after a no_sync micro-step (the first of two, as in
-    train.py's loop), every gradient is a view into DDP's all-reduce buckets, none a second copy beside them (ddp_gradient_copies)."""
+    train.py's loop), every gradient is a view into DDP's all-reduce buckets, none a second copy beside them
+    (ddp_gradient_copies)."""
     dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo',
                             init_method=f"file://{os.path.join(workdir, 'ddp_init')}", rank=0, world_size=1)
     try:
@@ -240,7 +241,8 @@ def check_variants(check, device, args):
             with PeakMemory(device) as mem:
                 step()
             results[variant] = (seconds, mem.peak, (before, first, dynamo_events()))
-            log(f'  variants: {variant:<24} {seconds * 1e3:8.1f} ms  {mem.peak / 2**30:6.2f} GiB  (compile {compile_s:.0f} s)')
+            log(f'  variants: {variant:<24} {seconds * 1e3:8.1f} ms  {mem.peak / 2**30:6.2f} GiB  '
+                f'(compile {compile_s:.0f} s)')
         except torch.OutOfMemoryError:
             results[variant] = None
             log(f'  variants: {variant:<24} out of memory at batch {B}')
@@ -289,7 +291,8 @@ def check_kd(check, device, args):
         check.add('KD loss (V=128,256)', 'naive bf16 KD', None, f'out of memory with {N} tokens')
         return
     rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
-    agree = abs(fused[2] - base[2]) / abs(base[2]) < 1e-2 and rel(fused[3], base[3]) < 2e-2 and rel(fused[4], base[4]) < 2e-2
+    agree = (abs(fused[2] - base[2]) / abs(base[2]) < 1e-2 and rel(fused[3], base[3]) < 2e-2
+             and rel(fused[4], base[4]) < 2e-2)
     check.add('KD loss (V=128,256)', f'fused vs naive bf16: value and gradients agree, {N} tokens', agree,
               f'loss {fused[2]:.5f} vs {base[2]:.5f}; grad rel. diff h {rel(fused[3], base[3]):.1e}, '
               f'W {rel(fused[4], base[4]):.1e}', 'within bf16 rounding (1e-2, 2e-2)')
@@ -334,7 +337,8 @@ def check_torchrun(check, device, args, workdir):
     stop_after = 12
     runs = {v: subprocess.Popen(command(*kd, f'--attention={v}', '--max_iters=100000',
                                         f'--out_dir={os.path.join(workdir, v)}'),
-                                cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for v in variants}
+                                cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for v in variants}
     deadline, outputs = time.time() + 300, {}
     while runs and time.time() < deadline:
         for v, proc in list(runs.items()):
@@ -350,7 +354,8 @@ def check_torchrun(check, device, args, workdir):
         out_dir = os.path.join(workdir, v)
         ckpt = os.path.join(out_dir, 'ckpt.pt')
         stopped = read_checkpoint(ckpt, keys=('step',))['step'] if os.path.exists(ckpt) else 0
-        saved = stopped >= stop_after and len(records(out_dir)) == stopped and 'stopped by a signal' in outputs.get(v, '')
+        saved = (stopped >= stop_after and len(records(out_dir)) == stopped
+                 and 'stopped by a signal' in outputs.get(v, ''))
         check.add('torchrun', f'{v}: DDP run, SIGTERM saves the step reached', saved,
                   f'stopped at step {stopped}, {len(records(out_dir))} records', f'>= {stop_after}',
                   output=None if saved else outputs.get(v, 'timed out')[-3000:])
@@ -439,7 +444,8 @@ def check_mfu(check, device, args):
         measured_peak = measured_matmul_flops(device, torch.bfloat16, gemm_shapes(student, B * T))
         check.add(section, f'micro-batch {B} x {T}, {accumulation} micro-steps + AdamW',
                   mfu >= 0.45 if holds_mfu_target(torch.cuda.get_device_name(device)) else None,
-                  f'{tokens:,.0f} tokens/s, MFU {100 * mfu:.1f}% of 989 TFLOP/s ({100 * step_flops * tokens / measured_peak:.1f}% '
+                  f'{tokens:,.0f} tokens/s, MFU {100 * mfu:.1f}% of 989 TFLOP/s '
+                  f'({100 * step_flops * tokens / measured_peak:.1f}% '
                   f'of the measured {measured_peak / 1e12:.0f}); peak {peak / 2**30:.1f} GiB; '
                   f'compile {compile_s:.0f} s', '>= 45% MFU (H100, H200)', tokens_per_sec=tokens, mfu=mfu,
                   step_seconds=seconds, micro_batch=B)

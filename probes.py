@@ -32,7 +32,8 @@ GU_SAMPLES, GU_LENGTH = 100, 64  # Gu et al.'s own setting: 100 samples of 64 to
 GU_ROW_EPS = 1e-8  # added to a row's sum when Gu et al. renormalise it (lit_gpt/inference/model_attn_sim_infer.py)
 SINK_STUDY_EVALUATIONS = 8  # evaluations per sink study run (its curves' points): sink_study.py's runs, bench.py's
 # the value-weighted share at every evaluation reads every 4th query (1, 5, 9, ...): with a gate its norms cost T^2 D^2
-# per head, 40% of an evaluation on all queries; this keeps items 1-5 of the measures within 10% (bench.py --sections=probes)
+# per head, 40% of an evaluation on all queries; this keeps items 1-5 of the measures within 10%
+# (bench.py --sections=probes)
 VALUE_WEIGHTED_STRIDE = 4
 KURTOSIS_EPS = 1e-6  # added to std^4 in Bondarenko et al.'s kurtosis (transformers_language/utils.py)
 KNOCKOUT_FIRST = (0, 1, 4)  # StreamingLLM's kept initial tokens: none, the first, four (Xiao et al. 2023)

@@ -5,7 +5,7 @@ and the real model's stage; the data, the training and the evaluation are offlin
 
     python quickstart.py                  # writes out/quickstart/report.md, with the time each stage took
     python quickstart.py --seeds=0,1,2    # three students per variant: mean ± std, and what is within noise
-    python quickstart.py --tests          # the test suite instead (what CI runs)
+    python quickstart.py --tests          # ruff check . and the test suite instead (what CI runs)
 
 A re-run does what is not yet done with these settings, judged by what each stage's outputs record. A training stage
 whose checkpoint (ckpt.pt: its steps and config) finished the settings it would now run with is skipped; one stopped
@@ -45,7 +45,7 @@ from configurator import Key, fail, parse  # pure Python: these run before the i
 from files import RunError, atomic_write, claim_dir, run_script
 
 KEYS = dict(
-    tests=Key(False, "install the test requirements and run the test suite"),
+    tests=Key(False, "install the test requirements, run ruff check . and then the test suite"),
     seeds=Key([0], "comma-separated student seeds, e.g. 0,1,2", min=0),
     variants=Key(None, "comma-separated attention variants (default: every one model.py has, model.ATTENTIONS)",
                  types=(list,)),
@@ -61,8 +61,8 @@ NEEDED = dict(torch='torch', numpy='numpy', tiktoken='tiktoken', datasets='datas
 # what scripts/gguf_to_hf.py needs to convert the real model (requirements-test.txt's versions)
 REAL_MODEL_NEEDED = dict(transformers='transformers>=4.40', tokenizers='tokenizers>=0.15', gguf='gguf>=0.10',
                          accelerate='accelerate>=1.0')
-TEST_NEEDED = dict(pytest='pytest', xdist='pytest-xdist', pytest_reverse='pytest-reverse', tokenizers='tokenizers',
-                   transformers='transformers', gguf='gguf', accelerate='accelerate')
+TEST_NEEDED = dict(pytest='pytest', xdist='pytest-xdist', pytest_reverse='pytest-reverse', ruff='ruff',
+                   tokenizers='tokenizers', transformers='transformers', gguf='gguf', accelerate='accelerate')
 # the suite in processes side by side (pytest-xdist), at most 4 (each holds a few models): on the 2-core VM, a fresh
 # clone took 8m57s in two (the real model downloaded too) against 9m33s in one (it cached; docs/testing.md)
 TEST_WORKERS = min(os.cpu_count() or 1, 4)
@@ -384,7 +384,15 @@ def main(argv=None):
     if args.tests:
         if not install({**NEEDED, **TEST_NEEDED}, requirement_files('requirements.txt', 'requirements-test.txt')):
             sys.exit(INSTALL_FAILED)
-        sys.exit(subprocess.call([sys.executable, '-m', 'pytest', '-q', '-n', str(TEST_WORKERS), 'tests'], cwd=HERE))
+        stages = Stages(2)
+        lint = [sys.executable, '-m', 'ruff', 'check', '.']  # pyflakes and line length (pyproject.toml)
+        stages.begin('ruff check', lint, False, '')
+        if subprocess.call(lint, cwd=HERE) != 0:
+            sys.exit("\nruff check failed (its findings are above; ruff check --fix . fixes some): the tests were not "
+                     "run")
+        tests = [sys.executable, '-m', 'pytest', '-q', '-n', str(TEST_WORKERS), 'tests']
+        stages.begin('the test suite', tests, False, '')
+        sys.exit(subprocess.call(tests, cwd=HERE))
     if os.path.abspath(args.out_dir) == os.path.abspath(args.data_dir):
         fail(f"--out_dir and --data_dir are both {args.out_dir}: the prepared data and the runs need places of their "
              f"own")

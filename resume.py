@@ -38,8 +38,9 @@ def restart_note(out_dir, changes):
 
 
 def recorded_config(config, defaults):
-    """A checkpoint's config (its dict) with every key added since it was written at its default, and those keys (defaults: train.py's
-    keys' defaults): a key is added with the default that does what the code did before it, so that is what the checkpoint's run did."""
+    """A checkpoint's config (its dict) with every key added since it was written at its default, and those keys
+    (defaults: train.py's keys' defaults): a key is added with the default that does what the code did before it, so
+    that is what the checkpoint's run did."""
     missing = [key for key in defaults if key not in config]
     return {**config, **{key: defaults[key] for key in missing}}, missing
 

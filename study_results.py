@@ -289,7 +289,8 @@ def design_confounds(results):
         if sum(rate >= SINK_LAYER_RATE for rate in rates) * 2 < len(rates):
             weights = layer_means(softmax, lambda r: r['first_token_weight'])
             found.append(f"the sink lives in {sum(rate >= SINK_LAYER_RATE for rate in rates)} of {len(rates)} "
-                         f"layers: kd softmax's first-token weight per layer is {', '.join(f'{w:.3f}' for w in weights)}"
+                         f"layers: kd softmax's first-token weight per layer is "
+                         f"{', '.join(f'{w:.3f}' for w in weights)}"
                          f" (uniform attention: {results['uniform_first_token']:.3f}) and Gu et al.'s Sink₁ per layer "
                          f"{', '.join(f'{x:.2f}' for x in rates)}, and Figure 4's measures average the layers")
     teacher_seeds = {int(t.rsplit('_s', 1)[1]) for t in results['teachers']}
@@ -446,8 +447,8 @@ def readme_lines(results):
     """The README's block on the study (tests/test_sink_study.py holds the README to it for the committed
     docs/sink_study/results.json): the command, the primary claims' verdicts of each arm (kd first) and the words."""
     missing = f", {len(results['missing'])} planned runs not yet trained" if results['missing'] else ''
-    lines = [f"`{results['command']}` ({len(results['runs'])} runs{missing}, {results['recipe']['tokens']:,} tokens each; "
-             f"{per_run_times(results)}; {results['machine']}):"]
+    lines = [f"`{results['command']}` ({len(results['runs'])} runs{missing}, "
+             f"{results['recipe']['tokens']:,} tokens each; {per_run_times(results)}; {results['machine']}):"]
     lines += verdict_lines(results, arms=('kd', 'ce'), families=('primary',))
     confounds = design_confounds(results)
     return lines + ['', 'In words (generated): ' + in_words(results)] + (['', confounds] if confounds else [])
@@ -493,7 +494,8 @@ def figures(results, out_dir):
                 style = dict(color=f"C{list(by).index(variant)}", label=variant if i == 0 else None, linewidth=1)
                 axes[0].plot(tokens, [statistics.fmean(p['first_token_weight']) for p in run['curve']], **style)
                 axes[1].plot(tokens, [p['sink_rate'] for p in run['curve']], **style)
-        axes[0].set(title=f"first-token weight, mean over layers ({arm})", xlabel='training tokens (M)', ylabel='weight')
+        axes[0].set(title=f"first-token weight, mean over layers ({arm})", xlabel='training tokens (M)',
+                    ylabel='weight')
         axes[1].set(title=f"Gu et al.'s Sink_1^{SINK_THRESHOLD} on the windows ({arm})", xlabel='training tokens (M)',
                     ylabel='share of (window, layer, head)')
         for ax in axes:

@@ -58,9 +58,11 @@ GPT2_DIGITS_PATTERN = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|[\p{N}" + DIGIT_EXTRA 
 GPT2_DIGIT_RUNS_PATTERN = GPT2_DIGITS_PATTERN.replace(r"|[\p{N}" + DIGIT_EXTRA + "]|",
                                                       r"|\p{N}+|[" + DIGIT_EXTRA + "]+|", 1)
 # Llama 3: the cl100k-style pattern of Meta's tokenizer.py (also the Split regex in its tokenizer.json).
-LLAMA3_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Qwen1.5 / Qwen2: the same, except that digits are split one at a time (\p{N} instead of \p{N}{1,3}).
-QWEN2_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # The byte tokenizer has no merges, so every split gives the same ids; fixed-size pieces are the fastest.
 BYTES_PATTERN = r"[\s\S]{1,256}"
 

@@ -466,11 +466,12 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
     if start['lr_changes']:  # from the first step it applies to; a resume from this checkpoint again drops it
         metrics.write(dict(step=step + 1, event='resume_lr_change', **start['lr_changes']))
     if run.master:
-        print(f"GPT: {raw_model.get_num_params():,} parameters, attention={model_config.attention}; {run.world} rank(s) "
-              f"x {run.accumulation} micro-steps x {c['micro_batch_size']} sequences x {model_config.block_size} tokens; "
+        print(f"GPT: {raw_model.get_num_params():,} parameters, attention={model_config.attention}; "
+              f"{run.world} rank(s) x {run.accumulation} micro-steps x {c['micro_batch_size']} sequences x "
+              f"{model_config.block_size} tokens; "
               f"{'FSDP' if c['fsdp'] else 'DDP' if run.distributed else 'one process'}, {run.device}, {c['dtype']}"
-              f"{', activation checkpointing' if c['activation_checkpointing'] else ''}; {len(train_data):,} train windows"
-              f"; MFU of a {peak_flops / 1e12:.4g} TFLOP/s peak")
+              f"{', activation checkpointing' if c['activation_checkpointing'] else ''}; "
+              f"{len(train_data):,} train windows; MFU of a {peak_flops / 1e12:.4g} TFLOP/s peak")
     teacher_timer = DeviceTimer(run.device)  # the teacher's forward time
     model.train()
     with preemption_flag() as stop_signal:

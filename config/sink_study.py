@@ -5,7 +5,8 @@
 # layer 1 (Gu et al.'s Sink_1 above 0; docs/sink_study/report.md has the measured seeds), val loss about 1.73, and
 # 4-8 minutes a run on one CPU thread with layers compiled (compile=True needs a C++ compiler; --compile=False runs
 # eager, slower).
-# Run one alone (first: python prepare_data.py --source=stdlib --tokenizer=bytes --out_dir=data/stdlib_bytes --val_every=50):
+# Run one alone, after preparing its data:
+#   python prepare_data.py --source=stdlib --tokenizer=bytes --out_dir=data/stdlib_bytes --val_every=50
 #   python train.py config/sink_study.py --attention=softmax --seed=1 --out_dir=out/sink_study/train/ce_softmax_s1
 model = 'tiny'
 block_size = 128

@@ -227,10 +227,10 @@ def readme_table(found):
                       f'~{low} h' if low == high else f'~{low}-{high} h'])
     c = found[0].c
     return (table(header, lines) + '\n\n'
-            f'Each run: {c["max_iters"]:,} steps of {c["global_batch_size"]:,} sequences of {found[0].cfg.block_size:,} '
-            f'tokens ({run_tokens(found) / 1e9:.1f}B tokens). Memory: the plan that `--dry_run=True` prints for '
-            f'{GPUS} GPUs of {GPU_GIB} GiB, over the size\'s configs. Time: an estimate from the FLOPs per token at '
-            f'{estimate_basis()}, not a measurement.')
+            f'Each run: {c["max_iters"]:,} steps of {c["global_batch_size"]:,} sequences of '
+            f'{found[0].cfg.block_size:,} tokens ({run_tokens(found) / 1e9:.1f}B tokens). Memory: the plan that '
+            f'`--dry_run=True` prints for {GPUS} GPUs of {GPU_GIB} GiB, over the size\'s configs. Time: an estimate '
+            f'from the FLOPs per token at {estimate_basis()}, not a measurement.')
 
 
 def onegpu_table():

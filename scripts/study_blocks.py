@@ -1,7 +1,8 @@
 """
 The sink study's blocks in the docs, generated from its committed results (tests/test_sink_study.py holds each to
 them): README.md's study block (study_results.readme_lines of docs/sink_study/results.json), docs/analysis.md's claims
-table (study_results.claims_table) and its pilot table (study_results.pilot_lines of docs/sink_study/pilot/results.json).
+table (study_results.claims_table) and its pilot table (study_results.pilot_lines of
+docs/sink_study/pilot/results.json).
 
     python scripts/study_blocks.py           # check: exit status 1 and the blocks that differ
     python scripts/study_blocks.py --write   # write them between their markers (nothing else in the files changes)

@@ -16,7 +16,6 @@ import eval_zeroshot
 import prepare_data
 import train
 from helpers import CHAT, EOT, digits_then_gpt2, hf_tokenizer, readme_commands, write_task_data
-from model import ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))

@@ -30,8 +30,8 @@ BYTES = load_tokenizer('bytes')
 def test_task_strings():
     """The task YAMLs' strings: every task's requests, gold and acc_norm lengths, character for character."""
     docs = {task: ez.DOC_BUILDERS[task](row) for task, row in TASK_ROWS.items()}
-    assert docs['arc_easy'] == ez.Doc([('Question: Which is a gas?\nAnswer:', ' ' + c) for c in ['ice', 'steam', 'rock']],
-                                      1, [3.0, 5.0, 4.0])
+    assert docs['arc_easy'] == ez.Doc([('Question: Which is a gas?\nAnswer:', ' ' + c)
+                                       for c in ['ice', 'steam', 'rock']], 1, [3.0, 5.0, 4.0])
     assert docs['arc_challenge'].gold == 3
     # capitalize() lower-cases the rest of ctx_b; " [title]" -> ". " then "  " -> " "; strip first, so
     # " [step] " leaves a trailing space; three spaces become two
@@ -120,7 +120,8 @@ def random_requests(seed=0, n=24):
 
 
 @pytest.mark.parametrize('attention,bias_norm', [('softmax', 'seq_len'), ('sink', 'seq_len'), ('gated', 'seq_len'),
-                                                 ('affine', 'seq_len'), ('affine_gated', 'seq_len'), ('affine', 'visible')])
+                                                 ('affine', 'seq_len'), ('affine_gated', 'seq_len'),
+                                                 ('affine', 'visible')])
 def test_batched_equals_one_by_one(attention, bias_norm):
     """Padding, batching, deduplication and prefix sharing change no score, for every variant: with affine's
     seq_len, N must be each sequence's own length and prefixes must not be shared."""
@@ -284,7 +285,8 @@ def test_hf_models_of_every_tokenizer_family_score_as_the_harness(kind, family_t
     data = tmp_path / 'data'
     for task, row in FAMILY_ROWS.items():
         (data / task).mkdir(parents=True)
-        (data / task / (ez.HUB[task][2] + '.jsonl')).write_text(json.dumps(row) + '\n' + json.dumps(TASK_ROWS[task]) + '\n')
+        (data / task / (ez.HUB[task][2] + '.jsonl')).write_text(json.dumps(row) + '\n'
+                                                                + json.dumps(TASK_ROWS[task]) + '\n')
     results = ez.main([f'--hf_model={model_dir}', f'--data_dir={data}', f'--tasks={",".join(FAMILY_ROWS)}',
                        '--log_samples=True', '--batch_size=4', '--device=cpu', '--dtype=float32'])
     for task in FAMILY_ROWS:

@@ -270,8 +270,8 @@ def test_cpu_flash_kernel_gets_grouped_kv(attention, dtype):
 @pytest.mark.parametrize('attention', ['softmax', 'sink', 'affine'])
 def test_repeated_kv_path_matches_grouped_kv(attention, monkeypatch):
     """Where a kernel takes no groups (CUDA float32, attention_kernels.needs_repeated_kv), K/V reach it repeated to
-    every query head. Forced here on CPU: the kernel sees n_head heads, and outputs and gradients equal the grouped path's
-    (float64; both are exact up to summation order)."""
+    every query head. Forced here on CPU: the kernel sees n_head heads, and outputs and gradients equal the grouped
+    path's (float64; both are exact up to summation order)."""
     import attention_kernels
     torch.manual_seed(4)
     cfg = tiny_config(attention=attention)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import probes
-from model import ATTENTIONS, GPT, ModelConfig, rope_cos_sin
+from model import ATTENTIONS, GPT, rope_cos_sin
 from test_analyze import explicit_weights, tiny_model
 from test_model import REFERENCES, variant_name
 

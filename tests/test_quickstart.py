@@ -33,7 +33,8 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     assert '| Affine-Scaled | 2,048 |' in report  # W_alpha: 4 layers x 128 x 4 heads
     assert 'Seeds: 0.' in report and 'One run per method' in report
     assert 'train on 12,288 tokens or fewer' in report  # the teacher's 3 steps x 16 sequences x 256 tokens
-    assert '`python sink_study.py` trains models that do' in report and os.path.isfile(os.path.join(ROOT, 'docs/sink_study/report.md'))
+    assert '`python sink_study.py` trains models that do' in report
+    assert os.path.isfile(os.path.join(ROOT, 'docs/sink_study/report.md'))
     for figure in re.findall(r'\]\(([^)]+\.png)\)', report):
         assert (out / figure).stat().st_size > 1000
     # Figures 3-6, 9, alpha and where rows go, outliers, knockout of the students; 2, 7, 8, 10 of their runs; 3-6, 9
@@ -77,7 +78,8 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
                                                        f'{out}/softmax_seed0', '--attention=softmax', '--seed=0', data,
                                                        '--max_iters=2', teacher=f'{out}/teacher')
     assert not done and command[-2:] == ['--init_from=scratch', '--overwrite=True']
-    assert note.startswith(f'changed since {out}/softmax_seed0 was trained: its teacher {out}/teacher was trained again')
+    assert note.startswith(f'changed since {out}/softmax_seed0 was trained: its teacher {out}/teacher was trained '
+                           'again')
     os.utime(out / 'softmax_seed0' / 'ckpt.pt')  # as its retraining would leave it: newer than its evaluation
     assert script.evaluated(f'{out}/softmax_seed0') == (False, f'{out}/softmax_seed0 was trained again after its '
                                                              'evaluation: evaluating it again, replacing its eval.json')
@@ -148,3 +150,28 @@ def test_independent_stages_run_side_by_side_each_output_whole(capsys, monkeypat
         raise AssertionError('a failed stage must stop the study')
     out = capsys.readouterr().out
     assert 'why' in out and 'beside on 1 thread' in out
+
+
+def test_tests_runs_ruff_check_first_and_the_suite_only_when_it_passes(capsys, monkeypatch):
+    """--tests (what CI runs): ruff check . first, a numbered stage printed as the study's are; its findings stop
+    quickstart with a non-zero exit before the suite, else the suite's exit status is quickstart's."""
+    sys.path.insert(0, ROOT)
+    import quickstart
+    monkeypatch.setattr(quickstart, 'install', lambda needed, requirements: 'ruff' in needed)
+    for ruff_status, expected in [(1, ['ruff']), (0, ['ruff', 'pytest'])]:
+        ran = []
+        monkeypatch.setattr(quickstart.subprocess, 'call', lambda command, cwd: ran.append(command[2]) or
+                            {'ruff': ruff_status, 'pytest': 3}[command[2]])
+        try:
+            quickstart.main(['--tests'])
+        except SystemExit as e:
+            status = e.code
+        else:
+            raise AssertionError('--tests must exit with the status of what it ran')
+        out = capsys.readouterr().out
+        assert ran == expected and '[1/2] ruff check (at' in out and '-m ruff check .\n' in out
+        if ruff_status:
+            assert 'ruff check failed' in status and 'the tests were not run' in status
+            assert '[2/2]' not in out
+        else:
+            assert status == 3 and '[2/2] the test suite (at' in out and '-m pytest -q -n ' in out

@@ -152,13 +152,14 @@ def test_no_decay_leaves_those_matrices_out_of_weight_decay():
     control = train.configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), fused=False, no_decay=['alpha_proj', 'g_proj'])
     decayed = lambda opt: {names[id(p)] for p in opt.param_groups[0]['params']}
     assert decayed(default) == {n for n, p in model.named_parameters() if p.dim() >= 2}
-    assert decayed(default) - decayed(control) == {n for n in decayed(default) if '.alpha_proj.' in n or '.g_proj.' in n}
+    assert decayed(default) - decayed(control) == {n for n in decayed(default)
+                                                   if '.alpha_proj.' in n or '.g_proj.' in n}
     assert any('.alpha_proj.' in n for n in decayed(default)) and control.param_groups[1]['weight_decay'] == 0.0
 
 
 def test_claims_get_their_words_from_the_tests():
-    """study_results.test_claims on made-up records of 6 ce seeds per variant: affine's weight below sink's in every seed
-    is supported (exact p = 2 / 924, Holm over the 7 primary claims), sink's above softmax's contradicted, equal
+    """study_results.test_claims on made-up records of 6 ce seeds per variant: affine's weight below sink's in every
+    seed is supported (exact p = 2 / 924, Holm over the 7 primary claims), sink's above softmax's contradicted, equal
     losses not decided; the recipe's seed 0 never enters; 2 kd seeds give numbers only; kd permutes within teachers."""
     import study_results
 
@@ -175,7 +176,8 @@ def test_claims_get_their_words_from_the_tests():
     records += [record('kd', v, s, w, teacher=f'ce_softmax_s{1 + s % 2}') for v, w in weights.items() for s in (1, 2)]
     claims = {(c['arm'], c['id']): c for c in study_results.test_claims(records)}
     first = claims['ce', 'fig4_affine_sink']
-    assert first['n'] == [6, 6] and first['p'] == pytest.approx(2 / 924) and first['p_holm'] == pytest.approx(7 * 2 / 924)
+    assert first['n'] == [6, 6] and first['p'] == pytest.approx(2 / 924)
+    assert first['p_holm'] == pytest.approx(7 * 2 / 924)
     assert first['verdict'] == f"supported (p = {7 * 2 / 924:.3g})"
     assert claims['ce', 'fig4_sink_softmax']['verdict'].startswith('contradicted')
     assert claims['ce', 'fig7_affine_softmax']['verdict'] == 'not decided (p = 1; no difference was observed)'
@@ -219,7 +221,8 @@ def test_the_design_confounds_come_from_the_records():
             "0.020 (uniform attention: 0.035) and Gu et al.'s Sink₁ per layer 0.60, 0.00, 0.00, 0.00") in words
     assert "(3) the teachers are ce_softmax_s1, of the students' own shape and tokens" in words
     assert "kd seeds 1 are their own seeds" in words
-    assert "one of 1,600 (sample, layer, head) triples" in words and "0.125 to 0.175 (softmax), 0 to 0 (affine)" in words
+    assert "one of 1,600 (sample, layer, head) triples" in words
+    assert "0.125 to 0.175 (softmax), 0 to 0 (affine)" in words
     larger = dict(teacher, name='teacher_softmax_s101', seed=101, recipe=dict(recipe, n_layer=8))
     v2 = dict(v1, teachers=['teacher_softmax_s101'], claims=[dict(measure='weight')],
               runs=[larger, run('softmax', 1, [0.5, 0.3, 0.0, 0.0], NO_DECAY),
@@ -356,7 +359,8 @@ def test_every_verdict_recomputed_from_the_committed_records():
         if claim['measure'] == 'sink_grown':
             p = counted_fisher(int(sum(va)), len(va), int(sum(vb)), len(vb))
         else:
-            strata = (lambda runs: [r['teacher'] for r in runs]) if claim['arm'] == 'kd' else (lambda runs: [0] * len(runs))
+            strata = ((lambda runs: [r['teacher'] for r in runs]) if claim['arm'] == 'kd'
+                      else (lambda runs: [0] * len(runs)))
             p = every_labelling(va, vb, strata(a), strata(b))
         assert claim['p'] == pytest.approx(p, abs=1e-9), claim['id']
     for arm in ('kd', 'ce'):
@@ -364,7 +368,8 @@ def test_every_verdict_recomputed_from_the_committed_records():
             tested = [c for c in claims if c['arm'] == arm and c['family'] == family and min(c['n']) >= 3]
             ranked = sorted(tested, key=lambda c: c['p'])
             for i, c in enumerate(ranked):  # Holm: max over the ranks up to this one of (m - rank) p, at most 1
-                assert c['p_holm'] == pytest.approx(min(1, max((len(ranked) - j) * ranked[j]['p'] for j in range(i + 1))))
+                assert c['p_holm'] == pytest.approx(min(1, max((len(ranked) - j) * ranked[j]['p']
+                                                               for j in range(i + 1))))
             for c in [c for c in claims if c['arm'] == arm and c['family'] == family]:
                 if min(c['n']) < 3:
                     assert c['verdict'].startswith(('numbers only', 'not measured')) and 'p_holm' not in c

@@ -388,7 +388,8 @@ def test_elastic_restarts_continue_from_the_last_checkpoint(data_dir, tmp_path):
     for kill_at, rank in ((6, 1), (15, 0)):  # past a checkpoint (steps 4 and 12), before the next one
         deadline = time.time() + 120
         while time.time() < deadline and not (os.path.exists(run / 'metrics.jsonl') and metrics(run)
-                                              and metrics(run)[-1]['step'] >= kill_at and len(worker_pids(proc.pid)) == 2):
+                                              and metrics(run)[-1]['step'] >= kill_at
+                                              and len(worker_pids(proc.pid)) == 2):
             time.sleep(0.02)
         workers = worker_pids(proc.pid)
         os.kill(workers[rank], signal.SIGKILL)
