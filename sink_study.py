@@ -26,8 +26,10 @@ seed 0, the seed the recipe was searched on, reported and never tested (no seed 
 Each run is one train.py run in out_dir/train/<arm>_<variant>_s<seed> (its metrics.jsonl and ckpt.pt), --jobs at a
 time. Its evaluations measure the attention on fixed validation windows (probes.sink_record); at its end the study
 measures Gu et al.'s own setting, W8A8 and the knockout on its checkpoint, and writes its record,
-report_dir/runs/<name>.json. results.json, report.md and the figures aggregate every record there whose recipe is
-this command's; a re-run trains only what has no record, continuing interrupted runs from their checkpoints.
+report_dir/runs/<name>.json (study_records.py validates every file there before use). results.json, report.md and
+the figures aggregate the records this command plans; a record of other seeds or settings stops it unless
+--subset=True. A re-run trains only what has no record that may stand for it, continuing interrupted runs from their
+checkpoints; SIGTERM or Ctrl-C stops the runs cleanly, and the same command continues them.
 """
 import collections
 import datetime
