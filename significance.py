@@ -88,6 +88,25 @@ def paired_floor(level):
     return n
 
 
+def paired_interval(differences, samples=BOOTSTRAP_SAMPLES, seed=BOOTSTRAP_SEED):
+    """The 95% percentile interval of the mean paired difference over `samples` resamples of the pairs (seeded)."""
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choice(differences) for _ in differences) for _ in range(samples))
+    return means[int(0.025 * samples)], means[int(0.975 * samples) - 1]
+
+
+def pairs_needed(differences, family_size):
+    """About how many pairs would decide a mean difference of the observed size at Holm's strictest level with power
+    POWER: n = ((z_{1 - level/2} + z_power) s_d / d)^2, s_d the standard deviation of the differences, never below
+    paired_floor(level). None where the mean difference is 0."""
+    level = ALPHA / family_size
+    z = statistics.NormalDist().inv_cdf(1 - level / 2) + statistics.NormalDist().inv_cdf(POWER)
+    d = statistics.fmean(differences)
+    if d == 0:
+        return None
+    return max(math.ceil((z * statistics.stdev(differences) / d) ** 2), paired_floor(level))
+
+
 def hypergeometric(x, n_a, n_b, hits):
     """P(x of the `hits` seeds with the outcome fall in group a), n_a and n_b seeds in the groups."""
     return math.comb(n_a, x) * math.comb(n_b, hits - x) / math.comb(n_a + n_b, hits)

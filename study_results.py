@@ -89,9 +89,37 @@ def tested(records, arm, variant):
     return [r for r in records if r['arm'] == arm and r['variant'] == variant and r['seed'] != RECIPE_SEED]
 
 
+def matched_pairs(a, b):
+    """[(run of a, run of b)] by seed where every run started from train.py's matched_init (one seed: the same batches
+    and the same initial values of every shared tensor) and both groups hold the same seeds once each; else None."""
+    seeds_a, seeds_b = [r['seed'] for r in a], [r['seed'] for r in b]
+    if not all(r.get('settings', {}).get('matched_init') for r in a + b) or not a or \
+            sorted(seeds_a) != sorted(seeds_b) or len(set(seeds_a)) != len(seeds_a):
+        return None
+    by_seed = {r['seed']: r for r in b}
+    return [(r, by_seed[r['seed']]) for r in a]
+
+
+def compare_paired(pairs, measure, family_size):
+    """compare() for matched pairs: the exact sign-flip test on the per-seed differences, their bootstrap interval and
+    the pairs a difference of this size would need."""
+    get = MEASURES[measure][1]
+    differences = [get(x) - get(y) for x, y in pairs]
+    (mean_a, std_a), (mean_b, std_b) = (sig.mean_std([get(run) for run in side]) for side in zip(*pairs))
+    return dict(n=[len(pairs)] * 2, mean=[mean_a, mean_b], std=[std_a, std_b],
+                seeds=[[x['seed'] for x, _ in pairs]] * 2, difference=statistics.fmean(differences),
+                test='exact sign-flip, paired by seed', p=sig.paired_test(differences),
+                interval=list(sig.paired_interval(differences)),
+                needed=sig.pairs_needed(differences, family_size) if len(pairs) > 1 else None)
+
+
 def compare(a, b, measure, direction, family_size, fisher=False):
     """One comparison of groups a and b (records) on a measure: means, stds, the test's raw p, the 95% interval of
-    the difference (bootstrap, within teachers in the kd arm) and the seeds a difference of this size would need."""
+    the difference (bootstrap, within teachers in the kd arm) and the seeds a difference of this size would need;
+    matched pairs (matched_pairs) are compared by seed (compare_paired)."""
+    pairs = None if fisher else matched_pairs(a, b)
+    if pairs:
+        return compare_paired(pairs, measure, family_size)
     values = lambda runs: [MEASURES[measure][1](r) for r in runs]
     va, vb = values(a), values(b)
     strata = lambda runs: [r['teacher'] for r in runs] if any(r['teacher'] for r in runs) else None

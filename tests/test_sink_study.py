@@ -378,3 +378,25 @@ def test_every_verdict_recomputed_from_the_committed_records():
                 else:
                     agrees = (c['mean'][0] < c['mean'][1]) == (c['direction'] == '<')
                     assert c['verdict'] == f"{'supported' if agrees else 'contradicted'} (p = {c['p_holm']:.3g})"
+
+
+def test_matched_seeds_are_compared_in_pairs():
+    """Records of matched_init runs with the same seeds on both sides are compared by seed: 12 pairs in which affine's
+    weight is below sink's in every seed give the sign-flip test's floor, 2 / 4096; unpaired, the seeds' own spread
+    (0.01 a seed, larger than the difference) hides it (p > 0.05). Without matched_init, or with other seeds on one
+    side, the test is unpaired."""
+    import study_results
+
+    def record(variant, seed, weight, matched=True):
+        return dict(arm='kd', variant=variant, seed=seed, teacher=f'teacher_softmax_s{101 + seed % 2}',
+                    settings=dict(matched_init=matched), first_token_weight=[weight + 0.01 * seed] * 4)
+    affine = [record('affine', s, 0.01) for s in range(1, 13)]
+    sink = [record('sink', s, 0.02 + 0.001 * s) for s in range(1, 13)]
+    paired = study_results.compare(affine, sink, 'weight', '<', 7)
+    assert paired['test'] == 'exact sign-flip, paired by seed' and paired['p'] == pytest.approx(2 / 4096)
+    assert paired['n'] == [12, 12] and paired['difference'] == pytest.approx(-(0.01 + 0.0065))
+    unmatched = [dict(r, settings=dict(matched_init=False)) for r in sink]
+    assert study_results.compare(affine, unmatched, 'weight', '<', 7)['test'].startswith('exact permutation')
+    assert study_results.compare(affine, unmatched, 'weight', '<', 7)['p'] > 0.05
+    other_seeds = [dict(r, seed=r['seed'] + 12) for r in sink]
+    assert study_results.compare(affine, other_seeds, 'weight', '<', 7)['test'].startswith('exact permutation')
