@@ -62,8 +62,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = 'config/sink_study.py'
 PLANS = {  # what --plan sets (each key may still be given after it)
     'pilot': dict(variants=CORE, arms=['ce', 'kd'], seeds=[1, 2, 3], kd_seeds=[1, 2, 3]),
-    'full': dict(variants=CORE + EXTRA, arms=list(ARMS), seeds=[1, 2, 3, 4, 5, 6], kd_seeds=list(range(1, 9)),
-                 extra_seeds=[1, 2, 3], control_seeds=[1, 2, 3, 4, 5]),
+    'full': dict(variants=CORE + EXTRA, arms=['recipe', 'ce', 'kd', 'control'], seeds=[1, 2, 3, 4, 5, 6],
+                 kd_seeds=list(range(1, 9)), extra_seeds=[1, 2, 3], control_seeds=[1, 2, 3, 4, 5]),
+    # v2 (docs/sink_study_v2/): matched pairs distilled from larger teachers of other seeds; not yet sealed
+    'v2': dict(variants=CORE, arms=['kd'], kd_seeds=list(range(1, 13)), teachers=[101, 102],
+               config=[CONFIG, 'config/sink_study_v2.py'], teacher_config=['config/sink_study_v2_teacher.py']),
 }
 def study_keys(variants):
     return dict(
@@ -76,7 +79,8 @@ def study_keys(variants):
                      "--source=stdlib --tokenizer=bytes)"),
         variants=Key(list(PLANS['pilot']['variants']), "comma-separated attention variants (model.py's registry)",
                      choices=variants),
-        arms=Key(list(PLANS['pilot']['arms']), "recipe, ce, kd, control (the module's docstring)", choices=ARMS),
+        arms=Key(list(PLANS['pilot']['arms']), "recipe, ce, kd, control (the module's docstring)",
+                 choices=ARMS[:4]),  # a teacher arm comes with --teacher_config
         seeds=Key([1, 2, 3], "the ce arm's seeds of the core variants (softmax, sink, gated, affine)", min=0),
         kd_seeds=Key([1, 2, 3], "the kd arm's student seeds of the core variants", min=0),
         extra_seeds=Key([1, 2, 3], "the ce and kd seeds of affine_gated and softmax1 (when in --variants)", min=0),
@@ -87,6 +91,9 @@ def study_keys(variants):
         tokens=Key(3_000_000, "training tokens per run", min=1),
         device=Key('cpu', "cpu, cuda, cuda:1, ... (every run on it)"),
         jobs=Key(0, "runs at once (0: one per CPU core on cpu; on a GPU, GPU_JOBS side by side)", min=0),
+        config=Key([CONFIG], "the recipe: the train.py config files every run starts from, in order"),
+        teacher_config=Key([], "config files the kd teachers add to the recipe (v2: a larger shape, arm teacher); "
+                            "none: the teachers are the ce arm's softmax runs of the recipe (v1)"),
         report_only=Key(False, "write results.json and report.md from the records there are, train nothing"),
         subset=Key(False, "report on the records this command plans even though runs/ holds others (of other seeds "
                    "or settings: the report lists them); without it such records stop the study before any work"),
@@ -106,8 +113,16 @@ def split_argv(argv, own):
     return mine, theirs
 
 
-def teacher_of(seed, teachers):
-    return f'ce_{SOFTMAX}_s{teachers[(seed - 1) % len(teachers)]}'
+def teacher_of(seed, args):
+    """The teacher of kd student `seed`: the ((seed - 1) mod count)-th of --teachers, a ce run of the recipe (v1) or
+    a run of its own shape (--teacher_config: arm teacher)."""
+    arm = 'teacher' if args.teacher_config else 'ce'
+    return record_name(arm, SOFTMAX, args.teachers[(seed - 1) % len(args.teachers)])
+
+
+def with_root(argv):
+    """A train.py argv with its config files (the bare arguments) under this repository, wherever it runs from."""
+    return [a if a.startswith('--') else os.path.join(HERE, a) for a in argv]
 
 
 def run_matrix(args):
@@ -128,10 +143,10 @@ def plan_runs(args, overrides):
     ce arm's softmax runs of --teachers)."""
     import train
     from common import resolve_device, resolve_dtype
-    base = train.load_config([os.path.join(HERE, CONFIG), *overrides])
+    base = train.load_config(with_root([*args.config, *overrides]))
     per_step = base['global_batch_size'] * base['block_size']
     steps = max(1, round(args.tokens / per_step))
-    common = [CONFIG, f'--data_dir={args.data_dir}', f'--device={args.device}', f'--max_iters={steps}',
+    common = [f'--data_dir={args.data_dir}', f'--device={args.device}', f'--max_iters={steps}',
               f'--eval_interval={max(1, steps // EVALUATIONS)}', *overrides]
     matrix = run_matrix(args)
     twice = sorted(n for n, k in collections.Counter(record_name(*m) for m in matrix).items() if k > 1)
@@ -141,8 +156,8 @@ def plan_runs(args, overrides):
     runs = []
     for arm, variant, seed in matrix:
         name = record_name(arm, variant, seed)
-        teacher = teacher_of(seed, args.teachers) if arm in ('kd', 'control') else None
-        argv = [*common, f'--attention={variant}', f'--seed={seed}', f"--out_dir={train_dir(args, name)}"]
+        teacher = teacher_of(seed, args) if arm in ('kd', 'control') else None
+        argv = [*args.config, *common, f'--attention={variant}', f'--seed={seed}', f"--out_dir={train_dir(args, name)}"]
         argv += [f'--teacher={train_dir(args, teacher)}'] if teacher else []
         argv += [f"--no_decay={','.join(NO_DECAY)}"] if arm == 'control' else []
         runs.append(dict(name=name, arm=arm, variant=variant, seed=seed, teacher=teacher, argv=argv))
@@ -150,10 +165,11 @@ def plan_runs(args, overrides):
     for teacher in sorted({r['teacher'] for r in runs if r['teacher']} - names):
         seed = int(teacher.rsplit('_s', 1)[1])
         runs.insert(0, dict(name=teacher, arm='teacher', variant=SOFTMAX, seed=seed, teacher=None,
-                            argv=[*common, f'--attention={SOFTMAX}', f'--seed={seed}',
-                                  f"--out_dir={train_dir(args, teacher)}"]))
+                            record_arm='teacher' if args.teacher_config else 'ce',
+                            argv=[*args.config, *args.teacher_config, *common, f'--attention={SOFTMAX}',
+                                  f'--seed={seed}', f"--out_dir={train_dir(args, teacher)}"]))
     for run in runs:  # every run's settings checked before any work (train.py's own messages)
-        run['config'] = train.load_config([os.path.join(HERE, run['argv'][0]), *run['argv'][1:]])
+        run['config'] = train.load_config(with_root(run['argv']))
         # the dtype as train.py resolves it and writes it to config.json (a record's settings)
         run['config']['dtype'] = resolve_dtype(run['config']['dtype'], resolve_device(run['config']['device']))
     return runs, steps, per_step
@@ -182,7 +198,7 @@ def state(run, records, per_step, study):
             return 'recorded'
         print(f"{run['name']}: its record was made with other settings ({'; '.join(problems)}): trained again",
               flush=True)
-    c, step, changed = train.planned_run([os.path.join(HERE, run['argv'][0]), *run['argv'][1:]], cwd=HERE)
+    c, step, changed = train.planned_run(with_root(run['argv']), cwd=HERE)
     run['extra'], run['note'] = (resume.RESTART, resume.restart_note(c['out_dir'], changed)) if changed else ([], '')
     return 'new' if step is None else 'changed' if changed else 'done' if step >= c['max_iters'] else 'partial'
 
@@ -521,7 +537,7 @@ def collect(args, runs, per_step, command, study):
     settings (others stop it unless --subset), the claims' tests, and what the report and README need."""
     from data import read_meta
     meta = read_meta(os.path.join(HERE, args.data_dir))
-    config = runs[0]['config']
+    config = next(r['config'] for r in runs if r['arm'] != 'teacher')  # the students' recipe
     source = meta['settings']['source']
     recipe = recipe_of(config, per_step)
     records = read_records(args.report_dir)
@@ -540,9 +556,9 @@ def collect(args, runs, per_step, command, study):
         bos_id=meta['tokenizer']['bos_id'] if meta['tokenizer']['bos_id'] is not None else meta['tokenizer']['eos_id'],
         context=config['block_size'], layers=config['n_layer'], recipe=recipe,
         recipe_text=', '.join(f"{k}={v}" for k, v in recipe.items()),
-        teachers=[teacher_of(s, args.teachers) for s in range(1, len(args.teachers) + 1)],
+        teachers=[teacher_of(s, args) for s in range(1, len(args.teachers) + 1)],
         uniform_first_token=uniform_first_token(config['block_size']),
-        arms=[a for a in ('kd', 'ce', 'control', 'recipe') if any(r['arm'] == a for r in kept)],
+        arms=[a for a in ('kd', 'ce', 'control', 'recipe', 'teacher') if any(r['arm'] == a for r in kept)],
         excluded=sorted(left_out), missing=missing, runs=[summary(r) for r in kept])
     results['claims'] = test_claims(kept)
     return results
@@ -589,6 +605,7 @@ def main(argv=None):
         for s, handler in previous.items():
             signal.signal(s, handler)
     out = os.path.join(HERE, args.report_dir)
+    os.makedirs(out, exist_ok=True)
     write_json(os.path.join(out, 'results.json'), results, allow_nan=False)
     figures(results, out)
     with atomic_write(os.path.join(out, 'report.md')) as f:
@@ -620,7 +637,7 @@ def train_all(args, runs, steps, per_step, study, threads, threads_from):
         path = os.path.join(HERE, args.report_dir, 'runs', f"{run['name']}.json")
         if run['arm'] != 'teacher' or not os.path.isfile(path):
             record = make_record(run, per_step, args.data_dir, logs)
-            record['arm'] = 'ce' if run['arm'] == 'teacher' else run['arm']
+            record['arm'] = run.get('record_arm', run['arm'])
             try:
                 record['digest'] = study_records.digest(record)  # a ValueError on a NaN (strict JSON)
                 study_records.validate(record)

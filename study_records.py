@@ -16,7 +16,7 @@ from model import ATTENTIONS
 from study_results import RECIPE_SEED, SOFTMAX
 
 SCHEMA_VERSION = 2
-ARMS = ('recipe', 'ce', 'kd', 'control')
+ARMS = ('recipe', 'ce', 'kd', 'control', 'teacher')  # teacher: a kd teacher of its own shape (v2's); v1's are ce runs
 NO_DECAY = ['alpha_proj', 'g_proj']  # the control arm's matrices without weight decay
 SPIKE_KS = (6, 9)  # Table 5's k of median + k MAD
 RECIPE_KEYS = ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'block_size', 'global_batch_size', 'learning_rate', 'min_lr',
@@ -62,8 +62,8 @@ OPTIONAL = ('settings', 'corpus', 'commit', 'dirty', 'started', 'finished', 'dig
 
 
 def record_name(arm, variant, seed):
-    """A record's name (and its file's, .json added): the recipe's seed and the teachers are ce runs by name."""
-    return f"{'ce' if arm in ('recipe', 'teacher') else arm}_{variant}_s{seed}"
+    """A record's name (and its file's, .json added): the recipe's seed is a ce run by name."""
+    return f"{'ce' if arm == 'recipe' else arm}_{variant}_s{seed}"
 
 
 def digest(record):
@@ -124,14 +124,18 @@ def check_identity(record):
     number(seed, 'seed', NONNEGATIVE, integer=True)
     if arm == 'recipe' and (seed, variant) != (RECIPE_SEED, SOFTMAX):
         raise Invalid(f"the recipe arm is {SOFTMAX}'s seed {RECIPE_SEED}, not {variant}'s seed {seed}")
+    if arm == 'teacher' and variant != SOFTMAX:
+        raise Invalid(f"variant is {variant}: a teacher is {SOFTMAX}")
     if arm in ('kd', 'control'):
-        if not isinstance(teacher, str) or not re.fullmatch(rf'ce_{SOFTMAX}_s\d+', teacher):
-            raise Invalid(f"teacher is {json.dumps(teacher)}: a {arm} run names its teacher, ce_{SOFTMAX}_s<seed>")
+        if not isinstance(teacher, str) or not re.fullmatch(rf'(ce|teacher)_{SOFTMAX}_s\d+', teacher):
+            raise Invalid(f"teacher is {json.dumps(teacher)}: a {arm} run names its teacher, ce_{SOFTMAX}_s<seed> or "
+                          f"teacher_{SOFTMAX}_s<seed>")
     elif teacher is not None:
         raise Invalid(f"teacher is {json.dumps(teacher)}: a {arm} run has none")
-    if record.get('no_decay') != (NO_DECAY if arm == 'control' else []):
+    # the control leaves alpha_proj and g_proj out of the decay; any other arm follows its recipe (v1: none, v2: both)
+    if record.get('no_decay') not in ([NO_DECAY] if arm == 'control' else [[], NO_DECAY]):
         raise Invalid(f"no_decay is {json.dumps(record.get('no_decay'))}; the {arm} arm's is "
-                      f"{NO_DECAY if arm == 'control' else []}")
+                      f"{NO_DECAY if arm == 'control' else f'[] or {NO_DECAY}'}")
     if record.get('name') != record_name(arm, variant, seed):
         raise Invalid(f"name is {json.dumps(record.get('name'))}, but its arm, variant and seed make it "
                       f"{record_name(arm, variant, seed)}")
@@ -305,6 +309,8 @@ def reuse_problems(record, config, teacher, recipe, corpus, overrides):
                      if record['recipe'].get(k) != recipe.get(k)]
     if record['teacher'] != teacher:
         problems.append(f"teacher {record['teacher']} -> {teacher}")
+    if record['no_decay'] != config['no_decay']:
+        problems.append(f"no_decay {record['no_decay']} -> {config['no_decay']}")
     if 'settings' in record:
         old, new = comparable(record['settings']), comparable(config)
         problems += [f"{k} {old.get(k)} -> {new.get(k)}" for k in sorted(set(old) | set(new))

@@ -205,7 +205,8 @@ def g(x):
 ARM_TITLES = dict(kd="KD arm: students distilled from softmax teachers",
                   ce="CE arm: trained from scratch with cross-entropy (outside the paper's setting)",
                   control="Control: kd with weight decay off on alpha_proj and g_proj",
-                  recipe="The recipe's seed (ce softmax, seed 0): reported, never tested")
+                  recipe="The recipe's seed (ce softmax, seed 0): reported, never tested",
+                  teacher="The kd teachers (softmax, cross-entropy, their own shape): reported, never tested")
 
 
 def teachers_in_words(results):
@@ -213,7 +214,19 @@ def teachers_in_words(results):
     teachers = [r for r in results['runs'] if r['name'] in results['teachers']]
     if teachers and all(r['recipe'] == results['recipe'] for r in teachers):
         return "of the students' own shape and tokens, where the paper's teachers are about 3x larger"
-    return "larger than the students"
+    students = [r for r in results['runs'] if r['arm'] == 'kd' and 'settings' in r]
+    if teachers and students and all('settings' in r for r in teachers):
+        ratios = sorted({parameters(r['settings']) / parameters(students[0]['settings']) for r in teachers})
+        return f"{' and '.join(f'{x:.2f}x' for x in ratios)} the students' parameters (the paper's: about 3x)"
+    return "of another shape than the students"
+
+
+def parameters(settings):
+    """A run's parameters from its settings (model.py's GPT on the meta device: nothing allocated)."""
+    import torch
+    from model import FIELD_NAMES, GPT, ModelConfig
+    with torch.device('meta'):
+        return sum(p.numel() for p in GPT(ModelConfig(**{k: settings[k] for k in FIELD_NAMES})).parameters())
 
 
 def arm_title(results, arm):
@@ -417,7 +430,7 @@ def report_lines(results):
              f"For scale, a real pretrained model, SmolLM2-135M-Instruct, puts {SMOLLM2['first_token_mean']} of its "
              f"attention on the first token on average over its 30 layers, {SMOLLM2['first_token_max']} in its "
              f"largest layer ({SMOLLM2['source']}).", '']
-    for arm in ('kd', 'ce', 'control', 'recipe'):
+    for arm in ('kd', 'ce', 'control', 'recipe', 'teacher'):
         if any(r['arm'] == arm for r in results['runs']):
             lines += [f"## {arm_title(results, arm)}", '', *table_lines(results, arm), '', *alpha_lines(results, arm)]
             if os.path.exists(os.path.join(ROOT, results['report_dir'], f'fig4_{arm}.png')):

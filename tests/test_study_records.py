@@ -284,3 +284,43 @@ def test_table_5_after_the_warm_up_leaves_the_warm_up_out():
                                                            spikes_after_warmup_window=[5, 13])
     assert sink_study.spikes_after_warmup(grad, 100) == dict(spikes_after_warmup=None,
                                                              spikes_after_warmup_window=[13, 13])
+
+
+def test_teachers_of_their_own_shape(data_dir, tmp_path):
+    """--teacher_config (v2's larger teachers): the teacher is a run of its own shape and seed, recorded in the
+    teacher arm under teacher_softmax_s<seed> with its own settings; the student names it; the report says how much
+    larger it is, from the runs' settings; v2's config layers the recipe's rules on v1's (matched_init, no_decay,
+    a constant learning rate)."""
+    teacher_config = tmp_path / 'teacher.py'
+    teacher_config.write_text('n_layer = 6\n')
+    out = tmp_path / 'study'
+    results = sink_study.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--variants=softmax', '--arms=kd',
+                               '--kd_seeds=1', '--teachers=101', f'--teacher_config={teacher_config}',
+                               '--config=config/sink_study.py,config/sink_study_v2.py', '--tokens=2048',
+                               '--block_size=32', '--compile=False', '--eval_batches=2', '--jobs=1'])
+    teacher = json.loads((out / 'runs' / 'teacher_softmax_s101.json').read_text())
+    student = json.loads((out / 'runs' / 'kd_softmax_s1.json').read_text())
+    assert teacher['arm'] == 'teacher' and teacher['settings']['n_layer'] == 6 and teacher['settings']['seed'] == 101
+    assert student['teacher'] == 'teacher_softmax_s101' and student['settings']['n_layer'] == 4
+    for record in (teacher, student):
+        assert record['settings']['matched_init'] and record['no_decay'] == ['alpha_proj', 'g_proj']
+        assert record['settings']['decay_frac'] == 0.0
+    assert results['teachers'] == ['teacher_softmax_s101'] and results['arms'] == ['kd', 'teacher']
+    # the embeddings (320 x 128, tied) and the final norm once, and 6 layers of 4, each of 196,864 parameters (q, k, v,
+    # o: 49,152; the MLP: 147,456; two norms: 256)
+    layer, shared = (828_544 - 320 * 128 - 128) // 4, 320 * 128 + 128
+    ratio = (shared + 6 * layer) / (shared + 4 * layer)
+    assert f"KD arm: students distilled from softmax teachers {ratio:.2f}x the students' parameters" in (
+        out / 'report.md').read_text()
+
+
+def test_the_v2_plan(data_dir, tmp_path):
+    """--plan=v2 before any run: the four core variants distilled, 12 seeds each, from two teachers of their own shape
+    (seeds 101 and 102, which no student has); --report_only into a new directory writes an empty report naming the
+    48 runs still missing."""
+    results = sink_study.main(['--plan=v2', f'--report_dir={tmp_path / "v2"}', f'--out_dir={tmp_path / "out"}',
+                               f'--data_dir={data_dir}', '--report_only=True'])
+    assert results['teachers'] == ['teacher_softmax_s101', 'teacher_softmax_s102'] and results['runs'] == []
+    assert sorted(results['missing']) == sorted(f'kd_{v}_s{s}' for v in ('softmax', 'sink', 'gated', 'affine')
+                                                for s in range(1, 13))
+    assert results['recipe']['decay_frac'] == 0.0 and (tmp_path / 'v2' / 'report.md').is_file()
