@@ -246,72 +246,127 @@ def w8a8_setting(model, windows, first, sequences, unread, seed, calibration, ba
 
 def attention_figures(out, models, layer):
     """Figures 3, 4, 5, 6, 9 and, where present, alpha and sink logits; returns [(file, title)]."""
-    plt = pyplot()
-    from matplotlib.ticker import MaxNLocator
-    names, figures = list(models), []
-    n_layer = len(next(iter(models.values()))['layers'])
-    x = range(1, n_layer + 1)
+    plt, figures = pyplot(), []
 
     def save(fig, name, title):
         fig.savefig(os.path.join(out, name), dpi=120)
         plt.close(fig)
         figures.append((name, title))
 
-    def side_by_side(selected, rows=1):
-        fig, axes = plt.subplots(rows, len(selected), figsize=(4.5 * len(selected), 3.6 * rows), squeeze=False,
-                                 layout='constrained')
-        return fig, axes
+    save(row_sums_figure(plt, models), 'fig3_row_sums.png',
+         'Figure 3: per-query attention weight sums (all layers, head-averaged)')
+    for key, file, title in [('first_token', 'fig4_first_token.png', 'Figure 4: first-token attention weight'),
+                             ('entropy', 'fig6_entropy.png', 'Figure 6: mean attention entropy')]:
+        save(per_layer_figure(plt, models, key, title), file, title)
+    save(first_token_share_figure(plt, models), 'fig_first_token_share.png',
+         "Where each row's attention goes: the first token's share, the null mass and their sum, per layer")
+    save(outliers_figure(plt, models), 'fig_outliers.png',
+         'Activation outliers per layer (solid: every position; dashed: without position 0)')
+    save(knockout_figure(plt, models), 'fig_knockout.png',
+         'First-token knockout (StreamingLLM): loss with the first k positions and a recent window against full '
+         'attention')
+    save(head_total_figure(plt, models), 'fig5_head_total.png',
+         'Figure 5: total attention weight per layer and head, min-max normalised to [0, 1]')
+    save(heatmap_figure(plt, models, layer), f'fig9_heatmap_layer{layer}.png',
+         f'Figure 9: attention weights of layer {layer}, head-averaged')
+    affine = [name for name in models if 'alpha_ma' in models[name]['layers'][0]]
+    if affine:
+        save(alpha_figure(plt, models, affine), 'fig_alpha.png',
+             'alpha (Eq. 7) per layer (box p25-p75, whiskers p5-p95, circles min and max) and alpha_ma (Eq. 9) per '
+             'layer and head')
+    sink = [name for name in models if 'sinks' in models[name]['layers'][0]]
+    if sink:
+        save(sinks_figure(plt, models, sink), 'fig_sinks.png', 'learned sink logits per layer and head')
+    return figures
 
-    def layer_by_head(fig, ax, grid, title, **kw):
-        """A (layer, head) grid as an image, both counted from 1."""
-        grid = np.asarray(grid)
-        image = ax.imshow(grid, aspect='auto', extent=(0.5, grid.shape[1] + 0.5, grid.shape[0] + 0.5, 0.5), **kw)
-        ax.set(title=title, xlabel='head', ylabel='layer')
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        fig.colorbar(image, ax=ax)
 
-    fig, axes = side_by_side(names)
-    for ax, name in zip(axes[0], names):
+def integer_ticks(*axes):
+    """Ticks at whole numbers only, on each axis (layers and heads are counted)."""
+    from matplotlib.ticker import MaxNLocator
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def layer_numbers(models):
+    """The x values of a per-layer plot: the layers of the models (all of one shape), counted from 1."""
+    return range(1, len(next(iter(models.values()))['layers']) + 1)
+
+
+def side_by_side(plt, selected, rows=1):
+    """(figure, axes): one column of `rows` panels per model in selected."""
+    return plt.subplots(rows, len(selected), figsize=(4.5 * len(selected), 3.6 * rows), squeeze=False,
+                        layout='constrained')
+
+
+def layer_by_head(fig, ax, grid, title, **kw):
+    """A (layer, head) grid as an image, both counted from 1."""
+    grid = np.asarray(grid)
+    image = ax.imshow(grid, aspect='auto', extent=(0.5, grid.shape[1] + 0.5, grid.shape[0] + 0.5, 0.5), **kw)
+    ax.set(title=title, xlabel='head', ylabel='layer')
+    integer_ticks(ax.xaxis, ax.yaxis)
+    fig.colorbar(image, ax=ax)
+
+
+def row_sums_figure(plt, models):
+    """Figure 3: each model's histogram of per-query attention weight sums, with their mean and median."""
+    fig, axes = side_by_side(plt, models)
+    for ax, name in zip(axes[0], models):
         r = models[name]['row_sums']
         ax.stairs(r['histogram']['counts'], r['histogram']['edges'], fill=True)
         ax.axvline(r['mean'], color='k', linestyle='--', label=f"mean {r['mean']:.3f}")
         ax.axvline(r['median'], color='r', linestyle='--', label=f"median {r['median']:.3f}")
         ax.set(title=name, xlabel='per-query attention weight sum', ylabel='queries')
         ax.legend(fontsize=7)
-    save(fig, 'fig3_row_sums.png', 'Figure 3: per-query attention weight sums (all layers, head-averaged)')
-    for key, file, title in [('first_token', 'fig4_first_token.png', 'Figure 4: first-token attention weight'),
-                             ('entropy', 'fig6_entropy.png', 'Figure 6: mean attention entropy')]:
-        fig, ax = plt.subplots(figsize=(6, 4), layout='constrained')
-        for name in names:
-            ax.plot(x, [layer[key] for layer in models[name]['layers']], marker='o', label=name)
-        ax.set(title=title, xlabel='layer', ylabel=key.replace('_', ' '))
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend()
-        save(fig, file, title)
+    return fig
+
+
+def per_layer_figure(plt, models, key, title):
+    """One per-layer measure (key), every model overlaid (Figures 4 and 6)."""
+    fig, ax = plt.subplots(figsize=(6, 4), layout='constrained')
+    x = layer_numbers(models)
+    for name in models:
+        ax.plot(x, [layer[key] for layer in models[name]['layers']], marker='o', label=name)
+    ax.set(title=title, xlabel='layer', ylabel=key.replace('_', ' '))
+    integer_ticks(ax.xaxis)
+    ax.legend()
+    return fig
+
+
+def first_token_share_figure(plt, models):
+    """Where each row's attention goes per layer: the first token's share, the null mass and their sum."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4), layout='constrained')
+    x = layer_numbers(models)
     panels = [('first_token_share', "first token's share of the row"), ('null_mass', 'null mass (1 - row sum)'),
               ('first_or_null', 'first token or null')]
     for ax, (key, label) in zip(axes, panels):
-        for name in names:
+        for name in models:
             ax.plot(x, [layer[key] for layer in models[name]['layers']], marker='o', label=name)
         ax.set(title=label, xlabel='layer')
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        integer_ticks(ax.xaxis)
     axes[0].legend()
-    save(fig, 'fig_first_token_share.png', "Where each row's attention goes: the first token's share, the null mass "
-                                           "and their sum, per layer")
+    return fig
+
+
+def outliers_figure(plt, models):
+    """Activation outliers per layer, log scale: every position solid, without position 0 dashed."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4), layout='constrained')
+    x = layer_numbers(models)
     for ax, (key, label) in zip(axes, [('attention_max_abs', "attention output's max |x|"),
                                        ('attention_kurtosis', "attention output's kurtosis"),
                                        ('residual_max_abs', "residual stream's max |x|")]):
-        for i, name in enumerate(names):
+        for i, name in enumerate(models):
             layers = models[name]['layers']
             ax.plot(x, [layer[key] for layer in layers], marker='o', color=f'C{i}', label=name)
             ax.plot(x, [layer[f'{key}_after_first'] for layer in layers], linestyle='--', color=f'C{i}')
         ax.set(title=label, xlabel='layer', yscale='log')
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        integer_ticks(ax.xaxis)
     axes[0].legend()
-    save(fig, 'fig_outliers.png', 'Activation outliers per layer (solid: every position; dashed: without position 0)')
+    return fig
+
+
+def knockout_figure(plt, models):
+    """The first-token knockout's losses, one group of bars per model: full attention, then each k."""
+    names = list(models)
     knockout = [key for key in models[names[0]]['knockout'] if key == 'full' or key.startswith('first_')]
     fig, ax = plt.subplots(figsize=(6, 4), layout='constrained')
     for i, key in enumerate(knockout):
@@ -321,41 +376,48 @@ def attention_figures(out, models, layer):
     ax.set_xticks(np.arange(len(names)), names)
     ax.set(ylabel='validation loss', title=f"last {models[names[0]]['knockout']['window']} keys + first k positions")
     ax.legend()
-    save(fig, 'fig_knockout.png', 'First-token knockout (StreamingLLM): loss with the first k positions and a recent '
-                                  'window against full attention')
-    fig, axes = side_by_side(names)
-    for ax, name in zip(axes[0], names):
+    return fig
+
+
+def head_total_figure(plt, models):
+    """Figure 5: each model's total attention weight per layer and head, min-max normalised."""
+    fig, axes = side_by_side(plt, models)
+    for ax, name in zip(axes[0], models):
         total = np.array([layer['head_total'] for layer in models[name]['layers']])
         span = total.max() - total.min()  # min-max over the model's grid (the paper: "normalized to [0, 1]")
         layer_by_head(fig, ax, (total - total.min()) / (span if span > 0 else 1), name, vmin=0, vmax=1)
-    save(fig, 'fig5_head_total.png',
-         'Figure 5: total attention weight per layer and head, min-max normalised to [0, 1]')
-    fig, axes = side_by_side(names)
-    for ax, name in zip(axes[0], names):
+    return fig
+
+
+def heatmap_figure(plt, models, layer):
+    """Figure 9: each model's head-averaged attention weights of one layer, the top-left corner."""
+    fig, axes = side_by_side(plt, models)
+    for ax, name in zip(axes[0], models):
         image = ax.imshow(np.array(models[name]['layers'][layer - 1]['corner']))
         ax.set(title=name, xlabel='key', ylabel='query')
         fig.colorbar(image, ax=ax)
-    save(fig, f'fig9_heatmap_layer{layer}.png', f'Figure 9: attention weights of layer {layer}, head-averaged')
-    affine = [name for name in names if 'alpha_ma' in models[name]['layers'][0]]
-    if affine:
-        fig, axes = side_by_side(affine, rows=2)
-        for top, bottom, name in zip(axes[0], axes[1], affine):
-            layers = models[name]['layers']
-            top.bxp([dict(whislo=q['p5'], q1=q['p25'], med=q['median'], q3=q['p75'], whishi=q['p95'],
-                          fliers=[q['min'], q['max']]) for q in (l['alpha_quantiles'] for l in layers)],
-                    positions=list(x))
-            top.set(title=f"{name}: alpha", xlabel='layer', ylabel='alpha')
-            layer_by_head(fig, bottom, [l['alpha_ma'] for l in layers], f"{name}: alpha_ma")
-        save(fig, 'fig_alpha.png', 'alpha (Eq. 7) per layer (box p25-p75, whiskers p5-p95, circles min and max) '
-                                   'and alpha_ma (Eq. 9) per layer and head')
-    sink = [name for name in names if 'sinks' in models[name]['layers'][0]]
-    if sink:
-        fig, axes = side_by_side(sink)
-        for ax, name in zip(axes[0], sink):
-            layer_by_head(fig, ax, [l['sinks'] for l in models[name]['layers']], f"{name}: sink logits",
-                          cmap='coolwarm')
-        save(fig, 'fig_sinks.png', 'learned sink logits per layer and head')
-    return figures
+    return fig
+
+
+def alpha_figure(plt, models, affine):
+    """For each affine model: alpha's quantiles per layer (top) and alpha_ma per layer and head (bottom)."""
+    fig, axes = side_by_side(plt, affine, rows=2)
+    for top, bottom, name in zip(axes[0], axes[1], affine):
+        layers = models[name]['layers']
+        top.bxp([dict(whislo=q['p5'], q1=q['p25'], med=q['median'], q3=q['p75'], whishi=q['p95'],
+                      fliers=[q['min'], q['max']]) for q in (l['alpha_quantiles'] for l in layers)],
+                positions=list(layer_numbers(models)))
+        top.set(title=f"{name}: alpha", xlabel='layer', ylabel='alpha')
+        layer_by_head(fig, bottom, [l['alpha_ma'] for l in layers], f"{name}: alpha_ma")
+    return fig
+
+
+def sinks_figure(plt, models, sink):
+    """For each model with learned sinks: its sink logits per layer and head."""
+    fig, axes = side_by_side(plt, sink)
+    for ax, name in zip(axes[0], sink):
+        layer_by_head(fig, ax, [l['sinks'] for l in models[name]['layers']], f"{name}: sink logits", cmap='coolwarm')
+    return fig
 
 
 def sink_lines(models):

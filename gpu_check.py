@@ -321,74 +321,87 @@ def check_torchrun(check, device, args, workdir):
               '--warmup_iters=5', '--learning_rate=3e-3', '--decay_frac=0.0', '--eval_batches=2', '--log_interval=1000',
               '--peak_flops=1e12', f'--device={device.type}', f'--data_dir={data}']
     root = os.path.dirname(os.path.abspath(__file__))
-
-    def command(*extra):
-        return [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1', 'train.py',
-                *common, *extra]
-
-    def records(out_dir):  # read while the run appends: a line being written is left out
-        path = os.path.join(out_dir, 'metrics.jsonl')
-        return read_log(path) if os.path.exists(path) else []
-
     teacher = os.path.join(workdir, 'teacher')  # a teacher worth distilling: 60 steps of cross-entropy
     subprocess.run([sys.executable, 'train.py', *common, '--max_iters=60', '--eval_interval=60', '--compile=False',
                     f'--out_dir={teacher}'], cwd=root, check=True, capture_output=True)
     kd = [f'--teacher={teacher}', '--eval_interval=10', f'--compile={cuda}']
     stop_after = 12
-    runs = {v: subprocess.Popen(command(*kd, f'--attention={v}', '--max_iters=100000',
-                                        f'--out_dir={os.path.join(workdir, v)}'),
-                                cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for v in variants}
+    outputs = stop_runs({v: torchrun_train(root, *common, *kd, f'--attention={v}', '--max_iters=100000',
+                                           f'--out_dir={os.path.join(workdir, v)}') for v in variants},
+                        workdir, stop_after)
+    resumed = {}
+    for v in variants:
+        out_dir = os.path.join(workdir, v)
+        ckpt = os.path.join(out_dir, 'ckpt.pt')
+        stopped = read_checkpoint(ckpt, keys=('step',))['step'] if os.path.exists(ckpt) else 0
+        saved = (stopped >= stop_after and len(metrics_records(out_dir)) == stopped
+                 and 'stopped by a signal' in outputs.get(v, ''))
+        check.add('torchrun', f'{v}: DDP run, SIGTERM saves the step reached', saved,
+                  f'stopped at step {stopped}, {len(metrics_records(out_dir))} records', f'>= {stop_after}',
+                  output=None if saved else outputs.get(v, 'timed out')[-3000:])
+        if saved:
+            resumed[v] = (stopped, torchrun_train(root, *common, *kd, f'--attention={v}', f'--max_iters={stopped + 10}',
+                                                  '--fsdp=True', '--init_from=resume', f'--out_dir={out_dir}'))
+    for v, (stopped, proc) in resumed.items():
+        check_resumed_run(check, device, data, os.path.join(workdir, v), v, stopped, proc)
+
+
+def torchrun_train(root, *flags):
+    """train.py with these flags under torchrun (one process), started in root; its stdout and stderr piped."""
+    return subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1',
+                             'train.py', *flags], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def metrics_records(out_dir):
+    """The records of a run's metrics.jsonl so far ([] before its first)."""
+    path = os.path.join(out_dir, 'metrics.jsonl')  # read while the run appends: a line being written is left out
+    return read_log(path) if os.path.exists(path) else []
+
+
+def stop_runs(runs, workdir, stop_after):
+    """SIGTERM to each run (variant -> its torchrun process, writing to workdir/variant) once it has logged
+    stop_after steps or has exited; returns variant -> its output. Runs still going after 300 s are killed, and
+    left out."""
     deadline, outputs = time.time() + 300, {}
     while runs and time.time() < deadline:
         for v, proc in list(runs.items()):
-            if len(records(os.path.join(workdir, v))) >= stop_after or proc.poll() is not None:
+            if len(metrics_records(os.path.join(workdir, v))) >= stop_after or proc.poll() is not None:
                 proc.send_signal(signal.SIGTERM)  # torchrun passes it on to its worker
                 outputs[v] = proc.communicate(timeout=300)[0]
                 del runs[v]
         time.sleep(0.2)
     for proc in runs.values():
         proc.kill()
-    resumed = {}
-    for v in variants:
-        out_dir = os.path.join(workdir, v)
-        ckpt = os.path.join(out_dir, 'ckpt.pt')
-        stopped = read_checkpoint(ckpt, keys=('step',))['step'] if os.path.exists(ckpt) else 0
-        saved = (stopped >= stop_after and len(records(out_dir)) == stopped
-                 and 'stopped by a signal' in outputs.get(v, ''))
-        check.add('torchrun', f'{v}: DDP run, SIGTERM saves the step reached', saved,
-                  f'stopped at step {stopped}, {len(records(out_dir))} records', f'>= {stop_after}',
-                  output=None if saved else outputs.get(v, 'timed out')[-3000:])
-        if saved:
-            resumed[v] = (stopped, subprocess.Popen(
-                command(*kd, f'--attention={v}', f'--max_iters={stopped + 10}', '--fsdp=True', '--init_from=resume',
-                        f'--out_dir={out_dir}'), cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for v, (stopped, proc) in resumed.items():
-        out = proc.communicate(timeout=600)[0]
-        out_dir = os.path.join(workdir, v)
-        losses = [r['loss'] for r in records(out_dir)]
-        steps = [r['step'] for r in records(out_dir)]
-        continued = proc.returncode == 0 and steps == list(range(1, stopped + 11))
-        # the curve continues: the first resumed loss is nearer the last losses before the stop than the first ones
-        before = losses[stopped - 3:stopped]
-        jump = abs(losses[stopped] - sum(before) / 3) if continued else math.inf
-        fell = losses[0] - (sum(losses[-3:]) / 3) if continued else -math.inf
-        check.add('torchrun', f'{v}: FSDP resume continues the run', continued and jump < 0.25 * fell,
-                  f'steps {stopped + 1}-{stopped + 10}; loss {losses[stopped - 1]:.3f} -> {losses[stopped]:.3f} '
-                  f'across the restart' if continued else f'exit {proc.returncode}', 'jump < 1/4 of the fall',
-                  output=None if continued else out[-3000:])
-        check.add('torchrun', f'{v}: KD loss falls', continued and fell > 0.3,
-                  f'{losses[0]:.3f} -> {sum(losses[-3:]) / 3:.3f}' if continued else '-', 'falls by > 0.3')
-        if continued:
-            model = load_teacher(out_dir, 'cpu')  # our checkpoint, on CPU, in float32
-            windows = Windows(data, 'val', model.config.block_size)
-            x, y = (torch.from_numpy(t) for t in windows.get(range(2 * 8)))
-            with torch.no_grad():
-                _, loss = model(x, y)
-            logged = records(out_dir)[-1]['val_loss']
-            check.add('torchrun', f'{v}: checkpoint loads on CPU', abs(loss.item() - logged) < 0.05,
-                      f'CPU float32 val loss {loss.item():.4f}, logged on {device.type} {logged:.4f}',
-                      'within 0.05 (bf16)')
+    return outputs
+
+
+def check_resumed_run(check, device, data, out_dir, variant, stopped, proc):
+    """The rows of a variant's run resumed under FSDP from step `stopped` (proc, writing to out_dir): it continues
+    the run and its loss curve, its KD loss falls, and its checkpoint loads on CPU."""
+    out = proc.communicate(timeout=600)[0]
+    losses = [r['loss'] for r in metrics_records(out_dir)]
+    steps = [r['step'] for r in metrics_records(out_dir)]
+    continued = proc.returncode == 0 and steps == list(range(1, stopped + 11))
+    # the curve continues: the first resumed loss is nearer the last losses before the stop than the first ones
+    before = losses[stopped - 3:stopped]
+    jump = abs(losses[stopped] - sum(before) / 3) if continued else math.inf
+    fell = losses[0] - (sum(losses[-3:]) / 3) if continued else -math.inf
+    check.add('torchrun', f'{variant}: FSDP resume continues the run', continued and jump < 0.25 * fell,
+              f'steps {stopped + 1}-{stopped + 10}; loss {losses[stopped - 1]:.3f} -> {losses[stopped]:.3f} '
+              f'across the restart' if continued else f'exit {proc.returncode}', 'jump < 1/4 of the fall',
+              output=None if continued else out[-3000:])
+    check.add('torchrun', f'{variant}: KD loss falls', continued and fell > 0.3,
+              f'{losses[0]:.3f} -> {sum(losses[-3:]) / 3:.3f}' if continued else '-', 'falls by > 0.3')
+    if continued:
+        model = load_teacher(out_dir, 'cpu')  # our checkpoint, on CPU, in float32
+        windows = Windows(data, 'val', model.config.block_size)
+        x, y = (torch.from_numpy(t) for t in windows.get(range(2 * 8)))
+        with torch.no_grad():
+            _, loss = model(x, y)
+        logged = metrics_records(out_dir)[-1]['val_loss']
+        check.add('torchrun', f'{variant}: checkpoint loads on CPU', abs(loss.item() - logged) < 0.05,
+                  f'CPU float32 val loss {loss.item():.4f}, logged on {device.type} {logged:.4f}',
+                  'within 0.05 (bf16)')
 
 
 def check_mfu(check, device, args):

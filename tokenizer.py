@@ -468,77 +468,11 @@ def load_tokenizer_directory(model_dir):
     def path(*names):
         return os.path.join(model_dir, *names)
 
-    def read_json(*names):
-        try:
-            with open(path(*names), encoding="utf-8") as f:
-                return json.load(f)
-        except (OSError, ValueError) as e:
-            raise RunError(f"{path(*names)}: cannot read: {e}") from None
-
-    config = read_json("tokenizer_config.json") if os.path.isfile(path("tokenizer_config.json")) else {}
-    special_map = read_json("special_tokens_map.json") if os.path.isfile(path("special_tokens_map.json")) else {}
-    class_name = config.get("tokenizer_class")
-    class_key = class_name.removesuffix("Fast") if class_name else None
-
-    def declared(key, defaults):
-        """bos_token / eos_token: tokenizer_config.json, special_tokens_map.json (they must agree), else what
-        transformers' tokenizer_class assumes (defaults)."""
-        found = {token_content(f[key]) for f in (config, special_map) if key in f}
-        if len(found) > 1:
-            raise RunError(f"{model_dir}: tokenizer_config.json and special_tokens_map.json name different "
-                           f"{key}s: {sorted(found, key=str)}")
-        return found.pop() if found else defaults.get(key)
-
+    config, special_map = (read_json(path(name)) if os.path.isfile(path(name)) else {}
+                           for name in ("tokenizer_config.json", "special_tokens_map.json"))
     tiktoken_file = path("original", "tokenizer.model")
     if os.path.isfile(path("tokenizer.json")):
-        tokenizer_json = read_json("tokenizer.json")
-        where = path("tokenizer.json")
-        class_defaults = TOKENIZER_CLASSES.get(class_key, {})
-        bos_token, eos_token = declared("bos_token", class_defaults), declared("eos_token", class_defaults)
-        model = tokenizer_json.get("model") or {}
-        model_type = model.get("type", "BPE" if "merges" in model else None)
-        if model_type != "BPE":
-            raise RunError(f"{where}: a {model_type} model; {NOT_BYTE_LEVEL}")
-        vocab = model.get("vocab") or {}
-        # byte_fallback spells a symbol the vocabulary lacks as the <0xNN> tokens of its UTF-8 bytes (SentencePiece's
-        # way; BPE::merge_word in `tokenizers`). A byte-level BPE's symbols are bytes already and it has no <0xNN>
-        # tokens, so there it never fires and changes no id (a symbol it lacks goes on to unk_token, else is dropped):
-        # some converters set it on byte-level BPEs (transformers 4.57's GGUF converter, on SmolLM2's).
-        pre_steps = [p.get("type") for p in steps(tokenizer_json.get("pre_tokenizer"), "pretokenizers")]
-        inert_fallback = pre_steps[-1:] == ["ByteLevel"] and \
-            not any(re.fullmatch("<0x[0-9A-F]{2}>", token) for token in vocab)
-        if (model.get("byte_fallback") and not inert_fallback) or model.get("continuing_subword_prefix") or \
-                model.get("end_of_word_suffix"):
-            raise RunError(f"{where}: a SentencePiece-style BPE (byte_fallback, continuing_subword_prefix or "
-                           f"end_of_word_suffix set, as Llama-2's, Mistral's or TinyLlama's); {NOT_BYTE_LEVEL}")
-        if model.get("dropout"):
-            raise RunError(f"{where}: BPE dropout {model['dropout']} makes tokenization random")
-        added = tokenizer_json.get("added_tokens") or []
-        special_tokens = {t["content"]: t["id"] for t in added}
-        nfc = normalizer_is_nfc(tokenizer_json.get("normalizer"), where)
-        pattern = pre_tokenizer_pattern(tokenizer_json.get("pre_tokenizer"), where)
-        ranks = byte_level_bpe_ranks(vocab, model.get("merges") or [], special_tokens, where)
-        unk = unk_convention(model, ranks, where)
-        if os.path.isfile(tiktoken_file) and read_tiktoken_file(tiktoken_file) != ranks:
-            raise RunError(f"{model_dir}: original/tokenizer.model and tokenizer.json hold different vocabularies")
-        prefix, suffix = template_tokens(tokenizer_json.get("post_processor"), special_tokens, where)
-        # transformers rebuilds the template from add_bos_token / add_eos_token when tokenizer_config.json sets them
-        # (and LlamaTokenizer always); the `tokenizers` library and older transformers keep tokenizer.json's.
-        # When the two disagree, whether a text starts with BOS depends on the version: refused.
-        flags = {key: config.get(key, class_defaults.get(key)) for key in ("add_bos_token", "add_eos_token")
-                 if key in config or key in class_defaults}
-        if flags:
-            wanted = ([bos_token] if flags.get("add_bos_token") and bos_token else [],
-                      [eos_token] if flags.get("add_eos_token") and eos_token else [])
-            if wanted != (prefix, suffix):
-                raise RunError(f"{model_dir}: tokenizer_config.json ({class_name or 'no tokenizer_class'}, "
-                               f"{', '.join(f'{k}={v}' for k, v in flags.items())}) puts {around(*wanted)} around "
-                               f"a text, tokenizer.json's post-processor {around(prefix, suffix)}; transformers "
-                               f"versions differ in which applies, so make them agree")
-        inline, inline_normalized = inline_tokens(added, nfc, where)
-        return make_tokenizer(model_dir, ranks, special_tokens, dict(
-            pattern=pattern, nfc=nfc, inline=inline, inline_normalized=inline_normalized, bos_token=bos_token,
-            eos_token=eos_token, prefix=prefix, suffix=suffix, unk=unk))
+        return tokenizer_json_directory(model_dir, config, special_map, tiktoken_file)
 
     if os.path.isfile(tiktoken_file):  # Meta's layout without tokenizer.json: Meta's conventions
         decoder = config.get("added_tokens_decoder", {})
@@ -547,40 +481,7 @@ def load_tokenizer_directory(model_dir):
         return make_tokenizer(model_dir, ranks, special_tokens, meta_llama3_conventions())
 
     if os.path.isfile(path("vocab.json")) and os.path.isfile(path("merges.txt")):
-        where = path("vocab.json")
-        if class_key not in (None, "GPT2Tokenizer", "Qwen2Tokenizer"):
-            raise RunError(f"{model_dir}: vocab.json + merges.txt of tokenizer_class {class_name!r}, whose "
-                           f"pre-tokenization is not recorded in these files; supported without a tokenizer.json: "
-                           f"GPT2Tokenizer (the default), Qwen2Tokenizer")
-        cls = TOKENIZER_CLASSES[class_key or "GPT2Tokenizer"]
-        bos_token, eos_token = declared("bos_token", cls), declared("eos_token", cls)
-        if config.get("add_prefix_space"):
-            raise RunError(f"{model_dir}: add_prefix_space=true (a space is put before every text) is not supported")
-        vocab = read_json("vocab.json")
-        with open(path("merges.txt"), encoding="utf-8") as f:
-            merges = [line.rstrip("\n") for line in f if line.strip() and not line.startswith("#version")]
-        # the added tokens: tokenizer_config.json's added_tokens_decoder, else added_tokens.json (legacy); the named
-        # special tokens that are in vocab.json are special tokens too (transformers registers them so)
-        named = [token_content(v) for f in (config, special_map) for k, v in f.items()
-                 if k in ("bos_token", "eos_token", "unk_token", "pad_token")] + [bos_token, eos_token]
-        added = [dict(t, id=int(i)) for i, t in config.get("added_tokens_decoder", {}).items()]
-        if not added and os.path.isfile(path("added_tokens.json")):
-            added = [dict(content=t, id=i, special=t in named, normalized=t not in named)
-                     for t, i in read_json("added_tokens.json").items()]
-        contents = {t["content"] for t in added}
-        added += [dict(content=t, id=vocab[t], special=True) for t in dict.fromkeys(named)
-                  if t is not None and t in vocab and t not in contents]
-        special_tokens = {t["content"]: t["id"] for t in added}
-        ranks = byte_level_bpe_ranks(vocab, merges, special_tokens, where)
-        require_every_byte(ranks, where, "without a tokenizer.json that says what its BPE does with them, the ids "
-                                         "depend on the transformers version (slow tokenizers put unk_token there, "
-                                         "fast ones drop them)")
-        inline, inline_normalized = inline_tokens(added, cls["nfc"], where)
-        return make_tokenizer(model_dir, ranks, special_tokens, dict(
-            pattern=cls["pattern"], nfc=cls["nfc"], inline=inline, inline_normalized=inline_normalized,
-            bos_token=bos_token, eos_token=eos_token,  # (transformers ignores add_*_token without such a token)
-            prefix=[bos_token] if config.get("add_bos_token") and bos_token else [],
-            suffix=[eos_token] if config.get("add_eos_token") and eos_token else []))
+        return vocab_merges_directory(model_dir, config, special_map)
 
     found = [name for name in ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "tekken.json",
                                "vocab.txt", "tiktoken.model") if os.path.isfile(path(name))]
@@ -589,6 +490,147 @@ def load_tokenizer_directory(model_dir):
                        f"merges.txt (SentencePiece, WordPiece or another format); {NOT_BYTE_LEVEL}")
     raise RunError(f"--tokenizer={model_dir}: has no tokenizer.json, vocab.json + merges.txt, or "
                    f"original/tokenizer.model")
+
+
+def read_json(path):
+    """A JSON file's contents; a RunError naming the file where it cannot be read or parsed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise RunError(f"{path}: cannot read: {e}") from None
+
+
+def tokenizer_class_key(class_name):
+    """The key of TOKENIZER_CLASSES that a tokenizer_class stands for ("...Fast" names the same class), or None."""
+    return class_name.removesuffix("Fast") if class_name else None
+
+
+def declared_tokens(model_dir, config, special_map, defaults):
+    """(bos_token, eos_token): each from tokenizer_config.json, special_tokens_map.json (they must agree), else what
+    transformers' tokenizer_class assumes (defaults)."""
+    tokens = []
+    for key in ("bos_token", "eos_token"):
+        found = {token_content(f[key]) for f in (config, special_map) if key in f}
+        if len(found) > 1:
+            raise RunError(f"{model_dir}: tokenizer_config.json and special_tokens_map.json name different "
+                           f"{key}s: {sorted(found, key=str)}")
+        tokens.append(found.pop() if found else defaults.get(key))
+    return tuple(tokens)
+
+
+def added_around(flags, bos_token, eos_token):
+    """(prefix, suffix): the tokens that add_bos_token / add_eos_token (in flags) put around a text; a flag whose
+    token is not named adds nothing (transformers ignores it)."""
+    return ([bos_token] if flags.get("add_bos_token") and bos_token else [],
+            [eos_token] if flags.get("add_eos_token") and eos_token else [])
+
+
+def tokenizer_json_directory(model_dir, config, special_map, tiktoken_file):
+    """The Tokenizer of a directory with a tokenizer.json, which tokenizer_config.json, special_tokens_map.json and
+    original/tokenizer.model (tiktoken_file), where present, must agree with."""
+    where = os.path.join(model_dir, "tokenizer.json")
+    tokenizer_json = read_json(where)
+    class_name = config.get("tokenizer_class")
+    class_defaults = TOKENIZER_CLASSES.get(tokenizer_class_key(class_name), {})
+    bos_token, eos_token = declared_tokens(model_dir, config, special_map, class_defaults)
+    model = byte_level_bpe_model(tokenizer_json, where)
+    added = tokenizer_json.get("added_tokens") or []
+    special_tokens = {t["content"]: t["id"] for t in added}
+    nfc = normalizer_is_nfc(tokenizer_json.get("normalizer"), where)
+    pattern = pre_tokenizer_pattern(tokenizer_json.get("pre_tokenizer"), where)
+    ranks = byte_level_bpe_ranks(model.get("vocab") or {}, model.get("merges") or [], special_tokens, where)
+    unk = unk_convention(model, ranks, where)
+    if os.path.isfile(tiktoken_file) and read_tiktoken_file(tiktoken_file) != ranks:
+        raise RunError(f"{model_dir}: original/tokenizer.model and tokenizer.json hold different vocabularies")
+    prefix, suffix = template_tokens(tokenizer_json.get("post_processor"), special_tokens, where)
+    # transformers rebuilds the template from add_bos_token / add_eos_token when tokenizer_config.json sets them
+    # (and LlamaTokenizer always); the `tokenizers` library and older transformers keep tokenizer.json's.
+    # When the two disagree, whether a text starts with BOS depends on the version: refused.
+    flags = {key: config.get(key, class_defaults.get(key)) for key in ("add_bos_token", "add_eos_token")
+             if key in config or key in class_defaults}
+    if flags:
+        wanted = added_around(flags, bos_token, eos_token)
+        if wanted != (prefix, suffix):
+            raise RunError(f"{model_dir}: tokenizer_config.json ({class_name or 'no tokenizer_class'}, "
+                           f"{', '.join(f'{k}={v}' for k, v in flags.items())}) puts {around(*wanted)} around "
+                           f"a text, tokenizer.json's post-processor {around(prefix, suffix)}; transformers "
+                           f"versions differ in which applies, so make them agree")
+    inline, inline_normalized = inline_tokens(added, nfc, where)
+    return make_tokenizer(model_dir, ranks, special_tokens, dict(
+        pattern=pattern, nfc=nfc, inline=inline, inline_normalized=inline_normalized, bos_token=bos_token,
+        eos_token=eos_token, prefix=prefix, suffix=suffix, unk=unk))
+
+
+def byte_level_bpe_model(tokenizer_json, where):
+    """tokenizer.json's model, after refusing one whose ids tiktoken cannot reproduce: not a BPE, a
+    SentencePiece-style BPE, or one with dropout."""
+    model = tokenizer_json.get("model") or {}
+    model_type = model.get("type", "BPE" if "merges" in model else None)
+    if model_type != "BPE":
+        raise RunError(f"{where}: a {model_type} model; {NOT_BYTE_LEVEL}")
+    vocab = model.get("vocab") or {}
+    # byte_fallback spells a symbol the vocabulary lacks as the <0xNN> tokens of its UTF-8 bytes (SentencePiece's
+    # way; BPE::merge_word in `tokenizers`). A byte-level BPE's symbols are bytes already and it has no <0xNN>
+    # tokens, so there it never fires and changes no id (a symbol it lacks goes on to unk_token, else is dropped):
+    # some converters set it on byte-level BPEs (transformers 4.57's GGUF converter, on SmolLM2's).
+    pre_steps = [p.get("type") for p in steps(tokenizer_json.get("pre_tokenizer"), "pretokenizers")]
+    inert_fallback = pre_steps[-1:] == ["ByteLevel"] and \
+        not any(re.fullmatch("<0x[0-9A-F]{2}>", token) for token in vocab)
+    if (model.get("byte_fallback") and not inert_fallback) or model.get("continuing_subword_prefix") or \
+            model.get("end_of_word_suffix"):
+        raise RunError(f"{where}: a SentencePiece-style BPE (byte_fallback, continuing_subword_prefix or "
+                       f"end_of_word_suffix set, as Llama-2's, Mistral's or TinyLlama's); {NOT_BYTE_LEVEL}")
+    if model.get("dropout"):
+        raise RunError(f"{where}: BPE dropout {model['dropout']} makes tokenization random")
+    return model
+
+
+def vocab_merges_directory(model_dir, config, special_map):
+    """The Tokenizer of a directory with vocab.json + merges.txt and no tokenizer.json (a "slow" tokenizer), whose
+    tokenizer_class gives the regex and the normaliser."""
+    where = os.path.join(model_dir, "vocab.json")
+    class_name = config.get("tokenizer_class")
+    class_key = tokenizer_class_key(class_name)
+    if class_key not in (None, "GPT2Tokenizer", "Qwen2Tokenizer"):
+        raise RunError(f"{model_dir}: vocab.json + merges.txt of tokenizer_class {class_name!r}, whose "
+                       f"pre-tokenization is not recorded in these files; supported without a tokenizer.json: "
+                       f"GPT2Tokenizer (the default), Qwen2Tokenizer")
+    cls = TOKENIZER_CLASSES[class_key or "GPT2Tokenizer"]
+    bos_token, eos_token = declared_tokens(model_dir, config, special_map, cls)
+    if config.get("add_prefix_space"):
+        raise RunError(f"{model_dir}: add_prefix_space=true (a space is put before every text) is not supported")
+    vocab = read_json(where)
+    with open(os.path.join(model_dir, "merges.txt"), encoding="utf-8") as f:
+        merges = [line.rstrip("\n") for line in f if line.strip() and not line.startswith("#version")]
+    added = vocab_merges_added_tokens(model_dir, config, special_map, vocab, bos_token, eos_token)
+    special_tokens = {t["content"]: t["id"] for t in added}
+    ranks = byte_level_bpe_ranks(vocab, merges, special_tokens, where)
+    require_every_byte(ranks, where, "without a tokenizer.json that says what its BPE does with them, the ids "
+                                     "depend on the transformers version (slow tokenizers put unk_token there, "
+                                     "fast ones drop them)")
+    inline, inline_normalized = inline_tokens(added, cls["nfc"], where)
+    prefix, suffix = added_around(config, bos_token, eos_token)
+    return make_tokenizer(model_dir, ranks, special_tokens, dict(
+        pattern=cls["pattern"], nfc=cls["nfc"], inline=inline, inline_normalized=inline_normalized,
+        bos_token=bos_token, eos_token=eos_token, prefix=prefix, suffix=suffix))
+
+
+def vocab_merges_added_tokens(model_dir, config, special_map, vocab, bos_token, eos_token):
+    """The added tokens of a vocab.json + merges.txt directory, as tokenizer.json's added_tokens lists them:
+    tokenizer_config.json's added_tokens_decoder, else added_tokens.json (legacy), and the named special tokens that
+    are in vocab.json."""
+    # the named special tokens in vocab.json are special tokens too: transformers registers them so
+    named = [token_content(v) for f in (config, special_map) for k, v in f.items()
+             if k in ("bos_token", "eos_token", "unk_token", "pad_token")] + [bos_token, eos_token]
+    added = [dict(t, id=int(i)) for i, t in config.get("added_tokens_decoder", {}).items()]
+    legacy = os.path.join(model_dir, "added_tokens.json")
+    if not added and os.path.isfile(legacy):
+        added = [dict(content=t, id=i, special=t in named, normalized=t not in named)
+                 for t, i in read_json(legacy).items()]
+    contents = {t["content"] for t in added}
+    return added + [dict(content=t, id=vocab[t], special=True) for t in dict.fromkeys(named)
+                    if t is not None and t in vocab and t not in contents]
 
 
 def unk_convention(model, ranks, where):
