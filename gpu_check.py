@@ -84,6 +84,7 @@ class Check:
             raise RunError(f"--check_json={json_path}: holds something else than an earlier --check record, which "
                            f"this run would write over; give another path")
         self.json_path, self.record = json_path, dict(header, rows=[])
+        os.makedirs(os.path.dirname(json_path) or '.', exist_ok=True)
         self.save()
 
     def add(self, section, check, ok, value, target='', **data):
@@ -520,7 +521,7 @@ CHECK_PARTS = ('kernels', 'torchrun', 'ddp', 'variants', 'kd', 'mfu')
 
 # bench.py --check hands these over (bench.CHECK_KEYS): the flags keep their names there and here
 KEYS = dict(
-    check_json=Key('bench_check.json', 'where the JSON record goes'),
+    check_json=Key('out/bench_check.json', 'where the JSON record goes (its folder is made if missing)'),
     check_parts=Key(None, 'only these parts; default all', choices=CHECK_PARTS, types=(list,)),
     check_batch_size=Key(4, 'micro-batch of the 1B variant steps', min=1),
     steps=Key(7, 'timed steps per measured step (median)', min=1),

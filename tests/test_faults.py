@@ -210,6 +210,15 @@ def test_bench_check_json_refuses_a_file_it_did_not_write(tmp_path):
     assert code == 1 and 'holds something else than an earlier --check record' in one_line(err)
     assert foreign.read_text() == '{"mine": 1}'
 
+
+def test_the_check_record_goes_under_out_by_default(tmp_path, monkeypatch):
+    """gpu_check.py's JSON goes to out/bench_check.json unless told otherwise (never into the repository's root), its
+    folder made where missing."""
+    import gpu_check
+    monkeypatch.chdir(tmp_path)
+    gpu_check.Check(gpu_check.KEYS['check_json'].default, dict(device='cpu'))
+    assert json.loads((tmp_path / 'out' / 'bench_check.json').read_text()) == dict(device='cpu', rows=[])
+
 # -----------------------------------------------------------------------------
 # 2. Checksums: a damaged checkpoint is refused, and nothing is written over it
 
