@@ -66,7 +66,8 @@ PLANS = {  # what --plan sets (each key may still be given after it)
                  kd_seeds=list(range(1, 9)), extra_seeds=[1, 2, 3], control_seeds=[1, 2, 3, 4, 5]),
     # v2 (docs/sink_study_v2/): matched pairs distilled from larger teachers of other seeds; not yet sealed
     'v2': dict(variants=CORE, arms=['kd'], kd_seeds=list(range(1, 13)), teachers=[101, 102],
-               config=[CONFIG, 'config/sink_study_v2.py'], teacher_config=['config/sink_study_v2_teacher.py']),
+               config=[CONFIG, 'config/sink_study_v2.py'], teacher_config=['config/sink_study_v2_teacher.py'],
+               claims='v2'),
 }
 def study_keys(variants):
     return dict(
@@ -95,6 +96,8 @@ def study_keys(variants):
         teacher_config=Key([], "config files the kd teachers add to the recipe (v2: a larger shape, arm teacher); "
                             "none: the teachers are the ce arm's softmax runs of the recipe (v1)"),
         report_only=Key(False, "write results.json and report.md from the records there are, train nothing"),
+        claims=Key('v1', "the claims tested (study_results.CLAIM_SETS): v1's, in the kd and ce arms; v2's, in the "
+                   "kd arm", choices=('v1', 'v2')),
         subset=Key(False, "report on the records this command plans even though runs/ holds others (of other seeds "
                    "or settings: the report lists them); without it such records stop the study before any work"),
     )
@@ -560,7 +563,9 @@ def collect(args, runs, per_step, command, study):
         uniform_first_token=uniform_first_token(config['block_size']),
         arms=[a for a in ('kd', 'ce', 'control', 'recipe', 'teacher') if any(r['arm'] == a for r in kept)],
         excluded=sorted(left_out), missing=missing, runs=[summary(r) for r in kept])
-    results['claims'] = test_claims(kept)
+    results['claims'] = test_claims(kept, args.claims)
+    if args.claims != 'v1':  # (v1's results.json predates the key)
+        results['claim_set'] = args.claims
     return results
 
 

@@ -51,7 +51,20 @@ MEASURES = {
     'knockout0': ("the loss with the first token evicted (k = 0, window a quarter of the context) over full "
                   "attention's", lambda r: r['end']['knockout']['ratio_first_0']),
     'val_loss': ("the CE validation loss of the last evaluation", lambda r: r['val_loss']),
+    # v2's secondary readings (docs/analysis.md)
+    'weight_deep': ("the first token's raw weight, mean over the deeper half of the layers",
+                    lambda r: layer_mean(r['first_token_weight'][len(r['first_token_weight']) // 2:])),
+    **{f'weight_l{k}': (f"the first token's raw weight in layer {k}", lambda r, k=k: r['first_token_weight'][k - 1])
+       for k in range(1, 5)},
+    'gu_rate': ("Gu et al.'s Sink_1^0.3 in their setting (100 x 64), on the tokens (rows renormalised where they do "
+                "not sum to one)", lambda r: r['end']['gu']['sink_rate']),
+    'gu_rate_raw': ("the same on the raw rows (never renormalised)", lambda r: r['end']['gu']['sink_rate_raw']),
+    'sink_grown16': ("1 where Gu et al.'s Sink_1^0.3 in their setting is at least 1/16 (fixed before v2's runs), "
+                     "else 0", lambda r: float(r['end']['gu']['sink_rate'] >= 1 / 16)),
+    'spikes9_after': ("gradient-norm spikes over steps warm-up-500, median + 9 MAD over that window",
+                      lambda r: r['spikes_after_warmup']['9']),
 }
+FISHER = ('sink_grown', 'sink_grown16')  # 0/1 per seed: Fisher's exact test
 
 # (id, family, source, measure, low, direction, high): the claim is `low direction high` in each arm it names
 CLAIMS = [
@@ -78,6 +91,31 @@ CLAIMS = [
     ('knockout_affine_softmax', 'secondary', 'the payoff: knockout', 'knockout0', AFFINE, '<', SOFTMAX),
     ('knockout_affine_sink', 'secondary', 'the payoff: knockout', 'knockout0', AFFINE, '<', SINK),
 ]
+# v2 (issue 44; not yet sealed): the paper's comparisons in the kd arm, v1's primary family, on matched pairs; the
+# secondary readings, each named for whose reading it is (a reading the paper does not make is never a paper claim)
+CLAIMS_V2 = [c for c in CLAIMS if c[1] == 'primary'] + [
+    ('deep_affine_sink', 'secondary', 'Figure 4, deeper half (our reading)', 'weight_deep', AFFINE, '<', SINK),
+    ('deep_sink_softmax', 'secondary', 'Figure 4, deeper half (our reading)', 'weight_deep', SINK, '<', SOFTMAX),
+    ('fig6_deep_affine_sink', 'secondary', 'Figure 6, deeper half (our reading)', 'entropy_deep', AFFINE, '>', SINK),
+    ('fig6_deep_affine_softmax', 'secondary', 'Figure 6, deeper half (our reading)', 'entropy_deep', AFFINE, '>',
+     SOFTMAX),
+    *[(f'layer{k}_{low}_{high}', 'secondary', f'Figure 4, layer {k} (our reading)', f'weight_l{k}', low, '<', high)
+      for k in range(1, 5) for low, high in ((AFFINE, SINK), (SINK, SOFTMAX))],
+    ('fig4_share_affine_sink', 'secondary', 'Figure 4, by share (our reading)', 'share', AFFINE, '<', SINK),
+    ('fig4_share_sink_softmax', 'secondary', 'Figure 4, by share (our reading)', 'share', SINK, '<', SOFTMAX),
+    ('gu_rate_affine', 'secondary', 'Gu et al. (Sink_1)', 'gu_rate', AFFINE, '<', SOFTMAX),
+    ('gu_rate_sink', 'secondary', 'Gu et al. (Sink_1)', 'gu_rate', SINK, '<', SOFTMAX),
+    ('gu_raw_affine', 'secondary', 'Gu et al. (Sink_1, raw rows)', 'gu_rate_raw', AFFINE, '<', SOFTMAX),
+    ('gu_raw_sink', 'secondary', 'Gu et al. (Sink_1, raw rows)', 'gu_rate_raw', SINK, '<', SOFTMAX),
+    ('gu16_affine', 'secondary', 'Gu et al. (seeds with Sink_1 >= 1/16)', 'sink_grown16', AFFINE, '<', SOFTMAX),
+    ('gu16_sink', 'secondary', 'Gu et al. (seeds with Sink_1 >= 1/16)', 'sink_grown16', SINK, '<', SOFTMAX),
+    ('gu16_gated', 'secondary', 'Gu et al. (seeds with Sink_1 >= 1/16)', 'sink_grown16', GATED, '<', SOFTMAX),
+    ('table5_after_affine_softmax', 'secondary', 'Table 5 (k = 9) after the warm-up (our reading)', 'spikes9_after',
+     AFFINE, '<', SOFTMAX),
+    *[c for c in CLAIMS if c[0] in ('qiu_gate_share', 'w8a8_affine_softmax', 'w8a8_affine_sink',
+                                    'knockout_affine_softmax', 'knockout_affine_sink')],
+]
+CLAIM_SETS = dict(v1=(CLAIMS, ('kd', 'ce')), v2=(CLAIMS_V2, ('kd',)))  # sink_study.py --claims: the claims, the arms
 CLAIM_ARMS = ('kd', 'ce')  # each claim is tested in both, kd (the paper's setting) first
 CONTROL_MEASURES = ('weight', 'share', 'loss')  # did turning decay off on alpha_proj, g_proj move these?
 # Figure 4's comparison, each way the study reads it
@@ -140,19 +178,21 @@ def compare(a, b, measure, direction, family_size, fisher=False):
     return out
 
 
-def test_claims(records):
-    """Every claim in each arm of CLAIM_ARMS, with Holm's correction within each (arm, family) over the comparisons
-    that have at least MIN_SEEDS seeds on both sides; and the control arm against kd. A list of result dicts."""
+def test_claims(records, claim_set='v1'):
+    """Every claim of the set (CLAIM_SETS) in each of its arms, with Holm's correction within each (arm, family) over
+    the comparisons that have at least MIN_SEEDS seeds on both sides; and the control arm against kd. A list of
+    result dicts."""
     out = []
-    for arm in CLAIM_ARMS:
+    claim_list, arms = CLAIM_SETS[claim_set]
+    for arm in arms:
         for family in ('primary', 'secondary'):
-            claims = [c for c in CLAIMS if c[1] == family]
+            claims = [c for c in claim_list if c[1] == family]
             size = sum(min(len(tested(records, arm, c[4])), len(tested(records, arm, c[6]))) >= sig.MIN_SEEDS
                        for c in claims) or 1
             results = []
             for cid, _, source, measure, low, direction, high in claims:
                 a, b = tested(records, arm, low), tested(records, arm, high)
-                result = compare(a, b, measure, direction, size, fisher=measure == 'sink_grown')
+                result = compare(a, b, measure, direction, size, fisher=measure in FISHER)
                 results.append(dict(id=cid, arm=arm, family=family, source=source, measure=measure, low=low,
                                     direction=direction, high=high, **result))
             holm_set = [r for r in results if r['p'] is not None and min(r['n']) >= sig.MIN_SEEDS]
@@ -402,11 +442,12 @@ def alpha_lines(results, arm):
         f"{m(runs, 'alpha_at_1')} |" for v, runs in by.items()] + ['']
 
 
-def claims_table():
+def claims_table(claim_set='v1'):
     """The claims as fixed before the runs, one row each (the report and docs/analysis.md show it)."""
     lines = ['| id | family | source | claim | measure | test |', '|---|---|---|---|---|---|']
-    for cid, family, source, measure, low, direction, high in CLAIMS:
-        test = "Fisher's exact" if measure == 'sink_grown' else 'exact permutation (kd: within teachers)'
+    unpaired = 'exact permutation (kd: within teachers)' if claim_set == 'v1' else 'exact sign-flip, paired by seed'
+    for cid, family, source, measure, low, direction, high in CLAIM_SETS[claim_set][0]:
+        test = "Fisher's exact" if measure in FISHER else unpaired
         lines.append(f"| {cid} | {family} | {source} | {low} {direction} {high} | {MEASURES[measure][0]} | {test} |")
     return lines
 
@@ -435,7 +476,7 @@ def report_lines(results):
             lines += [f"## {arm_title(results, arm)}", '', *table_lines(results, arm), '', *alpha_lines(results, arm)]
             if os.path.exists(os.path.join(ROOT, results['report_dir'], f'fig4_{arm}.png')):
                 lines += [f"![Figure 4, {arm}](fig4_{arm}.png)", '', f"![curves, {arm}](curves_{arm}.png)", '']
-    lines += ['## The claims, as fixed before the runs', '', *claims_table(), '',
+    lines += ['## The claims, as fixed before the runs', '', *claims_table(results.get('claim_set', 'v1')), '',
               'Columns of the tables: means ± std over seeds of the last evaluation (per layer, averaged over layers) '
               'on the same fixed validation windows; the end-of-run measures (Sink₁ in Gu et al.\'s setting, W8A8, '
               'the knockout, the row-total spread) on the run\'s checkpoint. docs/analysis.md defines each.']

@@ -29,6 +29,8 @@ BLOCKS = [
      '<!-- end of the sink study -->', lambda: study_results.readme_lines(results('docs/sink_study/results.json'))),
     ('docs/analysis.md', '<!-- the claims: study_results.claims_table() -->', '<!-- end of the claims -->',
      study_results.claims_table),
+    ('docs/analysis.md', "<!-- v2's claims: study_results.claims_table('v2') -->", "<!-- end of v2's claims -->",
+     lambda: study_results.claims_table('v2')),
     ('docs/analysis.md', '<!-- the pilot: study_results.pilot_lines(docs/sink_study/pilot/results.json) -->',
      '<!-- end of the pilot -->', lambda: study_results.pilot_lines(results('docs/sink_study/pilot/results.json'))),
 ]

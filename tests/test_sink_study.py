@@ -1,6 +1,7 @@
 """The sink study (sink_study.py) and what it rests on: windows that start with a fixed token, the standard-library
 corpus, the study's measurements against an independent recomputation, its verdicts, and the README's numbers."""
 import json
+import math
 import os
 
 import numpy as np
@@ -400,3 +401,32 @@ def test_matched_seeds_are_compared_in_pairs():
     assert study_results.compare(affine, unmatched, 'weight', '<', 7)['p'] > 0.05
     other_seeds = [dict(r, seed=r['seed'] + 12) for r in sink]
     assert study_results.compare(affine, other_seeds, 'weight', '<', 7)['test'].startswith('exact permutation')
+
+
+def test_v2_claims_on_matched_pairs():
+    """study_results.test_claims(records, 'v2') on made-up kd records of 12 matched seeds per core variant: the 7
+    primary claims (v1's) and 27 secondary ones, each primary one paired by seed. Affine's weight is below sink's in
+    every seed, so p = 2 / 4096 (sign flips), Holm-adjusted over the 7 primary claims at most 7 x that: supported;
+    seeds with Sink_1 >= 1/16, 0 of 12 against 12 of 12, by Fisher's exact test: 2 / C(24, 12). v2 has no ce arm."""
+    import study_results
+
+    def record(variant, seed):
+        weight = dict(softmax=0.3, sink=0.02, gated=0.05, affine=0.01)[variant] + 0.001 * seed
+        rate = 0.2 if variant == 'softmax' else 0.0
+        return dict(arm='kd', variant=variant, seed=seed, teacher=f'teacher_softmax_s{101 + (seed - 1) % 2}',
+                    settings=dict(matched_init=True), first_token_weight=[weight] * 4, first_token_share=[weight] * 4,
+                    entropy=[2.0 + 0.01 * seed] * 4, final_kd_loss=0.05, spikes={'9': 30},
+                    spikes_after_warmup={'9': 10},
+                    end=dict(gu=dict(sink_rate=rate, sink_rate_raw=rate), w8a8=dict(ratio=1.0),
+                             knockout=dict(ratio_first_0=1.0), row_total_std=[0.1] * 4))
+    records = [record(v, s) for v in ('softmax', 'sink', 'gated', 'affine') for s in range(1, 13)]
+    claims = {c['id']: c for c in study_results.test_claims(records, 'v2')}
+    assert len(claims) == 34 and {c['arm'] for c in claims.values()} == {'kd'}
+    assert sum(c['family'] == 'primary' for c in claims.values()) == 7
+    first = claims['fig4_affine_sink']
+    assert first['test'] == 'exact sign-flip, paired by seed' and first['p'] == pytest.approx(2 / 4096)
+    assert first['p_holm'] <= 7 * 2 / 4096 and first['verdict'].startswith('supported')
+    assert claims['gu16_affine']['test'] == "Fisher's exact" and claims['gu16_affine']['p'] == pytest.approx(
+        2 / math.comb(24, 12))
+    assert claims['layer3_affine_sink']['source'] == 'Figure 4, layer 3 (our reading)'
+    assert study_results.claims_table('v2')[2].endswith('| exact sign-flip, paired by seed |')
