@@ -34,6 +34,7 @@ checkpoints; SIGTERM or Ctrl-C stops the runs cleanly, and the same command cont
 import collections
 import datetime
 import json
+import math
 import os
 import platform
 import shlex
@@ -56,6 +57,7 @@ FINAL_KD_STEPS = 50  # a kd run's final KD loss: the mean of its last 50 steps' 
 SPIKE_WINDOW = (0, 500)  # Table 5: median + k MAD over steps 0-500 (a shorter run: all its steps)
 END_WINDOWS, CALIBRATION = 32, 4  # validation windows of W8A8 and the knockout; W8A8's calibration windows after them
 
+BLIND = ('v2',)  # claim sets whose report waits for the last run (issue 44: no tested measure is read before it)
 GPU_JOBS = 4  # runs side by side on one GPU: a 0.8M-parameter model leaves most of it idle (not measured: an estimate)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -209,8 +211,8 @@ def state(run, records, per_step, study):
 # Running: --jobs train.py processes at once, progress and an ETA on the console; a record per finished run
 
 
-def last_step(out_dir):
-    """The last step metrics.jsonl records (0 without one)."""
+def last_logged(out_dir):
+    """(the last step metrics.jsonl records, whether that step's loss is finite); (0, True) without one."""
     path = os.path.join(HERE, out_dir, 'metrics.jsonl')
     try:
         with open(path, 'rb') as f:
@@ -218,12 +220,17 @@ def last_step(out_dir):
             lines = f.read().splitlines()
         for line in reversed(lines):
             try:
-                return json.loads(line)['step']
-            except (ValueError, KeyError):
+                record = json.loads(line)
+                return record['step'], math.isfinite(record.get('loss', 0.0))
+            except (ValueError, KeyError, TypeError):
                 continue
     except OSError:
         pass
-    return 0
+    return 0, True
+
+
+def last_step(out_dir):
+    return last_logged(out_dir)[0]
 
 
 def priority(run, runs):
@@ -329,13 +336,16 @@ def run_all(runs, steps, jobs, threads, logs, finished):
 
 
 def progress(runs, running, steps, start_steps, t0):
-    """One console line: runs finished, each running run's step, and an ETA from the steps done since the start."""
+    """One console line: runs finished, each running run's step and whether its loss is finite (never a value: a
+    blind study's console shows no measure before its last run ends), and an ETA from the steps done since the
+    start."""
     now = {r['name']: steps if r['state'] == 'recorded' else last_step(r['config']['out_dir']) for r in runs}
     left = sum(steps - now[r['name']] for r in runs)
     done_here = sum(now[n] - s for n, s in start_steps.items())
     elapsed = time.time() - t0
     eta = f"ETA {minutes(left * elapsed / done_here)}" if done_here > 0 and left else "ETA -"
-    parts = ', '.join(f"{name} {now[name]}/{steps}" for name in running)
+    finite = {name: last_logged(run['config']['out_dir'])[1] for name, (_, run, _) in running.items()}
+    parts = ', '.join(f"{name} {now[name]}/{steps}{'' if finite[name] else ' (loss not finite)'}" for name in running)
     finished = sum(now[r['name']] >= steps for r in runs)
     print(f"[{minutes(elapsed)}] {finished}/{len(runs)} runs done | {parts or 'none running'} | {eta}", flush=True)
 
@@ -581,13 +591,18 @@ def study_threads(args):
     return max(1, (os.cpu_count() or 1) // args.jobs), ''
 
 
-def main(argv=None):
+def parse_args(argv):
+    """(the study's settings as attributes, the train.py overrides) of a command line."""
     keys = study_keys(tuple(ATTENTIONS))
-    argv = sys.argv[1:] if argv is None else argv
     mine, overrides = split_argv(argv, keys)
-    args = parse(mine, keys, __doc__.split('\n\n')[1], prog='sink_study.py')
-    args = type('Args', (), args)
+    args = type('Args', (), parse(mine, keys, __doc__.split('\n\n')[1], prog='sink_study.py'))
     args.report_dir = args.report_dir or args.out_dir
+    return args, overrides
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args, overrides = parse_args(argv)
     for path, writes in ((args.out_dir, ['train', 'logs']), (args.report_dir, ['results.json', 'report.md'])):
         claim_dir(os.path.join(HERE, path), 'sink_study.py', writes=writes,
                   ours=lambda names: bool({'train', 'runs', 'results.json'} & names))
@@ -605,6 +620,12 @@ def main(argv=None):
         study = dict(corpus=corpus_identity(args.data_dir), overrides=[a[2:].partition('=')[0] for a in overrides])
         if not args.report_only:
             train_all(args, runs, steps, per_step, study, threads, threads_from)
+        waiting = sorted({r['name'] for r in runs} - set(read_records(args.report_dir))) if args.claims in BLIND else []
+        if waiting:
+            print(f"{len(runs) - len(waiting)} of {len(runs)} runs recorded ({len(waiting)} to go); the {args.claims} "
+                  f"study's report is written once, after its last run: no measure of its runs is read before",
+                  flush=True)
+            return None
         results = collect(args, runs, per_step, command, study)
     finally:
         for s, handler in previous.items():
