@@ -545,15 +545,14 @@ def trained_on(records):
     return '; '.join(f"{machine} ({n} run{'s' if n > 1 else ''})" for machine, n in sorted(counts.items()))
 
 
-def collect(args, runs, per_step, command, study):
-    """results.json (schema 2, docs/analysis.md): every record of report_dir/runs this command plans, made with its
-    settings (others stop it unless --subset), the claims' tests, and what the report and README need."""
+def collect(args, runs, per_step, command, study, records):
+    """results.json (schema 2, docs/analysis.md): every record of report_dir/runs (records) this command plans, made
+    with its settings (others stop it unless --subset), the claims' tests, and what the report and README need."""
     from data import read_meta
     meta = read_meta(os.path.join(HERE, args.data_dir))
     config = next(r['config'] for r in runs if r['arm'] != 'teacher')  # the students' recipe
     source = meta['settings']['source']
     recipe = recipe_of(config, per_step)
-    records = read_records(args.report_dir)
     left_out = unusable(runs, records, per_step, study)
     refuse_unusable(args, left_out)
     planned = {r['name'] for r in runs if r['arm'] != 'teacher'}
@@ -597,6 +596,10 @@ def parse_args(argv):
     mine, overrides = split_argv(argv, keys)
     args = type('Args', (), parse(mine, keys, __doc__.split('\n\n')[1], prog='sink_study.py'))
     args.report_dir = args.report_dir or args.out_dir
+    for flag in ('config', 'teacher_config'):
+        missing = [path for path in getattr(args, flag) if not os.path.isfile(os.path.join(HERE, path))]
+        if missing:
+            raise RunError(f"--{flag}={','.join(getattr(args, flag))}: no such file: {', '.join(missing)}")
     return args, overrides
 
 
@@ -620,13 +623,14 @@ def main(argv=None):
         study = dict(corpus=corpus_identity(args.data_dir), overrides=[a[2:].partition('=')[0] for a in overrides])
         if not args.report_only:
             train_all(args, runs, steps, per_step, study, threads, threads_from)
-        waiting = sorted({r['name'] for r in runs} - set(read_records(args.report_dir))) if args.claims in BLIND else []
+        records = read_records(args.report_dir)  # as training left them
+        waiting = sorted({r['name'] for r in runs} - set(records)) if args.claims in BLIND else []
         if waiting:
             print(f"{len(runs) - len(waiting)} of {len(runs)} runs recorded ({len(waiting)} to go); the {args.claims} "
                   f"study's report is written once, after its last run: no measure of its runs is read before",
                   flush=True)
             return None
-        results = collect(args, runs, per_step, command, study)
+        results = collect(args, runs, per_step, command, study, records)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -454,6 +454,7 @@ def claims_table(claim_set='v1'):
 
 def report_lines(results):
     r0 = results
+    confounds = design_confounds(results)
     lines = ['# The sink study', '',
              f"Command: `{r0['command']}`. Machine: {r0['machine']}. Runs: {len(r0['runs'])} records; "
              f"{per_run_times(r0)}.", '',
@@ -461,7 +462,7 @@ def report_lines(results):
              f"{r0['bos_id']} (<|endoftext|>). Recipe: {r0['recipe_text']}. Uniform attention would put "
              f"{r0['uniform_first_token']:.4f} on the first token.", '',
              '## What the study found', '', in_words(results), '',
-             *([design_confounds(results), ''] if design_confounds(results) else []),
+             *([confounds, ''] if confounds else []),
              f"Tests (fixed before the runs; significance.py): per-seed values by an exact two-sided permutation test "
              f"(kd: permuted within a teacher), seeds with a sink by Fisher's exact test, Holm's correction within "
              f"each arm's family at {sig.ALPHA}; intervals are 95% percentile bootstraps ({sig.BOOTSTRAP_SAMPLES:,} "

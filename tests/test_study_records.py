@@ -344,3 +344,11 @@ def test_the_console_shows_steps_and_finiteness_never_a_value(tmp_path, capsys):
     line = capsys.readouterr().out
     assert 'kd_affine_s1 7/10, kd_sink_s1 7/10 (loss not finite)' in line
     assert '1.25' not in line and '2.5' not in line and 'nan' not in line.lower()
+
+
+@pytest.mark.parametrize('flag', ['--config=config/sink_study.py,nope.py', '--teacher_config=nope.py'])
+def test_a_config_file_that_is_not_there_is_one_line(flag, tmp_path):
+    """Once a train.py usage screen under train.py's name; now the study's own one line, before any work."""
+    with pytest.raises(RunError, match=r"^--(teacher_)?config=.*: no such file: nope\.py$"):
+        sink_study.main([flag, f'--out_dir={tmp_path}', '--report_only=True'])
+    assert os.listdir(tmp_path) == []
