@@ -49,7 +49,7 @@ from configurator import Key, parse
 from files import RunError, atomic_write, claim_dir, run_script, write_json
 from model import ATTENTIONS
 from probes import GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS as EVALUATIONS
-from study_records import ARMS, NO_DECAY, RECIPE_KEYS, SCHEMA_VERSION, SPIKE_KS, record_name
+from study_records import ARMS, NO_DECAY, RECIPE_KEYS, SCHEMA_VERSION, SEAL_FILE, SPIKE_KS, record_name
 from study_results import (AFFINE, CORE, EXTRA, GATED, RECIPE_SEED, SOFTMAX, figures, minutes, report_lines,
                            test_claims, uniform_first_token)
 
@@ -66,7 +66,7 @@ PLANS = {  # what --plan sets (each key may still be given after it)
     'pilot': dict(variants=CORE, arms=['ce', 'kd'], seeds=[1, 2, 3], kd_seeds=[1, 2, 3]),
     'full': dict(variants=CORE + EXTRA, arms=['recipe', 'ce', 'kd', 'control'], seeds=[1, 2, 3, 4, 5, 6],
                  kd_seeds=list(range(1, 9)), extra_seeds=[1, 2, 3], control_seeds=[1, 2, 3, 4, 5]),
-    # v2 (docs/sink_study_v2/): matched pairs distilled from larger teachers of other seeds; not yet sealed
+    # v2 (docs/sink_study_v2/): matched pairs distilled from larger teachers of other seeds; sealed (docs/analysis.md)
     'v2': dict(variants=CORE, arms=['kd'], kd_seeds=list(range(1, 13)), teachers=[101, 102],
                config=[CONFIG, 'config/sink_study_v2.py'], teacher_config=['config/sink_study_v2_teacher.py'],
                claims='v2'),
@@ -266,7 +266,8 @@ def launch(run, logs, env):
     if run['note']:
         print(run['note'], flush=True)
     print(f"$ {shlex.join(command)}  > {logs}/{run['name']}.log", flush=True)
-    write_json(os.path.join(logs, f"{run['name']}.start.json"), dict(started=now(), **code_version()))
+    seal = dict(seal=run['seal']) if run.get('seal') else {}
+    write_json(os.path.join(logs, f"{run['name']}.start.json"), dict(started=now(), **code_version(), **seal))
     log = open(os.path.join(logs, f"{run['name']}.log"), 'a')
     proc = subprocess.Popen(command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, run, log
@@ -481,6 +482,25 @@ def provenance(run, data_dir, logs):
     return dict(settings=settings, corpus=corpus_identity(data_dir), **start, finished=now())
 
 
+def check_seal(args):
+    """The commit a blind study is sealed at (docs/analysis.md, "The seal"), which each of its records stores:
+    report_dir/seal.json names it and every file it held outside docs/, and a file here that differs stops the study
+    before any work. None for a study that is not blind."""
+    if args.claims not in BLIND:
+        return None
+    seal = study_records.read_seal(os.path.join(HERE, args.report_dir))
+    if seal is None:
+        raise RunError(f"the {args.claims} study trains only once sealed, and {args.report_dir}/{SEAL_FILE} is not "
+                       f"there (scripts/seal_study.py writes it; docs/analysis.md, 'The seal')")
+    changed = study_records.unsealed_files(seal, HERE)
+    if changed:
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ''
+        raise RunError(f"{len(changed)} file(s) differ from the seal {seal['commit'][:12]} ({', '.join(changed[:5])}"
+                       f"{more}): train the sealed study from a checkout of the commit that added its seal: git "
+                       f"worktree add ../sealed $(git log -1 --format=%H -- {args.report_dir}/{SEAL_FILE})")
+    return seal['commit']
+
+
 def read_records(report_dir):
     """{name: record} of report_dir/runs, every file validated (study_records.read_records)."""
     return study_records.read_records(os.path.join(HERE, report_dir, 'runs'))
@@ -647,10 +667,11 @@ def main(argv=None):
 
 def train_all(args, runs, steps, per_step, study, threads, threads_from):
     """Every planned run without a record that may stand for it, trained; a record written as each finishes."""
+    seal = check_seal(args)
     records = read_records(args.report_dir)
     refuse_unusable(args, unusable(runs, records, per_step, study, planned_only=True))
     for run in runs:
-        run['state'] = state(run, records, per_step, study)
+        run['state'], run['seal'] = state(run, records, per_step, study), seal
     for run in runs:  # a teacher with a record but no checkpoint trains again where a student needs it
         students = [r for r in runs if r['teacher'] == run['name'] and r['state'] != 'recorded']
         if run['state'] == 'recorded' and students and not os.path.isfile(

@@ -58,7 +58,9 @@ MEASURES = dict(
 REQUIRED_MEASURES = ('val_loss', 'first_token_weight', 'per_head', 'first_token_share', 'entropy', 'row_sum',
                      'sink_rate', 'sink_rate_per_layer', 'null_mass', 'first_or_null')
 OPTIONAL = ('settings', 'corpus', 'commit', 'dirty', 'started', 'finished', 'digest', 'spikes_after_warmup',
-            'spikes_after_warmup_window')  # not in records before them
+            'spikes_after_warmup_window', 'seal')  # not in records before them; seal: a sealed study's records alone
+SEAL_FILE = 'seal.json'  # report_dir/seal.json: a sealed study's seal (read_seal; scripts/seal_study.py writes it)
+COMMIT = re.compile(r'[0-9a-f]{40}')
 
 
 def record_name(arm, variant, seed):
@@ -233,6 +235,8 @@ def check_provenance(record):
             raise Invalid(f"{key} is not a string")
     if record.get('dirty') not in (None, True, False):
         raise Invalid("dirty is not true, false or null")
+    if record.get('seal') is not None and not COMMIT.fullmatch(str(record['seal'])):
+        raise Invalid("seal is not a commit (40 hexadecimal digits)")
     if 'digest' in record and record['digest'] != digest(record):
         raise Invalid("its contents do not match its digest: it was edited after the study wrote it")
 
@@ -323,3 +327,31 @@ def reuse_problems(record, config, teacher, recipe, corpus, overrides):
     elif 'corpus' not in record and corpus['source'] != 'stdlib':
         problems.append(f"the corpus (a v1 record trained on the standard library, this one is {corpus['source']})")
     return problems
+
+
+def read_seal(report_dir):
+    """report_dir/seal.json, checked: {commit, committed (UTC, ISO 8601), files: {path: sha256 of its bytes}}, every
+    file the seal commit held outside docs/; None where the directory has none."""
+    path = os.path.join(report_dir, SEAL_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding='utf-8') as f:
+            seal = json.load(f)
+        if not (isinstance(seal, dict) and COMMIT.fullmatch(str(seal.get('commit'))) and
+                isinstance(seal.get('committed'), str) and isinstance(seal.get('files'), dict) and seal['files']):
+            raise ValueError("it needs commit (40 hexadecimal digits), committed and files")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise RunError(f"{path}: not a seal ({e}): restore it from git") from None
+    return seal
+
+
+def file_sha256(path):
+    with open(path, 'rb') as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def unsealed_files(seal, root):
+    """The seal's files whose bytes under root differ from the seal's (or that are missing), sorted."""
+    return sorted(path for path, sha in seal['files'].items()
+                  if not os.path.isfile(os.path.join(root, path)) or file_sha256(os.path.join(root, path)) != sha)

@@ -62,7 +62,7 @@ MEASURES = {
     'sink_grown16': ("1 where Gu et al.'s Sink_1^0.3 in their setting is at least 1/16 (fixed before v2's runs), "
                      "else 0", lambda r: float(r['end']['gu']['sink_rate'] >= 1 / 16)),
     'spikes9_after': ("gradient-norm spikes over steps warm-up-500, median + 9 MAD over that window",
-                      lambda r: r['spikes_after_warmup']['9']),
+                      lambda r: (r.get('spikes_after_warmup') or {}).get('9')),  # None: a warm-up to step 500
 }
 FISHER = ('sink_grown', 'sink_grown16')  # 0/1 per seed: Fisher's exact test
 
@@ -91,8 +91,9 @@ CLAIMS = [
     ('knockout_affine_softmax', 'secondary', 'the payoff: knockout', 'knockout0', AFFINE, '<', SOFTMAX),
     ('knockout_affine_sink', 'secondary', 'the payoff: knockout', 'knockout0', AFFINE, '<', SINK),
 ]
-# v2 (issue 44; not yet sealed): the paper's comparisons in the kd arm, v1's primary family, on matched pairs; the
-# secondary readings, each named for whose reading it is (a reading the paper does not make is never a paper claim)
+# v2 (issue 44; sealed before its runs, docs/analysis.md): the paper's comparisons in the kd arm, v1's primary
+# family, on matched pairs; the secondary readings, each named for whose reading it is (a reading the paper does not
+# make is never a paper claim)
 CLAIMS_V2 = [c for c in CLAIMS if c[1] == 'primary'] + [
     ('deep_affine_sink', 'secondary', 'Figure 4, deeper half (our reading)', 'weight_deep', AFFINE, '<', SINK),
     ('deep_sink_softmax', 'secondary', 'Figure 4, deeper half (our reading)', 'weight_deep', SINK, '<', SOFTMAX),
@@ -154,7 +155,9 @@ def compare_paired(pairs, measure, family_size):
 def compare(a, b, measure, direction, family_size, fisher=False):
     """One comparison of groups a and b (records) on a measure: means, stds, the test's raw p, the 95% interval of
     the difference (bootstrap, within teachers in the kd arm) and the seeds a difference of this size would need;
-    matched pairs (matched_pairs) are compared by seed (compare_paired)."""
+    matched pairs (matched_pairs) are compared by seed (compare_paired). A run without the measure (None: Table 5
+    after a warm-up that reaches step 500) is left out of the comparison."""
+    a, b = ([r for r in runs if MEASURES[measure][1](r) is not None] for runs in (a, b))
     pairs = None if fisher else matched_pairs(a, b)
     if pairs:
         return compare_paired(pairs, measure, family_size)
@@ -312,11 +315,11 @@ def counts_in_words(results, arm):
             f"(fewer than {sig.MIN_SEEDS} seeds)")
 
 
-def sink_counts(results, arm):
+def sink_counts(results, arm, measure='sink_grown'):
     by = {}
     for r in results['runs']:
         if r['arm'] == arm and r['seed'] != RECIPE_SEED:
-            by.setdefault(r['variant'], []).append(MEASURES['sink_grown'][1](r))
+            by.setdefault(r['variant'], []).append(MEASURES[measure][1](r))
     return ', '.join(f"{v} {int(sum(x))} of {len(x)}" for v, x in by.items())
 
 
@@ -389,21 +392,36 @@ def design_confounds(results):
                                  if spread(v)))
     if not found:
         return ''
-    return (f"This design has {len(found)} confound{'s' * (len(found) > 1)} its records show (v2, issue 44, removes "
-            f"them): " + '; '.join(f"({i}) {text}" for i, text in enumerate(found, 1)) + '.')
+    why = ("v2's recipe search found no setting within its budget that grows a sink in more layers: "
+           "docs/sink_study_v2/search.md" if results.get('claim_set') == 'v2' else "v2, issue 44, removes them")
+    return (f"This design has {len(found)} confound{'s' * (len(found) > 1)} its records show ({why}): "
+            + '; '.join(f"({i}) {text}" for i, text in enumerate(found, 1)) + '.')
+
+
+PAPER_SCALE = "the paper's Figure 4 student: 1B parameters, 20B tokens"  # Section 5.1 and Appendix B.1
 
 
 def in_words(results):
+    v2 = results.get('claim_set') == 'v2'  # (v1's report predates v2's words: it regenerates unchanged)
     lines = []
     for arm in ('kd', 'ce'):
         if any(r['arm'] == arm for r in results['runs']):
             kd = f" (distilled from softmax teachers {teachers_in_words(results)})" if arm == 'kd' else ''
+            grown = ("Seeds with Gu et al.'s Sink₁ ≥ 1/16 (v2's rule, fixed before its runs), per variant: "
+                     f"{sink_counts(results, arm, 'sink_grown16')}" if v2 else
+                     "Seeds with Gu et al.'s Sink₁ > 0 (one head over 0.3 in one of 100 samples is enough), per "
+                     f"variant: {sink_counts(results, arm)}")
             lines.append(f"In the {arm.upper()} arm{kd}, {counts_in_words(results, arm)}. "
-                         f"{sink_sentence(results, arm)} Seeds with Gu et al.'s Sink₁ > 0 (one head over 0.3 in one "
-                         f"of 100 samples is enough), per variant: {sink_counts(results, arm)}.")
+                         f"{sink_sentence(results, arm)} {grown}.")
     lines.append(control_sentence(results))
-    lines.append(f"One small model ({results['layers']} layers) at {results['recipe']['tokens'] / 1e6:.1f}M tokens a "
-                 f"run: a test of the mechanism, not of the paper's scale.")
+    students = [r for r in results['runs'] if r['arm'] == 'kd' and 'settings' in r]
+    if v2 and students:
+        lines.append(f"The students: {parameters(students[0]['settings']):,} parameters, {results['layers']} layers, "
+                     f"{results['recipe']['tokens'] / 1e6:.1f}M tokens a run ({PAPER_SCALE}): a test of the "
+                     f"mechanism, not of the paper's scale.")
+    else:
+        lines.append(f"One small model ({results['layers']} layers) at {results['recipe']['tokens'] / 1e6:.1f}M "
+                     f"tokens a run: a test of the mechanism, not of the paper's scale.")
     return ' '.join(line for line in lines if line)
 
 
@@ -463,12 +481,7 @@ def report_lines(results):
              f"{r0['uniform_first_token']:.4f} on the first token.", '',
              '## What the study found', '', in_words(results), '',
              *([confounds, ''] if confounds else []),
-             f"Tests (fixed before the runs; significance.py): per-seed values by an exact two-sided permutation test "
-             f"(kd: permuted within a teacher), seeds with a sink by Fisher's exact test, Holm's correction within "
-             f"each arm's family at {sig.ALPHA}; intervals are 95% percentile bootstraps ({sig.BOOTSTRAP_SAMPLES:,} "
-             f"resamples, seeded); a group with fewer than {sig.MIN_SEEDS} seeds gives numbers only. \"Seeds "
-             f"needed\": the normal approximation at Holm's strictest level with power {sig.POWER}, never below the "
-             f"exact test's floor.", *verdict_lines(results), '',
+             tests_sentence(results), *verdict_lines(results), '',
              f"For scale, a real pretrained model, SmolLM2-135M-Instruct, puts {SMOLLM2['first_token_mean']} of its "
              f"attention on the first token on average over its 30 layers, {SMOLLM2['first_token_max']} in its "
              f"largest layer ({SMOLLM2['source']}).", '']
@@ -489,6 +502,19 @@ def report_lines(results):
     return lines
 
 
+def tests_sentence(results):
+    """How the claims were tested (significance.py): v2's matched pairs by sign flips, v1's groups by permutations."""
+    tests = ("the per-seed differences of matched pairs (seed s of every variant: the same batches and the same "
+             "initial values of every shared tensor) by the exact two-sided sign-flip test, seeds with Sink₁ ≥ 1/16 "
+             "by Fisher's exact test" if results.get('claim_set') == 'v2' else
+             "per-seed values by an exact two-sided permutation test (kd: permuted within a teacher), seeds with a "
+             "sink by Fisher's exact test")
+    return (f"Tests (fixed before the runs; significance.py): {tests}, Holm's correction within each arm's family at "
+            f"{sig.ALPHA}; intervals are 95% percentile bootstraps ({sig.BOOTSTRAP_SAMPLES:,} resamples, seeded); a "
+            f"group with fewer than {sig.MIN_SEEDS} seeds gives numbers only. \"Seeds needed\": the normal "
+            f"approximation at Holm's strictest level with power {sig.POWER}, never below the exact test's floor.")
+
+
 def per_run_times(results):
     seconds = {}
     for r in results['runs']:
@@ -497,12 +523,15 @@ def per_run_times(results):
 
 
 def sink_sentence(results, arm):
-    """Whether the recipe grew the sink the claims are about: softmax's seeds with Gu et al.'s Sink_1 > 0."""
-    grown = [MEASURES['sink_grown'][1](r) for r in results['runs'] if r['arm'] == arm and r['variant'] == SOFTMAX
-             and r['seed'] != RECIPE_SEED]
+    """Whether the recipe grew the sink the claims are about: softmax's seeds with Gu et al.'s Sink_1 > 0 (v1's rule)
+    or >= 1/16 (v2's)."""
+    v2 = results.get('claim_set') == 'v2'
+    grown = [MEASURES['sink_grown16' if v2 else 'sink_grown'][1](r) for r in results['runs']
+             if r['arm'] == arm and r['variant'] == SOFTMAX and r['seed'] != RECIPE_SEED]
     if not grown:
         return f"No {arm} softmax run has a record yet."
-    sentence = f"Softmax had Gu et al.'s Sink₁ > 0 (100 x 64) in {int(sum(grown))} of {len(grown)} {arm} seeds"
+    sentence = (f"Softmax had Gu et al.'s Sink₁ {'≥ 1/16' if v2 else '> 0'} (100 x 64) in {int(sum(grown))} of "
+                f"{len(grown)} {arm} seeds")
     if sum(grown) < 2 / 3 * len(grown):
         return sentence + (": fewer than two in three, so the recipe did not reliably grow the sink the claims are "
                            "about, and a first-token claim here compares variants that may all lack one.")
