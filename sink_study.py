@@ -8,6 +8,8 @@ were fixed before the runs (study_results.CLAIMS; significance.py), measured as 
     python sink_study.py                      # the pilot: 4 variants x 3 seeds x 2 arms -> out/sink_study/report.md
     python sink_study.py --plan=full --report_dir=docs/sink_study   # the committed study (about 80 runs, in parts)
     python sink_study.py --device=cuda                              # 4 runs side by side on one GPU
+    python sink_study.py --plan=v2 --report_dir=docs/sink_study_v2  # v2, sealed (docs/analysis.md, "The seal")
+    python sink_study.py --plan=gpu --report_dir=docs/sink_study_gpu   # v2's design larger, on one GPU (sealed first)
     python sink_study.py --variants=softmax,affine --seeds=1,2,3 --arms=ce --tokens=2000000 --learning_rate=1e-3
 
 The recipe (config/sink_study.py; docs/analysis.md tells how it was found): the quick start's tiny shape on 128-token
@@ -70,11 +72,17 @@ PLANS = {  # what --plan sets (each key may still be given after it)
     'v2': dict(variants=CORE, arms=['kd'], kd_seeds=list(range(1, 13)), teachers=[101, 102],
                config=[CONFIG, 'config/sink_study_v2.py'], teacher_config=['config/sink_study_v2_teacher.py'],
                claims='v2'),
+    # v2's design, larger, on one GPU (config/sink_study_gpu.py): its time is an estimate until a GPU has run it
+    'gpu': dict(variants=CORE, arms=['kd'], kd_seeds=[1, 2, 3], teachers=[101], tokens=12_000_000, device='cuda',
+                out_dir='out/sink_study_gpu', config=[CONFIG, 'config/sink_study_v2.py', 'config/sink_study_gpu.py'],
+                teacher_config=['config/sink_study_gpu_teacher.py'], claims='v2'),
 }
 def study_keys(variants):
     return dict(
-        plan=Key('pilot', "pilot: the 4 core variants, seeds 1-3, ce and kd; full: the committed study (every arm, "
-                 "core seeds 1-6 ce and 1-8 kd, affine_gated and softmax1 seeds 1-3, control seeds 1-5)",
+        plan=Key('pilot', "pilot: the 4 core variants, seeds 1-3, ce and kd; full: v1, the committed study (every "
+                 "arm, core seeds 1-6 ce and 1-8 kd, affine_gated and softmax1 seeds 1-3, control seeds 1-5); v2: the "
+                 "sealed confirmatory study (kd, seeds 1-12, two larger teachers); gpu: v2's design larger, on one "
+                 "GPU (kd, seeds 1-3)",
                  choices=tuple(PLANS), expands=PLANS),
         out_dir=Key('out/sink_study', "where the train.py runs (train/) and their logs (logs/) go"),
         report_dir=Key('', "where the records (runs/), results.json, report.md and the figures go (default: out_dir)"),
@@ -147,7 +155,6 @@ def plan_runs(args, overrides):
     """[run dicts: name, arm, variant, seed, teacher, argv, config], teachers first (the kd and control arms read the
     ce arm's softmax runs of --teachers)."""
     import train
-    from common import resolve_device, resolve_dtype
     base = train.load_config(with_root([*args.config, *overrides]))
     per_step = base['global_batch_size'] * base['block_size']
     steps = max(1, round(args.tokens / per_step))
@@ -175,9 +182,24 @@ def plan_runs(args, overrides):
                                   f'--seed={seed}', f"--out_dir={train_dir(args, teacher)}"]))
     for run in runs:  # every run's settings checked before any work (train.py's own messages)
         run['config'] = train.load_config(with_root(run['argv']))
-        # the dtype as train.py resolves it and writes it to config.json (a record's settings)
-        run['config']['dtype'] = resolve_dtype(run['config']['dtype'], resolve_device(run['config']['device']))
+        run['config']['dtype'] = planned_dtype(run['config'], args.report_only)
     return runs, steps, per_step
+
+
+def planned_dtype(config, report_only):
+    """The dtype as train.py resolves it and writes it to config.json (a record's settings). A report on records of
+    a device this machine lacks (--plan=gpu's, on a CPU) takes 'auto' as it resolves on a bf16 GPU (an older GPU's
+    records say float32: give --dtype=float32)."""
+    from common import resolve_device, resolve_dtype
+    if report_only and config['dtype'] != 'auto':
+        return config['dtype']
+    try:
+        device = resolve_device(config['device'])
+    except RunError:
+        if not report_only:
+            raise
+        return 'bfloat16' if config['device'].startswith('cuda') else 'float32'
+    return resolve_dtype(config['dtype'], device)
 
 
 def train_dir(args, name):
@@ -490,8 +512,8 @@ def check_seal(args):
         return None
     seal = study_records.read_seal(os.path.join(HERE, args.report_dir))
     if seal is None:
-        raise RunError(f"the {args.claims} study trains only once sealed, and {args.report_dir}/{SEAL_FILE} is not "
-                       f"there (scripts/seal_study.py writes it; docs/analysis.md, 'The seal')")
+        raise RunError(f"the {args.claims} claims are tested only by a sealed study, and {args.report_dir}/{SEAL_FILE} "
+                       f"is not there (scripts/seal_study.py writes it; docs/analysis.md, 'The seal')")
     changed = study_records.unsealed_files(seal, HERE)
     if changed:
         more = f" and {len(changed) - 5} more" if len(changed) > 5 else ''

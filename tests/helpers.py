@@ -298,3 +298,16 @@ def fake_run(path, attention, grad_norms, n_layer=2, kd=False):
             if step % 100 == 0:
                 record['attn_logit_mean'] = -step / 1000
             f.write(json.dumps(record) + '\n')
+
+
+def seal_here(report, change=None):
+    """A report_dir whose seal.json (scripts/seal_study.py's form) seals the study's own files as they are here, one
+    of them (`change`) sealed with other contents: a blind study may train there."""
+    from study_records import file_sha256
+    files = {p: file_sha256(ROOT / p) for p in
+             ('model.py', 'train.py', 'sink_study.py', 'study_results.py', 'config/sink_study.py')}
+    if change:
+        files[change] = '0' * 64
+    Path(report).mkdir(parents=True)
+    write_json(Path(report) / 'seal.json', dict(commit='a' * 40, committed='2026-01-01T00:00:00+00:00', files=files))
+    return report

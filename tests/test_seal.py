@@ -15,6 +15,7 @@ import sink_study
 import study_records
 import study_results
 from files import RunError
+from helpers import seal_here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V2 = os.path.join(ROOT, 'docs', 'sink_study_v2')
@@ -83,19 +84,6 @@ def test_every_v2_record_started_after_the_seal_and_names_it():
         assert record['dirty'] is False and re.fullmatch(r'[0-9a-f]{40}', record['commit']), name
 
 
-def seal_of_here(tmp_path, change=None):
-    """A report_dir whose seal.json seals the runner's own files as they are here (one of them changed: `change`)."""
-    files = {p: study_records.file_sha256(os.path.join(ROOT, p)) for p in
-             ('model.py', 'train.py', 'sink_study.py', 'study_results.py', 'config/sink_study.py')}
-    if change:
-        files[change] = '0' * 64
-    report = tmp_path / 'report'
-    report.mkdir(parents=True)
-    (report / 'seal.json').write_text(json.dumps(dict(commit='a' * 40, committed='2026-01-01T00:00:00+00:00',
-                                                      files=files)))
-    return report
-
-
 BLIND = ['--variants=softmax', '--arms=kd', '--kd_seeds=1', '--teachers=101', '--claims=v2', '--tokens=2048',
          '--teacher_config=config/sink_study_v2_teacher.py', '--config=config/sink_study.py,config/sink_study_v2.py',
          '--block_size=32', '--compile=False', '--eval_batches=2', '--jobs=1']
@@ -106,13 +94,14 @@ def test_a_blind_study_trains_only_under_its_seal(data_dir, tmp_path):
     line naming the file and the checkout to train from; under its seal, every record stores the seal's commit."""
     out = tmp_path / 'out'
     argv = [f'--out_dir={out}', f'--data_dir={data_dir}', *BLIND]
-    with pytest.raises(RunError, match=r"^the v2 study trains only once sealed, and .*seal\.json is not there"):
+    with pytest.raises(RunError, match=r"^the v2 claims are tested only by a sealed study, and .*seal\.json is not "
+                                       r"there"):
         sink_study.main([*argv, f'--report_dir={tmp_path / "unsealed"}'])
     with pytest.raises(RunError, match=r"^1 file\(s\) differ from the seal aaaaaaaaaaaa \(train\.py\): train the "
                                        r"sealed study from a checkout .*git worktree add"):
-        sink_study.main([*argv, f"--report_dir={seal_of_here(tmp_path / 'changed', 'train.py')}"])
+        sink_study.main([*argv, f"--report_dir={seal_here(tmp_path / 'changed' / 'report', 'train.py')}"])
     assert not (out / 'train').exists()
-    report = seal_of_here(tmp_path)
+    report = seal_here(tmp_path / 'report')
     results = sink_study.main([*argv, f'--report_dir={report}'])
     records = study_records.read_records(str(report / 'runs'))
     assert sorted(records) == ['kd_softmax_s1', 'teacher_softmax_s101']

@@ -430,3 +430,33 @@ def test_v2_claims_on_matched_pairs():
         2 / math.comb(24, 12))
     assert claims['layer3_affine_sink']['source'] == 'Figure 4, layer 3 (our reading)'
     assert study_results.claims_table('v2')[2].endswith('| exact sign-flip, paired by seed |')
+
+
+def test_the_gpu_plan_and_its_cpu_dry_run(data_dir, tmp_path):
+    """--plan=gpu: v2's design larger (students of 8 layers, 256 wide, 256-token windows; one teacher 3.26x their
+    parameters, seed 101; seeds 1-3, 12M tokens a run, on cuda). Without a GPU, its dry run on the CPU (a few steps a
+    run, one seed) goes through every stage: the teacher, a student of each variant, the end measures, the records
+    (each naming the seal) and the report."""
+    import sink_study
+    from helpers import seal_here
+    argv = ['--plan=gpu', f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}', '--report_only=True']
+    runs, steps, per_step = sink_study.plan_runs(*sink_study.parse_args(argv))
+    assert sorted(r['name'] for r in runs) == sorted(['teacher_softmax_s101'] + [
+        f'kd_{v}_s{s}' for v in ('softmax', 'sink', 'gated', 'affine') for s in (1, 2, 3)])
+    student, teacher = runs[1]['config'], runs[0]['config']
+    assert (student['n_layer'], student['n_embd'], student['block_size'], student['device']) == (8, 256, 256, 'cuda')
+    assert (teacher['n_layer'], teacher['n_embd'], runs[0]['name']) == (12, 384, 'teacher_softmax_s101')
+    assert steps * per_step == 732 * 64 * 256 and student['matched_init'] and student['no_decay'] == NO_DECAY
+    report = seal_here(tmp_path / 'report')
+    results = sink_study.main(['--plan=gpu', f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}',
+                               f'--report_dir={report}', *GPU_DRY_RUN])
+    assert sorted(r['name'] for r in results['runs']) == sorted(
+        ['teacher_softmax_s101'] + [f'kd_{v}_s1' for v in ('softmax', 'sink', 'gated', 'affine')])
+    assert all(r['seal'] == 'a' * 40 and r['tokens'] == 384 for r in results['runs'])
+    assert results['layers'] == 8 and (report / 'report.md').is_file()
+
+
+# docs/analysis.md's dry run of --plan=gpu on a CPU: one seed, 3 steps a run, the shapes' widths and windows cut
+GPU_DRY_RUN = ['--device=cpu', '--kd_seeds=1', '--tokens=384', '--global_batch_size=2', '--micro_batch_size=2',
+               '--block_size=64', '--n_embd=64', '--n_head=2', '--n_kv_head=1', '--intermediate_size=192',
+               '--compile=False', '--eval_batches=1', '--jobs=2']
