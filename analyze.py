@@ -42,7 +42,7 @@ from eval_zeroshot import (C4_DOCS, HubUnreachable, c4_tokens, load_model_and_to
 from data import Windows, read_meta, read_split
 from model import FIELD_NAMES, GATED_NAMES, GPT, ModelConfig
 from probes import GU_LENGTH, GU_SAMPLES, knockout_losses, model_statistics, sink_rates, w8a8_losses
-from significance import mean_std
+from study.significance import mean_std
 from tokenizer import tokenizer_info
 
 

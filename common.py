@@ -1,11 +1,10 @@
 """
-What every script shares and none owns: the device and dtype its --device/--dtype name, MFU (a model's FLOPs per
-token and the device's peak FLOP/s), timers and a progress line; what bench.py's tables and gpu_check.py's rows
+What every script shares and none owns: the device and dtype its --device/--dtype name, MFU (a model's FLOPs per token
+and the device's peak FLOP/s), timers and a progress line; what tools/bench.py's tables and tools/gpu_check.py's rows
 measure and print with (autocast, PeakMemory, log, ratio, print_table); and how a model runs over torchrun's ranks
-(compiled per layer, sharded with FSDP2 or wrapped in DDP; init_distributed, reduce_mean, full_tensor,
-batch_to_device, local_tensor, preemption_flag) and initialised (init_matched), which train.py, bench.py,
-gpu_check.py and the tests share.
-Imports flow one way: this file imports only torch and files.py, and every script may import it.
+(compiled per layer, sharded with FSDP2 or wrapped in DDP; init_distributed, reduce_mean, full_tensor, batch_to_device,
+local_tensor, preemption_flag) and initialised (init_matched), which train.py, tools/bench.py, tools/gpu_check.py and
+the tests share. Imports flow one way: this file imports only torch and files.py, and every script may import it.
 """
 import hashlib
 import inspect
@@ -183,19 +182,19 @@ class DeviceTimer:
 
 
 # -----------------------------------------------------------------------------
-# Measuring and reporting: what bench.py's tables and gpu_check.py's rows share
+# Measuring and reporting: what tools/bench.py's tables and tools/gpu_check.py's rows share
 
 
 def autocast(device):
-    """The precision bench.py and gpu_check.py time a step in: bf16 autocast on CUDA, float32 elsewhere."""
+    """The precision tools/bench.py and tools/gpu_check.py time a step in: bf16 autocast on CUDA, float32 elsewhere."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == 'cuda')
 
 
 class PeakMemory:
     """Peak bytes allocated during the `with` block (beyond what was live when it started): CUDA's allocator peak
     (max_memory_allocated) on GPU; on CPU the rise of the process's peak resident set size (VmHWM, reset through
-    /proc/self/clear_refs), which follows the live tensors only where freed memory leaves the process (bench.py pins
-    glibc's mmap threshold for that: bench.set_mmap_threshold)."""
+    /proc/self/clear_refs), which follows the live tensors only where freed memory leaves the process (tools/bench.py
+    pins glibc's mmap threshold for that: bench.set_mmap_threshold)."""
 
     def __init__(self, device):
         self.device = device

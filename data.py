@@ -1,9 +1,10 @@
 """
 Reading data: the formats of token shards and meta.json, and the windows training reads. Every script that reads
-prepared data imports it from here (train.py, distill.py, eval_zeroshot.py, analyze.py, bench.py, sink_study.py);
-prepare_data.py, the command line that writes the data, builds on it. It needs NumPy only and imports no other
-module of this repo but files.py (pure Python), so importing it stays cheap (prepare_data.py's tokenizer workers
-do). The tokenizers that make the ids live in tokenizer.py: a reader of the training step needs none of them.
+prepared data imports it from here (train.py, distill.py, eval_zeroshot.py, analyze.py, tools/bench.py,
+study/sink_study.py); prepare_data.py, the command line that writes the data, builds on it. It needs NumPy only and
+imports no other module of this repo but files.py (pure Python), so importing it stays cheap (prepare_data.py's
+tokenizer workers do). The tokenizers that make the ids live in tokenizer.py: a reader of the training step needs none
+of them.
 
     from data import read_meta, read_split, read_shard, Windows
 

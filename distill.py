@@ -30,7 +30,7 @@ and goes through chunks of tokens whose float32 logits are at most CHUNK_LOGITS 
 tokens at V = 128,256), computing each chunk's loss and its gradients already in the forward. At its peak a
 chunk holds 3 (n, V) float32 tensors (4 when T != 1 and kd_alpha < 1), next to the float32 gradient of the
 student's lm_head and the gradient of its hidden states; memory_plan.kd_loss_memory counts it all, tensor by
-tensor (train.py's dry-run memory plan), and bench.py (--sections=kd) measures the loss against the naive
+tensor (train.py's dry-run memory plan), and tools/bench.py (--sections=kd) measures the loss against the naive
 full-logits KL.
 
 Precision: the four GEMMs of a chunk (both models' logits, the gradients w.r.t. the student's hidden states and
@@ -293,7 +293,7 @@ def kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight, temp
     """The loss fused_kd_loss computes, written as its definition: both models' full (N, V) logits, then
     KD = T^2 * mean over tokens of KL(teacher || student) at temperature T, and CE on the student's logits, with
     autograd taking the gradients. Same arguments and results as fused_kd_loss; the softmaxes run in at least
-    float32. Readable, and what the tests and bench.py check the fused loss against; it holds several (N, V)
+    float32. Readable, and what the tests and tools/bench.py check the fused loss against; it holds several (N, V)
     tensors at once, which fused_kd_loss never does (train.py --kd_loss=plain selects it)."""
     T = temperature
     student = at_least_fp32(student_hidden @ student_weight.T)
@@ -337,11 +337,11 @@ def fused_kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight
 
 
 def kd_problem(N, V, C_s, C_t, device, hidden_dtype):
-    """Random hidden states and lm_heads of a student (C_s wide, hidden states in hidden_dtype, fp32 head) and a
-    teacher (C_t wide; bf16 on CUDA, as train.py loads it), and the two KD paths on them, each a function that runs
-    one forward + backward (under bf16 autocast on CUDA) and returns the loss: 'naive', kd_loss (both models' full
-    logits, then the KL; autocast computes the log-softmaxes in fp32), and 'fused_kd_loss'. What bench.py's kd
-    section and gpu_check.py's kd part measure. Returns (h_s, w_s, paths); gradients land in h_s.grad and w_s.grad."""
+    """Random hidden states and lm_heads of a student (C_s wide, hidden states in hidden_dtype, fp32 head) and a teacher
+    (C_t wide; bf16 on CUDA, as train.py loads it), and the two KD paths on them, each a function that runs one forward
+    + backward (under bf16 autocast on CUDA) and returns the loss: 'naive', kd_loss (both models' full logits, then the
+    KL; autocast computes the log-softmaxes in fp32), and 'fused_kd_loss'. What tools/bench.py's kd section and
+    tools/gpu_check.py's kd part measure. Returns (h_s, w_s, paths); gradients land in h_s.grad and w_s.grad."""
     low = torch.bfloat16 if device.type == 'cuda' else torch.float32
     torch.manual_seed(0)
     h_s = torch.randn(N, C_s, device=device, dtype=hidden_dtype, requires_grad=True)

@@ -14,10 +14,10 @@ may carry (ModelConfig.gate); the paper's two gated models keep their names:
     gated         softmax with the gate
     affine_gated  affine with the gate (Table 2, Section 5.4)
 
-Each variant is one entry of VARIANTS (below), the only place that names it: its O(T) forward, a fused SDPA/flash
-kernel (attention_kernels.py) plus O(T) work, never the T x T matrix; its explicit T x T weights (Attention.weights),
-the slow reference of the tests, bench.py and the analyses (probes.py); its tensors. Parameter names follow Hugging
-Face's Llama/Qwen2 layout: a softmax model's state_dict is an HF checkpoint (GPT.from_pretrained, checkpoint.py).
+Each variant is one entry of VARIANTS (below), the only place that names it: its O(T) forward, a fused SDPA/flash kernel
+(attention_kernels.py) plus O(T) work, never the T x T matrix; its explicit T x T weights (Attention.weights), the slow
+reference of the tests, tools/bench.py and the analyses (probes.py); its tensors. Parameter names follow Hugging Face's
+Llama/Qwen2 layout: a softmax model's state_dict is an HF checkpoint (GPT.from_pretrained, checkpoint.py).
 """
 import math
 from dataclasses import dataclass, fields
@@ -359,7 +359,7 @@ class Variant:
     forward, its explicit weights and, if it has parameters, its tensors; every other field has a default that says
     what it does (docs/implementation.md, "Adding your own attention")."""
     forward: Callable  # the O(T) path (above)
-    weights: Callable  # the explicit T x T form (above): the tests', the analyses' and bench.py's reference
+    weights: Callable  # the explicit T x T form (above): the tests', the analyses' and tools/bench.py's reference
     tensors: Optional[Callable] = None  # (attn, config): registers what it adds to q/k/v/o_proj, under names of its
     #   own: ΔParams (GPT.get_num_params), the tensors export and from_pretrained expect, FSDP shards its parameters
     display: Optional[str] = None  # the paper's name for it (analyze.py's tables and figures); None: its own name
@@ -377,7 +377,7 @@ class Variant:
     hf_native: bool = False  # transformers' own LlamaForCausalLM / Qwen2ForCausalLM computes it (without the gate)
     sink: bool = False  # its weights leave a sink's own mass out of every row: that mass is 1 - the row's sum
     rows_sum_to_one: bool = False  # its weights are a distribution (Sink_1 reads them raw, probes.sink_scores)
-    check_time: Optional[float] = None  # gpu_check.py's ceiling for its 1B training step, x softmax's (None: none)
+    check_time: Optional[float] = None  # gpu_check's ceiling for its 1B training step, x softmax's (None: none)
 
 
 VARIANTS = {
@@ -401,8 +401,8 @@ VARIANTS = {
 GATED_NAMES = {'gated': ('softmax', 'Gated'), 'affine_gated': ('affine', 'Affine-Scaled + Gated')}
 PAPER_VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 ATTENTIONS = PAPER_VARIANTS + tuple(name for name in VARIANTS if name not in PAPER_VARIANTS)
-BASELINE, PROPOSED = 'softmax', 'affine'  # the paper's baseline and its own variant (bench.py's defaults)
-EXPLICIT = f'{PROPOSED} (explicit T x T)'  # its explicit weights (Attention.explicit): bench.py's, gpu_check.py's peer
+BASELINE, PROPOSED = 'softmax', 'affine'  # the paper's baseline and its own variant (tools/bench.py's defaults)
+EXPLICIT = f'{PROPOSED} (explicit T x T)'  # its explicit weights (Attention.explicit): the tools' peer
 HEAD_STATS = tuple(dict.fromkeys(name for v in VARIANTS.values() for name in v.head_stats))
 SOFTMAX_TENSORS = ('q_proj', 'k_proj', 'v_proj', 'o_proj')  # the rest of an Attention is a variant's or the gate's
 

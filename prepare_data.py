@@ -53,7 +53,7 @@ def builtin_corpus():
 
 
 def stdlib_files():
-    """The offline corpus for sink_study.py: every .py file of the running Python's standard library (sysconfig's
+    """The offline corpus for study/sink_study.py: every .py file of the running Python's standard library (sysconfig's
     stdlib directory, its tests included, installed packages not), in sorted order: ~1,800 files, ~31 MB on
     CPython 3.11. Other Python versions have other files, so the corpus's sha256 is recorded with it."""
     root = sysconfig.get_paths()["stdlib"]
@@ -458,7 +458,7 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
 
 KEYS = dict(
     source=Key("builtin", "fineweb-edu | builtin (offline: Python's help topics, 0.5 MB) | stdlib (offline: the "
-                          "standard library's .py files, ~31 MB; sink_study.py) | comma-separated paths/globs of "
+                          "standard library's .py files, ~31 MB; study/sink_study.py) | comma-separated paths/globs of "
                           ".txt, .jsonl/.json or .parquet files (one type per run)"),
     tokenizer=Key("bytes", "bytes | a tiktoken BPE file | a Hugging Face model or tokenizer directory with a "
                            "byte-level BPE tokenizer (tokenizer.json, or vocab.json + merges.txt, or "

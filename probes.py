@@ -1,6 +1,6 @@
 """
 Every measurement of a model's attention and activations, each defined once: what train.py's evaluations log,
-analyze.py's figures and numbers, sink_study.py's results and the quick start's real-model table all read.
+analyze.py's figures and numbers, study/sink_study.py's results and the quick start's real-model table all read.
 
 Each attention measure reads a layer as the model's own forward gives it (inspect_attention) through the layer's
 explicit weights (model.Attention.weights, the T x T form of every variant), in float64. Rows need not sum to one:
@@ -30,10 +30,10 @@ from model import HEAD_STATS
 SINK_THRESHOLD = 0.3  # Gu et al. (2025)'s epsilon: a head whose first-position score exceeds it has a sink
 GU_SAMPLES, GU_LENGTH = 100, 64  # Gu et al.'s own setting: 100 samples of 64 tokens (pretrain/eval_sink_pretrain.py)
 GU_ROW_EPS = 1e-8  # added to a row's sum when Gu et al. renormalise it (lit_gpt/inference/model_attn_sim_infer.py)
-SINK_STUDY_EVALUATIONS = 8  # evaluations per sink study run (its curves' points): sink_study.py's runs, bench.py's
+SINK_STUDY_EVALUATIONS = 8  # evaluations per sink study run (its curves' points): the study's runs, tools/bench.py's
 # the value-weighted share at every evaluation reads every 4th query (1, 5, 9, ...): with a gate its norms cost T^2 D^2
 # per head, 40% of an evaluation on all queries; this keeps items 1-5 of the measures within 10%
-# (bench.py --sections=probes)
+# (tools/bench.py --sections=probes)
 VALUE_WEIGHTED_STRIDE = 4
 KURTOSIS_EPS = 1e-6  # added to std^4 in Bondarenko et al.'s kurtosis (transformers_language/utils.py)
 KNOCKOUT_FIRST = (0, 1, 4)  # StreamingLLM's kept initial tokens: none, the first, four (Xiao et al. 2023)
@@ -224,7 +224,7 @@ def outlier_hooks(model, layers):
 def attention_statistics(model, idx, corner=30, value_stride=1):
     """Per-layer statistics of the effective attention weights on the sequences idx (B, T), T <= block_size, each
     per sequence so that batches concatenate (torch.cat along dim 0) into the statistics of all sequences:
-    what analyze.py's figures, train.py's evaluations and sink_study.py read. Weights come from each layer's
+    what analyze.py's figures, train.py's evaluations and study/sink_study.py read. Weights come from each layer's
     Attention.weights on the inputs the model's own forward gives that layer (inspect_attention), in float64.
     For weights w (B, H, T, T), means over queries i >= 1 (query 0 sees only token 0) unless noted:
       first_token (B,), first_token_head (B, H): w_i0 (Figure 4), over heads and queries / per head;

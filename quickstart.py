@@ -256,8 +256,8 @@ def write_report(out_dir, args, stages, students, real_model_skipped):
              f"reproduce the paper's gaps between variants (Table 1: differences of 0.5-1.6 accuracy points at "
              f"0.5B-3B parameters and 20B tokens). Read differences below against the run-to-run noise the table "
              f"reports (run --seeds=0,1,2 to measure it). Nor do they grow the first-token sink the paper sets out "
-             f"to reduce: `python sink_study.py` trains models that do, on CPU, and compares every variant against "
-             f"it (its results: docs/sink_study/report.md).", '']
+             f"to reduce: `python -m study.sink_study` trains models that do, on CPU, and compares every variant "
+             f"against it (its results: docs/sink_study/report.md).", '']
     lines += include(os.path.join(out_dir, 'table', 'report.md'), 'table')
     lines += ['']
     lines += include(os.path.join(out_dir, 'attention', 'report.md'), 'attention')

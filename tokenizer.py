@@ -1,10 +1,10 @@
 """
-Tokenizers: Hugging Face's byte-level BPE tokenizers (GPT-2, Llama-3, Qwen, SmolLM style), tiktoken BPE files and
-the 'bytes' tokenizer, each rebuilt from its own files as a tiktoken Encoding that gives the ids Hugging Face's does.
-prepare_data.py tokenizes corpora with it; distill.py, eval_zeroshot.py, analyze.py, export_hf.py and bench.py load
-a run's tokenizer with it or check one against meta.json's record. It needs NumPy and tiktoken only and imports no
-other module of this repo but files.py (pure Python), so importing it stays cheap (prepare_data.py's tokenizer
-workers do).
+Tokenizers: Hugging Face's byte-level BPE tokenizers (GPT-2, Llama-3, Qwen, SmolLM style), tiktoken BPE files and the
+'bytes' tokenizer, each rebuilt from its own files as a tiktoken Encoding that gives the ids Hugging Face's does.
+prepare_data.py tokenizes corpora with it; distill.py, eval_zeroshot.py, analyze.py, export_hf.py and tools/bench.py
+load a run's tokenizer with it or check one against meta.json's record. It needs NumPy and tiktoken only and imports no
+other module of this repo but files.py (pure Python), so importing it stays cheap (prepare_data.py's tokenizer workers
+do).
 
     from tokenizer import load_tokenizer, encode_document, tokenizer_info
 

@@ -71,7 +71,7 @@ TRAIN_KEYS = dict(
     first_token=Key('stream', "position 0 of every training and validation window. stream: the token where the "
                     "window's cut lands (nanoGPT's windows); prefix: the tokenizer's BOS (else its end-of-text token), "
                     "then block_size - 1 tokens of the stream: a fixed first token, under which attention sinks "
-                    "grow (Gu et al. 2025; sink_study.py, docs/data.md)", choices=('stream', 'prefix')),
+                    "grow (Gu et al. 2025; study/sink_study.py, docs/data.md)", choices=('stream', 'prefix')),
     init_from=Key('auto', "auto: continue from out_dir/ckpt.pt if there is one (bit-exactly), else start fresh; "
                   "resume: continue, and refuse if there is none; scratch: start fresh, and refuse to replace a "
                   "checkpoint unless overwrite", choices=('auto', 'resume', 'scratch')),

@@ -1,4 +1,5 @@
-# The sink study's recipe (sink_study.py runs it for every variant and seed; docs/analysis.md tells how it was found):
+# The sink study's recipe (python -m study.sink_study runs it for every variant and seed; docs/analysis.md tells how
+# it was found):
 # the quick start's tiny shape (4 layers, 128 wide, GQA 4:2, byte tokens) on 128-token windows of Python's standard
 # library that all start with <|endoftext|> (first_token='prefix'), a large learning rate and weight decay, the
 # setting in which Gu et al. (2025) find softmax grows a first-token sink. Expect from a softmax run: a sink in

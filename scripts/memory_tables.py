@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-import memory_measure  # noqa: E402
+from tools import memory_measure  # noqa: E402
 import memory_plan  # noqa: E402
 import train  # noqa: E402
 from common import KNOWN_PEAK_BF16, flops_per_token  # noqa: E402

@@ -1,7 +1,7 @@
 """
 A blind study's seal: report_dir/seal.json names the commit that fixed its claims, tests, recipe, seeds, stopping
 rule and report before its first run, when it was committed, and the sha256 of every file it held outside docs/.
-sink_study.py trains a blind study (--claims=v2) only where each of those files is as sealed, and every record it
+study/sink_study.py trains a blind study (--claims=v2) only where each of those files is as sealed, and every record it
 writes stores the seal's commit; tests/test_seal.py holds the records to it (docs/analysis.md, "The seal").
 
     python scripts/seal_study.py --commit=<the seal commit> --report_dir=docs/sink_study_v2
@@ -17,7 +17,7 @@ sys.path.insert(0, ROOT)
 
 from configurator import Key, parse  # noqa: E402  (after the path: the repository's root)
 from files import RunError, claim_dir, run_script, write_json  # noqa: E402
-from study_records import SEAL_FILE, read_seal  # noqa: E402
+from study.study_records import SEAL_FILE, read_seal  # noqa: E402
 
 
 def git(*args, text=True):

@@ -14,7 +14,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import study_results  # noqa: E402  (after the path: the repository's root)
+from study import study_results  # noqa: E402  (after the path: the repository's root)
 from files import atomic_write  # noqa: E402
 
 

@@ -25,7 +25,7 @@ SLOW = ('test_quickstart_runs_every_stage', 'test_check_on_a_machine_without_a_g
         'test_memory_plan_holds_against_a_fake_tensor', 'test_short_distillation_run', 'test_the_cpu_peak_is_measured',
         'test_each_layer_compiles_whole', 'test_alpha_ma_is_global_batch_exact_under_ddp',
         'test_a_read_only_file_system',
-        # tests/test_bench.py's tables of every section (one run of bench.py they share)
+        # tests/test_bench.py's tables of every section (one run of tools/bench.py they share)
         'test_every_section_prints_one_table', 'test_attention_table', 'test_kd_table', 'test_train_table',
         'test_eval_table')
 

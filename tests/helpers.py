@@ -303,9 +303,9 @@ def fake_run(path, attention, grad_norms, n_layer=2, kd=False):
 def seal_here(report, change=None):
     """A report_dir whose seal.json (scripts/seal_study.py's form) seals the study's own files as they are here, one
     of them (`change`) sealed with other contents: a blind study may train there."""
-    from study_records import file_sha256
+    from study.study_records import file_sha256
     files = {p: file_sha256(ROOT / p) for p in
-             ('model.py', 'train.py', 'sink_study.py', 'study_results.py', 'config/sink_study.py')}
+             ('model.py', 'train.py', 'study/sink_study.py', 'study/study_results.py', 'config/sink_study.py')}
     if change:
         files[change] = '0' * 64
     Path(report).mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Smoke tests for bench.py: every section at tiny sizes, run as the README runs it (python bench.py, one
+"""Smoke tests for tools/bench.py: every section at tiny sizes, run as the README runs it (python -m tools.bench, one
 process); the output must be one well-formed Markdown table per section with every row present and finite
 ratios. Timings are never checked against a threshold."""
 import json
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench
-import gpu_check
+from tools import bench
+from tools import gpu_check
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ TITLES = {'attention': 'Attention variants', 'kd': 'KD loss', 'train': 'Training
 
 
 def tables(stdout):
-    """{section: list of rows as {column: cell}} for each '## title' section of bench.py's output, checking
+    """{section: list of rows as {column: cell}} for each '## title' section of tools/bench.py's output, checking
     that each is a well-formed Markdown table: header, separator, rows with as many cells as the header."""
     result = {}
     for block in stdout.split('\n## ')[1:]:
@@ -47,9 +47,10 @@ def finite(cell):
 
 @pytest.fixture(scope='module')
 def output():
-    run = subprocess.run([sys.executable, 'bench.py', *TINY], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, '-m', 'tools.bench', *TINY], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.startswith('# bench.py on CPU') and 'float32' in run.stdout.splitlines()[0]
+    assert run.stdout.startswith('# tools/bench.py on CPU') and 'float32' in run.stdout.splitlines()[0]
     return tables(run.stdout)
 
 
@@ -164,9 +165,9 @@ def test_bad_arguments(capsys):
 
 
 def test_check_hands_over_to_gpu_check(monkeypatch):
-    """python bench.py --check becomes python gpu_check.py (os.execv: its output and exit status are the check's, as
-    tests/test_faults.py sees), with the check's flags in whatever form they were given, --steps and --kd_tokens;
-    gpu_check.py reads them back as they were."""
+    """python -m tools.bench --check becomes python -m tools.gpu_check (os.execv: its output and exit status are the
+    check's, as tests/test_faults.py sees), with the check's flags in whatever form they were given, --steps and
+    --kd_tokens; tools/gpu_check.py reads them back as they were."""
     class Executed(Exception):
         pass
 
@@ -177,7 +178,7 @@ def test_check_hands_over_to_gpu_check(monkeypatch):
         bench.main(['--check', '--check_parts', 'torchrun,kernels', '--check_json=out/check.json', '--steps=3',
                     '--sections=kd'])
     path, argv = e.value.args
-    assert path == argv[0] == sys.executable and os.path.samefile(argv[1], ROOT / 'gpu_check.py')
+    assert path == argv[0] == sys.executable and os.path.samefile(argv[1], ROOT / 'tools' / 'gpu_check.py')
     assert argv[2:] == ['--check_json=out/check.json', '--check_parts=torchrun,kernels', '--steps=3',
                         '--kd_tokens=8192']
     args = gpu_check.parse_args(argv[2:])

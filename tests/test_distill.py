@@ -238,7 +238,7 @@ def training_inputs(precision, B=2, T=40, C_s=64, C_t=96, V=300, seed=0):
 
 
 @pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA (gpu_check.py runs it on a GPU machine)'))])
+    not torch.cuda.is_available(), reason='needs CUDA (tools/gpu_check.py runs it on a GPU machine)'))])
 @pytest.mark.parametrize('precision', ['float32', 'bf16 autocast', 'bf16 autocast, bf16 hidden'])
 @pytest.mark.parametrize('temperature, kd_alpha', [(1.0, 1.0), (2.0, 1.0), (0.5, 0.3), (2.0, 0.5)])
 def test_fused_kd_loss_in_training_precision_against_float64(precision, temperature, kd_alpha, device):

@@ -203,18 +203,18 @@ def test_prepare_data_removes_only_its_own_unconfirmed_files(data_dir, tmp_path)
 
 
 def test_bench_check_json_refuses_a_file_it_did_not_write(tmp_path):
-    """Through bench.py --check, which hands over to gpu_check.py: the check's one line and exit status 1."""
+    """Through tools/bench.py --check, which hands over to gpu_check: the check's one line and exit status 1."""
     foreign = tmp_path / 'results.json'
     foreign.write_text('{"mine": 1}')
-    code, _, err = script('bench.py', '--check', f'--check_json={foreign}')
+    code, _, err = script('-m', 'tools.bench', '--check', f'--check_json={foreign}')
     assert code == 1 and 'holds something else than an earlier --check record' in one_line(err)
     assert foreign.read_text() == '{"mine": 1}'
 
 
 def test_the_check_record_goes_under_out_by_default(tmp_path, monkeypatch):
-    """gpu_check.py's JSON goes to out/bench_check.json unless told otherwise (never into the repository's root), its
-    folder made where missing."""
-    import gpu_check
+    """tools/gpu_check.py's JSON goes to out/bench_check.json unless told otherwise (never into the repository's root),
+    its folder made where missing."""
+    from tools import gpu_check
     monkeypatch.chdir(tmp_path)
     gpu_check.Check(gpu_check.KEYS['check_json'].default, dict(device='cpu'))
     assert json.loads((tmp_path / 'out' / 'bench_check.json').read_text()) == dict(device='cpu', rows=[])
@@ -343,7 +343,7 @@ def test_permission_denied_and_missing_paths_are_one_line(data_dir, tmp_path, ca
 def every_script_with_a_device(tmp_path, device):
     """Each script that takes --device, run in-process with it: [(its name, the RunError it stopped with)], after
     asserting that it wrote nothing."""
-    import bench
+    from tools import bench
     import distill
     import sample
     missing = tmp_path / 'missing'
@@ -354,7 +354,7 @@ def every_script_with_a_device(tmp_path, device):
                                                             f'--out={tmp_path / "eval" / "eval.json"}']),
             'analyze.py': lambda: analyze.main(['attention', str(missing), f'--out_dir={tmp_path / "analysis"}',
                                                 f'--device={device}']),
-            'bench.py': lambda: bench.main([f'--device={device}']),
+            'tools/bench.py': lambda: bench.main([f'--device={device}']),
             'sample.py': lambda: sample.main([f'--device={device}', f'--ckpt={missing}'])}
     errors = []
     for name, run in runs.items():

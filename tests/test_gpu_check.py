@@ -1,11 +1,11 @@
-"""gpu_check.py, the GPU acceptance run (what python bench.py --check hands over to: tests/test_bench.py and
+"""tools/gpu_check.py, the GPU acceptance run (what python -m tools.bench --check hands over to: tests/test_bench.py and
 tests/test_faults.py hold the hand-over), on a machine without a GPU: its CPU parts for real, and the rows it gives
 where a GPU image lacks what a part needs."""
 import json
 
 import torch
 
-import gpu_check
+from tools import gpu_check
 
 torch.set_num_threads(2)
 
@@ -19,7 +19,7 @@ def test_check_on_a_machine_without_a_gpu(tmp_path, capsys):
     status = gpu_check.main([f'--check_json={json_path}'])
     out, err = capsys.readouterr()
     assert status == 0, out + err[-3000:]
-    assert out.lstrip('\n').startswith('## gpu_check.py on CPU')
+    assert out.lstrip('\n').startswith('## tools/gpu_check.py on CPU')
     lines = [line for line in out.splitlines() if line.startswith('|')]
     header = [cell.strip() for cell in lines[0].strip('|').split('|')]
     assert header == ['section', 'check', 'result', 'measured', 'target'] and lines[1] == '|' + '---|' * 5

@@ -27,8 +27,8 @@ from torch.utils._pytree import tree_leaves
 
 import common
 import distill
-import gpu_check
-import memory_measure
+from tools import gpu_check
+from tools import memory_measure
 import memory_plan
 import train
 from data import Windows

@@ -7,11 +7,11 @@ import sys
 import pytest
 
 import analyze
-import bench
+from tools import bench
 import distill
 import eval_zeroshot
 import export_hf
-import gpu_check
+from tools import gpu_check
 import model
 import prepare_data
 import quickstart

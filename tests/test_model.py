@@ -813,8 +813,8 @@ def test_explicit_weights_reproduce_the_forward(attention, gate, act, bias_norm)
 
 @pytest.mark.parametrize('attention', ATTENTIONS)  # (the gate on every variant: the layer-level test above)
 def test_explicit_attention_equals_the_fast_path(attention):
-    """Attention.explicit (Attention.weights @ V: the written T x T form of Eq. 1, 3, 6-8, bench.py's peer) and the
-    O(T) fused path give the same logits and gradients, in float64, GQA, for both of affine's N."""
+    """Attention.explicit (Attention.weights @ V: the written T x T form of Eq. 1, 3, 6-8, tools/bench.py's peer) and
+    the O(T) fused path give the same logits and gradients, in float64, GQA, for both of affine's N."""
     for bias_norm in ('seq_len', 'visible'):
         torch.manual_seed(0)
         fast = GPT(ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64, vocab_size=50,

@@ -33,7 +33,7 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     assert '| Affine-Scaled | 2,048 |' in report  # W_alpha: 4 layers x 128 x 4 heads
     assert 'Seeds: 0.' in report and 'One run per method' in report
     assert 'train on 12,288 tokens or fewer' in report  # the teacher's 3 steps x 16 sequences x 256 tokens
-    assert '`python sink_study.py` trains models that do' in report
+    assert '`python -m study.sink_study` trains models that do' in report
     assert os.path.isfile(os.path.join(ROOT, 'docs/sink_study/report.md'))
     for figure in re.findall(r'\]\(([^)]+\.png)\)', report):
         assert (out / figure).stat().st_size > 1000

@@ -111,8 +111,8 @@ def imported_modules(path):
 
 
 def test_nothing_imports_an_orchestrating_script():
-    """quickstart.py, sink_study.py, bench.py and the GPU acceptance run import library modules (and train.py's
-    public functions); no module, script or orchestrator imports one of them."""
+    """quickstart.py, study/sink_study.py, tools/bench.py and the GPU acceptance run import library modules (and
+    train.py's public functions); no module, script or orchestrator imports one of them."""
     files = [*ROOT.glob('*.py'), *ROOT.glob('scripts/*.py')]
     found = [f'{p.relative_to(ROOT)} imports {name}' for p in files for name in sorted(imported_modules(p))
              if name in ORCHESTRATORS]

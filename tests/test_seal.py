@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-import sink_study
-import study_records
-import study_results
+from study import sink_study
+from study import study_records
+from study import study_results
 from files import RunError
 from helpers import seal_here
 

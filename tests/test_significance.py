@@ -1,4 +1,4 @@
-"""significance.py, each test against a second implementation written here another way: the permutation test by
+"""study/significance.py, each test against a second implementation written here another way: the permutation test by
 brute-force enumeration of every labelling of the seeds, Fisher's by counting seed assignments one by one, Holm's
 by its definition as a sequence of rejections, and textbook values."""
 import itertools
@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-import significance as sig
+from study import significance as sig
 
 
 def brute_force_permutation(a, b, strata_a=None, strata_b=None):

@@ -1,5 +1,6 @@
-"""The sink study (sink_study.py) and what it rests on: windows that start with a fixed token, the standard-library
-corpus, the study's measurements against an independent recomputation, its verdicts, and the README's numbers."""
+"""The sink study (study/sink_study.py) and what it rests on: windows that start with a fixed token, the
+standard-library corpus, the study's measurements against an independent recomputation, its verdicts, and the README's
+numbers."""
 import json
 import math
 import os
@@ -10,7 +11,7 @@ import pytest
 import prepare_data
 from data import Windows, first_token_id, prefix_id, read_meta, read_shard
 from files import RunError
-from study_records import NO_DECAY
+from study.study_records import NO_DECAY
 
 
 def test_prefix_windows_start_with_the_token_and_cover_every_token_once(data_dir):
@@ -52,16 +53,16 @@ def test_stdlib_corpus_is_recorded(tmp_path):
 
 
 def test_the_study_end_to_end(data_dir, tmp_path):
-    """sink_study.py on a few thousand tokens (softmax and affine: a CE run, a KD run and a control run): a record per
-    run, results.json (schema 2, the v1 fields kept), report.md and the figures; each run's first-token weights agree
-    with a recomputation from its checkpoint through another path: transformers' eager attentions of the exported
+    """study/sink_study.py on a few thousand tokens (softmax and affine: a CE run, a KD run and a control run): a record
+    per run, results.json (schema 2, the v1 fields kept), report.md and the figures; each run's first-token weights
+    agree with a recomputation from its checkpoint through another path: transformers' eager attentions of the exported
     softmax model, the float64 references of test_model.py (written from the paper's equations) for the others; the
     control run's alpha_proj did not decay; a record of another recipe is left out; and a re-run trains nothing."""
     import torch
     from transformers import AutoModelForCausalLM
     import export_hf
-    import sink_study
-    import study_records
+    from study import sink_study
+    from study import study_records
     from checkpoint import read_checkpoint
     from model import GPT
     from test_analyze import explicit_weights
@@ -162,7 +163,7 @@ def test_claims_get_their_words_from_the_tests():
     """study_results.test_claims on made-up records of 6 ce seeds per variant: affine's weight below sink's in every
     seed is supported (exact p = 2 / 924, Holm over the 7 primary claims), sink's above softmax's contradicted, equal
     losses not decided; the recipe's seed 0 never enters; 2 kd seeds give numbers only; kd permutes within teachers."""
-    import study_results
+    from study import study_results
 
     def record(arm, variant, seed, weight, teacher=None):
         jitter = 1e-3 * seed
@@ -203,7 +204,7 @@ def test_the_design_confounds_come_from_the_records():
     """study_results.design_confounds on made-up kd records: each of v1's four confounds is said, with the records'
     numbers, where the records show it, and none where a design removed them (v2's: the variants' own matrices out of
     the decay, a sink in half of the layers or more, larger teachers of other seeds, no "Sink_1 > 0" claim)."""
-    import study_results
+    from study import study_results
 
     def run(variant, seed, rates, no_decay=()):
         return dict(name=f'kd_{variant}_s{seed}', arm='kd', variant=variant, seed=seed, no_decay=list(no_decay),
@@ -244,8 +245,8 @@ def block(path, start, end):
 def test_the_readme_shows_the_committed_study():
     """The README's study block, its words included, is the committed results.json's (study_results.readme_lines), and
     the report and figures it points to are committed beside it."""
-    import sink_study
-    import study_results
+    from study import sink_study
+    from study import study_results
     with open(os.path.join(ROOT, 'docs', 'sink_study', 'results.json')) as f:
         results = json.load(f)
     expected = '\n'.join(study_results.readme_lines(results))
@@ -261,7 +262,7 @@ def test_the_readme_shows_the_committed_study():
 
 def test_analysis_md_shows_the_claims_and_the_pilot():
     """docs/analysis.md's claims table is study_results.CLAIMS, and its pilot table the committed pilot's results."""
-    import study_results
+    from study import study_results
     got = block('docs/analysis.md', '<!-- the claims: study_results.claims_table() -->', '<!-- end of the claims -->')
     assert got == '\n'.join(study_results.claims_table())
     with open(os.path.join(ROOT, 'docs', 'sink_study', 'pilot', 'results.json')) as f:
@@ -271,10 +272,10 @@ def test_analysis_md_shows_the_claims_and_the_pilot():
     assert got == '\n'.join(study_results.pilot_lines(pilot))
     assert sorted(r['name'] for r in pilot['runs']) == sorted(
         f'{arm}_{v}_s{s}' for arm in ('ce', 'kd') for v in ('softmax', 'sink', 'gated', 'affine') for s in (1, 2, 3))
-    # the quick start's "about an hour on 2 cores" for `python sink_study.py` (the pilot) is the committed pilot's
+    # the quick start's "about an hour on 2 cores" for `python -m study.sink_study` (the pilot) is the committed pilot's
     # time: its runs' steps and end-of-run measures, two at a time (measured: 60.5 minutes from first start to last end)
     with open(os.path.join(ROOT, 'README.md')) as f:
-        assert 'python sink_study.py           # the sink study\'s pilot (about an hour on 2 cores)' in f.read()
+        assert 'python -m study.sink_study     # the sink study\'s pilot (about an hour on 2 cores)' in f.read()
     # two at a time: the default jobs, one per core, on the 2-core machine that trained all 24
     assert '--jobs' not in pilot['command'] and pilot['machine'].endswith('2 CPU cores, device cpu (24 runs)')
     assert 45 <= sum(r['seconds'] + r['end_seconds'] for r in pilot['runs']) / 2 / 60 <= 80
@@ -386,7 +387,7 @@ def test_matched_seeds_are_compared_in_pairs():
     weight is below sink's in every seed give the sign-flip test's floor, 2 / 4096; unpaired, the seeds' own spread
     (0.01 a seed, larger than the difference) hides it (p > 0.05). Without matched_init, or with other seeds on one
     side, the test is unpaired."""
-    import study_results
+    from study import study_results
 
     def record(variant, seed, weight, matched=True):
         return dict(arm='kd', variant=variant, seed=seed, teacher=f'teacher_softmax_s{101 + seed % 2}',
@@ -408,7 +409,7 @@ def test_v2_claims_on_matched_pairs():
     primary claims (v1's) and 27 secondary ones, each primary one paired by seed. Affine's weight is below sink's in
     every seed, so p = 2 / 4096 (sign flips), Holm-adjusted over the 7 primary claims at most 7 x that: supported;
     seeds with Sink_1 >= 1/16, 0 of 12 against 12 of 12, by Fisher's exact test: 2 / C(24, 12). v2 has no ce arm."""
-    import study_results
+    from study import study_results
 
     def record(variant, seed):
         weight = dict(softmax=0.3, sink=0.02, gated=0.05, affine=0.01)[variant] + 0.001 * seed
@@ -437,7 +438,7 @@ def test_the_gpu_plan_and_its_cpu_dry_run(data_dir, tmp_path):
     parameters, seed 101; seeds 1-3, 12M tokens a run, on cuda). Without a GPU, its dry run on the CPU (a few steps a
     run, one seed) goes through every stage: the teacher, a student of each variant, the end measures, the records
     (each naming the seal) and the report."""
-    import sink_study
+    from study import sink_study
     from helpers import seal_here
     argv = ['--plan=gpu', f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}', '--report_only=True']
     runs, steps, per_step = sink_study.plan_runs(*sink_study.parse_args(argv))

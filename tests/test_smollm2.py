@@ -216,7 +216,7 @@ def test_eval_zeroshot_equals_lm_evaluation_harness(teacher):
         import lm_eval.models.huggingface  # noqa: F401
     except Exception as e:  # not installed, or 0.4.9 under transformers 5 (no AutoModelForVision2Seq)
         pytest.skip(f"lm-evaluation-harness does not import here: {type(e).__name__}: {e}")
-    import bench
+    from tools import bench
     docs = bench.synthetic_docs(12)
     model, enc = ez.load_model_and_tokenizer(teacher, None, torch.device('cpu'), torch.float32)
     ours = ez.score_requests(model, ez.encode_docs('synthetic', docs, enc, model.config.block_size), 8)

@@ -1,4 +1,4 @@
-"""The sink study's records (study_records.py) and the commands around them: a file in runs/ that is not a valid
+"""The sink study's records (study/study_records.py) and the commands around them: a file in runs/ that is not a valid
 record, or a record made with other settings, stops the study with one line instead of changing a verdict; one
 writer per run; SIGTERM and SIGINT stop the children cleanly and a re-run continues. The committed v1 records pass
 unchanged. The study cases share one tiny study, trained once (study)."""
@@ -15,8 +15,8 @@ import time
 import pytest
 
 import prepare_data
-import sink_study
-import study_records
+from study import sink_study
+from study import study_records
 from files import RunError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -231,7 +231,7 @@ def test_the_users_thread_count_is_respected(study, tmp_path, capsys, monkeypatc
 
 
 def study_process(argv, out):
-    return subprocess.Popen([sys.executable, 'sink_study.py', *argv], cwd=ROOT, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, '-m', 'study.sink_study', *argv], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED='1'))
 
 
@@ -269,7 +269,8 @@ def test_a_signal_stops_the_children_and_a_rerun_continues(signum, data_dir, tmp
     steps = [json.loads(line)['step'] for line in (out / 'train' / 'ce_softmax_s1' / 'metrics.jsonl').open()]
     assert (out / 'train' / 'ce_softmax_s1' / 'ckpt.pt').is_file() and steps
     if signum == signal.SIGTERM:  # the same command continues from the checkpoint: every step once
-        again = subprocess.run([sys.executable, 'sink_study.py', *argv], cwd=ROOT, capture_output=True, text=True)
+        again = subprocess.run([sys.executable, '-m', 'study.sink_study', *argv], cwd=ROOT, capture_output=True,
+                               text=True)
         assert again.returncode == 0, again.stderr
         steps = [json.loads(line)['step'] for line in (out / 'train' / 'ce_softmax_s1' / 'metrics.jsonl').open()]
         assert steps == list(range(1, steps[-1] + 1)) and (out / 'runs' / 'ce_softmax_s1.json').is_file()

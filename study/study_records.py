@@ -13,7 +13,7 @@ import re
 
 from files import RunError
 from model import ATTENTIONS
-from study_results import RECIPE_SEED, SOFTMAX
+from study.study_results import RECIPE_SEED, SOFTMAX
 
 SCHEMA_VERSION = 2
 ARMS = ('recipe', 'ce', 'kd', 'control', 'teacher')  # teacher: a kd teacher of its own shape (v2's); v1's are ce runs

@@ -1,12 +1,13 @@
 """
 The sink study's results: the claims fixed before its runs (CLAIMS, each on a measure of MEASURES), their tests
-(significance.py), and every word the report, the README's block and docs/analysis.md's pilot table say about them,
-generated from the runs' records (sink_study.py writes the records; scripts/study_blocks.py writes the blocks).
+(study/significance.py), and every word the report, the README's block and docs/analysis.md's pilot table say about
+them, generated from the runs' records (study/sink_study.py writes the records; scripts/study_blocks.py writes the
+blocks).
 """
 import os
 import statistics
 
-import significance as sig
+from study import significance as sig
 from model import ATTENTIONS, PAPER_VARIANTS
 from probes import SINK_THRESHOLD, layer_mean
 
@@ -18,7 +19,7 @@ RECIPE_SEED = 0  # the seed the recipe was searched on (softmax, ce): reported, 
 SMOLLM2 = dict(first_token_mean=0.36, first_token_max=0.65, source=(
     "python quickstart.py's real-model stage: SmolLM2-135M-Instruct (analyze.py attention on the built-in corpus in "
     "its tokens, 4 x 256 tokens; docs/analysis.md)"))
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
 
 
 def minutes(seconds):
@@ -26,7 +27,7 @@ def minutes(seconds):
         f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 # -----------------------------------------------------------------------------
-# The claims, fixed before the runs (docs/analysis.md), and their tests (significance.py)
+# The claims, fixed before the runs (docs/analysis.md), and their tests (study/significance.py)
 
 # measure name -> (what it is, its value in a record)
 MEASURES = {
@@ -116,7 +117,7 @@ CLAIMS_V2 = [c for c in CLAIMS if c[1] == 'primary'] + [
     *[c for c in CLAIMS if c[0] in ('qiu_gate_share', 'w8a8_affine_softmax', 'w8a8_affine_sink',
                                     'knockout_affine_softmax', 'knockout_affine_sink')],
 ]
-CLAIM_SETS = dict(v1=(CLAIMS, ('kd', 'ce')), v2=(CLAIMS_V2, ('kd',)))  # sink_study.py --claims: the claims, the arms
+CLAIM_SETS = dict(v1=(CLAIMS, ('kd', 'ce')), v2=(CLAIMS_V2, ('kd',)))  # the study's --claims: the claims, the arms
 CLAIM_ARMS = ('kd', 'ce')  # each claim is tested in both, kd (the paper's setting) first
 CONTROL_MEASURES = ('weight', 'share', 'loss')  # did turning decay off on alpha_proj, g_proj move these?
 # Figure 4's comparison, each way the study reads it
@@ -509,7 +510,8 @@ def tests_sentence(results):
              "by Fisher's exact test" if results.get('claim_set') == 'v2' else
              "per-seed values by an exact two-sided permutation test (kd: permuted within a teacher), seeds with a "
              "sink by Fisher's exact test")
-    return (f"Tests (fixed before the runs; significance.py): {tests}, Holm's correction within each arm's family at "
+    return (f"Tests (fixed before the runs; study/significance.py): {tests}, Holm's correction within each arm's "
+            f"family at "
             f"{sig.ALPHA}; intervals are 95% percentile bootstraps ({sig.BOOTSTRAP_SAMPLES:,} resamples, seeded); a "
             f"group with fewer than {sig.MIN_SEEDS} seeds gives numbers only. \"Seeds needed\": the normal "
             f"approximation at Holm's strictest level with power {sig.POWER}, never below the exact test's floor.")

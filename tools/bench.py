@@ -1,0 +1,624 @@
+"""
+Benchmarks, measured side by side in one run on whatever device is found: CPU runs float32 eager; CUDA runs
+bf16 autocast, with torch.compile (each decoder layer, as train.py) where a training step is timed. Each section
+prints a Markdown table under its own heading; progress goes to stderr. Timings are reports, never pass/fail.
+
+    python -m tools.bench                                        # every section at the sizes below
+    python -m tools.bench --sections=attention,train --steps=7   # some sections
+    python -m tools.bench --sections=kd --kd_tokens=1024 --kd_hidden=512    # KD at V = 128,256 in ~2.5 GiB, not ~20
+
+Sections:
+  attention  per variant at T = 1024 and 2048: forward+backward time and peak memory of one training step,
+             as ratios to softmax; "affine (explicit T x T)" is Eq. 6 as a user would first write it from the
+             paper, the peer our O(T) affine is measured against
+  kd         distill.fused_kd_loss vs the naive full-logits KL at V = 128,256, 8,192 tokens, hidden 2048; the
+             naive path (~20 GiB) is skipped, with its estimate printed, where it would not fit in memory
+  train      tokens/s and MFU of real AdamW steps of a small model: common.flops_per_token x tokens/s over the
+             device's measured matmul peak at the model's matmul shapes (common.measured_matmul_flops)
+  eval       docs/s of eval_zeroshot's batched scoring vs one request per forward, synthetic 4-choice docs
+  harness    docs/s of eval_zeroshot vs lm-evaluation-harness 0.4.9 on a real model (--harness_model; lm_eval installed)
+  study      the sink study's runs: tokens/s of train.py as the study starts it (eager, and compiled as the study
+             runs it; its seconds outside the steps) against a plain PyTorch loop on the same shape; 2 one-thread
+             processes side by side against one with 2 threads
+
+Peak memory: CUDA's allocator peak (max_memory_allocated) on GPU; on CPU the rise of the process's peak
+resident set size during the measured step (VmHWM, reset through /proc/self/clear_refs), with glibc's mmap
+threshold pinned so that every freed tensor really leaves the process (common.PeakMemory, set_mmap_threshold).
+
+    python -m tools.bench --check     # the GPU acceptance run, pass/fail: tools/gpu_check.py, which this hands over to
+"""
+import contextlib
+import dataclasses
+import ctypes
+import os
+import random
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+import torch
+
+if __package__ in (None, ''):  # run as a file: the repository's root on the path, as `python -m` puts it
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import prepare_data
+from distill import kd_problem
+from common import (PeakMemory, Progress, autocast, compile_layers, default_peak_flops, flops_per_token, gemm_shapes,
+                    log, measured_matmul_flops, print_table, ratio, resolve_device)
+from configurator import DEVICE, Key, parse, shown
+from files import RunError, read_log, run_script
+from eval_zeroshot import (choice_doc, encode_docs, load_model_and_tokenizer, plan_forwards, score_one_by_one,
+                           score_requests)
+from model import ATTENTIONS, BASELINE, EXPLICIT, FIELD_NAMES, GPT, PROPOSED, ModelConfig
+from probes import (GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS, VALUE_WEIGHTED_STRIDE, activation_outliers,
+                    alpha_summary, first_token_weights, hooked_forward, inspect_attention, knockout_losses,
+                    mean_attention_logit, sink_rates, sink_record, sink_scores, value_weighted_first_token,
+                    variant_statistics, w8a8_losses)
+from tokenizer import load_tokenizer
+from train import configure_optimizers, load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
+TINY_CONFIG = os.path.join(ROOT, 'config', 'tiny_cpu.py')
+
+# -----------------------------------------------------------------------------
+# Measuring
+
+
+def set_mmap_threshold(n_bytes):
+    """glibc's mmap threshold, fixed (which also stops its adjustment). The memory sections set it low: glibc
+    would otherwise raise it after the first big free and keep later tensors on the heap, where freeing them
+    need not lower the resident size, so on CPU the resident set follows the live tensors and its peak measures
+    theirs. The timing sections set it to the dynamic threshold's ceiling (32 MiB), close to what a normal run
+    settles at, so that their large allocations are not each a fresh mmap."""
+    if sys.platform == 'linux':
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, n_bytes)  # -3: M_MMAP_THRESHOLD
+        libc.malloc_trim(0)  # what earlier sections freed onto the heap goes back to the kernel
+
+
+def available_memory(device):
+    """Bytes that can still be allocated: free GPU memory, or the kernel's MemAvailable estimate."""
+    if device.type == 'cuda':
+        torch.cuda.empty_cache()
+        return torch.cuda.mem_get_info(device)[0]
+    return int(re.search(r'MemAvailable:\s+(\d+)', open('/proc/meminfo').read()).group(1)) * 1024
+
+
+def synchronize(device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize()
+
+
+def dtype_name(device):
+    return 'bf16 autocast' if device.type == 'cuda' else 'float32'
+
+
+def mib(n_bytes):
+    return f'{n_bytes / 2**20:.1f}'
+
+
+def model_config(args, attention, block_size):
+    """The model of the attention and train sections (SwiGLU width 8/3 n_embd, rounded down to 64)."""
+    return ModelConfig(n_layer=args.n_layer, n_head=args.n_head, n_kv_head=args.n_kv_head, n_embd=args.n_embd,
+                       intermediate_size=args.n_embd * 8 // 3 // 64 * 64, vocab_size=args.vocab_size,
+                       block_size=block_size, attention=attention)
+
+
+def model_shape(args):
+    return (f'n_layer={args.n_layer} n_embd={args.n_embd} n_head={args.n_head} n_kv_head={args.n_kv_head} '
+            f'vocab={args.vocab_size}')
+
+# -----------------------------------------------------------------------------
+# attention: one training step per variant, vs softmax and vs the explicit T x T affine
+
+
+def bench_attention(args, device):
+    """Per sequence length: build every variant, then time them in interleaved rounds (one step of each
+    per round, median over rounds), so drift in machine load hits all variants alike."""
+    variants = list(ATTENTIONS) + [EXPLICIT]
+    rows = []
+    for T in args.seq_lens:
+        steps = {}
+        for variant in variants:
+            torch.manual_seed(0)
+            model = GPT(model_config(args, variant.split(' ')[0], T)).to(device)
+            if variant == EXPLICIT:
+                for layer in model.model.layers:
+                    layer.self_attn.explicit = True
+            step_model = compile_layers(model) if args.compile else model  # as train.py compiles
+            idx = torch.randint(0, args.vocab_size, (args.batch_size, T), device=device)
+
+            def step(model=model, step_model=step_model, idx=idx):
+                model.zero_grad(set_to_none=True)
+                with autocast(device):
+                    _, loss = step_model(idx, idx)
+                loss.backward()
+                synchronize(device)
+                model.zero_grad(set_to_none=True)
+
+            step()  # warm-up (and compilation)
+            steps[variant] = step
+        times = {v: [] for v in variants}
+        for _ in range(args.steps):
+            for variant in variants:
+                t0 = time.perf_counter()
+                steps[variant]()
+                times[variant].append(time.perf_counter() - t0)
+        measured = []
+        for variant in variants:
+            with PeakMemory(device) as mem:
+                steps[variant]()
+            measured.append((variant, statistics.median(times[variant]), mem.peak))
+            log(f'  attention: {variant:<24} T={T:<5} {measured[-1][1] * 1e3:9.1f} ms {mib(mem.peak):>9} MiB')
+        del steps
+        _, base_time, base_mem = measured[0]  # softmax
+        rows += [[v, str(T), f'{t * 1e3:.1f}', ratio(t, base_time), mib(m), ratio(m, base_mem)] for v, t, m in measured]
+    print_table('Attention variants: one training step (forward + backward)',
+                f'Model {model_shape(args)}, batch {args.batch_size}; {dtype_name(device)}, compile={args.compile}; '
+                f'median of {args.steps} interleaved rounds; peak memory of one step. Sink runs the LSE-corrected '
+                f'flash kernel on CPU and CUDA. "{EXPLICIT}": Eq. 6 with the T x T matrix built explicitly.',
+                ['variant', 'T', 'fwd+bwd (ms)', 'time / softmax', 'peak mem (MiB)', 'mem / softmax'], rows)
+
+# -----------------------------------------------------------------------------
+# kd: fused_kd_loss vs the naive full-logits KL
+
+
+def bench_kd(args, device):
+    """One forward + backward of pure KD (T = 1) per path, on random hidden states and lm_heads; in training
+    dtypes on CUDA (bf16 hidden states and teacher head, float32 student head, autocast)."""
+    N, V, C = args.kd_tokens, args.kd_vocab, args.kd_hidden
+    h_s, w_s, paths = kd_problem(N, V, C, C, device, torch.bfloat16 if device.type == 'cuda' else torch.float32)
+    # at its peak the naive path holds five N x V float32 tensors (the saved log-softmaxes and the KL's terms,
+    # forward and backward alike): 19.57 GiB at the default sizes, where 19.58 GiB was measured on CPU
+    estimate, available = 5 * N * V * 4, available_memory(device)
+    results = {}
+    for name, step in paths.items():
+        if name == 'naive' and estimate > available:
+            log(f'  kd: naive skipped: it needs ~{estimate / 2**30:.1f} GiB, {available / 2**30:.1f} GiB available')
+            continue
+        if device.type == 'cuda':
+            step()  # warm-up: CUDA context, cuBLAS workspaces
+        h_s.grad = w_s.grad = None  # freed before the measurement: the step's own gradients count in its peak
+        with PeakMemory(device) as mem:
+            t0 = time.perf_counter()
+            loss = step().item()  # .item() waits for the device
+            seconds = time.perf_counter() - t0
+        results[name] = (seconds, mem.peak, loss)
+        log(f'  kd: {name:<14} {seconds:9.2f} s {mib(mem.peak):>9} MiB')
+    base_time, base_mem, _ = results.get('naive', (0, 0, 0))
+    rows = [[name, f'{t:.2f}', ratio(t, base_time), mib(m), ratio(m, base_mem), f'{loss:.6f}']
+            for name, (t, m, loss) in results.items()]
+    if 'naive' not in results:
+        rows.insert(0, ['naive', 'skipped: would not fit', '-', f'~{mib(estimate)} (estimate)', '-', '-'])
+    print_table('KD loss: fused_kd_loss vs naive full logits',
+                f'{N:,} tokens, V = {V:,}, hidden {C}; one forward + backward of KD (T = 1, pure KD); '
+                f'{"bf16 hidden states and teacher head, autocast" if device.type == "cuda" else "float32"}, eager. '
+                f'Naive path estimated at {estimate / 2**30:.2f} GiB, {available / 2**30:.1f} GiB available.',
+                ['path', 'time (s)', 'time / naive', 'peak mem (MiB)', 'mem / naive', 'loss'], rows)
+
+# -----------------------------------------------------------------------------
+# train: tokens/s and MFU of real optimizer steps
+
+
+def bench_train(args, device):
+    """Forward, backward, AdamW step and alpha_ma update, on one fixed random batch (no data loading), after
+    two warm-up steps (compilation, AdamW's state). MFU as train.py logs it (common.flops_per_token), over the
+    measured matmul peak at the shapes of every variant's matmuls."""
+    B, T = args.train_batch_size, args.train_seq_len
+    dtype = torch.bfloat16 if device.type == 'cuda' else torch.float32
+    rows, shapes = [], set()
+    for variant in args.variants:
+        torch.manual_seed(0)
+        model = GPT(model_config(args, variant, T)).to(device)
+        optimizer = configure_optimizers(model, weight_decay=0.1, lr=1e-4, betas=(0.9, 0.95))
+        step_model = compile_layers(model) if args.compile else model  # as train.py compiles
+        x = torch.randint(0, args.vocab_size, (B, T + 1), device=device)
+
+        def step():
+            with autocast(device):
+                _, loss = step_model(x[:, :-1], x[:, 1:])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            model.update_alpha_ma()
+
+        for _ in range(2):
+            step()
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(args.train_steps):
+            step()
+        synchronize(device)
+        dt = (time.perf_counter() - t0) / args.train_steps
+        rows.append((variant, model.get_num_params(), dt, flops_per_token(model, T) * B * T / dt))
+        shapes |= set(gemm_shapes(model, B * T))
+        log(f'  train: {variant:<14} {dt * 1e3:9.1f} ms/step {B * T / dt:10,.0f} tokens/s')
+    peak = measured_matmul_flops(device, dtype, sorted(shapes))
+    how = f": one thread's best x {torch.get_num_threads()} threads" if device.type == 'cpu' else ''
+    note = (f'; the peak train.py uses for its MFU on this GPU is '
+            f'{default_peak_flops(device, dtype, sorted(shapes)) / 1e12:.0f} TFLOP/s.'
+            if device.type == 'cuda' else '.')
+    rows = [[variant, f'{params:,}', f'{dt * 1e3:.1f}', f'{B * T / dt:,.0f}', f'{flops / 1e12:.3f}',
+             f'{100 * flops / peak:.1f}%'] for variant, params, dt, flops in rows]
+    print_table('Training throughput',
+                f'Model {model_shape(args)}, batch {B} x {T} tokens, {args.train_steps} timed AdamW steps; '
+                f'{dtype_name(device)}, compile={args.compile}. MFU = common.flops_per_token x tokens/s over the '
+                f'measured matmul peak at the model\'s matmul shapes, {peak / 1e12:.2f} TFLOP/s '
+                f'(common.measured_matmul_flops{how})' + note,
+                ['variant', 'params', 'step (ms)', 'tokens/s', 'model TFLOP/s', 'MFU'], rows)
+
+# -----------------------------------------------------------------------------
+# study: the sink study's runs (train.py as study/sink_study.py starts them) vs a plain PyTorch loop on the same shape
+
+STUDY_CONFIG = os.path.join(ROOT, 'config', 'sink_study.py')
+
+
+def plain_loop(config, steps, device, threads):
+    """tokens/s of the loop the study is held to: the study's model and batch in a plain PyTorch loop, as one first
+    writes it: AdamW over every parameter at one learning rate, batches sliced at random from a random token stream,
+    eager, nothing else (no schedule, clipping, logging, evaluation or checkpoint), on `threads` threads. Median
+    step after 5 warm-up."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**{key: config[key] for key in FIELD_NAMES})).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config['learning_rate'], weight_decay=config['weight_decay'])
+    B, T = config['global_batch_size'], config['block_size']
+    stream = torch.randint(0, config['vocab_size'], (1_000_000,))
+    times = []
+    for _ in range(5 + steps):
+        t0 = time.perf_counter()
+        starts = torch.randint(0, len(stream) - T - 1, (B,)).tolist()
+        batch = torch.stack([stream[s:s + T + 1] for s in starts]).to(device)
+        _, loss = model(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    torch.set_num_threads(before)
+    return B * T / statistics.median(times[5:])
+
+
+def study_command(variant, steps, compile, data_dir, out_dir, device):
+    """train.py as study/sink_study.py starts a run, for `steps` steps with the study's evaluations per run."""
+    return [sys.executable, 'train.py', STUDY_CONFIG, f'--data_dir={data_dir}', f'--out_dir={out_dir}',
+            f'--attention={variant}', f'--max_iters={steps}',
+            f'--eval_interval={max(1, steps // SINK_STUDY_EVALUATIONS)}', f'--compile={compile}', f'--device={device}']
+
+
+def study_runs(commands, threads):
+    """Run train.py commands side by side, each with `threads` threads; per run (median tokens/s of its steps after
+    the first 5, as its metrics.jsonl records them; seconds outside the steps: start, compile, evaluations and
+    checkpoints, from its wall time)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    out_dirs = [next(a.partition('=')[2] for a in c if a.startswith('--out_dir=')) for c in commands]
+    outputs = [open(f'{d}.log', 'w') for d in out_dirs]
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
+             for c, output in zip(commands, outputs)]
+    walls = {}
+    while len(walls) < len(procs):
+        walls |= {i: time.perf_counter() - t0 for i, p in enumerate(procs) if i not in walls and p.poll() is not None}
+        time.sleep(0.05)
+    results = []
+    for i, (command, proc, out_dir, output) in enumerate(zip(commands, procs, out_dirs, outputs)):
+        output.close()
+        if proc.returncode != 0:
+            with open(output.name) as f:
+                raise RunError(f"{shlex.join(command)} failed:\n{f.read()[-2000:]}")
+        steps = [r for r in read_log(os.path.join(out_dir, 'metrics.jsonl')) if 'tokens_per_sec' in r]
+        results.append((statistics.median(r['tokens_per_sec'] for r in steps[5:] or steps),
+                        walls[i] - sum(r['dt'] for r in steps)))
+    return results
+
+
+def bench_study(args, device):
+    """Per variant: the plain loop, train.py eager, and train.py as the study runs it (config/sink_study.py: layers
+    compiled); then the processes (the study's 2 one-thread runs side by side against one run on 2 threads) and what
+    the attention statistics of its evaluations cost."""
+    config = load_config([STUDY_CONFIG])
+    B, T, threads = config['global_batch_size'], config['block_size'], args.study_threads
+    steps, full = args.study_steps, config['max_iters']
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, 'data')  # the built-in corpus: throughput does not depend on which text it is
+        with contextlib.redirect_stdout(sys.stderr):
+            prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={data}', '--val_every=10'])
+        run = lambda variant, compile, i=0: study_command(variant, steps, compile, data,
+                                                         os.path.join(tmp, f'{variant}_{compile}_{i}'), device)
+        for variant in args.variants:
+            plain = plain_loop(config | dict(attention=variant), steps, device, threads)
+            (eager, _), = study_runs([run(variant, False)], threads)
+            (compiled, outside), = study_runs([run(variant, True)], threads)
+            rows.append([variant, f'{plain:,.0f}', f'{eager:,.0f}', f'{compiled:,.0f}', ratio(compiled, plain),
+                         f'{outside:.0f}', f'{(outside + full * B * T / compiled) / 60:.1f}'])
+            log(f'  study: {variant:<14} plain {plain:,.0f}, train.py eager {eager:,.0f}, compiled {compiled:,.0f} '
+                f'tokens/s; {outside:.0f} s outside the steps')
+        variant = args.variants[0]
+        side = study_runs([run(variant, True, i) for i in range(2)], threads)
+        (together, _), = study_runs([run(variant, True, 9)], 2 * threads)
+        # the analysis passes: a run without the attention statistics at its evaluations, beside one with them
+        (_, without), (_, with_stats) = study_runs([run(variant, True, 8) + ['--attention_windows=0'],
+                                                    run(variant, True, 7)], threads)
+        # the most that training k seeds as one batched model could gain: one model's tokens/s at k times the batch
+        # (k seeds' weights stacked do at least the work of one model on k x the batch, in no fewer kernels)
+        batched = [study_runs([run(variant, True, 20 + k) + [f'--global_batch_size={k * B}',
+                                                               f'--micro_batch_size={k * B}']], threads)[0][0]
+                   for k in (1, 2, 4)]
+    print_table("The sink study's runs: train.py against a plain PyTorch loop",
+                f"config/sink_study.py's model and batch ({B} x {T} tokens), {threads} thread(s) per process, "
+                f"{steps} steps per run (tokens/s: the median step after the first 5). Plain loop: bench.plain_loop, "
+                f"eager. train.py: the study's command (its data loading, schedule, clipping, logging, 8 "
+                f"evaluations with the attention statistics, checkpoints), eager and as the study runs it (layers "
+                f"compiled); 'outside the steps': its seconds of start, compile, evaluations and checkpoints. A study "
+                f"run of {full:,} steps: those seconds plus its steps at the compiled rate.",
+                ['variant', 'plain loop tokens/s', 'train.py eager', 'train.py compiled', 'compiled / plain',
+                 'outside the steps (s)', f'a {full:,}-step run (min)'], rows)
+    print_table('Processes',
+                f"{variant}, train.py compiled, {steps} steps: the study's way on a 2-core machine (2 runs side by "
+                f"side, {threads} thread(s) each) against one run with {2 * threads}. The attention statistics of the "
+                f"{SINK_STUDY_EVALUATIONS} evaluations (probes.sink_record, the study's analysis pass) cost "
+                f"{with_stats - without:.1f} s of a "
+                f"run's {with_stats:.0f} s outside its steps (two runs side by side, one with --attention_windows=0)).",
+                ['processes x threads', 'tokens/s per run', 'tokens/s in all'],
+                [[f'2 x {threads}', ' / '.join(f'{t:,.0f}' for t, _ in side), f'{sum(t for t, _ in side):,.0f}'],
+                 [f'1 x {2 * threads}', f'{together:,.0f}', f'{together:,.0f}']])
+    print_table('Seeds batched into one model: the most they could gain',
+                f"{variant}, train.py compiled, one run with {threads} thread(s), {steps} steps, at the study's batch "
+                f"({B} windows) and at 2 and 4 times it: training k seeds as one batched model does at least the work "
+                f"of one model on k times the batch, so the last column bounds its speed-up over k separate runs.",
+                ['batch (windows)', 'tokens/s', 'over the study\'s batch'],
+                [[f'{k * B}', f'{t:,.0f}', ratio(t, batched[0])] for k, t in zip((1, 2, 4), batched)])
+
+# -----------------------------------------------------------------------------
+# probes: what the sink measures cost, at every evaluation and at the end of a run
+
+
+def seconds(fn, repeats=3):
+    """The median wall time of fn() over `repeats` calls, after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_probes(args, device):
+    """Per variant, on the sink study's model (config/sink_study.py, random weights: the cost does not depend on
+    them): an evaluation as train.py runs it with attention_windows (the validation loss on eval_batches x
+    micro_batch_size windows, the mean logit and probes.sink_record on the windows), and within it the measures of
+    the sink-measures issue's items 1-5, each timed on its own on the layers' inputs of the windows: the
+    first-token-or-null split and Gu et al.'s scores (first_token_weights, sink_scores, the negative rows), the
+    value-weighted share (every VALUE_WEIGHTED_STRIDE-th query, as sink_record), alpha's summary, and the activation
+    outliers (a forward with their hooks less one without); then the measures of the end of a run (analyze.py
+    attention): Gu et al.'s setting, W8A8 and the knockout."""
+    config = load_config([STUDY_CONFIG])
+    T, model_config = config['block_size'], ModelConfig(**{key: config[key] for key in FIELD_NAMES})
+    n_val, n_windows = config['eval_batches'] * config['micro_batch_size'], config['attention_windows']
+    generator = torch.Generator().manual_seed(0)
+    tokens = lambda n, length: torch.randint(0, config['vocab_size'], (n, length), generator=generator).to(device)
+    val, windows, gu = tokens(n_val, T + 1), tokens(n_windows, T), tokens(GU_SAMPLES, GU_LENGTH)
+    rows = []
+    for variant in args.variants:
+        torch.manual_seed(0)
+        model = GPT(dataclasses.replace(model_config, attention=variant)).to(device)
+        layers = inspect_attention(model, windows, lambda attn, x, cos, sin, positions: (
+            attn, x, cos, sin, attn.weights(x, cos, sin, positions).double()))
+
+        def evaluation():
+            with torch.no_grad():
+                for i in range(0, n_val, config['micro_batch_size']):
+                    model(val[i:i + config['micro_batch_size'], :-1], val[i:i + config['micro_batch_size'], 1:])
+            mean_attention_logit(model, windows[:1])
+            sink_record(model, windows)
+
+        def items():
+            for attn, x, cos, sin, w in layers:
+                v = attn.config.variant
+                first_token_weights(w), sink_scores(w, v.rows_sum_to_one, v.sink), (w.amin(-1) < 0).double().mean()
+                value_weighted_first_token(attn, x, cos, sin, w, VALUE_WEIGHTED_STRIDE)
+                if v.alpha:
+                    alpha_summary(variant_statistics(attn, x)['alpha'])
+
+        base = seconds(evaluation)
+        added = max(0.0, seconds(items) + seconds(lambda: activation_outliers(model, windows))
+                    - seconds(lambda: hooked_forward(model, windows, [])))
+        end = [seconds(fn, repeats=1)
+               for fn in (lambda: sink_rates(model, gu, batch_size=GU_SAMPLES),
+                          lambda: w8a8_losses(model, val[:4, :-1], val[4:20, :-1], batch_size=16),
+                          lambda: knockout_losses(model, val[4:20, :-1], batch_size=16))]
+        rows.append([variant, f'{base:.2f}', f'{added:.3f}', f'{100 * added / base:.0f}%',
+                     *[f'{t:.2f}' for t in end]])
+        log(f'  probes: {variant:<14} evaluation {base:.2f} s, of which items 1-5 {added:.3f} s')
+    print_table("What the sink measures cost",
+                f"config/sink_study.py's model, {torch.get_num_threads()} thread(s), eager. Evaluation: what train.py "
+                f"runs at each evaluation with attention_windows, the validation loss ({n_val} windows of {T} tokens), "
+                f"the mean logit and probes.sink_record on its {n_windows} windows. Items 1-5: the part of it the sink "
+                f"measures of the measures issue add (first-token share, null mass and Gu's scores; the value-weighted "
+                f"share on every {VALUE_WEIGHTED_STRIDE}th query; alpha's summary; the activation outliers), each "
+                f"timed alone. End of a run (analyze.py attention): Gu et al.'s Sink_1 on {GU_SAMPLES} x {GU_LENGTH} "
+                f"tokens, W8A8 (4 calibration windows, 16 evaluated), the knockout (16 windows, each k). Seconds, "
+                f"median of 3 (end of run: one call).",
+                ['variant', 'evaluation (s)', 'items 1-5 (s)', 'share', "Gu's setting (s)", 'W8A8 (s)',
+                 'knockout (s)'], rows)
+
+# -----------------------------------------------------------------------------
+# eval: eval_zeroshot's batched scoring vs one request at a time
+
+
+def synthetic_docs(n_docs, seed=0):
+    """4-choice documents shaped like HellaSwag's: a context of 15-40 random words, endings of 3-12 words."""
+    rng = random.Random(seed)
+    words = [''.join(rng.choices('abcdefghijklmnopqrstuvwxyz', k=rng.randint(2, 9))) for _ in range(500)]
+
+    def text(lo, hi):
+        return ' '.join(rng.choices(words, k=rng.randint(lo, hi)))
+
+    return [choice_doc(text(15, 40), [text(3, 12) for _ in range(4)], rng.randrange(4)) for _ in range(n_docs)]
+
+
+def bench_eval(args, device):
+    """Both scorers of eval_zeroshot on the same requests; their scores must agree (the last column)."""
+    dtype = torch.bfloat16 if device.type == 'cuda' else torch.float32  # eval_zeroshot's --dtype=auto
+    tiny = load_config([TINY_CONFIG])
+    docs, enc = synthetic_docs(args.eval_docs), load_tokenizer('bytes')
+    rows = []
+    for variant in args.variants:
+        torch.manual_seed(0)
+        config = ModelConfig(**{key: tiny[key] for key in FIELD_NAMES} | dict(attention=variant))
+        model = GPT(config).to(device=device, dtype=dtype).eval()
+        requests = encode_docs('synthetic', docs, enc, config.block_size)
+        forwards = len(set(plan_forwards(requests, not config.outputs_depend_on_length)))
+        score_requests(model, requests[:args.eval_batch_size], args.eval_batch_size)  # warm-up, both scorers
+        score_one_by_one(model, requests[:args.eval_batch_size])
+        t0 = time.perf_counter()
+        batched = score_requests(model, requests, args.eval_batch_size,
+                                 Progress(f'  eval: {variant} batched', forwards))
+        t_batched = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        single = score_one_by_one(model, requests, Progress(f'  eval: {variant} one by one', len(requests)))
+        t_single = time.perf_counter() - t0
+        rows.append([variant, str(len(docs)), str(len(requests)), str(forwards), f'{len(docs) / t_batched:.1f}',
+                     f'{len(docs) / t_single:.1f}', ratio(t_single, t_batched),
+                     f'{max(abs(a - b) for a, b in zip(batched, single)):.1e}'])
+        log(f'  eval: {variant:<14} batched {t_batched:.2f} s, one by one {t_single:.2f} s')
+    print_table('Zero-shot evaluation: batched vs one request at a time',
+                f'config/tiny_cpu.py shape, random weights, {str(dtype).removeprefix("torch.")}, eager; {len(docs)} '
+                f'synthetic 4-choice docs (byte tokens; contexts of 15-40 words, endings of 3-12). Batched: '
+                f'eval_zeroshot.score_requests, batch size {args.eval_batch_size}; one by one: '
+                f'eval_zeroshot.score_one_by_one (the harness at batch size 1).',
+                ['variant', 'docs', 'requests', 'forwards (batched)', 'batched docs/s', 'one-by-one docs/s',
+                 'speedup', 'max abs loglik diff'], rows)
+
+
+def harness_loglikelihoods(model_dir, docs, batch_size, device, dtype):
+    """lm-evaluation-harness 0.4.9's log-likelihoods of every (context, continuation) of docs, in order, from its
+    HFLM (lm_eval/models/huggingface.py: what `lm_eval --model hf` runs) on a Hugging Face model directory, and the
+    seconds they took. ImportError where lm_eval is not installed or does not import (0.4.9 needs transformers 4)."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    lm = HFLM(pretrained=model_dir, batch_size=batch_size, device=str(device), dtype=dtype)
+    pairs = [pair for doc in docs for pair in doc.requests]
+    instances = [Instance(request_type='loglikelihood', doc={}, arguments=pair, idx=i) for i, pair in enumerate(pairs)]
+    t0 = time.perf_counter()
+    scores = [loglik for loglik, _ in lm.loglikelihood(instances, disable_tqdm=True)]
+    return scores, time.perf_counter() - t0
+
+
+def bench_harness(args, device):
+    """eval_zeroshot's batched scoring against lm-evaluation-harness's on a real model (--harness_model, a Hugging
+    Face directory such as scripts/gguf_to_hf.py --gguf=smollm2 writes): the same synthetic docs as text, each side
+    tokenizing them itself; their log-likelihoods must agree (the last column)."""
+    if args.harness_model is None:
+        return log('  harness: skipped: give --harness_model=DIR, a Hugging Face model directory')
+    dtype = 'bfloat16' if device.type == 'cuda' else 'float32'
+    docs = synthetic_docs(args.eval_docs)
+    model, enc = load_model_and_tokenizer(args.harness_model, None, device, getattr(torch, dtype))
+    requests = encode_docs('synthetic', docs, enc, model.config.block_size)
+    score_requests(model, requests[:args.eval_batch_size], args.eval_batch_size)  # warm-up
+    t0 = time.perf_counter()
+    ours = score_requests(model, requests, args.eval_batch_size, Progress('  harness: eval_zeroshot', len(requests)))
+    t_ours = time.perf_counter() - t0
+    del model
+    try:
+        theirs, t_theirs = harness_loglikelihoods(args.harness_model, docs, args.eval_batch_size, device, dtype)
+    except Exception as e:  # lm_eval 0.4.9 does not import with transformers 5 (AutoModelForVision2Seq is gone)
+        return log(f'  harness: skipped: lm-evaluation-harness did not run here: {type(e).__name__}: {e}')
+    print_table('Zero-shot evaluation: eval_zeroshot vs lm-evaluation-harness on a real model',
+                f'{args.harness_model}, {dtype}, {len(docs)} synthetic 4-choice docs ({len(requests)} requests) as '
+                f'text; batch size {args.eval_batch_size} on both sides: eval_zeroshot.score_requests and lm-eval '
+                f'0.4.9\'s HFLM.loglikelihood (each tokenizing the text itself).',
+                ['docs', 'eval_zeroshot docs/s', 'lm-eval docs/s', 'speedup', 'max abs loglik diff'],
+                [[str(len(docs)), f'{len(docs) / t_ours:.1f}', f'{len(docs) / t_theirs:.1f}', ratio(t_theirs, t_ours),
+                  f'{max(abs(a - b) for a, b in zip(ours, theirs)):.1e}']])
+
+
+SECTIONS = dict(attention=bench_attention, kd=bench_kd, train=bench_train, eval=bench_eval, harness=bench_harness,
+                study=bench_study, probes=bench_probes)
+MEMORY_SECTIONS = ('attention', 'kd')  # they measure peak memory
+GPU_CHECK = os.path.join(ROOT, 'tools', 'gpu_check.py')
+# what --check hands over to tools/gpu_check.py, under the same names there: its own keys (None: not given,
+# tools/gpu_check.py's default) and the two that the benchmark sections share with it, whose defaults are the same there
+CHECK_KEYS = ('check_json', 'check_parts', 'check_batch_size', 'steps', 'kd_tokens')
+
+
+KEYS = dict(
+    check=Key(False, 'validate this machine end to end instead of the benchmark sections: runs tools/gpu_check.py with '
+              'the flags below marked --check, --steps and --kd_tokens (python -m tools.gpu_check --help)'),
+    check_json=Key(None, "--check: tools/gpu_check.py's --check_json", types=(str,)),
+    check_parts=Key(None, "--check: tools/gpu_check.py's --check_parts", types=(list,)),
+    check_batch_size=Key(None, "--check: tools/gpu_check.py's --check_batch_size", types=(int,), min=1),
+    sections=Key(list(SECTIONS), 'comma-separated', choices=tuple(SECTIONS)),
+    device=DEVICE,
+    compile=Key(None, 'torch.compile the timed training steps (default: on for CUDA, off for CPU)', types=(bool,)),
+    # the model of the attention and train sections
+    n_layer=Key(4, min=1), n_embd=Key(512, min=1), n_head=Key(8, min=1), n_kv_head=Key(2, min=1),
+    vocab_size=Key(8192, min=1),
+    # attention
+    seq_lens=Key([1024, 2048], 'comma-separated', min=1),
+    steps=Key(7, 'timed rounds (one step of every variant each; median)', min=1),
+    batch_size=Key(1, min=1),
+    # kd
+    kd_tokens=Key(8192, min=1), kd_vocab=Key(128256, min=1), kd_hidden=Key(2048, min=1),
+    # train and eval
+    variants=Key([BASELINE, PROPOSED], 'comma-separated', choices=ATTENTIONS),
+    train_steps=Key(10, min=1),
+    train_batch_size=Key(None, 'default: 8 on CPU, 64 on CUDA', types=(int,), min=1),
+    train_seq_len=Key(256, min=1), eval_docs=Key(200, min=1), eval_batch_size=Key(32, min=1),
+    # study
+    study_steps=Key(100, "study: steps per train.py run (the study's runs have config/sink_study.py's max_iters)",
+                    min=6),
+    study_threads=Key(1, "study: threads per process (the study's: cores / jobs)", min=1),
+    # harness (needs lm-evaluation-harness 0.4.9, which needs transformers 4)
+    harness_model=Key(None, 'harness: a Hugging Face model directory, e.g. what scripts/gguf_to_hf.py writes',
+                      types=(str,)),
+)
+
+
+def parse_args(argv):
+    args = types.SimpleNamespace(**parse(sys.argv[1:] if argv is None else argv, KEYS, __doc__,
+                                         prog='python -m tools.bench'))
+    args.device = str(resolve_device(args.device))
+    cuda = args.device.startswith('cuda')
+    args.compile = cuda if args.compile is None else args.compile
+    args.train_batch_size = args.train_batch_size or (64 if cuda else 8)
+    return args
+
+
+def hand_over_to_gpu_check(args):
+    """--check: this process becomes `python -m tools.gpu_check` with the CHECK_KEYS given, so that the output, the exit
+    status and the signals (a scheduler's SIGTERM, Ctrl-C) are the check's own. Run, not imported: tools/gpu_check.py is
+    a script of its own, which no module or other script imports (docs/implementation.md)."""
+    argv = [f'--{name}={shown(getattr(args, name))}' for name in CHECK_KEYS if getattr(args, name) is not None]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, GPU_CHECK, *argv])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.check:
+        hand_over_to_gpu_check(args)
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == 'cuda' else f'CPU, {torch.get_num_threads()} threads'
+    print(f'# tools/bench.py on {name}; torch {torch.__version__}; {dtype_name(device)}')
+    # the memory sections first, in a fresh process: their CPU measurement needs a small mmap threshold
+    for section in sorted(args.sections, key=lambda s: s not in MEMORY_SECTIONS):
+        if device.type == 'cpu':
+            set_mmap_threshold(128 * 1024 if section in MEMORY_SECTIONS else 32 * 2 ** 20)
+        log(f'{section} ...')
+        t0 = time.perf_counter()
+        SECTIONS[section](args, device)
+        log(f'{section}: {time.perf_counter() - t0:.0f} s')
+
+
+if __name__ == '__main__':
+    sys.exit(run_script(main))
