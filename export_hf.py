@@ -31,16 +31,20 @@ from types import SimpleNamespace
 
 import torch
 
-from checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, hf_config, read_checkpoint,
-                        write_safetensors)
+from lmkit.checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, hf_config, read_checkpoint,
+                              write_safetensors)
 from configurator import Key, fail, parse
-from files import RunError, made_dirs, run_script, write_json
+from lmkit.errors import RunError, run_script
+from lmkit.files import made_dirs, write_json
 from model import GPT
-from tokenizer import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
+from lmkit.tokenizer import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # what a non-softmax export ships (hf_wrapper.py: the entry; the others are what it imports)
-CODE_FILES = ('attention_kernels.py', 'checkpoint.py', 'files.py', 'hf_wrapper.py', 'model.py')
+# the code an export of a variant transformers lacks ships, flat: the network, and lmkit's wrapper and what it reads
+CODE_PATHS = ('attention_kernels.py', 'lmkit/checkpoint.py', 'lmkit/errors.py', 'lmkit/files.py', 'lmkit/hf_wrapper.py',
+              'model.py')
+CODE_FILES = tuple(os.path.basename(path) for path in CODE_PATHS)
 HF_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.json', 'merges.txt')
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 # what the export's tokenizer must encode exactly as ours: scripts, accents, emoji, whitespace runs, digits,
@@ -193,8 +197,8 @@ def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 10
             generation = dict(special_ids, **({} if cfg.hf_native else dict(use_cache=False)))
             write_json(os.path.join(tmp, 'generation_config.json'), generation, indent=2)
             if not cfg.hf_native:
-                for file in CODE_FILES:
-                    shutil.copyfile(os.path.join(HERE, file), os.path.join(tmp, file))
+                for path in CODE_PATHS:
+                    shutil.copyfile(os.path.join(HERE, path), os.path.join(tmp, os.path.basename(path)))
             write_safetensors(export_state_dict(model, dtype), tmp, max_shard_bytes)
             for file in os.listdir(tmp):  # safetensors writes its files private (0600); give them the others' mode
                 if file.endswith('.safetensors'):

@@ -539,11 +539,8 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, path, attention='softmax', dtype=torch.float32, device='cpu'):
         """A GPT from a Hugging Face Llama / Mistral / Qwen2 directory, an export or our checkpoint (checkpoint.py)."""
-        try:
-            from .checkpoint import load_model
-        except ImportError:
-            from checkpoint import load_model
-        return load_model(cls, path, attention, dtype, device)
+        from lmkit.loading import load_model  # the one home of loading (imported here: model.py stands alone)
+        return load_model(path, attention, dtype, device, cls=cls)
 
     def _init_weights(self, module):
         """HF Llama's init: normal(0, init_std) matrices, zero biases, unit norms; a variant's tensors as its

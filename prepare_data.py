@@ -30,9 +30,10 @@ from types import SimpleNamespace
 import numpy as np
 
 from configurator import Key, parse
-from files import RunError, run_script, write_json
-from data import VERSION, check_shard, read_shard, write_shard
-from tokenizer import encode_document, load_tokenizer, tokenizer_info
+from lmkit.errors import RunError, run_script
+from lmkit.files import write_json
+from lmkit.data import VERSION, check_shard, read_shard, write_shard
+from lmkit.tokenizer import encode_document, load_tokenizer, tokenizer_info
 
 # load_tokenizer lives in tokenizer.py, read_shard in data.py; they stay importable from here, public entry points
 # kept for existing users (`from prepare_data import load_tokenizer, read_shard`)

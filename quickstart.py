@@ -42,7 +42,8 @@ import time
 from types import SimpleNamespace
 
 from configurator import Key, fail, parse  # pure Python: these run before the install
-from files import RunError, atomic_write, claim_dir, run_script
+from lmkit.errors import RunError, run_script
+from lmkit.files import atomic_write, claim_dir
 
 KEYS = dict(
     tests=Key(False, "install the test requirements, run ruff check . and then the test suite"),
@@ -186,14 +187,14 @@ def newer(path, than):
 
 def training_plan(argv, teacher=None):
     """(done, extra train.py arguments, note) for the train.py stage `argv` (a config file, then overrides), from the
-    checkpoint its out_dir holds (train.planned_run: train.py's own rule for continuing a run). Done: it ran the
+    checkpoint its out_dir holds (training.planned_run: train.py's own rule for continuing a run). Done: it ran the
     settings train.py would now resolve to the end, after the last training of its teacher. The same settings stopped
     part way: train.py continues from the checkpoint. Settings that change what training computes (the keys train.py's
     resume checks, and max_iters), or a teacher trained again since: trained again from scratch, the note saying
     why."""
-    import resume  # installed by now
-    import train
-    now, step, changed = train.planned_run([os.path.join(HERE, argv[0]), *argv[1:]], cwd=HERE)
+    from lmkit import resume  # installed by now
+    from lmkit.training import planned_run
+    now, step, changed = planned_run([os.path.join(HERE, argv[0]), *argv[1:]], cwd=HERE)
     if step is None:
         return False, [], ''
     if teacher and newer(ckpt_path(teacher), ckpt_path(now['out_dir'])):
@@ -216,7 +217,7 @@ def evaluated(student):
 def trained(out_dir):
     """(steps, tokens, seed) of the checkpoint in out_dir as it records them: what ran, whatever the settings now.
     Tokens: steps x global batch x block size."""
-    from checkpoint import read_checkpoint
+    from lmkit.checkpoint import read_checkpoint
     ckpt = read_checkpoint(ckpt_path(out_dir), keys=('step', 'config'))
     c = ckpt['config']
     return ckpt['step'], ckpt['step'] * c['global_batch_size'] * c['block_size'], c['seed']
@@ -313,7 +314,7 @@ def real_model_section(out_dir, skipped):
     if skipped:
         return lines + [f'Skipped: {skipped}.', '']
     import json
-    from probes import layer_mean
+    from lmkit.probes import layer_mean
     rows = []
     for subdir in ('smollm2_attention', 'attention'):
         with open(os.path.join(out_dir, subdir, 'numbers.json')) as f:
@@ -405,7 +406,7 @@ def main(argv=None):
     args.variants = args.variants or list(ATTENTIONS)
     if unknown := [v for v in args.variants if v not in ATTENTIONS]:
         fail(f"--variants: unknown {unknown}; choose from {', '.join(ATTENTIONS)}")
-    from checkpoint import CheckpointError
+    from lmkit.checkpoint import CheckpointError
     try:
         study(args)
     except CheckpointError as e:  # an earlier run's checkpoint that cannot be read: not for us to replace

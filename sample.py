@@ -24,11 +24,11 @@ from types import SimpleNamespace
 
 import torch
 
-from common import resolve_device, resolve_dtype
+from lmkit.device import resolve_device, resolve_dtype
 from configurator import DEVICE, Key, parse
 # the model and its tokenizer as every reader of a checkpoint gets them: sample.py imports no tokenizer code itself
-from eval_zeroshot import load_model_and_tokenizer, window_first_token
-from files import RunError, run_script
+from lmkit.loading import load_model_and_tokenizer, window_first_token
+from lmkit.errors import RunError, run_script
 
 FILE_PREFIX = 'FILE:'
 SEPARATOR = '---------------'

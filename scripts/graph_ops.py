@@ -22,7 +22,7 @@ from functorch.compile import make_boxed_func  # noqa: E402
 from torch._functorch.aot_autograd import aot_module_simplified  # noqa: E402
 
 from configurator import Key, parse  # noqa: E402
-from files import run_script  # noqa: E402
+from lmkit.errors import run_script  # noqa: E402
 from model import ATTENTIONS, MODEL_SHAPES, GPT, ModelConfig, rope_cos_sin  # noqa: E402
 
 KEYS = dict(variants=Key(list(ATTENTIONS), 'comma-separated', choices=ATTENTIONS),

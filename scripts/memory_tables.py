@@ -18,11 +18,10 @@ A file holds a table as
     <!-- memory_tables.py:end NAME -->
 and --write replaces only what lies between the two lines.
 """
-import contextlib
 import glob
-import io
 import os
 import re
+import subprocess
 import sys
 import tempfile
 
@@ -32,11 +31,12 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from tools import memory_measure  # noqa: E402
-import memory_plan  # noqa: E402
-import train  # noqa: E402
-from common import KNOWN_PEAK_BF16, flops_per_token  # noqa: E402
+from lmkit import memory_plan  # noqa: E402
+from lmkit.training import load_config  # noqa: E402
+from lmkit.measure import KNOWN_PEAK_BF16, flops_per_token  # noqa: E402
 from configurator import parse  # noqa: E402
-from files import atomic_write, run_script  # noqa: E402
+from lmkit.files import atomic_write  # noqa: E402
+from lmkit.errors import run_script
 from model import ATTENTIONS, BASELINE, FIELD_NAMES, GPT, ModelConfig  # noqa: E402
 
 SIZES = ('0.5b', '1b', '3b')
@@ -54,7 +54,7 @@ class Row:
     def __init__(self, path, *overrides):
         self.name = os.path.basename(path)[:-3]
         self.variant, self.size = self.name.rsplit('_', 1) if '_' in self.name else (self.name, '')
-        self.c = train.load_config([path, *overrides])
+        self.c = load_config([path, *overrides])
         self.cfg = ModelConfig(**{k: self.c[k] for k in FIELD_NAMES})
         # in tables: the attention flag, '_' read as '+' (affine_gated: affine + gated), then its options; rows in
         # model.ATTENTIONS' order, a variant's options after it
@@ -259,14 +259,10 @@ def onegpu_table():
 def dry_run_example(config='config/affine_3b.py'):
     """What `python train.py <config> --dry_run=True` prints, run where no teacher checkpoint is (a temporary
     directory), so that the teacher is its published shape on any machine."""
-    out, cwd = io.StringIO(), os.getcwd()
-    with tempfile.TemporaryDirectory() as empty, contextlib.redirect_stdout(out):
-        os.chdir(empty)
-        try:
-            train.main([os.path.join(ROOT, config), '--dry_run=True'])
-        finally:
-            os.chdir(cwd)
-    return f'```\n$ python train.py {config} --dry_run=True\n{out.getvalue().rstrip()}\n```'
+    with tempfile.TemporaryDirectory() as empty:  # train.py run, not imported: no file imports a script
+        out = subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), os.path.join(ROOT, config),
+                              '--dry_run=True'], cwd=empty, capture_output=True, text=True, check=True).stdout
+    return f'```\n$ python train.py {config} --dry_run=True\n{out.rstrip()}\n```'
 
 
 def measured_table(found):

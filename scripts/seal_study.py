@@ -16,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from configurator import Key, parse  # noqa: E402  (after the path: the repository's root)
-from files import RunError, claim_dir, run_script, write_json  # noqa: E402
+from lmkit.errors import RunError, run_script  # noqa: E402
+from lmkit.files import claim_dir, write_json
 from study.study_records import SEAL_FILE, read_seal  # noqa: E402
 
 

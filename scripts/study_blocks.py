@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from study import study_results  # noqa: E402  (after the path: the repository's root)
-from files import atomic_write  # noqa: E402
+from lmkit.files import atomic_write  # noqa: E402
 
 
 def results(path):

@@ -13,18 +13,14 @@ import math
 import random
 import statistics
 
+from lmkit.stats import mean_std  # noqa: F401  (sig.mean_std: the report's means, as analyze.py's; stdlib only)
+
 ALPHA = 0.05  # the family-wise error rate Holm's correction holds
 POWER = 0.8  # the power the seeds-needed estimate aims at
 MIN_SEEDS = 3  # a comparison where a variant has fewer seeds gives numbers, never a verdict word
 BOOTSTRAP_SAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 TIE = 1e-12  # differences within this (relative) of the observed one count as at least as extreme
-
-
-def mean_std(values):
-    """(mean, sample standard deviation) of the values given (None: not measured, left out); None where undefined."""
-    values = [v for v in values if v is not None]
-    return (statistics.fmean(values) if values else None), (statistics.stdev(values) if len(values) > 1 else None)
 
 
 def mean_difference(a, b):

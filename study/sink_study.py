@@ -54,9 +54,10 @@ if __package__ in (None, ''):  # run as a file: the repository's root on the pat
 
 from study import study_records
 from configurator import Key, parse
-from files import RunError, atomic_write, claim_dir, run_script, write_json
+from lmkit.errors import RunError, run_script
+from lmkit.files import atomic_write, claim_dir, write_json
 from model import ATTENTIONS
-from probes import GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS as EVALUATIONS
+from lmkit.probes import GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS as EVALUATIONS
 from study.study_records import ARMS, NO_DECAY, RECIPE_KEYS, SCHEMA_VERSION, SEAL_FILE, SPIKE_KS, record_name
 from study.study_results import (AFFINE, CORE, EXTRA, GATED, RECIPE_SEED, SOFTMAX, figures, minutes, report_lines,
                            test_claims, uniform_first_token)
@@ -160,8 +161,8 @@ def run_matrix(args):
 def plan_runs(args, overrides):
     """[run dicts: name, arm, variant, seed, teacher, argv, config], teachers first (the kd and control arms read the
     ce arm's softmax runs of --teachers)."""
-    import train
-    base = train.load_config(with_root([*args.config, *overrides]))
+    from lmkit.training import load_config
+    base = load_config(with_root([*args.config, *overrides]))
     per_step = base['global_batch_size'] * base['block_size']
     steps = max(1, round(args.tokens / per_step))
     common = [f'--data_dir={args.data_dir}', f'--device={args.device}', f'--max_iters={steps}',
@@ -187,7 +188,7 @@ def plan_runs(args, overrides):
                             argv=[*args.config, *args.teacher_config, *common, f'--attention={SOFTMAX}',
                                   f'--seed={seed}', f"--out_dir={train_dir(args, teacher)}"]))
     for run in runs:  # every run's settings checked before any work (train.py's own messages)
-        run['config'] = train.load_config(with_root(run['argv']))
+        run['config'] = load_config(with_root(run['argv']))
         run['config']['dtype'] = planned_dtype(run['config'], args.report_only)
     return runs, steps, per_step
 
@@ -196,7 +197,7 @@ def planned_dtype(config, report_only):
     """The dtype as train.py resolves it and writes it to config.json (a record's settings). A report on records of
     a device this machine lacks (--plan=gpu's, on a CPU) takes 'auto' as it resolves on a bf16 GPU (an older GPU's
     records say float32: give --dtype=float32)."""
-    from common import resolve_device, resolve_dtype
+    from lmkit.device import resolve_device, resolve_dtype
     if report_only and config['dtype'] != 'auto':
         return config['dtype']
     try:
@@ -219,10 +220,10 @@ def recipe_of(config, per_step):
 
 def state(run, records, per_step, study):
     """recorded (its record may stand for it: study_records.reuse_problems), or train.py's state of its run: done /
-    partial / new / changed (train.planned_run, the rule the quick start applies too: the same settings continue,
+    partial / new / changed (training.planned_run, the rule the quick start applies too: the same settings continue,
     changed ones train again from scratch). A record that may not stand is said, with why, before any work."""
-    import resume
-    import train
+    from lmkit import resume
+    from lmkit.training import planned_run
     record = records.get(run['name'])
     if record:
         problems = study_records.reuse_problems(record, run['config'], run['teacher'],
@@ -231,7 +232,7 @@ def state(run, records, per_step, study):
             return 'recorded'
         print(f"{run['name']}: its record was made with other settings ({'; '.join(problems)}): trained again",
               flush=True)
-    c, step, changed = train.planned_run(with_root(run['argv']), cwd=HERE)
+    c, step, changed = planned_run(with_root(run['argv']), cwd=HERE)
     run['extra'], run['note'] = (resume.RESTART, resume.restart_note(c['out_dir'], changed)) if changed else ([], '')
     return 'new' if step is None else 'changed' if changed else 'done' if step >= c['max_iters'] else 'partial'
 
@@ -390,9 +391,9 @@ def end_measures(out_dir, data_dir):
     of the per-query row totals (each query i >= 1's sum_j w_ij, averaged over heads) over the attention windows,
     per layer."""
     import torch
-    from data import Windows, first_token_id, read_meta
+    from lmkit.data import Windows, first_token_id, read_meta
     from model import GPT
-    from probes import attention_statistics, knockout_losses, sink_rates, w8a8_losses
+    from lmkit.probes import attention_statistics, knockout_losses, sink_rates, w8a8_losses
     model = GPT.from_pretrained(os.path.join(HERE, out_dir)).eval()
     with open(os.path.join(HERE, out_dir, 'config.json')) as f:
         config = json.load(f)
@@ -432,7 +433,7 @@ STEP_KEYS = ('step', 'lr', 'loss', 'grad_norm', 'tokens_per_sec', 'mfu', 'dt', '
 
 def make_record(run, per_step, data_dir, logs):
     """The record of a finished run (report_dir/runs/<name>.json; docs/analysis.md documents it)."""
-    from analyze import load_run, spike_counts
+    from lmkit.runs import load_run, spike_counts
     loaded = load_run(os.path.join(HERE, run['config']['out_dir']))
     records = loaded['records']
     evals = [r for r in records if 'first_token_weight' in r]
@@ -465,7 +466,7 @@ def make_record(run, per_step, data_dir, logs):
 def spikes_after_warmup(grad, warmup):
     """Table 5's counts over steps warmup-500 only (None where the warm-up reaches step 500): the warm-up's own
     spikes (most of a short run's) left out, the median and MAD over that window."""
-    from analyze import spike_counts
+    from lmkit.runs import spike_counts
     end = min(SPIKE_WINDOW[1], len(grad))
     counts = {str(k): n for k, n in spike_counts(grad, SPIKE_KS, warmup, end).items()} if warmup < end else None
     return dict(spikes_after_warmup=counts, spikes_after_warmup_window=[min(warmup, end), end])
@@ -490,7 +491,7 @@ def code_version():
 
 def corpus_identity(data_dir):
     """What identifies the prepared corpus: its shards' checksums (prepare_data.py's meta.json) and tokenizer."""
-    from data import read_meta
+    from lmkit.data import read_meta
     meta = read_meta(os.path.join(HERE, data_dir))
     return dict(checksums=meta['checksums'], tokenizer_sha256=meta['tokenizer'].get('sha256'),
                 source=meta['settings']['source']['source'])
@@ -596,7 +597,7 @@ def trained_on(records):
 def collect(args, runs, per_step, command, study, records):
     """results.json (schema 2, docs/analysis.md): every record of report_dir/runs (records) this command plans, made
     with its settings (others stop it unless --subset), the claims' tests, and what the report and README need."""
-    from data import read_meta
+    from lmkit.data import read_meta
     meta = read_meta(os.path.join(HERE, args.data_dir))
     config = next(r['config'] for r in runs if r['arm'] != 'teacher')  # the students' recipe
     source = meta['settings']['source']

@@ -11,7 +11,7 @@ import math
 import os
 import re
 
-from files import RunError
+from lmkit.errors import RunError
 from model import ATTENTIONS
 from study.study_results import RECIPE_SEED, SOFTMAX
 

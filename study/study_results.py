@@ -9,7 +9,7 @@ import statistics
 
 from study import significance as sig
 from model import ATTENTIONS, PAPER_VARIANTS
-from probes import SINK_THRESHOLD, layer_mean
+from lmkit.probes import SINK_THRESHOLD, layer_mean
 
 SOFTMAX, SINK, GATED, AFFINE, AFFINE_GATED = PAPER_VARIANTS  # the paper's five, in its order
 CORE = [SOFTMAX, SINK, GATED, AFFINE]  # the variants of the claims
@@ -578,7 +578,7 @@ def describe_corpus(corpus):
 def figures(results, out_dir):
     """Per arm: fig4_<arm>.png, the per-layer first-token weight and share, mean ± std over seeds, per variant;
     curves_<arm>.png, the first-token weight (mean over layers) and Gu's Sink_1 on the windows against tokens."""
-    from analyze import pyplot
+    from lmkit.runs import pyplot
     plt = pyplot()
     for arm in ('kd', 'ce', 'control', 'recipe'):
         by = {}

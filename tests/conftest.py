@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import prepare_data
-from files import RunError
-from tokenizer import gpt2_unicode_to_byte
+from lmkit.errors import RunError
+from lmkit.tokenizer import gpt2_unicode_to_byte
 from helpers import (EOT, HF_LLAMA3_REGEX, HF_QWEN2_REGEX, byte_level, digits_then_gpt2, hf_tokenizer, save_layout,
                      split_then_bytes, train_hf_bpe, write_json, write_tiktoken_file)
 

@@ -17,8 +17,10 @@ import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 import eval_zeroshot
-from tokenizer import gpt2_unicode_to_byte
-from files import read_log, run_script
+from lmkit import zeroshot
+from lmkit.tokenizer import gpt2_unicode_to_byte
+from lmkit.files import read_log
+from lmkit.errors import run_script
 import prepare_data
 from prepare_data import builtin_corpus
 
@@ -194,7 +196,7 @@ def write_task_data(root):
     """eval_zeroshot.py's offline data (--data_dir) for every task: three rows of TASK_ROWS each, and 1100 short C4
     documents."""
     for task, row in TASK_ROWS.items():
-        path = root / task / (eval_zeroshot.HUB[task][2] + '.jsonl')
+        path = root / task / (zeroshot.HUB[task][2] + '.jsonl')
         path.parent.mkdir(parents=True)
         rows = [row, dict(row, label=0) if 'label' in row and task != 'hellaswag' else row, row]
         path.write_text(''.join(json.dumps(r) + '\n' for r in rows))

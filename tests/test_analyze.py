@@ -14,10 +14,10 @@ import torch
 
 import analyze
 import prepare_data
-import probes
-from tokenizer import load_tokenizer, tokenizer_info
+from lmkit import probes
+from lmkit.tokenizer import load_tokenizer, tokenizer_info
 from helpers import ROOT, fake_run, write_task_data
-from files import RunError
+from lmkit.errors import RunError
 from model import ATTENTIONS, GPT, ModelConfig, rope_cos_sin
 from test_eval_zeroshot import unreachable_hub
 from test_model import REFERENCES, variant_name

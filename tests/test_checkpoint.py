@@ -15,10 +15,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import MistralConfig, MistralForCausalLM
 
-import checkpoint
+from lmkit import checkpoint
 import distill
-from checkpoint import config_from_hf
-from files import RunError
+from lmkit.checkpoint import config_from_hf
+from lmkit.errors import RunError
 from model import GPT, ModelConfig
 from hf_helpers import hf_logits, randomise, rel_err
 

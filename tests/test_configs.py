@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from model import FIELD_NAMES, GPT, ModelConfig
-from train import load_config
+from lmkit.training import load_config
 from helpers import readme_commands
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), '..', 'config')
@@ -126,7 +126,7 @@ def test_one_gpu_tier_fits_one_gpu(variant, monkeypatch):
     from SmolLM2-360M (its published shape: 361,821,120 parameters, the published count), whose plan fits one 24 GiB
     GPU with the dry run's margin at the loop's micro-batch: the config's own, but for affine_gated 4 (at the config's
     it does not fit)."""
-    import memory_plan
+    from lmkit import memory_plan
     monkeypatch.chdir(os.path.dirname(CONFIG_DIR))  # the README's paths are the repository's
     _, commands = readme_commands('Try it on one GPU')
     c = load_config(next(argv[2:] for argv in commands if argv[1] == 'train.py' and f'--attention={variant}' in argv))

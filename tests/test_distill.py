@@ -15,12 +15,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import distill
-import memory_plan
+from lmkit import memory_plan
 import prepare_data as prep
 import train
-from data import read_shard
-from tokenizer import load_tokenizer, tokenizer_info
-from files import RunError, run_script
+from lmkit.data import read_shard
+from lmkit.tokenizer import load_tokenizer, tokenizer_info
+from lmkit.errors import RunError, run_script
 from model import GPT, ModelConfig
 from helpers import EOT
 from hf_helpers import hf_logits, rel_err

@@ -16,10 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import eval_zeroshot as ez
-from data import write_shard
-from tokenizer import load_tokenizer, tokenizer_info
-from files import RunError
+import eval_zeroshot
+from lmkit import zeroshot as ez
+from lmkit.data import write_shard
+from lmkit.tokenizer import load_tokenizer, tokenizer_info
+from lmkit.errors import RunError
 from model import GPT, IGNORE_INDEX, ModelConfig
 from helpers import EOT, TASK_ROWS, write_task_data, write_tiktoken_file
 
@@ -190,7 +191,7 @@ def test_cli(tmp_path, bpe, capsys):
     data = write_task_data(tmp_path / 'data')
     common = [f'--ckpt={ckpt}', f'--data_dir={data}', '--log_samples=True', '--batch_size=3', '--c4_seqlen=32',
               '--c4_windows=4']
-    results = ez.main(common + [f'--out={tmp_path / "r.json"}'])
+    results = eval_zeroshot.main(common + [f'--out={tmp_path / "r.json"}'])
     saved = json.loads((tmp_path / 'r.json').read_text())
     assert list(saved) == list(ez.DEFAULT_TASKS)
     for task in TASK_ROWS:
@@ -200,20 +201,20 @@ def test_cli(tmp_path, bpe, capsys):
         assert len(r['docs'][0]['logliks']) == len(ez.DOC_BUILDERS[task](TASK_ROWS[task]).requests)
     assert saved['c4']['n'] == 4 and 'c4-new' in saved['c4']['protocol']
     assert 'hellaswag' in capsys.readouterr().out
-    slow = ez.main(common + ['--tasks=hellaswag,boolq', '--one_by_one=True', '--limit=2'])
+    slow = eval_zeroshot.main(common + ['--tasks=hellaswag,boolq', '--one_by_one=True', '--limit=2'])
     for task in ('hellaswag', 'boolq'):
         for a, b in zip(slow[task]['docs'], results[task]['docs'][:2]):
             assert a['logliks'] == pytest.approx(b['logliks'], rel=1e-5)
     with pytest.raises(SystemExit):
-        ez.main(common + ['--tasks=arc_easy,nope'])
+        eval_zeroshot.main(common + ['--tasks=arc_easy,nope'])
     with pytest.raises(SystemExit):
-        ez.main(common + ['--limit=two'])
+        eval_zeroshot.main(common + ['--limit=two'])
     write_tiktoken_file(tmp_path / 'tok.model', {bytes([b]): b for b in range(256)})  # not the checkpoint's
     with pytest.raises(RunError, match='not the one the model was trained with'):
-        ez.main(common + [f'--tokenizer={tmp_path / "tok.model"}'])
+        eval_zeroshot.main(common + [f'--tokenizer={tmp_path / "tok.model"}'])
     (tmp_path / 'broken.pt').write_bytes(b'not a checkpoint')  # the model evaluated, not a "teacher"
     with pytest.raises(RunError, match=rf"^model {tmp_path / 'broken.pt'}: .* is not a readable checkpoint"):
-        ez.main([a for a in common if not a.startswith('--ckpt')] + [f'--ckpt={tmp_path / "broken.pt"}'])
+        eval_zeroshot.main([a for a in common if not a.startswith('--ckpt')] + [f'--ckpt={tmp_path / "broken.pt"}'])
 
 
 def test_heldout(tmp_path):
@@ -287,7 +288,7 @@ def test_hf_models_of_every_tokenizer_family_score_as_the_harness(kind, family_t
         (data / task).mkdir(parents=True)
         (data / task / (ez.HUB[task][2] + '.jsonl')).write_text(json.dumps(row) + '\n'
                                                                 + json.dumps(TASK_ROWS[task]) + '\n')
-    results = ez.main([f'--hf_model={model_dir}', f'--data_dir={data}', f'--tasks={",".join(FAMILY_ROWS)}',
+    results = eval_zeroshot.main([f'--hf_model={model_dir}', f'--data_dir={data}', f'--tasks={",".join(FAMILY_ROWS)}',
                        '--log_samples=True', '--batch_size=4', '--device=cpu', '--dtype=float32'])
     for task in FAMILY_ROWS:
         docs = ez.build_docs(task, [FAMILY_ROWS[task], TASK_ROWS[task]], 'here')
@@ -295,7 +296,7 @@ def test_hf_models_of_every_tokenizer_family_score_as_the_harness(kind, family_t
         assert ours == pytest.approx(harness_logliks(model_dir, docs, 128), abs=1e-3), task
     # these tokenizers put no BOS before a text: --add_bos is refused, an empty context would be scored after EOS
     with pytest.raises(RunError, match='--add_bos: the bpe tokenizer puts no BOS before a text'):
-        ez.main([f'--hf_model={model_dir}', f'--data_dir={data}', '--tasks=piqa', '--add_bos=True'])
+        eval_zeroshot.main([f'--hf_model={model_dir}', f'--data_dir={data}', '--tasks=piqa', '--add_bos=True'])
     enc = load_tokenizer(str(model_dir))
     assert ez.encode_request(enc, '', ' x', 8, prefix_id=enc.ids([enc.prefix_token])[0])[0] == tuple(enc.ids([EOT]))
     with pytest.raises(ValueError, match='names neither'):
@@ -345,7 +346,7 @@ def test_a_task_file_without_usable_documents_is_one_line(tmp_path, task, lines,
     path.write_bytes(lines)
     ckpt = write_checkpoint(tmp_path / 'ckpt.pt', tiny_model(dtype=torch.float32))
     with pytest.raises(RunError, match='^' + message.format(path=re.escape(str(path)))) as e:
-        ez.main([f'--ckpt={ckpt}', f'--data_dir={data}', f'--tasks={task}', '--c4_seqlen=16'])
+        eval_zeroshot.main([f'--ckpt={ckpt}', f'--data_dir={data}', f'--tasks={task}', '--c4_seqlen=16'])
     assert '\n' not in str(e.value)
 
 
@@ -358,7 +359,7 @@ def test_an_unreachable_hub_is_one_line_in_seconds(tmp_path, monkeypatch):
     with pytest.raises(RunError, match=r'^piqa: cannot load baber/piqa \(None, validation\) from the hub: '
                                        r'the Hugging Face hub \(127\.0\.0\.1:\d+\) cannot be reached: .*; '
                                        r'offline, export it .* --data_dir=DIR') as e:
-        ez.main([f'--ckpt={ckpt}', '--tasks=piqa'])
+        eval_zeroshot.main([f'--ckpt={ckpt}', '--tasks=piqa'])
     assert time.monotonic() - start < 15 and '\n' not in str(e.value) and isinstance(e.value, ez.HubUnreachable)
     monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
     assert ez.hub_unreachable() is None  # offline mode: datasets reads its cache and connects nowhere
@@ -368,4 +369,4 @@ def test_an_unreachable_hub_is_one_line_in_seconds(tmp_path, monkeypatch):
         raise ConnectionError("Couldn't reach 'baber/piqa' on the Hub (OfflineModeIsEnabled)")
     monkeypatch.setattr(datasets, 'load_dataset', no_copy)
     with pytest.raises(ez.HubUnreachable, match=r"^piqa: cannot load .*\(OfflineModeIsEnabled\); offline, export"):
-        ez.main([f'--ckpt={ckpt}', '--tasks=piqa'])
+        eval_zeroshot.main([f'--ckpt={ckpt}', '--tasks=piqa'])

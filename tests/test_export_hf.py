@@ -19,11 +19,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 import distill
-import eval_zeroshot as ez
+from lmkit import loading
+from lmkit import zeroshot as ez
 import export_hf
 import prepare_data as prep
-from tokenizer import gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
-from files import RunError
+from lmkit.tokenizer import gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
+from lmkit.errors import RunError
 from model import ATTENTIONS, GPT, ModelConfig
 from helpers import HF_LLAMA3_REGEX, TEXT, train_hf_bpe, write_tiktoken_file
 from hf_helpers import randomise
@@ -205,7 +206,7 @@ def test_exported_files(name, exported):
     else:  # this repository's own files, byte for byte: no second copy of the model
         assert config['model_config'] == dataclasses.asdict(cfg)
         assert code == sorted(export_hf.CODE_FILES)
-        assert all((out / f).read_bytes() == (ROOT / f).read_bytes() for f in code)
+        assert all((out / os.path.basename(p)).read_bytes() == (ROOT / p).read_bytes() for p in export_hf.CODE_PATHS)
     generation = json.loads((out / 'generation_config.json').read_text())
     assert generation['eos_token_id'] == tok_info['eos_id'] or tok_info['family'] == 'llama3'
     assert not [p for p in out.parent.iterdir() if p.name.startswith('.')]  # no temporary directories left
@@ -271,8 +272,8 @@ def test_round_trip_through_our_loaders(name, exported):
     data_meta = dict(tokenizer=tok_info, vocab_size=tok_info['n_vocab'])
     distill.check_compatibility(teacher, str(out), model.config, data_meta, model.config.block_size)
     # eval_zeroshot.py --hf_model: the same model, the run's tokenizer read from the exported files, the same scores
-    from_hf, enc = ez.load_model_and_tokenizer(str(out), None, torch.device('cpu'), torch.float32)
-    from_ckpt, _ = ez.load_model_and_tokenizer(str(exported[name][2]), None, torch.device('cpu'), torch.float32)
+    from_hf, enc = loading.load_model_and_tokenizer(str(out), None, torch.device('cpu'), torch.float32)
+    from_ckpt, _ = loading.load_model_and_tokenizer(str(exported[name][2]), None, torch.device('cpu'), torch.float32)
     assert tokenizer_info(enc, tok_info['spec'])['sha256'] == tok_info['sha256']
     requests = harness_requests(enc, model.config.block_size)
     assert ez.score_requests(from_hf, requests, 4) == ez.score_requests(from_ckpt, requests, 4)

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 import analyze
-import checkpoint
-import common
+from lmkit import checkpoint
+from lmkit import device as devices
+from lmkit import errors
+from lmkit import files
 import eval_zeroshot
-import files
 import prepare_data
 import train
 from model import GPT
@@ -197,7 +198,7 @@ def test_prepare_data_removes_only_its_own_unconfirmed_files(data_dir, tmp_path)
     fresh = tmp_path / 'fresh'
     fresh.mkdir()
     (fresh / 'notes.tmp').write_text('the user\'s')
-    with pytest.raises(files.RunError, match='is not empty and has no meta.json'):
+    with pytest.raises(errors.RunError, match='is not empty and has no meta.json'):
         prepare_data.main(['--source=builtin', f'--out_dir={fresh}'])
     assert os.listdir(fresh) == ['notes.tmp']
 
@@ -297,7 +298,7 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tmpfs):
     with pytest.raises(OSError) as error:
         checkpoint.save_checkpoint(path, {'step': 2, 'w': torch.zeros(1_000_000)})  # 4 MB on a 1 MB disk
     assert error.value.errno == errno.ENOSPC and error.value.filename == path
-    assert files.describe_os_error(error.value).startswith(f"{path}: no space left on the device; free some space")
+    assert errors.describe_os_error(error.value).startswith(f"{path}: no space left on the device; free some space")
     assert torch.load(path, weights_only=False)['step'] == 1
     assert sorted(os.listdir(disk)) == ['ckpt.pt']  # no temporary file filling the disk
 
@@ -326,7 +327,7 @@ def test_permission_denied_and_missing_paths_are_one_line(data_dir, tmp_path, ca
     def denied(argv):
         raise PermissionError(errno.EACCES, 'Permission denied', str(tmp_path / 'run'))
     with pytest.raises(SystemExit) as exit:
-        files.run_script(denied, [])
+        errors.run_script(denied, [])
     assert exit.value.code == 1
     assert capsys.readouterr().err.endswith(f"error: {tmp_path / 'run'}: permission denied; check the permissions "
                                             f"(ls -ld) or write elsewhere\n")
@@ -358,7 +359,7 @@ def every_script_with_a_device(tmp_path, device):
             'sample.py': lambda: sample.main([f'--device={device}', f'--ckpt={missing}'])}
     errors = []
     for name, run in runs.items():
-        with pytest.raises(files.RunError) as e:
+        with pytest.raises(errors.RunError) as e:
             run()
         errors.append((name, str(e.value)))
     assert os.listdir(tmp_path) == []
@@ -379,13 +380,13 @@ def test_a_device_torch_cannot_use_is_one_line(tmp_path, monkeypatch):
     for name, message in every_script_with_a_device(tmp_path, 'cuda:7'):
         assert message == "--device=cuda:7: this machine has 2 cuda devices (cuda:0 to cuda:1); give one of them", name
     monkeypatch.setattr(torch.mps, 'is_available', lambda: False)
-    assert common.resolve_device('cuda:1') == torch.device('cuda', 1)
+    assert devices.resolve_device('cuda:1') == torch.device('cuda', 1)
     for device, message in [('mps', "--device=mps: torch sees no mps device here (torch.mps.is_available() is "
                                     "False); use --device=cpu (or auto: a GPU where there is one)"),
                             ('gpu', "--device=gpu: not a device name; use auto, cpu, cuda, cuda:N (N: a GPU's index) "
                                     "or mps")]:
-        with pytest.raises(files.RunError) as e:
-            common.resolve_device(device)
+        with pytest.raises(errors.RunError) as e:
+            devices.resolve_device(device)
         assert str(e.value) == message
 
 
@@ -422,7 +423,7 @@ def test_a_run_that_has_not_saved_yet_is_named_as_such(tmp_path):
         GPT.from_pretrained(str(run))  # eval_zeroshot --ckpt, analyze attention, train/distill --teacher
     with pytest.raises(checkpoint.CheckpointError, match=f"^{re.escape(said)}$"):
         train.main(['--dry_run=True', f'--teacher={run}'])  # the dry run's plan reads the teacher's shape
-    with pytest.raises(files.RunError, match=f"^model {re.escape(str(run))}: {re.escape(said)}$"):
+    with pytest.raises(errors.RunError, match=f"^model {re.escape(str(run))}: {re.escape(said)}$"):
         eval_zeroshot.main([f'--ckpt={run}', '--tasks=heldout', f'--out={tmp_path / "e" / "r.json"}'])
     assert sorted(os.listdir(tmp_path)) == ['run']  # and no empty directory left for --out
 
@@ -430,10 +431,10 @@ def test_a_run_that_has_not_saved_yet_is_named_as_such(tmp_path):
 def test_a_failed_start_leaves_no_empty_directory(tmp_path):
     """files.made_dirs, which eval_zeroshot.py (--out), export_hf.py and analyze.py make their outputs' directories
     with: what a failed run made is removed, as far up as it made it; a directory holding a file by then is kept."""
-    with pytest.raises(files.RunError):
+    with pytest.raises(errors.RunError):
         with files.made_dirs(tmp_path / 'a' / 'b' / 'c'):
             assert (tmp_path / 'a' / 'b' / 'c').is_dir()
-            raise files.RunError('the model does not load')
+            raise errors.RunError('the model does not load')
     assert os.listdir(tmp_path) == []
     with pytest.raises(KeyboardInterrupt):
         with files.made_dirs(tmp_path / 'a' / 'b' / 'c'):

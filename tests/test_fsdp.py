@@ -6,10 +6,10 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-import common
-import memory_plan
+from lmkit import distributed
+from lmkit import memory_plan
 import train
-from files import RunError
+from lmkit.errors import RunError
 from model import ATTENTIONS, FIELD_NAMES, GPT, ModelConfig
 from helpers import ROOT, metrics, tiny_args
 
@@ -169,8 +169,8 @@ def _compiled_fsdp_worker(rank, world_size, init_file, result_file):
         torch.manual_seed(0)
         model = GPT(ModelConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, intermediate_size=64, vocab_size=97,
                                 block_size=16, attention='affine', tie_embeddings=True))
-        common.compile_layers(model)
-        common.apply_fsdp(model, 'float32')
+        distributed.compile_layers(model)
+        distributed.apply_fsdp(model, 'float32')
         wrapped = model
         idx = torch.randint(0, 97, (2, 16))
         _, loss = wrapped(idx, idx)
@@ -185,8 +185,8 @@ def _compiled_fsdp_worker(rank, world_size, init_file, result_file):
 
 
 def test_each_layer_compiles_whole_under_fsdp(tmp_path):
-    """The decoder layers are compiled one by one (common.compile_layers), so FSDP2's per-layer hooks cannot break a
-    graph: the layers run compiled graphs with no graph break; the model itself is not compiled whole. (CPU inductor
+    """The decoder layers are compiled one by one (distributed.compile_layers), so FSDP2's per-layer hooks cannot break
+    a graph: the layers run compiled graphs with no graph break; the model itself is not compiled whole. (CPU inductor
     compilation takes ~40 s on 2 cores, so DDP, which wraps the same compiled layers, is not compiled here too.)"""
     torch.multiprocessing.spawn(_compiled_fsdp_worker, args=(1, str(tmp_path / 'init'), str(tmp_path / 'r.pt')),
                                 nprocs=1, join=True)

@@ -25,13 +25,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-import common
-import distill
+from lmkit import distributed
+from lmkit import measure
+from lmkit import kd
 from tools import gpu_check
 from tools import memory_measure
-import memory_plan
+from lmkit import memory_plan
 import train
-from data import Windows
+from lmkit.data import Windows
 from model import ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
 
 torch.set_num_threads(2)
@@ -118,10 +119,10 @@ class FakeCuda(TorchFunctionMode):
 def fake_cuda():
     """Fake CUDA tensors with bf16 autocast on: torch.autocast('cuda') switches itself off in a build without CUDA,
     so it is set directly. The KD loss's probe for float32-output bf16 GEMMs needs real values; an sm_80+ GPU with
-    torch >= 2.8 (distill.fp32_output_gemm) answers yes."""
+    torch >= 2.8 (kd.fp32_output_gemm) answers yes."""
     enabled, dtype = torch.is_autocast_enabled('cuda'), torch.get_autocast_dtype('cuda')
-    gemm_probe = distill.fp32_output_gemm
-    distill.fp32_output_gemm = lambda device, dtype: device.type == 'cuda'
+    gemm_probe = kd.fp32_output_gemm
+    kd.fp32_output_gemm = lambda device, dtype: device.type == 'cuda'
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), FakeCuda():
             torch.set_autocast_enabled('cuda', True)
@@ -131,7 +132,7 @@ def fake_cuda():
         torch.set_autocast_enabled('cuda', enabled)
         torch.set_autocast_dtype('cuda', dtype)
         torch.clear_autocast_cache()
-        distill.fp32_output_gemm = gemm_probe
+        kd.fp32_output_gemm = gemm_probe
 
 
 class Trace(TorchDispatchMode):
@@ -245,14 +246,14 @@ def test_teacher_forward_on_cuda_in_bf16(row):
 
 @pytest.mark.parametrize('row', ROWS)
 def test_kd_loss_on_cuda_runs_bf16_gemms_with_float32_outputs(row):
-    """distill.FusedKDLoss's forward on a micro-batch (4 x 2,048 tokens, V = 128,256) as train.py feeds it on GPUs:
+    """kd.FusedKDLoss's forward on a micro-batch (4 x 2,048 tokens, V = 128,256) as train.py feeds it on GPUs:
     student hidden states and lm_head float32 under DDP, bf16 under FSDP; the bf16 teacher's. It computes the loss's
     gradients too (autograd cannot run on fake CUDA tensors, so it is called as autograd would call it, asked for
     both gradients). Its four GEMMs per chunk take bf16 and give float32 from their float32 accumulators (the logits,
     and the gradients w.r.t. the hidden states and the lm_head); no chunk holds more than CHUNK_LOGITS logits."""
     student, teacher, parallel = shapes(row, 'softmax')
     N, V = MICRO_BATCH * student.block_size, student.vocab_size
-    chunk = distill.CHUNK_LOGITS // V  # tokens per chunk, fused_kd_loss's default
+    chunk = kd.CHUNK_LOGITS // V  # tokens per chunk, fused_kd_loss's default
     side = torch.bfloat16 if parallel == 'fsdp' else torch.float32
     with fake_cuda():
         h_s, w_s = torch.empty(N, student.n_embd, device='cuda', dtype=side), torch.empty(V, student.n_embd,
@@ -262,7 +263,7 @@ def test_kd_loss_on_cuda_runs_bf16_gemms_with_float32_outputs(row):
         ctx = SimpleNamespace(needs_input_grad=(True, True) + (False,) * 6, save_for_backward=lambda *t: None,
                               mark_non_differentiable=lambda *t: None)
         with Trace() as trace:
-            loss, _, _ = distill.FusedKDLoss.forward(ctx, h_s, w_s, h_t, w_t, targets, 1.0, 1.0, chunk)
+            loss, _, _ = kd.FusedKDLoss.forward(ctx, h_s, w_s, h_t, w_t, targets, 1.0, 1.0, chunk)
     assert loss.dtype == torch.float32
     gemms = trace.gemms()
     assert len(gemms) == 4 * -(-N // chunk)
@@ -272,7 +273,7 @@ def test_kd_loss_on_cuda_runs_bf16_gemms_with_float32_outputs(row):
                                                  side if hidden_grad else torch.float32), func
     logits = [t.numel() for _, _, outputs in trace.ops for t in outputs
               if t.dtype == torch.float32 and t.shape[-1:] == (V,)]  # logits, softmaxes and their gradients
-    assert logits and max(logits) <= distill.CHUNK_LOGITS
+    assert logits and max(logits) <= kd.CHUNK_LOGITS
 
 
 # -----------------------------------------------------------------------------
@@ -327,7 +328,7 @@ TEACHER = ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, intermediate_
 
 def compiled_run(rank, world, data_dir, parallel, attention):
     """train.py's compiled path for one variant on this rank (2 micro-steps of 2 sequences per step, KD from a
-    compiled teacher), its decoder layers compiled by common.compile_layers with dynamo's aot_eager backend: the
+    compiled teacher), its decoder layers compiled by distributed.compile_layers with dynamo's aot_eager backend: the
     graphs dynamo compiles and the graph breaks, in each phase of a run's start: a first micro-step (under DDP a
     no_sync one), three optimizer steps as train.py's loop takes them, train.evaluation_record after the second and
     the third. Also, under DDP, how many gradients the first micro-step made beside DDP's buckets
@@ -344,12 +345,12 @@ def compiled_run(rank, world, data_dir, parallel, attention):
     run = train.Run(rank, world, torch.device('cpu'), True, parallel == 'ddp', 2, nullcontext())  # 8 = 2 x 2 x 2
     torch.manual_seed(0)
     raw = GPT(ModelConfig(**{k: c[k] for k in FIELD_NAMES}))
-    common.compile_layers(raw, backend)
+    distributed.compile_layers(raw, backend)
     if parallel == 'fsdp':
-        common.apply_fsdp(raw, c['dtype'])
+        distributed.apply_fsdp(raw, c['dtype'])
     optimizer = train.configure_optimizers(raw, c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
-    model = common.wrap_ddp(raw, run.device) if run.ddp else raw
-    teacher = common.compile_layers(GPT(TEACHER).eval().requires_grad_(False), backend)
+    model = distributed.wrap_ddp(raw, run.device) if run.ddp else raw
+    teacher = distributed.compile_layers(GPT(TEACHER).eval().requires_grad_(False), backend)
     train_data, val_data = (Windows(data_dir, split, c['block_size']) for split in ('train', 'val'))
     phases, copies = {}, None
 
@@ -360,17 +361,17 @@ def compiled_run(rank, world, data_dir, parallel, attention):
         return out
 
     def micro_step(indices, last):  # as in train.py's loop: forward and loss, backward (DDP: all-reduced if last)
-        x, y = common.batch_to_device(train_data.get(indices), run.device)
+        x, y = distributed.batch_to_device(train_data.get(indices), run.device)
         with model.no_sync() if run.ddp and not last else nullcontext():
             with run.autocast:
-                loss = train.compute_loss(model, raw, teacher, x, y, c, common.DeviceTimer(run.device))[0]
+                loss = train.compute_loss(model, raw, teacher, x, y, c, measure.DeviceTimer(run.device))[0]
             (loss / run.accumulation).backward()
 
     def optimizer_step(step):  # as in train.py's loop: this rank's micro-steps, clipping, AdamW, alpha_ma
         mine = train_data.step_indices(c['seed'], step, c['global_batch_size'])[rank * run.accumulation * 2:]
         for micro in range(run.accumulation):
             micro_step(mine[micro * 2:(micro + 1) * 2], last=micro == run.accumulation - 1)
-        common.full_tensor(torch.nn.utils.clip_grad_norm_(raw.parameters(), c['grad_clip'])).item()
+        distributed.full_tensor(torch.nn.utils.clip_grad_norm_(raw.parameters(), c['grad_clip'])).item()
         optimizer.step()
         alpha_means = raw.update_alpha_ma()
         optimizer.zero_grad(set_to_none=not run.ddp)
@@ -403,7 +404,7 @@ def test_compiled_training_and_evaluation_never_recompile(data_dir, tmp_path, pa
     training and the teacher's once (the first micro-step), the student's once more for evaluation's eval mode (the
     first evaluation), and nothing else compiles, on any rank: no recompilation in later steps or evaluations (the
     attention-logit statistics' hooks run eagerly: traced, they made every layer recompile at every evaluation).
-    No graph breaks. Under DDP one graph per layer, not DDP's bucket-sized pieces (common.compile_layers turns
+    No graph breaks. Under DDP one graph per layer, not DDP's bucket-sized pieces (distributed.compile_layers turns
     dynamo's DDP graph splitting off), and no gradient beside DDP's buckets after a no_sync micro-step."""
     torch.multiprocessing.spawn(_compiled_worker, args=(2, str(tmp_path / 'init'), str(tmp_path / 'result'), data_dir,
                                                         parallel), nprocs=2, join=True)

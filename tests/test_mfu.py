@@ -1,4 +1,4 @@
-"""MFU's two halves (common.py). The FLOPs: flops_per_token against torch's own FLOP counter over a real forward and
+"""MFU's two halves (device.py). The FLOPs: flops_per_token against torch's own FLOP counter over a real forward and
 backward of every variant. The peak: measured where the model's matmuls run (their shapes, their dtype) and in a way
 a busy core cannot halve (train.py logged MFUs of 120-130% on a shared 2-core CPU when it could). Timings are never
 pass/fail here: the peak's derivation is checked on the matmuls it runs and on a simulated clock."""
@@ -7,8 +7,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-import common
-from common import default_peak_flops, flops_per_token, gemm_shapes, measured_matmul_flops
+from lmkit import measure
+from lmkit.measure import default_peak_flops, flops_per_token, gemm_shapes, measured_matmul_flops
 from model import ATTENTIONS, GPT, MODEL_SHAPES, ModelConfig
 
 torch.set_num_threads(2)
@@ -90,14 +90,14 @@ def test_a_busy_core_does_not_lower_the_cpu_peak(monkeypatch):
         flops, threads = 2 * a.shape[0] * a.shape[1] * b.shape[1] * reps, torch.get_num_threads()
         return flops / rate if threads == 1 else (flops / threads) / (rate / 2)
 
-    monkeypatch.setattr(common, 'matmul_seconds', busy_core_seconds)
+    monkeypatch.setattr(measure, 'matmul_seconds', busy_core_seconds)
     assert measured_matmul_flops(torch.device('cpu'), torch.float32, [(256, 128, 384)]) == pytest.approx(2 * rate)
 
 
 def test_a_gpu_uses_its_datasheet_peak_for_bf16_only(monkeypatch):
     """NVIDIA's datasheets, dense bf16: H100 SXM 989 TFLOP/s, H100 PCIe 756. A float32 run must not be held against
     those (an H100 does 67 TFLOP/s of float32): its peak is measured in float32."""
-    monkeypatch.setattr(common, 'measured_matmul_flops', lambda device, dtype, shapes: ('measured', dtype))
+    monkeypatch.setattr(measure, 'measured_matmul_flops', lambda device, dtype, shapes: ('measured', dtype))
     cuda, shapes = torch.device('cuda'), [(4096, 2048, 2048)]
     for name, bf16_peak in [('NVIDIA H100 80GB HBM3', 989e12), ('NVIDIA H100 PCIe', 756e12)]:
         monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)

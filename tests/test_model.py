@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from attention_kernels import SinkAttention, needs_repeated_kv, sink_attention, sink_attention_explicit
-from common import estimate_mfu, flops_per_token, init_matched
+from lmkit.measure import estimate_mfu, flops_per_token
+from lmkit.training import init_matched
 from model import ATTENTIONS, GATED_NAMES, GPT, VARIANTS, Attention, KVCache, ModelConfig, rope_cos_sin
-from train import configure_optimizers
+from lmkit.training import configure_optimizers
 
 torch.set_num_threads(2)
 
@@ -750,7 +751,7 @@ def test_config_validation_messages():
 
 def _ddp_alpha_worker(rank, world_size, init_file, idx, result_file):
     import torch.distributed as dist
-    from common import DDP_NO_BUFFER_SYNC
+    from lmkit.distributed import DDP_NO_BUFFER_SYNC
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world_size)
     try:
         model = random_model('affine').train()

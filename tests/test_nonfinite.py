@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-import checkpoint
+from lmkit import checkpoint
 import train
-from files import RunError
+from lmkit.errors import RunError
 from helpers import FIXTURE, checkpoint_commands, fixture_data, metrics, refusal, tiny_args
 
 

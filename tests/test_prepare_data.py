@@ -15,9 +15,9 @@ from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import prepare_data as prep  # noqa: E402
-from data import Windows, read_shard  # noqa: E402
-from files import RunError  # noqa: E402
-from tokenizer import QWEN2_PATTERN, load_tokenizer, tokenizer_info  # noqa: E402
+from lmkit.data import Windows, read_shard  # noqa: E402
+from lmkit.errors import RunError  # noqa: E402
+from lmkit.tokenizer import QWEN2_PATTERN, load_tokenizer, tokenizer_info  # noqa: E402
 from helpers import (EOT, SMOLLM2_LACKS, byte_level, corpus, flip_byte, lossy_fuzz, lossy_tokenizer,  # noqa: E402
                      save_layout, write_json, write_tiktoken_file)
 
@@ -332,7 +332,7 @@ def test_damaged_and_deleted_shards_are_refused_by_name_and_rebuilt(tmp_path, mo
     """A flipped byte (an id still below the vocabulary size: only the checksum sees it) or a deleted shard is refused
     in one line naming the shard by every reader (training's windows, train.py before it writes anything,
     eval_zeroshot's held-out task); re-running the same prepare_data.py command rebuilds the same bytes."""
-    import eval_zeroshot
+    from lmkit import zeroshot
     import train
     from helpers import tiny_args
     monkeypatch.setattr(prep, "CHUNK_CHARS", 30_000)
@@ -352,7 +352,7 @@ def test_damaged_and_deleted_shards_are_refused_by_name_and_rebuilt(tmp_path, mo
     assert not (tmp_path / "run").exists()
     flip_byte(val_shard, 30)
     with pytest.raises(RunError, match=f"^{re.escape(str(val_shard))}: damaged: "):
-        eval_zeroshot.heldout_rows(str(out_dir), 4)
+        zeroshot.heldout_rows(str(out_dir), 4)
     (out_dir / "train_000000.bin").unlink()
     with pytest.raises(RunError, match=f"^{re.escape(str(out_dir / 'train_000000.bin'))}: missing \\(meta.json lists "
                                        f"it\\){fix}"):
@@ -372,7 +372,7 @@ def test_data_prepared_before_checksums_keeps_working(tmp_path, capsys):
     the ids are still checked against the vocabulary size; the checksums are not part of the data's fingerprint, so
     checkpoints made on such data resume; re-running prepare_data.py finds it complete, or rebuilds it (with
     checksums) where a shard is damaged."""
-    import resume
+    from lmkit import resume
     flags = ["--source=builtin", "--tokenizer=bytes", "--val_every=10"]
     meta, out_dir = run(tmp_path, *flags)
     before = shard_bytes(out_dir)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import probes
+from lmkit import probes
 from model import ATTENTIONS, GPT, rope_cos_sin
 from test_analyze import explicit_weights, tiny_model
 from test_model import REFERENCES, variant_name

@@ -145,7 +145,7 @@ def test_the_walkthrough_is_the_code_and_its_minimal_entry_works(monkeypatch, ca
     import math
     import torch
     import analyze
-    import memory_plan
+    from lmkit import memory_plan
     import model
     import train
     functions, entry, reference = walkthrough_blocks()

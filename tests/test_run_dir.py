@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import analyze
-import files
+from lmkit import files
 import train
-from files import RunError
+from lmkit.errors import RunError
 from helpers import ROOT, metrics, tiny_args
 
 

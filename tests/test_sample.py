@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import sample
-from checkpoint import export_state_dict, hf_config, write_safetensors
-from tokenizer import load_tokenizer, tokenizer_info
-from files import run_script
+from lmkit.checkpoint import export_state_dict, hf_config, write_safetensors
+from lmkit.tokenizer import load_tokenizer, tokenizer_info
+from lmkit.errors import run_script
 from helpers import HF_LLAMA3_REGEX, hf_tokenizer, save_layout, split_then_bytes
 from model import AFFINE_BIAS_NORMS, ATTENTIONS, GPT, ModelConfig
 

@@ -14,7 +14,7 @@ import pytest
 from study import sink_study
 from study import study_records
 from study import study_results
-from files import RunError
+from lmkit.errors import RunError
 from helpers import seal_here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import prepare_data
-from data import Windows, first_token_id, prefix_id, read_meta, read_shard
-from files import RunError
+from lmkit.data import Windows, first_token_id, prefix_id, read_meta, read_shard
+from lmkit.errors import RunError
 from study.study_records import NO_DECAY
 
 
@@ -63,7 +63,7 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     import export_hf
     from study import sink_study
     from study import study_records
-    from checkpoint import read_checkpoint
+    from lmkit.checkpoint import read_checkpoint
     from model import GPT
     from test_analyze import explicit_weights
     from test_probes import gu_metric
@@ -111,16 +111,17 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     assert control.model.layers[0].self_attn.alpha_proj.weight.requires_grad
     # every reader of these checkpoints puts the token first, as their training windows had it
     import analyze
-    import eval_zeroshot
+    from lmkit import loading
+    from lmkit import zeroshot
     ce = str(out / 'train' / 'ce_affine_s1')
-    assert eval_zeroshot.window_first_token(ce) == 256
+    assert loading.window_first_token(ce) == 256
     analyze.main(['attention', ce, f'--out_dir={tmp_path / "attention"}', f'--data={data_dir}', '--num_seqs=2',
                   '--seq_len=32', '--sink_samples=4'])
     numbers = json.loads((tmp_path / 'attention' / 'numbers.json').read_text())
     assert [m['first_token'] for m in numbers['models'].values()] == [256]
     model = GPT.from_pretrained(ce).eval()
     ids = list(range(97, 97 + 64))
-    with_token = eval_zeroshot.c4_perplexity(model, ids, 2, 32, 2, first_token=256)
+    with_token = zeroshot.c4_perplexity(model, ids, 2, 32, 2, first_token=256)
     by_hand = torch.tensor([[256] + ids[:31], [256] + ids[31:62]])
     logits, _ = model(by_hand)
     nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), by_hand[:, 1:].reshape(-1))

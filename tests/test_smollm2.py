@@ -14,13 +14,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import analyze
-import eval_zeroshot as ez
+import eval_zeroshot
+from lmkit import zeroshot as ez
+from lmkit import loading
 import export_hf
 import prepare_data
 import train
-from data import read_shard
-from tokenizer import load_tokenizer
-from files import RunError
+from lmkit.data import read_shard
+from lmkit.tokenizer import load_tokenizer
+from lmkit.errors import RunError
 from model import GPT
 from helpers import EOT, digits_then_gpt2, lossy_texts, lossy_tokenizer
 
@@ -153,7 +155,7 @@ def test_prepared_data_is_the_tokenizers(teacher, data):
 def test_eval_zeroshot_heldout(teacher, data):
     """eval_zeroshot.py on the held-out task built from the prepared val split: the real model picks the true
     continuation of a passage of Python's documentation far above chance (1 in 4)."""
-    results = ez.main([f'--ckpt={teacher}', '--tasks=heldout', f'--heldout_data={data}', '--heldout_docs=8',
+    results = eval_zeroshot.main([f'--ckpt={teacher}', '--tasks=heldout', f'--heldout_data={data}', '--heldout_docs=8',
                        '--batch_size=8', '--device=cpu', '--dtype=float32'])
     assert results['heldout']['n'] == 8 and results['heldout']['acc'] >= 0.75
 
@@ -197,7 +199,7 @@ def test_export_of_the_student_loads_in_transformers(student, tmp_path):
 def test_the_one_gpu_tiers_shape_is_the_real_models(teacher):
     """model.MODEL_SHAPES['smollm2-135m'] (config/onegpu.py's student) is the converted SmolLM2-135M's own
     config.json read by checkpoint.config_from_hf, but for the sequence length it trains at."""
-    from checkpoint import config_from_hf, read_hf_config
+    from lmkit.checkpoint import config_from_hf, read_hf_config
     from model import MODEL_SHAPES
     real = config_from_hf(read_hf_config(teacher))
     shape = MODEL_SHAPES['smollm2-135m']
@@ -218,7 +220,7 @@ def test_eval_zeroshot_equals_lm_evaluation_harness(teacher):
         pytest.skip(f"lm-evaluation-harness does not import here: {type(e).__name__}: {e}")
     from tools import bench
     docs = bench.synthetic_docs(12)
-    model, enc = ez.load_model_and_tokenizer(teacher, None, torch.device('cpu'), torch.float32)
+    model, enc = loading.load_model_and_tokenizer(teacher, None, torch.device('cpu'), torch.float32)
     ours = ez.score_requests(model, ez.encode_docs('synthetic', docs, enc, model.config.block_size), 8)
     theirs, _ = bench.harness_loglikelihoods(teacher, docs, 8, 'cpu', 'float32')
     print(f"max |loglik difference| eval_zeroshot vs lm-eval: {max(abs(a - b) for a, b in zip(ours, theirs)):.1e}")

@@ -17,7 +17,7 @@ import pytest
 import prepare_data
 from study import sink_study
 from study import study_records
-from files import RunError
+from lmkit.errors import RunError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED = os.path.join(ROOT, 'docs', 'sink_study')

@@ -15,10 +15,10 @@ import tiktoken
 from tokenizers import Regex, Tokenizer, pre_tokenizers, processors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from files import RunError  # noqa: E402
-from tokenizer import (FAMILIES, GPT2_DIGIT_RUNS_PATTERN, GPT2_DIGITS_PATTERN, GPT2_PATTERN,  # noqa: E402
-                       LLAMA3_PATTERN, QWEN2_PATTERN, encode_document, gpt2_unicode_to_byte, llama3_special_tokens,
-                       load_tokenizer, tokenizer_info)
+from lmkit.errors import RunError  # noqa: E402
+from lmkit.tokenizer import (FAMILIES, GPT2_DIGIT_RUNS_PATTERN, GPT2_DIGITS_PATTERN, GPT2_PATTERN,  # noqa: E402
+                             LLAMA3_PATTERN, QWEN2_PATTERN, encode_document, gpt2_unicode_to_byte,
+                             llama3_special_tokens, load_tokenizer, tokenizer_info)
 from helpers import (CODE, EOT, HF_LLAMA3_REGEX, HF_QWEN2_REGEX, POOL, SMOLLM2_LACKS, TEXT,  # noqa: E402
                      byte_level, corpus, digits_then_gpt2, lossy_texts, lossy_tokenizer, save_layout,
                      split_then_bytes, write_json)

@@ -11,11 +11,12 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-import common
+from lmkit import distributed
 import prepare_data
 import train
-from data import Windows, read_shard
-from files import RunError
+from lmkit import training
+from lmkit.data import Windows, read_shard
+from lmkit.errors import RunError
 from helpers import ROOT, metrics, tiny_args
 
 
@@ -97,7 +98,7 @@ def test_step_batches_cover_each_window_once_per_epoch(data_dir):
 
 
 def test_learning_rate_schedule():
-    c = dict(train.DEFAULTS, learning_rate=1.0, min_lr=0.1, warmup_iters=10, max_iters=100, decay_frac=0.2)
+    c = dict(training.DEFAULTS, learning_rate=1.0, min_lr=0.1, warmup_iters=10, max_iters=100, decay_frac=0.2)
     lrs = [train.learning_rate(s, c) for s in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == 1.0  # linear warmup
     assert set(lrs[10:80]) == {1.0}  # stable
@@ -250,7 +251,7 @@ def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
         torch.manual_seed(0)
         model = GPT(ModelConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, intermediate_size=64, vocab_size=97,
                                 block_size=16, attention='affine'))
-        ddp = common.wrap_ddp(model, torch.device('cpu'))
+        ddp = distributed.wrap_ddp(model, torch.device('cpu'))
         buckets = set()
 
         def hook(state, bucket):  # DDP's own all-reduce, recording which buffers it reduces

@@ -12,10 +12,11 @@ import zipfile
 import pytest
 import torch
 
-import checkpoint
-import files
+from lmkit import checkpoint
+from lmkit import errors
 import quickstart
 import train
+from lmkit import training
 from helpers import FIXTURE, FIXTURE_RUN, checkpoint_commands, fixture_data, refusal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,12 +42,12 @@ def resume(ckpt, data, out_dir, *extra):
 
 def predated_note(path, ckpt):
     """The note for a checkpoint (a dict) lacking keys: those the fixture predates (added to train.py since its commit)
-    and any deleted from it, in train.KEYS' order, each with its default."""
-    missing = [key for key in train.KEYS if key not in {**ckpt['config'], **ckpt['model_config']}]
+    and any deleted from it, in training.KEYS' order, each with its default."""
+    missing = [key for key in training.KEYS if key not in {**ckpt['config'], **ckpt['model_config']}]
     many = len(missing) > 1
     return (f"note: {path} predates the key{'s' * many} {', '.join(missing)}; "
             f"{'they take their defaults' if many else 'it takes its default'} "
-            + ', '.join(f"{key}={train.KEYS[key].default!r}" for key in missing))
+            + ', '.join(f"{key}={training.KEYS[key].default!r}" for key in missing))
 
 
 # The fixture's numbers were recorded on one CPU. Another CPU orders float reductions differently (oneDNN/MKL pick
@@ -83,7 +84,7 @@ def test_a_checkpoint_of_the_old_code_resumes_and_continues_its_run(data, tmp_pa
     out, err = capsys.readouterr()
     assert out.startswith(f"init_from=auto: resuming from {tmp_path / 'run' / 'ckpt.pt'} at step 2\n")
     ckpt = checkpoint.read_checkpoint(os.path.join(FIXTURE, 'ckpt.pt'), keys=checkpoint.CKPT_KEYS)
-    if any(key not in {**ckpt['config'], **ckpt['model_config']} for key in train.KEYS):  # keys added since
+    if any(key not in {**ckpt['config'], **ckpt['model_config']} for key in training.KEYS):  # keys added since
         assert [line for line in err.splitlines() if 'predates' in line] == [
             predated_note(tmp_path / 'run' / 'ckpt.pt', ckpt)]
     else:
@@ -103,7 +104,7 @@ def test_a_key_added_since_a_checkpoint_takes_its_default(data, tmp_path, capsys
     assert "kd_loss='fused'" in notes[0] and "affine_bias_norm='seq_len'" in notes[0]
     assert_continues_the_old_run(resumed)
     del ckpt['config']['kd_alpha']
-    with pytest.raises(files.RunError, match=r"kd_alpha: 1\.0 -> 0\.5"):
+    with pytest.raises(errors.RunError, match=r"kd_alpha: 1\.0 -> 0\.5"):
         resume(ckpt, data, tmp_path / 'changed', '--kd_alpha=0.5')
 
 
@@ -203,7 +204,8 @@ def test_every_checkpoint_read_goes_through_read_checkpoint():
     """No script reads a pickle itself: torch.load and pickle's loaders are called only in checkpoint.py, and
     torch.load there with weights_only=True."""
     calls = []
-    for path in glob.glob(os.path.join(ROOT, '*.py')) + glob.glob(os.path.join(ROOT, 'scripts', '*.py')):
+    folders = ('', 'lmkit', 'study', 'tools', 'scripts')
+    for path in [p for folder in folders for p in glob.glob(os.path.join(ROOT, folder, '*.py'))]:
         for node in ast.walk(ast.parse(open(path).read())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and ast.unparse(node.func) in ('torch.load', 'pickle.load', 'pickle.loads', 'pickle.Unpickler',

@@ -27,7 +27,6 @@ threshold pinned so that every freed tensor really leaves the process (common.Pe
 
     python -m tools.bench --check     # the GPU acceptance run, pass/fail: tools/gpu_check.py, which this hands over to
 """
-import contextlib
 import dataclasses
 import ctypes
 import os
@@ -46,21 +45,23 @@ import torch
 if __package__ in (None, ''):  # run as a file: the repository's root on the path, as `python -m` puts it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import prepare_data
-from distill import kd_problem
-from common import (PeakMemory, Progress, autocast, compile_layers, default_peak_flops, flops_per_token, gemm_shapes,
-                    log, measured_matmul_flops, print_table, ratio, resolve_device)
+from lmkit.kd import kd_problem
+from lmkit.measure import (PeakMemory, Progress, default_peak_flops, flops_per_token, gemm_shapes, log,
+                           measured_matmul_flops, print_table, ratio)
+from lmkit.device import autocast, resolve_device
+from lmkit.distributed import compile_layers
 from configurator import DEVICE, Key, parse, shown
-from files import RunError, read_log, run_script
-from eval_zeroshot import (choice_doc, encode_docs, load_model_and_tokenizer, plan_forwards, score_one_by_one,
-                           score_requests)
+from lmkit.errors import RunError, run_script
+from lmkit.files import read_log
+from lmkit.zeroshot import choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests
+from lmkit.loading import load_model_and_tokenizer
 from model import ATTENTIONS, BASELINE, EXPLICIT, FIELD_NAMES, GPT, PROPOSED, ModelConfig
-from probes import (GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS, VALUE_WEIGHTED_STRIDE, activation_outliers,
-                    alpha_summary, first_token_weights, hooked_forward, inspect_attention, knockout_losses,
-                    mean_attention_logit, sink_rates, sink_record, sink_scores, value_weighted_first_token,
-                    variant_statistics, w8a8_losses)
-from tokenizer import load_tokenizer
-from train import configure_optimizers, load_config
+from lmkit.probes import (GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS, VALUE_WEIGHTED_STRIDE, activation_outliers,
+                          alpha_summary, first_token_weights, hooked_forward, inspect_attention, knockout_losses,
+                          mean_attention_logit, sink_rates, sink_record, sink_scores, value_weighted_first_token,
+                          variant_statistics, w8a8_losses)
+from lmkit.tokenizer import load_tokenizer
+from lmkit.training import configure_optimizers, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
 TINY_CONFIG = os.path.join(ROOT, 'config', 'tiny_cpu.py')
@@ -328,8 +329,8 @@ def bench_study(args, device):
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, 'data')  # the built-in corpus: throughput does not depend on which text it is
-        with contextlib.redirect_stdout(sys.stderr):
-            prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={data}', '--val_every=10'])
+        subprocess.run([sys.executable, 'prepare_data.py', '--source=builtin', '--tokenizer=bytes', f'--out_dir={data}',
+                        '--val_every=10'], cwd=ROOT, stdout=sys.stderr, check=True)  # run, not imported: a script
         run = lambda variant, compile, i=0: study_command(variant, steps, compile, data,
                                                          os.path.join(tmp, f'{variant}_{compile}_{i}'), device)
         for variant in args.variants:

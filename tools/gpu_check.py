@@ -24,7 +24,6 @@ Parts (docs/benchmarks.md has the targets, and the runs so far):
 On a machine without a GPU the CPU parts run, the last row says that the GPU parts were skipped, and the exit
 status is 0.
 """
-import contextlib
 import gc
 import importlib.util
 import json
@@ -47,17 +46,20 @@ from torch._dynamo.utils import counters
 if __package__ in (None, ''):  # run as a file: the repository's root on the path, as `python -m` puts it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import prepare_data
-from checkpoint import read_checkpoint
-from common import (KNOWN_PEAK_BF16, PeakMemory, autocast, compile_layers, flops_per_token, gemm_shapes, log,
-                    measured_matmul_flops, print_table, ratio, wrap_ddp)
+from lmkit.checkpoint import read_checkpoint
+from lmkit.measure import (KNOWN_PEAK_BF16, PeakMemory, flops_per_token, gemm_shapes, log, measured_matmul_flops,
+                           print_table, ratio)
+from lmkit.device import autocast
+from lmkit.distributed import compile_layers, wrap_ddp
 from configurator import Key, parse
-from data import Windows
-from distill import kd_problem, load_teacher
-from files import RunError, read_log, run_script, write_json
-from memory_plan import KNOWN_TEACHERS, memory_estimate
+from lmkit.data import Windows
+from lmkit.kd import kd_problem
+from lmkit.loading import load_teacher
+from lmkit.errors import RunError, run_script
+from lmkit.files import read_log, write_json
+from lmkit.memory_plan import KNOWN_TEACHERS, memory_estimate
 from model import ATTENTIONS, BASELINE, EXPLICIT, FIELD_NAMES, GPT, MODEL_SHAPES, PROPOSED, ModelConfig
-from train import compute_loss, configure_optimizers, load_config
+from lmkit.training import compute_loss, configure_optimizers, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
 ONE_B_CONFIG = os.path.join(ROOT, 'config', 'affine_1b.py')
@@ -318,9 +320,8 @@ def check_torchrun(check, device, args, workdir):
                   '(pip install -r requirements.txt)', 'every variant runs')
         return
     data = os.path.join(workdir, 'data')
-    with contextlib.redirect_stdout(sys.stderr):
-        prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={data}', '--val_every=10',
-                           '--num_proc=1'])
+    subprocess.run([sys.executable, 'prepare_data.py', '--source=builtin', '--tokenizer=bytes', f'--out_dir={data}',
+                    '--val_every=10', '--num_proc=1'], cwd=ROOT, stdout=sys.stderr, check=True)  # a script: run it
     common = ['--n_layer=2', '--n_head=4', '--n_kv_head=2', '--n_embd=64', '--intermediate_size=128',
               '--vocab_size=320', '--block_size=64', '--global_batch_size=16', '--micro_batch_size=8',
               '--warmup_iters=5', '--learning_rate=3e-3', '--decay_frac=0.0', '--eval_batches=2', '--log_interval=1000',

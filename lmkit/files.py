@@ -1,17 +1,9 @@
 """
-Writing outputs without losing anything, and faults as one line. Every file a script writes goes through
-atomic_write: a temporary file beside it, fsync'd, renamed over the old one only once it is whole, so a crash, a
-full disk or an exception leaves the previous file as it was and no temporary file behind. Every output directory
-is first claimed (claim_dir): a directory that holds another tool's outputs, or a file under a name this script
-would write that it did not write, is refused before any work; one that a failed run made is removed (made_dirs).
-A script's entry point is run_script(main): a fault the user must act on (RunError, or the OS refusing a read or a
-write) is printed as one line naming the path, what happened and what to do, with exit status 1, instead of a
-traceback. A directory that a long-running process writes into (train.py's run) has one writer at a time (lock_dir),
-and the JSON-lines log such a process appends to is read back whole-lines-only (read_log): a crash can cut its last
-line short, never one before it.
-Pure Python on purpose: quickstart.py writes through it before torch is installed, and exports ship it.
+Writing outputs without losing anything: atomic_write (a whole file or the previous one, never a part), claim_dir (an
+output directory checked before any work), made_dirs, set_aside (an earlier log kept, never replaced), lock_dir (one
+writer per run directory) and read_log (a JSON-lines log read whole lines only). docs/implementation.md has the rules.
+Pure Python: quickstart.py writes through it before torch is installed, and exports ship it.
 """
-import errno
 import json
 import os
 import socket
@@ -19,42 +11,12 @@ import sys
 import time
 from contextlib import contextmanager
 
+from .errors import RunError, os_error_behind  # relative: exports ship this file (export_hf.CODE_FILES)
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock; lock_dir then says that nothing stops a second writer
     fcntl = None
-
-
-class RunError(Exception):
-    """A fault of the input, the settings or the machine; its text is one line that says what to do."""
-
-
-# what each OS fault means for a user, and what to do about it
-OS_FAULTS = {
-    errno.ENOSPC: ("no space left on the device", "free some space (df -h shows where) or write elsewhere"),
-    errno.EDQUOT: ("disk quota exceeded", "free some space within your quota or write elsewhere"),
-    errno.EROFS: ("read-only file system", "write to a writable location"),
-    errno.EACCES: ("permission denied", "check the permissions (ls -ld) or write elsewhere"),
-    errno.EPERM: ("operation not permitted", "check the permissions (ls -ld) or write elsewhere"),
-    errno.ENOENT: ("no such file or directory", "check the path"),
-    errno.ENOTDIR: ("a part of the path is a file, not a directory", "check the path"),
-    errno.EISDIR: ("is a directory, where a file was expected", "check the path"),
-    errno.EIO: ("input/output error (a failing disk or network file system)", "check the device (dmesg)"),
-}
-
-
-def describe_os_error(e):
-    """One line for an OSError: the path, what happened and what to do."""
-    what, todo = OS_FAULTS.get(e.errno, (e.strerror or str(e), 'check the path and the device'))
-    return f"{e.filename or 'a file'}: {what}; {todo}"
-
-
-def os_error_behind(e):
-    """The OSError that caused e, if any: torch.save, for one, reports a failed write as a RuntimeError whose
-    context is the OSError the file raised."""
-    while e is not None and not isinstance(e, OSError):
-        e = e.__cause__ or e.__context__
-    return e
 
 
 @contextmanager
@@ -245,14 +207,3 @@ def read_log(path):
     return records
 
 
-def run_script(main, argv=None):
-    """A script's entry point: main(argv), with a RunError or an OSError printed as one line on stderr (the
-    script's name, the path, what happened and what to do) and exit status 1."""
-    try:
-        return main(sys.argv[1:] if argv is None else argv)
-    except RunError as e:
-        message = str(e)
-    except OSError as e:
-        message = describe_os_error(e)
-    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
-    raise SystemExit(1)

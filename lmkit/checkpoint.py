@@ -36,10 +36,9 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-try:  # an export, which transformers imports as a package (see model.py)
-    from .files import RunError, atomic_write, write_json
-except ImportError:
-    from files import RunError, atomic_write, write_json
+# relative: an export ships this file beside errors.py and files.py (export_hf.CODE_FILES), imported as one package
+from .errors import RunError
+from .files import atomic_write, write_json
 
 CKPT_NAME = 'ckpt.pt'
 CKPT_KEYS = ('model', 'optimizer', 'step', 'rng', 'config', 'model_config', 'tokenizer', 'data')
@@ -464,65 +463,3 @@ def write_safetensors(state, out_dir, max_shard_bytes):
 # A GPT from any of them
 
 
-def load_model(cls, path, attention, dtype=torch.float32, device='cpu'):
-    """GPT.from_pretrained: a model of class cls (model.GPT) from a Hugging Face Llama / Mistral / Qwen2 directory
-    (with attention=model.BASELINE, softmax, model(idx) gives HF's logits; another variant keeps every tensor and
-    initialises its own, sinks, g_proj or alpha_proj, fresh), a directory export_hf.py wrote, or one of this repo's
-    checkpoints (ckpt.pt, or the out_dir holding it); the last two are the variant they hold. The model is built on
-    the meta device and takes the tensors as they are read (cast to dtype, on device): about 1x the model's size in
-    memory. What it needs of the network comes from the module that defines cls (model.py, or an export's copy of it),
-    so this file imports none: model.py imports it, inside from_pretrained."""
-    network = sys.modules[cls.__module__]
-    ModelConfig, BASELINE, is_variant_tensor = network.ModelConfig, network.BASELINE, network.is_variant_tensor
-    ckpt_path = checkpoint_file(path)
-    if ckpt_path is not None:  # ours: every tensor of its own variant
-        ckpt = read_checkpoint(ckpt_path)
-        config = ModelConfig(**ckpt['model_config'])
-        if attention not in (BASELINE, config.attention):
-            raise ValueError(f"{ckpt_path}: a {config.attention!r} model cannot be loaded as {attention!r}")
-        model = cls(config)
-        try:
-            model.load_state_dict(model_state(ckpt))
-        except RuntimeError as e:  # torch's message spans lines: one line of it
-            raise CheckpointError(f"{ckpt_path} is not a readable checkpoint of train.py: its tensors do not fit its "
-                                  f"model_config ({' '.join(str(e).split())})") from None
-        return model.to(device=device, dtype=dtype)
-    hf = read_hf_config(path)
-    exported = 'model_config' in hf
-    config = ModelConfig(**config_from_hf(hf) | ({} if exported else dict(attention=attention)))
-    if exported and attention not in (BASELINE, config.attention):  # an export is always its own variant
-        raise ValueError(f"{path}/config.json: an exported {config.attention!r} model cannot be loaded as "
-                         f"{attention!r}")
-    state = read_safetensors(path, dtype, device, keep_fp32=config.variant.fp32)
-    with torch.device('meta'):
-        model = cls(config).to(dtype)
-    # what the directory holds: every tensor of an exported variant, the softmax ones of a published model
-    expected = {key for key in model.state_dict() if exported or not is_variant_tensor(key)}
-    if config.tie_embeddings:  # lm_head is embed_tokens; HF ignores a stored copy, and so do we
-        expected.discard('lm_head.weight')
-        state.pop('lm_head.weight', None)
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or unexpected:
-        raise ValueError(f"{path}: the tensors do not match its config.json: missing {missing}, "
-                         f"unexpected {unexpected}")
-    model.load_state_dict(state, strict=False, assign=True)
-    if config.tie_embeddings:  # assign=True gave embed_tokens a new Parameter: tie lm_head to it again
-        model.lm_head.weight = model.model.embed_tokens.weight
-    for module in model.modules():  # affine's running alpha sums: never saved, zero at the start
-        for key in module._non_persistent_buffers_set:
-            module._buffers[key] = torch.zeros_like(module._buffers[key], device=device)
-    # what is still on meta is a published model's missing variant tensors: materialised and initialised
-    fresh = set()
-    for name, module in model.named_modules():
-        own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
-        if any(t.is_meta for t in own.values()):
-            fresh |= {f"{name.split('.', 3)[-1]}.{key}" for key in own}  # 'model.layers.N.' dropped
-            module.to_empty(device=device, recurse=False)
-            model._init_weights(module)
-    if fresh:
-        print(f"from_pretrained: attention={attention!r} is not in {path}: initialised fresh in every "
-              f"layer: {', '.join(sorted(fresh))}")
-    if config.block_size == sliding_window(hf):
-        model.length_note = (f", the sliding_window of {path}/config.json: this Mistral attends to the last "
-                             f"{config.block_size} positions, which is full attention only up to that length")
-    return model

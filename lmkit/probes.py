@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention_kernels import attention_scores
-from common import full_tensor
+from lmkit.distributed import full_tensor
 from model import HEAD_STATS
 
 SINK_THRESHOLD = 0.3  # Gu et al. (2025)'s epsilon: a head whose first-position score exceeds it has a sink

@@ -8,8 +8,8 @@ import math
 
 import torch
 
-from common import local_tensor, reduce_mean
-from files import RunError
+from lmkit.distributed import local_tensor, reduce_mean
+from lmkit.errors import RunError
 
 
 def validation_batches(c, val_data):
@@ -41,7 +41,7 @@ def start_notes(c, val_data):
         notes.append(f"note: eval_batches={c['eval_batches']:,} x micro_batch_size={c['micro_batch_size']} is more "
                      f"than the {len(val_data):,} windows the val split of data_dir={c['data_dir']} holds: each "
                      f"evaluation reads {batches} batch{'es' * (batches > 1)}, every window once")
-    if c['warmup_iters'] > c['max_iters']:  # allowed (train.RULES): a short test of a long run's config
+    if c['warmup_iters'] > c['max_iters']:  # allowed (training.RULES): a short test of a long run's config
         notes.append(f"warning: warmup_iters={c['warmup_iters']} is longer than max_iters={c['max_iters']}: the "
                      f"learning rate never reaches learning_rate={c['learning_rate']:g}, only "
                      f"{c['max_iters'] / c['warmup_iters']:.0%} of it at the last step")

@@ -6,7 +6,7 @@ imports no other module of this repo but files.py (pure Python), so importing it
 tokenizer workers do). The tokenizers that make the ids live in tokenizer.py: a reader of the training step needs none
 of them.
 
-    from data import read_meta, read_split, read_shard, Windows
+    from lmkit.data import read_meta, read_split, read_shard, Windows
 
 A prepared directory (prepare_data.py --out_dir) holds
     train_000000.bin, ...  val_000000.bin, ...   token shards: a 24-byte header, then the ids (see Shards below);
@@ -26,7 +26,8 @@ import zlib
 
 import numpy as np
 
-from files import RunError, atomic_write
+from lmkit.errors import RunError
+from lmkit.files import atomic_write
 
 # -----------------------------------------------------------------------------
 # Shards: a 24-byte little-endian header, then the token ids (uint16 or uint32, little-endian).

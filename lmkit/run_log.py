@@ -8,7 +8,8 @@ import json
 import os
 import sys
 
-from files import RunError, atomic_write, read_log, set_aside, write_json
+from lmkit.errors import RunError
+from lmkit.files import atomic_write, read_log, set_aside, write_json
 
 
 def import_wandb():

@@ -6,7 +6,7 @@ load a run's tokenizer with it or check one against meta.json's record. It needs
 other module of this repo but files.py (pure Python), so importing it stays cheap (prepare_data.py's tokenizer workers
 do).
 
-    from tokenizer import load_tokenizer, encode_document, tokenizer_info
+    from lmkit.tokenizer import load_tokenizer, encode_document, tokenizer_info
 
 load_tokenizer(spec) gives 'bytes', a tiktoken BPE file or any Hugging Face byte-level BPE tokenizer, read from its
 own files, as a tiktoken Encoding; encode_document(enc, text) a document's ids with its boundary tokens
@@ -24,7 +24,7 @@ import unicodedata
 import numpy as np
 import tiktoken
 
-from files import RunError
+from lmkit.errors import RunError
 
 # -----------------------------------------------------------------------------
 # Tokenizers, all as tiktoken Encodings

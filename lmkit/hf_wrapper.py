@@ -20,14 +20,14 @@ import transformers
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+# transformers 4.x copies into an export's module cache only the files this one imports: every code file is named
+from .checkpoint import MODEL_TYPE, transformers_names
+from .errors import RunError  # noqa: F401  (imported by checkpoint.py and files.py)
+from .files import atomic_write  # noqa: F401  (imported by checkpoint.py)
 try:  # in an exported directory transformers imports this file as part of a package (see model.py's imports)
-    # transformers 4.x copies into its module cache only the files this one imports: every code file is named here
     from .attention_kernels import SinkAttention  # noqa: F401  (imported by model.py)
-    from .files import RunError  # noqa: F401  (imported by checkpoint.py)
-    from .checkpoint import MODEL_TYPE, transformers_names
     from .model import GPT, IGNORE_INDEX, VARIANTS, ModelConfig
-except ImportError:  # in this repository
-    from checkpoint import MODEL_TYPE, transformers_names
+except ImportError:  # in this repository: the network at its root
     from model import GPT, IGNORE_INDEX, VARIANTS, ModelConfig
 
 TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5

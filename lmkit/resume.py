@@ -1,6 +1,6 @@
 """
 Continuing a run from its checkpoint: the one rule for what may change (RESUME_MAY_CHANGE, changed_settings), which
-train.py's resume checks and the quick start's and the sink study's plans apply (train.planned_run); the checkpoint
+train.py's resume checks and the quick start's and the sink study's plans apply (training.planned_run); the checkpoint
 a run continues (checkpoint_to_resume); what makes the continuation bit-exact (the RNG state, the data's fingerprint).
 """
 import dataclasses
@@ -10,8 +10,8 @@ import random
 import numpy as np
 import torch
 
-from checkpoint import CKPT_KEYS, CheckpointError, previous_checkpoint, read_checkpoint
-from files import RunError
+from lmkit.checkpoint import CKPT_KEYS, CheckpointError, previous_checkpoint, read_checkpoint
+from lmkit.errors import RunError
 
 # What may differ between a checkpoint's run and the run that continues it: nothing here changes what a step
 # computes (the data of step s depends only on (seed, s, global_batch_size), not on the ranks or the micro-batch).
@@ -48,7 +48,7 @@ def recorded_config(config, defaults):
 def changed_settings(old, new, also=()):
     """[(key, old value, new value)] of the settings (dicts) whose change makes a continued run another run: every key
     outside RESUME_MAY_CHANGE, and those of `also`. The one rule for continuing a run: train.py's resume
-    (check_resumable), and the quick start's and the sink study's plans (train.planned_run, with
+    (check_resumable), and the quick start's and the sink study's plans (training.planned_run, with
     also=('max_iters',))."""
     return [(key, old[key], new[key]) for key in sorted(new)
             if (key in also or key not in RESUME_MAY_CHANGE) and old[key] != new[key]]

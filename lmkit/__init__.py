@@ -1,0 +1,3 @@
+"""The library the scripts share (docs/implementation.md, "Files"): data, tokenizers, checkpoints, resuming, a run's
+checks and records, the probes, the memory plan, the Hugging Face wrapper, devices, measuring and torchrun's plumbing.
+It imports the network (model.py) and the configurator, never a script."""

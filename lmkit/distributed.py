@@ -1,0 +1,119 @@
+"""
+How a model runs over torchrun's ranks: compiled per layer (compile_layers), sharded with FSDP2 (apply_fsdp) or wrapped
+in DDP (wrap_ddp), and the ranks' plumbing (init_distributed, reduce_mean, full_tensor, local_tensor, batch_to_device,
+preemption_flag).
+"""
+import inspect
+import os
+import signal
+import sys
+from contextlib import contextmanager
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+# DDP must not sync buffers on each forward: alpha_ma's per-rank sums would be overwritten by rank 0's (see
+# GPT.update_alpha_ma). Newer torch (2.13 here) deprecates broadcast_buffers for forward_sync_buffers, which still
+# syncs once at init: harmless, all ranks start equal.
+DDP_NO_BUFFER_SYNC = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in inspect.signature(DDP).parameters
+                      else {'broadcast_buffers': False})
+
+
+def apply_fsdp(model, dtype):
+    """FSDP2 in place: one group per decoder layer (gathered just before its forward and its backward, freed
+    after), the root group for the rest. bfloat16: gathered and computed in bf16 from the fp32 shards (the master
+    weights), gradients reduce-scattered and accumulated in fp32. The root keeps its parameters gathered from
+    forward to backward (FSDP's default for the root, stated here because the KD loss reads lm_head.weight after
+    the forward)."""
+    # imported here: FSDP and DTensor take as long to import as torch itself (they pull in sympy), and every script
+    # imports this file (the quick start starts twenty processes)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if dtype == 'bfloat16' \
+        else MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=False)
+
+
+def compile_layers(model, backend='inductor'):
+    """torch.compile each decoder layer on its own, in place (nn.Module.compile), the way torchtitan does: one compiled
+    graph serves every layer of a shape, so compiling takes seconds, not minutes; under DDP each layer's gradients are
+    ready (and all-reduced in DDP's buckets) while the backward goes on through the layers below, which a single
+    whole-model graph would only allow through DDP's graph splitting; and under FSDP2, whose per-layer hooks break any
+    graph that spans layers, nothing falls back to eager. The rest (embeddings, final norm, lm_head, loss) runs eager.
+    DDP's graph splitting is therefore turned off (torch._dynamo.config.optimize_ddp = False, for the whole process):
+    dynamo would otherwise cut each layer's graph again at DDP's bucket boundaries (1 MiB, then 25 MiB: 5 graphs per
+    1B layer), which adds no overlap that the per-layer graphs do not already give, only smaller graphs to fuse and
+    more to compile. backend: torch.compile's (the tests trace with 'aot_eager', which generates no code)."""
+    torch._dynamo.config.optimize_ddp = False
+    for layer in model.model.layers:
+        layer.compile(backend=backend)
+    return model
+
+
+def wrap_ddp(model, device):
+    """DDP around the GPT, its gradients kept once: every .grad is created before DDP(...), which then turns them into
+    views of its all-reduce buckets (gradient_as_bucket_view), and train.py's loop zeroes them in place
+    (zero_grad(set_to_none=False)), so the no_sync micro-steps accumulate into the buckets instead of a second set.
+    Wrap after the optimizer state is loaded (torch.distributed.checkpoint initialises AdamW's state only while no
+    .grad exists)."""
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    return DDP(model, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True,
+               **DDP_NO_BUFFER_SYNC)
+
+
+def full_tensor(t):
+    """A DTensor (an FSDP-sharded parameter, or a reduction over one) gathered whole; other tensors as they are.
+    A collective under FSDP: every rank must call it."""
+    dtensor = sys.modules.get('torch.distributed.tensor')  # not imported (apply_fsdp does): t cannot be a DTensor
+    return t.full_tensor() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
+
+
+def local_tensor(t):
+    """This rank's shard of a DTensor (an FSDP-sharded parameter); other tensors as they are. No collective."""
+    dtensor = sys.modules.get('torch.distributed.tensor')  # (see full_tensor)
+    return t.to_local() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
+
+
+def init_distributed(backend):
+    """init_process_group for torchrun's workers, with this attempt's keys apart from earlier attempts'. Under
+    torchrun --max-restarts the workers of every attempt meet in the agent's one store; a restarted rank could read
+    an address that a dead rank of the previous attempt had published there and fail to connect (seen with gloo:
+    'connectFullMesh failed ... Connection refused')."""
+    store, rank, world = next(dist.rendezvous('env://'))
+    attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
+    dist.init_process_group(backend, store=dist.PrefixStore(f'train.py/attempt_{attempt}', store), rank=rank,
+                            world_size=world)
+
+
+def batch_to_device(arrays, device):
+    """Numpy arrays (a micro-batch) as tensors on device. On CUDA through pinned memory with non_blocking: a copy
+    from pageable memory waits for the GPU's queued work, so the host could not launch the next kernels meanwhile."""
+    if device.type != 'cuda':
+        return [torch.from_numpy(a).to(device) for a in arrays]
+    return [torch.from_numpy(a).pin_memory().to(device, non_blocking=True) for a in arrays]
+
+
+def reduce_mean(values, device):
+    """The mean over ranks of a few numbers (a list of floats or a tensor), with one all_reduce."""
+    t = torch.as_tensor(values, dtype=torch.float64, device=device).clone()
+    if dist.is_initialized():
+        dist.all_reduce(t)
+        t /= dist.get_world_size()
+    return t.tolist()
+
+
+@contextmanager
+def preemption_flag():
+    """While active, SIGTERM / SIGINT only append to the yielded list: the loop finishes its step, saves a
+    checkpoint and exits cleanly (cluster preemption, Ctrl-C)."""
+    flag = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: flag.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield flag
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,53 @@
+"""
+Faults as one line: a fault the user must act on is a RunError (its text says what to do), and a script's entry point,
+run_script(main), prints it, or the OS refusing a read or a write, as one line with exit status 1, never a traceback.
+Pure Python: quickstart.py uses it before torch is installed, and exports ship it (export_hf.CODE_PATHS).
+"""
+import errno
+import os
+import sys
+
+
+class RunError(Exception):
+    """A fault of the input, the settings or the machine; its text is one line that says what to do."""
+
+
+# what each OS fault means for a user, and what to do about it
+OS_FAULTS = {
+    errno.ENOSPC: ("no space left on the device", "free some space (df -h shows where) or write elsewhere"),
+    errno.EDQUOT: ("disk quota exceeded", "free some space within your quota or write elsewhere"),
+    errno.EROFS: ("read-only file system", "write to a writable location"),
+    errno.EACCES: ("permission denied", "check the permissions (ls -ld) or write elsewhere"),
+    errno.EPERM: ("operation not permitted", "check the permissions (ls -ld) or write elsewhere"),
+    errno.ENOENT: ("no such file or directory", "check the path"),
+    errno.ENOTDIR: ("a part of the path is a file, not a directory", "check the path"),
+    errno.EISDIR: ("is a directory, where a file was expected", "check the path"),
+    errno.EIO: ("input/output error (a failing disk or network file system)", "check the device (dmesg)"),
+}
+
+
+def describe_os_error(e):
+    """One line for an OSError: the path, what happened and what to do."""
+    what, todo = OS_FAULTS.get(e.errno, (e.strerror or str(e), 'check the path and the device'))
+    return f"{e.filename or 'a file'}: {what}; {todo}"
+
+
+def os_error_behind(e):
+    """The OSError that caused e, if any: torch.save, for one, reports a failed write as a RuntimeError whose
+    context is the OSError the file raised."""
+    while e is not None and not isinstance(e, OSError):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def run_script(main, argv=None):
+    """A script's entry point: main(argv), with a RunError or an OSError printed as one line on stderr (the
+    script's name, the path, what happened and what to do) and exit status 1."""
+    try:
+        return main(sys.argv[1:] if argv is None else argv)
+    except RunError as e:
+        message = str(e)
+    except OSError as e:
+        message = describe_os_error(e)
+    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    raise SystemExit(1)

@@ -1,0 +1,67 @@
+"""The repository's layout (docs/implementation.md, "Files"): the root holds the network, the configurator and the
+scripts a reader runs; what they share is the library, lmkit/, which imports no script; the study and the measuring
+tools live in study/ and tools/, and nothing at the root or in the library imports them. Tests may import anything."""
+import ast
+import glob
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NETWORK = {'model.py', 'attention_kernels.py', 'configurator.py'}
+FOLDERS = ('', 'lmkit', 'study', 'tools', 'scripts')
+
+
+def sources(folder):
+    return sorted(p for p in glob.glob(os.path.join(ROOT, folder, '*.py')) if not p.endswith('__init__.py'))
+
+
+def module_name(path):
+    """The name a file is imported by: model, lmkit.data, study.sink_study."""
+    return os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.')
+
+
+def imported(path):
+    """Every module a file imports, at its top or inside a function: 'lmkit.data' for `from lmkit.data import x`
+    and for `from lmkit import data`."""
+    names = set()
+    for node in ast.walk(ast.parse(open(path, encoding='utf-8').read())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names |= {f'{node.module}.{alias.name}' for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 1:  # an export's relative import, within lmkit/
+            names |= {f'lmkit.{node.module or alias.name}' for alias in node.names}
+    return names
+
+
+def is_script(path):
+    """A file run as a command: it has a __main__ block, or it is a moved command's one-line notice."""
+    text = open(path, encoding='utf-8').read()
+    return bool(re.search(r"^if __name__ == ['\"]__main__['\"]:", text, re.M)) or text.startswith('"""Moved: run')
+
+
+SCRIPTS = {module_name(p) for folder in FOLDERS for p in sources(folder) if is_script(p)}
+
+
+def test_the_root_holds_the_network_the_configurator_and_scripts():
+    root = sources('')
+    assert len(root) <= 14, [os.path.basename(p) for p in root]
+    assert {os.path.basename(p) for p in root if not is_script(p)} == NETWORK
+    assert {'train', 'prepare_data', 'distill', 'eval_zeroshot', 'sample', 'export_hf', 'quickstart'} <= SCRIPTS
+
+
+def test_no_file_imports_a_script():
+    """What a script shares lives in lmkit/; a script is run (a subprocess), never imported, outside the tests."""
+    found = {(module_name(p), name) for folder in FOLDERS for p in sources(folder) for name in imported(p)
+             if name in SCRIPTS}
+    assert not found
+
+
+def test_the_library_imports_no_script_and_neither_it_nor_the_root_imports_the_study_or_the_tools():
+    for path in sources('lmkit') + sources(''):
+        outside = {name for name in imported(path) if name.split('.')[0] in ('study', 'tools')}
+        assert not outside, (module_name(path), outside)
+    for path in sources('lmkit'):
+        ours = {name.split('.')[0] for name in imported(path)} & {module_name(p) for p in sources('')}
+        assert ours <= {'model', 'configurator', 'attention_kernels'}, (module_name(path), ours)
