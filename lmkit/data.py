@@ -21,6 +21,7 @@ Windows(dir, split, block_size) cuts a split into the windows train.py and disti
 import json
 import os
 import struct
+import subprocess
 import sys
 import zlib
 
@@ -141,6 +142,17 @@ def prepare_command(data_dir):
     repo is), else its general form."""
     known = KNOWN_DATA.get("/".join(os.path.normpath(data_dir).split(os.sep)[-2:]), GENERAL_DATA)
     return "python prepare_data.py " + known.replace("{out}", data_dir)
+
+
+def prepare_builtin(out_dir):
+    """The offline built-in corpus in byte tokens at out_dir, for the tools' short runs: prepare_data.py run as a
+    process (a script is never imported); its last line in a RunError if it fails."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, os.path.join(root, 'prepare_data.py'), '--source=builtin',
+                           '--tokenizer=bytes', f'--out_dir={out_dir}', '--val_every=10', '--num_proc=1'],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise RunError(f"preparing {out_dir} failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
 
 
 def read_meta(data_dir):

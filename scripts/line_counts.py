@@ -7,6 +7,8 @@ of one training step and one variant (docs/implementation.md, "Reading order").
 
 tests/test_docs.py holds the docs' table to this script's, and the reading sets to their limits.
 """
+import ast
+import functools
 import glob
 import os
 import sys
@@ -35,7 +37,55 @@ def table():
                    for p in glob.glob(os.path.join(ROOT, folder, '*.py')) if not p.endswith('__init__.py'))
     return '\n'.join(['| file | lines |', '|---|---:|', *[f'| `{name}` | {lines(name):,} |' for name in files],
                       f"| **one training step and one variant**: {', '.join(f'`{p}`' for p in READING_SET)} | "
-                      f"**{reading_set_lines():,}** |"])
+                      f"**{reading_set_lines():,}** |", '',
+                      'Imports, at module level (each file imports only files of the layers above it):', '',
+                      '| layer | files |', '|---:|---|',
+                      *[f"| {k} | {', '.join(f'`{p}`' for p in paths)} |" for k, paths in enumerate(import_layers())]])
+
+
+LAYERED = ('', 'lmkit', 'study', 'tools')  # the folders whose imports the map draws (scripts/ and tests/ import freely)
+
+
+def module_files():
+    """{module name: path relative to the root} of every Python file the map layers."""
+    return {os.path.relpath(p, ROOT)[:-3].replace(os.sep, '.'): os.path.relpath(p, ROOT) for folder in LAYERED
+            for p in glob.glob(os.path.join(ROOT, folder, '*.py')) if not p.endswith('__init__.py')}
+
+
+def module_imports(path, modules):
+    """The files of this repository a file imports at module level (an import inside a function runs only when
+    called, as GPT.from_pretrained's of lmkit.loading, and draws no edge)."""
+    package = os.path.dirname(path).replace(os.sep, '.')
+    found = set()
+    for node in ast.parse(open(os.path.join(ROOT, path), encoding='utf-8').read()).body:
+        blocks = [node.body, *(h.body for h in node.handlers)] if isinstance(node, ast.Try) else [[node]]
+        for inner in (n for block in blocks for n in block):
+            if isinstance(inner, ast.Import):
+                names = [alias.name for alias in inner.names]
+            elif isinstance(inner, ast.ImportFrom):
+                base = inner.module or ''
+                if inner.level:
+                    base = '.'.join(filter(None, [package, base]))
+                names = [base] + [f'{base}.{alias.name}' for alias in inner.names]
+            else:
+                continue
+            found |= {modules[name] for name in names if name in modules}
+    return found - {path}
+
+
+def import_layers():
+    """[[files of layer 0], [layer 1], ...]: layer 0 imports none of ours, and each file sits one above the highest
+    file it imports."""
+    modules = module_files()
+    edges = {path: module_imports(path, modules) for path in modules.values()}
+
+    @functools.cache
+    def layer(path):
+        return 1 + max((layer(dep) for dep in edges[path]), default=-1)
+    layers = {}
+    for path in edges:
+        layers.setdefault(layer(path), []).append(path)
+    return [sorted(layers[k]) for k in sorted(layers)]
 
 
 def reading_set_lines():

@@ -2,6 +2,7 @@
 docs/*.md hold, docs/memory.md's statements about them hold, the training keys' defaults in docs/training.md are
 train.py's, every relative link and #anchor resolves, README.md stays a front door (at most 300 lines), and its
 one-GPU commands run as written."""
+import ast
 import glob
 import importlib.util
 import json
@@ -176,8 +177,9 @@ def test_the_one_gpu_loop_runs_as_written(tmp_path, monkeypatch):
 
 
 def test_the_map_is_the_code():
-    """docs/implementation.md's map: its line counts are scripts/line_counts.py's, the reading set of one training step
-    and one variant and the files it names keep their limits, and its Files table names every top-level Python file."""
+    """docs/implementation.md's map: its line counts and import layers are scripts/line_counts.py's (from the code),
+    the reading set of one training step and one variant and the files it names keep their limits, its Files table
+    names every Python file outside tests/ with its role, and every name a row cites exists where the row says."""
     spec = importlib.util.spec_from_file_location('line_counts', os.path.join(ROOT, 'scripts', 'line_counts.py'))
     line_counts = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(line_counts)
@@ -188,6 +190,42 @@ def test_the_map_is_the_code():
             assert line_counts.lines(name) <= limit, name
     with open(os.path.join(ROOT, 'docs', 'implementation.md')) as f:
         files_table = f.read().split('## Files')[1].split('\n## ')[0]
-    named = {name for row in re.findall(r'^\| ((?:`[\w./*{},]+`(?:, )?)+) \|', files_table, re.M)
-             for name in re.findall(r'`([\w./*{},]+)`', row)}
-    assert named >= {os.path.basename(p) for p in glob.glob(os.path.join(ROOT, '*.py'))}
+    rows = {tuple(re.findall(r'`([\w./*{},]+)`', cell)): role for cell, role in
+            re.findall(r'^\| ((?:`[\w./*{},]+`(?:, )?)+) \| (.+) \|$', files_table, re.M)}
+    named = {name for names in rows for name in names}
+    python = {os.path.relpath(p, ROOT) for folder in ('', 'lmkit', 'study', 'tools', 'scripts')
+              for p in glob.glob(os.path.join(ROOT, folder, '*.py')) if not p.endswith('__init__.py')}
+    assert not python - named, 'files the map does not name'
+    assert not {n for n in named if '*' not in n and not os.path.exists(os.path.join(ROOT, n))}, 'named, not there'
+    defined = {path: defined_names(path) for path in python}
+    by_stem = {os.path.basename(path)[:-3]: path for path in python}
+    for names, role in rows.items():
+        if len(names) != 1 or names[0] not in python:
+            continue
+        for cited in re.findall(r'`([A-Za-z_][\w.]*)`', role):
+            owner, _, name = cited.rpartition('.')
+            where = by_stem.get(owner, names[0]) if owner else names[0]
+            if cited.endswith(('.py', '.md', '.json', '.jsonl', '.pt')) or (owner and owner not in by_stem):
+                continue  # a file's name, or an attribute of a class or of another library
+            assert name in defined[where], f"{names[0]}'s row cites {cited}, which {where} does not define"
+
+
+def defined_names(path):
+    """Every name a file defines (functions, classes, methods, assignments, attributes, imports) or holds as a
+    string."""
+    tree = ast.parse(open(os.path.join(ROOT, path), encoding='utf-8').read())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):  # self.explicit = ...
+            out.add(node.attr)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= {(alias.asname or alias.name).split('.')[0] for alias in node.names}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out.add(node.value)
+    return out

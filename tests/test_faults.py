@@ -357,13 +357,13 @@ def every_script_with_a_device(tmp_path, device):
                                                 f'--device={device}']),
             'tools/bench.py': lambda: bench.main([f'--device={device}']),
             'sample.py': lambda: sample.main([f'--device={device}', f'--ckpt={missing}'])}
-    errors = []
+    stopped = []
     for name, run in runs.items():
         with pytest.raises(errors.RunError) as e:
             run()
-        errors.append((name, str(e.value)))
+        stopped.append((name, str(e.value)))
     assert os.listdir(tmp_path) == []
-    return errors
+    return stopped
 
 
 def test_a_device_torch_cannot_use_is_one_line(tmp_path, monkeypatch):

@@ -48,6 +48,7 @@ if __package__ in (None, ''):  # run as a file: the repository's root on the pat
 from lmkit.kd import kd_problem
 from lmkit.measure import (PeakMemory, Progress, default_peak_flops, flops_per_token, gemm_shapes, log,
                            measured_matmul_flops, print_table, ratio)
+from lmkit.data import prepare_builtin
 from lmkit.device import autocast, resolve_device
 from lmkit.distributed import compile_layers
 from configurator import DEVICE, Key, parse, shown
@@ -329,8 +330,7 @@ def bench_study(args, device):
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, 'data')  # the built-in corpus: throughput does not depend on which text it is
-        subprocess.run([sys.executable, 'prepare_data.py', '--source=builtin', '--tokenizer=bytes', f'--out_dir={data}',
-                        '--val_every=10'], cwd=ROOT, stdout=sys.stderr, check=True)  # run, not imported: a script
+        prepare_builtin(data)
         run = lambda variant, compile, i=0: study_command(variant, steps, compile, data,
                                                          os.path.join(tmp, f'{variant}_{compile}_{i}'), device)
         for variant in args.variants:

@@ -52,7 +52,7 @@ from lmkit.measure import (KNOWN_PEAK_BF16, PeakMemory, flops_per_token, gemm_sh
 from lmkit.device import autocast
 from lmkit.distributed import compile_layers, wrap_ddp
 from configurator import Key, parse
-from lmkit.data import Windows
+from lmkit.data import Windows, prepare_builtin
 from lmkit.kd import kd_problem
 from lmkit.loading import load_teacher
 from lmkit.errors import RunError, run_script
@@ -320,8 +320,7 @@ def check_torchrun(check, device, args, workdir):
                   '(pip install -r requirements.txt)', 'every variant runs')
         return
     data = os.path.join(workdir, 'data')
-    subprocess.run([sys.executable, 'prepare_data.py', '--source=builtin', '--tokenizer=bytes', f'--out_dir={data}',
-                    '--val_every=10', '--num_proc=1'], cwd=ROOT, stdout=sys.stderr, check=True)  # a script: run it
+    prepare_builtin(data)
     common = ['--n_layer=2', '--n_head=4', '--n_kv_head=2', '--n_embd=64', '--intermediate_size=128',
               '--vocab_size=320', '--block_size=64', '--global_batch_size=16', '--micro_batch_size=8',
               '--warmup_iters=5', '--learning_rate=3e-3', '--decay_frac=0.0', '--eval_batches=2', '--log_interval=1000',
