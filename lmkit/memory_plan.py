@@ -88,33 +88,9 @@ def kd_loss_memory(n_tokens, vocab_size, student_hidden, teacher_hidden, compute
                    temperature=1.0, kd_alpha=1.0, device_type='cuda', chunk_size=None):
     """Peak bytes fused_kd_loss allocates beyond its inputs in one training forward + backward (with targets, and
     gradients w.r.t. the student's hidden states and lm_head): n_tokens (N) tokens, vocab_size (V) rows, lm_heads
-    student_hidden (C_s) and teacher_hidden (C_t) wide. compute_dtype: the GEMMs' dtype (kd_compute_dtype: the
-    autocast dtype, bfloat16 in training). The inputs' dtypes: the student's lm_head student_weight_dtype (a float32
-    master weight; FSDP: bfloat16), the teacher's teacher_weight_dtype (None: compute_dtype, as train.py loads it),
-    the student's hidden states hidden_dtype (float32: autocast's residual stream; FSDP: bfloat16).
-    device_type 'cuda' assumes bf16 GEMMs write float32 directly (PyTorch >= 2.8 on sm_80+: fp32_output_gemm);
-    elsewhere (CPU) the fallback's bf16 products are counted too. n = min(N, chunk_size or CHUNK_LOGITS // V)
-    tokens per chunk; float32 below is float64 for float64 compute. Tensor by tensor:
-      held from forward to backward
-        grad w.r.t. the student's lm_head        V x C_s float32, every chunk's g^T h accumulated into it
-        grad w.r.t. the hidden states            N x C_s hidden_dtype
-      forward
-        the student's lm_head in compute_dtype   V x C_s, unless student_weight_dtype is compute_dtype
-        the teacher's lm_head in compute_dtype   V x C_t, likewise (none for a bf16 teacher under bf16 autocast)
-        the valid-token mask                     N float32 (and N bools while it is made)
-        one chunk's working set, the largest of
-          3 (n, V) float32: log p, the student's logits and their logsumexp or log q; then log p, log q, p
-          4 of them when T != 1 and kd_alpha < 1: softmax(s) as well, for CE's gradient
-          log p, the student's logits and, fallback, the GEMM's (n, V) bf16 product before it is cast
-          the (n, V) float32 gradient and its compute_dtype copy (the GEMMs' operand)
-          that copy, the (n, C_s) block of grad_h on its way in, and, fallback, the V x C_s bf16 product added
-            into the float32 lm_head gradient
-        and all along: the chunk's hidden states in compute_dtype (n x C_s, n x C_t), (n,)-sized vectors
-      and, in both, a few float scalars
-      backward (in place): a bf16 grad_h scaled in float32 (N x C_s float32 and its new hidden_dtype copy); the
-        lm_head gradient cast to student_weight_dtype unless float32
-    Returns the larger of the forward's and backward's peaks. Kernels' own workspaces (cuBLAS, the allocator's
-    rounding) are not counted."""
+    student_hidden (C_s) and teacher_hidden (C_t) wide, GEMMs in compute_dtype, the inputs in the dtypes given
+    (teacher_weight_dtype None: compute_dtype). The larger of the forward's and backward's peaks, tensor by tensor as
+    docs/memory.md, "The fused KD loss", lists them; kernels' own workspaces are not counted."""
     N, V, C_s, C_t = n_tokens, vocab_size, student_hidden, teacher_hidden
     n = min(N, chunk_size or max(1, CHUNK_LOGITS // V))
     acc = torch.promote_types(compute_dtype, torch.float32)
