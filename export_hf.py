@@ -31,8 +31,7 @@ from types import SimpleNamespace
 
 import torch
 
-from lmkit.checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, hf_config, read_checkpoint,
-                              write_safetensors)
+from lmkit.checkpoint import CKPT_NAME, CheckpointError, export_state_dict, read_checkpoint, write_safetensors
 from configurator import Key, fail, parse
 from lmkit.errors import RunError, run_script
 from lmkit.files import made_dirs, write_json
@@ -41,9 +40,8 @@ from lmkit.tokenizer import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer,
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # what a non-softmax export ships (hf_wrapper.py: the entry; the others are what it imports)
-# the code an export of a variant transformers lacks ships, flat: the network, and lmkit's wrapper and what it reads
-CODE_PATHS = ('attention_kernels.py', 'lmkit/checkpoint.py', 'lmkit/errors.py', 'lmkit/files.py', 'lmkit/hf_wrapper.py',
-              'model.py')
+CODE_PATHS = ('attention_kernels.py', 'lmkit/hf_wrapper.py', 'model.py')  # what an export of a variant ships
+EARLIER_CODE_FILES = ('checkpoint.py', 'files.py')  # what exports shipped beside them before lmkit/ (--overwrite)
 CODE_FILES = tuple(os.path.basename(path) for path in CODE_PATHS)
 HF_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.json', 'merges.txt')
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
@@ -193,6 +191,7 @@ def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 10
         try:
             enc = write_tokenizer(tok_info, tokenizer, tmp, cfg.block_size)
             special_ids = check_tokenizer(tmp, enc)
+            from lmkit.hf_wrapper import hf_config  # transformers: imported once main has checked it is there
             write_json(os.path.join(tmp, 'config.json'), hf_config(cfg, dtype, special_ids, tok_info), indent=2)
             generation = dict(special_ids, **({} if cfg.hf_native else dict(use_cache=False)))
             write_json(os.path.join(tmp, 'generation_config.json'), generation, indent=2)
@@ -219,7 +218,7 @@ def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 10
 
 def is_export_file(name):
     """Whether a file name is one an export writes."""
-    return (name in CODE_FILES + HF_TOKENIZER_FILES + ('config.json', 'generation_config.json')
+    return (name in CODE_FILES + EARLIER_CODE_FILES + HF_TOKENIZER_FILES + ('config.json', 'generation_config.json')
             or re.fullmatch(r'model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?', name) is not None)
 
 

@@ -3,9 +3,8 @@ Checkpoints in and out: this repo's training checkpoints (ckpt.pt) and Hugging F
 written. Every file a model is read from or written to goes through here, so every reader gets the same checks and
 the same one-line errors (CheckpointError, a ValueError naming the file, what is wrong and what to do).
 
-model.py stands alone (the network); this file reads and writes what it is made of, and builds a GPT from a file
-(load_model, which GPT.from_pretrained imports when called, handing it the GPT class): this file imports nothing of
-model.py, so there is no cycle. (An exported model ships this file beside model.py.)
+model.py stands alone (the network); this file reads and writes what it is made of, as dicts and tensors, and imports
+nothing of model.py; lmkit/loading.py builds a GPT from them.
 
 ckpt.pt, written by train.py: one torch.save'd dict,
     model         the GPT's state dict: full tensors keyed by parameter name (never sharded, whatever the run's ranks)
@@ -23,7 +22,6 @@ A Hugging Face directory: config.json, and model.safetensors or the shards that 
 Llama / Mistral / Qwen2 as published, or one that export_hf.py wrote: its config.json then carries our ModelConfig
 under model_config and the run's tokenizer record under tokenizer_info.
 """
-import dataclasses
 import io
 import json
 import os
@@ -36,15 +34,12 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-# relative: an export ships this file beside errors.py and files.py (export_hf.CODE_FILES), imported as one package
 from .errors import RunError
 from .files import atomic_write, write_json
 
 CKPT_NAME = 'ckpt.pt'
 CKPT_KEYS = ('model', 'optimizer', 'step', 'rng', 'config', 'model_config', 'tokenizer', 'data')
 MODEL_KEYS = ('model', 'model_config', 'tokenizer')  # what reading a model (not resuming its training) needs
-MODEL_TYPE = 'affine_scaled_gpt'  # an export's config.json model_type for the variants transformers does not have
-WRAPPER_CLASSES = ('AffineScaledConfig', 'AffineScaledForCausalLM')  # hf_wrapper.py's, which such an export maps to
 
 
 class CheckpointError(RunError, ValueError):
@@ -388,38 +383,6 @@ def read_safetensors(path, dtype, device, keep_fp32=()):
                     keep = torch.float32 if key.rsplit('.', 1)[-1] in keep_fp32 else dtype
                     state[key] = f.get_tensor(key).to(device=device, dtype=keep)
     return state
-
-
-def transformers_names(config):
-    """A ModelConfig's numbers under transformers' names, for the tools that read them (lm-eval's max length, ...)."""
-    return dict(vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=config.intermediate_size,
-                num_hidden_layers=config.n_layer, num_attention_heads=config.n_head,
-                num_key_value_heads=config.n_kv_head, max_position_embeddings=config.block_size,
-                tie_word_embeddings=config.tie_embeddings)
-
-
-def hf_config(cfg, dtype, special_ids, tok_info):
-    """config.json of an export. A model transformers computes itself (ModelConfig.hf_native: softmax without the
-    gate): its own Llama (Qwen2 when q/k/v have biases) in the hub's layout, which 4.x and 5.x both read (5.x writes
-    rope_parameters, which 4.x ignores, falling back to rope_theta = 10000). Other models: our ModelConfig under
-    model_config and an auto_map to the shipped hf_wrapper.py. Both record the run's tokenizer (tokenizer_info, as
-    meta.json has it), which distill.py checks a KD teacher's data against."""
-    common = dict(transformers_names(cfg), **special_ids, torch_dtype=str(dtype).removeprefix('torch.'),
-                  tokenizer_info=tok_info)
-    if not cfg.hf_native:
-        config_class, model_class = WRAPPER_CLASSES
-        return dict(architectures=[model_class], model_type=MODEL_TYPE,
-                    auto_map={'AutoConfig': f'hf_wrapper.{config_class}',
-                              'AutoModelForCausalLM': f'hf_wrapper.{model_class}'},
-                    model_config=dataclasses.asdict(cfg), **common)
-    llama = dict(head_dim=cfg.head_dim, hidden_act='silu', initializer_range=cfg.init_std,
-                 rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling,
-                 attention_dropout=0.0, use_cache=True)
-    if cfg.qkv_bias:  # Qwen2: biases on q/k/v (not o), as ours; Llama's attention_bias would add one to o_proj too
-        return dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2', **llama, use_sliding_window=False,
-                    sliding_window=None, max_window_layers=cfg.n_layer, **common)
-    return dict(architectures=['LlamaForCausalLM'], model_type='llama', **llama, attention_bias=False, mlp_bias=False,
-                pretraining_tp=1, **common)
 
 
 def export_state_dict(model, dtype):

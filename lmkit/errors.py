@@ -1,7 +1,7 @@
 """
 Faults as one line: a fault the user must act on is a RunError (its text says what to do), and a script's entry point,
 run_script(main), prints it, or the OS refusing a read or a write, as one line with exit status 1, never a traceback.
-Pure Python: quickstart.py uses it before torch is installed, and exports ship it (export_hf.CODE_PATHS).
+Pure Python: quickstart.py uses it before torch is installed.
 """
 import errno
 import os

@@ -2,7 +2,7 @@
 Writing outputs without losing anything: atomic_write (a whole file or the previous one, never a part), claim_dir (an
 output directory checked before any work), made_dirs, set_aside (an earlier log kept, never replaced), lock_dir (one
 writer per run directory) and read_log (a JSON-lines log read whole lines only). docs/implementation.md has the rules.
-Pure Python: quickstart.py writes through it before torch is installed, and exports ship it.
+Pure Python: quickstart.py writes through it before torch is installed.
 """
 import json
 import os
@@ -11,7 +11,7 @@ import sys
 import time
 from contextlib import contextmanager
 
-from .errors import RunError, os_error_behind  # relative: exports ship this file (export_hf.CODE_FILES)
+from .errors import RunError, os_error_behind
 
 try:
     import fcntl

@@ -1,8 +1,8 @@
 """
-The Hugging Face face of model.py. export_hf.py copies this file and the ones it imports (model.py,
-attention_kernels.py, checkpoint.py, files.py) into an exported model directory of every model that transformers'
-own classes do not compute (all but plain softmax: model.ModelConfig.hf_native), and its config.json maps
-transformers' Auto classes here:
+The Hugging Face face of model.py: an export's config.json (hf_config), and for every model that transformers' own
+classes do not compute (all but plain softmax: model.ModelConfig.hf_native) the code export_hf.py copies into the
+export beside model.py and attention_kernels.py, the network alone: this file, to which config.json maps
+transformers' Auto classes:
 
     model = AutoModelForCausalLM.from_pretrained('hf/affine_1b', trust_remote_code=True)
 
@@ -14,23 +14,57 @@ generate() recomputes the whole sequence at every step (no transformers cache): 
 GPT.generate is for affine (whose N changes with the length). Padding must be on the right, so generate() takes
 prompts of one length (or one prompt) at a time.
 """
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 import transformers
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-# transformers 4.x copies into an export's module cache only the files this one imports: every code file is named
-from .checkpoint import MODEL_TYPE, transformers_names
-from .errors import RunError  # noqa: F401  (imported by checkpoint.py and files.py)
-from .files import atomic_write  # noqa: F401  (imported by checkpoint.py)
-try:  # in an exported directory transformers imports this file as part of a package (see model.py's imports)
+try:  # in an exported directory transformers imports this file as part of a package (see model.py's imports);
+    # transformers 4.x copies into its module cache only the files this one imports: every code file is named here
     from .attention_kernels import SinkAttention  # noqa: F401  (imported by model.py)
     from .model import GPT, IGNORE_INDEX, VARIANTS, ModelConfig
 except ImportError:  # in this repository: the network at its root
     from model import GPT, IGNORE_INDEX, VARIANTS, ModelConfig
 
 TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
+
+MODEL_TYPE = 'affine_scaled_gpt'  # an export's config.json model_type for the variants transformers does not have
+WRAPPER_CLASSES = ('AffineScaledConfig', 'AffineScaledForCausalLM')  # below: what such an export's Auto classes map to
+
+
+def transformers_names(config):
+    """A ModelConfig's numbers under transformers' names, for the tools that read them (lm-eval's max length, ...)."""
+    return dict(vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=config.intermediate_size,
+                num_hidden_layers=config.n_layer, num_attention_heads=config.n_head,
+                num_key_value_heads=config.n_kv_head, max_position_embeddings=config.block_size,
+                tie_word_embeddings=config.tie_embeddings)
+
+
+def hf_config(cfg, dtype, special_ids, tok_info):
+    """config.json of an export. A model transformers computes itself (ModelConfig.hf_native: softmax without the
+    gate): its own Llama (Qwen2 when q/k/v have biases) in the hub's layout, which 4.x and 5.x both read (5.x writes
+    rope_parameters, which 4.x ignores, falling back to rope_theta = 10000). Other models: our ModelConfig under
+    model_config and an auto_map to the shipped hf_wrapper.py. Both record the run's tokenizer (tokenizer_info, as
+    meta.json has it), which distill.py checks a KD teacher's data against."""
+    common = dict(transformers_names(cfg), **special_ids, torch_dtype=str(dtype).removeprefix('torch.'),
+                  tokenizer_info=tok_info)
+    if not cfg.hf_native:
+        config_class, model_class = WRAPPER_CLASSES
+        return dict(architectures=[model_class], model_type=MODEL_TYPE,
+                    auto_map={'AutoConfig': f'hf_wrapper.{config_class}',
+                              'AutoModelForCausalLM': f'hf_wrapper.{model_class}'},
+                    model_config=dataclasses.asdict(cfg), **common)
+    llama = dict(head_dim=cfg.head_dim, hidden_act='silu', initializer_range=cfg.init_std,
+                 rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling,
+                 attention_dropout=0.0, use_cache=True)
+    if cfg.qkv_bias:  # Qwen2: biases on q/k/v (not o), as ours; Llama's attention_bias would add one to o_proj too
+        return dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2', **llama, use_sliding_window=False,
+                    sliding_window=None, max_window_layers=cfg.n_layer, **common)
+    return dict(architectures=['LlamaForCausalLM'], model_type='llama', **llama, attention_bias=False, mlp_bias=False,
+                pretraining_tp=1, **common)
 
 
 class AffineScaledConfig(PretrainedConfig):

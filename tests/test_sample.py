@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import sample
-from lmkit.checkpoint import export_state_dict, hf_config, write_safetensors
+from lmkit.checkpoint import export_state_dict, write_safetensors
+from lmkit.hf_wrapper import hf_config
 from lmkit.tokenizer import load_tokenizer, tokenizer_info
 from lmkit.errors import run_script
 from helpers import HF_LLAMA3_REGEX, hf_tokenizer, save_layout, split_then_bytes
