@@ -65,3 +65,12 @@ def test_the_library_imports_no_script_and_neither_it_nor_the_root_imports_the_s
     for path in sources('lmkit'):
         ours = {name.split('.')[0] for name in imported(path)} & {module_name(p) for p in sources('')}
         assert ours <= {'model', 'configurator', 'attention_kernels'}, (module_name(path), ours)
+
+
+def test_no_function_outside_the_tests_is_over_80_lines():
+    """A function a reader can hold in view: at most 80 lines from its def to its last line (docstring included)."""
+    trees = {module_name(p): ast.parse(open(p, encoding='utf-8').read()) for folder in FOLDERS for p in sources(folder)}
+    long = [(name, node.name, node.end_lineno - node.lineno + 1) for name, tree in trees.items()
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80]
+    assert not long
