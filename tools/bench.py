@@ -494,8 +494,8 @@ def bench_eval(args, device):
     print_table('Zero-shot evaluation: batched vs one request at a time',
                 f'config/tiny_cpu.py shape, random weights, {str(dtype).removeprefix("torch.")}, eager; {len(docs)} '
                 f'synthetic 4-choice docs (byte tokens; contexts of 15-40 words, endings of 3-12). Batched: '
-                f'eval_zeroshot.score_requests, batch size {args.eval_batch_size}; one by one: '
-                f'eval_zeroshot.score_one_by_one (the harness at batch size 1).',
+                f'zeroshot.score_requests, batch size {args.eval_batch_size}; one by one: '
+                f'zeroshot.score_one_by_one (the harness at batch size 1).',
                 ['variant', 'docs', 'requests', 'forwards (batched)', 'batched docs/s', 'one-by-one docs/s',
                  'speedup', 'max abs loglik diff'], rows)
 
@@ -535,7 +535,7 @@ def bench_harness(args, device):
         return log(f'  harness: skipped: lm-evaluation-harness did not run here: {type(e).__name__}: {e}')
     print_table('Zero-shot evaluation: eval_zeroshot vs lm-evaluation-harness on a real model',
                 f'{args.harness_model}, {dtype}, {len(docs)} synthetic 4-choice docs ({len(requests)} requests) as '
-                f'text; batch size {args.eval_batch_size} on both sides: eval_zeroshot.score_requests and lm-eval '
+                f'text; batch size {args.eval_batch_size} on both sides: zeroshot.score_requests and lm-eval '
                 f'0.4.9\'s HFLM.loglikelihood (each tokenizing the text itself).',
                 ['docs', 'eval_zeroshot docs/s', 'lm-eval docs/s', 'speedup', 'max abs loglik diff'],
                 [[str(len(docs)), f'{len(docs) / t_ours:.1f}', f'{len(docs) / t_theirs:.1f}', ratio(t_theirs, t_ours),

@@ -2,9 +2,8 @@
 The memory plan measured: fake_peak_memory is the peak of one training micro-step of a train.py config on fake
 tensors (torch's MemTracker: real shapes, no memory, no GPU), what train.py --dry_run's plan (memory_plan.py) is held
 to by tests/test_gpu_path.py at reduced depth and by scripts/memory_tables.py --measure=True at full depth.
-A module of its own, not memory_plan.py: it runs train.py's micro-step (train.compute_loss), and train.py imports
-memory_plan.py for its dry run; and only what measures imports MemTracker (seconds of import).
-Imports flow one way: memory_plan -> train -> this file -> scripts/memory_tables.py, the tests.
+A tool of its own, not part of lmkit/memory_plan.py: it runs the micro-step (training.compute_loss) under MemTracker,
+which only what measures should pay the import of (seconds).
 """
 import warnings
 from unittest import mock
