@@ -241,18 +241,24 @@ def state(run, records, per_step, study):
 
 
 def last_logged(out_dir):
-    """(the last step metrics.jsonl records, whether that step's loss is finite); (0, True) without one."""
+    """(the last step metrics.jsonl records, whether that step's loss is finite); (0, True) without one. Read from
+    the end in growing blocks: an evaluation's line (every head's measures) can be longer than any fixed tail."""
     path = os.path.join(HERE, out_dir, 'metrics.jsonl')
     try:
         with open(path, 'rb') as f:
-            f.seek(max(0, os.path.getsize(path) - 4096))
-            lines = f.read().splitlines()
-        for line in reversed(lines):
-            try:
-                record = json.loads(line)
-                return record['step'], math.isfinite(record.get('loss', 0.0))
-            except (ValueError, KeyError, TypeError):
-                continue
+            size, block = f.seek(0, os.SEEK_END), 4096
+            while True:
+                f.seek(max(0, size - block))
+                lines = f.read().splitlines()[0 if block >= size else 1:]  # a block's first line may be cut
+                for line in reversed(lines):
+                    try:
+                        record = json.loads(line)
+                        return record['step'], math.isfinite(record.get('loss', 0.0))
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                if block >= size:
+                    break
+                block *= 8
     except OSError:
         pass
     return 0, True

@@ -144,6 +144,20 @@ V1_FIELDS = ('variant', 'seed', 'arm', 'tokens', 'seconds', 'val_loss', 'first_t
              'sink_mass', 'per_head', 'sink_rate', 'entropy', 'row_sum', 'spikes', 'curve', 'ckpt')
 
 
+def test_progress_reads_the_last_step_past_long_lines(tmp_path):
+    """The console's step counts: a metrics.jsonl whose last line (an evaluation of every head) is longer than any
+    fixed tail still gives its step, a line cut mid-write gives the one before, a NaN loss is reported."""
+    from study.sink_study import last_logged
+    path = tmp_path / 'metrics.jsonl'
+    assert last_logged(str(tmp_path)) == (0, True)
+    rows = [dict(step=1, loss=2.0), dict(step=2, loss=float('nan')), dict(step=3, loss=1.5, heads=[0.25] * 20_000)]
+    path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    assert path.stat().st_size > 100_000
+    assert last_logged(str(tmp_path)) == (3, True)
+    path.write_text(''.join(json.dumps(r) + '\n' for r in rows[:2]) + json.dumps(rows[2])[:50_000])
+    assert last_logged(str(tmp_path)) == (2, False)
+
+
 def test_no_decay_leaves_those_matrices_out_of_weight_decay():
     """train.configure_optimizers: the named modules' matrices join the vectors in the group without decay; the
     default groups are what they were (old checkpoints' optimizer states still line up)."""
