@@ -67,7 +67,7 @@ SPIKE_WINDOW = (0, 500)  # Table 5: median + k MAD over steps 0-500 (a shorter r
 END_WINDOWS, CALIBRATION = 32, 4  # validation windows of W8A8 and the knockout; W8A8's calibration windows after them
 
 BLIND = ('v2',)  # claim sets whose report waits for the last run (issue 44: no tested measure is read before it)
-GPU_JOBS = 4  # runs side by side on one GPU: a 0.8M-parameter model leaves most of it idle (not measured: an estimate)
+GPU_JOBS = 4  # runs side by side on one GPU: attempt_1 (docs/sink_study_gpu/) ran each at 337k-421k tokens/s on an H200
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
 CONFIG = 'config/sink_study.py'
@@ -79,7 +79,7 @@ PLANS = {  # what --plan sets (each key may still be given after it)
     'v2': dict(variants=CORE, arms=['kd'], kd_seeds=list(range(1, 13)), teachers=[101, 102],
                config=[CONFIG, 'config/sink_study_v2.py'], teacher_config=['config/sink_study_v2_teacher.py'],
                claims='v2'),
-    # v2's design, larger, on one GPU (config/sink_study_gpu.py): its time is an estimate until a GPU has run it
+    # v2's design, larger, on one GPU (config/sink_study_gpu.py; its first attempt: docs/sink_study_gpu/attempt_1/)
     'gpu': dict(variants=CORE, arms=['kd'], kd_seeds=[1, 2, 3], teachers=[101], tokens=12_000_000, device='cuda',
                 out_dir='out/sink_study_gpu', config=[CONFIG, 'config/sink_study_v2.py', 'config/sink_study_gpu.py'],
                 teacher_config=['config/sink_study_gpu_teacher.py'], claims='v2'),
@@ -330,8 +330,9 @@ STOP_WAIT = 120  # seconds a child may take to finish its step and save before i
 
 def run_all(runs, steps, jobs, threads, logs, finished):
     """Train every run whose state is not recorded or done, `jobs` at a time (a student once its teacher is done) in
-    priority's order, printing progress; finished(run) as each ends, and for those done already one per second
-    while the others train. A failed child, or SIGTERM / SIGINT to the study, stops every child cleanly first."""
+    priority's order, printing progress; finished(run) (its end measures and record) for each run whose training has
+    ended, one per pass, after the free slots are filled, so the device trains while a record is made. A failed
+    child, or SIGTERM / SIGINT to the study, stops every child cleanly first."""
     todo = sorted((r for r in runs if r['state'] not in ('recorded', 'done')), key=lambda r: priority(r, runs))
     done_names = {r['name'] for r in runs if r['state'] in ('recorded', 'done')}
     unrecorded = [r for r in runs if r['state'] == 'done']
@@ -349,7 +350,7 @@ def run_all(runs, steps, jobs, threads, logs, finished):
                                        f"{last_line(os.path.join(logs, name + '.log'))!r} (its log: {logs}/{name}.log);"
                                        f" fix it and run the same command again (finished runs are skipped)")
                     done_names.add(name)
-                    finished(run)
+                    unrecorded.append(run)  # recorded below, once the free slots have runs again
                     print(f"finished {name} ({len(done_names)}/{len(runs)} runs)", flush=True)
             ready = [r for r in todo if r['teacher'] is None or r['teacher'] in done_names]
             while ready and len(running) < jobs:
