@@ -299,8 +299,8 @@ def test_analysis_md_shows_the_claims_and_the_pilot():
 # -----------------------------------------------------------------------------
 # Every verdict of the committed study, recomputed from its records by a second implementation
 
-def committed():
-    root = os.path.join(ROOT, 'docs', 'sink_study')
+def committed(study='sink_study'):
+    root = os.path.join(ROOT, 'docs', study)
     with open(os.path.join(root, 'results.json')) as f:
         results = json.load(f)
     records = []
@@ -316,13 +316,20 @@ def value(record, measure):
     if measure == 'loss':
         return record['val_loss'] if record['arm'] == 'ce' else record['final_kd_loss']
     end = record['end']
-    return dict(weight=lambda: mean(record['first_token_weight']), share=lambda: mean(record['first_token_share']),
+    weights = record['first_token_weight']
+    return dict(weight=lambda: mean(weights), share=lambda: mean(record['first_token_share']),
                 first_or_null=lambda: mean(record['first_or_null']), entropy=lambda: mean(record['entropy']),
                 entropy_deep=lambda: mean(record['entropy'][len(record['entropy']) // 2:]),
                 spikes9=lambda: record['spikes']['9'], row_spread=lambda: mean(end['row_total_std']),
                 sink_grown=lambda: float(end['gu']['sink_rate'] > 0),
                 w8a8=lambda: end['w8a8']['w8a8'] / end['w8a8']['fp'],
-                knockout0=lambda: end['knockout']['first_0'] / end['knockout']['full'])[measure]()
+                knockout0=lambda: end['knockout']['first_0'] / end['knockout']['full'],
+                # v2's secondary readings
+                weight_deep=lambda: mean(weights[len(weights) // 2:]),
+                **{f'weight_l{k}': lambda k=k: weights[k - 1] for k in range(1, len(weights) + 1)},
+                gu_rate=lambda: end['gu']['sink_rate'], gu_rate_raw=lambda: end['gu']['sink_rate_raw'],
+                sink_grown16=lambda: float(end['gu']['sink_rate'] >= 1 / 16),
+                spikes9_after=lambda: (record['spikes_after_warmup'] or {}).get('9'))[measure]()
 
 
 def every_labelling(a, b, strata_a, strata_b):
@@ -395,6 +402,78 @@ def test_every_verdict_recomputed_from_the_committed_records():
                 else:
                     agrees = (c['mean'][0] < c['mean'][1]) == (c['direction'] == '<')
                     assert c['verdict'] == f"{'supported' if agrees else 'contradicted'} (p = {c['p_holm']:.3g})"
+
+
+def every_sign_flip(differences):
+    """Exact two-sided p of a mean paired difference by brute force: all 2^n assignments of signs as a matrix."""
+    d = np.array(differences, dtype=np.float64)
+    signs = 1 - 2 * ((np.arange(2 ** len(d))[:, None] >> np.arange(len(d))) & 1)
+    return float(np.mean(np.abs(signs @ d) >= abs(d.sum()) * (1 - 1e-9)))
+
+
+def fisher_by_subsets(hits_a, n_a, hits_b, n_b):
+    """Fisher's two-sided p by counting, over every subset of the n_a + n_b seeds (bit masks) of n_a seeds, the hits
+    it holds (the seeds with the outcome: the lowest bits), then summing the counts no larger than the observed."""
+    n, hits = n_a + n_b, hits_a + hits_b
+    assert n <= 32
+    masks = np.arange(2 ** n, dtype=np.int64)
+    low = np.arange(2 ** 16)
+    bits16 = sum((low >> i) & 1 for i in range(16))  # the set bits of every 16-bit number
+    ones = lambda m: bits16[m & 0xFFFF] + bits16[m >> 16]
+    held = ones(masks & (2 ** hits - 1))[ones(masks) == n_a]
+    counts = np.bincount(held, minlength=n + 1)
+    return float(counts[counts <= counts[hits_a] * (1 + 1e-7)].sum() / counts.sum())
+
+
+V2_RESULTS = os.path.join(ROOT, 'docs', 'sink_study_v2', 'results.json')
+
+
+@pytest.mark.skipif(not os.path.isfile(V2_RESULTS), reason="v2's results.json is written once its 50th run is recorded")
+def test_every_v2_verdict_recomputed_from_the_committed_records():
+    """Each claim of docs/sink_study_v2/results.json from the records under docs/sink_study_v2/runs: its matched pairs
+    (seed by seed), its values, its p by brute force (every sign flip; every subset for Fisher's), Holm's adjustment
+    by the step-down definition, and its verdict word."""
+    results, records = committed('sink_study_v2')
+    assert results['claim_set'] == 'v2' and len(records) == 50
+    runs = {r['name']: r for r in results['runs']}
+    assert sorted(runs) == sorted(r['name'] for r in records)
+    for record in records:
+        run = runs[record['name']]
+        assert {k: v for k, v in run.items() if k != 'curve'} == {
+            k: v for k, v in record.items() if k in run and k != 'curve'}
+    claims = results['claims']
+    assert {c['arm'] for c in claims} == {'kd'} and len(claims) == 34
+    for claim in claims:
+        group = lambda v: {r['seed']: r for r in records if r['arm'] == 'kd' and r['variant'] == v}
+        a, b = group(claim['low']), group(claim['high'])
+        va = {s: value(r, claim['measure']) for s, r in a.items() if value(r, claim['measure']) is not None}
+        vb = {s: value(r, claim['measure']) for s, r in b.items() if value(r, claim['measure']) is not None}
+        assert claim['n'] == [len(va), len(vb)]
+        if not va or not vb:
+            assert claim['verdict'] == 'not measured'
+            continue
+        assert claim['mean'] == pytest.approx([np.mean(list(va.values())), np.mean(list(vb.values()))], abs=1e-12)
+        if claim['measure'] == 'sink_grown16':
+            p = fisher_by_subsets(int(sum(va.values())), len(va), int(sum(vb.values())), len(vb))
+        elif sorted(va) == sorted(vb):
+            assert claim['test'] == 'exact sign-flip, paired by seed'
+            p = every_sign_flip([va[s] - vb[s] for s in sorted(va)])
+        else:  # a seed without the measure on one side: unpaired, within teachers
+            teacher = lambda runs, seeds: [runs[s]['teacher'] for s in seeds]
+            p = every_labelling(list(va.values()), list(vb.values()), teacher(a, va), teacher(b, vb))
+        assert claim['p'] == pytest.approx(p, abs=1e-9), claim['id']
+    for family in ('primary', 'secondary'):
+        chosen = [c for c in claims if c['family'] == family]
+        chosen = [c for c in chosen if c['verdict'] != 'not measured']
+        ranked = sorted([c for c in chosen if min(c['n']) >= 3], key=lambda c: c['p'])
+        for i, c in enumerate(ranked):
+            assert c['p_holm'] == pytest.approx(min(1, max((len(ranked) - j) * ranked[j]['p'] for j in range(i + 1))))
+        for c in chosen:
+            if c['p_holm'] >= 0.05:
+                assert c['verdict'].startswith(f"not decided (p = {c['p_holm']:.3g}")
+            else:
+                agrees = (c['mean'][0] < c['mean'][1]) == (c['direction'] == '<')
+                assert c['verdict'] == f"{'supported' if agrees else 'contradicted'} (p = {c['p_holm']:.3g})"
 
 
 def test_matched_seeds_are_compared_in_pairs():
