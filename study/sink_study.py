@@ -390,18 +390,18 @@ def progress(runs, running, steps, start_steps, t0):
 # A run's record: its last evaluation's measures, its curve, its spikes and KD loss, and the end-of-run measures
 
 
-def end_measures(out_dir, data_dir):
+def end_measures(out_dir, data_dir, device):
     """What the study measures on a finished run's checkpoint (probes.py; analyze.py attention measures the same
     on any model): Gu et al.'s Sink_1 in their setting (GU_SAMPLES validation windows of GU_LENGTH tokens, starting
     with the run's first token), W8A8 (ranges from CALIBRATION windows after the END_WINDOWS it evaluates), the
     knockout (window: a quarter of the context) on END_WINDOWS windows, and Figure 3's spread: the standard deviation
     of the per-query row totals (each query i >= 1's sum_j w_ij, averaged over heads) over the attention windows,
-    per layer."""
+    per layer. On the run's device: a GPU plan's records are made in seconds while its next runs train."""
     import torch
     from lmkit.data import Windows, first_token_id, read_meta
     from model import GPT
     from lmkit.probes import attention_statistics, knockout_losses, sink_rates, w8a8_losses
-    model = GPT.from_pretrained(os.path.join(HERE, out_dir)).eval()
+    model = GPT.from_pretrained(os.path.join(HERE, out_dir)).to(device).eval()
     with open(os.path.join(HERE, out_dir, 'config.json')) as f:
         config = json.load(f)
     first = first_token_id(config, read_meta(os.path.join(HERE, data_dir))['tokenizer'])
@@ -416,18 +416,20 @@ def end_measures(out_dir, data_dir):
     w8a8 = w8a8_losses(model, calibration, sequences, batch_size=16)
     knockout = knockout_losses(model, sequences, batch_size=16)
     knockout |= {f'ratio_{k}': knockout[k] / knockout['full'] for k in list(knockout) if k.startswith('first_')}
-    layers = attention_statistics(model, windows(T, range(config['attention_windows'] or 8)))
+    layers = attention_statistics(model, windows(T, range(config['attention_windows'] or 8)).to(device))
     spread = [layer['row_sums'][:, 1:].std().item() for layer in layers]
     return dict(gu=gu, w8a8=w8a8, knockout=knockout, row_total_std=spread)
 
 
-def timed_end_measures(out_dir, data_dir):
-    """end_measures on one thread (the runs still training have the cores), the caller's thread count restored."""
+def timed_end_measures(out_dir, data_dir, device):
+    """end_measures on the run's device and one thread (the runs still training have the cores), the caller's thread
+    count restored."""
     import torch
+    from lmkit.device import resolve_device
     t0, threads = time.time(), torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        end = end_measures(out_dir, data_dir)
+        end = end_measures(out_dir, data_dir, resolve_device(device))
     finally:
         torch.set_num_threads(threads)
     return dict(end=end, end_seconds=round(time.time() - t0, 1))
@@ -466,7 +468,7 @@ def make_record(run, per_step, data_dir, logs):
         spikes_window=[0, min(SPIKE_WINDOW[1], len(grad))],
         spikes_whole_run={str(k): n for k, n in spike_counts(grad, SPIKE_KS, 0, len(grad)).items()},
         **spikes_after_warmup(grad, run['config']['warmup_iters']),
-        **timed_end_measures(run['config']['out_dir'], data_dir), curve=curve,
+        **timed_end_measures(run['config']['out_dir'], data_dir, run['config']['device']), curve=curve,
         ckpt=os.path.join(run['config']['out_dir'], 'ckpt.pt'), **provenance(run, data_dir, logs))
 
 
