@@ -1,7 +1,7 @@
 """
 The sink study's blocks in the docs, generated from its committed results (tests/test_sink_study.py holds each to
-them): README.md's study block (study_results.readme_lines of docs/sink_study/results.json), docs/analysis.md's claims
-table (study_results.claims_table) and its pilot table (study_results.pilot_lines of
+them): README.md's study blocks (study_results.readme_lines of docs/sink_study_v2/ and docs/sink_study/ results.json),
+docs/analysis.md's claims tables (study_results.claims_table) and its pilot table (study_results.pilot_lines of
 docs/sink_study/pilot/results.json).
 
     python scripts/study_blocks.py           # check: exit status 1 and the blocks that differ
@@ -25,6 +25,8 @@ def results(path):
 
 # (file, start marker, end marker, the lines between them)
 BLOCKS = [
+    ('README.md', '<!-- v2: study_results.readme_lines(docs/sink_study_v2/results.json) -->', '<!-- end of v2 -->',
+     lambda: study_results.readme_lines(results('docs/sink_study_v2/results.json'))),
     ('README.md', '<!-- the sink study: study_results.readme_lines(docs/sink_study/results.json) -->',
      '<!-- end of the sink study -->', lambda: study_results.readme_lines(results('docs/sink_study/results.json'))),
     ('docs/analysis.md', '<!-- the claims: study_results.claims_table() -->', '<!-- end of the claims -->',

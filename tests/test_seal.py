@@ -112,3 +112,18 @@ def test_a_seal_that_is_not_one_is_one_line(tmp_path):
     (tmp_path / 'seal.json').write_text(json.dumps(dict(commit='HEAD', committed='now', files={})))
     with pytest.raises(RunError, match=r"seal\.json: not a seal \(it needs commit \(40 hexadecimal digits\)"):
         study_records.read_seal(str(tmp_path))
+
+
+def test_the_report_written_at_the_seal_is_the_one_regenerated_here():
+    """v2's report as its sealed checkout wrote it, once, after the 50th run (report_at_seal.md), and report.md, which
+    this checkout's code regenerates from the same records (--report_only=True), differ only where the layout moved:
+    the command (`python sink_study.py` became `python -m study.sink_study`) and the tests' file (significance.py
+    became study/significance.py); every number and word is the same."""
+    sealed, here = (open(os.path.join(V2, name), encoding='utf-8').read().splitlines()
+                    for name in ('report_at_seal.md', 'report.md'))
+    assert len(sealed) == len(here) > 50
+    moved = [(a, b) for a, b in zip(sealed, here) if a != b]
+    assert len(moved) == 2 and all(
+        a.replace('`python sink_study.py ', '`python -m study.sink_study ').replace(
+            '(fixed before the runs; significance.py)', '(fixed before the runs; study/significance.py)') == b
+        for a, b in moved)

@@ -257,22 +257,31 @@ def block(path, start, end):
     return text.split(start)[1].split(end)[0].strip('\n')
 
 
-def test_the_readme_shows_the_committed_study():
-    """The README's study block, its words included, is the committed results.json's (study_results.readme_lines), and
-    the report and figures it points to are committed beside it."""
+@pytest.mark.parametrize('study, start, end', [
+    ('sink_study_v2', '<!-- v2: study_results.readme_lines(docs/sink_study_v2/results.json) -->', '<!-- end of v2 -->'),
+    ('sink_study', '<!-- the sink study: study_results.readme_lines(docs/sink_study/results.json) -->',
+     '<!-- end of the sink study -->')])
+def test_the_readme_shows_the_committed_studies(study, start, end):
+    """Each of the README's study blocks (v2 first), its words included, is its committed results.json's
+    (study_results.readme_lines), and the report and figures it points to are committed beside it."""
     from study import sink_study
     from study import study_results
-    with open(os.path.join(ROOT, 'docs', 'sink_study', 'results.json')) as f:
+    with open(os.path.join(ROOT, 'docs', study, 'results.json')) as f:
         results = json.load(f)
     expected = '\n'.join(study_results.readme_lines(results))
-    got = block('README.md', '<!-- the sink study: study_results.readme_lines(docs/sink_study/results.json) -->',
-                '<!-- end of the sink study -->')
-    assert got == expected, f"README.md's study block is not the committed results'; it should read:\n{expected}"
+    got = block('README.md', start, end)
+    assert got == expected, f"README.md's {study} block is not the committed results'; it should read:\n{expected}"
     for name in ('report.md', 'fig4_kd.png', 'curves_kd.png'):
-        assert os.path.getsize(os.path.join(ROOT, 'docs', 'sink_study', name)) > 1000, name
-    with open(os.path.join(ROOT, 'docs', 'sink_study', 'report.md')) as f:
+        assert os.path.getsize(os.path.join(ROOT, 'docs', study, name)) > 1000, name
+    with open(os.path.join(ROOT, 'docs', study, 'report.md')) as f:
         assert f.read() == '\n'.join(study_results.report_lines(results)) + '\n'  # the report is the records' too
     assert results['schema_version'] == sink_study.SCHEMA_VERSION
+    with open(os.path.join(ROOT, 'README.md')) as f:
+        text = f.read()
+    assert text.index('<!-- v2: ') < text.index('<!-- the sink study: ')  # the confirmatory study leads
+    assert sink_study.PLANS['v2']['kd_seeds'] == list(range(1, 13)) and 'teach seeds 1-12\nof each variant' in text
+    assert study_results.MEASURES['sink_grown16'][1](dict(end=dict(gu=dict(sink_rate=1 / 16)))) == 1.0
+    assert "a seed grew a sink where Gu et al.'s Sink₁ ≥ 1/16" in text.replace('\n', ' ')
 
 
 def test_analysis_md_shows_the_claims_and_the_pilot():
@@ -425,10 +434,6 @@ def fisher_by_subsets(hits_a, n_a, hits_b, n_b):
     return float(counts[counts <= counts[hits_a] * (1 + 1e-7)].sum() / counts.sum())
 
 
-V2_RESULTS = os.path.join(ROOT, 'docs', 'sink_study_v2', 'results.json')
-
-
-@pytest.mark.skipif(not os.path.isfile(V2_RESULTS), reason="v2's results.json is written once its 50th run is recorded")
 def test_every_v2_verdict_recomputed_from_the_committed_records():
     """Each claim of docs/sink_study_v2/results.json from the records under docs/sink_study_v2/runs: its matched pairs
     (seed by seed), its values, its p by brute force (every sign flip; every subset for Fisher's), Holm's adjustment
