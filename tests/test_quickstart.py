@@ -159,8 +159,9 @@ def test_tests_runs_ruff_check_first_and_the_suite_only_when_it_passes(capsys, m
     import quickstart
     monkeypatch.setattr(quickstart, 'install', lambda needed, requirements: 'ruff' in needed)
     for ruff_status, expected in [(1, ['ruff']), (0, ['ruff', 'pytest'])]:
-        ran = []
-        monkeypatch.setattr(quickstart.subprocess, 'call', lambda command, cwd: ran.append(command[2]) or
+        ran, policies = [], []
+        monkeypatch.setattr(quickstart.subprocess, 'call', lambda command, cwd, env=None: ran.append(command[2]) or
+                            policies.append((env or {}).get('OMP_WAIT_POLICY')) or
                             {'ruff': ruff_status, 'pytest': 3}[command[2]])
         try:
             quickstart.main(['--tests'])
@@ -175,3 +176,4 @@ def test_tests_runs_ruff_check_first_and_the_suite_only_when_it_passes(capsys, m
             assert '[2/2]' not in out
         else:
             assert status == 3 and '[2/2] the test suite (at' in out and '-m pytest -q -n ' in out
+            assert policies[-1] == os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')  # idle threads wait, not spin
