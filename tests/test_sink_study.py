@@ -398,19 +398,23 @@ def test_every_verdict_recomputed_from_the_committed_records():
         assert claim['p'] == pytest.approx(p, abs=1e-9), claim['id']
     for arm in ('kd', 'ce'):
         for family in ('primary', 'secondary'):
-            tested = [c for c in claims if c['arm'] == arm and c['family'] == family and min(c['n']) >= 3]
-            ranked = sorted(tested, key=lambda c: c['p'])
-            for i, c in enumerate(ranked):  # Holm: max over the ranks up to this one of (m - rank) p, at most 1
-                assert c['p_holm'] == pytest.approx(min(1, max((len(ranked) - j) * ranked[j]['p']
-                                                               for j in range(i + 1))))
-            for c in [c for c in claims if c['arm'] == arm and c['family'] == family]:
-                if min(c['n']) < 3:
-                    assert c['verdict'].startswith(('numbers only', 'not measured')) and 'p_holm' not in c
-                elif c['p_holm'] >= 0.05:
-                    assert c['verdict'].startswith(f"not decided (p = {c['p_holm']:.3g}")
-                else:
-                    agrees = (c['mean'][0] < c['mean'][1]) == (c['direction'] == '<')
-                    assert c['verdict'] == f"{'supported' if agrees else 'contradicted'} (p = {c['p_holm']:.3g})"
+            check_holm_and_verdicts([c for c in claims if c['arm'] == arm and c['family'] == family])
+
+
+def check_holm_and_verdicts(family):
+    """One family's claims: Holm's adjustment by the step-down definition over those with 3 seeds a side, and each
+    verdict word from its adjusted p and the sign of its difference."""
+    ranked = sorted([c for c in family if min(c['n']) >= 3], key=lambda c: c['p'])
+    for i, c in enumerate(ranked):  # Holm: max over the ranks up to this one of (m - rank) p, at most 1
+        assert c['p_holm'] == pytest.approx(min(1, max((len(ranked) - j) * ranked[j]['p'] for j in range(i + 1))))
+    for c in family:
+        if min(c['n']) < 3:
+            assert c['verdict'].startswith(('numbers only', 'not measured')) and 'p_holm' not in c
+        elif c['p_holm'] >= 0.05:
+            assert c['verdict'].startswith(f"not decided (p = {c['p_holm']:.3g}")
+        else:
+            agrees = (c['mean'][0] < c['mean'][1]) == (c['direction'] == '<')
+            assert c['verdict'] == f"{'supported' if agrees else 'contradicted'} (p = {c['p_holm']:.3g})"
 
 
 def every_sign_flip(differences):
@@ -451,8 +455,7 @@ def test_every_v2_verdict_recomputed_from_the_committed_records():
     for claim in claims:
         group = lambda v: {r['seed']: r for r in records if r['arm'] == 'kd' and r['variant'] == v}
         a, b = group(claim['low']), group(claim['high'])
-        va = {s: value(r, claim['measure']) for s, r in a.items() if value(r, claim['measure']) is not None}
-        vb = {s: value(r, claim['measure']) for s, r in b.items() if value(r, claim['measure']) is not None}
+        va, vb = ({s: v for s, r in side.items() if (v := value(r, claim['measure'])) is not None} for side in (a, b))
         assert claim['n'] == [len(va), len(vb)]
         if not va or not vb:
             assert claim['verdict'] == 'not measured'
@@ -468,17 +471,7 @@ def test_every_v2_verdict_recomputed_from_the_committed_records():
             p = every_labelling(list(va.values()), list(vb.values()), teacher(a, va), teacher(b, vb))
         assert claim['p'] == pytest.approx(p, abs=1e-9), claim['id']
     for family in ('primary', 'secondary'):
-        chosen = [c for c in claims if c['family'] == family]
-        chosen = [c for c in chosen if c['verdict'] != 'not measured']
-        ranked = sorted([c for c in chosen if min(c['n']) >= 3], key=lambda c: c['p'])
-        for i, c in enumerate(ranked):
-            assert c['p_holm'] == pytest.approx(min(1, max((len(ranked) - j) * ranked[j]['p'] for j in range(i + 1))))
-        for c in chosen:
-            if c['p_holm'] >= 0.05:
-                assert c['verdict'].startswith(f"not decided (p = {c['p_holm']:.3g}")
-            else:
-                agrees = (c['mean'][0] < c['mean'][1]) == (c['direction'] == '<')
-                assert c['verdict'] == f"{'supported' if agrees else 'contradicted'} (p = {c['p_holm']:.3g})"
+        check_holm_and_verdicts([c for c in claims if c['family'] == family])
 
 
 def test_matched_seeds_are_compared_in_pairs():
