@@ -12,8 +12,10 @@ docstring; docs/analysis.md gathers the definitions, their sources and the numbe
   Gu et al.'s Sink_1    sink_scores (the rate: sink_rate), sink_rates for their own setting (100 x 64)
   affine's alpha        alpha_summary: mean, spread across queries, clipping
   Kobayashi et al.      value_weighted_first_token: the first token's share of the value-weighted contributions
-  outliers              activation_outliers: max |x| and kurtosis (Bondarenko et al.), the residual stream's max |x|
-  what a sink costs     w8a8_losses (simulated 8-bit quantization), knockout_losses (StreamingLLM's eviction)
+  outliers              activation_outliers: max |x| and kurtosis (Bondarenko et al.) of the attention and FFN outputs,
+                        the residual stream's max |x|; outlier_means over many sequences
+  what a sink costs     w8a8_losses (simulated 8-bit quantization; quantized_losses at any bit widths),
+                        knockout_losses (StreamingLLM's eviction)
 """
 import statistics
 from contextlib import contextmanager
@@ -195,10 +197,11 @@ def kurtosis(x):
 
 def activation_outliers(model, idx):
     """Per layer, (B,) tensors on the sequences idx (B, T), in float64, each with and without position 0 (where
-    massive activations and sinks sit): Bondarenko et al. (2023, arXiv 2306.12929; validate_clm.py)'s two measures
-    on the attention layer's output (o_proj's, what it adds to the residual stream), max |x| per sequence (averaged
-    over sequences by the readers) and kurtosis; and max |x| of the residual stream after the layer (Sun et al.
-    2024's massive activations). Computed in the forward's hooks (outlier_hooks), one layer at a time."""
+    massive activations and sinks sit): Bondarenko et al. (2023, arXiv 2306.12929; validate_clm.py)'s two measures,
+    max |x| per sequence (averaged over sequences by the readers) and kurtosis, on the attention layer's output
+    (o_proj's, what it adds to the residual stream: attention_*) and on the FFN's (layer.mlp's, down_proj's: ffn_*;
+    their OPT's fc2, where their "max FFN inf norm" is read); and max |x| of the residual stream after the layer
+    (Sun et al. 2024's massive activations). Computed in the forward's hooks (outlier_hooks), one layer at a time."""
     layers = [{} for _ in model.model.layers]
     hooked_forward(model, idx, outlier_hooks(model, layers))
     return layers
@@ -214,10 +217,20 @@ def outlier_hooks(model, layers):
                 stats.update({f'{prefix}_{kind}{suffix}': fn(part) for kind, fn in kinds})
         return hook
 
-    attention, residual = (('max_abs', max_abs), ('kurtosis', kurtosis)), (('max_abs', max_abs),)
+    both, residual = (('max_abs', max_abs), ('kurtosis', kurtosis)), (('max_abs', max_abs),)
     return [h for layer, stats in zip(model.model.layers, layers)
-            for h in (layer.self_attn.register_forward_hook(measure(stats, 'attention', attention)),
+            for h in (layer.self_attn.register_forward_hook(measure(stats, 'attention', both)),
+                      layer.mlp.register_forward_hook(measure(stats, 'ffn', both)),
                       layer.register_forward_hook(measure(stats, 'residual', residual)))]
+
+
+def outlier_means(model, sequences, batch_size=1):
+    """activation_outliers over the sequences (N, T), batch by batch, each measure averaged over the sequences (as
+    validate_clm.py averages its per-sequence values): {key: [one number per layer]}."""
+    device = next(model.parameters()).device
+    parts = [activation_outliers(model, idx) for idx in batches(sequences, batch_size, device)]
+    return {key: [torch.cat([part[i][key] for part in parts]).mean().item() for i in range(len(parts[0]))]
+            for key in parts[0][0]}
 
 
 @torch.no_grad()
@@ -268,6 +281,9 @@ def attention_statistics(model, idx, corner=30, value_stride=1):
     return [layer | stats for layer, stats in zip(layers, outliers)]
 
 
+# the outlier measures train.py's evaluations (sink_record) and analyze.py's layers keep: activation_outliers' FFN
+# measures (ffn_*) are read at the end of a sink study run (its end.payoff, outlier_means), so that the evaluations'
+# records keep the schema the committed ones were validated against
 OUTLIERS = ('attention_max_abs', 'attention_max_abs_after_first', 'attention_kurtosis',
             'attention_kurtosis_after_first', 'residual_max_abs', 'residual_max_abs_after_first')
 
@@ -480,15 +496,18 @@ def quantize_asymmetric(x, low, high, bits=QUANTIZATION_BITS):
 
 
 @torch.no_grad()
-def w8a8_losses(model, calibration, sequences, batch_size=1):
-    """Simulated W8A8 post-training quantization in Bondarenko et al. (2023)'s setup (their README's OPT command:
-    --quant_setup fp32_head --ranges_acts running_minmax --qmethod_acts asymmetric_uniform): every nn.Linear but the
-    final one (lm_head, kept in full precision with its input) gets symmetric per-tensor int8 weights
-    (quantize_symmetric) and asymmetric per-tensor int8 inputs (quantize_asymmetric) over static ranges: the running
-    min-max (momentum 0.9) of each input over the calibration sequences, fixed before the evaluation. Their code also
-    quantizes the embeddings, norms, residual sums and attention probabilities, and picks weight ranges by an MSE grid;
-    this is the narrower setup of the linear layers alone. The model is restored after.
-    Returns the loss (prediction_loss) on the sequences in full precision and quantized, and their ratio."""
+def quantized_losses(model, calibration, sequences, weight_bits=QUANTIZATION_BITS, act_bits=QUANTIZATION_BITS,
+                     batch_size=1):
+    """Simulated post-training quantization at weight_bits / act_bits in Bondarenko et al. (2023)'s setup (their
+    README's OPT command: --quant_setup fp32_head --ranges_acts running_minmax --qmethod_acts asymmetric_uniform;
+    validate_clm.py sets --n_bits and --n_bits_act apart, as here): every nn.Linear but the final one (lm_head, kept
+    in full precision with its input) gets symmetric per-tensor weights (quantize_symmetric) and asymmetric per-tensor
+    inputs (quantize_asymmetric) over static ranges: the running min-max (momentum 0.9) of each input over the
+    calibration sequences, fixed before the evaluation. Their code also quantizes the embeddings, norms, residual sums
+    and attention probabilities, and picks weight ranges by an MSE grid; this is the narrower setup of the linear
+    layers alone. Fewer input bits than 8 widen each step about 4x (6 bits) or 17x (4 bits): where W8A8's ratio
+    sits at its floor, a range stretched by an outlier shows there first. The model is restored after.
+    Returns the loss (prediction_loss) on the sequences in full precision (fp) and quantized, and their ratio."""
     device = next(model.parameters()).device
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not model.lm_head]
     ranges = {}
@@ -502,7 +521,7 @@ def w8a8_losses(model, calibration, sequences, batch_size=1):
         ranges[module] = low, high
 
     def quantize_input(module, args):
-        return (quantize_asymmetric(args[0], *ranges[module]), *args[1:])
+        return (quantize_asymmetric(args[0], *ranges[module], bits=act_bits), *args[1:])
 
     full = prediction_loss(model, sequences, batch_size)
     originals = {m: m.weight.detach().clone() for m in linears}
@@ -515,14 +534,21 @@ def w8a8_losses(model, calibration, sequences, batch_size=1):
             hook.remove()
         hooks = [m.register_forward_pre_hook(quantize_input) for m in linears]
         for m in linears:
-            m.weight.copy_(quantize_symmetric(m.weight))
+            m.weight.copy_(quantize_symmetric(m.weight, bits=weight_bits))
         quantized = prediction_loss(model, sequences, batch_size)
     finally:
         for hook in hooks:
             hook.remove()
         for m, weight in originals.items():
             m.weight.copy_(weight)
-    return dict(fp=full, w8a8=quantized, ratio=quantized / full, calibration=len(calibration))
+    return dict(fp=full, quantized=quantized, ratio=quantized / full, calibration=len(calibration))
+
+
+def w8a8_losses(model, calibration, sequences, batch_size=1):
+    """quantized_losses at 8 bits for weights and inputs (W8A8), under the names the records and analyze.py read:
+    fp, w8a8, ratio, calibration."""
+    q = quantized_losses(model, calibration, sequences, batch_size=batch_size)
+    return dict(fp=q['fp'], w8a8=q['quantized'], ratio=q['ratio'], calibration=q['calibration'])
 
 
 def streaming_hidden(T, window, first, device=None):

@@ -52,21 +52,22 @@ import time
 if __package__ in (None, ''):  # run as a file: the repository's root on the path, as `python -m` puts it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from study import study_records
+from study import study_reading, study_records
 from configurator import Key, parse
 from lmkit.errors import RunError, run_script
 from lmkit.files import atomic_write, claim_dir, write_json
 from model import ATTENTIONS
 from lmkit.probes import GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS as EVALUATIONS
-from study.study_records import ARMS, NO_DECAY, RECIPE_KEYS, SCHEMA_VERSION, SEAL_FILE, SPIKE_KS, record_name
-from study.study_results import (AFFINE, CORE, EXTRA, GATED, RECIPE_SEED, SOFTMAX, figures, minutes, report_lines,
-                           test_claims, uniform_first_token)
+from study.study_records import (ARMS, NO_DECAY, PAYOFF_BITS, PAYOFF_OUTLIERS, RECIPE_KEYS, SCHEMA_VERSION, SEAL_FILE,
+                                 SPIKE_KS, record_name)
+from study.study_results import (AFFINE, CLAIM_SETS, CORE, EXTRA, GATED, RECIPE_SEED, SEALED_SETS, SOFTMAX, figures,
+                                 minutes, report_lines, test_claims, uniform_first_token)
 
 FINAL_KD_STEPS = 50  # a kd run's final KD loss: the mean of its last 50 steps' kd_loss
 SPIKE_WINDOW = (0, 500)  # Table 5: median + k MAD over steps 0-500 (a shorter run: all its steps)
 END_WINDOWS, CALIBRATION = 32, 4  # validation windows of W8A8 and the knockout; W8A8's calibration windows after them
 
-BLIND = ('v2',)  # claim sets whose report waits for the last run (issue 44: no tested measure is read before it)
+BLIND = SEALED_SETS  # claim sets whose report waits for the last run (issue 44: no tested measure is read before it)
 GPU_JOBS = 4  # runs side by side on one GPU: attempt_1 (docs/sink_study_gpu/) ran each at 337k-421k tokens/s on an H200
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
@@ -83,13 +84,19 @@ PLANS = {  # what --plan sets (each key may still be given after it)
     'gpu': dict(variants=CORE, arms=['kd'], kd_seeds=[1, 2, 3], teachers=[101], tokens=12_000_000, device='cuda',
                 out_dir='out/sink_study_gpu', config=[CONFIG, 'config/sink_study_v2.py', 'config/sink_study_gpu.py'],
                 teacher_config=['config/sink_study_gpu_teacher.py'], claims='v2'),
+    # v3's pilot: which payoff measure (end.payoff) can leave its floor at this scale, chosen on softmax students alone
+    # (v2's recipe and teacher shape, seeds no study has) before v3's claims are fixed; not blind, no claim tested
+    'v3_pilot': dict(variants=[SOFTMAX], arms=['kd'], kd_seeds=[901, 902, 903], teachers=[900],
+                     out_dir='out/sink_study_v3_pilot', config=[CONFIG, 'config/sink_study_v2.py'],
+                     teacher_config=['config/sink_study_v2_teacher.py'], claims='v1'),
 }
 def study_keys(variants):
     return dict(
         plan=Key('pilot', "pilot: the 4 core variants, seeds 1-3, ce and kd; full: v1, the committed study (every "
                  "arm, core seeds 1-6 ce and 1-8 kd, affine_gated and softmax1 seeds 1-3, control seeds 1-5); v2: the "
                  "sealed confirmatory study (kd, seeds 1-12, two larger teachers); gpu: v2's design larger, on one "
-                 "GPU (kd, seeds 1-3)",
+                 "GPU (kd, seeds 1-3); v3_pilot: v2's recipe and teacher shape, softmax students alone (kd, seeds "
+                 "901-903, teacher 900), to choose v3's payoff measure (end.payoff)",
                  choices=tuple(PLANS), expands=PLANS),
         out_dir=Key('out/sink_study', "where the train.py runs (train/) and their logs (logs/) go"),
         report_dir=Key('', "where the records (runs/), results.json, report.md and the figures go (default: out_dir)"),
@@ -113,8 +120,8 @@ def study_keys(variants):
         teacher_config=Key([], "config files the kd teachers add to the recipe (v2: a larger shape, arm teacher); "
                             "none: the teachers are the ce arm's softmax runs of the recipe (v1)"),
         report_only=Key(False, "write results.json and report.md from the records there are, train nothing"),
-        claims=Key('v1', "the claims tested (study_results.CLAIM_SETS): v1's, in the kd and ce arms; v2's, in the "
-                   "kd arm", choices=('v1', 'v2')),
+        claims=Key('v1', "the claims tested (study_results.CLAIM_SETS): v1's, in the kd and ce arms; v2's, v3's "
+                   "and v3_gpu's, in the kd arm", choices=tuple(CLAIM_SETS)),
         subset=Key(False, "report on the records this command plans even though runs/ holds others (of other seeds "
                    "or settings: the report lists them); without it such records stop the study before any work"),
     )
@@ -394,9 +401,10 @@ def end_measures(out_dir, data_dir, device):
     """What the study measures on a finished run's checkpoint (probes.py; analyze.py attention measures the same
     on any model): Gu et al.'s Sink_1 in their setting (GU_SAMPLES validation windows of GU_LENGTH tokens, starting
     with the run's first token), W8A8 (ranges from CALIBRATION windows after the END_WINDOWS it evaluates), the
-    knockout (window: a quarter of the context) on END_WINDOWS windows, and Figure 3's spread: the standard deviation
+    knockout (window: a quarter of the context) on END_WINDOWS windows, Figure 3's spread: the standard deviation
     of the per-query row totals (each query i >= 1's sum_j w_ij, averaged over heads) over the attention windows,
-    per layer. On the run's device: a GPU plan's records are made in seconds while its next runs train."""
+    per layer, and the payoff's candidates (payoff_measures). On the run's device: a GPU plan's records are made in
+    seconds while its next runs train."""
     import torch
     from lmkit.data import Windows, first_token_id, read_meta
     from model import GPT
@@ -418,7 +426,24 @@ def end_measures(out_dir, data_dir, device):
     knockout |= {f'ratio_{k}': knockout[k] / knockout['full'] for k in list(knockout) if k.startswith('first_')}
     layers = attention_statistics(model, windows(T, range(config['attention_windows'] or 8)).to(device))
     spread = [layer['row_sums'][:, 1:].std().item() for layer in layers]
-    return dict(gu=gu, w8a8=w8a8, knockout=knockout, row_total_std=spread)
+    return dict(gu=gu, w8a8=w8a8, knockout=knockout, row_total_std=spread,
+                payoff=payoff_measures(model, calibration, sequences))
+
+
+def payoff_measures(model, calibration, sequences):
+    """end.payoff: what a sink-free attention should pay off, in measures that can leave their floor at this scale,
+    where W8A8's ratio stayed within 0.9988-1.0022 for every variant (v2): the loss at the coarser widths of
+    PAYOFF_BITS (w8a6, ...) and its ratio over full precision (ratio_w8a6, ...), on W8A8's windows and ranges; and
+    Bondarenko et al.'s outliers per layer on the same windows (PAYOFF_OUTLIERS: the FFN output's max |x| and
+    kurtosis, the attention output's, the residual stream's max |x|; each also without position 0), averaged over
+    the windows (probes.outlier_means)."""
+    from lmkit.probes import outlier_means, quantized_losses
+    payoff = {}
+    for weight_bits, act_bits in PAYOFF_BITS:
+        q = quantized_losses(model, calibration, sequences, weight_bits, act_bits, batch_size=16)
+        payoff |= {f'w{weight_bits}a{act_bits}': q['quantized'], f'ratio_w{weight_bits}a{act_bits}': q['ratio']}
+    outliers = outlier_means(model, sequences, batch_size=16)
+    return payoff | {key: outliers[key] for key in PAYOFF_OUTLIERS}
 
 
 def timed_end_measures(out_dir, data_dir, device):
@@ -633,6 +658,7 @@ def collect(args, runs, per_step, command, study, records):
     results['claims'] = test_claims(kept, args.claims)
     if args.claims != 'v1':  # (v1's results.json predates the key)
         results['claim_set'] = args.claims
+    results['reading'] = study_reading.reading(results)  # what the records say beyond the claims (exploratory)
     return results
 
 

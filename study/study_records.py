@@ -19,6 +19,13 @@ SCHEMA_VERSION = 2
 ARMS = ('recipe', 'ce', 'kd', 'control', 'teacher')  # teacher: a kd teacher of its own shape (v2's); v1's are ce runs
 NO_DECAY = ['alpha_proj', 'g_proj']  # the control arm's matrices without weight decay
 SPIKE_KS = (6, 9)  # Table 5's k of median + k MAD
+# end.payoff (sink_study.end_measures; records before it lack it): the losses and ratios at coarser widths than W8A8,
+# (weight bits, input bits), whose ratio sat at its floor at this scale; and Bondarenko et al.'s outliers per layer
+PAYOFF_BITS = ((8, 6), (8, 4), (4, 8))
+PAYOFF_OUTLIERS = tuple(f'{module}_{kind}{part}' for module, kinds in (('ffn', ('max_abs', 'kurtosis')),
+                                                                       ('attention', ('max_abs', 'kurtosis')),
+                                                                       ('residual', ('max_abs',)))
+                        for kind in kinds for part in ('', '_after_first'))
 RECIPE_KEYS = ('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'block_size', 'global_batch_size', 'learning_rate', 'min_lr',
                'warmup_iters', 'decay_frac', 'weight_decay', 'beta1', 'beta2', 'grad_clip', 'max_iters', 'first_token',
                'attention_windows', 'kd_alpha', 'kd_temperature')
@@ -171,6 +178,32 @@ def check_end(end, n_layer):
         if key != 'window':
             number(value, f'end.knockout.{key}', NONNEGATIVE)
     shaped(spread, 'end.row_total_std', 'layer', NONNEGATIVE, n_layer, 1)
+    if 'payoff' in end:
+        check_payoff(end['payoff'], n_layer)
+
+
+def payoff_keys():
+    """end.payoff's keys: per width of PAYOFF_BITS its loss (w8a6) and ratio over full precision (ratio_w8a6); per
+    outlier measure of PAYOFF_OUTLIERS one number per layer."""
+    widths = [f'w{weights}a{inputs}' for weights, inputs in PAYOFF_BITS]
+    return (*widths, *(f'ratio_{w}' for w in widths), *PAYOFF_OUTLIERS)
+
+
+def check_payoff(payoff, n_layer):
+    """end.payoff (sink_study.end_measures): exactly payoff_keys(), losses and ratios at least 0, the outliers one
+    number at least 0 per layer (Bondarenko et al.'s kurtosis, not the excess, is never negative)."""
+    if not isinstance(payoff, dict):
+        raise Invalid(f"end.payoff is {json.dumps(payoff)[:40]}, not an object of the payoff's measures")
+    missing = [key for key in payoff_keys() if key not in payoff]
+    unknown = sorted(set(payoff) - set(payoff_keys()))
+    if missing or unknown:
+        raise Invalid(f"end.payoff lacks {', '.join(missing)}" if missing else
+                      f"end.payoff.{unknown[0]} is not a field of a record (schema {SCHEMA_VERSION})")
+    for key, value in payoff.items():
+        if key in PAYOFF_OUTLIERS:
+            shaped(value, f'end.payoff.{key}', 'layer', NONNEGATIVE, n_layer, 1)
+        else:
+            number(value, f'end.payoff.{key}', NONNEGATIVE)
 
 
 def check_run(record, n_layer):

@@ -20,6 +20,11 @@ SMOLLM2 = dict(first_token_mean=0.36, first_token_max=0.65, source=(
     "python quickstart.py's real-model stage: SmolLM2-135M-Instruct (analyze.py attention on the built-in corpus in "
     "its tokens, 4 x 256 tokens; docs/analysis.md)"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
+# a layer holds softmax's sink where its Gu et al. Sink_1, mean over the softmax seeds, is at least 1/16 (v2's rule
+# for a seed; v3's sink layers and the reading's); the payoff sits at its floor where W8A8 moves no run's loss by
+# more than 1% (the reading's)
+SINK_LAYER_MIN, PAYOFF_FLOOR = 1 / 16, 0.01
+MAX_LAYER_CLAIMS = 8  # per-layer measures (weight_l1, ...) up to the GPU plan's depth
 
 
 def minutes(seconds):
@@ -56,16 +61,37 @@ MEASURES = {
     'weight_deep': ("the first token's raw weight, mean over the deeper half of the layers",
                     lambda r: layer_mean(r['first_token_weight'][len(r['first_token_weight']) // 2:])),
     **{f'weight_l{k}': (f"the first token's raw weight in layer {k}", lambda r, k=k: r['first_token_weight'][k - 1])
-       for k in range(1, 5)},
+       for k in range(1, MAX_LAYER_CLAIMS + 1)},
     'gu_rate': ("Gu et al.'s Sink_1^0.3 in their setting (100 x 64), on the tokens (rows renormalised where they do "
                 "not sum to one)", lambda r: r['end']['gu']['sink_rate']),
     'gu_rate_raw': ("the same on the raw rows (never renormalised)", lambda r: r['end']['gu']['sink_rate_raw']),
     'sink_grown16': ("1 where Gu et al.'s Sink_1^0.3 in their setting is at least 1/16 (fixed before v2's runs), "
                      "else 0", lambda r: float(r['end']['gu']['sink_rate'] >= 1 / 16)),
+    'share_sink': ("the first token's share of each row's total, mean over the layers where softmax grows its sink "
+                   "(those whose Gu et al. Sink_1, mean over the arm's softmax seeds, is at least 1/16: computed from "
+                   "the softmax runs alone)", lambda r: None),  # STUDY_MEASURES reads it
     'spikes9_after': ("gradient-norm spikes over steps warm-up-500, median + 9 MAD over that window",
                       lambda r: (r.get('spikes_after_warmup') or {}).get('9')),  # None: a warm-up to step 500
 }
 FISHER = ('sink_grown', 'sink_grown16')  # 0/1 per seed: Fisher's exact test
+
+
+def sink_layers(runs, arm):
+    """(the layers, 1-based, where softmax grows its sink; softmax's Sink_1 per layer): those whose Gu et al. Sink_1
+    (end.gu.sink_rate_per_layer), mean over the arm's softmax seeds, is at least SINK_LAYER_MIN. Computed from the
+    softmax runs alone, so it favours no variant (v3's rule, fixed in its seal)."""
+    softmax = tested(runs, arm, SOFTMAX)
+    rates = [statistics.fmean(x) for x in zip(*(r['end']['gu']['sink_rate_per_layer'] for r in softmax))]
+    return [k for k, rate in enumerate(rates, 1) if rate >= SINK_LAYER_MIN], rates
+
+
+def share_in(layers):
+    """A record's first-token share, mean over the given layers (1-based); None where there are none."""
+    return lambda r: statistics.fmean(r['first_token_share'][k - 1] for k in layers) if layers else None
+
+
+# measures of a record that depend on the study's other runs: (runs, arm) -> a record's value
+STUDY_MEASURES = dict(share_sink=lambda runs, arm: share_in(sink_layers(runs, arm)[0]))
 
 # (id, family, source, measure, low, direction, high): the claim is `low direction high` in each arm it names
 CLAIMS = [
@@ -117,7 +143,47 @@ CLAIMS_V2 = [c for c in CLAIMS if c[1] == 'primary'] + [
     *[c for c in CLAIMS if c[0] in ('qiu_gate_share', 'w8a8_affine_softmax', 'w8a8_affine_sink',
                                     'knockout_affine_softmax', 'knockout_affine_sink')],
 ]
-CLAIM_SETS = dict(v1=(CLAIMS, ('kd', 'ce')), v2=(CLAIMS_V2, ('kd',)))  # the study's --claims: the claims, the arms
+
+
+def claims_v3(n_layer):
+    """v3 (issue 50; sealed before its runs, docs/analysis.md): every claim v1 or v2 tested, none dropped, each
+    labelled by whose reading it is, on a model of n_layer layers. Its primary family is v2's (the paper's own
+    comparisons) and two readings of ours that v2's records showed matter: the held-out loss beside the KD training
+    loss, and the first-token share in the layers where softmax grows its sink (STUDY_MEASURES' share_sink)."""
+    paper = [(cid, family, f"{source} (the paper's)", *rest) for cid, family, source, *rest in CLAIMS_V2
+             if family == 'primary']
+    primary = paper + [
+        ('fig7_val_affine_softmax', 'primary', 'Figures 7 and 10, held-out loss (our reading)', 'val_loss', AFFINE,
+         '<', SOFTMAX),
+        ('fig7_val_affine_sink', 'primary', 'Figures 7 and 10, held-out loss (our reading)', 'val_loss', AFFINE, '<',
+         SINK),
+        ('sinklayers_affine_sink', 'primary', "Figure 4, by share in softmax's sink layers (our reading)",
+         'share_sink', AFFINE, '<', SINK),
+        ('sinklayers_sink_softmax', 'primary', "Figure 4, by share in softmax's sink layers (our reading)",
+         'share_sink', SINK, '<', SOFTMAX)]
+    v1_only = {'fig4_null_affine_sink': "Figure 4, first-token-or-null (v1's reading)",
+               'fig4_null_sink_softmax': "Figure 4, first-token-or-null (v1's reading)",
+               'fig3_spread_affine_sink': "Figure 3 (the paper's)",
+               'gu_affine': "Gu et al. (seeds with Sink_1 > 0, v1's rule)",
+               'gu_sink': "Gu et al. (seeds with Sink_1 > 0, v1's rule)",
+               'gu_gated': "Gu et al. (seeds with Sink_1 > 0, v1's rule)"}
+    secondary = [c for c in CLAIMS_V2 if c[1] == 'secondary' and not c[3].startswith('weight_l')] + [
+        (f'layer{k}_{low}_{high}', 'secondary', f'Figure 4, layer {k} (our reading)', f'weight_l{k}', low, '<', high)
+        for k in range(1, n_layer + 1) for low, high in ((AFFINE, SINK), (SINK, SOFTMAX))] + [
+        (cid, 'secondary', v1_only[cid], *rest) for cid, _, _, *rest in CLAIMS if cid in v1_only] + [
+        ('gated_affine_loss', 'secondary', 'gated against affine (our reading: no claim of the paper)', 'loss', GATED,
+         '!=', AFFINE),
+        ('gated_affine_val', 'secondary', 'gated against affine, held-out loss (our reading: no claim of the paper)',
+         'val_loss', GATED, '!=', AFFINE)]
+    return primary + secondary
+
+
+CLAIMS_V3 = claims_v3(4)  # the CPU plan's students: 4 layers
+CLAIMS_V3_GPU = claims_v3(8)  # the GPU plan's: 8
+# the study's --claims: the claims, the arms
+CLAIM_SETS = dict(v1=(CLAIMS, ('kd', 'ce')), v2=(CLAIMS_V2, ('kd',)), v3=(CLAIMS_V3, ('kd',)),
+                  v3_gpu=(CLAIMS_V3_GPU, ('kd',)))
+SEALED_SETS = ('v2', 'v3', 'v3_gpu')  # the claim sets sealed before their runs: tested by a sealed study, reported once
 CLAIM_ARMS = ('kd', 'ce')  # each claim is tested in both, kd (the paper's setting) first
 CONTROL_MEASURES = ('weight', 'share', 'loss')  # did turning decay off on alpha_proj, g_proj move these?
 # Figure 4's comparison, each way the study reads it
@@ -140,10 +206,9 @@ def matched_pairs(a, b):
     return [(r, by_seed[r['seed']]) for r in a]
 
 
-def compare_paired(pairs, measure, family_size):
+def compare_paired(pairs, get, family_size):
     """compare() for matched pairs: the exact sign-flip test on the per-seed differences, their bootstrap interval and
     the pairs a difference of this size would need."""
-    get = MEASURES[measure][1]
     differences = [get(x) - get(y) for x, y in pairs]
     (mean_a, std_a), (mean_b, std_b) = (sig.mean_std([get(run) for run in side]) for side in zip(*pairs))
     return dict(n=[len(pairs)] * 2, mean=[mean_a, mean_b], std=[std_a, std_b],
@@ -153,16 +218,26 @@ def compare_paired(pairs, measure, family_size):
                 needed=sig.pairs_needed(differences, family_size) if len(pairs) > 1 else None)
 
 
-def compare(a, b, measure, direction, family_size, fisher=False):
+def measured(record, measure, get=None):
+    """A record's value of a measure, or None where the record has no such value (a measure added after the record
+    was made, such as v2's raw-row Sink_1 in a v1 record, or a layer the model does not have)."""
+    try:
+        return (get or MEASURES[measure][1])(record)
+    except (KeyError, TypeError, IndexError):
+        return None
+
+
+def compare(a, b, measure, direction, family_size, fisher=False, get=None):
     """One comparison of groups a and b (records) on a measure: means, stds, the test's raw p, the 95% interval of
     the difference (bootstrap, within teachers in the kd arm) and the seeds a difference of this size would need;
     matched pairs (matched_pairs) are compared by seed (compare_paired). A run without the measure (None: Table 5
     after a warm-up that reaches step 500) is left out of the comparison."""
-    a, b = ([r for r in runs if MEASURES[measure][1](r) is not None] for runs in (a, b))
+    get = get or MEASURES[measure][1]  # (a measure of the whole study, STUDY_MEASURES, comes as get)
+    a, b = ([r for r in runs if measured(r, measure, get) is not None] for runs in (a, b))
     pairs = None if fisher else matched_pairs(a, b)
     if pairs:
-        return compare_paired(pairs, measure, family_size)
-    values = lambda runs: [MEASURES[measure][1](r) for r in runs]
+        return compare_paired(pairs, get, family_size)
+    values = lambda runs: [get(r) for r in runs]
     va, vb = values(a), values(b)
     strata = lambda runs: [r['teacher'] for r in runs] if any(r['teacher'] for r in runs) else None
     (mean_a, std_a), (mean_b, std_b) = sig.mean_std(va), sig.mean_std(vb)
@@ -182,6 +257,38 @@ def compare(a, b, measure, direction, family_size, fisher=False):
     return out
 
 
+def test_family(records, arm, family, claims):
+    """The claims (CLAIMS' tuples) of one family in one arm, each compared (compare), with Holm's correction over
+    those that have at least MIN_SEEDS seeds on both sides and each verdict word from its adjusted p."""
+    size = sum(min(len(tested(records, arm, c[4])), len(tested(records, arm, c[6]))) >= sig.MIN_SEEDS
+               for c in claims) or 1
+    results = []
+    for cid, _, source, measure, low, direction, high in claims:
+        a, b = tested(records, arm, low), tested(records, arm, high)
+        get = STUDY_MEASURES[measure](records, arm) if measure in STUDY_MEASURES else None
+        result = compare(a, b, measure, direction, size, fisher=measure in FISHER, get=get)
+        results.append(dict(id=cid, arm=arm, family=family, source=source, measure=measure, low=low,
+                            direction=direction, high=high, **result))
+    holm_set = [r for r in results if r['p'] is not None and min(r['n']) >= sig.MIN_SEEDS]
+    for r, adjusted in zip(holm_set, sig.holm([r['p'] for r in holm_set])):
+        r['p_holm'] = adjusted
+    for r in results:
+        r['verdict'] = verdict_word(r) if r['p'] is not None else 'not measured'
+    return results
+
+
+def verdict_word(r):
+    """A tested comparison's verdict: sig.verdict for a claim (< or >); for a two-sided comparison (!=, a difference
+    no one claimed a direction for) which side is lower where the adjusted p is below ALPHA."""
+    p = r.get('p_holm', 1.0)
+    if r['direction'] != '!=' or min(r['n']) < sig.MIN_SEEDS:
+        return sig.verdict(direction=r['direction'], difference=r['difference'], p_adjusted=p, n_a=r['n'][0],
+                           n_b=r['n'][1], needed=r['needed'])
+    if p < sig.ALPHA:
+        return f"{r['low'] if r['difference'] < 0 else r['high']} lower (p = {p:.3g})"
+    return f"no detectable difference (p = {p:.3g})"
+
+
 def test_claims(records, claim_set='v1'):
     """Every claim of the set (CLAIM_SETS) in each of its arms, with Holm's correction within each (arm, family) over
     the comparisons that have at least MIN_SEEDS seeds on both sides; and the control arm against kd. A list of
@@ -190,23 +297,7 @@ def test_claims(records, claim_set='v1'):
     claim_list, arms = CLAIM_SETS[claim_set]
     for arm in arms:
         for family in ('primary', 'secondary'):
-            claims = [c for c in claim_list if c[1] == family]
-            size = sum(min(len(tested(records, arm, c[4])), len(tested(records, arm, c[6]))) >= sig.MIN_SEEDS
-                       for c in claims) or 1
-            results = []
-            for cid, _, source, measure, low, direction, high in claims:
-                a, b = tested(records, arm, low), tested(records, arm, high)
-                result = compare(a, b, measure, direction, size, fisher=measure in FISHER)
-                results.append(dict(id=cid, arm=arm, family=family, source=source, measure=measure, low=low,
-                                    direction=direction, high=high, **result))
-            holm_set = [r for r in results if r['p'] is not None and min(r['n']) >= sig.MIN_SEEDS]
-            for r, adjusted in zip(holm_set, sig.holm([r['p'] for r in holm_set])):
-                r['p_holm'] = adjusted
-            for r in results:
-                r['verdict'] = (sig.verdict(direction=r['direction'], difference=r['difference'],
-                                            p_adjusted=r.get('p_holm', 1.0), n_a=r['n'][0], n_b=r['n'][1],
-                                            needed=r['needed']) if r['p'] is not None else 'not measured')
-            out += results
+            out += test_family(records, arm, family, [c for c in claim_list if c[1] == family])
     controls = [(v, m) for v in (AFFINE, GATED) for m in CONTROL_MEASURES
                 if tested(records, 'control', v) and tested(records, 'kd', v)]
     results = []
@@ -307,13 +398,44 @@ def verdict_lines(results, arms=('kd', 'ce', 'control'), families=('primary', 's
 
 def counts_in_words(results, arm):
     rows = [r for r in results['claims'] if r['arm'] == arm and r['family'] == 'primary']
+    count, named = tally(rows)
+    return (f"of the paper's {len(rows)} primary claims, {count('supported')} supported ({named('supported')}), "
+            f"{count('contradicted')} contradicted ({named('contradicted')}), {count('not decided')} not "
+            f"decided and {count('numbers only') + count('not measured')} without a verdict "
+            f"(fewer than {sig.MIN_SEEDS} seeds)")
+
+
+def tally(rows):
+    """(how many verdicts start with a word, the claims that do by name) of result rows."""
     words = [r['verdict'].split(' (')[0] for r in rows]
     named = lambda word: ', '.join(f"{r['source']} ({r['low']} {r['direction']} {r['high']})" for r in rows
                                    if r['verdict'].startswith(word)) or 'none'
-    return (f"of the paper's {len(rows)} primary claims, {words.count('supported')} supported ({named('supported')}), "
-            f"{words.count('contradicted')} contradicted ({named('contradicted')}), {words.count('not decided')} not "
-            f"decided and {sum(w.startswith('numbers only') or w == 'not measured' for w in words)} without a verdict "
-            f"(fewer than {sig.MIN_SEEDS} seeds)")
+    return words.count, named
+
+
+def other_counts(results, arm):
+    """The clause in_words adds beside the primary counts: the verdicts of every claim another registered set tested
+    that this study's set left out (study_reading.other_claims), so no count of supported claims stands without
+    them; '' where there are none (or no reading)."""
+    clauses = []
+    for label, rows in by_label(reading_rows(results, 'other_claims', arm)).items():
+        count, named = tally(rows)
+        clauses.append(f"; {'and' if clauses else 'besides them,'} of the {len(rows)} claims {label.rsplit(';', 1)[0]} (the same tests on "
+                       f"these records, exploratory), {count('supported')} supported ({named('supported')}), "
+                       f"{count('contradicted')} contradicted ({named('contradicted')}), {count('not decided')} not "
+                       f"decided and {count('not measured')} not measured (no such value in these records)")
+    return ''.join(clauses)
+
+
+def reading_rows(results, key, arm):
+    return [r for r in (results.get('reading') or {}).get(key, []) if r['arm'] == arm]
+
+
+def by_label(rows):
+    out = {}
+    for r in rows:
+        out.setdefault(r['label'], []).append(r)
+    return out
 
 
 def sink_counts(results, arm, measure='sink_grown'):
@@ -351,6 +473,7 @@ def control_sentence(results):
 
 PAPER_WEIGHT_DECAY = 0.1  # Section 5.1
 SINK_LAYER_RATE = 0.25  # a layer "has a sink" where Gu et al.'s Sink_1 of that layer is at least this (v2's rule)
+
 
 
 def layer_means(runs, get):
@@ -412,7 +535,7 @@ def in_words(results):
                      f"{sink_counts(results, arm, 'sink_grown16')}" if v2 else
                      "Seeds with Gu et al.'s Sink₁ > 0 (one head over 0.3 in one of 100 samples is enough), per "
                      f"variant: {sink_counts(results, arm)}")
-            lines.append(f"In the {arm.upper()} arm{kd}, {counts_in_words(results, arm)}. "
+            lines.append(f"In the {arm.upper()} arm{kd}, {counts_in_words(results, arm)}{other_counts(results, arm)}. "
                          f"{sink_sentence(results, arm)} {grown}.")
     lines.append(control_sentence(results))
     students = [r for r in results['runs'] if r['arm'] == 'kd' and 'settings' in r]
@@ -485,13 +608,14 @@ def report_lines(results):
              tests_sentence(results), *verdict_lines(results), '',
              f"For scale, a real pretrained model, SmolLM2-135M-Instruct, puts {SMOLLM2['first_token_mean']} of its "
              f"attention on the first token on average over its 30 layers, {SMOLLM2['first_token_max']} in its "
-             f"largest layer ({SMOLLM2['source']}).", '']
+             f"largest layer ({SMOLLM2['source']}).", '', *reading_lines(results)]
     for arm in ('kd', 'ce', 'control', 'recipe', 'teacher'):
         if any(r['arm'] == arm for r in results['runs']):
             lines += [f"## {arm_title(results, arm)}", '', *table_lines(results, arm), '', *alpha_lines(results, arm)]
             if os.path.exists(os.path.join(ROOT, results['report_dir'], f'fig4_{arm}.png')):
                 lines += [f"![Figure 4, {arm}](fig4_{arm}.png)", '', f"![curves, {arm}](curves_{arm}.png)", '']
-    lines += ['## The claims, as fixed before the runs', '', *claims_table(results.get('claim_set', 'v1')), '',
+    lines += [f"## The claims, as {'fixed before the runs' if sealed(results) else 'registered (not sealed)'}", '',
+              *claims_table(results.get('claim_set', 'v1')), '',
               'Columns of the tables: means ± std over seeds of the last evaluation (per layer, averaged over layers) '
               'on the same fixed validation windows; the end-of-run measures (Sink₁ in Gu et al.\'s setting, W8A8, '
               'the knockout, the row-total spread) on the run\'s checkpoint. docs/analysis.md defines each.']
@@ -503,6 +627,19 @@ def report_lines(results):
     return lines
 
 
+def sealed(results):
+    """Whether every record names a seal (scripts/seal_study.py): only then can the tests be shown to predate them."""
+    return bool(results['runs']) and all(r.get('seal') for r in results['runs'])
+
+
+def when_fixed(results):
+    """When the claims and tests were fixed, as far as the records can show it (v1's were not sealed, and its records
+    hold no start time)."""
+    return ("fixed before the runs" if sealed(results) else
+            "registered in docs/analysis.md, not sealed: the records hold no start time, so whether the tests were "
+            "fixed before the runs cannot be shown")
+
+
 def tests_sentence(results):
     """How the claims were tested (significance.py): v2's matched pairs by sign flips, v1's groups by permutations."""
     tests = ("the per-seed differences of matched pairs (seed s of every variant: the same batches and the same "
@@ -510,7 +647,7 @@ def tests_sentence(results):
              "by Fisher's exact test" if results.get('claim_set') == 'v2' else
              "per-seed values by an exact two-sided permutation test (kd: permuted within a teacher), seeds with a "
              "sink by Fisher's exact test")
-    return (f"Tests (fixed before the runs; study/significance.py): {tests}, Holm's correction within each arm's "
+    return (f"Tests ({when_fixed(results)}; study/significance.py): {tests}, Holm's correction within each arm's "
             f"family at "
             f"{sig.ALPHA}; intervals are 95% percentile bootstraps ({sig.BOOTSTRAP_SAMPLES:,} resamples, seeded); a "
             f"group with fewer than {sig.MIN_SEEDS} seeds gives numbers only. \"Seeds needed\": the normal "
@@ -565,7 +702,8 @@ def readme_lines(results):
              f"{results['recipe']['tokens']:,} tokens each; {per_run_times(results)}; {results['machine']}):"]
     lines += verdict_lines(results, arms=('kd', 'ce'), families=('primary',))
     confounds = design_confounds(results)
-    return lines + ['', 'In words (generated): ' + in_words(results)] + (['', confounds] if confounds else [])
+    return lines + ['', 'In words (generated): ' + in_words(results)] + (['', confounds] if confounds else []) + \
+        readme_reading_lines(results)
 
 
 def describe_corpus(corpus):
@@ -617,3 +755,160 @@ def figures(results, out_dir):
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, f'curves_{arm}.png'), dpi=110)
         plt.close(fig)
+
+# -----------------------------------------------------------------------------
+# The reading: what the records say beyond the registered claims (study/study_reading.py), in words
+
+
+def pairs_words(r):
+    k_n = r.get('below')
+    return f"; {r['low']} lower in {k_n[0]} of {k_n[1]} pairs" if k_n else ''
+
+
+def with_pairs(r):
+    return claim_line(r).removesuffix('.') + pairs_words(r) + '.'
+
+
+def short_claim(r):
+    """One exploratory comparison in a phrase (the README's paragraphs)."""
+    if r['p'] is None:
+        return f"{r['source']}: {r['low']} {r['direction']} {r['high']} {r['verdict']}"
+    return (f"{r['source']}: {r['low']} {r['direction']} {r['high']} **{r['verdict']}**, {r['low']} {g(r['mean'][0])} "
+            f"vs {r['high']} {g(r['mean'][1])}{pairs_words(r)}")
+
+
+def layers_words(layers):
+    if not layers:
+        return 'no layer'
+    if len(layers) == 1:
+        return f"layer {layers[0]}"
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"layers {layers[0]}–{layers[-1]}"
+    return f"layers {', '.join(map(str, layers))}"
+
+
+def span(values):
+    return f"{min(values):.2f}–{max(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
+
+
+def part_words(w, part, uniform):
+    """What one part of the layers (softmax's sink layers, or the rest) holds of a first-token difference."""
+    low, high, layers = w['low'], w['high'], part['layers']
+    at = lambda name, side: [w[name][side][k - 1] for k in layers]
+    contribution = sum(w['gap'][k - 1] for k in layers) / len(w['gap'])  # its part of the mean over layers
+    share = f" ({part['gap_fraction']:.0%})" if part['gap_fraction'] is not None else ''
+    words = f"{layers_words(layers)} contribute{'s' * (len(layers) == 1)} {contribution:+.4f}{share}"
+    softmax = [w['softmax_weight'][k - 1] for k in layers]
+    if layers and part['layers'] != w['sink_layers'] and all(x < uniform for x in softmax):
+        words += (f", where softmax's own first-token weight ({', '.join(f'{x:.3f}' for x in softmax)}) is below "
+                  f"uniform attention's {uniform:.3f}")
+    p = f", p = {g(part['share_p'])}" if part['share_p'] is not None else ''
+    below = f", {low} lower in {part['share_below'][0]} of {part['share_below'][1]} pairs" \
+        if part['share_below'] else ''
+    words += (f"; there, by share, {low} {part['share'][0]:.3f} against {high} {part['share'][1]:.3f} (exploratory"
+              f"{p}{below}), with row totals {low} {span(at('row_total', 0))} against {high} "
+              f"{span(at('row_total', 1))} and null mass {span(at('null_mass', 0))} against "
+              f"{span(at('null_mass', 1))}")
+    rows = statistics.fmean(at('row_total', 0)) - statistics.fmean(at('row_total', 1))
+    if part['share_p'] is not None and part['share_p'] >= sig.ALPHA and (part['gap_fraction'] or 0) >= 0.5 and \
+            rows * contribution > 0:  # the share does not differ, the rows' totals do, and the same way
+        words += (": the raw difference there is not in the share of the row, but in how much the rows "
+                  "hold")
+    return words
+
+
+def where_words(w, uniform):
+    """Where one first-token comparison's raw-weight difference comes from, layer by layer."""
+    rates = ', '.join(f'{x:.2f}' for x in w['softmax_sink_rate'] or [])
+    total = statistics.fmean(w['gap'])
+    head = (f"{w['low']} − {w['high']} ({w['arm']} arm), first-token weight {total:+.4f} (mean over layers; "
+            f"softmax's Gu et al. Sink₁ per layer {rates}, at least 1/16 in {layers_words(w['sink_layers'])}): ")
+    return head + '; '.join(part_words(w, part, uniform) for part in w['parts'] if part['layers']) + '.'
+
+
+def where_table(w):
+    lines = [f"| layer | softmax's Sink₁ | weight {w['low']} / {w['high']} | share | row total | null mass |",
+             '|---|---|---|---|---|---|']
+    for k in range(len(w['gap'])):
+        pair = lambda name: f"{w[name][0][k]:.4f} / {w[name][1][k]:.4f}" if w[name][0] and w[name][1] else '—'
+        rate = f"{w['softmax_sink_rate'][k]:.2f}" if w['softmax_sink_rate'] else '—'
+        lines.append(f"| {k + 1} | {rate} | {pair('weight')} | {pair('share')} | {pair('row_total')} | "
+                     f"{pair('null_mass')} |")
+    return lines
+
+
+def payoff_words(p):
+    """The payoff measures' ranges in one arm, and whether this scale can test the payoff."""
+    ranges = lambda key, digits: ', '.join(
+        f"{v} {x[key][0]:.{digits}f}–{x[key][1]:.{digits}f}" for v, x in p['variants'].items() if x[key])
+    verdict = (f"W8A8 moves no run's loss by more than {PAYOFF_FLOOR:.0%} (at most "
+               f"{p['largest_w8a8_change']:.2%}): at this scale no variant has a quantization cost to remove, so "
+               f"this study cannot test the payoff" if p['at_floor'] else
+               f"W8A8 moves some run's loss by {p['largest_w8a8_change']:.2%}")
+    return (f"The payoff's measures ({p['arm']} arm, per variant over its seeds): the W8A8 loss ratio "
+            f"{ranges('w8a8', 4)}; the attention output's kurtosis, largest layer, {ranges('kurtosis', 1)}; the "
+            f"residual stream's max |x|, largest layer, {ranges('residual_max', 1)}. {verdict}.")
+
+
+def teacher_words(t):
+    """The teachers' own sink and held-out loss beside the kd softmax students'."""
+    if not t:
+        return ''
+    per_layer = lambda xs: ', '.join(f'{x:.3f}' for x in xs)
+    own = '; '.join(f"{x['name']} {per_layer(x['first_token_weight'])} (held-out loss {x['val_loss']:.3f})"
+                    for x in t['teachers'])
+    s = t['students']
+    top = max(max(x['first_token_weight']) for x in t['teachers'])
+    grew = (f": every student's largest layer ({span(s['largest'])}) puts more on the first token than either "
+            f"teacher's largest ({top:.3f}), so the students' sink is not their teachers'"
+            if min(s['largest']) > top else f": the students' largest layers put {span(s['largest'])} on it, the "
+                                            f"teachers' at most {top:.3f}")
+    return (f"The teachers' own first-token weight per layer: {own}. The kd softmax students ({s['seeds']} seeds): "
+            f"{per_layer(s['first_token_weight'])} (held-out loss {s['val_loss']:.3f}){grew}.")
+
+
+READING_INTRO = ("Nothing here was fixed before the runs: study/study_reading.py computes it from the records, for "
+                 "every study alike, so that no count of verdicts stands on a subset of what the records show.")
+
+
+def reading_lines(results):
+    """The report's section on the reading (results.json's 'reading'); [] where the results hold none."""
+    reading = results.get('reading')
+    if not reading:
+        return []
+    lines = ['## What the records say beyond the registered claims (exploratory)', '', READING_INTRO, '']
+    for arm in ('kd', 'ce'):
+        for label, rows in by_label(reading_rows(results, 'other_claims', arm)).items():
+            lines += [f"Claims {label.rsplit(';', 1)[0]} ({arm} arm; the same tests on these records, Holm over "
+                      f"these {len(rows)}):"] + [with_pairs(r) for r in rows]
+            lines.append('')
+        rows = reading_rows(results, 'loss_claims', arm)
+        if rows:
+            lines += [f"The held-out loss beside the loss claims ({arm} arm; Holm over these {len(rows)}):"] + [
+                with_pairs(r) for r in rows] + ['']
+    for w in reading['where_from']:
+        lines += [where_words(w, results['uniform_first_token']), '', *where_table(w), '']
+    lines += [payoff_words(p) for p in reading['payoff']] + ['']
+    return lines + ([teacher_words(reading['teachers']), ''] if reading['teachers'] else [])
+
+
+def readme_reading_lines(results):
+    """The README's two paragraphs on the reading: the other claims and the held-out loss in phrases; then where
+    Figure 4's differences come from, the payoff and the teachers."""
+    reading = results.get('reading')
+    if not reading:
+        return []
+    claims = []
+    for arm in ('kd', 'ce'):
+        for label, rows in by_label(reading_rows(results, 'other_claims', arm)).items():
+            claims.append(f"**Claims {label.rsplit(';', 1)[0]}** ({arm}; the same tests on these records): "
+                          + '; '.join(map(short_claim, rows)) + '.')
+        rows = reading_rows(results, 'loss_claims', arm)
+        if rows:
+            claims.append(f"**The held-out loss** ({arm}): " + '; '.join(map(short_claim, rows)) + '.')
+    where = [where_words(w, results['uniform_first_token']) for w in reading['where_from']
+             if w['arm'] == 'kd' and w['low'] != GATED]
+    limits = [payoff_words(p) for p in reading['payoff']] + [teacher_words(reading['teachers'])]
+    return ['', 'Exploratory (generated; nothing here was fixed before the runs): ' + ' '.join(claims), '',
+            (f"**Where Figure 4 comes from**: {' '.join(where)} " if where else '')
+            + '**Limits**: ' + ' '.join(x for x in limits if x)]

@@ -192,8 +192,78 @@ def test_outliers_by_hand_and_on_a_model():
         assert torch.allclose(stats['residual_max_abs'], h.abs().amax(dim=(1, 2)))
 
 
+def kurtosis_by_hand(values):
+    """transformers_language/utils.py's kurtosis of one sequence's flattened values, in numpy float64: the mean fourth
+    central moment over (the unbiased variance squared + 1e-6)."""
+    values = np.asarray(values, dtype=np.float64)
+    return np.mean((values - values.mean()) ** 4) / (np.var(values, ddof=1) ** 2 + 1e-6)
+
+
+def test_ffn_outliers_against_the_mlp_written_out():
+    """The FFN output's max |x| and kurtosis (Bondarenko et al.'s fc2, our down_proj) against the SwiGLU MLP written
+    out from its weights on each layer's own input (the residual after attention, normed), layer by layer without
+    hooks; each per sequence in numpy, with and without position 0."""
+    model = tiny_model('affine').double()
+    idx = torch.randint(0, 300, (3, 12))
+    got = probes.activation_outliers(model, idx)
+    positions = torch.arange(12)
+    cos, sin = rope_cos_sin(model.config, positions)
+    h = model.model.embed_tokens(idx)
+    with torch.no_grad():
+        for layer, stats in zip(model.model.layers, got):
+            mid = h + layer.self_attn(layer.input_layernorm(h), cos, sin, positions)
+            x, mlp = layer.post_attention_layernorm(mid), layer.mlp
+            gate, up = x @ mlp.gate_proj.weight.T, x @ mlp.up_proj.weight.T
+            ffn = (gate * torch.sigmoid(gate) * up) @ mlp.down_proj.weight.T  # (B, T, C)
+            h = mid + ffn
+            for suffix, part in (('', ffn), ('_after_first', ffn[:, 1:])):
+                rows = part.reshape(len(idx), -1).numpy()
+                assert stats[f'ffn_max_abs{suffix}'].tolist() == pytest.approx([np.abs(r).max() for r in rows])
+                assert stats[f'ffn_kurtosis{suffix}'].tolist() == pytest.approx([kurtosis_by_hand(r) for r in rows])
+            assert torch.allclose(stats['residual_max_abs'], h.abs().amax(dim=(1, 2)))
+    assert got[0]['ffn_kurtosis'][0] != got[0]['attention_kurtosis'][0]  # another module's output
+
+
+def test_outlier_means_over_batches():
+    model = tiny_model('sink').double()
+    idx = torch.randint(0, 300, (5, 10))
+    once = probes.activation_outliers(model, idx)
+    means = probes.outlier_means(model, idx, batch_size=2)  # batches of 2, 2 and 1
+    assert set(means) == set(once[0]) and {'ffn_max_abs', 'ffn_kurtosis_after_first'} <= set(means)
+    for key, per_layer in means.items():
+        assert per_layer == pytest.approx([layer[key].mean().item() for layer in once], rel=1e-12)
+
+
 # -----------------------------------------------------------------------------
 # What a sink costs: W8A8, the knockout
+
+
+def nearest_on_grid(value, grid):
+    """The grid's point nearest value, by trying every point."""
+    return min(grid, key=lambda point: abs(point - value))
+
+
+@pytest.mark.parametrize('bits', [8, 6, 4, 3])
+def test_quantizers_pick_the_nearest_point_of_their_grid(bits):
+    """At b bits, each value goes to the nearest point of its grid, written out in float64: symmetric, the integers
+    -2^(b-1) .. 2^(b-1) - 1 times max|w| / (2^(b-1) - 1); asymmetric over [low, high] (widened to hold 0), the
+    integers 0 .. 2^b - 1 less the zero point round(-low / step), times step = (high - low) / (2^b - 1): values
+    outside the range go to its ends."""
+    g = torch.Generator().manual_seed(bits)
+    w = torch.randn(40, generator=g, dtype=torch.float64)
+    top = w.abs().max().item()
+    step = top / (2 ** (bits - 1) - 1)
+    grid = [k * step for k in range(-2 ** (bits - 1), 2 ** (bits - 1))]
+    assert probes.quantize_symmetric(w, bits).tolist() == pytest.approx([nearest_on_grid(v, grid) for v in w.tolist()])
+    x = torch.randn(40, generator=g, dtype=torch.float64) * 2 + 0.5
+    for low, high in ((-1.3, 2.1), (0.2, 1.7), (-2.5, -0.4)):
+        lo, hi = min(low, 0.0), max(high, 1e-8)  # widened to hold 0 (and never empty)
+        step = (hi - lo) / (2 ** bits - 1)
+        zero = round(-lo / step)
+        grid = [(k - zero) * step for k in range(2 ** bits)]
+        got = probes.quantize_asymmetric(x, low, high, bits).tolist()
+        assert got == pytest.approx([nearest_on_grid(v, grid) for v in x.tolist()], abs=1e-12)
+    assert len(set(probes.quantize_asymmetric(x, -1.3, 2.1, bits).tolist())) <= 2 ** bits
 
 
 def test_quantizers_by_hand():
@@ -208,29 +278,25 @@ def test_quantizers_by_hand():
 
 
 class QuantizedLinear(torch.nn.Module):
-    """A linear layer of the reference: int8 weights (symmetric) and inputs (asymmetric, fixed range) as integers."""
+    """A linear layer of the reference: b-bit weights (symmetric) and inputs (asymmetric, fixed range) as integers."""
 
-    def __init__(self, linear, low, high):
+    def __init__(self, linear, low, high, weight_bits=8, act_bits=8):
         super().__init__()
-        self.linear, self.low, self.high = linear, min(low, 0.0), max(high, 1e-8)
-        scale = linear.weight.abs().max() / 127
-        self.weight = torch.clamp(torch.round(linear.weight / scale), -128, 127) * scale
+        self.linear, self.low, self.high, self.levels = linear, min(low, 0.0), max(high, 1e-8), 2 ** act_bits - 1
+        top = 2 ** (weight_bits - 1)
+        scale = linear.weight.abs().max() / (top - 1)
+        self.weight = torch.clamp(torch.round(linear.weight / scale), -top, top - 1) * scale
 
     def forward(self, x):
-        scale = (self.high - self.low) / 255
+        scale = (self.high - self.low) / self.levels
         zero = round(-self.low / scale)
-        ints = torch.clamp(torch.round(x / scale) + zero, 0, 255)
+        ints = torch.clamp(torch.round(x / scale) + zero, 0, self.levels)
         return torch.nn.functional.linear((ints - zero) * scale, self.weight, self.linear.bias)
 
 
-def test_w8a8_against_a_model_of_quantized_layers():
-    model = tiny_model('affine_gated')
-    calibration, sequences = torch.randint(0, 300, (3, 16)), torch.randint(0, 300, (2, 16))
-    before = copy.deepcopy(model.state_dict())
-    got = probes.w8a8_losses(model, calibration, sequences, batch_size=2)
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # restored
-    # the reference: each linear's inputs recorded on the calibration batches, a running min-max with momentum 0.9
-    # over the batches, then every linear but lm_head replaced by a QuantizedLinear
+def quantized_reference(model, calibration, sequences, weight_bits=8, act_bits=8):
+    """The loss of a copy of the model whose linears but lm_head are QuantizedLinear: each linear's inputs recorded on
+    the calibration batches (of 2), a running min-max with momentum 0.9 over the batches."""
     reference = copy.deepcopy(model).eval()
     names = [n for n, m in reference.named_modules() if isinstance(m, torch.nn.Linear) and n != 'lm_head']
     seen = {n: [] for n in names}
@@ -246,13 +312,43 @@ def test_w8a8_against_a_model_of_quantized_layers():
         for lo, hi in seen[n][1:]:
             low, high = 0.9 * low + 0.1 * lo, 0.9 * high + 0.1 * hi
         parent, _, child = n.rpartition('.')
-        setattr(reference.get_submodule(parent), child, QuantizedLinear(reference.get_submodule(n), low, high))
+        setattr(reference.get_submodule(parent), child,
+                QuantizedLinear(reference.get_submodule(n), low, high, weight_bits, act_bits))
     with torch.no_grad():
-        _, quantized = reference(sequences[:, :-1], sequences[:, 1:])
+        return reference(sequences[:, :-1], sequences[:, 1:])[1].item()
+
+
+def test_w8a8_against_a_model_of_quantized_layers():
+    model = tiny_model('affine_gated')
+    calibration, sequences = torch.randint(0, 300, (3, 16)), torch.randint(0, 300, (2, 16))
+    before = copy.deepcopy(model.state_dict())
+    got = probes.w8a8_losses(model, calibration, sequences, batch_size=2)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # restored
+    quantized = quantized_reference(model, calibration, sequences)
+    with torch.no_grad():
         _, full = model.eval()(sequences[:, :-1], sequences[:, 1:])
+    assert set(got) == {'fp', 'w8a8', 'ratio', 'calibration'}
     assert got['fp'] == pytest.approx(full.item(), rel=1e-5)
-    assert got['w8a8'] == pytest.approx(quantized.item(), rel=1e-5) and got['w8a8'] != got['fp']
+    assert got['w8a8'] == pytest.approx(quantized, rel=1e-5) and got['w8a8'] != got['fp']
     assert got['ratio'] == pytest.approx(got['w8a8'] / got['fp']) and got['calibration'] == 3
+
+
+def test_quantized_losses_at_other_widths_against_a_model_of_quantized_layers():
+    """W8A6, W8A4, W4A8 and W3A3 (the study's payoff widths, and one far coarser) against the same reference at their
+    widths; each width gives its own loss, and W8A8 is w8a8_losses'."""
+    model = tiny_model('gated')
+    calibration, sequences = torch.randint(0, 300, (3, 16)), torch.randint(0, 300, (2, 16))
+    before = copy.deepcopy(model.state_dict())
+    losses = {}
+    for weight_bits, act_bits in ((8, 8), (8, 6), (8, 4), (4, 8), (3, 3)):
+        got = probes.quantized_losses(model, calibration, sequences, weight_bits, act_bits, batch_size=2)
+        assert got['quantized'] == pytest.approx(quantized_reference(model, calibration, sequences, weight_bits,
+                                                                     act_bits), rel=1e-5)
+        assert got['ratio'] == pytest.approx(got['quantized'] / got['fp']) and got['calibration'] == 3
+        losses[weight_bits, act_bits] = got['quantized']
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # restored
+    assert len(set(losses.values())) == len(losses)
+    assert losses[8, 8] == probes.w8a8_losses(model, calibration, sequences, batch_size=2)['w8a8']
 
 
 def hidden_by_hand(T, window, first):

@@ -401,10 +401,11 @@ def test_every_verdict_recomputed_from_the_committed_records():
             check_holm_and_verdicts([c for c in claims if c['arm'] == arm and c['family'] == family])
 
 
-def check_holm_and_verdicts(family):
-    """One family's claims: Holm's adjustment by the step-down definition over those with 3 seeds a side, and each
-    verdict word from its adjusted p and the sign of its difference."""
-    ranked = sorted([c for c in family if min(c['n']) >= 3], key=lambda c: c['p'])
+def check_holm_and_verdicts(family, holm_over=None):
+    """One family's claims: Holm's adjustment by the step-down definition over those with 3 seeds a side (of
+    holm_over, where more comparisons than these share the family), and each verdict word from its adjusted p and the
+    sign of its difference."""
+    ranked = sorted([c for c in holm_over or family if min(c['n']) >= 3], key=lambda c: c['p'])
     for i, c in enumerate(ranked):  # Holm: max over the ranks up to this one of (m - rank) p, at most 1
         assert c['p_holm'] == pytest.approx(min(1, max((len(ranked) - j) * ranked[j]['p'] for j in range(i + 1))))
     for c in family:
@@ -553,3 +554,147 @@ def test_the_gpu_plan_and_its_cpu_dry_run(data_dir, tmp_path):
 GPU_DRY_RUN = ['--device=cpu', '--kd_seeds=1', '--tokens=384', '--global_batch_size=2', '--micro_batch_size=2',
                '--block_size=64', '--n_embd=64', '--n_head=2', '--n_kv_head=1', '--intermediate_size=192',
                '--compile=False', '--eval_batches=1', '--jobs=2']
+
+
+# -----------------------------------------------------------------------------
+# The reading (issue 50): what the records say beyond each study's claims, recomputed here from the records
+
+def exact_p(a, b, claim, get):
+    """The claim's p from its groups (records by seed) by brute force: every sign flip for matched pairs, every
+    subset for Fisher's, every labelling within teachers for v1's unmatched groups."""
+    va, vb = ({s: get(r) for s, r in side.items()} for side in (a, b))
+    if claim['measure'] in ('sink_grown', 'sink_grown16'):
+        return fisher_by_subsets(int(sum(va.values())), len(va), int(sum(vb.values())), len(vb))
+    matched = all(r.get('settings', {}).get('matched_init') for r in [*a.values(), *b.values()])
+    if matched and sorted(va) == sorted(vb):
+        return every_sign_flip([va[s] - vb[s] for s in sorted(va)])
+    teacher = lambda side: [r['teacher'] for r in side.values()]
+    strata = (teacher(a), teacher(b)) if claim['arm'] == 'kd' else ([0] * len(a), [0] * len(b))
+    return every_labelling(list(va.values()), list(vb.values()), *strata)
+
+
+def group(records, arm, variant):
+    return {r['seed']: r for r in records if r['arm'] == arm and r['variant'] == variant and r['seed'] != 0}
+
+
+def reading_value(records, claim):
+    """A claim's measure read from a record: value(), the held-out loss, or (v3's share_sink) the first-token share
+    over the layers where the arm's softmax seeds' mean Gu et al. Sink_1 is at least 1/16."""
+    if claim['measure'] == 'val_loss':
+        return lambda r: r['val_loss']
+    if claim['measure'] == 'share_sink':
+        softmax = list(group(records, claim['arm'], 'softmax').values())
+        rates = np.mean([r['end']['gu']['sink_rate_per_layer'] for r in softmax], axis=0)
+        layers = [i for i, x in enumerate(rates) if x >= 1 / 16]
+        return lambda r: float(np.mean([r['first_token_share'][i] for i in layers]))
+    return lambda r: value(r, claim['measure'])
+
+
+def check_reading_claims(rows, records):
+    """Each exploratory comparison: its values and p from the records, Holm within its (arm, family) and its word."""
+    for claim in rows:
+        get = reading_value(records, claim)
+        try:
+            a, b = ({s: r for s, r in group(records, claim['arm'], v).items() if get(r) is not None}
+                    for v in (claim['low'], claim['high']))
+        except KeyError:  # a v1 record made before the measure existed
+            assert claim['verdict'] == 'not measured' and claim['n'] == [0, 0], claim['id']
+            continue
+        assert claim['mean'] == pytest.approx([np.mean([get(r) for r in a.values()]),
+                                               np.mean([get(r) for r in b.values()])], abs=1e-12), claim['id']
+        assert claim['p'] == pytest.approx(exact_p(a, b, claim, get), abs=1e-9), claim['id']
+        if claim['below'] is not None:
+            assert claim['below'] == [sum(get(a[s]) < get(b[s]) for s in a), len(a)]
+    for arm in {c['arm'] for c in rows}:
+        for label in {c['label'] for c in rows}:  # a family: the claims another set registered, or the losses
+            chosen = [c for c in rows if c['arm'] == arm and c['label'] == label]
+            check_holm_and_verdicts([c for c in chosen if c['direction'] != '!='] or [], holm_over=chosen)
+            for c in (c for c in chosen if c['direction'] == '!='):
+                lower = c['low'] if c['mean'][0] < c['mean'][1] else c['high']
+                assert c['verdict'] == (f"{lower} lower (p = {c['p_holm']:.3g})" if c['p_holm'] < 0.05 else
+                                        f"no detectable difference (p = {c['p_holm']:.3g})")
+
+
+def layer_mean_of(runs, key):
+    return np.mean([r[key] for r in runs], axis=0)
+
+
+def check_where_from(reading, records, uniform):
+    for w in reading['where_from']:
+        softmax = list(group(records, w['arm'], 'softmax').values())
+        rates = layer_mean_of([r['end']['gu'] for r in softmax], 'sink_rate_per_layer')
+        assert w['sink_layers'] == [k + 1 for k, x in enumerate(rates) if x >= 1 / 16]
+        a, b = (group(records, w['arm'], v) for v in (w['low'], w['high']))
+        for name, key in (('weight', 'first_token_weight'), ('share', 'first_token_share'),
+                          ('row_total', 'row_sum'), ('null_mass', 'null_mass')):
+            for side, runs in zip(w[name], (a, b)):
+                assert side == pytest.approx(layer_mean_of(runs.values(), key), abs=1e-12)
+        gap = layer_mean_of(a.values(), 'first_token_weight') - layer_mean_of(b.values(), 'first_token_weight')
+        for part in w['parts']:
+            if not part['layers']:
+                continue
+            idx = [k - 1 for k in part['layers']]
+            assert part['gap_fraction'] == pytest.approx(gap[idx].sum() / gap.sum())
+            share = lambda r: np.mean([r['first_token_share'][i] for i in idx])
+            claim = dict(measure='share', arm=w['arm'])
+            assert part['share_p'] == pytest.approx(exact_p(a, b, claim, share), abs=1e-9)
+
+
+def check_payoff_and_teachers(reading, records, teachers):
+    for p in reading['payoff']:
+        runs = [r for r in records if r['arm'] == p['arm']]
+        for variant, ranges in p['variants'].items():
+            mine = [r for r in runs if r['variant'] == variant]
+            ratios = [r['end']['w8a8']['w8a8'] / r['end']['w8a8']['fp'] for r in mine]
+            assert ranges['w8a8'] == pytest.approx([min(ratios), max(ratios)], abs=1e-12)
+            assert ranges['residual_max'] == [min(max(r['residual_max_abs']) for r in mine),
+                                              max(max(r['residual_max_abs']) for r in mine)]
+            assert ranges['kurtosis'] == [min(max(r['attention_kurtosis']) for r in mine),
+                                          max(max(r['attention_kurtosis']) for r in mine)]
+        moved = max(abs(r['end']['w8a8']['w8a8'] / r['end']['w8a8']['fp'] - 1) for r in runs)
+        assert p['at_floor'] == (moved <= 0.01) and p['largest_w8a8_change'] == pytest.approx(moved, abs=1e-12)
+    by_name = {r['name']: r for r in records}
+    t = reading['teachers']
+    assert [x['name'] for x in t['teachers']] == teachers
+    assert all(x['first_token_weight'] == by_name[x['name']]['first_token_weight'] and
+               x['val_loss'] == by_name[x['name']]['val_loss'] for x in t['teachers'])
+    students = list(group(records, 'kd', 'softmax').values())
+    assert t['students']['val_loss'] == pytest.approx(np.mean([r['val_loss'] for r in students]), abs=1e-12)
+    assert t['students']['first_token_weight'] == pytest.approx(layer_mean_of(students, 'first_token_weight'))
+
+
+@pytest.mark.parametrize('study, left_out', [
+    ('sink_study_v2', ['fig4_null_affine_sink', 'fig4_null_sink_softmax', 'fig3_spread_affine_sink', 'gu_affine',
+                       'gu_sink', 'gu_gated']),
+    ('sink_study', ['deep_affine_sink', 'deep_sink_softmax'])])
+def test_the_reading_recomputed_from_the_committed_records(study, left_out):
+    """Issue 50: every study's results.json holds its reading, and each number of it recomputes from the records:
+    the claims another registered set tested that this set left out (v2: the six of v1 whose test v2's set does not
+    hold; v1: all of v2's that v1's does not), the held-out loss beside each loss claim and gated against affine,
+    where each first-token difference comes from, the payoff's ranges and the teachers'."""
+    from study import study_results
+    results, records = committed(study)
+    reading = results['reading']
+    own = results.get('claim_set', 'v1')
+    other = reading['other_claims']
+    # every claim of another set (in the sets' order, each test once) whose test is neither this set's nor the
+    # held-out loss's, on the layers the model has
+    held_out = {('val_loss', 'affine', '<', 'softmax'), ('val_loss', 'affine', '<', 'sink'),
+                ('loss', 'gated', '!=', 'affine'), ('val_loss', 'gated', '!=', 'affine')}
+    seen, expected = {c[3:] for c in study_results.CLAIM_SETS[own][0]} | held_out, []
+    for name, (claims, _) in study_results.CLAIM_SETS.items():
+        for c in claims:
+            deeper = c[3].startswith('weight_l') and int(c[3][8:]) > results['layers']
+            if name != own and c[3:] not in seen and not deeper:
+                seen.add(c[3:])
+                expected.append(c[0])
+    assert [c['id'] for c in other] == expected and expected[:len(left_out or [])] == (left_out or [])
+    check_reading_claims(other, records)
+    losses = reading['loss_claims']
+    assert {c['measure'] for c in losses if c['arm'] == 'kd'} == {'loss', 'val_loss'}
+    check_reading_claims(losses, records)
+    check_where_from(reading, records, results['uniform_first_token'])
+    check_payoff_and_teachers(reading, records, results['teachers'])
+    with open(os.path.join(ROOT, 'docs', study, 'report.md')) as f:
+        report = f.read()
+    assert '## What the records say beyond the registered claims (exploratory)' in report

@@ -172,6 +172,51 @@ def test_a_new_record_knows_what_produced_it(study):
     assert record['digest'] == study_records.digest(record) and record['digest'].startswith('sha256:')
 
 
+@pytest.mark.parametrize('case, expected', [
+    ('a negative ratio', r'end\.payoff\.ratio_w8a4 is -0\.5, outside its range'),
+    ('a layer short', r'end\.payoff\.ffn_kurtosis is not a list of 4 layers'),
+    ('a NaN', r'end\.payoff\.residual_max_abs\[2\] is nan, not a finite number'),
+    ('a key missing', r'end\.payoff lacks ratio_w4a8'),
+    ('a key unknown', r'end\.payoff\.ratio_w2a2 is not a field of a record'),
+    ('not an object', r'end\.payoff is \[1\.0\], not an object'),
+])
+def test_a_malformed_payoff_is_refused_and_a_record_without_one_passes(case, expected, study, tmp_path):
+    """end.payoff (the candidates for v3's payoff measure) is checked as every measure is, one line naming the file,
+    digest or not; records from before it (v1's, v2's) have none and pass, and so does a new one with it removed."""
+    out, argv = copy_of(study, tmp_path)
+    path = out / 'runs' / 'kd_softmax_s1.json'
+    record = json.loads(path.read_text())
+    payoff = record['end']['payoff']
+    assert set(payoff) == set(study_records.payoff_keys()) and len(payoff['ffn_kurtosis']) == 4
+    assert {'ratio_w8a6', 'ratio_w8a4', 'ratio_w4a8', 'ffn_max_abs', 'residual_max_abs'} <= set(payoff)
+    changes = {'a negative ratio': lambda p: p.update(ratio_w8a4=-0.5),
+               'a layer short': lambda p: p['ffn_kurtosis'].pop(),
+               'a NaN': lambda p: p['residual_max_abs'].__setitem__(2, math.nan),
+               'a key missing': lambda p: p.pop('ratio_w4a8'),
+               'a key unknown': lambda p: p.update(ratio_w2a2=1.0)}
+    if case == 'not an object':
+        record['end']['payoff'] = [1.0]
+    else:
+        changes[case](payoff)
+    if case != 'a NaN':  # (a NaN has no digest, strict JSON: the payoff is checked before the digest anyway)
+        record['digest'] = study_records.digest(record)
+    path.write_text(json.dumps(record))
+    with pytest.raises(RunError, match=expected) as e:
+        study_records.read_records(str(out / 'runs'))
+    assert str(path) in str(e.value) and '\n' not in str(e.value)
+    del record['end']['payoff']
+    record['digest'] = study_records.digest(record)
+    path.write_text(json.dumps(record))
+    assert 'payoff' not in study_records.read_records(str(out / 'runs'))['kd_softmax_s1']['end']
+
+
+def test_the_committed_records_before_the_payoff_pass():
+    """v1's, its pilot's, v2's and the GPU attempt's records were written before end.payoff: they pass as they are."""
+    for folder in ('sink_study/runs', 'sink_study/pilot/runs', 'sink_study_v2/runs', 'sink_study_gpu/attempt_1/runs'):
+        records = study_records.read_records(os.path.join(ROOT, 'docs', folder))
+        assert records and not any('payoff' in r['end'] for r in records.values())
+
+
 def test_an_edited_new_record_stops_the_study(study, tmp_path):
     out, argv = copy_of(study, tmp_path)
     edit(out / 'runs' / 'kd_softmax_s1.json', lambda r: r.update(val_loss=1.0))
