@@ -67,6 +67,11 @@ MEASURES = {
     'gu_rate_raw': ("the same on the raw rows (never renormalised)", lambda r: r['end']['gu']['sink_rate_raw']),
     'sink_grown16': ("1 where Gu et al.'s Sink_1^0.3 in their setting is at least 1/16 (fixed before v2's runs), "
                      "else 0", lambda r: float(r['end']['gu']['sink_rate'] >= 1 / 16)),
+    **{f'ratio_{w}': (f"the {w.upper()} loss over the full-precision loss (end.payoff)",
+                      lambda r, w=w: r['end']['payoff'][f'ratio_{w}']) for w in ('w8a6', 'w8a4', 'w4a8')},
+    **{f'ffn_{kind}': (f"the FFN output's {words} (Bondarenko et al.), its largest layer (end.payoff)",
+                       lambda r, kind=kind: max(r['end']['payoff'][f'ffn_{kind}']))
+       for kind, words in (('kurtosis', 'kurtosis'), ('max_abs', 'largest absolute value'))},
     'share_sink': ("the first token's share of each row's total, mean over the layers where softmax grows its sink "
                    "(those whose Gu et al. Sink_1, mean over the arm's softmax seeds, is at least 1/16: computed from "
                    "the softmax runs alone)", lambda r: None),  # STUDY_MEASURES reads it
@@ -145,6 +150,23 @@ CLAIMS_V2 = [c for c in CLAIMS if c[1] == 'primary'] + [
 ]
 
 
+# v3's payoff: the candidates, nearest W8A8 first, and the rule that chose one on the softmax pilot (docs/analysis.md,
+# "v3"), fixed before the pilot's last run: the first whose ratio is above 1 + PAYOFF_FLOOR in every pilot seed
+PAYOFF_CANDIDATES = ('ratio_w8a6', 'ratio_w4a8', 'ratio_w8a4')
+MEASURE_NAMES = dict(ratio_w8a6='W8A6', ratio_w4a8='W4A8', ratio_w8a4='W8A4', ffn_kurtosis='FFN-output kurtosis',
+                     ffn_max_abs='FFN-output largest absolute value')
+PAYOFF_V3 = None  # payoff_choice on the pilot (docs/sink_study_v3/pilot/): set before the seal
+
+
+def payoff_choice(pilot_runs):
+    """(the payoff measure v3's primary family tests, or None; each candidate's ratios over the pilot's softmax
+    seeds): the first of PAYOFF_CANDIDATES that leaves its floor in every seed."""
+    softmax = [r for r in pilot_runs if r['variant'] == SOFTMAX and r['arm'] == 'kd']
+    ratios = {m: [MEASURES[m][1](r) for r in softmax] for m in PAYOFF_CANDIDATES}
+    chosen = next((m for m, xs in ratios.items() if xs and min(xs) > 1 + PAYOFF_FLOOR), None)
+    return chosen, ratios
+
+
 def claims_v3(n_layer):
     """v3 (issue 50; sealed before its runs, docs/analysis.md): every claim v1 or v2 tested, none dropped, each
     labelled by whose reading it is, on a model of n_layer layers. Its primary family is v2's (the paper's own
@@ -175,7 +197,10 @@ def claims_v3(n_layer):
          '!=', AFFINE),
         ('gated_affine_val', 'secondary', 'gated against affine, held-out loss (our reading: no claim of the paper)',
          'val_loss', GATED, '!=', AFFINE)]
-    return primary + secondary
+    payoff = [(f'{m}_{AFFINE}_{high}', 'primary' if m == PAYOFF_V3 else 'secondary',
+               f"the payoff: {MEASURE_NAMES[m]} (Bondarenko et al.'s reading)", m, AFFINE, '<', high)
+              for m in (*PAYOFF_CANDIDATES, 'ffn_kurtosis', 'ffn_max_abs') for high in (SOFTMAX, SINK)]
+    return primary + [c for c in payoff if c[1] == 'primary'] + secondary + [c for c in payoff if c[1] != 'primary']
 
 
 CLAIMS_V3 = claims_v3(4)  # the CPU plan's students: 4 layers
@@ -420,10 +445,11 @@ def other_counts(results, arm):
     clauses = []
     for label, rows in by_label(reading_rows(results, 'other_claims', arm)).items():
         count, named = tally(rows)
-        clauses.append(f"; {'and' if clauses else 'besides them,'} of the {len(rows)} claims {label.rsplit(';', 1)[0]} (the same tests on "
-                       f"these records, exploratory), {count('supported')} supported ({named('supported')}), "
-                       f"{count('contradicted')} contradicted ({named('contradicted')}), {count('not decided')} not "
-                       f"decided and {count('not measured')} not measured (no such value in these records)")
+        clauses.append(
+            f"; {'and' if clauses else 'besides them,'} of the {len(rows)} claims {label.rsplit(';', 1)[0]} (the "
+            f"same tests on these records, exploratory), {count('supported')} supported ({named('supported')}), "
+            f"{count('contradicted')} contradicted ({named('contradicted')}), {count('not decided')} not decided and "
+            f"{count('not measured')} not measured (no such value in these records)")
     return ''.join(clauses)
 
 

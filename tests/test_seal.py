@@ -129,8 +129,8 @@ def test_the_report_written_at_the_seal_is_the_one_regenerated_here():
     here = here[:start] + here[end:]
     clause = (r"; besides them, of the 6 claims registered in v1, left out of v2's sealed set \(the same tests on "
               r"these records, exploratory\), .*? not measured \(no such value in these records\)"
-              r"(; and of the \d+ claims registered in v3\S*, after v2's runs .*? not measured \(no such value in these "
-              r"records\))*(?=\. Softmax had)")
+              r"(; and of the \d+ claims registered in v3\S*, after v2's runs .*? not measured \(no such value in "
+              r"these records\))*(?=\. Softmax had)")
     counted = [i for i, line in enumerate(here) if re.search(clause, line)]
     assert len(counted) == 1 and here[counted[0]].startswith('In the KD arm')
     here[counted[0]] = re.sub(clause, '', here[counted[0]])
@@ -140,3 +140,57 @@ def test_the_report_written_at_the_seal_is_the_one_regenerated_here():
         a.replace('`python sink_study.py ', '`python -m study.sink_study ').replace(
             '(fixed before the runs; significance.py)', '(fixed before the runs; study/significance.py)') == b
         for a, b in moved)
+
+
+# -----------------------------------------------------------------------------
+# v3 (issue 50): the whole claim set, sealed, on fresh seeds; two plans under one seal
+
+def test_v3_holds_every_claim_v1_or_v2_tested():
+    """No claim is dropped: every test (measure, variants, direction) of v1's and v2's sets is one of v3's and of
+    v3_gpu's, and each claim names whose reading it is; v3's primary family adds the held-out loss and the share in
+    softmax's sink layers to the paper's seven."""
+    earlier = {c[3:] for c in study_results.CLAIMS + study_results.CLAIMS_V2}
+    for claims in (study_results.CLAIMS_V3, study_results.CLAIMS_V3_GPU):
+        assert earlier <= {c[3:] for c in claims}
+        assert len({c[0] for c in claims}) == len(claims) == len({c[3:] for c in claims})
+        assert all(re.search(r"\((the paper's|our reading|v1's reading)|^(Gu|Qiu) et al\.|^the payoff", c[2])
+                   for c in claims), [c[2] for c in claims if '(' not in c[2]]
+        primary = {c[3:] for c in claims if c[1] == 'primary'}
+        assert {('val_loss', 'affine', '<', 'softmax'), ('share_sink', 'affine', '<', 'sink'),
+                ('share_sink', 'sink', '<', 'softmax')} <= primary
+    assert {f'weight_l{k}' for k in range(1, 9)} <= {c[3] for c in study_results.CLAIMS_V3_GPU}
+
+
+def used_seeds():
+    """Every seed a committed plan, the v2 recipe search (its logs), the GPU plan's first attempt or the v3 pilot
+    used."""
+    seeds = set()
+    for name, plan in sink_study.PLANS.items():
+        if not name.startswith('v3') or name == 'v3_pilot':
+            seeds |= {*plan.get('seeds', [1, 2, 3]), *plan.get('kd_seeds', [1, 2, 3]), *plan.get('teachers', [1, 2]),
+                      *plan.get('extra_seeds', []), *plan.get('control_seeds', []), 0}
+    search = os.path.join(V2, 'search')
+    for name in os.listdir(search):
+        with open(os.path.join(search, name)) as f:
+            seeds |= {int(s) for s in re.findall(r'seed[=": ]+(\d+)', f.read())}
+    attempt = os.path.join(ROOT, 'docs', 'sink_study_gpu', 'attempt_1', 'runs')
+    seeds |= {int(name.rsplit('_s', 1)[1][:-5]) for name in os.listdir(attempt)}
+    return seeds
+
+
+@pytest.mark.parametrize('plan', ['v3', 'v3_gpu'])
+def test_v3_runs_on_fresh_seeds_more_teachers_and_reaches_holms_floor(plan):
+    """Students and teachers on seeds no plan, search or attempt has used (the two plans on different ones), more
+    than two teachers each teaching as many students, and enough pairs that the exact sign-flip test can pass Holm's
+    strictest level over the primary family: 2 / 2^n < 0.05 / m (docs/analysis.md gives n and m)."""
+    p = sink_study.PLANS[plan]
+    students, teachers = set(p['kd_seeds']), set(p['teachers'])
+    assert not (students | teachers) & used_seeds() and not students & teachers
+    other = sink_study.PLANS['v3_gpu' if plan == 'v3' else 'v3']
+    assert not (students | teachers) & {*other['kd_seeds'], *other['teachers']}
+    assert len(teachers) > 2 and len(students) % len(teachers) == 0
+    m = sum(c[1] == 'primary' for c in study_results.CLAIM_SETS[p['claims']][0])
+    n = len(students)
+    assert 2 / 2 ** n < 0.05 / m
+    with open(os.path.join(ROOT, 'docs', 'analysis.md')) as f:
+        assert f"{plan}: n = {n} pairs, m = {m} primary claims" in f.read()
