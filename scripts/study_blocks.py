@@ -1,8 +1,8 @@
 """
 The sink study's blocks in the docs, generated from its committed results (tests/test_sink_study.py holds each to
 them): README.md's study blocks (study_results.readme_lines of docs/sink_study_v2/ and docs/sink_study/ results.json),
-docs/analysis.md's claims tables (study_results.claims_table) and its pilot table (study_results.pilot_lines of
-docs/sink_study/pilot/results.json).
+docs/analysis.md's claims tables (study_results.claims_table), its pilot table (study_results.pilot_lines of
+docs/sink_study/pilot/results.json) and v3's payoff pilot (study_results.payoff_pilot_lines).
 
     python scripts/study_blocks.py           # check: exit status 1 and the blocks that differ
     python scripts/study_blocks.py --write   # write them between their markers (nothing else in the files changes)
@@ -33,6 +33,12 @@ BLOCKS = [
      study_results.claims_table),
     ('docs/analysis.md', "<!-- v2's claims: study_results.claims_table('v2') -->", "<!-- end of v2's claims -->",
      lambda: study_results.claims_table('v2')),
+    ('docs/analysis.md', "<!-- v3's claims: study_results.claims_table('v3') -->", "<!-- end of v3's claims -->",
+     lambda: study_results.claims_table('v3')),
+    ('docs/analysis.md',
+     "<!-- v3's payoff pilot: study_results.payoff_pilot_lines(docs/sink_study_v3/pilot/results.json) -->",
+     "<!-- end of v3's payoff pilot -->",
+     lambda: study_results.payoff_pilot_lines(results('docs/sink_study_v3/pilot/results.json'))),
     ('docs/analysis.md', '<!-- the pilot: study_results.pilot_lines(docs/sink_study/pilot/results.json) -->',
      '<!-- end of the pilot -->', lambda: study_results.pilot_lines(results('docs/sink_study/pilot/results.json'))),
 ]

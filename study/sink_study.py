@@ -14,6 +14,9 @@ were fixed before the runs (study_results.CLAIMS; study/significance.py), measur
     python -m study.sink_study --plan=gpu --report_dir=docs/sink_study_gpu   # v2's design larger, on one GPU (sealed
     first)
     python -m study.sink_study --variants=softmax,affine --seeds=1,2,3 --arms=ce --tokens=2000000 --learning_rate=1e-3
+    python -m study.sink_study --plan=v3_gpu --dry_run=True   # memory plans and the schedule (ESTIMATE); trains nothing
+    python -m study.sink_study --plan=v3_gpu --report_dir=docs/sink_study_v3_gpu --mirror_dir=$OUT/v3_gpu   # on a lent
+    GPU: records and teachers copied off the machine as they are made, and a fresh machine goes on from them
 
 The recipe (config/sink_study.py; docs/analysis.md tells how it was found): the quick start's tiny shape on 128-token
 windows of Python's standard library (prepare_data.py --source=stdlib, byte tokens) that all begin with
@@ -37,11 +40,13 @@ the figures aggregate the records this command plans; a record of other seeds or
 checkpoints; SIGTERM or Ctrl-C stops the runs cleanly, and the same command continues them.
 """
 import collections
+import contextlib
 import datetime
 import json
 import math
 import os
 import platform
+import re
 import shlex
 import signal
 import statistics
@@ -54,7 +59,7 @@ if __package__ in (None, ''):  # run as a file: the repository's root on the pat
 
 from study import study_reading, study_records
 from configurator import Key, parse
-from lmkit.errors import RunError, run_script
+from lmkit.errors import RunError, describe_os_error, run_script
 from lmkit.files import atomic_write, claim_dir, write_json
 from model import ATTENTIONS
 from lmkit.probes import GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS as EVALUATIONS
@@ -84,6 +89,17 @@ PLANS = {  # what --plan sets (each key may still be given after it)
     'gpu': dict(variants=CORE, arms=['kd'], kd_seeds=[1, 2, 3], teachers=[101], tokens=12_000_000, device='cuda',
                 out_dir='out/sink_study_gpu', config=[CONFIG, 'config/sink_study_v2.py', 'config/sink_study_gpu.py'],
                 teacher_config=['config/sink_study_gpu_teacher.py'], claims='v2'),
+    # v3 (issue 50; sealed, docs/analysis.md): every claim v1 or v2 tested, on seeds no plan, search or attempt has
+    # used, distilled from four teachers; v2's recipe and shapes (4x128, byte tokens) on the CPU
+    'v3': dict(variants=CORE, arms=['kd'], kd_seeds=list(range(201, 213)), teachers=[301, 302, 303, 304],
+               out_dir='out/sink_study_v3', config=[CONFIG, 'config/sink_study_v2.py'],
+               teacher_config=['config/sink_study_v2_teacher.py'], claims='v3'),
+    # v3 on one GPU, at the GPU plan's shapes (8x256), where softmax grew sinks in more layers (its first attempt);
+    # 5M tokens a run, so that its 39 runs fit one command of about 8 minutes (its --dry_run's ESTIMATE)
+    'v3_gpu': dict(variants=CORE, arms=['kd'], kd_seeds=list(range(401, 410)), teachers=[501, 502, 503],
+                   tokens=5_000_000, device='cuda', out_dir='out/sink_study_v3_gpu',
+                   config=[CONFIG, 'config/sink_study_v2.py', 'config/sink_study_gpu.py'],
+                   teacher_config=['config/sink_study_gpu_teacher.py'], claims='v3_gpu'),
     # v3's pilot: which payoff measure (end.payoff) can leave its floor at this scale, chosen on softmax students alone
     # (v2's recipe and teacher shape, seeds no study has) before v3's claims are fixed; not blind, no claim tested
     'v3_pilot': dict(variants=[SOFTMAX], arms=['kd'], kd_seeds=[901, 902, 903], teachers=[900],
@@ -95,7 +111,9 @@ def study_keys(variants):
         plan=Key('pilot', "pilot: the 4 core variants, seeds 1-3, ce and kd; full: v1, the committed study (every "
                  "arm, core seeds 1-6 ce and 1-8 kd, affine_gated and softmax1 seeds 1-3, control seeds 1-5); v2: the "
                  "sealed confirmatory study (kd, seeds 1-12, two larger teachers); gpu: v2's design larger, on one "
-                 "GPU (kd, seeds 1-3); v3_pilot: v2's recipe and teacher shape, softmax students alone (kd, seeds "
+                 "GPU (kd, seeds 1-3); v3: every claim of v1 and v2, sealed (kd, seeds 201-212, four "
+                 "teachers); v3_gpu: v3 at the GPU plan's scale (kd, seeds 401-409, three teachers); v3_pilot: "
+                 "v2's recipe and teacher shape, softmax students alone (kd, seeds "
                  "901-903, teacher 900), to choose v3's payoff measure (end.payoff)",
                  choices=tuple(PLANS), expands=PLANS),
         out_dir=Key('out/sink_study', "where the train.py runs (train/) and their logs (logs/) go"),
@@ -124,6 +142,11 @@ def study_keys(variants):
                    "and v3_gpu's, in the kd arm", choices=tuple(CLAIM_SETS)),
         subset=Key(False, "report on the records this command plans even though runs/ holds others (of other seeds "
                    "or settings: the report lists them); without it such records stop the study before any work"),
+        mirror_dir=Key('', "a folder that leaves the machine (a lent GPU's $OUT): each record copied there as it is "
+                       "written, state.json, and each finished teacher's weights; the same command on a fresh machine "
+                       "with the folder copied back goes on from it (docs/analysis.md); '': no mirror"),
+        dry_run=Key(False, "plan, train nothing, write nothing: each run shape's memory plan (train.py --dry_run=True) "
+                    "and the schedule of the --jobs slots, its times estimated from the GPU plan's first attempt"),
     )
 
 # -----------------------------------------------------------------------------
@@ -196,7 +219,7 @@ def plan_runs(args, overrides):
                                   f'--seed={seed}', f"--out_dir={train_dir(args, teacher)}"]))
     for run in runs:  # every run's settings checked before any work (train.py's own messages)
         run['config'] = load_config(with_root(run['argv']))
-        run['config']['dtype'] = planned_dtype(run['config'], args.report_only)
+        run['config']['dtype'] = planned_dtype(run['config'], args.report_only or args.dry_run)
     return runs, steps, per_step
 
 
@@ -335,11 +358,12 @@ def stop_children(running, logs, why):
 STOP_WAIT = 120  # seconds a child may take to finish its step and save before it is killed
 
 
-def run_all(runs, steps, jobs, threads, logs, finished):
+def run_all(runs, steps, jobs, threads, logs, finished, observe=None):
     """Train every run whose state is not recorded or done, `jobs` at a time (a student once its teacher is done) in
     priority's order, printing progress; finished(run) (its end measures and record) for each run whose training has
-    ended, one per pass, after the free slots are filled, so the device trains while a record is made. A failed
-    child, or SIGTERM / SIGINT to the study, stops every child cleanly first."""
+    ended, one per pass, after the free slots are filled, so the device trains while a record is made; observe({name:
+    run} training), if given, every pass (--mirror_dir's state). A failed child, or SIGTERM / SIGINT to the study,
+    stops every child cleanly first."""
     todo = sorted((r for r in runs if r['state'] not in ('recorded', 'done')), key=lambda r: priority(r, runs))
     done_names = {r['name'] for r in runs if r['state'] in ('recorded', 'done')}
     unrecorded = [r for r in runs if r['state'] == 'done']
@@ -366,6 +390,8 @@ def run_all(runs, steps, jobs, threads, logs, finished):
                 running[run['name']] = launch(run, logs, env)
             if not running and todo:
                 raise RunError(f"{todo[0]['name']} waits for its teacher {todo[0]['teacher']}, which is not planned")
+            if observe:
+                observe({name: run for name, (_, run, _) in running.items()})
             if unrecorded:
                 finished(unrecorded.pop(0))
                 continue
@@ -693,10 +719,14 @@ def main(argv=None):
     for path, writes in ((args.out_dir, ['train', 'logs']), (args.report_dir, ['results.json', 'report.md'])):
         claim_dir(os.path.join(HERE, path), 'study/sink_study.py', writes=writes,
                   ours=lambda names: bool({'train', 'runs', 'results.json'} & names))
+    if args.mirror_dir:
+        claim_mirror(args)
     if args.jobs == 0:
         args.jobs = os.cpu_count() or 1 if args.device == 'cpu' else GPU_JOBS
     threads, threads_from = study_threads(args)
     runs, steps, per_step = plan_runs(args, overrides)
+    if args.dry_run:
+        return dry_run(args, runs, steps, per_step)
     # the command that trains these runs (--report_only only rewrites the report from their records)
     command = shlex.join(['python', '-m', 'study.sink_study', *(a for a in argv if not a.startswith('--report_only'))])
     t0 = time.time()
@@ -704,7 +734,8 @@ def main(argv=None):
     try:
         if not args.report_only:
             prepare_corpus(args)
-        study = dict(corpus=corpus_identity(args.data_dir), overrides=[a[2:].partition('=')[0] for a in overrides])
+        study = dict(corpus=corpus_identity(args.data_dir), overrides=[a[2:].partition('=')[0] for a in overrides],
+                     command=command)
         if not args.report_only:
             train_all(args, runs, steps, per_step, study, threads, threads_from)
         records = read_records(args.report_dir)  # as training left them
@@ -729,11 +760,29 @@ def main(argv=None):
     return results
 
 
+def same_teacher(name, recorded, trained):
+    """A teacher trained again (its checkpoint lost with a machine, its record kept) must be the one its record
+    describes, or its students still to train would distil from another: its held-out loss and first-token weights
+    equal to the last digit, else the study stops with one line."""
+    keys = ('val_loss', 'first_token_weight', 'entropy')
+    differ = [k for k in keys if recorded.get(k) != trained.get(k)]
+    if differ:
+        raise RunError(f"{name}: trained again (its checkpoint was lost), it differs from its record ({differ[0]} "
+                       f"{trained.get(differ[0])} against {recorded.get(differ[0])}): its students still to train "
+                       f"would distil from another teacher than the recorded one; train this plan's runs on one "
+                       f"machine, in one command, as sized (docs/analysis.md, \"A GPU plan's folder\")")
+
+
 def train_all(args, runs, steps, per_step, study, threads, threads_from):
     """Every planned run without a record that may stand for it, trained; a record written as each finishes."""
     seal = check_seal(args)
+    mirror = Mirror(args, study['command'], seal) if args.mirror_dir else None
+    if mirror:
+        mirror.restore(runs)  # a fresh machine goes on from the mirror's records
     records = read_records(args.report_dir)
     refuse_unusable(args, unusable(runs, records, per_step, study, planned_only=True))
+    if mirror:
+        mirror.keep()
     for run in runs:
         run['state'], run['seal'] = state(run, records, per_step, study), seal
     for run in runs:  # a teacher with a record but no checkpoint trains again where a student needs it
@@ -750,17 +799,255 @@ def train_all(args, runs, steps, per_step, study, threads, threads_from):
 
     def finished(run):
         path = os.path.join(HERE, args.report_dir, 'runs', f"{run['name']}.json")
-        if run['arm'] != 'teacher' or not os.path.isfile(path):
-            record = make_record(run, per_step, args.data_dir, logs)
-            record['arm'] = run.get('record_arm', run['arm'])
-            try:
-                record['digest'] = study_records.digest(record)  # a ValueError on a NaN (strict JSON)
-                study_records.validate(record)
-            except (study_records.Invalid, ValueError) as e:
-                raise RunError(f"{run['name']}: finished, but its measures make no valid record ({e}); see "
-                               f"{logs}/{run['name']}.log") from None
+        record = make_record(run, per_step, args.data_dir, logs)
+        record['arm'] = run.get('record_arm', run['arm'])
+        try:
+            record['digest'] = study_records.digest(record)  # a ValueError on a NaN (strict JSON)
+            study_records.validate(record)
+        except (study_records.Invalid, ValueError) as e:
+            raise RunError(f"{run['name']}: finished, but its measures make no valid record ({e}); see "
+                           f"{logs}/{run['name']}.log") from None
+        if run['arm'] == 'teacher' and os.path.isfile(path):
+            same_teacher(run['name'], read_records(args.report_dir)[run['name']], record)
+        else:
             write_json(path, record, indent=None, allow_nan=False)
-    run_all(runs, steps, args.jobs, threads, logs, finished)
+        if mirror:
+            mirror.keep()
+    try:
+        run_all(runs, steps, args.jobs, threads, logs, finished, mirror.observe if mirror else None)
+    finally:
+        if mirror:
+            mirror.observe({}, force=True)
+
+
+# -----------------------------------------------------------------------------
+# --mirror_dir: a lent machine's disk goes back with it (the GPU plan's first attempt lost six records so); what the
+# study has made is copied, as it is made, to a folder that leaves the machine, and a fresh machine goes on from it
+
+MIRROR_STATE = 'state.json'  # in the mirror: which plan and seal it mirrors, and where the study stands
+MIRROR_RECORDS = 'records.json'  # in the mirror: every record, {name: record}, one file rewritten as each is made
+STATE_EVERY = 10  # seconds between state.json's writes while only the training steps change
+
+
+def mirror_state(path):
+    """The mirror's state.json as a dict, or None where the folder holds none that reads as one."""
+    try:
+        with open(os.path.join(path, MIRROR_STATE), encoding='utf-8') as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def claim_mirror(args):
+    """--mirror_dir's house rule (files.claim_dir's), before any work: a new or empty folder, or a mirror of this same
+    plan (its state.json says so); a folder of anyone else's files is refused, never written into or read as ours."""
+    path = os.path.join(HERE, args.mirror_dir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise RunError(f"--mirror_dir={args.mirror_dir}: is a file, not a folder: give another path")
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    state = mirror_state(path) if names else None
+    if names and (state is None or state.get('plan') != args.plan):
+        held = (f"the mirror of a --plan={state.get('plan')} study" if state else
+                f"files that are not a study's mirror ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})")
+        raise RunError(f"--mirror_dir={args.mirror_dir}: holds {held}; the study mirrors only into a new or empty "
+                       f"folder or its own mirror (a state.json of --plan={args.plan}): give another path")
+
+
+class Mirror:
+    """--mirror_dir: two files, each rewritten atomically: records.json, every record as it is written, and
+    state.json, where the study stands. Two small files, because what leaves a lent machine is limited (its device
+    tool returns a few files of at most 16 MiB): a teacher's weights (84 MB for the GPU plan's) cannot travel, so a
+    plan is sized to train in one command and the mirror keeps what a lost machine would take with it, its records.
+    restore() puts them back on a fresh machine; a teacher trained there again must match its record (finished)."""
+
+    def __init__(self, args, command, seal):
+        self.args, self.command, self.seal = args, command, seal
+        self.path = os.path.join(HERE, args.mirror_dir)
+        self.written, self.last = 0.0, None
+
+    def file(self, name):
+        return os.path.join(self.path, name)
+
+    def records(self):
+        """The mirror's records, each validated as a record file is (study_records.validate)."""
+        if not os.path.isfile(self.file(MIRROR_RECORDS)):
+            return {}
+        try:
+            with open(self.file(MIRROR_RECORDS), encoding='utf-8') as f:
+                records = json.load(f)
+            for name, record in records.items():
+                study_records.validate(record)
+                if record['name'] != name:
+                    raise study_records.Invalid(f"{name} holds the record of {record['name']}")
+        except (ValueError, AttributeError, study_records.Invalid) as e:
+            raise RunError(f"--mirror_dir={self.args.mirror_dir}: {MIRROR_RECORDS} is not a mirror's records "
+                           f"({e}); give another path") from None
+        return records
+
+    def restore(self, runs):
+        """Before planning: the mirror's records copied into report_dir/runs where absent (a record in both that
+        differs is an error). The study's resume logic then trains only what is missing."""
+        state = mirror_state(self.path)
+        if state is None:
+            return  # a new mirror
+        if state.get('seal') != self.seal:
+            raise RunError(f"--mirror_dir={self.args.mirror_dir}: mirrors the study sealed at {state.get('seal')}, "
+                           f"not this one's seal ({self.seal}): its runs belong to another attempt; give another path")
+        mirrored, local = self.records(), read_records(self.args.report_dir)
+        unplanned = sorted(set(mirrored) - {r['name'] for r in runs})
+        if unplanned:
+            raise RunError(f"--mirror_dir={self.args.mirror_dir}: holds records this command does not plan "
+                           f"({', '.join(unplanned[:4])}): give the seeds and settings of the study it mirrors")
+        for name in sorted(set(mirrored) & set(local)):
+            if mirrored[name] != local[name]:
+                raise RunError(f"{name}: its record in {self.args.report_dir}/runs differs from the mirror's "
+                               f"({self.args.mirror_dir}): two trainings of one run; keep one of them")
+        copied = sorted(set(mirrored) - set(local))
+        os.makedirs(os.path.join(HERE, self.args.report_dir, 'runs'), exist_ok=True)
+        for name in copied:
+            write_json(os.path.join(HERE, self.args.report_dir, 'runs', f'{name}.json'), mirrored[name],
+                       indent=None, allow_nan=False)
+        print(f"mirror {self.args.mirror_dir}: restored {len(copied)} record(s) into {self.args.report_dir}/runs "
+              f"({len(mirrored) - len(copied)} there already)", flush=True)
+
+    @contextlib.contextmanager
+    def writing(self):
+        """An OSError writing the mirror (its disk full, say) as a RunError: while runs train, run_all then stops
+        them cleanly (each saves its step), and the same command goes on once the folder can be written."""
+        try:
+            yield
+        except OSError as e:
+            raise RunError(f"--mirror_dir={self.args.mirror_dir}: {describe_os_error(e)}") from None
+
+    def keep(self):
+        """records.json made whole from report_dir/runs (a machine's $OUT may start empty), then state.json."""
+        records = read_records(self.args.report_dir)
+        with self.writing():
+            os.makedirs(self.path, exist_ok=True)
+            write_json(self.file(MIRROR_RECORDS), dict(sorted(records.items())), indent=None, allow_nan=False)
+        self.observe({}, force=True)
+
+    def observe(self, training, force=False):
+        """state.json, where the runs recorded or training changed, every STATE_EVERY seconds while only their steps
+        do, or where forced: the plan, the command, the seal, the runs recorded, each run training with its last
+        logged step (never a measure: a blind study's runs are read only after its last), the time."""
+        recorded = sorted(read_records(self.args.report_dir))
+        now_state = dict(recorded=recorded, training={name: last_step(run['config']['out_dir'])
+                                                      for name, run in sorted(training.items())})
+        changed = (recorded, sorted(training)) != self.last
+        if force or changed or time.time() - self.written >= STATE_EVERY:
+            with self.writing():
+                os.makedirs(self.path, exist_ok=True)
+                write_json(self.file(MIRROR_STATE), dict(plan=self.args.plan, command=self.command, seal=self.seal,
+                                                         **now_state, updated=now()))
+            self.written, self.last = time.time(), (recorded, sorted(training))
+
+
+# -----------------------------------------------------------------------------
+# --dry_run: what a command would train, the memory each run shape plans for, and when each run would start and end,
+# before a lent GPU's minutes are spent
+
+ATTEMPT_1 = 'docs/sink_study_gpu/attempt_1/runs'  # the GPU plan's first attempt's records, on one H200: the times
+ESTIMATE = "ESTIMATE (from attempt_1's runs on one H200)"
+
+
+def attempt_times(folder=ATTEMPT_1):
+    """{'teacher' | 'student': (fixed seconds, seconds per token)} of one run, from the records in folder: per token,
+    the mean over a kind's records of its training steps' seconds over its tokens; fixed, the least over them of its
+    wall time (started to finished) less those steps and its end measures (end_seconds): start and compilation. The
+    least, as attempt_1's wall times also hold the records made before theirs, one at a time (its README)."""
+    kinds = collections.defaultdict(list)
+    for name in sorted(os.listdir(os.path.join(HERE, folder))):
+        with open(os.path.join(HERE, folder, name), encoding='utf-8') as f:
+            r = json.load(f)
+        wall = datetime.datetime.fromisoformat(r['finished']) - datetime.datetime.fromisoformat(r['started'])
+        kinds['teacher' if r['arm'] == 'teacher' else 'student'].append(
+            (wall.total_seconds() - r['seconds'] - r['end_seconds'], r['seconds'] / r['tokens']))
+    return {kind: (min(f for f, _ in v), statistics.fmean(t for _, t in v)) for kind, v in kinds.items()}
+
+
+def schedule(runs, jobs, seconds):
+    """When each run would train as run_all starts them: runs (dicts with name and teacher) in priority order on
+    `jobs` slots, run r taking seconds[r['name']]; a free slot (the lowest first) takes the first run whose teacher
+    has ended (a teacher not among runs has: it is recorded). [dict(name, slot, start, end)] in start order. Pure:
+    the dry run's estimate, which the tests hold to run_all's rules."""
+    planned = {r['name'] for r in runs}
+    pending, running, free, ends, out, t = list(runs), [], list(range(1, jobs + 1)), {}, [], 0.0
+    while pending or running:
+        for run in [r for r in pending if r['teacher'] not in planned or ends.get(r['teacher'], math.inf) <= t]:
+            if not free:
+                break
+            row = dict(name=run['name'], slot=free.pop(0), start=t, end=t + seconds[run['name']])
+            pending.remove(run)
+            running.append(row)
+            out.append(row)
+            ends[run['name']] = row['end']
+        if not running:
+            raise RunError(f"{pending[0]['name']} waits for its teacher {pending[0]['teacher']}, which never starts")
+        t = min(row['end'] for row in running)
+        free = sorted(free + [row['slot'] for row in running if row['end'] <= t])
+        running = [row for row in running if row['end'] > t]
+    return out
+
+
+def memory_plans(runs):
+    """{run name: GiB or None} of train.py's own dry run (the run's argv, --dry_run=True, on one GPU: each run has
+    its device to itself), printed as train.py says it, once per run shape (the argv less seed, out_dir and teacher),
+    the shapes at once: each builds its model on the meta device, a few seconds of a CPU."""
+    shapes = collections.defaultdict(list)
+    for run in runs:
+        shapes[tuple(a for a in run['argv'] if not a.startswith(('--seed=', '--out_dir=', '--teacher=')))].append(run)
+    started = []
+    for group in shapes.values():
+        command = ['train.py', *group[0]['argv'], '--dry_run=True', '--dry_run_world_size=1']
+        started.append((group, command, subprocess.Popen([sys.executable, *command], cwd=HERE, text=True,
+                                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+    said = [(group, command, proc.communicate()[0].rstrip(), proc.returncode) for group, command, proc in started]
+    plans = {}
+    for group, command, out, code in said:
+        if code != 0:
+            raise RunError(f"{group[0]['name']}: python train.py ... --dry_run=True failed: "
+                           f"{out.splitlines()[-1] if out else f'exit code {code}'}")
+        more = f" and the {len(group) - 1} more of its shape" if len(group) > 1 else ''
+        print(f"the memory plan of {group[0]['name']}{more}: python {shlex.join(command)}\n{out}", flush=True)
+        total = re.search(r'^\s*total\s+([0-9.]+) GiB', out, re.M)
+        plans |= {run['name']: float(total.group(1)) if total else None for run in group}
+    return plans
+
+
+def dry_run(args, runs, steps, per_step):
+    """--dry_run=True: nothing trained or written; the memory plan of each shape of run still to train (its record
+    not in report_dir/runs) and their schedule on the --jobs slots, each run's time from attempt_times scaled by its
+    tokens: a lent GPU's commands sized before its minutes are spent. Returns the schedule's rows."""
+    teachers = {r['teacher'] for r in runs}
+    recorded = set(read_records(args.report_dir))
+    todo = sorted((r for r in runs if r['name'] not in recorded), key=lambda r: priority(r, runs))
+    print(f"dry run: {len(runs)} runs of {steps:,} steps ({steps * per_step:,} tokens) each, {len(runs) - len(todo)} "
+          f"recorded in {args.report_dir}/runs already; nothing is trained or written", flush=True)
+    if not todo:
+        return []
+    plans, times = memory_plans(todo), attempt_times()
+
+    def estimate(run):
+        fixed, per_token = times['teacher' if run['name'] in teachers else 'student']
+        return fixed + per_token * steps * per_step
+
+    rows = schedule(todo, args.jobs, {r['name']: estimate(r) for r in todo})
+    (fixed, per_token), (s_fixed, s_per_token) = times['teacher'], times['student']
+    print(f"the schedule on {args.jobs} slots, every time an {ESTIMATE}: a teacher {fixed:.1f} s + "
+          f"{per_token * 1e6:.2f} s per million tokens, a student {s_fixed:.1f} s + {s_per_token * 1e6:.2f} s; runs in "
+          f"priority's order, a student once its teacher has ended")
+    for row in rows:
+        print(f"  slot {row['slot']}  {row['name']:<24} start {minutes(row['start']):>6}  end {minutes(row['end']):>6}"
+              f"  ESTIMATE")
+    if None not in plans.values():
+        busiest = max(sum(plans[r['name']] for r in rows if r['start'] <= row['start'] < r['end']) for row in rows)
+        print(f"memory at the schedule's busiest: {busiest:.2f} GiB of one GPU, the plans of the runs side by side")
+    print(f"total {minutes(max(row['end'] for row in rows))}, {ESTIMATE}; not counted: the machine's start, preparing "
+          f"the corpus, and the end measures (on the GPU while the next runs train; attempt_1 made them on one CPU "
+          f"thread, 22.6-57.2 s a run)", flush=True)
+    return rows
 
 
 if __name__ == '__main__':

@@ -98,9 +98,13 @@ def loss_tests(results, arm='kd'):
 
 
 def loss_claims(results):
-    """loss_tests in each arm: one exploratory family per arm."""
-    return [row for arm in arms_of(results)
-            for row in exploratory(results, arm, 'loss', loss_tests(results, arm), 'exploratory')]
+    """loss_tests in each arm, less those the study's own set tests (v3's): one exploratory family per arm."""
+    own = {signature(c) for c in CLAIM_SETS[claim_set_of(results)][0]}
+    out = []
+    for arm in arms_of(results):
+        tests = [c for c in loss_tests(results, arm) if signature(c) not in own]
+        out += exploratory(results, arm, 'loss', tests, 'exploratory') if tests else []
+    return out
 
 
 def layer_values(runs, field):

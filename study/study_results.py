@@ -155,7 +155,8 @@ CLAIMS_V2 = [c for c in CLAIMS if c[1] == 'primary'] + [
 PAYOFF_CANDIDATES = ('ratio_w8a6', 'ratio_w4a8', 'ratio_w8a4')
 MEASURE_NAMES = dict(ratio_w8a6='W8A6', ratio_w4a8='W4A8', ratio_w8a4='W8A4', ffn_kurtosis='FFN-output kurtosis',
                      ffn_max_abs='FFN-output largest absolute value')
-PAYOFF_V3 = None  # payoff_choice on the pilot (docs/sink_study_v3/pilot/): set before the seal
+PAYOFF_V3 = 'ratio_w8a4'  # payoff_choice on the pilot (docs/sink_study_v3/pilot/), before the seal: W8A4, above 1.01
+# in its three seeds (1.080-1.091)
 
 
 def payoff_choice(pilot_runs):
@@ -167,11 +168,12 @@ def payoff_choice(pilot_runs):
     return chosen, ratios
 
 
-def claims_v3(n_layer):
+def claims_v3(n_layer, payoff):
     """v3 (issue 50; sealed before its runs, docs/analysis.md): every claim v1 or v2 tested, none dropped, each
     labelled by whose reading it is, on a model of n_layer layers. Its primary family is v2's (the paper's own
-    comparisons) and two readings of ours that v2's records showed matter: the held-out loss beside the KD training
-    loss, and the first-token share in the layers where softmax grows its sink (STUDY_MEASURES' share_sink)."""
+    comparisons), two readings of ours that v2's records showed matter (the held-out loss beside the KD training
+    loss; the first-token share in the layers where softmax grows its sink, STUDY_MEASURES' share_sink), and the
+    payoff measure its pilot chose at its scale (None: every payoff claim secondary)."""
     paper = [(cid, family, f"{source} (the paper's)", *rest) for cid, family, source, *rest in CLAIMS_V2
              if family == 'primary']
     primary = paper + [
@@ -197,14 +199,14 @@ def claims_v3(n_layer):
          '!=', AFFINE),
         ('gated_affine_val', 'secondary', 'gated against affine, held-out loss (our reading: no claim of the paper)',
          'val_loss', GATED, '!=', AFFINE)]
-    payoff = [(f'{m}_{AFFINE}_{high}', 'primary' if m == PAYOFF_V3 else 'secondary',
+    payoff = [(f'{m}_{AFFINE}_{high}', 'primary' if m == payoff else 'secondary',
                f"the payoff: {MEASURE_NAMES[m]} (Bondarenko et al.'s reading)", m, AFFINE, '<', high)
               for m in (*PAYOFF_CANDIDATES, 'ffn_kurtosis', 'ffn_max_abs') for high in (SOFTMAX, SINK)]
     return primary + [c for c in payoff if c[1] == 'primary'] + secondary + [c for c in payoff if c[1] != 'primary']
 
 
-CLAIMS_V3 = claims_v3(4)  # the CPU plan's students: 4 layers
-CLAIMS_V3_GPU = claims_v3(8)  # the GPU plan's: 8
+CLAIMS_V3 = claims_v3(4, PAYOFF_V3)  # the CPU plan's students: 4 layers, the payoff its pilot chose
+CLAIMS_V3_GPU = claims_v3(8, None)  # the GPU plan's: 8, no pilot at that scale, so every payoff claim secondary
 # the study's --claims: the claims, the arms
 CLAIM_SETS = dict(v1=(CLAIMS, ('kd', 'ce')), v2=(CLAIMS_V2, ('kd',)), v3=(CLAIMS_V3, ('kd',)),
                   v3_gpu=(CLAIMS_V3_GPU, ('kd',)))
@@ -424,7 +426,11 @@ def verdict_lines(results, arms=('kd', 'ce', 'control'), families=('primary', 's
 def counts_in_words(results, arm):
     rows = [r for r in results['claims'] if r['arm'] == arm and r['family'] == 'primary']
     count, named = tally(rows)
-    return (f"of the paper's {len(rows)} primary claims, {count('supported')} supported ({named('supported')}), "
+    ours = sum("(the paper's)" not in r['source'] for r in rows)
+    whose = (f"the paper's {len(rows)} primary claims" if not ours or all("(the paper's)" not in r['source']
+                                                                            for r in rows) else
+             f"the {len(rows)} primary claims ({len(rows) - ours} the paper's, {ours} other readings)")
+    return (f"of {whose}, {count('supported')} supported ({named('supported')}), "
             f"{count('contradicted')} contradicted ({named('contradicted')}), {count('not decided')} not "
             f"decided and {count('numbers only') + count('not measured')} without a verdict "
             f"(fewer than {sig.MIN_SEEDS} seeds)")
@@ -543,7 +549,7 @@ def design_confounds(results):
     if not found:
         return ''
     why = ("v2's recipe search found no setting within its budget that grows a sink in more layers: "
-           "docs/sink_study_v2/search.md" if results.get('claim_set') == 'v2' else "v2, issue 44, removes them")
+           "docs/sink_study_v2/search.md" if results.get('claim_set', 'v1') != 'v1' else "v2, issue 44, removes them")
     return (f"This design has {len(found)} confound{'s' * (len(found) > 1)} its records show ({why}): "
             + '; '.join(f"({i}) {text}" for i, text in enumerate(found, 1)) + '.')
 
@@ -552,7 +558,7 @@ PAPER_SCALE = "the paper's Figure 4 student: 1B parameters, 20B tokens"  # Secti
 
 
 def in_words(results):
-    v2 = results.get('claim_set') == 'v2'  # (v1's report predates v2's words: it regenerates unchanged)
+    v2 = results.get('claim_set', 'v1') != 'v1'  # v2's words and later studies' (v1's report predates them)
     lines = []
     for arm in ('kd', 'ce'):
         if any(r['arm'] == arm for r in results['runs']):
@@ -670,7 +676,7 @@ def tests_sentence(results):
     """How the claims were tested (significance.py): v2's matched pairs by sign flips, v1's groups by permutations."""
     tests = ("the per-seed differences of matched pairs (seed s of every variant: the same batches and the same "
              "initial values of every shared tensor) by the exact two-sided sign-flip test, seeds with Sink₁ ≥ 1/16 "
-             "by Fisher's exact test" if results.get('claim_set') == 'v2' else
+             "by Fisher's exact test" if results.get('claim_set', 'v1') != 'v1' else
              "per-seed values by an exact two-sided permutation test (kd: permuted within a teacher), seeds with a "
              "sink by Fisher's exact test")
     return (f"Tests ({when_fixed(results)}; study/significance.py): {tests}, Holm's correction within each arm's "
@@ -690,7 +696,7 @@ def per_run_times(results):
 def sink_sentence(results, arm):
     """Whether the recipe grew the sink the claims are about: softmax's seeds with Gu et al.'s Sink_1 > 0 (v1's rule)
     or >= 1/16 (v2's)."""
-    v2 = results.get('claim_set') == 'v2'
+    v2 = results.get('claim_set', 'v1') != 'v1'
     grown = [MEASURES['sink_grown16' if v2 else 'sink_grown'][1](r) for r in results['runs']
              if r['arm'] == arm and r['variant'] == SOFTMAX and r['seed'] != RECIPE_SEED]
     if not grown:
@@ -789,6 +795,12 @@ def figures(results, out_dir):
 def pairs_words(r):
     k_n = r.get('below')
     return f"; {r['low']} lower in {k_n[0]} of {k_n[1]} pairs" if k_n else ''
+
+
+def unmeasured(rows):
+    """One sentence for the claims whose measure these records do not hold (a measure added after them)."""
+    ids = [r['id'] for r in rows if r['p'] is None]
+    return (f"Not measured (no such value in these records): {', '.join(ids)}." if ids else '')
 
 
 def with_pairs(r):
@@ -905,9 +917,9 @@ def reading_lines(results):
     lines = ['## What the records say beyond the registered claims (exploratory)', '', READING_INTRO, '']
     for arm in ('kd', 'ce'):
         for label, rows in by_label(reading_rows(results, 'other_claims', arm)).items():
+            tested = [r for r in rows if r['p'] is not None]
             lines += [f"Claims {label.rsplit(';', 1)[0]} ({arm} arm; the same tests on these records, Holm over "
-                      f"these {len(rows)}):"] + [with_pairs(r) for r in rows]
-            lines.append('')
+                      f"these {len(tested)}):"] + [with_pairs(r) for r in tested] + [unmeasured(rows), '']
         rows = reading_rows(results, 'loss_claims', arm)
         if rows:
             lines += [f"The held-out loss beside the loss claims ({arm} arm; Holm over these {len(rows)}):"] + [
@@ -928,7 +940,8 @@ def readme_reading_lines(results):
     for arm in ('kd', 'ce'):
         for label, rows in by_label(reading_rows(results, 'other_claims', arm)).items():
             claims.append(f"**Claims {label.rsplit(';', 1)[0]}** ({arm}; the same tests on these records): "
-                          + '; '.join(map(short_claim, rows)) + '.')
+                          + '; '.join(short_claim(r) for r in rows if r['p'] is not None) + '.'
+                          + (' ' + unmeasured(rows) if unmeasured(rows) else ''))
         rows = reading_rows(results, 'loss_claims', arm)
         if rows:
             claims.append(f"**The held-out loss** ({arm}): " + '; '.join(map(short_claim, rows)) + '.')
@@ -938,3 +951,21 @@ def readme_reading_lines(results):
     return ['', 'Exploratory (generated; nothing here was fixed before the runs): ' + ' '.join(claims), '',
             (f"**Where Figure 4 comes from**: {' '.join(where)} " if where else '')
             + '**Limits**: ' + ' '.join(x for x in limits if x)]
+
+
+def payoff_pilot_lines(results):
+    """docs/analysis.md's block on v3's payoff pilot (docs/sink_study_v3/pilot/results.json): per softmax seed each
+    candidate's loss ratio, W8A8's, the FFN output's kurtosis and largest absolute value (largest layer), and the
+    measure payoff_choice picks, or that none leaves its floor."""
+    runs = [r for r in results['runs'] if r['variant'] == SOFTMAX and r['arm'] == 'kd']
+    chosen, _ = payoff_choice(runs)
+    names = ['W8A8', *(MEASURE_NAMES[m] for m in PAYOFF_CANDIDATES), 'FFN kurtosis', 'FFN max-abs']
+    lines = ['| softmax seed | ' + ' | '.join(names) + ' |', '|---|' + '---|' * len(names)]
+    for r in runs:
+        values = [r['end']['w8a8']['ratio'], *(MEASURES[m][1](r) for m in PAYOFF_CANDIDATES)]
+        lines.append(f"| {r['seed']} | " + ' | '.join(f'{x:.4f}' for x in values) + ' | '
+                     + ' | '.join(f"{MEASURES[m][1](r):.2f}" for m in ('ffn_kurtosis', 'ffn_max_abs')) + ' |')
+    verdict = (f"The rule chooses {MEASURE_NAMES[chosen]}: its ratio is above {1 + PAYOFF_FLOOR:g} in every pilot seed"
+               if chosen else f"No candidate's ratio is above {1 + PAYOFF_FLOOR:g} in every pilot seed: the payoff "
+                              f"stays out of v3's primary family, and every candidate is a secondary claim")
+    return lines + ['', f"{verdict} ({len(runs)} seeds; teacher {', '.join(results['teachers'])})."]

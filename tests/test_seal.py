@@ -19,10 +19,19 @@ from helpers import seal_here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V2 = os.path.join(ROOT, 'docs', 'sink_study_v2')
-FIXTURE = os.path.join(ROOT, 'tests', 'fixtures', 'v2_sealed')
-# sha256 at the seal of claims_table('v2') and of the canonical JSON of test_claims(fixture records, 'v2')
-SEALED_TABLE = '516d4945385956c8dad38d1cb59da08092c0d6f209be08a060a92e8ba8265589'
-SEALED_OUTPUTS = 'ddeefef2805413771122e1949d008f7ddad2a3ee5f606456818954993c08a3cd'
+# per sealed study: its report folders (one per plan), its fixture (records of a short run of its plan and the tests'
+# outputs on them), and the sha256 at the seal of claims_table(set) for each of its claim sets and of the canonical
+# JSON of test_claims(fixture records, its first set)
+SEALS = dict(
+    v2=dict(dirs=['sink_study_v2'], fixture='v2_sealed', records=48,
+            tables=dict(v2='516d4945385956c8dad38d1cb59da08092c0d6f209be08a060a92e8ba8265589'),
+            outputs='ddeefef2805413771122e1949d008f7ddad2a3ee5f606456818954993c08a3cd'),
+    v3=dict(dirs=['sink_study_v3', 'sink_study_v3_gpu'], fixture='v3_sealed', records=48,
+            tables=dict(v3='a4f074e1886bbe9b5d6f176058b5c8d4e2c8a18d5a32dc9720ee1eaca974506e',
+                        v3_gpu='701e67e43358cf51f62efdf89f1c09b05bd77666d5a143cef5ec875305dc17ea'),
+            outputs='f631786f7d98b78d5b0a1fd833319f1364b017094fcd32edbc9de3ffb317a7e3'),
+)
+REPORT_DIRS = [d for seal in SEALS.values() for d in seal['dirs']]
 
 
 def canonical(value):
@@ -33,35 +42,41 @@ def sha256(text):
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def test_the_claims_table_is_the_sealed_one():
-    assert sha256('\n'.join(study_results.claims_table('v2'))) == SEALED_TABLE
+@pytest.mark.parametrize('study', SEALS)
+def test_the_claims_tables_are_the_sealed_ones(study):
+    for claim_set, digest in SEALS[study]['tables'].items():
+        assert sha256('\n'.join(study_results.claims_table(claim_set))) == digest, claim_set
 
 
-def test_the_tests_outputs_on_the_fixture_records_are_the_sealed_ones():
-    """48 records of the v2 plan (4 variants x 12 seeds, two teachers) from a short run of it, their measures as
+@pytest.mark.parametrize('study', SEALS)
+def test_the_tests_outputs_on_the_fixture_records_are_the_sealed_ones(study):
+    """Records of the plan (4 variants x 12 seeds and its teachers) from a short run of it, their measures as
     trained: test_claims gives what it gave at the seal, each p, interval, verdict and word (its canonical JSON is
     committed beside them and pinned by hash)."""
-    with open(os.path.join(FIXTURE, 'records.json')) as f:
+    seal = SEALS[study]
+    fixture = os.path.join(ROOT, 'tests', 'fixtures', seal['fixture'])
+    with open(os.path.join(fixture, 'records.json')) as f:
         records = json.load(f)
-    with open(os.path.join(FIXTURE, 'claims.json')) as f:
+    with open(os.path.join(fixture, 'claims.json')) as f:
         sealed = json.load(f)
-    assert len(records) == 48 and {r["arm"] for r in records} == {"kd"}
-    outputs = json.loads(canonical(study_results.test_claims(records, 'v2')))
+    assert len(records) == seal['records'] and {r['arm'] for r in records} <= {'kd', 'teacher'}
+    outputs = json.loads(canonical(study_results.test_claims(records, next(iter(seal['tables'])))))
     assert outputs == sealed
-    assert sha256(canonical(outputs)) == SEALED_OUTPUTS
+    assert sha256(canonical(outputs)) == seal['outputs']
     assert any(r['verdict'].startswith('supported') for r in outputs) and any(
         r['verdict'].startswith('not decided') for r in outputs)
 
 
-def committed_seal():
-    seal = study_records.read_seal(V2)
+def committed_seal(report_dir):
+    seal = study_records.read_seal(os.path.join(ROOT, 'docs', report_dir))
     if seal is None:
-        pytest.skip("docs/sink_study_v2/seal.json is written in the commit after the seal (scripts/seal_study.py)")
+        pytest.skip(f"docs/{report_dir}/seal.json is written in the commit after the seal (scripts/seal_study.py)")
     return seal
 
 
-def test_the_seal_is_named_in_the_docs_and_describes_its_commit():
-    seal = committed_seal()
+@pytest.mark.parametrize('report_dir', REPORT_DIRS)
+def test_the_seal_is_named_in_the_docs_and_describes_its_commit(report_dir):
+    seal = committed_seal(report_dir)
     with open(os.path.join(ROOT, 'docs', 'analysis.md')) as f:
         assert f"sealed at commit {seal['commit']}" in f.read()
     known = subprocess.run(['git', 'cat-file', '-e', f"{seal['commit']}^{{commit}}"], cwd=ROOT, capture_output=True)
@@ -74,10 +89,12 @@ def test_the_seal_is_named_in_the_docs_and_describes_its_commit():
     assert seal_study.seal_of(seal['commit']) == seal
 
 
-def test_every_v2_record_started_after_the_seal_and_names_it():
-    seal = committed_seal()
+@pytest.mark.parametrize('report_dir', REPORT_DIRS)
+def test_every_record_started_after_the_seal_and_names_it(report_dir):
+    seal = committed_seal(report_dir)
     sealed = datetime.datetime.fromisoformat(seal['committed'])
-    records = study_records.read_records(os.path.join(V2, 'runs')) if os.path.isdir(os.path.join(V2, 'runs')) else {}
+    runs = os.path.join(ROOT, 'docs', report_dir, 'runs')
+    records = study_records.read_records(runs) if os.path.isdir(runs) else {}
     for name, record in records.items():
         assert record['seal'] == seal['commit'], name
         assert datetime.datetime.fromisoformat(record['started']) > sealed, name

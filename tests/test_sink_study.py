@@ -698,3 +698,31 @@ def test_the_reading_recomputed_from_the_committed_records(study, left_out):
     with open(os.path.join(ROOT, 'docs', study, 'report.md')) as f:
         report = f.read()
     assert '## What the records say beyond the registered claims (exploratory)' in report
+
+
+def test_v3s_payoff_was_chosen_by_its_rule_on_the_pilot():
+    """v3's payoff (study_results.PAYOFF_V3) is what the rule committed before the pilot's last run picks from the
+    pilot's softmax records, recomputed here: the first of W8A6, W4A8, W8A4 whose loss ratio is above 1.01 in every
+    seed, or none; the pilot's seeds are 900 and up; docs/analysis.md shows the pilot's block and v3's claims."""
+    from study import study_results
+    pilot = os.path.join(ROOT, 'docs', 'sink_study_v3', 'pilot')
+    records = []
+    for name in sorted(os.listdir(os.path.join(pilot, 'runs'))):
+        with open(os.path.join(pilot, 'runs', name)) as f:
+            records.append(json.load(f))
+    assert all(r['seed'] >= 900 for r in records) and {r['variant'] for r in records} == {'softmax'}
+    students = [r for r in records if r['arm'] == 'kd']
+    assert len(students) == 3
+    above = [m for m in ('w8a6', 'w4a8', 'w8a4')
+             if all(r['end']['payoff'][m] / r['end']['w8a8']['fp'] > 1.01 for r in students)]
+    assert study_results.PAYOFF_V3 == (f'ratio_{above[0]}' if above else None)
+    primary = {c[3] for c in study_results.CLAIMS_V3 if c[1] == 'primary'}
+    assert (study_results.PAYOFF_V3 in primary) == bool(above)
+    with open(os.path.join(pilot, 'results.json')) as f:
+        results = json.load(f)
+    got = block('docs/analysis.md', "<!-- v3's payoff pilot: study_results.payoff_pilot_lines(docs/sink_study_v3/pilot/"
+                                    "results.json) -->", "<!-- end of v3's payoff pilot -->")
+    assert got == '\n'.join(study_results.payoff_pilot_lines(results))
+    got = block('docs/analysis.md', "<!-- v3's claims: study_results.claims_table('v3') -->",
+                "<!-- end of v3's claims -->")
+    assert got == '\n'.join(study_results.claims_table('v3'))
