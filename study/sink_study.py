@@ -741,9 +741,10 @@ def main(argv=None):
         records = read_records(args.report_dir)  # as training left them
         waiting = sorted({r['name'] for r in runs} - set(records)) if args.claims in BLIND else []
         if waiting:
-            print(f"{len(runs) - len(waiting)} of {len(runs)} runs recorded ({len(waiting)} to go); the {args.claims} "
-                  f"study's report is written once, after its last run: no measure of its runs is read before",
-                  flush=True)
+            named = ', '.join(waiting[:6]) + (f" and {len(waiting) - 6} more" if len(waiting) > 6 else '')
+            print(f"{len(runs) - len(waiting)} of {len(runs)} runs recorded ({len(waiting)} to go: {named}); the "
+                  f"{args.claims} study's report is written once, after its last run: no measure of its runs is read "
+                  f"before", flush=True)
             return None
         results = collect(args, runs, per_step, command, study, records)
     finally:

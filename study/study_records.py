@@ -270,8 +270,14 @@ def check_provenance(record):
         raise Invalid("dirty is not true, false or null")
     if record.get('seal') is not None and not COMMIT.fullmatch(str(record['seal'])):
         raise Invalid("seal is not a commit (40 hexadecimal digits)")
-    if 'digest' in record and record['digest'] != digest(record):
-        raise Invalid("its contents do not match its digest: it was edited after the study wrote it")
+    if 'digest' in record:
+        try:
+            written = digest(record)
+        except ValueError:  # strict JSON: the study never writes a NaN or an infinity
+            raise Invalid("it holds NaN or an infinity, which the study never writes: it was edited after the study "
+                          "wrote it") from None
+        if record['digest'] != written:
+            raise Invalid("its contents do not match its digest: it was edited after the study wrote it")
 
 
 FIXED = ('schema_version', 'name', 'arm', 'variant', 'seed', 'teacher', 'recipe', 'no_decay', 'tokens', 'seconds',

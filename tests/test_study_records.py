@@ -372,8 +372,15 @@ def test_the_v2_plan(data_dir, tmp_path, capsys):
         [f'kd_{v}_s{s}' for v in ('softmax', 'sink', 'gated', 'affine') for s in range(1, 13)])
     assert {r['teacher'] for r in runs if r['arm'] == 'kd'} == {'teacher_softmax_s101', 'teacher_softmax_s102'}
     assert sink_study.main(argv) is None
-    assert '0 of 50 runs recorded (50 to go)' in capsys.readouterr().out
+    assert ('0 of 50 runs recorded (50 to go: kd_affine_s1, kd_affine_s10, kd_affine_s11, kd_affine_s12, '
+            'kd_affine_s2, kd_affine_s3 and 44 more)') in capsys.readouterr().out
     assert not (tmp_path / 'v2' / 'report.md').exists() and not (tmp_path / 'v2' / 'results.json').exists()
+    (tmp_path / 'v2' / 'runs').mkdir(parents=True)  # (issue 53) one run missing: named
+    for name in [r['name'] for r in runs if r['name'] != 'kd_gated_s7']:
+        shutil.copy(os.path.join(ROOT, 'docs', 'sink_study_v2', 'runs', f'{name}.json'), tmp_path / 'v2' / 'runs')
+    shutil.copy(os.path.join(ROOT, 'docs', 'sink_study_v2', 'seal.json'), tmp_path / 'v2')
+    assert sink_study.main(argv) is None
+    assert '49 of 50 runs recorded (1 to go: kd_gated_s7)' in capsys.readouterr().out
 
 
 
@@ -398,3 +405,20 @@ def test_a_config_file_that_is_not_there_is_one_line(flag, tmp_path):
     with pytest.raises(RunError, match=r"^--(teacher_)?config=.*: no such file: nope\.py$"):
         sink_study.main([flag, f'--out_dir={tmp_path}', '--report_only=True'])
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('key, said', [('val_loss', 'it holds NaN or an infinity, which the study never writes'),
+                                       ('final_kd_loss', 'final_kd_loss is nan, not a finite number')])
+def test_a_nan_written_into_a_sealed_record_is_one_line(key, said, tmp_path):
+    """Issue 53: a NaN literal edited into a v2 record (which holds a digest) stopped a report with JSON's traceback;
+    now one line names the file and says the study never writes one."""
+    runs = tmp_path / 'runs'
+    runs.mkdir()
+    with open(os.path.join(ROOT, 'docs', 'sink_study_v2', 'runs', 'kd_affine_s1.json'), encoding='utf-8') as f:
+        text = f.read()
+    record = json.loads(text)
+    record[key] = float('nan')
+    (runs / 'kd_affine_s1.json').write_text(json.dumps(record))
+    with pytest.raises(RunError, match=r"kd_affine_s1\.json: not a valid record of the study: " + said) as e:
+        study_records.read_records(str(runs))
+    assert '\n' not in str(e.value)
