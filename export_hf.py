@@ -250,6 +250,8 @@ def parse_args(argv):
         args.max_shard_size = parse_size(args.max_shard_size)
     except ValueError as e:
         fail(f"--max_shard_size={args.max_shard_size}: {e}")
+    if args.max_shard_size < 1:  # 0 wrote one shard per tensor
+        fail(f"--max_shard_size={args.max_shard_size} is out of range: must be > 0 bytes")
     return args
 
 

@@ -161,6 +161,16 @@ def test_a_size_parsed_later_fails_in_one_line_too(capsys):
     assert e.value.code == 2 and capsys.readouterr().err == f"error: {e.value}\n"
     assert str(e.value).startswith('--max_shard_size=5 parsecs: expected a size')
     assert config_of('export_hf', ['--max_shard_size=500MB'])['max_shard_size'] == 500_000_000
+    with pytest.raises(SystemExit) as e:  # (issue 53) 0 wrote one shard per tensor
+        export_hf.parse_args(['--ckpt=c', '--out_dir=o', '--max_shard_size=0'])
+    assert str(e.value) == '--max_shard_size=0 is out of range: must be > 0 bytes'
+
+
+def test_sample_refuses_an_infinite_temperature(capsys):
+    """Issue 53: --temperature=1e999 sampled uniformly, special ids included; it is out of range now."""
+    message = refused('sample', ['--temperature=1e999'], capsys)
+    assert message == '--temperature=inf is out of range: must be in [0, 100]'
+    assert config_of('sample', ['--temperature=100'])['temperature'] == 100.0
 
 
 def test_help_shows_the_ranges_and_rules(capsys):

@@ -168,7 +168,7 @@ def test_decode_shows_what_the_tokenizer_does_not_know():
 
 
 @pytest.mark.parametrize('argv,message', [
-    (['--temperature=-1'], '--temperature=-1.0 is out of range: must be >= 0'),
+    (['--temperature=-1'], '--temperature=-1.0 is out of range: must be in [0, 100]'),
     (['--top_k=0'], '--top_k=0 is out of range: must be >= 1'),
     (['--num_samples=0'], '--num_samples=0 is out of range: must be >= 1'),
     (['--max_new_tokens=0'], '--max_new_tokens=0 is out of range: must be >= 1'),
