@@ -109,7 +109,7 @@ TRAIN_KEYS = dict(
 
 # what must hold between the keys, checked with them (warmup_iters may exceed max_iters: a short test of a config;
 # run_checks.start_notes warns)
-RULES = ('min_lr <= learning_rate',)
+RULES = ('min_lr <= learning_rate', "out_dir != ''")  # an empty out_dir would write into the working folder
 
 
 DEFAULTS = {name: key.default for name, key in TRAIN_KEYS.items()}

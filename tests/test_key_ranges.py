@@ -116,6 +116,8 @@ def test_out_of_range_is_refused_in_one_line_and_in_range_is_accepted(script, na
     (['--seed=99999999999999999999'], '--seed=99999999999999999999 is out of range: must be in [0, '
                                       '18446744073709551615]'),
     (['--min_lr=0.01'], '--min_lr=0.01 --learning_rate=0.001: must have min_lr <= learning_rate'),
+    # (issue 53) "a file: no such file or directory", naming neither the flag nor the path
+    (['--out_dir='], "--out_dir=: must have out_dir != ''"),
     (['--min_lr=1e-4', '--learning_rate=1e-5'], '--min_lr=0.0001 --learning_rate=1e-05: must have min_lr <= '
                                                 'learning_rate'),
 ])
@@ -194,3 +196,11 @@ def test_train_command_line_prints_one_error_line_not_a_traceback(arg, error):
     assert proc.returncode == 2 and proc.stdout == ''
     usage, line = proc.stderr.splitlines()
     assert usage.startswith('usage: train.py') and line == f'error: {error}'
+
+
+def test_a_module_of_the_tools_run_as_a_command_says_what_it_is():
+    """Issue 53: python -m tools.memory_measure --help printed nothing and exited 0."""
+    proc = subprocess.run([sys.executable, '-m', 'tools.memory_measure', '--help'], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 1 and proc.stdout == ''
+    assert 'is a module, not a command: python scripts/memory_tables.py --measure=True runs it' in proc.stderr
