@@ -645,8 +645,8 @@ def runs_report(run_dirs, out_dir, window=(0, 500), ks=(6, 9), late=2000):
         g = [r['grad_norm'] for r in run['records']]
         try:
             stats, spikes = grad_norm_statistics(g, *window), spike_counts(g, ks, *window)
-        except ValueError as e:
-            raise RunError(f"{run['dir']}: {e}") from None
+        except ValueError as e:  # a run shorter than Tables 4-5's window: say how to pick another
+            raise RunError(f"{run['dir']}: {e}; give a window within it, e.g. --window=0,{len(g)}") from None
         numbers[run['dir']] = dict(label=run['label'], steps=len(g), final_loss=run['records'][-1][key],
                                    grad_norm=stats, spikes={str(k): n for k, n in spikes.items()})
     last = max(len(r['records']) for r in runs)

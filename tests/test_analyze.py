@@ -146,7 +146,8 @@ def test_runs_report_bad_input_leaves_no_report(tmp_path):
     fake_run(tmp_path / 'c', 'affine', [1.0] * 600)
     (tmp_path / 'empty').mkdir()
     out = tmp_path / 'report'
-    for dirs, message in [(['a', 'c'], 'asked for steps 0-500, but the run has only 100 steps'),
+    for dirs, message in [(['a', 'c'], 'asked for steps 0-500, but the run has only 100 steps; give a window within '
+                                       'it, e.g. --window=0,100'),
                           (['b', 'c'], 'different model sizes'),
                           (['empty'], 'no metrics.jsonl')]:
         with pytest.raises(RunError, match=message):
