@@ -138,6 +138,9 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.export_data:
         return export_data(args.export_data, [t for t in args.tasks if t != 'heldout'])
+    if args.out and os.path.isdir(args.out):  # (it said "holds something else than an earlier result")
+        raise RunError(f"--out={args.out}: is a directory; --out is the JSON file this run writes, e.g. "
+                       f"--out={os.path.join(args.out, 'eval.json')}")
     if args.out and os.path.exists(args.out) and not is_eval_result(args.out):
         raise RunError(f"--out={args.out}: holds something else than an earlier result of eval_zeroshot.py, which "
                        f"this run would write over; give another path")

@@ -161,6 +161,9 @@ def test_eval_out_refuses_a_file_it_did_not_write(tmp_path):
     code, _, err = script('eval_zeroshot.py', f'--ckpt={tmp_path / "nothing"}', f'--out={foreign}')
     assert code == 1 and 'holds something else than an earlier result' in one_line(err)  # before reading the model
     assert json.loads(foreign.read_text()) == {'model_type': 'llama'}
+    code, _, err = script('eval_zeroshot.py', f'--ckpt={tmp_path / "nothing"}', f'--out={tmp_path}')  # (issue 53)
+    assert code == 1 and one_line(err).endswith(f"--out={tmp_path}: is a directory; --out is the JSON file this run "
+                                                f"writes, e.g. --out={tmp_path / 'eval.json'}")
     earlier = tmp_path / 'eval.json'
     earlier.write_text(json.dumps({'heldout': {'acc': 0.25, 'n': 4}}))
     assert eval_zeroshot.is_eval_result(earlier) and not eval_zeroshot.is_eval_result(foreign)
