@@ -79,6 +79,17 @@ def is_run_config(out_dir):
     return isinstance(config, dict) and {'init_from', 'max_iters', 'out_dir'} <= set(config)
 
 
+def unreadable(path, error):
+    """Why torch.load could not read path, in words that fit the file: torch's own, for an empty file or one that is
+    not a zip archive at all, advises saving it with _use_new_zipfile_serialization, which misleads."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return "the file is empty"
+    if not zipfile.is_zipfile(path):
+        return f"its {size:,} bytes are not the zip archive torch.save writes"
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
 def read_checkpoint(path, keys=MODEL_KEYS):
     """One of this repo's checkpoints, memory-mapped: only the tensors used are read from disk (not the optimizer state
     a training checkpoint also holds), and the ranks of a node share one copy in the page cache. Read as data only
@@ -184,8 +195,8 @@ def load_data_only(path):
         reason = lines[-1].rpartition('WeightsUnpickler error: ')[2] if lines else 'no reason given'
         raise refused(path, f"what torch.load(weights_only=True) refuses ({reason})") from None
     except Exception as e:  # truncated (a copy cut short), corrupt, or not a torch file at all
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path} is not a readable checkpoint of train.py ({reason}): it is truncated, corrupt "
+        raise CheckpointError(f"{path} is not a readable checkpoint of train.py ({unreadable(path, e)}): it is "
+                              f"truncated, corrupt "
                               f"or another kind of file (train.py writes it atomically, so it changed since); "
                               f"{fallback(path)}") from None
 

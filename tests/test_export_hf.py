@@ -362,6 +362,7 @@ def refused(args, match, parent):
 def test_bad_checkpoints(exported, tmp_path):
     real = exported['sink'][2] / 'ckpt.pt'
     (tmp_path / 'garbage.pt').write_bytes(b'not a checkpoint at all')
+    (tmp_path / 'empty.pt').write_bytes(b'')
     (tmp_path / 'truncated.pt').write_bytes(real.read_bytes()[:5000])
     torch.save(dict(model={}), tmp_path / 'partial.pt')
     state = torch.load(real)
@@ -369,7 +370,10 @@ def test_bad_checkpoints(exported, tmp_path):
     torch.save(state, tmp_path / 'other_shape.pt')
     out = tmp_path / 'hf' / 'x'
     for ckpt, match in [(tmp_path / 'nowhere', 'no such checkpoint'), (tmp_path, 'no such checkpoint'),
-                        (tmp_path / 'garbage.pt', 'not a readable checkpoint'),
+                        # (issue 53) not torch's advice to save with _use_new_zipfile_serialization
+                        (tmp_path / 'garbage.pt', 'not a readable checkpoint of train.py (its 23 bytes are not '
+                                                  'the zip archive torch.save writes)'),
+                        (tmp_path / 'empty.pt', 'not a readable checkpoint of train.py (the file is empty)'),
                         (tmp_path / 'truncated.pt', 'not a readable checkpoint'),
                         (tmp_path / 'partial.pt', 'not a checkpoint written by train.py'),
                         (tmp_path / 'other_shape.pt', 'not a readable checkpoint')]:
