@@ -6,10 +6,19 @@ aside under a new name (files.set_aside), said in one line. Rank 0 alone writes.
 """
 import json
 import os
+import statistics
 import sys
 
 from lmkit.errors import RunError
 from lmkit.files import atomic_write, read_log, set_aside, write_json
+
+
+def duration(seconds):
+    """2h05m, 3m07s: a time left, at the steps' recent pace."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def import_wandb():
@@ -31,6 +40,7 @@ class Metrics:
 
     def __init__(self, c, run, start_step, wandb=None):
         self.c, self.on, self.wandb = c, run.master, wandb
+        self.dts = []  # the steps' times since the last console line: its estimate of the time left
         self.path = os.path.join(c['out_dir'], 'metrics.jsonl')
         if not self.on:
             return
@@ -55,8 +65,11 @@ class Metrics:
             return
         if self.wandb:
             self.wandb.log(record, step=record['step'])
+        self.dts.append(record['dt'])
         if record['step'] % self.c['log_interval'] == 0 or 'val_loss' in record:
             val = f" | val {record['val_loss']:.4f}" if 'val_loss' in record else ''
+            left = (self.c['max_iters'] - record['step']) * statistics.fmean(self.dts)
+            self.dts = []
             print(f"step {record['step']}/{self.c['max_iters']} | loss {record['loss']:.4f}{val} | lr "
                   f"{record['lr']:.2e} | grad {record['grad_norm']:.3f} | {record['tokens_per_sec']:,.0f} tok/s | mfu "
-                  f"{100 * record['mfu']:.2f}% | {1000 * record['dt']:.0f} ms", flush=True)
+                  f"{100 * record['mfu']:.2f}% | {1000 * record['dt']:.0f} ms | ETA {duration(left)}", flush=True)

@@ -412,3 +412,17 @@ def test_elastic_restarts_continue_from_the_last_checkpoint(data_dir, tmp_path):
     assert a['step'] == b['step'] == 24 and a['model'].keys() == b['model'].keys()
     assert all(torch.equal(a['model'][name], b['model'][name]) for name in b['model'])  # bit-identical
     assert [r['loss'] for r in metrics(run)] == [r['loss'] for r in metrics(ref)]
+
+
+def test_the_console_line_gives_the_time_left(tmp_path, capsys):
+    """Issue 53: train.py's log line had no ETA (under load, 8 minutes between lines). Now each ends with the time
+    left at the pace of the steps since the line before: 90 steps at 2 s a step."""
+    from types import SimpleNamespace
+    from lmkit.run_log import Metrics
+    c = dict(out_dir=str(tmp_path), max_iters=100, log_interval=10, wandb_project=None, wandb_run_name=None)
+    metrics = Metrics(c, SimpleNamespace(master=True), 0)
+    for step in range(1, 11):
+        metrics.write(dict(step=step, loss=1.0, lr=1e-3, grad_norm=1.0, tokens_per_sec=100.0, mfu=0.0,
+                           dt=1.0 if step < 6 else 3.0))
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith('step 10/100 | loss 1.0000') and line.endswith('| 3000 ms | ETA 3m00s')
