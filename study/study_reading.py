@@ -70,7 +70,7 @@ def other_claims(results):
     for other, (claims, arms) in CLAIM_SETS.items():
         extra = []
         for c in claims:
-            if other != own and signature(c) not in seen and beyond_model(c, results['layers']) is False:
+            if other != own and signature(c) not in seen and not beyond_model(c, results['layers']):
                 seen.add(signature(c))
                 extra.append(c)
         if not extra:
