@@ -589,7 +589,7 @@ class GPT(nn.Module):
         global batch: each train-mode forward added its sum of alpha and token count, summed here over DDP ranks (one
         all_reduce) and cleared, so the mean is the same however the batch is split into micro-batches and ranks.
         Our reading where the paper is silent: step t's forward uses the stored alpha_ma,t-1 (a constant, no
-        gradient), and alpha_ma,t includes step t's batch. Under DDP, wrap without buffer sync (common's
+        gradient), and alpha_ma,t includes step t's batch. Under DDP, wrap without buffer sync (lmkit.distributed's
         DDP_NO_BUFFER_SYNC). discard=True only clears the sums (a skipped step). Returns E[alpha] per layer, (n_head,)
         tensors (empty: not affine, nothing accumulated, or discarded)."""
         layers = [m.self_attn for m in self.model.layers if m.self_attn.config.variant.alpha]

@@ -1,5 +1,5 @@
 """What each attention variant adds to one decoder layer's compiled training graph, the way train.py compiles it
-(common.compile_layers: torch.compile per layer): the aten operators of the forward and backward graphs that
+(lmkit.distributed.compile_layers: torch.compile per layer): the aten operators of the forward and backward graphs that
 AOTAutograd hands to the compiler, and, on CPU, the kernels TorchInductor then generates from them (its fusion).
 No GPU is needed; docs/benchmarks.md ("What the variants add to the compiled graph") holds a run's table.
 

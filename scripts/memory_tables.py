@@ -1,7 +1,7 @@
 """The tables of README.md and docs/*.md that the code computes, so that they cannot drift from it: the paper
 configs' parameter counts (ΔParams), the per-GPU memory plan of every paper row (memory_plan.py, what
 `python train.py config/<row>.py --dry_run=True` prints), and the time estimates that follow from the FLOPs per
-token (common.flops_per_token) at an assumed MFU. No GPU, data or checkpoint is needed: every model is built on
+token (lmkit.measure.flops_per_token) at an assumed MFU. No GPU, data or checkpoint is needed: every model is built on
 the meta device, and each teacher has its published shape (memory_plan.KNOWN_TEACHERS).
 
     python scripts/memory_tables.py           # print every table, each under its marker name
