@@ -866,6 +866,7 @@ class Mirror:
         self.args, self.command, self.seal = args, command, seal
         self.path = os.path.join(HERE, args.mirror_dir)
         self.written, self.last = 0.0, None
+        self.recorded = []  # the runs records.json holds (keep): observe reads no record
 
     def file(self, name):
         return os.path.join(self.path, name)
@@ -927,13 +928,14 @@ class Mirror:
         with self.writing():
             os.makedirs(self.path, exist_ok=True)
             write_json(self.file(MIRROR_RECORDS), dict(sorted(records.items())), indent=None, allow_nan=False)
+        self.recorded = sorted(records)
         self.observe({}, force=True)
 
     def observe(self, training, force=False):
         """state.json, where the runs recorded or training changed, every STATE_EVERY seconds while only their steps
         do, or where forced: the plan, the command, the seal, the runs recorded, each run training with its last
         logged step (never a measure: a blind study's runs are read only after its last), the time."""
-        recorded = sorted(read_records(self.args.report_dir))
+        recorded = self.recorded
         now_state = dict(recorded=recorded, training={name: last_step(run['config']['out_dir'])
                                                       for name, run in sorted(training.items())})
         changed = (recorded, sorted(training)) != self.last

@@ -15,7 +15,8 @@ import statistics
 
 from study import significance as sig
 from study.study_results import (AFFINE, CLAIM_SETS, GATED, MAX_LAYER_CLAIMS, PAYOFF_FLOOR, SEALED_SETS, SOFTMAX,
-                                 matched_pairs, measured, share_in, sink_layers, tested, test_family)
+                                 compare, matched_pairs, measured, share_in, sink_layers, tested,
+                                 test_family)
 
 FIRST_TOKEN_MEASURES = ('weight', 'share', 'first_or_null', 'weight_deep', 'share_sink',
                         *(f'weight_l{k}' for k in range(1, MAX_LAYER_CLAIMS + 1)))
@@ -116,16 +117,13 @@ def layer_values(runs, field):
 
 
 def part_test(a, b, get):
-    """(p, [k, n]) of a against b on get: matched pairs by the exact sign-flip test, with the pairs where a is below
-    b; else the exact permutation test (within teachers where there are any), as study_results.compare tests."""
+    """(p, [k, n] pairs where a is below b, or None unpaired) of a against b on get, by study_results.compare's
+    test (matched pairs by sign flips, else permutations within teachers)."""
     if min(len(a), len(b)) < sig.MIN_SEEDS:
         return None, None
     pairs = matched_pairs(a, b)
-    if pairs:
-        differences = [get(x) - get(y) for x, y in pairs]
-        return sig.paired_test(differences), [sum(d < 0 for d in differences), len(differences)]
-    strata = lambda runs: [r['teacher'] for r in runs] if any(r['teacher'] for r in runs) else None
-    return sig.permutation_test([get(r) for r in a], [get(r) for r in b], strata(a), strata(b)), None
+    below = [sum(get(x) < get(y) for x, y in pairs), len(pairs)] if pairs else None
+    return compare(a, b, 'share', '<', 1, get=get)['p'], below
 
 
 def first_token_pairs(results):
