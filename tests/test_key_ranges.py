@@ -197,10 +197,3 @@ def test_train_command_line_prints_one_error_line_not_a_traceback(arg, error):
     usage, line = proc.stderr.splitlines()
     assert usage.startswith('usage: train.py') and line == f'error: {error}'
 
-
-def test_a_module_of_the_tools_run_as_a_command_says_what_it_is():
-    """Issue 53: python -m tools.memory_measure --help printed nothing and exited 0."""
-    proc = subprocess.run([sys.executable, '-m', 'tools.memory_measure', '--help'], cwd=ROOT, capture_output=True,
-                          text=True)
-    assert proc.returncode == 1 and proc.stdout == ''
-    assert 'is a module, not a command: python scripts/memory_tables.py --measure=True runs it' in proc.stderr

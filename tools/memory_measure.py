@@ -75,8 +75,3 @@ def fake_peak_memory(c, model_config, teacher_config):
     finally:
         dist.destroy_process_group()
     return tracker.get_tracker_snapshot('peak')[torch.device('cpu')]['Total']
-
-
-if __name__ == '__main__':  # a module of the tools, not a command (python -m on it printed nothing)
-    raise SystemExit("tools/memory_measure.py is a module, not a command: python scripts/memory_tables.py "
-                     "--measure=True runs it (docs/memory.md)")
