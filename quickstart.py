@@ -35,15 +35,19 @@ import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from types import SimpleNamespace
+from typing import NamedTuple
 
 from configurator import Key, fail, parse  # pure Python: these run before the install
-from lmkit.errors import RunError, run_script
+from lmkit import children
+from lmkit.errors import RunError, Stopped, run_script
 from lmkit.files import atomic_write, claim_dir
+from lmkit.run_log import duration, last_logged
 
 KEYS = dict(
     tests=Key(False, "install the test requirements, run ruff check . and then the test suite"),
@@ -93,87 +97,147 @@ def minutes(seconds):
     return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
+class Stage(NamedTuple):
+    """One command of the study: its name, argv, whether an earlier run did it already, a note printed before it, the
+    checkpoint it trains or evaluates, and for a training stage the steps it runs to (it has ended well only at the
+    last: train.py saves and exits 0 when stopped by a signal)."""
+    name: str
+    command: list
+    done: bool = False
+    note: str = ''
+    checkpoint: str = None
+    steps: int = 0
+    first_step: int = 0  # the step a training continues from
+
+
+STATUS_EVERY = 30  # seconds between the status lines of stages running side by side
+
+
 class Stages:
     """Runs the study's commands in order, numbered and timed; whether a stage is done already is for its caller to
-    say (training_plan, evaluated)."""
+    say (training_plan, evaluated). Each command runs as a child (children.start) that a signal to the study stops
+    cleanly (stop)."""
 
     def __init__(self, total):
         self.total, self.count, self.t0 = total, 0, time.time()
         self.rows = []  # (stage, seconds or None where done in an earlier run, the checkpoint it trained or evaluated)
+        self.running = {}  # name: (process, its output file or None, start time, Stage)
 
-    def begin(self, name, command, done, note, threads=None):
+    def begin(self, stage, threads=None):
         """Print the stage's numbered header, and its command unless done; whether it is to run."""
         self.count += 1
-        header = f"[{self.count}/{self.total}] {name} (at {minutes(time.time() - self.t0)})"
-        if done:
+        header = f"[{self.count}/{self.total}] {stage.name} (at {minutes(time.time() - self.t0)})"
+        if stage.done:
             print(f"{header}: finished in an earlier run with these settings, skipped", flush=True)
             return False
         print(f"\n{header}", flush=True)
-        if note:
-            print(note, flush=True)
-        print(f"$ {f'OMP_NUM_THREADS={threads} ' if threads else ''}{shlex.join(command)}", flush=True)
+        if stage.note:
+            print(stage.note, flush=True)
+        print(f"$ {f'OMP_NUM_THREADS={threads} ' if threads else ''}{shlex.join(stage.command)}", flush=True)
         return True
 
-    @staticmethod
-    def failed(name, rc):
-        sys.exit(f"\n{name} failed (exit code {rc}; its output is above). Fix it and run python quickstart.py "
-                 f"again: finished stages are skipped.")
+    def launch(self, stage, output=None, threads=None, **popen_args):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads)) if threads else None
+        process = children.start(stage.command, cwd=HERE, stdout=output, env=env, text=True, **popen_args)
+        self.running[stage.name] = (process, output, time.time(), stage)
+        return process
 
-    def run(self, name, command, done=False, note='', checkpoint=None, optional=False):
-        """Runs command unless done; a failure stops the study, or, where optional, returns the command's last line on
-        stderr as the reason."""
-        if not self.begin(name, command, done, note):
-            self.rows.append((name, None, checkpoint))
-            return None
-        start = time.time()
-        if optional:
-            run = subprocess.run(command, cwd=HERE, stderr=subprocess.PIPE, text=True)
-            sys.stderr.write(run.stderr)
-            if run.returncode != 0:
-                print(f"{name} failed: skipped, and the report says why", flush=True)
-                return (run.stderr.strip().splitlines() or [f'exit code {run.returncode}'])[-1]
-            self.rows.append((name, time.time() - start, checkpoint))
-            return None
-        rc = subprocess.call(command, cwd=HERE)
+    def ended(self, stage, rc):
+        """(seconds it ran, None), or (seconds, the study's one-line stop) where it failed or, a training stage,
+        ended before its last step."""
+        seconds = time.time() - self.running.pop(stage.name)[2]
         if rc != 0:
-            self.failed(name, rc)
-        self.rows.append((name, time.time() - start, checkpoint))
+            return seconds, (f"{stage.name} failed (exit code {rc}; its output is above). Fix it and run python "
+                             f"quickstart.py again: finished stages are skipped.")
+        reached = stage.steps and (trained(stage.checkpoint)[0] if os.path.isfile(ckpt_path(stage.checkpoint)) else 0)
+        if stage.steps and reached < stage.steps:
+            return seconds, (f"{stage.name} ended at step {reached} of {stage.steps} (stopped by a signal?); what it "
+                             f"trained is saved: run python quickstart.py again to continue it")
+        return seconds, None
+
+    def run(self, stage, optional=False):
+        """Runs the stage unless done; a failure stops the study, or, where optional, returns the command's last line on
+        stderr as the reason."""
+        if not self.begin(stage):
+            self.rows.append((stage.name, None, stage.checkpoint))
+            return None
+        process = self.launch(stage, stderr=subprocess.PIPE if optional else None)
+        stderr = process.communicate()[1] or ''
+        sys.stderr.write(stderr)
+        seconds, failure = self.ended(stage, process.returncode)
+        if failure and optional:
+            print(f"{stage.name} failed: skipped, and the report says why", flush=True)
+            return (stderr.strip().splitlines() or [f'exit code {process.returncode}'])[-1]
+        if failure:
+            raise RunError(failure)
+        self.rows.append((stage.name, seconds, stage.checkpoint))
+        return None
 
     def run_together(self, stages):
-        """Runs the stages [(name, command, done, note, checkpoint)], none of which needs another's output, as many
-        at a time as there are cores, each on its share of them (OMP_NUM_THREADS; a model's numbers are the same on
-        any number of threads, bit for bit). The small models here keep two threads busy only part of the time:
-        each of their many small operations is split over the threads, which then wait for each other, far longer
-        when anything else runs (a student's step on a shared 2-core machine: 3.7 s on one thread, 14 s on two). A
-        stage per core, on one thread each, keeps every core busy. Each stage's output is printed whole when it ends.
-        A failure stops the study once the stages running with it have ended."""
+        """Runs the stages, none of which needs another's output, as many at a time as there are cores, each on its
+        share of them (OMP_NUM_THREADS; a model's numbers are the same on any number of threads, bit for bit). The
+        small models here keep two threads busy only part of the time: each of their many small operations is split
+        over the threads, which then wait for each other, far longer when anything else runs (a student's step on a
+        shared 2-core machine: 3.7 s on one thread, 14 s on two). A stage per core, on one thread each, keeps every
+        core busy. Each stage's output is printed whole when it ends, and a status line every STATUS_EVERY seconds
+        meanwhile. A failure stops the study once the stages running with it have ended."""
         cores = os.cpu_count() or 1
-        width = max(1, min(cores, sum(not done for _, _, done, _, _ in stages)))
+        width = max(1, min(cores, sum(not stage.done for stage in stages)))
         threads = max(1, cores // width)
-        waiting, running, rows, failure = list(enumerate(stages)), [], {}, None
-        while running or (waiting and failure is None):
-            while waiting and len(running) < width and failure is None:
-                i, (name, command, done, note, checkpoint) = waiting.pop(0)
-                rows[i] = (name, None, checkpoint)
-                if self.begin(name, command, done, note, threads):
-                    output = tempfile.TemporaryFile('w+')
-                    process = subprocess.Popen(command, cwd=HERE, stdout=output, stderr=subprocess.STDOUT, text=True,
-                                               env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
-                    running.append((i, process, output, time.time()))
+        waiting, failure, last_status = list(stages), None, time.time()
+        rows = {stage.name: (stage.name, None, stage.checkpoint) for stage in stages}
+        while self.running or (waiting and failure is None):
+            while waiting and len(self.running) < width and failure is None:
+                stage = waiting.pop(0)
+                if self.begin(stage, threads):
+                    self.launch(stage, tempfile.TemporaryFile('w+'), threads, stderr=subprocess.STDOUT)
             time.sleep(0.1)
-            for i, process, output, start in [r for r in running if r[1].poll() is not None]:
-                running.remove((i, process, output, start))
-                name, _, checkpoint = rows[i]
-                rows[i] = (name, time.time() - start, checkpoint)
-                print(f"\n[{name}: ended after {minutes(time.time() - start)}; its output:]", flush=True)
-                output.seek(0)
-                sys.stdout.write(output.read())
-                sys.stdout.flush()
-                if process.returncode != 0 and failure is None:
-                    failure = (name, process.returncode)
+            for name, (process, _, _, stage) in [r for r in self.running.items() if r[1][0].poll() is not None]:
+                self.show_output(name)
+                seconds, problem = self.ended(stage, process.returncode)
+                rows[name], failure = (name, seconds, stage.checkpoint), failure or problem
+            if time.time() - last_status >= STATUS_EVERY and self.running:
+                last_status = time.time()
+                print(self.status(waiting), flush=True)
         if failure:
-            self.failed(*failure)
-        self.rows += [rows[i] for i in sorted(rows)]
+            raise RunError(failure)
+        self.rows += list(rows.values())
+
+    def show_output(self, name):
+        """A side-by-side stage's output, whole (it was kept in a file while the stage ran)."""
+        _, output, start, _ = self.running[name]
+        if output is None:
+            return
+        print(f"\n[{name}: ended after {minutes(time.time() - start)}; its output:]", flush=True)
+        output.seek(0)
+        sys.stdout.write(output.read())
+        sys.stdout.flush()
+
+    def status(self, waiting):
+        """One line on the stages running side by side: each training's step, the others' time so far, and an ETA
+        of the trainings (the running and the waiting ones) at the pace of those running."""
+        parts, paces, left = [], [], sum(stage.steps for stage in waiting)
+        for name, (_, _, start, stage) in self.running.items():
+            if not stage.steps:
+                parts.append(f"{name} {minutes(time.time() - start)}")
+                continue
+            step = last_logged(os.path.join(HERE, stage.checkpoint))[0]
+            parts.append(f"{name} step {step}/{stage.steps}")
+            left += stage.steps - step
+            if step > stage.first_step:
+                paces.append((time.time() - start) / (step - stage.first_step))
+        eta = f"ETA {duration(left * sum(paces) / len(paces) / len(self.running))}" if paces and left else 'ETA -'
+        return f"[{minutes(time.time() - self.t0)}] {', '.join(parts)} | {len(waiting)} waiting | {eta}"
+
+    def stop(self, why):
+        """A signal reached the study: every running stage stopped (children.stop; a training saves its last step
+        first), their outputs shown, and the one line to end with."""
+        children.stop([process for process, _, _, _ in self.running.values()])
+        names = list(self.running)
+        for name in names:
+            self.show_output(name)
+        stopped = f"stopped {', '.join(names)}" if names else 'no stage was running'
+        return f"{why}: {stopped} (a training saves its last step); run the same command again to continue"
 
 
 def ckpt_path(out_dir):
@@ -186,22 +250,22 @@ def newer(path, than):
 
 
 def training_plan(argv, teacher=None):
-    """(done, extra train.py arguments, note) for the train.py stage `argv` (a config file, then overrides), from the
-    checkpoint its out_dir holds (training.planned_run: train.py's own rule for continuing a run). Done: it ran the
-    settings train.py would now resolve to the end, after the last training of its teacher. The same settings stopped
-    part way: train.py continues from the checkpoint. Settings that change what training computes (the keys train.py's
-    resume checks, and max_iters), or a teacher trained again since: trained again from scratch, the note saying
-    why."""
+    """(done, extra train.py arguments, note, steps, first step) for the train.py stage `argv` (a config file, then
+    overrides), from the checkpoint its out_dir holds (training.planned_run: train.py's own rule for continuing a run).
+    Done: it ran the settings train.py would now resolve to the end, after the last training of its teacher. The same
+    settings stopped part way: train.py continues from the checkpoint. Settings that change what training computes
+    (the keys train.py's resume checks, and max_iters), or a teacher trained again since: trained again from scratch,
+    the note saying why."""
     from lmkit import resume  # installed by now
     from lmkit.training import planned_run
     now, step, changed = planned_run([os.path.join(HERE, argv[0]), *argv[1:]], cwd=HERE)
     if step is None:
-        return False, [], ''
+        return False, [], '', now['max_iters'], 0
     if teacher and newer(ckpt_path(teacher), ckpt_path(now['out_dir'])):
         changed.append(f"its teacher {teacher} was trained again")
     if changed:
-        return False, resume.RESTART, resume.restart_note(now['out_dir'], changed)
-    return step >= now['max_iters'], [], ''
+        return False, resume.RESTART, resume.restart_note(now['out_dir'], changed), now['max_iters'], 0
+    return step >= now['max_iters'], [], '', now['max_iters'], step
 
 
 def evaluated(student):
@@ -224,11 +288,11 @@ def trained(out_dir):
 
 
 def train_stage(name, config, out_dir, *overrides, teacher=None):
-    """(name, command, done, note, checkpoint) of train.py on a config, as training_plan says: skipped, continued
-    (train.py's init_from='auto' continues from the checkpoint by itself) or trained again from scratch."""
+    """The Stage of train.py on a config, as training_plan says: skipped, continued (train.py's init_from='auto'
+    continues from the checkpoint by itself) or trained again from scratch."""
     argv = [config, f'--out_dir={out_dir}', *overrides, *([f'--teacher={teacher}'] if teacher else [])]
-    done, extra, note = training_plan(argv, teacher)
-    return name, [sys.executable, 'train.py', *argv, *extra], done, note, out_dir
+    done, extra, note, steps, first_step = training_plan(argv, teacher)
+    return Stage(name, [sys.executable, 'train.py', *argv, *extra], done, note, out_dir, steps, first_step)
 
 
 def include(path, subdir):
@@ -300,7 +364,7 @@ def real_model_stages(stages, out, python):
             ('real model: attention', [python, 'analyze.py', 'attention', model, f'--out_dir={out}/smollm2_attention',
                                        f'--data={data}', '--num_seqs=4', '--seq_len=256', '--sink_samples=16',
                                        '--calibration=1'], False)]:
-        reason = stages.run(name, command, done, optional=True)
+        reason = stages.run(Stage(name, command, done), optional=True)
         if reason:
             return reason
     return None
@@ -347,36 +411,68 @@ def real_model_section(out_dir, skipped):
 
 
 def study(args):
-    """The stages, in order, and the report."""
-    out, data, python = args.out_dir, args.data_dir, sys.executable
-    students = [(v, s, f'{out}/{v}_seed{s}') for s in args.seeds for v in args.variants]
+    """The stages, and the report. SIGTERM or Ctrl-C stops the running stages cleanly first."""
+    students = [(v, s, f'{args.out_dir}/{v}_seed{s}') for s in args.seeds for v in args.variants]
     stages = Stages(2 + 2 * len(students) + 3 + 3 * args.real_model)
-    stages.run('prepare the built-in corpus', [python, 'prepare_data.py', '--source=builtin', '--tokenizer=bytes',
-                                               f'--out_dir={data}', '--val_every=10'])
+    try:
+        run_stages(args, stages, students)
+    except Stopped as e:
+        raise RunError(stages.stop(str(e))) from None
+
+
+def run_stages(args, stages, students):
+    """The stages in order: data, teacher, the students side by side, their evaluations, the analyses, the real
+    model; then the report."""
+    out, data, python = args.out_dir, args.data_dir, sys.executable
+    stages.run(Stage('prepare the built-in corpus', [python, 'prepare_data.py', '--source=builtin', '--tokenizer=bytes',
+                                                     f'--out_dir={data}', '--val_every=10']))
     teacher = f'{out}/teacher'
     iters = lambda n: [f'--max_iters={n}'] if n else []
-    stages.run(*train_stage('train the softmax teacher', 'config/quickstart_teacher.py', teacher, f'--data_dir={data}',
-                            *iters(args.teacher_iters)))
+    stages.run(train_stage('train the softmax teacher', 'config/quickstart_teacher.py', teacher, f'--data_dir={data}',
+                           *iters(args.teacher_iters)))
     stages.run_together([train_stage(f'distill {variant} seed {seed}', 'config/quickstart_student.py', student,
                                      f'--attention={variant}', f'--seed={seed}', f'--data_dir={data}',
                                      *iters(args.student_iters), teacher=teacher)
                          for variant, seed, student in students])
-    stages.run_together([(f'evaluate {variant} seed {seed}',
-                          [python, 'eval_zeroshot.py', f'--ckpt={student}', '--tasks=heldout', f'--heldout_data={data}',
-                           f'--out={student}/eval.json'], *evaluated(student), student)
+    stages.run_together([Stage(f'evaluate {variant} seed {seed}',
+                               [python, 'eval_zeroshot.py', f'--ckpt={student}', '--tasks=heldout',
+                                f'--heldout_data={data}', f'--out={student}/eval.json'], *evaluated(student), student)
                          for variant, seed, student in students])
     dirs = [student for _, _, student in students]
     steps = trained(dirs[0])[0]
     analyze = [python, 'analyze.py']
+    first_seed = [d for d in dirs if d.endswith(f'_seed{args.seeds[0]}')]
     stages.run_together([
-        ('analyse: table', analyze + ['table', *dirs, f'--out_dir={out}/table'], False, '', None),
-        ('analyse: attention', analyze + ['attention', *[d for d in dirs if d.endswith(f'_seed{args.seeds[0]}')],
-                                          f'--out_dir={out}/attention', f'--data={data}'], False, '', None),
-        ('analyse: runs', analyze + ['runs', *dirs, f'--out_dir={out}/runs', f'--window=0,{min(500, steps)}',
-                                     f'--late={steps // 2}'], False, '', None)])
+        Stage('analyse: table', analyze + ['table', *dirs, f'--out_dir={out}/table']),
+        Stage('analyse: attention', analyze + ['attention', *first_seed, f'--out_dir={out}/attention',
+                                               f'--data={data}']),
+        Stage('analyse: runs', analyze + ['runs', *dirs, f'--out_dir={out}/runs', f'--window=0,{min(500, steps)}',
+                                          f'--late={steps // 2}'])])
     skipped = real_model_stages(stages, out, python) if args.real_model else 'not asked for (--real_model=False)'
     write_report(os.path.join(HERE, out), args, stages, dirs, skipped)
     print(f"\nwrote {out}/report.md in {minutes(time.time() - stages.t0)}")
+
+
+def run_tests():
+    """ruff check ., then the suite in TEST_WORKERS processes (what CI runs); its exit status. OpenMP's idle threads
+    spin: with the suite's processes on every core, spinning took half the CPU time (docs/testing.md, "How long it
+    takes"); waiting passively gives it back (a user's own OMP_WAIT_POLICY stays). A stop reaches pytest as Ctrl-C
+    does (it ends with its summary)."""
+    stages = Stages(2)
+    lint = [sys.executable, '-m', 'ruff', 'check', '.']  # pyflakes and line length (pyproject.toml)
+    stages.begin(Stage('ruff check', lint))
+    if subprocess.call(lint, cwd=HERE) != 0:
+        raise RunError("ruff check failed (its findings are above; ruff check --fix . fixes some): the tests were "
+                       "not run")
+    tests = Stage('the test suite', [sys.executable, '-m', 'pytest', '-q', '-n', str(TEST_WORKERS), 'tests'])
+    stages.begin(tests)
+    suite = subprocess.Popen(tests.command, cwd=HERE, env={'OMP_WAIT_POLICY': 'PASSIVE', **os.environ})
+    try:
+        return suite.wait()
+    except Stopped as e:
+        suite.send_signal(signal.SIGINT)
+        suite.wait()
+        raise RunError(f"{e}: the test suite was stopped (its summary is above)") from None
 
 
 def main(argv=None):
@@ -385,17 +481,7 @@ def main(argv=None):
     if args.tests:
         if not install({**NEEDED, **TEST_NEEDED}, requirement_files('requirements.txt', 'requirements-test.txt')):
             sys.exit(INSTALL_FAILED)
-        stages = Stages(2)
-        lint = [sys.executable, '-m', 'ruff', 'check', '.']  # pyflakes and line length (pyproject.toml)
-        stages.begin('ruff check', lint, False, '')
-        if subprocess.call(lint, cwd=HERE) != 0:
-            sys.exit("\nruff check failed (its findings are above; ruff check --fix . fixes some): the tests were not "
-                     "run")
-        tests = [sys.executable, '-m', 'pytest', '-q', '-n', str(TEST_WORKERS), 'tests']
-        stages.begin('the test suite', tests, False, '')
-        # OpenMP's idle threads spin: with the suite's processes on every core, spinning took half the CPU time
-        # (docs/testing.md, "How long it takes"); waiting passively gives it back. A user's own setting stays.
-        sys.exit(subprocess.call(tests, cwd=HERE, env={'OMP_WAIT_POLICY': 'PASSIVE', **os.environ}))
+        sys.exit(run_tests())
     if os.path.abspath(args.out_dir) == os.path.abspath(args.data_dir):
         fail(f"--out_dir and --data_dir are both {args.out_dir}: the prepared data and the runs need places of their "
              f"own")

@@ -5,7 +5,9 @@ Pure Python: quickstart.py uses it before torch is installed.
 """
 import errno
 import os
+import signal
 import sys
+from contextlib import contextmanager
 
 
 class RunError(Exception):
@@ -40,11 +42,38 @@ def os_error_behind(e):
     return e
 
 
+class Stopped(RunError):
+    """SIGTERM or SIGINT (Ctrl-C) reached the script: raised where it was, so that what it started is stopped on
+    the way out (a with-block's exit, an except clause that stops children) and it ends with one line."""
+
+
+def raise_stopped(signum, frame):
+    raise Stopped(f"stopped by {signal.Signals(signum).name}")
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def on_stop_signals(handler=raise_stopped):
+    """While active, SIGTERM and SIGINT go to handler (by default: Stopped raised in the main thread; SIG_IGN while
+    children save, lmkit.children.stop); the handlers before are restored after. (train.py's loop sets a flag
+    instead for its steps: it finishes the step and saves first.)"""
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, before in previous.items():
+            signal.signal(s, before)
+
+
 def run_script(main, argv=None):
     """A script's entry point: main(argv), with a RunError or an OSError printed as one line on stderr (the
-    script's name, the path, what happened and what to do) and exit status 1."""
+    script's name, the path, what happened and what to do) and exit status 1. SIGTERM and SIGINT are such an
+    error too (Stopped), never a traceback or a silent death."""
     try:
-        return main(sys.argv[1:] if argv is None else argv)
+        with on_stop_signals():
+            return main(sys.argv[1:] if argv is None else argv)
     except RunError as e:
         message = str(e)
     except OSError as e:

@@ -5,6 +5,7 @@ work: import_wandb); and out_dir/config.json. A run that starts fresh never repl
 aside under a new name (files.set_aside), said in one line. Rank 0 alone writes.
 """
 import json
+import math
 import os
 import statistics
 import sys
@@ -19,6 +20,31 @@ def duration(seconds):
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def last_logged(out_dir):
+    """(the last step out_dir/metrics.jsonl records, whether that step's loss is finite); (0, True) without one.
+    Read from the end in growing blocks: an evaluation's line (every head's measures) can be longer than any fixed
+    tail."""
+    path = os.path.join(out_dir, 'metrics.jsonl')
+    try:
+        with open(path, 'rb') as f:
+            size, block = f.seek(0, os.SEEK_END), 4096
+            while True:
+                f.seek(max(0, size - block))
+                lines = f.read().splitlines()[0 if block >= size else 1:]  # a block's first line may be cut
+                for line in reversed(lines):
+                    try:
+                        record = json.loads(line)
+                        return record['step'], math.isfinite(record.get('loss', 0.0))
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                if block >= size:
+                    break
+                block *= 8
+    except OSError:
+        pass
+    return 0, True
 
 
 def import_wandb():

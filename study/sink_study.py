@@ -48,7 +48,6 @@ import os
 import platform
 import re
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -59,10 +58,12 @@ if __package__ in (None, ''):  # run as a file: the repository's root on the pat
 
 from study import study_reading, study_records
 from configurator import Key, parse
-from lmkit.errors import RunError, describe_os_error, run_script
+from lmkit import children
+from lmkit.errors import RunError, describe_os_error, run_script, on_stop_signals
 from lmkit.files import atomic_write, claim_dir, write_json
 from model import ATTENTIONS
 from lmkit.probes import GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS as EVALUATIONS
+from lmkit.run_log import last_logged
 from study.study_records import (ARMS, NO_DECAY, PAYOFF_BITS, PAYOFF_OUTLIERS, RECIPE_KEYS, SCHEMA_VERSION, SEAL_FILE,
                                  SPIKE_KS, record_name)
 from study.study_results import (AFFINE, CLAIM_SETS, CORE, EXTRA, GATED, RECIPE_SEED, SEALED_SETS, SOFTMAX, figures,
@@ -270,32 +271,8 @@ def state(run, records, per_step, study):
 # Running: --jobs train.py processes at once, progress and an ETA on the console; a record per finished run
 
 
-def last_logged(out_dir):
-    """(the last step metrics.jsonl records, whether that step's loss is finite); (0, True) without one. Read from
-    the end in growing blocks: an evaluation's line (every head's measures) can be longer than any fixed tail."""
-    path = os.path.join(HERE, out_dir, 'metrics.jsonl')
-    try:
-        with open(path, 'rb') as f:
-            size, block = f.seek(0, os.SEEK_END), 4096
-            while True:
-                f.seek(max(0, size - block))
-                lines = f.read().splitlines()[0 if block >= size else 1:]  # a block's first line may be cut
-                for line in reversed(lines):
-                    try:
-                        record = json.loads(line)
-                        return record['step'], math.isfinite(record.get('loss', 0.0))
-                    except (ValueError, KeyError, TypeError):
-                        continue
-                if block >= size:
-                    break
-                block *= 8
-    except OSError:
-        pass
-    return 0, True
-
-
 def last_step(out_dir):
-    return last_logged(out_dir)[0]
+    return last_logged(os.path.join(HERE, out_dir))[0]
 
 
 def priority(run, runs):
@@ -304,14 +281,6 @@ def priority(run, runs):
     teacher = any(r['teacher'] == run['name'] for r in runs)
     arm = dict(kd=1, ce=2, control=3, recipe=5).get(run['arm'], 0)
     return (0 if teacher else arm + 3 * (run['variant'] in EXTRA), run['seed'])
-
-
-class Stopped(RunError):
-    """SIGTERM or SIGINT (Ctrl-C) reached the study."""
-
-
-def raise_stopped(signum, frame):
-    raise Stopped(f"stopped by {signal.Signals(signum).name}")
 
 
 def last_line(path):
@@ -325,8 +294,8 @@ def last_line(path):
 
 
 def launch(run, logs, env):
-    """Start one run's train.py in a session of its own (a Ctrl-C at the terminal reaches the study alone, which
-    stops its children itself), after writing when and at which commit it started (its record holds both)."""
+    """Start one run's train.py (children.start: a Ctrl-C at the terminal reaches the study alone, which stops its
+    children itself), after writing when and at which commit it started (its record holds both)."""
     command = [sys.executable, 'train.py', *run['argv'], *run['extra']]
     if run['note']:
         print(run['note'], flush=True)
@@ -334,28 +303,18 @@ def launch(run, logs, env):
     seal = dict(seal=run['seal']) if run.get('seal') else {}
     write_json(os.path.join(logs, f"{run['name']}.start.json"), dict(started=now(), **code_version(), **seal))
     log = open(os.path.join(logs, f"{run['name']}.log"), 'a')
-    proc = subprocess.Popen(command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = children.start(command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT)
     return proc, run, log
 
 
-def stop_children(running, logs, why):
-    """SIGTERM to every running train.py (each saves its checkpoint at the end of its step, then exits), a wait for
-    them, SIGKILL for any still there after STOP_WAIT seconds; then the one-line error."""
-    for proc, _, _ in running.values():
-        proc.send_signal(signal.SIGTERM)
-    deadline = time.time() + STOP_WAIT
-    for name, (proc, _, log) in running.items():
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def stop_children(running, why):
+    """Every running train.py stopped (children.stop: each saves its checkpoint at the end of its step); then the
+    one-line error."""
+    children.stop([proc for proc, _, _ in running.values()])
+    for _, _, log in running.values():
         log.close()
     names = ', '.join(running) or 'none'
     return f"{why}; runs stopped (each saved its last step): {names}; run the same command again to continue"
-
-
-STOP_WAIT = 120  # seconds a child may take to finish its step and save before it is killed
 
 
 def run_all(runs, steps, jobs, threads, logs, finished, observe=None):
@@ -401,7 +360,7 @@ def run_all(runs, steps, jobs, threads, logs, finished, observe=None):
             time.sleep(1)
     except RunError as e:
         if running:
-            raise type(e)(stop_children(running, logs, str(e))) from None
+            raise type(e)(stop_children(running, str(e))) from None
         raise
 
 
@@ -414,7 +373,8 @@ def progress(runs, running, steps, start_steps, t0):
     done_here = sum(now[n] - s for n, s in start_steps.items())
     elapsed = time.time() - t0
     eta = f"ETA {minutes(left * elapsed / done_here)}" if done_here > 0 and left else "ETA -"
-    finite = {name: last_logged(run['config']['out_dir'])[1] for name, (_, run, _) in running.items()}
+    finite = {name: last_logged(os.path.join(HERE, run['config']['out_dir']))[1]
+              for name, (_, run, _) in running.items()}
     parts = ', '.join(f"{name} {now[name]}/{steps}{'' if finite[name] else ' (loss not finite)'}" for name in running)
     finished = sum(now[r['name']] >= steps for r in runs)
     print(f"[{minutes(elapsed)}] {finished}/{len(runs)} runs done | {parts or 'none running'} | {eta}", flush=True)
@@ -730,8 +690,7 @@ def main(argv=None):
     # the command that trains these runs (--report_only only rewrites the report from their records)
     command = shlex.join(['python', '-m', 'study.sink_study', *(a for a in argv if not a.startswith('--report_only'))])
     t0 = time.time()
-    previous = {s: signal.signal(s, raise_stopped) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with on_stop_signals():  # Ctrl-C or SIGTERM: the runs are stopped cleanly (run_all)
         if not args.report_only:
             prepare_corpus(args)
         study = dict(corpus=corpus_identity(args.data_dir), overrides=[a[2:].partition('=')[0] for a in overrides],
@@ -747,9 +706,6 @@ def main(argv=None):
                   f"before", flush=True)
             return None
         results = collect(args, runs, per_step, command, study, records)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
     out = os.path.join(HERE, args.report_dir)
     os.makedirs(out, exist_ok=True)
     write_json(os.path.join(out, 'results.json'), results, allow_nan=False)

@@ -1,10 +1,17 @@
 """quickstart.py end to end at a few steps: every stage runs, report.md holds the table, the figures and what each
 stage ran (steps, tokens, seed); a second run skips what the first finished, a changed setting redoes its stage and
 what came from it."""
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+
+import pytest
+
+from lmkit.errors import RunError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,15 +76,15 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     sys.path.insert(0, ROOT)
     import quickstart as script  # (quickstart, above, runs it)
     data = f'--data_dir={tmp_path / "data"}'
-    name, command, done, note, _ = script.train_stage('train the softmax teacher', 'config/quickstart_teacher.py',
-                                                          f'{out}/teacher', data, '--max_iters=4')
+    _, command, done, note, *_ = script.train_stage('train the softmax teacher', 'config/quickstart_teacher.py',
+                                                    f'{out}/teacher', data, '--max_iters=4')
     assert not done and command[-2:] == ['--init_from=scratch', '--overwrite=True']
     assert note.startswith(f'changed since {out}/teacher was trained: max_iters 3 -> 4. Training it again from scratch')
     retrained = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert retrained.returncode == 0 and 'init_from=scratch: starting fresh (replacing' in retrained.stdout  # its word
-    _, command, done, note, _ = script.train_stage('distill softmax seed 0', 'config/quickstart_student.py',
-                                                       f'{out}/softmax_seed0', '--attention=softmax', '--seed=0', data,
-                                                       '--max_iters=2', teacher=f'{out}/teacher')
+    _, command, done, note, *_ = script.train_stage('distill softmax seed 0', 'config/quickstart_student.py',
+                                                    f'{out}/softmax_seed0', '--attention=softmax', '--seed=0', data,
+                                                    '--max_iters=2', teacher=f'{out}/teacher')
     assert not done and command[-2:] == ['--init_from=scratch', '--overwrite=True']
     assert note.startswith(f'changed since {out}/softmax_seed0 was trained: its teacher {out}/teacher was trained '
                            'again')
@@ -132,23 +139,20 @@ def test_independent_stages_run_side_by_side_each_output_whole(capsys, monkeypat
     monkeypatch.setattr(quickstart.os, 'cpu_count', lambda: 2)
     script = "import os, time; time.sleep({}); print('{} on', os.environ['OMP_NUM_THREADS'], 'thread'); print('end')"
     stages = quickstart.Stages(4)
-    stages.run_together([('slow', [sys.executable, '-c', script.format(1.0, 'slow')], False, '', 'a'),
-                         ('done before', ['false'], True, '', 'b'),
-                         ('quick', [sys.executable, '-c', script.format(0.0, 'quick')], False, 'a note', 'c')])
+    stages.run_together([quickstart.Stage('slow', [sys.executable, '-c', script.format(1.0, 'slow')], False, '', 'a'),
+                         quickstart.Stage('done before', ['false'], True, '', 'b'),
+                         quickstart.Stage('quick', [sys.executable, '-c', script.format(0.0, 'quick')], False, 'a note',
+                                          'c')])
     out = capsys.readouterr().out
     assert [name for name, _, _ in stages.rows] == ['slow', 'done before', 'quick'] and stages.rows[1][1] is None
     assert '$ OMP_NUM_THREADS=1 ' in out and 'a note' in out
     assert 'done before (at 0m00s): finished in an earlier run' in out
     assert 'quick on 1 thread\nend' in out and 'slow on 1 thread\nend' in out
     assert out.index('[quick: ended') < out.index('[slow: ended')  # started second, ended first
-    try:
-        fails = [sys.executable, '-c', 'import sys; print("why"); sys.exit(3)']
-        stages.run_together([('fails', fails, False, '', None),
-                             ('beside it', [sys.executable, '-c', script.format(0.5, 'beside')], False, '', None)])
-    except SystemExit as e:
-        assert 'fails failed (exit code 3' in str(e)
-    else:
-        raise AssertionError('a failed stage must stop the study')
+    fails = [sys.executable, '-c', 'import sys; print("why"); sys.exit(3)']
+    with pytest.raises(RunError, match=r'fails failed \(exit code 3'):
+        stages.run_together([quickstart.Stage('fails', fails),
+                             quickstart.Stage('beside it', [sys.executable, '-c', script.format(0.5, 'beside')])])
     out = capsys.readouterr().out
     assert 'why' in out and 'beside on 1 thread' in out
 
@@ -161,15 +165,24 @@ def test_tests_runs_ruff_check_first_and_the_suite_only_when_it_passes(capsys, m
     monkeypatch.setattr(quickstart, 'install', lambda needed, requirements: 'ruff' in needed)
     for ruff_status, expected in [(1, ['ruff']), (0, ['ruff', 'pytest'])]:
         ran, policies = [], []
-        monkeypatch.setattr(quickstart.subprocess, 'call', lambda command, cwd, env=None: ran.append(command[2]) or
-                            policies.append((env or {}).get('OMP_WAIT_POLICY')) or
-                            {'ruff': ruff_status, 'pytest': 3}[command[2]])
+        monkeypatch.setattr(quickstart.subprocess, 'call', lambda command, cwd: ran.append(command[2]) or ruff_status)
+
+        class Suite:
+            def __init__(self, command, cwd, env):
+                ran.append(command[2])
+                policies.append(env.get('OMP_WAIT_POLICY'))
+
+            def wait(self):
+                return 3
+
+        monkeypatch.setattr(quickstart.subprocess, 'Popen', Suite)
+        status = None
         try:
             quickstart.main(['--tests'])
+        except RunError as e:
+            status = str(e)
         except SystemExit as e:
             status = e.code
-        else:
-            raise AssertionError('--tests must exit with the status of what it ran')
         out = capsys.readouterr().out
         assert ran == expected and '[1/2] ruff check (at' in out and '-m ruff check .\n' in out
         if ruff_status:
@@ -178,3 +191,63 @@ def test_tests_runs_ruff_check_first_and_the_suite_only_when_it_passes(capsys, m
         else:
             assert status == 3 and '[2/2] the test suite (at' in out and '-m pytest -q -n ' in out
             assert policies[-1] == os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')  # idle threads wait, not spin
+
+
+def quickstart_children(out):
+    """The command lines of the processes whose command names out (the quick start's train.py children)."""
+    ps = subprocess.run(['ps', '-eo', 'args'], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in ps if 'train.py' in line and str(out) in line]
+
+
+def logged_steps(metrics):
+    return [json.loads(line)['step'] for line in metrics.open()] if metrics.is_file() else []
+
+
+def wait_for_training(metrics, timeout=300):
+    """Until metrics.jsonl records a step past the last it held when called: the run is in its training loop."""
+    before, deadline = (logged_steps(metrics) or [0])[-1], time.time() + timeout
+    while (logged_steps(metrics) or [0])[-1] <= before:
+        assert time.time() < deadline, f'{metrics} did not pass step {before}'
+        time.sleep(0.2)
+
+
+def test_a_stop_is_said_in_one_line_and_leaves_no_child_training(tmp_path):
+    """Issue 53: SIGTERM killed the quick start silently and orphaned its train.py children; Ctrl-C gave a traceback;
+    a student stopped by SIGTERM (it saves and exits 0) was taken as finished, evaluated and analysed. Now a student
+    that ends before its last step stops the study in one line, and nothing after it runs; a signal to the quick start
+    stops its children (each saves), and one line says so; a SIGKILL to it reaches them too (they save and exit); each
+    rerun continues the student from its checkpoint, every step once."""
+    out, student = tmp_path / 'qs', tmp_path / 'qs' / 'softmax_seed0'
+    command = [sys.executable, 'quickstart.py', f'--out_dir={out}', f'--data_dir={tmp_path / "data"}',
+               '--teacher_iters=2', '--student_iters=100000', '--variants=softmax', '--real_model=False']
+    started = lambda: subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for stop in ('student', signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
+        quick = started()
+        wait_for_training(student / 'metrics.jsonl')
+        if stop == 'student':
+            pid = int(subprocess.run(['pgrep', '-f', f'train.py .*--out_dir={student}'], capture_output=True,
+                                     text=True).stdout.split()[0])
+            os.kill(pid, signal.SIGTERM)
+        else:
+            quick.send_signal(stop)
+        stdout, stderr = quick.communicate(timeout=180)
+        if stop == signal.SIGKILL:
+            deadline = time.time() + 120
+            while quickstart_children(out) and time.time() < deadline:
+                time.sleep(0.2)
+        assert quickstart_children(out) == []
+        if stop == signal.SIGKILL:
+            continue
+        last = stderr.strip().splitlines()[-1]  # (the stages before print their own lines on stderr)
+        assert quick.returncode == 1 and 'Traceback' not in stderr, stderr
+        assert 'stopped by a signal: saved' in stdout  # the student's own line, shown
+        if stop == 'student':
+            assert re.fullmatch(r'quickstart.py: error: distill softmax seed 0 ended at step \d+ of 100000 \(stopped '
+                                r'by a signal\?\); what it trained is saved: run python quickstart.py again to continue '
+                                r'it', last)
+            assert 'evaluate softmax seed 0' not in stdout and not (student / 'eval.json').exists()
+        else:
+            assert last == (f'quickstart.py: error: stopped by {stop.name}: stopped distill softmax seed 0 (a training '
+                            'saves its last step); run the same command again to continue')
+    steps = logged_steps(student / 'metrics.jsonl')
+    assert steps == list(range(1, steps[-1] + 1))
