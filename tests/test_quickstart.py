@@ -243,8 +243,8 @@ def test_a_stop_is_said_in_one_line_and_leaves_no_child_training(tmp_path):
         assert 'stopped by a signal: saved' in stdout  # the student's own line, shown
         if stop == 'student':
             assert re.fullmatch(r'quickstart.py: error: distill softmax seed 0 ended at step \d+ of 100000 \(stopped '
-                                r'by a signal\?\); what it trained is saved: run python quickstart.py again to continue '
-                                r'it', last)
+                                r'by a signal\?\); what it trained is saved: run python quickstart.py again to '
+                                r'continue it', last)
             assert 'evaluate softmax seed 0' not in stdout and not (student / 'eval.json').exists()
         else:
             assert last == (f'quickstart.py: error: stopped by {stop.name}: stopped distill softmax seed 0 (a training '
