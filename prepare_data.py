@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import re
 import shlex
+import signal
 import sys
 import sysconfig
 import time
@@ -30,7 +31,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from configurator import Key, parse
-from lmkit.errors import RunError, run_script
+from lmkit.errors import RunError, Stopped, run_script
 from lmkit.files import write_json
 from lmkit.data import VERSION, check_shard, read_shard, write_shard
 from lmkit.tokenizer import encode_document, load_tokenizer, tokenizer_info
@@ -238,6 +239,13 @@ def init_worker(enc, dtype):
     worker_enc, worker_dtype = enc, dtype
 
 
+def start_worker(enc, dtype):
+    """A pool worker's start. A Ctrl-C at the terminal reaches every process of the foreground group: the workers
+    leave it to the parent, which stops them (the pool's exit) and says so in one line."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    init_worker(enc, dtype)
+
+
 def tokenize_chunk(docs):
     """-> (train token ids, train document lengths, bytes dropped from each train document, val token ids, number
     of val documents, bytes dropped from them): a vocabulary without a token for every byte drops those bytes, as
@@ -263,7 +271,7 @@ def tokenize_in_order(chunks, enc, dtype, num_proc):
             yield tokenize_chunk(docs), tag
         return
     # spawn: workers start clean instead of inheriting the parent's threads (pyarrow) through fork
-    with multiprocessing.get_context("spawn").Pool(num_proc, init_worker, (enc, dtype)) as pool:
+    with multiprocessing.get_context("spawn").Pool(num_proc, start_worker, (enc, dtype)) as pool:
         pending = deque()
         for docs, tag in chunks:
             pending.append((pool.apply_async(tokenize_chunk, (docs,)), tag))
@@ -483,7 +491,10 @@ def parse_args(argv):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    return prepare(parse_args(argv), shlex.join(["python", "prepare_data.py", *argv]))
+    try:
+        return prepare(parse_args(argv), shlex.join(["python", "prepare_data.py", *argv]))
+    except Stopped as e:
+        raise RunError(f"{e}; the same command continues from the last shards written whole") from None
 
 
 if __name__ == "__main__":

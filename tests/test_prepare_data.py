@@ -4,7 +4,10 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -520,3 +523,34 @@ def test_cli_rejects_bad_flags(tmp_path, capsys, flag, message):
     err = capsys.readouterr().err
     assert message in err and "--num_proc" in err and "--max_tokens" in err  # the usage lists the valid keys
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_with_workers_is_one_line_and_leaves_no_process(tmp_path, checkpoints, signum):
+    """Issue 53: Ctrl-C on a BPE run with 2 workers gave a 25-line traceback (every worker's and the parent's). Now a
+    Ctrl-C at the terminal (SIGINT to the whole process group) or SIGTERM to the parent ends it in one line that says
+    the same command continues, and no worker is left."""
+    qwen = checkpoints["qwen_json"][0]
+    argv = [sys.executable, "prepare_data.py", "--source=stdlib", f"--tokenizer={qwen}", "--num_proc=2",
+            f"--out_dir={tmp_path / 'out'}", "--max_tokens=3000000"]
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while len(subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()) < 2:
+        assert proc.poll() is None and time.time() < deadline, "the workers did not start"
+        time.sleep(0.2)
+    time.sleep(1)
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err.strip().splitlines()[-1] == (
+        f"prepare_data.py: error: stopped by {signum.name}; the same command continues from the last shards written "
+        "whole"), err
+    assert "Traceback" not in err
+    deadline = time.time() + 30
+    while subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).returncode == 0:
+        assert time.time() < deadline, "a worker outlived the stop"
+        time.sleep(0.2)
