@@ -30,6 +30,7 @@ import statistics
 import sys
 from types import SimpleNamespace
 
+import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import numpy as np
 import torch
 

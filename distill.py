@@ -10,6 +10,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch
 
 from configurator import DEVICE, Key, parse

@@ -16,6 +16,7 @@ import time
 from contextlib import nullcontext
 from types import SimpleNamespace
 
+import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch
 
 from configurator import DEVICE, Key, fail, parse

@@ -28,6 +28,7 @@ import time
 from collections import deque
 from types import SimpleNamespace
 
+import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import numpy as np
 
 from configurator import Key, parse

@@ -22,6 +22,7 @@ Hugging Face directory's own.
 import sys
 from types import SimpleNamespace
 
+import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch
 
 from lmkit.device import resolve_device, resolve_dtype

@@ -17,6 +17,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch  # noqa: E402
 from functorch.compile import make_boxed_func  # noqa: E402
 from torch._functorch.aot_autograd import aot_module_simplified  # noqa: E402

@@ -56,6 +56,7 @@ import time
 if __package__ in (None, ''):  # run as a file: the repository's root on the path, as `python -m` puts it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 from study import study_reading, study_records
 from configurator import Key, parse
 from lmkit import children
@@ -517,6 +518,34 @@ def corpus_identity(data_dir):
                 source=meta['settings']['source']['source'])
 
 
+def study_corpus(args, records):
+    """The corpus as results.json describes it: source, Python, files, bytes, sha256, data_dir, its identity
+    (corpus_identity) and bos_id, from data_dir's meta.json. A report-only run without the corpus takes it from the
+    report's own results.json, where that names the corpus every record was made on: no corpus is needed to
+    regenerate a report."""
+    from lmkit.data import read_meta
+    if args.report_only and not os.path.isfile(os.path.join(HERE, args.data_dir, 'meta.json')):
+        path = os.path.join(HERE, args.report_dir, 'results.json')
+        described = {}
+        if os.path.isfile(path):
+            with open(path) as f:
+                results = json.load(f)
+            described = dict(results.get('corpus', {}), bos_id=results.get('bos_id'))
+        # (v1's records predate the corpus in a record: any corpus stands for them, as study_records.reuse_problems)
+        made_on = {json.dumps(r['corpus'], sort_keys=True) for r in records.values() if 'corpus' in r}
+        if 'identity' not in described or not made_on <= {json.dumps(described['identity'], sort_keys=True)}:
+            raise RunError(f"--report_only=True without the corpus ({args.data_dir}/meta.json is not there) needs "
+                           f"{args.report_dir}/results.json to name the corpus of every record in its runs/, and it "
+                           f"does not: prepare the corpus first (python prepare_data.py --source=stdlib "
+                           f"--tokenizer=bytes --out_dir={args.data_dir} --val_every=50)")
+        return described
+    meta = read_meta(os.path.join(HERE, args.data_dir))
+    source, tokenizer = meta['settings']['source'], meta['tokenizer']
+    return dict(source=source['source'], python=source.get('python'), **source.get('corpus', {}),
+                data_dir=args.data_dir, identity=corpus_identity(args.data_dir),
+                bos_id=tokenizer['bos_id'] if tokenizer['bos_id'] is not None else tokenizer['eos_id'])
+
+
 def provenance(run, data_dir, logs):
     """What produced a record: every train.py setting of the run (its config.json), the corpus, the commit the run
     started at and whether the tree was dirty (launch's start file; None where the run was trained elsewhere), its
@@ -544,10 +573,21 @@ def check_seal(args):
     changed = study_records.unsealed_files(seal, HERE)
     if changed:
         more = f" and {len(changed) - 5} more" if len(changed) > 5 else ''
+        # (v2's sealed commit predates study/: its study is the root's sink_study.py)
+        study = 'python -m study.sink_study' if 'study/sink_study.py' in seal['files'] else 'python sink_study.py'
         raise RunError(f"{len(changed)} file(s) differ from the seal {seal['commit'][:12]} ({', '.join(changed[:5])}"
                        f"{more}): train the sealed study from a checkout of the commit that added its seal: git "
-                       f"worktree add ../sealed $(git log -1 --format=%H -- {args.report_dir}/{SEAL_FILE})")
+                       f"worktree add ../sealed $(git log -1 --format=%H -- {args.report_dir}/{SEAL_FILE}), then "
+                       f"there, {study} with the same arguments")
     return seal['commit']
+
+
+def recorded_already(args, runs):
+    """Whether every planned run has a file in report_dir/runs (whether each may stand for its run is collect's to
+    check): then there is nothing to train, and the command regenerates the report."""
+    folder = os.path.join(HERE, args.report_dir, 'runs')
+    names = {name[:-len('.json')] for name in os.listdir(folder)} if os.path.isdir(folder) else set()
+    return {r['name'] for r in runs} <= names
 
 
 def read_records(report_dir):
@@ -617,10 +657,7 @@ def trained_on(records):
 def collect(args, runs, per_step, command, study, records):
     """results.json (schema 2, docs/analysis.md): every record of report_dir/runs (records) this command plans, made
     with its settings (others stop it unless --subset), the claims' tests, and what the report and README need."""
-    from lmkit.data import read_meta
-    meta = read_meta(os.path.join(HERE, args.data_dir))
     config = next(r['config'] for r in runs if r['arm'] != 'teacher')  # the students' recipe
-    source = meta['settings']['source']
     recipe = recipe_of(config, per_step)
     left_out = unusable(runs, records, per_step, study)
     refuse_unusable(args, left_out)
@@ -632,9 +669,8 @@ def collect(args, runs, per_step, command, study, records):
     results = dict(
         schema_version=SCHEMA_VERSION, command=command, report_dir=args.report_dir,
         machine=trained_on(kept) if kept else 'no runs yet',
-        corpus=dict(source=source['source'], python=source.get('python'), **source.get('corpus', {}),
-                    data_dir=args.data_dir),
-        bos_id=meta['tokenizer']['bos_id'] if meta['tokenizer']['bos_id'] is not None else meta['tokenizer']['eos_id'],
+        corpus={k: v for k, v in study['corpus_described'].items() if k != 'bos_id'},
+        bos_id=study['corpus_described']['bos_id'],
         context=config['block_size'], layers=config['n_layer'], recipe=recipe,
         recipe_text=', '.join(f"{k}={v}" for k, v in recipe.items()),
         teachers=[teacher_of(s, args) for s in range(1, len(args.teachers) + 1)],
@@ -690,11 +726,16 @@ def main(argv=None):
     # the command that trains these runs (--report_only only rewrites the report from their records)
     command = shlex.join(['python', '-m', 'study.sink_study', *(a for a in argv if not a.startswith('--report_only'))])
     t0 = time.time()
+    if not args.report_only and recorded_already(args, runs):
+        print(f"every run this command plans has its record in {args.report_dir}/runs: its report is written from "
+              f"them, as --report_only=True does", flush=True)
+        args.report_only = True
     with on_stop_signals():  # Ctrl-C or SIGTERM: the runs are stopped cleanly (run_all)
         if not args.report_only:
             prepare_corpus(args)
-        study = dict(corpus=corpus_identity(args.data_dir), overrides=[a[2:].partition('=')[0] for a in overrides],
-                     command=command)
+        described = study_corpus(args, read_records(args.report_dir))
+        study = dict(corpus=described['identity'], corpus_described=described, command=command,
+                     overrides=[a[2:].partition('=')[0] for a in overrides])
         if not args.report_only:
             train_all(args, runs, steps, per_step, study, threads, threads_from)
         records = read_records(args.report_dir)  # as training left them

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -209,17 +210,34 @@ def write_task_data(root):
 # -----------------------------------------------------------------------------
 # The README's commands
 
-def readme_commands(heading):
-    """The first bash block under README.md's `heading`, and its commands as bash reads them (loops unrolled, $v
-    expanded, \\ continuations joined), each an argv list. Every command is recorded, none run: the block runs in a
-    bash that finds no program (PATH names no directory), whose command_not_found_handle prints the command's words.
-    A glob that matches nothing is left as written (bash's default), to be expanded when the command runs."""
-    with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
-        block = re.search(rf'^## {re.escape(heading)}\n.*?^```bash\n(.*?)^```', f.read(), re.M | re.S).group(1)
+def bash_words(block):
+    """The commands of a bash block as bash reads them (loops unrolled, $v expanded, \\ continuations joined), each
+    an argv list. Every command is recorded, none run: the block runs in a bash that finds no program (PATH names
+    no directory), whose command_not_found_handle prints the command's words. A glob that matches nothing is left
+    as written (bash's default), to be expanded when the command runs."""
     record = 'command_not_found_handle() { printf "%s\\x1f" "$@"; printf "\\n"; }\n'
     done = subprocess.run([shutil.which('bash'), '-c', record + block], env={'PATH': '/nonexistent'}, cwd='/',
                           capture_output=True, text=True, check=True)
-    return block, [line.split('\x1f')[:-1] for line in done.stdout.splitlines()]
+    return [line.split('\x1f')[:-1] for line in done.stdout.splitlines()]
+
+
+def readme_text():
+    with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
+        return f.read()
+
+
+def readme_commands(heading):
+    """The first bash block under README.md's `heading`, and its commands (bash_words)."""
+    block = re.search(rf'^## {re.escape(heading)}\n.*?^```bash\n(.*?)^```', readme_text(), re.M | re.S).group(1)
+    return block, bash_words(block)
+
+
+def every_readme_command():
+    """Every command README.md shows: each bash block's (bash_words) and each inline `python ...`."""
+    text = readme_text()
+    blocks = [bash_words(block) for block in re.findall(r'^ *```bash\n(.*?)^ *```', text, re.M | re.S)]
+    return [argv for words in blocks for argv in words] + [shlex.split(code) for code in
+                                                            re.findall(r'`(python [^`]+)`', text)]
 
 
 # -----------------------------------------------------------------------------

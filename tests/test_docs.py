@@ -17,7 +17,8 @@ import eval_zeroshot
 import prepare_data
 import train
 from lmkit import training
-from helpers import CHAT, EOT, digits_then_gpt2, hf_tokenizer, readme_commands, write_task_data
+from helpers import (CHAT, EOT, digits_then_gpt2, every_readme_command, hf_tokenizer, readme_commands,
+                     write_task_data)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))
@@ -121,6 +122,34 @@ def test_links_resolve(path):
 def test_readme_is_a_front_door():
     with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
         assert len(f.read().splitlines()) <= 300
+
+
+NOT_RUN = {'pip', 'hf', 'sbatch'}  # the network, a SLURM cluster
+
+
+def test_every_readme_command_parses_as_printed(capsys):
+    """Issue 53: every command README.md shows, as printed, reaches its script's own checks. Each python command
+    runs in this process with --help after its arguments: the configurator reads every config file and flag before it
+    (an unknown flag, a wrong type or a missing config file fails), then prints the usage; a dry run runs as is; a
+    torchrun line is the same check of its train.py command. Installs, downloads and sbatch are not run
+    (NOT_RUN)."""
+    checked = []
+    for argv in every_readme_command():
+        if argv[0] in NOT_RUN:
+            continue
+        assert argv[0] in ('python', 'torchrun'), argv
+        args = argv[1:] if argv[0] == 'python' else [a for a in argv[1:] if not a.startswith('--')]
+        name, args = (args[1], args[2:]) if args[0] == '-m' else (args[0][:-len('.py')], args[1:])
+        script = importlib.import_module(name)
+        if '--dry_run=True' not in args:
+            args = [*args, '--help']
+        with pytest.raises(SystemExit) as stop:
+            script.main(args)
+            raise SystemExit(0)  # (a dry run returns)
+        assert stop.value.code in (0, None), (argv, capsys.readouterr())
+        checked.append(name)
+    assert len(checked) >= 40 and set(checked) >= {'quickstart', 'train', 'prepare_data', 'sample', 'analyze',
+                                                   'eval_zeroshot', 'distill', 'study.sink_study', 'tools.bench'}
 
 
 def test_the_one_gpu_loop_runs_as_written(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ import ast
 import glob
 import os
 import re
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETWORK = {'model.py', 'attention_kernels.py', 'configurator.py'}
@@ -65,6 +66,27 @@ def test_the_library_imports_no_script_and_neither_it_nor_the_root_imports_the_s
     for path in sources('lmkit'):
         ours = {name.split('.')[0] for name in imported(path)} & {module_name(p) for p in sources('')}
         assert ours <= {'model', 'configurator', 'attention_kernels'}, (module_name(path), ours)
+
+
+def first_import_beyond_the_standard_library(path):
+    """The first module a file imports at its top that is neither Python's own nor the pure-Python configurator."""
+    for node in ast.parse(open(path, encoding='utf-8').read()).body:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        for name in names:
+            if name.split('.')[0] not in sys.stdlib_module_names | {'configurator'}:
+                return name
+    return None
+
+
+def test_every_script_imports_the_library_before_torch():
+    """lmkit/__init__.py sets OMP_WAIT_POLICY=PASSIVE (idle threads sleep, not spin: issue 53), which libgomp reads
+    once, when torch loads it: a script whose first import beyond the standard library is not lmkit could load
+    torch first and spin."""
+    late = {module_name(p): first for folder in FOLDERS for p in sources(folder)
+            if is_script(p) and (first := first_import_beyond_the_standard_library(p)) is not None
+            and first.split('.')[0] != 'lmkit'}
+    assert not late
 
 
 def test_no_function_outside_the_tests_is_over_80_lines():

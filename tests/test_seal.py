@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import types
 import subprocess
 
 import pytest
@@ -115,8 +116,13 @@ def test_a_blind_study_trains_only_under_its_seal(data_dir, tmp_path):
                                        r"there"):
         sink_study.main([*argv, f'--report_dir={tmp_path / "unsealed"}'])
     with pytest.raises(RunError, match=r"^1 file\(s\) differ from the seal aaaaaaaaaaaa \(train\.py\): train the "
-                                       r"sealed study from a checkout .*git worktree add"):
+                                       r"sealed study from a checkout .*git worktree add .*, then there, python -m "
+                                       r"study\.sink_study with the same arguments$"):
         sink_study.main([*argv, f"--report_dir={seal_here(tmp_path / 'changed' / 'report', 'train.py')}"])
+    # v2's sealed commit predates study/: its checkout runs the root's sink_study.py (issue 53: the advice led to a
+    # checkout without the command it named)
+    with pytest.raises(RunError, match=r"then there, python sink_study\.py with the same arguments$"):
+        sink_study.check_seal(types.SimpleNamespace(claims='v2', report_dir='docs/sink_study_v2'))
     assert not (out / 'train').exists()
     report = seal_here(tmp_path / 'report')
     results = sink_study.main([*argv, f'--report_dir={report}'])

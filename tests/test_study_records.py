@@ -422,3 +422,25 @@ def test_a_nan_written_into_a_sealed_record_is_one_line(key, said, tmp_path):
     with pytest.raises(RunError, match=r"kd_affine_s1\.json: not a valid record of the study: " + said) as e:
         study_records.read_records(str(runs))
     assert '\n' not in str(e.value)
+
+
+def test_the_readme_command_regenerates_a_report_without_the_corpus(tmp_path, monkeypatch, capsys):
+    """Issue 53: v2's command in the README, run as printed, was refused ("68 file(s) differ from the seal"), and a
+    report-only run needed the corpus prepared first. Now a command whose every run is recorded writes the report
+    from the records, as --report_only=True does (nothing to train: no seal to check), and needs no corpus: it is the
+    one results.json names, once that is every record's. Where results.json does not name it, one line says how to
+    prepare it. (Here the repository is a copy without data/.)"""
+    root = tmp_path / 'repo'
+    shutil.copytree(os.path.join(ROOT, 'docs', 'sink_study_v2'), root / 'docs' / 'sink_study_v2')
+    (root / 'config').symlink_to(os.path.join(ROOT, 'config'))
+    monkeypatch.setattr(sink_study, 'HERE', str(root))
+    sink_study.main(['--plan=v2', '--report_dir=docs/sink_study_v2'])  # the README's command
+    assert 'its report is written from them, as --report_only=True does' in capsys.readouterr().out
+    for name in ('report.md', 'results.json'):
+        with open(os.path.join(ROOT, 'docs', 'sink_study_v2', name), encoding='utf-8') as f:
+            assert (root / 'docs' / 'sink_study_v2' / name).read_text(encoding='utf-8') == f.read(), name
+    assert not (root / 'data').exists()
+    edit(root / 'docs' / 'sink_study_v2' / 'results.json', lambda results: results['corpus'].pop('identity'))
+    with pytest.raises(RunError, match=r'needs docs/sink_study_v2/results.json to name the corpus of every record .* '
+                                       r'prepare the corpus first \(python prepare_data.py --source=stdlib'):
+        sink_study.main(['--plan=v2', '--report_dir=docs/sink_study_v2'])

@@ -40,6 +40,7 @@ import tempfile
 import time
 import types
 
+import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch
 
 if __package__ in (None, ''):  # run as a file: the repository's root on the path, as `python -m` puts it

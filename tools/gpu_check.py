@@ -39,6 +39,7 @@ import time
 import traceback
 import types
 
+import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
