@@ -20,6 +20,8 @@ Sections:
   study      the sink study's runs: tokens/s of train.py as the study starts it (eager, and compiled as the study
              runs it; its seconds outside the steps) against a plain PyTorch loop on the same shape; 2 one-thread
              processes side by side against one with 2 threads
+  threads    train.py config/tiny_cpu.py at 1 and 2 threads, OpenMP's idle threads spinning or sleeping, alone and
+             with every core shared with another job
 
 Peak memory: CUDA's allocator peak (max_memory_allocated) on GPU; on CPU the rise of the process's peak
 resident set size during the measured step (VmHWM, reset through /proc/self/clear_refs), with glibc's mmap
@@ -295,11 +297,16 @@ def study_command(variant, steps, compile, data_dir, out_dir, device):
             f'--eval_interval={max(1, steps // SINK_STUDY_EVALUATIONS)}', f'--compile={compile}', f'--device={device}']
 
 
-def study_runs(commands, threads):
-    """Run train.py commands side by side, each with `threads` threads; per run (median tokens/s of its steps after
-    the first 5, as its metrics.jsonl records them; seconds outside the steps: start, compile, evaluations and
-    checkpoints, from its wall time)."""
+def study_runs(commands, threads, wait_policy=None):
+    """Run train.py commands side by side, each with `threads` threads (and OMP_WAIT_POLICY=wait_policy where
+    given; '': none, libgomp's own default); per run (median tokens/s of its steps after the first 5, as its
+    metrics.jsonl records them; seconds outside the steps: start, compile, evaluations and checkpoints, from its wall
+    time)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    if wait_policy is not None:
+        env['OMP_WAIT_POLICY'] = wait_policy
+        if not wait_policy:
+            del env['OMP_WAIT_POLICY']
     out_dirs = [next(a.partition('=')[2] for a in c if a.startswith('--out_dir=')) for c in commands]
     outputs = [open(f'{d}.log', 'w') for d in out_dirs]
     t0 = time.perf_counter()
@@ -377,6 +384,55 @@ def bench_study(args, device):
                 f"of one model on k times the batch, so the last column bounds its speed-up over k separate runs.",
                 ['batch (windows)', 'tokens/s', 'over the study\'s batch'],
                 [[f'{k * B}', f'{t:,.0f}', ratio(t, batched[0])] for k, t in zip((1, 2, 4), batched)])
+
+# -----------------------------------------------------------------------------
+# threads: a CPU run's speed at 1 and 2 threads, its idle threads spinning or sleeping, alone and on shared cores
+
+TINY_CONFIG = os.path.join(ROOT, 'config', 'tiny_cpu.py')
+
+
+def bench_threads(args, device):
+    """train.py on the CPU as the README's by-hand example runs it (config/tiny_cpu.py), at 1 and 2 threads, with
+    OpenMP's idle threads as libgomp leaves them (no OMP_WAIT_POLICY: they spin a while, then sleep), spinning
+    (ACTIVE) or sleeping (PASSIVE, what lmkit sets unless the environment holds a policy: lmkit/__init__.py), alone
+    and with every core shared (a busy loop per core, as another job on the machine)."""
+    if device.type != 'cpu':
+        log(f'  threads: a CPU section, skipped on {device.type}')
+        return
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, 'data')
+        prepare_builtin(data)
+        for busy in (False, True):
+            others = [subprocess.Popen([sys.executable, '-c', 'while True: pass'])
+                      for _ in range(os.cpu_count() if busy else 0)]
+            machine = 'every core shared' if busy else 'alone'
+            try:
+                for threads in (1, 2):
+                    speeds = []
+                    for policy in ('', 'ACTIVE', 'PASSIVE'):
+                        out = os.path.join(tmp, f'{busy}_{threads}_{policy}')
+                        command = [sys.executable, 'train.py', TINY_CONFIG, f'--data_dir={data}', f'--out_dir={out}',
+                                   f'--max_iters={args.threads_steps}', f'--eval_interval={args.threads_steps}',
+                                   '--eval_batches=1', '--device=cpu']
+                        (speed, _), = study_runs([command], threads, policy)
+                        speeds.append(speed)
+                        log(f'  threads: {machine}, {threads} thread(s), {policy or "unset"}: {speed:,.0f} '
+                            f'tokens/s')
+                    rows.append([machine, str(threads), *(f'{v:,.0f}' for v in speeds), ratio(speeds[2], speeds[0])])
+            finally:
+                for other in others:
+                    other.kill()
+                    other.wait()
+    print_table('Threads on a shared CPU',
+                f"train.py config/tiny_cpu.py (the README's by-hand example: 830,592 parameters, 16 x 256 tokens a "
+                f"step), {args.threads_steps} steps per run, tokens/s the median step after the first 5; on "
+                f"{os.cpu_count()} cores. libgomp's default: no OMP_WAIT_POLICY (idle threads spin a while, then "
+                f"sleep); spinning: ACTIVE; sleeping: PASSIVE (this repository's default). Every core shared: one "
+                f"busy Python loop per core beside the run, as another job on the machine.",
+                ['machine', 'threads', "tokens/s, libgomp's default", 'spinning', 'sleeping',
+                 "sleeping / libgomp's default"], rows)
+
 
 # -----------------------------------------------------------------------------
 # probes: what the sink measures cost, at every evaluation and at the end of a run
@@ -544,7 +600,7 @@ def bench_harness(args, device):
 
 
 SECTIONS = dict(attention=bench_attention, kd=bench_kd, train=bench_train, eval=bench_eval, harness=bench_harness,
-                study=bench_study, probes=bench_probes)
+                study=bench_study, probes=bench_probes, threads=bench_threads)
 MEMORY_SECTIONS = ('attention', 'kd')  # they measure peak memory
 GPU_CHECK = os.path.join(ROOT, 'tools', 'gpu_check.py')
 # what --check hands over to tools/gpu_check.py, under the same names there: its own keys (None: not given,
@@ -579,6 +635,7 @@ KEYS = dict(
     study_steps=Key(100, "study: steps per train.py run (the study's runs have config/sink_study.py's max_iters)",
                     min=6),
     study_threads=Key(1, "study: threads per process (the study's: cores / jobs)", min=1),
+    threads_steps=Key(30, "threads: steps per train.py run", min=6),
     # harness (needs lm-evaluation-harness 0.4.9, which needs transformers 4)
     harness_model=Key(None, 'harness: a Hugging Face model directory, e.g. what scripts/gguf_to_hf.py writes',
                       types=(str,)),
