@@ -14,7 +14,8 @@ edited config file's learning rate, ...; not micro_batch_size or the device: res
 again from scratch, replacing that stage's checkpoint and config.json (its metrics.jsonl kept aside under a new
 name), after a line saying what changed. What came from a replaced stage is redone too: the students of a teacher
 trained again, the evaluation of a student trained again. To keep earlier results, give another --out_dir. report.md
-states the steps, tokens and seed of every training and evaluation.
+states the steps, tokens and seed of every training and evaluation. Ctrl-C or SIGTERM stops the running stages (a
+training saves its last step first) and ends in one line; the same command continues.
 
 Both first install what is missing (requirements.txt and matplotlib; --tests: requirements-test.txt too; the real
 model's stage: transformers, tokenizers, gguf and accelerate). Stages:

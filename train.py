@@ -3,7 +3,7 @@ Train a student with the paper's recipe (Section 5.1, Appendix B.1), on one CPU 
 
     python train.py config/tiny_cpu.py --data_dir=data/builtin_bytes --max_iters=200      # a laptop CPU
     torchrun --standalone --nproc_per_node=8 train.py config/affine_1b.py                # one 8-GPU node (DDP)
-    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 --rdzv_id=JOB \
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 --rdzv_id=JOB \\
         train.py config/affine_3b.py                                                      # 16 GPUs, FSDP (fsdp=True)
     python train.py config/affine_3b.py --dry_run=True                      # parameter counts, per-GPU memory plan
 
@@ -12,7 +12,7 @@ Configuration, nanoGPT-style (configurator.py): the defaults below, then each co
 wrong types are errors. `model = 'llama3.2-1b'` (model.MODEL_SHAPES) sets a published shape where it stands; lines
 and overrides after it still win. The resolved config is written to out_dir/config.json.
 
-Data: step s trains on windows perm[s*G : (s+1)*G] of the train split (data.Windows), G the global
+Data: step s trains on windows perm[s*G : (s+1)*G] of the train split (lmkit.data.Windows), G the global
 batch, perm a permutation seeded by (seed, epoch): every window once per epoch (the paper trains one epoch),
 and a step's data depends only on (seed, step), never on the number of ranks or the micro-batch size. The
 position to resume from is therefore just the step.
@@ -20,14 +20,15 @@ position to resume from is therefore just the step.
 Scale: DDP keeps a full fp32 student and its AdamW state on every GPU (16 bytes a parameter); fsdp=True shards
 them over the ranks with PyTorch's FSDP2 (fully_shard per decoder layer), activation_checkpointing=True trades
 a recomputed forward for most activation memory. Checkpoints hold full (unsharded) state keyed by parameter
-name either way, so a run resumes on any number of ranks, with or without FSDP. memory_plan.py is the plan.
+name either way, so a run resumes on any number of ranks, with or without FSDP. lmkit/memory_plan.py is the plan.
 
 Reading order: train, at the bottom, is the training loop, as nanoGPT writes it: each micro-step's forward, loss
 (compute_loss) and backward, then clipping and AdamW (take_step), alpha_ma (Eq. 9), logging, evaluation and
 checkpoints; main, below it, checks everything it can before writing, then holds out_dir for the run (one writer:
-files.lock_dir). Above them, the setup they call (setup_run, load_data, build_model, load_run_teacher), and above
-that the pieces of a step; what runs the model over the ranks (DDP, FSDP2, compile) is in common.py, the checks of
-the settings against the data and of the weights before a save in run_checks.py, the records in run_log.py.
+lmkit.files.lock_dir). Above them, the setup they call (setup_run, load_data, build_model, load_run_teacher), and above
+that the pieces of a step; what runs the model over the ranks (DDP, FSDP2, compile) is in lmkit/distributed.py, the
+checks of the settings against the data and of the weights before a save in lmkit/run_checks.py, the records in
+lmkit/run_log.py.
 """
 import dataclasses
 import math
@@ -375,7 +376,7 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
 
 
 def main(argv):
-    c = load_config(argv)
+    c = load_config(argv, description='\n\n'.join(__doc__.split('\n\n')[:2]))  # --help: what and how
     try:
         model_config = ModelConfig(**{k: c[k] for k in FIELD_NAMES})
     except ValueError as e:  # ModelConfig's own checks (variant names, head counts, rope_scaling)

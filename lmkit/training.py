@@ -58,8 +58,9 @@ TRAIN_KEYS = dict(
     warmup_iters=Key(100, "linear warmup of the warmup-stable-decay schedule (Appendix B.1)", min=0),
     decay_frac=Key(0.2, "the last 20% of the steps decay linearly to min_lr (the paper gives no number)", min=0, max=1),
     weight_decay=Key(0.1, "AdamW, on matrices only (Section 5.1)", min=0),
-    matched_init=Key(False, "initialise each module from (seed, its name) alone (common.init_matched): variants of "
-                     "one seed then share every initial tensor they have in common; False: one stream in module order"),
+    matched_init=Key(False, "initialise each module from (seed, its name) alone (lmkit.training.init_matched): "
+                     "variants of one seed then share every initial tensor they have in common; False: one stream in "
+                     "module order"),
     no_decay=Key([], "modules whose matrices do not decay (the sink study's control: alpha_proj,g_proj)",
                  choices=('alpha_proj', 'g_proj', 'q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj',
                           'down_proj', 'embed_tokens', 'lm_head')),
@@ -143,9 +144,10 @@ KEYS = {**TRAIN_KEYS,
 KEY_DEFAULTS = {name: key.default for name, key in KEYS.items()}  # what a key a checkpoint predates takes
 
 
-def load_config(argv):
-    """Defaults <- config files <- --key=value overrides, each key checked (configurator.py)."""
-    return parse(argv, KEYS, __doc__, files=True, prog='train.py', rules=RULES)
+def load_config(argv, description=''):
+    """Defaults <- config files <- --key=value overrides, each key checked (configurator.py); description: what
+    --help says above the keys (train.py's own docstring)."""
+    return parse(argv, KEYS, description, files=True, prog='train.py', rules=RULES)
 
 
 def configure_optimizers(model, weight_decay, lr, betas, fused=None, no_decay=()):

@@ -37,9 +37,11 @@ def imported(path):
 
 
 def is_script(path):
-    """A file run as a command: it has a __main__ block, or it is a moved command's one-line notice."""
+    """A file run as a command: its __main__ block calls its main, or it is a moved command's one-line notice. (A
+    module's own __main__ block may say that it is not a command: tools/memory_measure.py.)"""
     text = open(path, encoding='utf-8').read()
-    return bool(re.search(r"^if __name__ == ['\"]__main__['\"]:", text, re.M)) or text.startswith('"""Moved: run')
+    main = re.search(r"^if __name__ == ['\"]__main__['\"]:(.*)", text, re.M | re.S)
+    return bool(main and re.search(r'\bmain\b', main.group(1))) or text.startswith('"""Moved: run')
 
 
 SCRIPTS = {module_name(p) for folder in FOLDERS for p in sources(folder) if is_script(p)}

@@ -5,6 +5,7 @@ to by tests/test_gpu_path.py at reduced depth and by scripts/memory_tables.py --
 A tool of its own, not part of lmkit/memory_plan.py: it runs the micro-step (training.compute_loss) under MemTracker,
 which only what measures should pay the import of (seconds).
 """
+import sys
 import warnings
 from unittest import mock
 
@@ -75,3 +76,9 @@ def fake_peak_memory(c, model_config, teacher_config):
     finally:
         dist.destroy_process_group()
     return tracker.get_tracker_snapshot('peak')[torch.device('cpu')]['Total']
+
+
+if __name__ == '__main__':  # a module, not a command: whoever runs it is told where its measurement runs
+    print("tools/memory_measure.py is a module, not a command: its measurement runs in python scripts/memory_tables.py "
+          "--measure=True (every paper row at full depth) and in tests/test_gpu_path.py", file=sys.stderr)
+    sys.exit(0 if {'-h', '--help'} & set(sys.argv[1:]) else 2)
