@@ -495,6 +495,7 @@ def main(argv=None):
     try:
         return prepare(parse_args(argv), shlex.join(["python", "prepare_data.py", *argv]))
     except Stopped as e:
+        print(file=sys.stderr)  # (ends the progress line)
         raise RunError(f"{e}; the same command continues from the last shards written whole") from None
 
 

@@ -250,6 +250,12 @@ def recipe_of(config, per_step):
     return {key: config[key] for key in RECIPE_KEYS} | dict(tokens=config['max_iters'] * per_step)
 
 
+def reuse_problems(run, record, per_step, study):
+    """Why the record may not stand for the run (study_records.reuse_problems); [] where it may."""
+    return study_records.reuse_problems(record, run['config'], run['teacher'], recipe_of(run['config'], per_step),
+                                        study['corpus'], study['overrides'])
+
+
 def state(run, records, per_step, study):
     """recorded (its record may stand for it: study_records.reuse_problems), or train.py's state of its run: done /
     partial / new / changed (training.planned_run, the rule the quick start applies too: the same settings continue,
@@ -258,8 +264,7 @@ def state(run, records, per_step, study):
     from lmkit.training import planned_run
     record = records.get(run['name'])
     if record:
-        problems = study_records.reuse_problems(record, run['config'], run['teacher'],
-                                                recipe_of(run['config'], per_step), study['corpus'], study['overrides'])
+        problems = reuse_problems(run, record, per_step, study)
         if not problems:
             return 'recorded'
         print(f"{run['name']}: its record was made with other settings ({'; '.join(problems)}): trained again",
@@ -518,13 +523,13 @@ def corpus_identity(data_dir):
                 source=meta['settings']['source']['source'])
 
 
-def study_corpus(args, records):
+def study_corpus(args, records, fall_back):
     """The corpus as results.json describes it: source, Python, files, bytes, sha256, data_dir, its identity
     (corpus_identity) and bos_id, from data_dir's meta.json. A report-only run without the corpus takes it from the
-    report's own results.json, where that names the corpus every record was made on: no corpus is needed to
-    regenerate a report."""
+    report's own results.json (fall_back), where that names the corpus every record was made on: no corpus is
+    needed to regenerate a report."""
     from lmkit.data import read_meta
-    if args.report_only and not os.path.isfile(os.path.join(HERE, args.data_dir, 'meta.json')):
+    if fall_back and not os.path.isfile(os.path.join(HERE, args.data_dir, 'meta.json')):
         path = os.path.join(HERE, args.report_dir, 'results.json')
         described = {}
         if os.path.isfile(path):
@@ -582,12 +587,22 @@ def check_seal(args):
     return seal['commit']
 
 
-def recorded_already(args, runs):
-    """Whether every planned run has a file in report_dir/runs (whether each may stand for its run is collect's to
-    check): then there is nothing to train, and the command regenerates the report."""
+def regenerating(args, runs, per_step, overridden, command):
+    """The study's corpus and settings where this command has nothing to train: every planned run has a record that
+    may stand for it (reuse_problems: the same settings, recipe and corpus; the corpus as study_corpus finds it,
+    results.json where it is not prepared), and no mirror is to be checked. Then the command writes the report, as
+    --report_only=True does, with no seal to check and no corpus to prepare; else None."""
     folder = os.path.join(HERE, args.report_dir, 'runs')
     names = {name[:-len('.json')] for name in os.listdir(folder)} if os.path.isdir(folder) else set()
-    return {r['name'] for r in runs} <= names
+    if args.mirror_dir or not {r['name'] for r in runs} <= names:
+        return None
+    records = read_records(args.report_dir)
+    try:
+        described = study_corpus(args, records, fall_back=True)
+    except RunError:  # (the corpus is neither prepared nor named by results.json: the training path prepares it)
+        return None
+    study = dict(corpus=described['identity'], corpus_described=described, command=command, overrides=overridden)
+    return None if any(reuse_problems(run, records[run['name']], per_step, study) for run in runs) else study
 
 
 def read_records(report_dir):
@@ -630,9 +645,7 @@ def unusable(runs, records, per_step, study, planned_only=False):
         if run is None:
             out[name] = 'not planned by this command'
         elif not planned_only:
-            problems = study_records.reuse_problems(record, run['config'], run['teacher'],
-                                                    recipe_of(run['config'], per_step), study['corpus'],
-                                                    study['overrides'])
+            problems = reuse_problems(run, record, per_step, study)
             if problems:
                 out[name] = 'other settings: ' + '; '.join(problems)
     return out
@@ -726,16 +739,19 @@ def main(argv=None):
     # the command that trains these runs (--report_only only rewrites the report from their records)
     command = shlex.join(['python', '-m', 'study.sink_study', *(a for a in argv if not a.startswith('--report_only'))])
     t0 = time.time()
-    if not args.report_only and recorded_already(args, runs):
-        print(f"every run this command plans has its record in {args.report_dir}/runs: its report is written from "
-              f"them, as --report_only=True does", flush=True)
-        args.report_only = True
+    overridden = [a[2:].partition('=')[0] for a in overrides]
     with on_stop_signals():  # Ctrl-C or SIGTERM: the runs are stopped cleanly (run_all)
+        study = None if args.report_only else regenerating(args, runs, per_step, overridden, command)
+        if study:
+            print(f"every run this command plans has its record in {args.report_dir}/runs: its report is written "
+                  f"from them, as --report_only=True does", flush=True)
+            args.report_only = True
         if not args.report_only:
             prepare_corpus(args)
-        described = study_corpus(args, read_records(args.report_dir))
-        study = dict(corpus=described['identity'], corpus_described=described, command=command,
-                     overrides=[a[2:].partition('=')[0] for a in overrides])
+        if study is None:
+            described = study_corpus(args, read_records(args.report_dir), args.report_only)
+            study = dict(corpus=described['identity'], corpus_described=described, command=command,
+                         overrides=overridden)
         if not args.report_only:
             train_all(args, runs, steps, per_step, study, threads, threads_from)
         records = read_records(args.report_dir)  # as training left them

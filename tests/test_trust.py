@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import shutil
+import subprocess
 import zipfile
 
 import pytest
@@ -154,7 +155,7 @@ def test_every_command_refuses_a_checkpoint_that_would_run_code(hostile, data, t
         assert message in line and 'Nothing in it was run' in line, (name, line)
     # the quick start's check of a stage's checkpoint (its own out_dir/teacher), with no install and no stage run
     monkeypatch.setattr(quickstart, 'install', lambda *args: True)
-    monkeypatch.setattr(quickstart.subprocess, 'call', lambda *args, **kwargs: 0)
+    monkeypatch.setattr(quickstart.children, 'start', lambda command, **how: subprocess.Popen(['true'], **how))
     shutil.copytree(run, tmp_path / 'quickstart' / 'teacher')
     line = refusal(capsys, quickstart.main, [f'--out_dir={tmp_path / "quickstart"}', f'--data_dir={data}',
                                              '--real_model=False'])

@@ -42,11 +42,11 @@ import tempfile
 import time
 import types
 
-import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
-import torch
-
 if __package__ in (None, ''):  # run as a file: the repository's root on the path, as `python -m` puts it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
+import torch
 
 from lmkit.kd import kd_problem
 from lmkit.measure import (PeakMemory, Progress, default_peak_flops, flops_per_token, gemm_shapes, log,

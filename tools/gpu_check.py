@@ -39,13 +39,13 @@ import time
 import traceback
 import types
 
-import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
+if __package__ in (None, ''):  # run as a file: the repository's root on the path, as `python -m` puts it
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
-
-if __package__ in (None, ''):  # run as a file: the repository's root on the path, as `python -m` puts it
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lmkit.checkpoint import read_checkpoint
 from lmkit.measure import (KNOWN_PEAK_BF16, PeakMemory, flops_per_token, gemm_shapes, log, measured_matmul_flops,
