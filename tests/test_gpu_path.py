@@ -388,11 +388,11 @@ def compiled_run(rank, world, data_dir, parallel, attention):
     return phases, copies
 
 
-def _compiled_worker(rank, world, init_file, result_file, data_dir, parallel):
+def _compiled_worker(rank, world, init_file, result_file, data_dir, parallel, variants):
     torch.set_num_threads(1)  # a core each
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
     try:
-        results = {attention: compiled_run(rank, world, data_dir, parallel, attention) for attention in ATTENTIONS}
+        results = {attention: compiled_run(rank, world, data_dir, parallel, attention) for attention in variants}
         torch.save(results, f'{result_file}.{rank}')
     finally:
         dist.destroy_process_group()
@@ -400,18 +400,22 @@ def _compiled_worker(rank, world, init_file, result_file, data_dir, parallel):
 
 @pytest.mark.parametrize('parallel', ['ddp', 'fsdp'])
 def test_compiled_training_and_evaluation_never_recompile(data_dir, tmp_path, parallel):
-    """Every variant, 9 layers, 2 gloo ranks, as train.py runs them compiled: the student's layers compile once for
+    """Every variant under FSDP (each one's own parameters sharded with its layers), and under DDP, whose graph
+    splitting does not depend on the attention, softmax and affine_gated (the most parameters of their own); 9
+    layers, 2 gloo ranks, as train.py runs them compiled: the student's layers compile once for
     training and the teacher's once (the first micro-step), the student's once more for evaluation's eval mode (the
     first evaluation), and nothing else compiles, on any rank: no recompilation in later steps or evaluations (the
     attention-logit statistics' hooks run eagerly: traced, they made every layer recompile at every evaluation).
     No graph breaks. Under DDP one graph per layer, not DDP's bucket-sized pieces (distributed.compile_layers turns
     dynamo's DDP graph splitting off), and no gradient beside DDP's buckets after a no_sync micro-step."""
+    variants = ATTENTIONS if parallel == 'fsdp' else ('softmax', 'affine_gated')
     torch.multiprocessing.spawn(_compiled_worker, args=(2, str(tmp_path / 'init'), str(tmp_path / 'result'), data_dir,
-                                                        parallel), nprocs=2, join=True)
+                                                        parallel, variants), nprocs=2, join=True)
     expected = {'first micro-step': (2, 0), 'step 1': (0, 0), 'step 2': (0, 0), 'evaluation 1': (1, 0),
                 'step 3': (0, 0), 'evaluation 2': (0, 0)}
     for rank in range(2):
         results = torch.load(tmp_path / f'result.{rank}', weights_only=False)
+        assert tuple(results) == tuple(variants)
         for attention, (phases, copies) in results.items():
             assert phases == expected, (rank, attention)
             assert copies == (0 if parallel == 'ddp' else None), (rank, attention)
