@@ -30,7 +30,9 @@ def stage_row(report, stage):
 
 
 def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_changed(tmp_path):
-    output = quickstart(tmp_path)
+    """(The real model's stages are left out: tests/test_smollm2.py builds their report section from the real model;
+    they cost more than the rest of the run together.)"""
+    output = quickstart(tmp_path, '--real_model=False')
     for stage in ('train the softmax teacher', 'distill softmax seed 0', 'distill affine seed 0',
                   'evaluate affine seed 0', 'analyse: table', 'analyse: attention', 'analyse: runs'):
         assert f'] {stage} (at' in output
@@ -45,9 +47,8 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     assert v2 in report and os.path.isfile(os.path.join(ROOT, v2))
     for figure in re.findall(r'\]\(([^)]+\.png)\)', report):
         assert (out / figure).stat().st_size > 1000
-    # Figures 3-6, 9, alpha and where rows go, outliers, knockout of the students; 2, 7, 8, 10 of their runs; 3-6, 9
-    # and the three of the sink's measures of the real model
-    assert len(re.findall(r'\]\(([^)]+\.png)\)', report)) == 21
+    # Figures 3-6, 9, alpha and where rows go, outliers, knockout of the students; 2, 7, 8, 10 of their runs
+    assert len(re.findall(r'\]\(([^)]+\.png)\)', report)) == 13
     # steps, tokens = steps x 16 sequences (both configs' global batch) x 256 (the tiny shape's block), seed (the
     # teacher: train.py's default); an evaluation reports the checkpoint it evaluated
     assert stage_row(report, 'train the softmax teacher') == (f'{out}/teacher', '3', f'{3 * 16 * 256:,}', '1337')
@@ -56,15 +57,9 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
             assert stage_row(report, stage) == (f'{out}/{variant}_seed0', '2', f'{2 * 16 * 256:,}', '0')
 
     (out / 'NOTES.txt').write_text('a user\'s notes beside the report')  # kept, byte for byte, by every later run
-    # the real model's attention beside the students': SmolLM2-135M-Instruct draws far more weight to the first token
-    # (its largest layer: 0.645 when this was written) than the tiny students ever do
-    rows = dict(re.findall(r'^\| (SmolLM2-135M-Instruct|Baseline|Affine-Scaled) \| \d+ \| [\d.]+ \| ([\d.]+) \(layer',
-                           report, re.M))
-    assert set(rows) == {'SmolLM2-135M-Instruct', 'Baseline', 'Affine-Scaled'}, report[-3000:]
-    assert float(rows['SmolLM2-135M-Instruct']) > 0.3 > max(float(rows['Baseline']), float(rows['Affine-Scaled']))
-    assert (out / 'smollm2_attention' / 'fig4_first_token.png').stat().st_size > 1000
+    assert 'Skipped: not asked for (--real_model=False).' in report
 
-    # a re-run (the real model left out: its analysis would run again, as every analysis does) skips what is done
+    # a re-run skips what is done
     rerun = quickstart(tmp_path, '--real_model=False')
     for stage in ('train the softmax teacher', 'distill affine seed 0', 'evaluate affine seed 0'):
         assert re.search(rf'{stage} \(at \d+m\d+s\): finished in an earlier run with these settings, skipped', rerun)

@@ -6,6 +6,7 @@ scripts/gguf_to_hf.py on tiny GGUFs written here."""
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -168,17 +169,27 @@ def test_kd_student_from_the_teacher(student):
     assert torch.load(student / 'ckpt.pt', weights_only=False)['model_config']['vocab_size'] == 49152
 
 
-def test_analyze_attention(teacher, data, tmp_path):
+def test_analyze_attention_and_the_quick_starts_section_of_it(teacher, student, data, tmp_path):
     """analyze.py attention on the real model: its 30 layers' statistics on two 64-token windows of the val split, and
-    the end-of-run measures on as few (Gu et al.'s setting on 2 windows, W8A8 calibrated on 1, the knockout)."""
-    out = tmp_path / 'report'
-    analyze.main(['attention', teacher, f'--out_dir={out}', f'--data={data}', '--num_seqs=2', '--seq_len=64',
-                  '--sink_samples=2', '--calibration=1', '--device=cpu'])
-    numbers = json.loads((out / 'numbers.json').read_text())
+    the end-of-run measures on as few (Gu et al.'s setting on 2 windows, W8A8 calibrated on 1, the knockout). The
+    quick start's report section of it (quickstart.real_model_section) beside a student's: SmolLM2-135M-Instruct
+    draws far more weight to the first token (its largest layer) than a tiny student does."""
+    import quickstart
+    out = tmp_path / 'quickstart'
+    for model, subdir in ((teacher, 'smollm2_attention'), (student, 'attention')):
+        analyze.main(['attention', str(model), f'--out_dir={out / subdir}', f'--data={data}', '--num_seqs=2',
+                      '--seq_len=64', '--sink_samples=2', '--calibration=1', '--device=cpu'])
+    numbers = json.loads((out / 'smollm2_attention' / 'numbers.json').read_text())
     (stats,) = numbers['models'].values()
     assert len(stats['layers']) == 30 and stats['row_sums']['mean'] == pytest.approx(1.0, abs=1e-5)
     assert {'gu', 'w8a8', 'knockout'} <= set(stats) and stats['w8a8']['calibration'] == 1
-    assert (out / 'report.md').is_file()
+    section = '\n'.join(quickstart.real_model_section(str(out), None))
+    rows = dict(re.findall(r'^\| (SmolLM2-135M-Instruct|Affine-Scaled) \| \d+ \| [\d.]+ \| ([\d.]+) \(layer', section,
+                           re.M))
+    assert set(rows) == {'SmolLM2-135M-Instruct', 'Affine-Scaled'}, section
+    assert float(rows['SmolLM2-135M-Instruct']) > 0.3 > float(rows['Affine-Scaled'])
+    assert '](smollm2_attention/fig4_first_token.png)' in section
+    assert (out / 'smollm2_attention' / 'fig4_first_token.png').stat().st_size > 1000
 
 
 def test_export_of_the_student_loads_in_transformers(student, tmp_path):
