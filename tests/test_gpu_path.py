@@ -291,7 +291,9 @@ def test_memory_plan_is_the_dry_runs(config, capsys):
     assert printed == {key: f'{n / 2**30:.2f}' for key, n in (plan | dict(total=sum(plan.values()))).items()}
 
 
-@pytest.mark.parametrize('config', ['softmax_1b', 'affine_gated_1b', 'affine_3b'])
+# (affine_gated_1b: softmax_1b's shape with every module a variant adds; affine_3b: FSDP; softmax_1b left out for the
+# suite's time, its plan the same code on fewer modules)
+@pytest.mark.parametrize('config', ['affine_gated_1b', 'affine_3b'])
 def test_memory_plan_holds_against_a_fake_tensor_measurement(config):
     """--dry_run's per-GPU plan for a paper row (1B: DDP; 3B: FSDP on 8 GPUs; micro-batch 4 x 2,048 tokens, KD from
     the published teacher's shape) against the peak MemTracker measures in a training micro-step on fake tensors
@@ -400,15 +402,16 @@ def _compiled_worker(rank, world, init_file, result_file, data_dir, parallel, va
 
 @pytest.mark.parametrize('parallel', ['ddp', 'fsdp'])
 def test_compiled_training_and_evaluation_never_recompile(data_dir, tmp_path, parallel):
-    """Every variant under FSDP (each one's own parameters sharded with its layers), and under DDP, whose graph
-    splitting does not depend on the attention, softmax and affine_gated (the most parameters of their own); 9
-    layers, 2 gloo ranks, as train.py runs them compiled: the student's layers compile once for
-    training and the teacher's once (the first micro-step), the student's once more for evaluation's eval mode (the
-    first evaluation), and nothing else compiles, on any rank: no recompilation in later steps or evaluations (the
-    attention-logit statistics' hooks run eagerly: traced, they made every layer recompile at every evaluation).
-    No graph breaks. Under DDP one graph per layer, not DDP's bucket-sized pieces (distributed.compile_layers turns
-    dynamo's DDP graph splitting off), and no gradient beside DDP's buckets after a no_sync micro-step."""
-    variants = ATTENTIONS if parallel == 'fsdp' else ('softmax', 'affine_gated')
+    """Under FSDP the variants with parameters of their own (sharded with their layers: sink, gated, affine,
+    affine_gated), under DDP, whose graph splitting does not depend on the attention, the two without (softmax,
+    softmax1): every variant once, for the suite's time; 9 layers, 2 gloo ranks, as train.py runs them compiled:
+    the student's layers compile once for training and the teacher's once (the first micro-step), the student's once
+    more for evaluation's eval mode (the first evaluation), and nothing else compiles, on any rank: no recompilation
+    in later steps or evaluations (the attention-logit statistics' hooks run eagerly: traced, they made every layer
+    recompile at every evaluation). No graph breaks. Under DDP one graph per layer, not DDP's bucket-sized pieces
+    (distributed.compile_layers turns dynamo's DDP graph splitting off), and no gradient beside DDP's buckets after a
+    no_sync micro-step."""
+    variants = ('sink', 'gated', 'affine', 'affine_gated') if parallel == 'fsdp' else ('softmax', 'softmax1')
     torch.multiprocessing.spawn(_compiled_worker, args=(2, str(tmp_path / 'init'), str(tmp_path / 'result'), data_dir,
                                                         parallel, variants), nprocs=2, join=True)
     expected = {'first micro-step': (2, 0), 'step 1': (0, 0), 'step 2': (0, 0), 'evaluation 1': (1, 0),
