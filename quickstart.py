@@ -465,10 +465,7 @@ def run_tests():
     if subprocess.call(lint, cwd=HERE) != 0:
         raise RunError("ruff check failed (its findings are above; ruff check --fix . fixes some): the tests were "
                        "not run")
-    # worksteal: a process that runs out of tests takes some of the other's, so that the long ones at the end of a
-    # file do not leave a core idle
-    tests = Stage('the test suite', [sys.executable, '-m', 'pytest', '-q', '-n', str(TEST_WORKERS), '--dist=worksteal',
-                                     'tests'])
+    tests = Stage('the test suite', [sys.executable, '-m', 'pytest', '-q', '-n', str(TEST_WORKERS), 'tests'])
     stages.begin(tests)
     suite = subprocess.Popen(tests.command, cwd=HERE, env={'OMP_WAIT_POLICY': 'PASSIVE', **os.environ})
     try:
