@@ -70,12 +70,15 @@ def on_stop_signals(handler=raise_stopped):
 def run_script(main, argv=None):
     """A script's entry point: main(argv), with a RunError or an OSError printed as one line on stderr (the
     script's name, the path, what happened and what to do) and exit status 1. SIGTERM and SIGINT are such an
-    error too (Stopped), never a traceback or a silent death."""
+    error too (Stopped), never a traceback or a silent death; a closed pipe (| head) ends it quietly."""
     try:
         with on_stop_signals():
             return main(sys.argv[1:] if argv is None else argv)
     except RunError as e:
         message = str(e)
+    except BrokenPipeError:  # the reader of the output stopped early (| head): nothing to say, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's flush at exit would raise again)
+        raise SystemExit(1) from None
     except OSError as e:
         message = describe_os_error(e)
     print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)

@@ -447,3 +447,15 @@ def test_a_failed_start_leaves_no_empty_directory(tmp_path):
     with files.made_dirs(tmp_path / 'a' / 'b'):
         pass
     assert (tmp_path / 'a' / 'b').is_dir()  # kept when the block succeeds
+
+
+def test_a_reader_that_stops_early_gets_no_error():
+    """`python tools/bench.py --help | head -1` ended in "bench.py: error: a file: Broken pipe; check the path and the
+    device": the reader stopping early is no fault of the path. Now it ends quietly, exit status 1, as Unix tools
+    do (a script whose write meets a closed pipe)."""
+    code = ("from lmkit.errors import run_script\n"
+            "def main(argv):\n"
+            "    raise BrokenPipeError(errno.EPIPE, 'Broken pipe')\n"
+            "run_script(main)\n")
+    run = subprocess.run([sys.executable, '-c', 'import errno\n' + code], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 1 and run.stderr == '' and run.stdout == ''
