@@ -2,7 +2,7 @@
 What train.py checks of a run beyond its keys' ranges: the settings against the data, before any work
 (check_sizes; start_notes for what they allow but do not do as written), and the weights and the evaluation's loss
 before every save (check_finite), so that no checkpoint holds weights that are not finite. Every rank takes part in
-check_finite and comes to the same verdict. Imports torch, common.py and files.py only.
+check_finite and comes to the same verdict. Imports torch, lmkit.distributed and lmkit.errors only.
 """
 import math
 

@@ -192,7 +192,7 @@ def run_tokens(found):
 
 def estimate_basis():
     return (f'an assumed {ASSUMED_MFU:.0%} MFU of {PEAK / 1e12:.0f} TFLOP/s per GPU (the H100\'s dense bf16 peak in '
-            f'`common.KNOWN_PEAK_BF16`)')
+            f'`lmkit.measure.KNOWN_PEAK_BF16`)')
 
 
 def flops_table(found):
@@ -209,8 +209,8 @@ def flops_table(found):
             if r.c['fsdp'] else '- (DDP)'
         lines.append([r.name, f'{f.student / 1e9:.1f} G', f'{f.teacher / 1e9:.1f} G', f'{f.tokens_per_sec:,.0f}',
                       f'{f.hours:.0f}', f'{f.recompute:.0%}', f'{f.micro_step_sec:.2f} s', collectives])
-    return (f'Estimates, not measurements: FLOPs per token from `common.flops_per_token` (the teacher\'s forward: a '
-            f'third of its training FLOPs) at {estimate_basis()}, each config\'s micro-batch.\n\n'
+    return (f'Estimates, not measurements: FLOPs per token from `lmkit.measure.flops_per_token` (the teacher\'s '
+            f'forward: a third of its training FLOPs) at {estimate_basis()}, each config\'s micro-batch.\n\n'
             + table(header, lines))
 
 

@@ -13,8 +13,8 @@ Sections:
              paper, the peer our O(T) affine is measured against
   kd         distill.fused_kd_loss vs the naive full-logits KL at V = 128,256, 8,192 tokens, hidden 2048; the
              naive path (~20 GiB) is skipped, with its estimate printed, where it would not fit in memory
-  train      tokens/s and MFU of real AdamW steps of a small model: common.flops_per_token x tokens/s over the
-             device's measured matmul peak at the model's matmul shapes (common.measured_matmul_flops)
+  train      tokens/s and MFU of real AdamW steps of a small model: lmkit.measure.flops_per_token x tokens/s over the
+             device's measured matmul peak at the model's matmul shapes (lmkit.measure.measured_matmul_flops)
   eval       docs/s of eval_zeroshot's batched scoring vs one request per forward, synthetic 4-choice docs
   harness    docs/s of eval_zeroshot vs lm-evaluation-harness 0.4.9 on a real model (--harness_model; lm_eval installed)
   study      the sink study's runs: tokens/s of train.py as the study starts it (eager, and compiled as the study
@@ -25,7 +25,7 @@ Sections:
 
 Peak memory: CUDA's allocator peak (max_memory_allocated) on GPU; on CPU the rise of the process's peak
 resident set size during the measured step (VmHWM, reset through /proc/self/clear_refs), with glibc's mmap
-threshold pinned so that every freed tensor really leaves the process (common.PeakMemory, set_mmap_threshold).
+threshold pinned so that every freed tensor really leaves the process (lmkit.measure.PeakMemory, set_mmap_threshold).
 
     python -m tools.bench --check     # the GPU acceptance run, pass/fail: tools/gpu_check.py, which this hands over to
 """
@@ -212,7 +212,7 @@ def bench_kd(args, device):
 
 def bench_train(args, device):
     """Forward, backward, AdamW step and alpha_ma update, on one fixed random batch (no data loading), after
-    two warm-up steps (compilation, AdamW's state). MFU as train.py logs it (common.flops_per_token), over the
+    two warm-up steps (compilation, AdamW's state). MFU as train.py logs it (lmkit.measure.flops_per_token), over the
     measured matmul peak at the shapes of every variant's matmuls."""
     B, T = args.train_batch_size, args.train_seq_len
     dtype = torch.bfloat16 if device.type == 'cuda' else torch.float32
@@ -252,9 +252,9 @@ def bench_train(args, device):
              f'{100 * flops / peak:.1f}%'] for variant, params, dt, flops in rows]
     print_table('Training throughput',
                 f'Model {model_shape(args)}, batch {B} x {T} tokens, {args.train_steps} timed AdamW steps; '
-                f'{dtype_name(device)}, compile={args.compile}. MFU = common.flops_per_token x tokens/s over the '
-                f'measured matmul peak at the model\'s matmul shapes, {peak / 1e12:.2f} TFLOP/s '
-                f'(common.measured_matmul_flops{how})' + note,
+                f'{dtype_name(device)}, compile={args.compile}. MFU = lmkit.measure.flops_per_token x tokens/s over '
+                f'the measured matmul peak at the model\'s matmul shapes, {peak / 1e12:.2f} TFLOP/s '
+                f'(lmkit.measure.measured_matmul_flops{how})' + note,
                 ['variant', 'params', 'step (ms)', 'tokens/s', 'model TFLOP/s', 'MFU'], rows)
 
 # -----------------------------------------------------------------------------

@@ -15,7 +15,8 @@ Parts (docs/benchmarks.md has the targets, and the runs so far):
   torchrun  train.py under torchrun on one device with a KD teacher (every variant on CUDA, affine on CPU): a DDP run
             stopped by SIGTERM, resumed under FSDP: the step reached is saved, the loss curve continues and falls,
             the checkpoint loads on CPU
-  ddp       (GPU) common.wrap_ddp keeps every gradient once, as views into DDP's buckets, after a no_sync micro-step
+  ddp       (GPU) distributed.wrap_ddp keeps every gradient once, as views into DDP's buckets, after a no_sync
+            micro-step
   variants  (GPU) one training step of every variant at the 1B shape of config/affine_1b.py, compiled, against
             softmax (each variant's Variant.check_time) and against Eq. 6 with the explicit T x T matrix
   kd        (GPU) fused_kd_loss against the naive bf16 KD at V = 128,256: the same values and gradients, time, memory
@@ -193,15 +194,15 @@ def add_compile_row(check, section, what, before, first, timed):
 
 def ddp_gradient_copies(ddp):
     """How many gradient storages a DDP-wrapped model holds beside DDP's all-reduce buckets: 0 when every .grad is a
-    view into a bucket (common.wrap_ddp), also after no_sync micro-steps, which otherwise give each parameter a
+    view into a bucket (distributed.wrap_ddp), also after no_sync micro-steps, which otherwise give each parameter a
     gradient of its own: a second copy of every gradient (4.6 GiB at 1B) until the synchronising micro-step."""
     buckets = len(ddp.reducer._get_zeros_like_grad_buckets())
     return len({p.grad.untyped_storage().data_ptr() for p in ddp.parameters() if p.grad is not None}) - buckets
 
 
 def check_ddp(check, device, workdir):
-    """common.wrap_ddp on this device (a one-rank process group): after a no_sync micro-step (the first of two, as in
-    train.py's loop), every gradient is a view into DDP's all-reduce buckets, none a second copy beside them
+    """distributed.wrap_ddp on this device (a one-rank process group): after a no_sync micro-step (the first of two,
+    as in train.py's loop), every gradient is a view into DDP's all-reduce buckets, none a second copy beside them
     (ddp_gradient_copies)."""
     dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo',
                             init_method=f"file://{os.path.join(workdir, 'ddp_init')}", rank=0, world_size=1)
