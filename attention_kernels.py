@@ -46,31 +46,38 @@ def kv_for_kernel(q, k, v):
     return k, v
 
 
-def softmax_attention(q, k, v, is_causal):
+def softmax_attention(q, k, v, visible):
     """Eq. 1, softmax(QK^T / sqrt(d)) V, through PyTorch's fused SDPA kernels (flash / memory-efficient / cuDNN),
-    GQA as kv_for_kernel says. q (B, H, T, D), k and v (B, H_kv, T_k, D)."""
+    GQA as kv_for_kernel says. q (B, H, T, D), k and v (B, H_kv, T_k, D); visible: True (causal), False (every
+    key) or a (B, 1, T, T_k) bool mask of the keys each query sees."""
     k, v = kv_for_kernel(q, k, v)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=k.size(1) != q.size(1))
+    mask, is_causal = (visible, False) if torch.is_tensor(visible) else (None, visible)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                          enable_gqa=k.size(1) != q.size(1))
 
 
-def sink_attention(q, k, v, sinks, is_causal):
+def sink_attention(q, k, v, sinks, visible):
     """Eq. 3: softmax attention with the learnable logit sinks[h] in every denominator of head h, in O(T) memory
-    on CPU and CUDA (SinkAttention), as the explicit matrix elsewhere."""
-    if q.device.type in ('cpu', 'cuda'):  # the LSE-returning ops are the SDPA kernels: the same GQA rule
-        return SinkAttention.apply(q, *kv_for_kernel(q, k, v), sinks, is_causal)
+    on CPU and CUDA (SinkAttention), as the explicit matrix elsewhere and under a mask (visible as in
+    softmax_attention: a mask comes with a few queries against cached keys, scoring continuations)."""
+    if q.device.type in ('cpu', 'cuda') and not torch.is_tensor(visible):  # the LSE ops: the same GQA rule
+        return SinkAttention.apply(q, *kv_for_kernel(q, k, v), sinks, visible)
     G = q.size(1) // k.size(1)  # the explicit matrix needs one K/V head per query head
-    return sink_attention_explicit(q, k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1), sinks, is_causal)
+    return sink_attention_explicit(q, k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1), sinks, visible)
 
 
 # ----------------------------------------------------------------------------------------------
 # The explicit T x T forms: the slow path
 
-def attention_scores(q, k, is_causal=True):
-    """QK^T / sqrt(d) as an explicit (B, H, T_q, T_k) matrix, at least float32, K repeated to q's heads (GQA); with
-    is_causal, keys after each query are -inf. The slow path every variant's explicit form starts from."""
+def attention_scores(q, k, visible=True):
+    """QK^T / sqrt(d) as an explicit (B, H, T_q, T_k) matrix, at least float32, K repeated to q's heads (GQA); the
+    keys a query does not see at -inf (visible: True, causal; False, none hidden; or a bool mask, softmax_attention).
+    The slow path every variant's explicit form starts from."""
     k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
     scores = at_least_fp32(q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
-    if is_causal:
+    if torch.is_tensor(visible):
+        return scores.masked_fill(~visible, float('-inf'))
+    if visible:
         T_q, T_k = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).triu(1), float('-inf'))
     return scores
@@ -83,10 +90,10 @@ def sink_weights(scores, sinks):
     return torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
 
 
-def sink_attention_explicit(q, k, v, sinks, is_causal):
+def sink_attention_explicit(q, k, v, sinks, visible):
     """Eq. 3 with the explicit (T x T) weight matrix: the fallback for devices without an LSE-returning
     kernel (anything but CPU and CUDA)."""
-    return sink_weights(attention_scores(q, k, is_causal), sinks).to(v.dtype) @ v
+    return sink_weights(attention_scores(q, k, visible), sinks).to(v.dtype) @ v
 
 
 # ----------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from lmkit.files import made_dirs, write_json
 from lmkit.measure import Progress
 from lmkit.loading import load_model_and_tokenizer, window_first_token
 from lmkit.zeroshot import (C4_DOCS, C4_SHARD, DEFAULT_TASKS, TASKS, build_docs, c4_perplexity, c4_tokens, encode_docs,
-                            export_data, heldout_rows, plan_forwards, read_rows, score_one_by_one, score_requests,
+                            export_data, heldout_rows, read_rows, score_one_by_one, score_requests,
                             task_metrics)
 
 
@@ -118,9 +118,10 @@ def evaluate(args, device):
         requests = encode_docs(task, docs, enc, max_length, before, prefix_id)
         if args.one_by_one:
             logliks = score_one_by_one(model, requests, Progress(f"{task} requests", len(requests)))
-        else:
-            n_forwards = len(set(plan_forwards(requests, not cfg.outputs_depend_on_length)))
-            logliks = score_requests(model, requests, args.batch_size, Progress(f"{task} forwards", n_forwards))
+        else:  # each document's context once (where the model allows it: score_requests)
+            documents = [d for d, doc in enumerate(docs) for _ in doc.requests]
+            logliks = score_requests(model, requests, args.batch_size, Progress(f"{task} documents", len(docs)),
+                                     documents)
         results[task] = task_metrics(docs, logliks, args.log_samples)
         print(f"{task}: {len(docs)} docs in {time.time() - t0:.1f} s ({len(docs) / (time.time() - t0):.1f} docs/s)",
               file=sys.stderr)

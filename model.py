@@ -176,13 +176,16 @@ def rope_cos_sin(config, positions):
         wavelen = 2 * math.pi / inv_freq
         smooth = ((old_ctx / wavelen - low) / (high - low)).clamp(0.0, 1.0)  # 0: long waves, 1: short waves
         inv_freq = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    freqs = positions.float()[:, None] * inv_freq[None, :]
+    freqs = positions.float()[..., None] * inv_freq  # positions (T,) or (B, T)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
 
 
 def apply_rope(x, cos, sin):
-    """x: (B, H, T, D). Rotate-half convention: pairs (i, i + D/2), as in HF-format checkpoints."""
+    """x: (B, H, T, D); cos, sin: (T, D), or (B, T, D) for positions per row. Rotate-half convention: pairs
+    (i, i + D/2), as in HF-format checkpoints."""
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
 
@@ -203,42 +206,80 @@ class MLP(nn.Module):
 # attention_kernels.py's business.
 
 class KVCache:
-    """One layer's keys and values for incremental decoding, and the sums a variant keeps (Variant.cache)."""
+    """One layer's keys and values, and the sums a variant keeps (Variant.cache): decoding one token at a time
+    (generate), or scoring many continuations of one context without recomputing it (zeroshot.score_requests).
+    Rows of a right-padded batch hold different numbers of real tokens: each later token sits at its row's own
+    position, and sees that row's real tokens only."""
 
     def __init__(self, max_len):
-        self.max_len, self.length, self.k, self.v = max_len, 0, None, None
-        self.sums = {}  # name -> its sum over every cached token (float32)
+        self.max_len, self.length, self.k, self.v = max_len, 0, None, None  # length: slots written, padding included
+        self.real = None  # (B, max_len) bool: which written slots hold a real token (not padding)
+        self.padded = False  # whether any written slot is padding (then masks and per-row positions are needed)
+        self.sums = {}  # name -> (B, H_kv, 1, D), its sum over each row's real cached tokens (float32)
 
-    def update(self, k, v):
-        """Append k, v (B, H_kv, T, D); the keys and values of every cached token. Prefill (an empty cache) takes a
-        whole prompt, later calls decode one token each."""
-        if self.length and k.size(2) != 1:
-            raise ValueError(f"a KV cache holding {self.length} tokens takes one new token per call, got {k.size(2)}")
+    def positions(self, T, device):
+        """The positions of T new tokens: (T,), or (B, T) after padding (each row goes on from its real tokens)."""
+        new = torch.arange(T, device=device)
+        if not self.padded:
+            return new + self.length
+        return self.real[:, :self.length].sum(1, keepdim=True) + new
+
+    def update(self, k, v, seq_lens=None):
+        """Append this call's k, v (B, H_kv, T, D); seq_lens: (B,) real tokens of right-padded rows. Returns every
+        cached key and value and `visible`, which keys each new query sees: True (causal: the first call), False
+        (every key: one new token, no padding) or a (B, 1, T, T_k) bool mask (the row's real cached tokens, and
+        this call's tokens up to its own)."""
+        B, _, T, _ = k.shape
         if self.k is None:  # allocate on first use, in the dtype/device the layer actually produces
-            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
+            shape = (B, k.size(1), self.max_len, k.size(3))
             self.k, self.v = k.new_empty(shape), v.new_empty(shape)
-        start, self.length = self.length, self.length + k.size(2)
+            self.real = torch.zeros(B, self.max_len, dtype=torch.bool, device=k.device)
+        if self.length + T > self.max_len:
+            raise ValueError(f"a KV cache of {self.max_len} tokens holds {self.length}: no room for {T} more")
+        start, self.length = self.length, self.length + T
         self.k[:, :, start:self.length], self.v[:, :, start:self.length] = k, v
-        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+        real = torch.ones(B, T, dtype=torch.bool, device=k.device)
+        if seq_lens is not None:
+            real = torch.arange(T, device=k.device) < seq_lens[:, None]
+            self.padded = self.padded or bool((seq_lens < T).any())
+        self.real[:, start:self.length] = real
+        if start == 0 or (T == 1 and not self.padded):
+            visible = start == 0
+        else:  # the row's real cached tokens, then this call's causally (padding only ever follows real tokens)
+            causal = torch.ones(T, T, dtype=torch.bool, device=k.device).tril()
+            visible = torch.cat([self.real[:, None, None, :start].expand(B, 1, T, start),
+                                 causal.expand(B, 1, T, T)], dim=-1)
+        return self.k[:, :, :self.length], self.v[:, :, :self.length], visible
 
     def continue_sum(self, name, sums):
-        """Running sums over the new tokens (B, H_kv, T, D), continued from the sum over every token cached before."""
+        """Running sums over the new tokens (B, H_kv, T, D), padding counted as 0, continued from each row's sum
+        over its real cached tokens."""
         sums = sums + self.sums.get(name, 0.0)
         self.sums[name] = sums[:, :, -1:]
         return sums
 
+    def select(self, rows):
+        """A cache holding the given rows (a (R,) index tensor; rows may repeat): one context fanned out to each of
+        its continuations."""
+        cache = KVCache(self.max_len)
+        cache.length, cache.padded = self.length, self.padded
+        cache.k, cache.v, cache.real = self.k[rows], self.v[rows], self.real[rows]
+        cache.sums = {name: s[rows] for name, s in self.sums.items()}
+        return cache
+
 
 # Every variant is written twice, as functions of the layer `attn` (its config and tensors):
-#   forward(attn, q, k, v, is_causal, **call) -> y (B, H, T, D), the O(T) path on fused kernels. q (B, H, T, D); k, v
-#       (B, H_kv, T_k, D), every cached key and value included; is_causal is False while decoding (the one new query
-#       sees every cached key). call: alpha (Variant.alpha's, or None), v_new (this call's values), positions (T,),
-#       seq_lens ((B,) real lengths of right-padded rows, or None), cache (the layer's KVCache, or None).
+#   forward(attn, q, k, v, visible, **call) -> y (B, H, T, D), the O(T) path on fused kernels. q (B, H, T, D); k, v
+#       (B, H_kv, T_k, D), every cached key and value included; visible: True (causal), False (every key: one decoded
+#       token) or a (B, 1, T, T_k) bool mask (KVCache.update). call: alpha (Variant.alpha's, or None), v_new (this
+#       call's values), positions ((T,), or (B, T) after a padded cache), seq_lens ((B,) real lengths of
+#       right-padded rows, or None), cache (the layer's KVCache, or None).
 #   weights(attn, scores, **call) -> (B, H, T, T), the same attention as an explicit matrix in at least float32, from
 #       scores = QK^T / sqrt(d) with the keys a query does not see at -inf (those after it; any the analyses' knockout
 #       hides, Attention.weights): weights @ V is forward's y. call: alpha, positions, seq_lens.
 
-def softmax_forward(attn, q, k, v, is_causal, **call):
-    return softmax_attention(q, k, v, is_causal)  # Eq. 1
+def softmax_forward(attn, q, k, v, visible, **call):
+    return softmax_attention(q, k, v, visible)  # Eq. 1
 
 
 def softmax_weights(attn, scores, **call):
@@ -249,8 +290,8 @@ def sink_tensors(attn, config):
     attn.sinks = nn.Parameter(torch.zeros(config.n_head))  # s_h of Eq. 3, one logit per head
 
 
-def sink_forward(attn, q, k, v, is_causal, **call):
-    return sink_attention(q, k, v, attn.sinks, is_causal)  # Eq. 3: e^{s_h} joins every denominator of head h
+def sink_forward(attn, q, k, v, visible, **call):
+    return sink_attention(q, k, v, attn.sinks, visible)  # Eq. 3: e^{s_h} joins every denominator of head h
 
 
 def sink_weights_of(attn, scores, **call):
@@ -279,7 +320,7 @@ def affine_alpha(attn, x):
 def bias_norm(config, positions, seq_lens, n_keys):
     """N of Eq. 8, broadcastable to (B, H, T, 1)."""
     if config.affine_bias_norm == 'visible':
-        return (positions + 1).view(1, 1, -1, 1)  # the keys query i can see
+        return (positions + 1)[..., None, :, None]  # the keys query i can see; positions (T,) or (B, T)
     if seq_lens is not None:
         return seq_lens.view(-1, 1, 1, 1)  # right padding: each sequence's real length
     return n_keys  # the key length of the call (with a cache: every cached key)
@@ -303,9 +344,13 @@ def affine_scaled(y, alpha, alpha_ma, v_mean):
     return (alpha * y.view(B, H_kv, G, T, D) + beta_scale * v_mean.unsqueeze(2)).view(B, H, T, D).to(y.dtype)
 
 
-def affine_forward(attn, q, k, v, is_causal, alpha, v_new, positions, seq_lens, cache, **call):
-    y = softmax_attention(q, k, v, is_causal)
-    v_sums = at_least_fp32(v_new).cumsum(dim=2)  # sum_{j<=i} V_j over this call's tokens ...
+def affine_forward(attn, q, k, v, visible, alpha, v_new, positions, seq_lens, cache, **call):
+    y = softmax_attention(q, k, v, visible)
+    v_sums = at_least_fp32(v_new)
+    if cache is not None and seq_lens is not None:  # padding adds nothing to the sums the cache keeps
+        padding = torch.arange(v_new.size(2), device=v_new.device) >= seq_lens[:, None]  # (B, T)
+        v_sums = v_sums.masked_fill(padding[:, None, :, None], 0.0)
+    v_sums = v_sums.cumsum(dim=2)  # sum_{j<=i} V_j over this call's tokens ...
     if cache is not None:
         v_sums = cache.continue_sum('v_sum', v_sums)  # ... and every cached one before them
     return affine_scaled(y, alpha, attn.alpha_ma, v_sums / bias_norm(attn.config, positions, seq_lens, k.size(2)))
@@ -332,8 +377,8 @@ def accumulate_alpha(attn, alpha, positions, seq_lens):
         attn.alpha_count += real.sum()
 
 
-def softmax1_forward(attn, q, k, v, is_causal, **call):
-    return sink_attention(q, k, v, q.new_zeros(attn.config.n_head), is_causal)  # Eq. 2: the sink's logit fixed at 0
+def softmax1_forward(attn, q, k, v, visible, **call):
+    return sink_attention(q, k, v, q.new_zeros(attn.config.n_head), visible)  # Eq. 2: the sink's logit fixed at 0
 
 
 def softmax1_weights(attn, scores, **call):
@@ -436,8 +481,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         variant = self.config.variant
         q, k, v_new = self.project(x, cos, sin)
-        is_causal = cache is None or cache.length == 0  # prefill is causal; a decoded token sees every cached key
-        k, v = (k, v_new) if cache is None else cache.update(k, v_new)
+        k, v, visible = (k, v_new, True) if cache is None else cache.update(k, v_new, seq_lens)
         alpha = None
         if variant.alpha:
             alpha = variant.alpha(self, x)  # Eq. 7
@@ -450,7 +494,7 @@ class Attention(nn.Module):
             G = self.config.n_head // self.config.n_kv_head
             y = self.weights(x, cos, sin, positions, seq_lens, self.hidden_keys).to(v.dtype) @ v.repeat_interleave(G, 1)
         else:
-            y = variant.forward(self, q, k, v, is_causal, alpha=alpha, v_new=v_new, positions=positions,
+            y = variant.forward(self, q, k, v, visible, alpha=alpha, v_new=v_new, positions=positions,
                                 seq_lens=seq_lens, cache=cache)
 
         y = y.transpose(1, 2).reshape(B, T, -1)
@@ -559,17 +603,20 @@ class GPT(nn.Module):
         """idx: (B, T) token ids. Returns (logits (B, T, vocab), mean cross-entropy against targets or None); with
         return_hidden=True the final normed hidden states (B, T, n_embd) replace the logits (for fused losses that
         apply lm_head chunk by chunk). seq_lens: (B,) real lengths of right-padded rows (affine's N). kv_caches: one
-        KVCache per layer."""
+        KVCache per layer; idx goes on after what they hold (each row after its own real tokens)."""
         B, T = idx.shape
-        start = kv_caches[0].length if kv_caches else 0
-        if start + T > self.config.block_size:
-            raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}"
-                             f"{self.length_note}")
         if seq_lens is not None and (seq_lens.shape != (B,) or seq_lens.min() < 1 or seq_lens.max() > T):
             raise ValueError(f"seq_lens must have shape ({B},) with values in [1, {T}], got {seq_lens.tolist()}")
+        start = kv_caches[0].length if kv_caches else 0
+        positions = kv_caches[0].positions(T, idx.device) if kv_caches else torch.arange(T, device=idx.device)
+        end = start + T  # the tokens a row reaches; past a padded cache, each row goes on from its own real tokens
+        if positions.dim() == 2:
+            end = int((positions[:, 0] + (T if seq_lens is None else seq_lens)).max())
+        if end > self.config.block_size:
+            raise ValueError(f"sequence of {end} tokens is longer than block_size={self.config.block_size}"
+                             f"{self.length_note}")
         if return_hidden and targets is not None:
             raise ValueError("return_hidden=True returns hidden states, not logits: compute the loss yourself")
-        positions = torch.arange(start, start + T, device=idx.device)
         cos, sin = rope_cos_sin(self.config, positions)
         x = self.model.embed_tokens(idx)
         for i, layer in enumerate(self.model.layers):

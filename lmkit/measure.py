@@ -9,6 +9,8 @@ from contextlib import contextmanager
 
 import torch
 
+from lmkit.run_log import duration
+
 
 def flops_per_token(model, seq_len=None):
     """Training FLOPs per token of a GPT (PaLM, appendix B): 6 x (weights used in matmuls, lm_head included even when
@@ -101,8 +103,9 @@ class Progress:
             return
         self.shown = now
         rate = done / max(now - self.t0, 1e-9)
+        left = f", {duration((self.total - done) / rate)} left" if 0 < done < self.total else ''
         end = '\n' if done == self.total else ''
-        print(f"\r{self.name}: {done}/{self.total} ({rate:.1f}/s)", end=end, file=sys.stderr, flush=True)
+        print(f"\r{self.name}: {done}/{self.total} ({rate:.1f}/s{left})", end=end, file=sys.stderr, flush=True)
 
 
 class DeviceTimer:

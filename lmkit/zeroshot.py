@@ -23,6 +23,7 @@ from lmkit.errors import RunError
 from lmkit.files import atomic_write
 from lmkit.data import read_meta, read_split
 from lmkit.tokenizer import load_tokenizer
+from model import KVCache
 
 # task -> (hub dataset path, config name, the split the harness evaluates) (lm-eval's task YAMLs: dataset_path,
 # dataset_name, test_split or else validation_split). datasets >= 4 cannot run the dataset scripts behind v0.4.9's
@@ -361,40 +362,137 @@ def plan_forwards(requests, share_prefixes):
     return owner
 
 
-@torch.inference_mode()
-def score_requests(model, requests, batch_size, progress=None):
-    """Sum of continuation log-probabilities of each (input ids, continuation ids) request (HFLM._loglikelihood_tokens):
-    one forward pass per distinct input (see plan_forwards), longest first, right-padded batches with seq_lens;
-    log_softmax over the whole vocabulary in the logits' dtype, on the continuation rows only."""
-    owner = plan_forwards(requests, not model.config.outputs_depend_on_length)
-    readers = {}
-    for i, o in enumerate(owner):
-        readers.setdefault(o, []).append(i)
-    forwards = sorted(readers, key=lambda o: -len(requests[o][0]))
+class ContinuationScores:
+    """Each request's score from the hidden states of the forward that computed its input: the continuation's rows
+    (the harness's rows inplen - C .. inplen - 1) only, through lm_head and log_softmax over the whole vocabulary in
+    the logits' dtype, gathered across forwards into chunks of about `rows` rows. progress(done): the groups
+    (documents) whose every request is scored."""
+
+    def __init__(self, model, requests, readers, groups, progress, rows=1024):
+        self.model, self.requests, self.readers, self.rows, self.progress = model, requests, readers, rows, progress
+        self.scores = [None] * len(requests)
+        self.groups, self.left, self.done = groups, {}, 0
+        for g in groups:
+            self.left[g] = self.left.get(g, 0) + 1
+        self.pending, self.n_pending = [], 0  # (request, its rows' hidden states)
+
+    def first_row(self, owner):
+        """The first position of owner's input that one of its readers scores."""
+        return min(len(self.requests[i][0]) - len(self.requests[i][1]) for i in self.readers[owner])
+
+    def add(self, owner, hidden, start=0):
+        """hidden: the hidden states of owner's input from position `start` on (at least to its end)."""
+        for i in self.readers[owner]:
+            inp, cont = self.requests[i]
+            self.pending.append((i, hidden[len(inp) - len(cont) - start:len(inp) - start]))
+            self.n_pending += len(cont)
+        if self.n_pending >= self.rows:
+            self.flush()
+
+    def flush(self):
+        if not self.pending:
+            return
+        hidden = torch.cat([h for _, h in self.pending])
+        targets = torch.tensor([t for i, _ in self.pending for t in self.requests[i][1]], device=hidden.device)
+        logp = F.log_softmax(self.model.lm_head(hidden), dim=-1)
+        picked = logp.gather(1, targets[:, None])[:, 0]
+        for (i, _), s in zip(self.pending, picked.split([len(h) for _, h in self.pending])):
+            self.scores[i] = s.sum().item()
+            self.left[self.groups[i]] -= 1
+            self.done += self.left[self.groups[i]] == 0
+        self.pending, self.n_pending = [], 0
+        if self.progress:
+            self.progress(self.done)
+
+
+def forward_padded(model, inputs, kv_caches=None):
+    """The final hidden states (B, max length, C) of token sequences, right-padded with id 0 (as the harness pads),
+    their real lengths given as seq_lens; after kv_caches' rows, if given."""
     device = next(model.parameters()).device
-    scores = [None] * len(requests)
+    lens = [len(x) for x in inputs]
+    x = torch.zeros(len(inputs), max(lens), dtype=torch.long)
+    for b, ids in enumerate(inputs):
+        x[b, :lens[b]] = torch.tensor(ids)
+    hidden, _ = model(x.to(device), seq_lens=torch.tensor(lens, device=device), kv_caches=kv_caches,
+                      return_hidden=True)
+    return hidden
+
+
+def shared_prefix(inputs):
+    """The longest prefix every sequence of inputs starts with (that of the lexicographically first and last)."""
+    lo, hi = min(inputs), max(inputs)
+    return lo[:next((n for n, (a, b) in enumerate(zip(lo, hi)) if a != b), min(len(lo), len(hi)))]
+
+
+def prefix_units(requests, owners, groups):
+    """[(prefix, owners)], longest prefix first: each group's distinct inputs (owners) with the prefix they all
+    share; an input alone in its group, or in a group whose inputs share no first token, is a unit of its own
+    whose prefix is the whole input."""
+    members = {}
+    for o in owners:
+        members.setdefault(groups[o], []).append(o)
+    units = []
+    for inputs in members.values():
+        prefix = shared_prefix([requests[o][0] for o in inputs]) if len(inputs) > 1 else ()
+        units.extend([(prefix, inputs)] if prefix else [(requests[o][0], [o]) for o in inputs])
+    return sorted(units, key=lambda unit: -len(unit[0]))
+
+
+def full_passes(model, requests, scored, batch_size):
+    """One forward per distinct input, longest first, right-padded batches."""
+    forwards = sorted(scored.readers, key=lambda o: -len(requests[o][0]))
     for start in range(0, len(forwards), batch_size):
         batch = forwards[start:start + batch_size]
-        lens = [len(requests[o][0]) for o in batch]
-        x = torch.zeros(len(batch), max(lens), dtype=torch.long)  # right padding with id 0, as the harness
+        hidden = forward_padded(model, [requests[o][0] for o in batch])
         for b, o in enumerate(batch):
-            x[b, :lens[b]] = torch.tensor(requests[o][0])
-        hidden, _ = model(x.to(device), seq_lens=torch.tensor(lens, device=device), return_hidden=True)
-        rows, targets, sizes, ids = [], [], [], []
-        for b, o in enumerate(batch):
-            for i in readers[o]:
-                inp, cont = requests[i]
-                rows.append(hidden[b, len(inp) - len(cont):len(inp)])  # the harness's rows inplen-C .. inplen-1
-                targets.extend(cont)
-                sizes.append(len(cont))
-                ids.append(i)
-        logp = F.log_softmax(model.lm_head(torch.cat(rows)), dim=-1)
-        picked = logp.gather(1, torch.tensor(targets, device=device)[:, None])[:, 0]
-        for i, s in zip(ids, picked.split(sizes)):
-            scores[i] = s.sum().item()
-        if progress:
-            progress(min(start + batch_size, len(forwards)))
-    return scores
+            scored.add(o, hidden[b])
+        scored.flush()
+
+
+def shared_prefix_passes(model, requests, scored, groups, batch_size):
+    """Each unit's prefix (prefix_units) once, in batches of batch_size prefixes, longest first; then the rest of
+    each of its inputs after it, against the prefix's KV cache fanned out to them (KVCache.select), in batches of
+    batch_size sorted by length. A request's rows before the end of the prefix come from the prefix's pass."""
+    units = prefix_units(requests, list(scored.readers), groups)
+    for start in range(0, len(units), batch_size):
+        batch = units[start:start + batch_size]
+        rest = lambda r: len(requests[r[1]][0]) - len(batch[r[0]][0])  # r: (the unit's row b, an owner o)
+        rests = sorted(((b, o) for b, (_, owners) in enumerate(batch) for o in owners), key=rest, reverse=True)
+        rests = [r for r in rests if rest(r) > 0]
+        caches = [KVCache(len(batch[0][0]) + max(map(rest, rests), default=0)) for _ in range(model.config.n_layer)]
+        hidden_prefix = forward_padded(model, [prefix for prefix, _ in batch], caches)
+        for b, (prefix, owners) in enumerate(batch):
+            for o in owners:
+                if len(requests[o][0]) == len(prefix):
+                    scored.add(o, hidden_prefix[b])
+        for chunk in range(0, len(rests), batch_size):
+            rows = rests[chunk:chunk + batch_size]
+            fanned = [cache.select(torch.tensor([b for b, _ in rows], device=hidden_prefix.device)) for cache in caches]
+            hidden_rest = forward_padded(model, [requests[o][0][len(batch[b][0]):] for b, o in rows], fanned)
+            for r, (b, o) in enumerate(rows):
+                n, first = len(batch[b][0]), min(scored.first_row(o), len(batch[b][0]))
+                scored.add(o, torch.cat([hidden_prefix[b, first:n], hidden_rest[r]]), first)
+        scored.flush()
+
+
+@torch.inference_mode()
+def score_requests(model, requests, batch_size, progress=None, groups=None):
+    """Sum of continuation log-probabilities of each (input ids, continuation ids) request (HFLM._loglikelihood_tokens),
+    each input computed once: identical inputs, and inputs that are prefixes of others, read one forward
+    (plan_forwards). groups: each request's group (its document): a group's inputs share a prefix (the context),
+    computed once, the rest of each input after it against its KV cache (shared_prefix_passes). Without groups, or
+    where outputs depend on the call's length (ModelConfig.outputs_depend_on_length: a cache is not exact there),
+    every distinct input is one whole forward (full_passes). progress(done): groups (else requests) scored."""
+    exact_cache = not model.config.outputs_depend_on_length
+    readers = {}
+    for i, o in enumerate(plan_forwards(requests, exact_cache)):
+        readers.setdefault(o, []).append(i)
+    scored = ContinuationScores(model, requests, readers, groups or range(len(requests)), progress)
+    if groups is not None and exact_cache:
+        shared_prefix_passes(model, requests, scored, groups, batch_size)
+    else:
+        full_passes(model, requests, scored, batch_size)
+    return scored.scores
 
 
 @torch.inference_mode()

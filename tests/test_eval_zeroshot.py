@@ -21,7 +21,7 @@ from lmkit import zeroshot as ez
 from lmkit.data import write_shard
 from lmkit.tokenizer import load_tokenizer, tokenizer_info
 from lmkit.errors import RunError
-from model import GPT, IGNORE_INDEX, ModelConfig
+from model import ATTENTIONS, GPT, IGNORE_INDEX, ModelConfig
 from helpers import EOT, TASK_ROWS, write_task_data, write_tiktoken_file
 
 torch.set_num_threads(2)
@@ -136,6 +136,47 @@ def test_batched_equals_one_by_one(attention, bias_norm):
     share = not model.config.outputs_depend_on_length
     assert share == (attention not in ('affine', 'affine_gated') or bias_norm == 'visible')
     assert len(set(ez.plan_forwards(reqs, share))) == len(longest if share else inputs) < len(reqs)
+
+
+def documents(seed=0, n=14, max_length=64):
+    """(requests, each one's document): contexts of 1-100 tokens (past max_length, left-truncated as the harness
+    does: encode_request), 1-4 choices of 1-8 tokens, one of them a second copy of another; the last document a
+    copy of the first."""
+    g = torch.Generator().manual_seed(seed)
+    randint = lambda low, high, n=None: torch.randint(low, high, (n,) if n else (1,), generator=g).tolist()
+    requests, docs = [], []
+    for d in range(n):
+        context = randint(0, 257, randint(1, 101)[0])
+        choices = [randint(0, 257, randint(1, 9)[0]) for _ in range(randint(1, 5)[0])]
+        for cont in choices + choices[:1] * (d % 3 == 0):
+            requests.append((tuple(context + cont)[-(max_length + 1):][:-1], tuple(cont)))
+            docs.append(d)
+    first = docs.count(0)
+    return requests + requests[:first], docs + [n] * first
+
+
+@pytest.mark.parametrize('attention,bias_norm', [(a, 'seq_len') for a in ATTENTIONS] + [('affine', 'visible'),
+                                                                                          ('affine_gated', 'visible')])
+def test_each_documents_context_once_scores_as_one_by_one(attention, bias_norm):
+    """score_requests with documents: each document's shared context computed once, its choices against the KV
+    cache, for every variant of the registry: the scores of score_one_by_one (one whole forward per request), in
+    float64, at batch sizes that split documents and choices across batches; contexts longer than block_size
+    truncated as the harness truncates. Fewer tokens go through the model, except where outputs depend on the
+    call's length (affine, seq_len), which scores whole inputs (and shares none of their prefixes)."""
+    model, (requests, docs) = tiny_model(attention, bias_norm), documents()
+    reference = ez.score_one_by_one(model, requests)
+    tokens = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda m, args, out: tokens.append(args[0].numel()))
+    for batch_size in (1, 3, 64):
+        tokens.clear()
+        assert ez.score_requests(model, requests, batch_size, groups=docs) == pytest.approx(reference, rel=1e-10,
+                                                                                           abs=1e-10)
+        whole = sum(len(requests[o][0]) for o in set(ez.plan_forwards(requests, True)))
+        if model.config.outputs_depend_on_length:
+            assert batch_size > 1 or sum(tokens) == sum(map(len, {inp for inp, _ in requests}))
+        elif batch_size == 1:  # no padding: each context once
+            assert sum(tokens) < 0.7 * whole
+    hook.remove()
 
 
 def test_scores_equal_the_models_own_loss():

@@ -668,6 +668,46 @@ def test_kv_cache_decoding_equals_full_recomputation(attention, gate, bias_norm)
     assert torch.equal(recomputed, expected)
 
 
+@pytest.mark.parametrize('attention,gate,bias_norm', ALL_MODEL_VARIANTS)
+def test_a_ragged_kv_cache_scores_continuations_as_whole_sequences(attention, gate, bias_norm):
+    """What zeroshot.score_requests does with a KV cache, against the whole sequences in float64: three contexts of
+    different lengths in one right-padded prefill, fanned out to five continuations (one token, and many; a context
+    read by two, one by none), right-padded again: each row's real positions give the logits of its own context +
+    continuation computed whole. Where outputs depend on the call's length (affine, seq_len), the model says so and
+    the scorer never uses a cache."""
+    model = random_model(attention, bias_norm, gate, block_size=24).double().eval()
+    if model.config.outputs_depend_on_length:
+        assert (variant_name(model.config), bias_norm) == ('affine', 'seq_len')
+        return
+    g = torch.Generator().manual_seed(1)
+    contexts = [torch.randint(0, 97, (n,), generator=g) for n in (5, 1, 9)]
+    rows, lengths = [0, 0, 2, 2, 2], [1, 4, 3, 1, 6]
+    continuations = [torch.randint(0, 97, (n,), generator=g) for n in lengths]
+    caches = [KVCache(9 + 6) for _ in range(model.config.n_layer)]
+    prefill, _ = model(pad(contexts), seq_lens=torch.tensor([5, 1, 9]), kv_caches=caches)
+    fanned = [cache.select(torch.tensor(rows)) for cache in caches]
+    logits, _ = model(pad(continuations), seq_lens=torch.tensor(lengths), kv_caches=fanned)
+    for b, context in enumerate(contexts):
+        whole, _ = model(context[None])
+        torch.testing.assert_close(prefill[b, :len(context)], whole[0], rtol=1e-10, atol=1e-10)
+    for r, (b, continuation) in enumerate(zip(rows, continuations)):
+        whole, _ = model(torch.cat([contexts[b], continuation])[None])
+        torch.testing.assert_close(logits[r, :len(continuation)], whole[0, len(contexts[b]):], rtol=1e-10,
+                                   atol=1e-10)
+    with pytest.raises(ValueError, match='no room for 7 more'):
+        model(torch.zeros(5, 7, dtype=torch.long), kv_caches=[cache.select(torch.tensor(rows)) for cache in caches])
+    with pytest.raises(ValueError, match='longer than block_size=24'):  # row 2: 9 real tokens + 16
+        model(torch.zeros(5, 16, dtype=torch.long), kv_caches=[cache.select(torch.tensor(rows)) for cache in caches])
+
+
+def pad(sequences):
+    """Right-padded (B, longest) token ids, padding id 0."""
+    x = torch.zeros(len(sequences), max(len(s) for s in sequences), dtype=torch.long)
+    for b, s in enumerate(sequences):
+        x[b, :len(s)] = s
+    return x
+
+
 def test_affine_seq_len_cache_is_an_approximation_only_when_forced():
     model = random_model('affine', 'seq_len').eval()
     idx = torch.randint(0, 97, (1, 5))

@@ -121,14 +121,18 @@ def last_line(run):
     return (run.stdout.strip().splitlines() or run.stderr.strip().splitlines() or ['no output'])[-1]
 
 
+# (test file, pytest -k expression) of the kernel tests, on CUDA and on CPU
+KERNEL_TESTS = dict(cuda=[('tests/test_model.py', 'cuda'),
+                          ('tests/test_distill.py', 'fused_kd_loss_in_training_precision and cuda')],
+                    cpu=[('tests/test_model.py', 'explicit_reference and float32 and not cuda'),
+                         ('tests/test_distill.py', 'fused_kd_loss_in_training_precision and cpu')])
+
+
 def check_kernel_tests(check, device):
     """The test suite's fast-path-vs-float64-reference tests, run by pytest: on CUDA the CUDA ones (every variant
     forward and backward, bf16 and fp32, with GQA; grouped K/V reaching the kernels; fp32 GQA memory; the KD loss in
     training precision), on CPU the float32 attention references and the KD loss in training precision."""
-    kd_tests = 'fused_kd_loss_in_training_precision and ' + device.type
-    suites = ([('tests/test_model.py', 'cuda'), ('tests/test_distill.py', kd_tests)] if device.type == 'cuda' else
-              [('tests/test_model.py', 'explicit_reference and float32 and not cuda'),
-               ('tests/test_distill.py', kd_tests)])
+    suites = KERNEL_TESTS['cuda' if device.type == 'cuda' else 'cpu']
     pytest = subprocess.run([sys.executable, '-m', 'pytest', '--version'], cwd=ROOT, capture_output=True, text=True)
     if pytest.returncode:  # requirements.txt alone installs no pytest (and pytest >= 8.4 needs pygments)
         check.add('kernels', 'the kernel tests (pytest)', None,
