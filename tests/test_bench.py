@@ -13,6 +13,7 @@ import torch
 
 from tools import bench
 from tools import gpu_check
+from lmkit import zeroshot
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +87,12 @@ def test_eval_table(output):
     rows = output['eval']
     assert [r['variant'] for r in rows] == ['softmax', 'affine']
     for r in rows:
-        assert (r['docs'], r['requests'], r['forwards (batched)']) == ('3', '12', '12')
+        assert (r['docs'], r['requests']) == ('3', '12')
+    # softmax: each context once, fewer tokens than every request whole (one by one); affine with N = the call's
+    # length (seq_len) cannot use a KV cache: every request whole, padded
+    tokens = [int(r[f'tokens ({kind})'].replace(',', '')) for r in rows for kind in ('batched', 'one by one')]
+    assert tokens[0] < tokens[1] == tokens[3] <= tokens[2]
+    for r in rows:
         assert all(finite(r[key]) for key in ('batched docs/s', 'one-by-one docs/s', 'speedup'))
         assert float(r['max abs loglik diff']) < 1e-3  # both scorers score the same requests
 
@@ -188,3 +194,31 @@ def test_check_hands_over_to_gpu_check(monkeypatch):
     with pytest.raises(Executed) as e:
         bench.main(['--check=True', '--check_batch_size', '2'])
     assert e.value.args[1][2:] == ['--check_batch_size=2', '--steps=7', '--kd_tokens=8192']
+
+
+def test_the_six_tasks_offline_for_both_harnesses(tmp_path):
+    """tools/harness_tasks.py: rows in each task's hub schema that eval_zeroshot's builders read (the same every
+    time), a YAML per task for lm_eval --include_path that reads the same file; bench.harness_samples reads lm_eval's
+    --output_path as 0.4.9 writes it (log-likelihoods as strings)."""
+    from tools import harness_tasks
+    paths = harness_tasks.write_tasks(str(tmp_path / 'data'), 5)
+    assert harness_tasks.write_tasks(str(tmp_path / 'again'), 5) and all(
+        Path(path).read_text() == (tmp_path / 'again' / Path(path).relative_to(tmp_path / 'data')).read_text()
+        for path in paths.values())
+    for task in paths:
+        docs = zeroshot.build_docs(task, *zeroshot.read_rows(task, str(tmp_path / 'data')))
+        assert len(docs) == 5 and {len(d.requests) for d in docs} == {4 if task in ('arc_easy', 'arc_challenge',
+                                                                                    'hellaswag') else 2}
+    names = harness_tasks.write_harness_yamls(str(tmp_path / 'yaml'), '/env/lm_eval/tasks', paths)
+    assert names == [f'bench_{task}' for task in harness_tasks.SIX_TASKS]
+    yaml = (tmp_path / 'yaml' / 'bench_arc_challenge.yaml').read_text()
+    assert yaml.splitlines()[0] == 'include: /env/lm_eval/tasks/arc/arc_challenge.yaml'
+    assert f"test: {paths['arc_challenge']}" in yaml and 'test_split: test' in yaml and 'validation_split: null' in yaml
+    out = tmp_path / 'theirs' / 'model'
+    out.mkdir(parents=True)
+    (out / 'samples_bench_piqa_2026.jsonl').write_text(json.dumps(dict(doc_id=1, filtered_resps=[
+        ['-1.5', 'False'], ['-0.25', 'True']])) + '\n')
+    (out / 'results_2026.json').write_text(json.dumps(dict(results=dict(bench_piqa={
+        'alias': 'bench_piqa', 'acc,none': 0.5, 'acc_stderr,none': 0.1, 'acc_norm,none': 1.0}))))
+    assert bench.harness_samples(str(tmp_path / 'theirs'), 'bench_piqa') == ({1: [-1.5, -0.25]},
+                                                                            dict(acc=0.5, acc_norm=1.0))

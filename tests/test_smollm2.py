@@ -229,10 +229,12 @@ def test_eval_zeroshot_equals_lm_evaluation_harness(teacher):
         import lm_eval.models.huggingface  # noqa: F401
     except Exception as e:  # not installed, or 0.4.9 under transformers 5 (no AutoModelForVision2Seq)
         pytest.skip(f"lm-evaluation-harness does not import here: {type(e).__name__}: {e}")
-    from tools import bench
+    from tools import bench, lm_eval_scores
     docs = bench.synthetic_docs(12)
     model, enc = loading.load_model_and_tokenizer(teacher, None, torch.device('cpu'), torch.float32)
-    ours = ez.score_requests(model, ez.encode_docs('synthetic', docs, enc, model.config.block_size), 8)
-    theirs, _ = bench.harness_loglikelihoods(teacher, docs, 8, 'cpu', 'float32')
+    ours = ez.score_requests(model, ez.encode_docs('synthetic', docs, enc, model.config.block_size), 8,
+                             groups=[d for d in range(len(docs)) for _ in range(4)])  # each context once
+    pairs = [pair for doc in docs for pair in doc.requests]
+    theirs, _ = lm_eval_scores.loglikelihoods(teacher, pairs, 8, 'float32', 'cpu')
     print(f"max |loglik difference| eval_zeroshot vs lm-eval: {max(abs(a - b) for a, b in zip(ours, theirs)):.1e}")
     assert len(theirs) == len(ours) == 48 and theirs == pytest.approx(ours, abs=2e-4, rel=1e-6)

@@ -16,7 +16,8 @@ Sections:
   train      tokens/s and MFU of real AdamW steps of a small model: lmkit.measure.flops_per_token x tokens/s over the
              device's measured matmul peak at the model's matmul shapes (lmkit.measure.measured_matmul_flops)
   eval       docs/s of eval_zeroshot's batched scoring vs one request per forward, synthetic 4-choice docs
-  harness    docs/s of eval_zeroshot vs lm-evaluation-harness 0.4.9 on a real model (--harness_model; lm_eval installed)
+  harness    eval_zeroshot vs lm-evaluation-harness 0.4.9 on a real model (--harness_model, lm_eval in --harness_env):
+             whole processes on the six tasks, and in process on synthetic documents
   study      the sink study's runs: tokens/s of train.py as the study starts it (eager, and compiled as the study
              runs it; its seconds outside the steps) against a plain PyTorch loop on the same shape; 2 one-thread
              processes side by side against one with 2 threads
@@ -31,6 +32,8 @@ threshold pinned so that every freed tensor really leaves the process (lmkit.mea
 """
 import dataclasses
 import ctypes
+import glob
+import json
 import os
 import random
 import re
@@ -57,7 +60,7 @@ from lmkit.distributed import compile_layers
 from configurator import DEVICE, Key, parse, shown
 from lmkit.errors import RunError, run_script
 from lmkit.files import read_log
-from lmkit.zeroshot import choice_doc, encode_docs, plan_forwards, score_one_by_one, score_requests
+from lmkit.zeroshot import build_docs, choice_doc, encode_docs, score_one_by_one, score_requests
 from lmkit.loading import load_model_and_tokenizer
 from model import ATTENTIONS, BASELINE, EXPLICIT, FIELD_NAMES, GPT, PROPOSED, ModelConfig
 from lmkit.probes import (GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS, VALUE_WEIGHTED_STRIDE, activation_outliers,
@@ -66,6 +69,7 @@ from lmkit.probes import (GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS, VALUE_W
                           variant_statistics, w8a8_losses)
 from lmkit.tokenizer import load_tokenizer
 from lmkit.training import configure_optimizers, load_config
+from tools.harness_tasks import task_rows, write_harness_yamls, write_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
 TINY_CONFIG = os.path.join(ROOT, 'config', 'tiny_cpu.py')
@@ -524,79 +528,157 @@ def synthetic_docs(n_docs, seed=0):
 
 
 def bench_eval(args, device):
-    """Both scorers of eval_zeroshot on the same requests; their scores must agree (the last column)."""
+    """Both scorers of eval_zeroshot on the same requests; their scores must agree (the last column). The tokens
+    each computes show what the KV cache saves: each document's context once."""
     dtype = torch.bfloat16 if device.type == 'cuda' else torch.float32  # eval_zeroshot's --dtype=auto
     tiny = load_config([TINY_CONFIG])
     docs, enc = synthetic_docs(args.eval_docs), load_tokenizer('bytes')
+    documents = [d for d, doc in enumerate(docs) for _ in doc.requests]
     rows = []
     for variant in args.variants:
         torch.manual_seed(0)
         config = ModelConfig(**{key: tiny[key] for key in FIELD_NAMES} | dict(attention=variant))
         model = GPT(config).to(device=device, dtype=dtype).eval()
         requests = encode_docs('synthetic', docs, enc, config.block_size)
-        forwards = len(set(plan_forwards(requests, not config.outputs_depend_on_length)))
         score_requests(model, requests[:args.eval_batch_size], args.eval_batch_size)  # warm-up, both scorers
         score_one_by_one(model, requests[:args.eval_batch_size])
+        tokens = []  # each forward's tokens, padding included
+        hook = model.model.embed_tokens.register_forward_hook(lambda m, inputs, out: tokens.append(inputs[0].numel()))
         t0 = time.perf_counter()
         batched = score_requests(model, requests, args.eval_batch_size,
-                                 Progress(f'  eval: {variant} batched', forwards))
-        t_batched = time.perf_counter() - t0
+                                 Progress(f'  eval: {variant} batched', len(docs)), documents)
+        t_batched, batched_tokens = time.perf_counter() - t0, sum(tokens)
         t0 = time.perf_counter()
         single = score_one_by_one(model, requests, Progress(f'  eval: {variant} one by one', len(requests)))
-        t_single = time.perf_counter() - t0
-        rows.append([variant, str(len(docs)), str(len(requests)), str(forwards), f'{len(docs) / t_batched:.1f}',
-                     f'{len(docs) / t_single:.1f}', ratio(t_single, t_batched),
+        t_single, single_tokens = time.perf_counter() - t0, sum(tokens) - batched_tokens
+        hook.remove()
+        rows.append([variant, str(len(docs)), str(len(requests)), f'{batched_tokens:,}', f'{single_tokens:,}',
+                     f'{len(docs) / t_batched:.1f}', f'{len(docs) / t_single:.1f}', ratio(t_single, t_batched),
                      f'{max(abs(a - b) for a, b in zip(batched, single)):.1e}'])
         log(f'  eval: {variant:<14} batched {t_batched:.2f} s, one by one {t_single:.2f} s')
     print_table('Zero-shot evaluation: batched vs one request at a time',
                 f'config/tiny_cpu.py shape, random weights, {str(dtype).removeprefix("torch.")}, eager; {len(docs)} '
                 f'synthetic 4-choice docs (byte tokens; contexts of 15-40 words, endings of 3-12). Batched: '
-                f'zeroshot.score_requests, batch size {args.eval_batch_size}; one by one: '
+                f'zeroshot.score_requests, batch size {args.eval_batch_size}, each document\'s context once where '
+                f'the variant allows it (ModelConfig.outputs_depend_on_length); one by one: '
                 f'zeroshot.score_one_by_one (the harness at batch size 1).',
-                ['variant', 'docs', 'requests', 'forwards (batched)', 'batched docs/s', 'one-by-one docs/s',
-                 'speedup', 'max abs loglik diff'], rows)
+                ['variant', 'docs', 'requests', 'tokens (batched)', 'tokens (one by one)', 'batched docs/s',
+                 'one-by-one docs/s', 'speedup', 'max abs loglik diff'], rows)
 
 
-def harness_loglikelihoods(model_dir, docs, batch_size, device, dtype):
-    """lm-evaluation-harness 0.4.9's log-likelihoods of every (context, continuation) of docs, in order, from its
-    HFLM (lm_eval/models/huggingface.py: what `lm_eval --model hf` runs) on a Hugging Face model directory, and the
-    seconds they took. ImportError where lm_eval is not installed or does not import (0.4.9 needs transformers 4)."""
-    from lm_eval.api.instance import Instance
-    from lm_eval.models.huggingface import HFLM
-    lm = HFLM(pretrained=model_dir, batch_size=batch_size, device=str(device), dtype=dtype)
-    pairs = [pair for doc in docs for pair in doc.requests]
-    instances = [Instance(request_type='loglikelihood', doc={}, arguments=pair, idx=i) for i, pair in enumerate(pairs)]
+def timed_process(command, threads):
+    """Wall seconds of a command run to its end, offline, with `threads` threads (OMP_NUM_THREADS, which torch reads);
+    a RunError with its output's tail where it fails."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), HF_DATASETS_OFFLINE='1', HF_HUB_OFFLINE='1',
+               TOKENIZERS_PARALLELISM='false')
     t0 = time.perf_counter()
-    scores = [loglik for loglik, _ in lm.loglikelihood(instances, disable_tqdm=True)]
-    return scores, time.perf_counter() - t0
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if run.returncode:
+        raise RunError(f"{shlex.join(command[:3])} ... failed (exit status {run.returncode}): "
+                       f"{(run.stdout + run.stderr)[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def harness_samples(out_dir, name):
+    """{doc_id: [each choice's log-likelihood]} and {metric: value} of task `name` from lm_eval's --output_path."""
+    (samples,), (results,) = (glob.glob(os.path.join(out_dir, '*', f'{kind}_*.json*'))
+                              for kind in (f'samples_{name}', 'results'))
+    with open(samples, encoding='utf-8') as f:
+        logliks = {r['doc_id']: [float(choice[0]) for choice in r['filtered_resps']] for r in map(json.loads, f)}
+    with open(results, encoding='utf-8') as f:
+        metrics = json.load(f)['results'][name]
+    return logliks, {m: metrics[f'{m},none'] for m in ('acc', 'acc_norm') if f'{m},none' in metrics}
+
+
+def harness_whole_processes(args, device, dtype, tmp):
+    """eval_zeroshot.py and `lm_eval --model hf` on the six tasks (tools/harness_tasks.py, --harness_docs each), timed
+    as whole processes: (eval_zeroshot's seconds, lm_eval's, the largest log-likelihood difference, the largest
+    accuracy difference)."""
+    env_python = os.path.join(args.harness_env, 'bin', 'python')
+    tasks_dir = subprocess.run([env_python, '-c', 'import lm_eval, os; print(os.path.dirname(lm_eval.__file__))'],
+                               capture_output=True, text=True).stdout.strip()
+    if not tasks_dir:
+        raise RunError(f"--harness_env={args.harness_env}: lm_eval does not import with its Python ({env_python}); "
+                       f"make it as docs/benchmarks.md says")
+    paths = write_tasks(os.path.join(tmp, 'data'), args.harness_docs)
+    names = write_harness_yamls(os.path.join(tmp, 'yaml'), os.path.join(tasks_dir, 'tasks'), paths)
+    threads, batch = torch.get_num_threads(), str(args.eval_batch_size)
+    t_theirs = timed_process([os.path.join(args.harness_env, 'bin', 'lm_eval'), '--model', 'hf', '--model_args',
+                              f'pretrained={args.harness_model},dtype={dtype}', '--tasks', ','.join(names),
+                              '--include_path', os.path.join(tmp, 'yaml'), '--batch_size', batch, '--device',
+                              str(device), '--log_samples', '--output_path', os.path.join(tmp, 'theirs')], threads)
+    t_ours = timed_process([sys.executable, 'eval_zeroshot.py', f'--hf_model={args.harness_model}',
+                            f'--data_dir={tmp}/data', f'--tasks={",".join(paths)}', f'--batch_size={batch}',
+                            f'--device={device}', f'--dtype={dtype}', '--log_samples=True',
+                            f'--out={tmp}/ours.json'], threads)
+    with open(os.path.join(tmp, 'ours.json'), encoding='utf-8') as f:
+        ours = json.load(f)
+    loglik_diff = acc_diff = 0.0
+    for task, name in zip(paths, names):
+        logliks, metrics = harness_samples(os.path.join(tmp, 'theirs'), name)
+        for i, doc in enumerate(ours[task]['docs']):
+            loglik_diff = max([loglik_diff] + [abs(a - b) for a, b in zip(doc['logliks'], logliks[i], strict=True)])
+        acc_diff = max([acc_diff] + [abs(value - ours[task][m]) for m, value in metrics.items()])
+    return t_ours, t_theirs, loglik_diff, acc_diff
+
+
+def harness_in_process(args, device, dtype, tmp):
+    """--harness_synthetic_docs HellaSwag-shaped documents (tools/harness_tasks.py), scored in process:
+    zeroshot.score_requests with each context once, and the harness's HFLM.loglikelihood in lm_eval's environment
+    (tools/lm_eval_scores.py). Returns (docs, requests, our seconds, theirs, the largest log-likelihood difference)."""
+    docs = build_docs('hellaswag', task_rows('hellaswag', args.harness_synthetic_docs, seed=1), 'synthetic')
+    model, enc = load_model_and_tokenizer(args.harness_model, None, device, getattr(torch, dtype))
+    requests = encode_docs('synthetic', docs, enc, model.config.block_size)
+    documents = [d for d, doc in enumerate(docs) for _ in doc.requests]
+    score_requests(model, requests[:args.eval_batch_size], args.eval_batch_size)  # warm-up
+    t0 = time.perf_counter()
+    ours = score_requests(model, requests, args.eval_batch_size, Progress('  harness: eval_zeroshot', len(docs)),
+                          documents)
+    t_ours = time.perf_counter() - t0
+    del model
+    pairs_path, out_path = os.path.join(tmp, 'pairs.json'), os.path.join(tmp, 'theirs.json')
+    with open(pairs_path, 'w', encoding='utf-8') as f:
+        json.dump([pair for doc in docs for pair in doc.requests], f)
+    log('  harness: lm-eval in process ...')
+    timed_process([os.path.join(args.harness_env, 'bin', 'python'), os.path.join(ROOT, 'tools', 'lm_eval_scores.py'),
+                   args.harness_model, pairs_path, str(args.eval_batch_size), dtype, str(device), out_path],
+                  torch.get_num_threads())
+    with open(out_path, encoding='utf-8') as f:
+        theirs = json.load(f)
+    diff = max(abs(a - b) for a, b in zip(ours, theirs['logliks'], strict=True))
+    return len(docs), len(requests), t_ours, theirs['seconds'], diff
 
 
 def bench_harness(args, device):
-    """eval_zeroshot's batched scoring against lm-evaluation-harness's on a real model (--harness_model, a Hugging
-    Face directory such as scripts/gguf_to_hf.py --gguf=smollm2 writes): the same synthetic docs as text, each side
-    tokenizing them itself; their log-likelihoods must agree (the last column)."""
-    if args.harness_model is None:
-        return log('  harness: skipped: give --harness_model=DIR, a Hugging Face model directory')
+    """eval_zeroshot against lm-evaluation-harness 0.4.9 on a real model (--harness_model, a Hugging Face directory
+    such as scripts/gguf_to_hf.py --gguf=smollm2 writes), lm_eval run from its own environment (--harness_env): as
+    whole processes on the six tasks, and in process on synthetic documents; each side tokenizes the text itself,
+    and their log-likelihoods must agree (the last columns)."""
+    if args.harness_model is None or args.harness_env is None:
+        return log('  harness: skipped: give --harness_model=DIR (a Hugging Face model directory) and '
+                   '--harness_env=DIR (an environment with lm_eval 0.4.9: docs/benchmarks.md)')
     dtype = 'bfloat16' if device.type == 'cuda' else 'float32'
-    docs = synthetic_docs(args.eval_docs)
-    model, enc = load_model_and_tokenizer(args.harness_model, None, device, getattr(torch, dtype))
-    requests = encode_docs('synthetic', docs, enc, model.config.block_size)
-    score_requests(model, requests[:args.eval_batch_size], args.eval_batch_size)  # warm-up
-    t0 = time.perf_counter()
-    ours = score_requests(model, requests, args.eval_batch_size, Progress('  harness: eval_zeroshot', len(requests)))
-    t_ours = time.perf_counter() - t0
-    del model
-    try:
-        theirs, t_theirs = harness_loglikelihoods(args.harness_model, docs, args.eval_batch_size, device, dtype)
-    except Exception as e:  # lm_eval 0.4.9 does not import with transformers 5 (AutoModelForVision2Seq is gone)
-        return log(f'  harness: skipped: lm-evaluation-harness did not run here: {type(e).__name__}: {e}')
-    print_table('Zero-shot evaluation: eval_zeroshot vs lm-evaluation-harness on a real model',
-                f'{args.harness_model}, {dtype}, {len(docs)} synthetic 4-choice docs ({len(requests)} requests) as '
-                f'text; batch size {args.eval_batch_size} on both sides: zeroshot.score_requests and lm-eval '
-                f'0.4.9\'s HFLM.loglikelihood (each tokenizing the text itself).',
-                ['docs', 'eval_zeroshot docs/s', 'lm-eval docs/s', 'speedup', 'max abs loglik diff'],
-                [[str(len(docs)), f'{len(docs) / t_ours:.1f}', f'{len(docs) / t_theirs:.1f}', ratio(t_theirs, t_ours),
-                  f'{max(abs(a - b) for a, b in zip(ours, theirs)):.1e}']])
+    shown_device = torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'
+    with tempfile.TemporaryDirectory() as tmp:
+        t_ours, t_theirs, loglik_diff, acc_diff = harness_whole_processes(args, device, dtype, tmp)
+        print_table('Zero-shot evaluation against lm-evaluation-harness: whole processes',
+                    f'{args.harness_model}, {dtype}, {shown_device}, {torch.get_num_threads()} threads each; the six '
+                    f'tasks, {args.harness_docs} documents each (tools/harness_tasks.py), batch size '
+                    f'{args.eval_batch_size}: `python eval_zeroshot.py --hf_model` against `lm_eval --model hf` '
+                    f'(0.4.9, --include_path tasks reading the same files), start to exit.',
+                    ['documents', 'eval_zeroshot.py (s)', 'lm_eval (s)', 'lm_eval / eval_zeroshot',
+                     'max abs loglik diff', 'max acc diff'],
+                    [[str(6 * args.harness_docs), f'{t_ours:.1f}', f'{t_theirs:.1f}', ratio(t_theirs, t_ours),
+                      f'{loglik_diff:.1e}', f'{acc_diff:.3f}']])
+        n, n_requests, t_ours, t_theirs, diff = harness_in_process(args, device, dtype, tmp)
+        print_table('Zero-shot evaluation against lm-evaluation-harness: in process',
+                    f'{args.harness_model}, {dtype}, {shown_device}, {torch.get_num_threads()} threads; {n} '
+                    f'HellaSwag-shaped documents ({n_requests} requests; tools/harness_tasks.py), batch size '
+                    f'{args.eval_batch_size}: zeroshot.score_requests with each context once against '
+                    f'HFLM.loglikelihood in its own process (tools/lm_eval_scores.py); the scoring calls alone.',
+                    ['documents', 'eval_zeroshot docs/s', 'lm-eval docs/s', 'lm-eval / eval_zeroshot',
+                     'max abs loglik diff'],
+                    [[str(n), f'{n / t_ours:.1f}', f'{n / t_theirs:.1f}', ratio(t_theirs, t_ours), f'{diff:.1e}']])
 
 
 SECTIONS = dict(attention=bench_attention, kd=bench_kd, train=bench_train, eval=bench_eval, harness=bench_harness,
@@ -639,6 +721,10 @@ KEYS = dict(
     # harness (needs lm-evaluation-harness 0.4.9, which needs transformers 4)
     harness_model=Key(None, 'harness: a Hugging Face model directory, e.g. what scripts/gguf_to_hf.py writes',
                       types=(str,)),
+    harness_env=Key(None, 'harness: a Python environment where lm_eval 0.4.9 imports (docs/benchmarks.md)',
+                    types=(str,)),
+    harness_docs=Key(25, 'harness: documents of each of the six tasks, for the whole processes', min=1),
+    harness_synthetic_docs=Key(500, 'harness: synthetic 4-choice documents, in process', min=1),
 )
 
 
