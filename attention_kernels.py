@@ -9,6 +9,8 @@ this file which kernel computes it), the way nanochat's flash_attention.py separ
                       repeated to every query head where it does not (needs_repeated_kv: CUDA float32)
   attention_scores,   the explicit T x T forms, at least float32: the slow reference every variant's written form
   sink_weights        (model.Attention.weights) starts from, and the sink's fallback
+  KVCache             a layer's keys and values kept across calls (generate, and scoring continuations of a
+                      context: rows of different lengths, hence masks and positions per row)
 
 Paper: https://arxiv.org/abs/2602.23057 (Eq. 1 and 3 in its Sections 2.2-2.3).
 """
@@ -64,6 +66,72 @@ def sink_attention(q, k, v, sinks, visible):
         return SinkAttention.apply(q, *kv_for_kernel(q, k, v), sinks, visible)
     G = q.size(1) // k.size(1)  # the explicit matrix needs one K/V head per query head
     return sink_attention_explicit(q, k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1), sinks, visible)
+
+
+# ----------------------------------------------------------------------------------------------
+# The KV cache: what a layer keeps of the tokens it has seen
+
+class KVCache:
+    """One layer's keys and values, and the sums a variant keeps (Variant.cache): decoding one token at a time
+    (generate), or scoring many continuations of one context without recomputing it (zeroshot.score_requests).
+    Rows of a right-padded batch hold different numbers of real tokens: each later token sits at its row's own
+    position, and sees that row's real tokens only."""
+
+    def __init__(self, max_len):
+        self.max_len, self.length, self.k, self.v = max_len, 0, None, None  # length: slots written, padding included
+        self.real = None  # (B, max_len) bool: which written slots hold a real token (not padding)
+        self.padded = False  # whether any written slot is padding (then masks and per-row positions are needed)
+        self.sums = {}  # name -> (B, H_kv, 1, D), its sum over each row's real cached tokens (float32)
+
+    def positions(self, T, device):
+        """The positions of T new tokens: (T,), or (B, T) after padding (each row goes on from its real tokens)."""
+        new = torch.arange(T, device=device)
+        if not self.padded:
+            return new + self.length
+        return self.real[:, :self.length].sum(1, keepdim=True) + new
+
+    def update(self, k, v, seq_lens=None):
+        """Append this call's k, v (B, H_kv, T, D); seq_lens: (B,) real tokens of right-padded rows. Returns every
+        cached key and value and `visible`, which keys each new query sees: True (causal: the first call), False
+        (every key: one new token, no padding) or a (B, 1, T, T_k) bool mask (the row's real cached tokens, and
+        this call's tokens up to its own)."""
+        B, _, T, _ = k.shape
+        if self.k is None:  # allocate on first use, in the dtype/device the layer actually produces
+            shape = (B, k.size(1), self.max_len, k.size(3))
+            self.k, self.v = k.new_empty(shape), v.new_empty(shape)
+            self.real = torch.zeros(B, self.max_len, dtype=torch.bool, device=k.device)
+        if self.length + T > self.max_len:
+            raise ValueError(f"a KV cache of {self.max_len} tokens holds {self.length}: no room for {T} more")
+        start, self.length = self.length, self.length + T
+        self.k[:, :, start:self.length], self.v[:, :, start:self.length] = k, v
+        real = torch.ones(B, T, dtype=torch.bool, device=k.device)
+        if seq_lens is not None:
+            real = torch.arange(T, device=k.device) < seq_lens[:, None]
+            self.padded = self.padded or bool((seq_lens < T).any())
+        self.real[:, start:self.length] = real
+        if start == 0 or (T == 1 and not self.padded):
+            visible = start == 0
+        else:  # the row's real cached tokens, then this call's causally (padding only ever follows real tokens)
+            causal = torch.ones(T, T, dtype=torch.bool, device=k.device).tril()
+            visible = torch.cat([self.real[:, None, None, :start].expand(B, 1, T, start),
+                                 causal.expand(B, 1, T, T)], dim=-1)
+        return self.k[:, :, :self.length], self.v[:, :, :self.length], visible
+
+    def continue_sum(self, name, sums):
+        """Running sums over the new tokens (B, H_kv, T, D), padding counted as 0, continued from each row's sum
+        over its real cached tokens."""
+        sums = sums + self.sums.get(name, 0.0)
+        self.sums[name] = sums[:, :, -1:]
+        return sums
+
+    def select(self, rows):
+        """A cache holding the given rows (a (R,) index tensor; rows may repeat): one context fanned out to each of
+        its continuations."""
+        cache = KVCache(self.max_len)
+        cache.length, cache.padded = self.length, self.padded
+        cache.k, cache.v, cache.real = self.k[rows], self.v[rows], self.real[rows]
+        cache.sums = {name: s[rows] for name, s in self.sums.items()}
+        return cache
 
 
 # ----------------------------------------------------------------------------------------------

@@ -53,14 +53,13 @@ from lmkit.training import KEY_DEFAULTS, compute_loss, configure_optimizers, ini
 from lmkit.data import Windows, first_token_id, read_meta
 from lmkit.errors import RunError, run_script
 from lmkit.files import claim_dir, lock_dir
-from lmkit.kd import check_compatibility
-from lmkit.loading import load_teacher
 from lmkit.memory_plan import print_dry_run
+from distill import check_compatibility, load_teacher
 from model import FIELD_NAMES, GPT, ModelConfig
 from lmkit.probes import mean_attention_logit, sink_record, variant_tensor_means
 from lmkit.resume import (check_resumable, checkpoint_to_resume, data_fingerprint, lr_changes,
                           rng_state, set_rng_state)
-from lmkit.run_checks import check_finite, check_sizes, start_notes, validation_batches
+from lmkit.run_checks import check_sizes, check_step_finite, start_notes, validation_batches
 from lmkit.run_log import Metrics, import_wandb
 
 SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0 to write a checkpoint (NCCL's default is 10 min)
@@ -360,7 +359,7 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
                                f"--max_skipped_frac)")
             stop = reduce_mean([float(bool(stop_signal))], run.device)[0] > 0  # all ranks stop at the same step
             if evaluated or stop:
-                check_finite(step, record, raw_model, run.device, ckpt_path, saved)
+                check_step_finite(step, record, raw_model, run.device, ckpt_path, saved)
                 save(ckpt_path, step, dict(steps=skipped, first=first_skipped), c, run, raw_model, optimizer,
                      model_config, data_meta)
                 saved = step

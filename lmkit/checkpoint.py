@@ -95,7 +95,7 @@ def read_checkpoint(path, keys=MODEL_KEYS):
     a training checkpoint also holds), and the ranks of a node share one copy in the page cache. Read as data only
     (load_data_only): a file that would run code is refused. keys: what the caller needs (CKPT_KEYS to resume
     training); the bytes of every tensor under them are verified against the checksums written with them
-    (verify_checkpoint), and where they include the model, its weights are checked to be finite (check_finite),
+    (verify_checkpoint), and where they include the model, its weights are checked to be finite (check_weights_finite),
     before anything is returned."""
     ckpt = load_data_only(path)
     missing = [key for key in keys if not isinstance(ckpt, dict) or key not in ckpt]
@@ -103,7 +103,7 @@ def read_checkpoint(path, keys=MODEL_KEYS):
         raise CheckpointError(f"{path} is not a checkpoint written by train.py: it has no {', '.join(missing)}")
     verify_checkpoint(path, keys)
     if 'model' in keys:  # every tool that reads the weights comes through here: none runs a diverged model
-        check_finite(path, ckpt['model'])
+        check_weights_finite(path, ckpt['model'])
     return ckpt
 
 
@@ -112,7 +112,7 @@ def nonfinite_tensors(state):
     return [name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
 
 
-def check_finite(path, state):
+def check_weights_finite(path, state):
     """CheckpointError naming the file, the first tensor of `state` (its model's) that is not finite and how many are
     not: such weights (a diverged run's) give NaN logits, which every reader would turn into silent garbage."""
     bad = nonfinite_tensors(state)

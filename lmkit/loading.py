@@ -113,13 +113,3 @@ def load_model(path, attention=BASELINE, dtype=torch.float32, device='cpu', cls=
         model.length_note = (f", the sliding_window of {path}/config.json: this Mistral attends to the last "
                              f"{config.block_size} positions, which is full attention only up to that length")
     return model
-
-
-def load_teacher(spec, device='cpu', dtype=torch.float32):
-    """The teacher (GPT.from_pretrained: a Hugging Face directory or one of our checkpoints) on device, in dtype, in
-    eval mode, every parameter frozen; a file that does not load is one line naming it, not a traceback."""
-    try:
-        model = GPT.from_pretrained(spec, dtype=dtype, device=device)
-    except (OSError, ValueError, RuntimeError) as e:  # unreadable file, unsupported config, tensors that do not fit
-        raise RunError(f"teacher {spec}: {e}") from e
-    return model.eval().requires_grad_(False)

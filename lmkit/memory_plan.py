@@ -13,7 +13,7 @@ import os
 import torch
 
 from lmkit.checkpoint import checkpoint_file, config_from_hf, read_checkpoint, read_hf_config
-from lmkit.kd import CHUNK_LOGITS, fp32_output_gemm
+from distill import CHUNK_LOGITS, fp32_output_gemm
 from model import FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig, no_more_saved
 
 # The paper's teachers by their checkpoint directory's name: a dry run sizes the teacher from its published shape

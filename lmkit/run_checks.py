@@ -1,8 +1,8 @@
 """
 What train.py checks of a run beyond its keys' ranges: the settings against the data, before any work
 (check_sizes; start_notes for what they allow but do not do as written), and the weights and the evaluation's loss
-before every save (check_finite), so that no checkpoint holds weights that are not finite. Every rank takes part in
-check_finite and comes to the same verdict. Imports torch, lmkit.distributed and lmkit.errors only.
+before every save (check_step_finite), so that no checkpoint holds weights that are not finite. Every rank takes part in
+check_step_finite and comes to the same verdict. Imports torch, lmkit.distributed and lmkit.errors only.
 """
 import math
 
@@ -62,7 +62,7 @@ def nonfinite_weights(model, device):
     return [name for (name, _), flag in zip(named, reduce_mean(bad, device)) if flag > 0], len(named)
 
 
-def check_finite(step, record, model, device, ckpt_path, saved):
+def check_step_finite(step, record, model, device, ckpt_path, saved):
     """RunError (on every rank alike) where the weights after this step's update, or its evaluation's loss (record:
     the step's), are not finite: the step is then not saved, and out_dir's checkpoints stay those of the last good
     step (saved: its step, None where this run saved none). A finite loss and gradient norm do not prove a finite

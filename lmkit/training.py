@@ -14,8 +14,8 @@ import torch
 from configurator import DEVICE, Key, parse
 from lmkit.checkpoint import CKPT_NAME, read_checkpoint
 from lmkit.device import resolve_device, resolve_dtype
-from lmkit.kd import fused_kd_loss, kd_loss
 from lmkit.resume import changed_settings, recorded_config
+from distill import fused_kd_loss, kd_loss
 from model import AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, MODEL_SHAPES, ModelConfig
 
 

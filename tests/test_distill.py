@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import distill
-from lmkit import kd, memory_plan
+from lmkit import memory_plan
 import prepare_data as prep
 import train
 from lmkit.data import read_shard
@@ -77,7 +77,7 @@ def test_load_teacher_from_our_checkpoint(our_teacher):
         assert teacher.config == model.config
         with torch.no_grad():
             assert torch.equal(teacher(idx)[0], expected)
-        assert kd.teacher_tokenizer_info(spec)['sha256'] == BYTES['sha256']
+        assert distill.teacher_tokenizer_info(spec)['sha256'] == BYTES['sha256']
 
 
 def test_bad_teacher_specs(tmp_path):

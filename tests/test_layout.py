@@ -1,5 +1,6 @@
-"""The repository's layout (docs/implementation.md, "Files"): the root holds the network, the configurator and the
-scripts a reader runs; what they share is the library, lmkit/, which imports no script; the study and the measuring
+"""The repository's layout (docs/implementation.md, "Files"): the root holds the paper's modules (the network, its
+kernels, the distillation), the configurator and the scripts a reader runs; what they share is the library, lmkit/,
+which imports no script; the study and the measuring
 tools live in study/ and tools/, and nothing at the root or in the library imports them. Tests may import anything."""
 import ast
 import glob
@@ -8,7 +9,7 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NETWORK = {'model.py', 'attention_kernels.py', 'configurator.py'}
+PAPER_MODULES = {'model.py', 'attention_kernels.py', 'distill.py', 'configurator.py'}  # and the configurator
 FOLDERS = ('', 'lmkit', 'study', 'tools', 'scripts')
 
 
@@ -44,14 +45,15 @@ def is_script(path):
     return bool(main and re.search(r'\bmain\b', main.group(1))) or text.startswith('"""Moved: run')
 
 
-SCRIPTS = {module_name(p) for folder in FOLDERS for p in sources(folder) if is_script(p)}
+# distill.py is run too (its teacher check), and imported like model.py: a paper's module, not a script
+SCRIPTS = {module_name(p) for folder in FOLDERS for p in sources(folder) if is_script(p)} - {'distill'}
 
 
-def test_the_root_holds_the_network_the_configurator_and_scripts():
+def test_the_root_holds_the_papers_modules_the_configurator_and_scripts():
     root = sources('')
     assert len(root) <= 14, [os.path.basename(p) for p in root]
-    assert {os.path.basename(p) for p in root if not is_script(p)} == NETWORK
-    assert {'train', 'prepare_data', 'distill', 'eval_zeroshot', 'sample', 'export_hf', 'quickstart'} <= SCRIPTS
+    assert {os.path.basename(p) for p in root if module_name(p) not in SCRIPTS} == PAPER_MODULES
+    assert {'train', 'prepare_data', 'eval_zeroshot', 'sample', 'export_hf', 'quickstart'} <= SCRIPTS
 
 
 def test_no_file_imports_a_script():
@@ -67,7 +69,7 @@ def test_the_library_imports_no_script_and_neither_it_nor_the_root_imports_the_s
         assert not outside, (module_name(path), outside)
     for path in sources('lmkit'):
         ours = {name.split('.')[0] for name in imported(path)} & {module_name(p) for p in sources('')}
-        assert ours <= {'model', 'configurator', 'attention_kernels'}, (module_name(path), ours)
+        assert ours <= {name[:-3] for name in PAPER_MODULES}, (module_name(path), ours)
 
 
 def first_import_beyond_the_standard_library(path):
@@ -98,3 +100,13 @@ def test_no_function_outside_the_tests_is_over_80_lines():
             for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80]
     assert not long
+
+
+def test_one_function_per_name_across_the_library():
+    """A name in lmkit/ means one thing: no two of its modules define a function or class of the same name."""
+    where = {}
+    for path in sources('lmkit'):
+        for node in ast.parse(open(path, encoding='utf-8').read()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                where.setdefault(node.name, []).append(module_name(path))
+    assert not {name: modules for name, modules in where.items() if len(modules) > 1}

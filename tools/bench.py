@@ -51,7 +51,6 @@ if __package__ in (None, ''):  # run as a file: the repository's root on the pat
 import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch
 
-from lmkit.kd import kd_problem
 from lmkit.measure import (PeakMemory, Progress, default_peak_flops, flops_per_token, gemm_shapes, log,
                            measured_matmul_flops, print_table, ratio)
 from lmkit.data import prepare_builtin
@@ -62,6 +61,7 @@ from lmkit.errors import RunError, run_script
 from lmkit.files import read_log
 from lmkit.zeroshot import build_docs, choice_doc, encode_docs, score_one_by_one, score_requests
 from lmkit.loading import load_model_and_tokenizer
+from distill import kd_problem
 from model import ATTENTIONS, BASELINE, EXPLICIT, FIELD_NAMES, GPT, PROPOSED, ModelConfig
 from lmkit.probes import (GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS, VALUE_WEIGHTED_STRIDE, activation_outliers,
                           alpha_summary, first_token_weights, hooked_forward, inspect_attention, knockout_losses,

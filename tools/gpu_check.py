@@ -55,11 +55,10 @@ from lmkit.device import autocast
 from lmkit.distributed import compile_layers, wrap_ddp
 from configurator import Key, parse
 from lmkit.data import Windows, prepare_builtin
-from lmkit.kd import kd_problem
-from lmkit.loading import load_teacher
 from lmkit.errors import RunError, run_script
 from lmkit.files import read_log, write_json
 from lmkit.memory_plan import KNOWN_TEACHERS, memory_estimate
+from distill import kd_problem, load_teacher
 from model import ATTENTIONS, BASELINE, EXPLICIT, FIELD_NAMES, GPT, MODEL_SHAPES, PROPOSED, ModelConfig
 from lmkit.training import compute_loss, configure_optimizers, load_config
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from lmkit import kd
+import distill
 from lmkit.distributed import apply_fsdp
 from lmkit.memory_plan import plan_dtype
 from model import GPT
@@ -42,13 +42,13 @@ def fake_peak_memory(c, model_config, teacher_config):
     (every micro-step's but a run's first). DDP runs unwrapped (its C++ reducer reads real data), its gradients
     allocated once, as distributed.wrap_ddp makes them DDP's buckets; FSDP is distributed.apply_fsdp over a fake process
     group, this rank 0. CPU kernels stand in for CUDA's (flash attention saves the same tensors); the KD loss's bf16
-    GEMMs write float32 as on sm_80+ GPUs (kd.fp32_output_gemm). Every allocation is rounded up to 512 bytes, as by the
-    CUDA allocator; kernels' workspaces, the CUDA context and fragmentation are not seen."""
+    GEMMs write float32 as on sm_80+ GPUs (distill.fp32_output_gemm). Every allocation is rounded up to 512 bytes,
+    as by the CUDA allocator; kernels' workspaces, the CUDA context and fragmentation are not seen."""
     dtype = plan_dtype(c)
     dist.init_process_group('fake', rank=0, world_size=c['dry_run_world_size'])
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), \
-                mock.patch.object(kd, 'fp32_output_gemm', lambda device, dtype: True):
+                mock.patch.object(distill, 'fp32_output_gemm', lambda device, dtype: True):
             student = fake_gpt(model_config, 'cpu')
             for layer in student.model.layers:
                 layer.activation_checkpointing = c['activation_checkpointing']
