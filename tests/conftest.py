@@ -177,8 +177,9 @@ def hf_dirs(tmp_path_factory):
     return {name: root / name for name in ('llama', 'llama_hub_config', 'qwen2')}
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope='session')
 def data_dir(tmp_path_factory):
+    """The built-in corpus, prepared once per test process: read only (a test that changes data copies it)."""
     out = str(tmp_path_factory.mktemp('data') / 'builtin_bytes')
     prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={out}', '--val_every=10', '--num_proc=1'])
     return out
