@@ -402,16 +402,16 @@ def _compiled_worker(rank, world, init_file, result_file, data_dir, parallel, va
 
 @pytest.mark.parametrize('parallel', ['ddp', 'fsdp'])
 def test_compiled_training_and_evaluation_never_recompile(data_dir, tmp_path, parallel):
-    """Under FSDP the variants with parameters of their own (sharded with their layers: sink, and affine_gated,
-    which holds affine's and gated's), under DDP, whose graph splitting does not depend on the attention, the two
-    without (softmax, softmax1): every variant's code once, for the suite's time; 9 layers, 2 gloo ranks, as
-    train.py runs them compiled: the student's layers compile once for training and the teacher's once (the first
-    micro-step), the student's once more for evaluation's eval mode (the first evaluation), and nothing else
+    """Under FSDP the variants with parameters of their own (sharded with their layers: sink, whose kernel softmax1
+    runs with zero logits, and affine_gated, which holds affine's and gated's code), under DDP, whose graph splitting
+    does not depend on the attention, softmax: every variant's code once, for the suite's time; 9 layers, 2 gloo
+    ranks, as train.py runs them compiled: the student's layers compile once for training and the teacher's once (the
+    first micro-step), the student's once more for evaluation's eval mode (the first evaluation), and nothing else
     compiles, on any rank: no recompilation in later steps or evaluations (the attention-logit statistics' hooks run
     eagerly: traced, they made every layer recompile at every evaluation). No graph breaks. Under DDP one graph per
     layer, not DDP's bucket-sized pieces (distributed.compile_layers turns dynamo's DDP graph splitting off), and no
     gradient beside DDP's buckets after a no_sync micro-step."""
-    variants = ('sink', 'affine_gated') if parallel == 'fsdp' else ('softmax', 'softmax1')
+    variants = ('sink', 'affine_gated') if parallel == 'fsdp' else ('softmax',)
     torch.multiprocessing.spawn(_compiled_worker, args=(2, str(tmp_path / 'init'), str(tmp_path / 'result'), data_dir,
                                                         parallel, variants), nprocs=2, join=True)
     expected = {'first micro-step': (2, 0), 'step 1': (0, 0), 'step 2': (0, 0), 'evaluation 1': (1, 0),
