@@ -529,10 +529,11 @@ def test_cli_rejects_bad_flags(tmp_path, capsys, flag, message):
 def test_a_stop_with_workers_is_one_line_and_leaves_no_process(tmp_path, checkpoints, signum):
     """Issue 53: Ctrl-C on a BPE run with 2 workers gave a 25-line traceback (every worker's and the parent's). Now a
     Ctrl-C at the terminal (SIGINT to the whole process group) or SIGTERM to the parent ends it in one line that says
-    the same command continues, and no worker is left."""
+    the same command continues, and no worker is left. (The whole standard library: at 3M tokens, a quiet machine
+    finished before the signal came, and Python then died of it on its way out.)"""
     qwen = checkpoints["qwen_json"][0]
     argv = [sys.executable, "prepare_data.py", "--source=stdlib", f"--tokenizer={qwen}", "--num_proc=2",
-            f"--out_dir={tmp_path / 'out'}", "--max_tokens=3000000"]
+            f"--out_dir={tmp_path / 'out'}"]
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
