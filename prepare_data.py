@@ -240,13 +240,6 @@ def init_worker(enc, dtype):
     worker_enc, worker_dtype = enc, dtype
 
 
-def start_worker(enc, dtype):
-    """A pool worker's start. A Ctrl-C at the terminal reaches every process of the foreground group: the workers
-    leave it to the parent, which stops them (the pool's exit) and says so in one line."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    init_worker(enc, dtype)
-
-
 def tokenize_chunk(docs):
     """-> (train token ids, train document lengths, bytes dropped from each train document, val token ids, number
     of val documents, bytes dropped from them): a vocabulary without a token for every byte drops those bytes, as
@@ -271,8 +264,17 @@ def tokenize_in_order(chunks, enc, dtype, num_proc):
         for docs, tag in chunks:
             yield tokenize_chunk(docs), tag
         return
-    # spawn: workers start clean instead of inheriting the parent's threads (pyarrow) through fork
-    with multiprocessing.get_context("spawn").Pool(num_proc, start_worker, (enc, dtype)) as pool:
+    # spawn: workers start clean instead of inheriting the parent's threads (pyarrow) through fork. A Ctrl-C at the
+    # terminal reaches every process of the foreground group: the workers leave it to the parent, which stops them
+    # (the pool's exit) and says so in one line. They ignore it from their first instruction (an ignored signal stays
+    # ignored across exec, and Python keeps it so), not from their initializer on: one pressed while they start
+    # would print a traceback from each.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        pool = multiprocessing.get_context("spawn").Pool(num_proc, init_worker, (enc, dtype))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with pool:
         pending = deque()
         for docs, tag in chunks:
             pending.append((pool.apply_async(tokenize_chunk, (docs,)), tag))

@@ -69,9 +69,10 @@ REAL_MODEL_NEEDED = dict(transformers='transformers>=4.40', tokenizers='tokenize
                          accelerate='accelerate>=1.0')
 TEST_NEEDED = dict(pytest='pytest', xdist='pytest-xdist', pytest_reverse='pytest-reverse', ruff='ruff',
                    tokenizers='tokenizers', transformers='transformers', gguf='gguf', accelerate='accelerate')
-# the suite in processes side by side (pytest-xdist), at most 4 (each holds a few models): on the 2-core VM, a fresh
-# clone took 8m57s in two (the real model downloaded too) against 9m33s in one (it cached; docs/testing.md)
-TEST_WORKERS = min(os.cpu_count() or 1, 4)
+# the suite in processes side by side (pytest-xdist), one more than the cores (a test waiting on its script's process
+# leaves a core to the others), at most 4 (each holds a few models): on the 2-core VM, 517 s in three against 531-557 s
+# in two (docs/testing.md)
+TEST_WORKERS = min((os.cpu_count() or 1) + 1, 4)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
