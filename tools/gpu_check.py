@@ -68,8 +68,8 @@ H100_BF16_PEAK = KNOWN_PEAK_BF16['H100']  # NVIDIA H100 SXM datasheet, dense bf1
 
 
 def holds_mfu_target(gpu_name):
-    """Whether the mfu part holds a GPU to its MFU target: the GPUs of the H100 SXM's dense bf16 peak (common's table:
-    H100 SXM, H200; not the H100 PCIe, 756 TFLOP/s), over which the MFU is taken."""
+    """Whether the mfu part holds a GPU to its MFU target: the GPUs of the H100 SXM's dense bf16 peak
+    (lmkit.measure.KNOWN_PEAK_BF16: H100 SXM, H200; not the H100 PCIe, 756 TFLOP/s), over which the MFU is taken."""
     return next((peak for key, peak in KNOWN_PEAK_BF16.items() if key in gpu_name), None) == H100_BF16_PEAK
 
 
