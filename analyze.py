@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from lmkit.checkpoint import CKPT_NAME, checkpoint_file, read_checkpoint
-from lmkit.measure import Progress
-from lmkit.device import resolve_device
+from lmkit.progress import Progress
+from lmkit.distributed import resolve_device
 from configurator import DEVICE, Key, fail, parse
 from lmkit.runs import grad_norm_statistics, load_run, method_name, pyplot, spike_counts
 from lmkit.files import MARKERS, claim_dir, made_dirs, write_json

@@ -38,7 +38,7 @@ class Key:
     expands: dict = None  # value -> {key: value, ...}: setting this key sets those keys, there and then (train's model)
 
 
-# the --device every script takes (lmkit.device.resolve_device reads it)
+# the --device every script takes (lmkit.distributed.resolve_device reads it)
 DEVICE = Key('auto', "auto (cuda if available), cpu, cuda, cuda:1, ...")
 
 

@@ -1,8 +1,9 @@
 """
 Knowledge distillation, as the paper trains every student (Sections 2.1 and 5.1), the way model.py is its network:
 the teacher (load_teacher; check_compatibility against the data and the student), the KD loss written as its
-definition (kd_loss) and computed in chunks without the full logits (fused_kd_loss), and, run as a script, a
-teacher's sanity check before a long run: does it load, fit the data, and predict its val split well?
+definition (kd_loss) and computed in chunks without the full logits (fused_kd_loss), a micro-batch's loss
+(compute_loss: CE or KD), and, run as a script, a teacher's sanity check before a long run: does it load, fit the
+data, and predict its val split well?
 docs/training.md, "The KD loss", has the formula, the memory and the precision.
 
     python distill.py --teacher=checkpoints/Llama-3.2-3B --data_dir=data/fineweb_edu_llama3
@@ -12,6 +13,7 @@ import functools
 import math
 import sys
 import time
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
@@ -22,7 +24,7 @@ from attention_kernels import at_least_fp32
 from configurator import DEVICE, Key, parse
 from lmkit.checkpoint import checkpoint_file, read_checkpoint, read_hf_config
 from lmkit.data import Windows, read_meta
-from lmkit.device import autocast, resolve_device, resolve_dtype
+from lmkit.distributed import autocast, resolve_device, resolve_dtype
 from lmkit.errors import RunError, run_script
 from lmkit.tokenizer import load_tokenizer, tokenizer_info
 from model import GPT, IGNORE_INDEX
@@ -301,6 +303,23 @@ def fused_kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight
     loss, kd, ce = FusedKDLoss.apply(student_hidden, student_weight, teacher_hidden, teacher_weight, targets,
                                      temperature, kd_alpha, chunk_size)
     return loss, kd, ce if targets is not None else None
+
+
+def compute_loss(model, student, teacher, x, y, fused=True, temperature=1.0, kd_alpha=1.0, teacher_timer=None):
+    """(loss, KD, CE) of one micro-batch (x, y): loss to backpropagate, KD and CE detached for logging (zeros without
+    a teacher). model: the module to call (compiled / DDP / FSDP); student: the GPT itself (its lm_head); teacher:
+    None (cross-entropy) or a GPT in eval mode, its forward timed by teacher_timer (a DeviceTimer). fused:
+    fused_kd_loss, else kd_loss."""
+    if teacher is None:
+        _, loss = model(x, y)
+        zero = loss.detach().new_zeros(())
+        return loss, zero, zero
+    with teacher_timer() if teacher_timer else nullcontext(), torch.no_grad():
+        teacher_hidden, _ = teacher(x, return_hidden=True)
+    hidden, _ = model(x, return_hidden=True)
+    return (fused_kd_loss if fused else kd_loss)(hidden, student.lm_head.weight, teacher_hidden,
+                                                 teacher.lm_head.weight, temperature=temperature, targets=y,
+                                                 kd_alpha=kd_alpha)
 
 
 # -----------------------------------------------------------------------------

@@ -20,10 +20,10 @@ import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__
 import torch
 
 from configurator import DEVICE, Key, fail, parse
-from lmkit.device import resolve_device, resolve_dtype
+from lmkit.distributed import resolve_device, resolve_dtype
 from lmkit.errors import RunError, run_script
 from lmkit.files import made_dirs, write_json
-from lmkit.measure import Progress
+from lmkit.progress import Progress
 from lmkit.loading import load_model_and_tokenizer, window_first_token
 from lmkit.zeroshot import (C4_DOCS, C4_SHARD, DEFAULT_TASKS, TASKS, build_docs, c4_perplexity, c4_tokens, encode_docs,
                             export_data, heldout_rows, read_rows, score_one_by_one, score_requests,

@@ -10,7 +10,7 @@ and the real model's stage; the data, the training and the evaluation are offlin
 A re-run does what is not yet done with these settings, judged by what each stage's outputs record. A training stage
 whose checkpoint (ckpt.pt: its steps and config) finished the settings it would now run with is skipped; one stopped
 part way with them continues from its checkpoint; one whose settings changed what it computes (--teacher_iters, an
-edited config file's learning rate, ...; not micro_batch_size or the device: resume.RESUME_MAY_CHANGE) is trained
+edited config file's learning rate, ...; not micro_batch_size or the device: runs.RESUME_MAY_CHANGE) is trained
 again from scratch, replacing that stage's checkpoint and config.json (its metrics.jsonl kept aside under a new
 name), after a line saying what changed. What came from a replaced stage is redone too: the students of a teacher
 trained again, the evaluation of a student trained again. To keep earlier results, give another --out_dir. report.md
@@ -47,8 +47,8 @@ from typing import NamedTuple
 from configurator import Key, fail, parse  # pure Python: these run before the install
 from lmkit import children
 from lmkit.errors import RunError, Stopped, run_script
-from lmkit.files import atomic_write, claim_dir
-from lmkit.run_log import duration, last_logged
+from lmkit.files import atomic_write, claim_dir, last_logged
+from lmkit.progress import duration
 
 KEYS = dict(
     tests=Key(False, "install the test requirements, run ruff check . and then the test suite"),
@@ -253,21 +253,20 @@ def newer(path, than):
 
 def training_plan(argv, teacher=None):
     """(done, extra train.py arguments, note, steps, first step) for the train.py stage `argv` (a config file, then
-    overrides), from the checkpoint its out_dir holds (training.planned_run: train.py's own rule for continuing a run).
+    overrides), from the checkpoint its out_dir holds (runs.planned_run: train.py's own rule for continuing a run).
     Done: it ran the settings train.py would now resolve to the end, after the last training of its teacher. The same
     settings stopped part way: train.py continues from the checkpoint. Settings that change what training computes
     (the keys train.py's resume checks, and max_iters), or a teacher trained again since: trained again from scratch,
     the note saying why."""
-    from lmkit import resume  # installed by now
-    from lmkit.training import planned_run
+    from lmkit.runs import RESTART, planned_run, restart_note  # installed by now
     now, step, changed = planned_run([os.path.join(HERE, argv[0]), *argv[1:]], cwd=HERE)
     if step is None:
-        return False, [], '', now['max_iters'], 0
-    if teacher and newer(ckpt_path(teacher), ckpt_path(now['out_dir'])):
+        return False, [], '', now.max_iters, 0
+    if teacher and newer(ckpt_path(teacher), ckpt_path(now.out_dir)):
         changed.append(f"its teacher {teacher} was trained again")
     if changed:
-        return False, resume.RESTART, resume.restart_note(now['out_dir'], changed), now['max_iters'], 0
-    return step >= now['max_iters'], [], '', now['max_iters'], step
+        return False, RESTART, restart_note(now.out_dir, changed), now.max_iters, 0
+    return step >= now.max_iters, [], '', now.max_iters, step
 
 
 def evaluated(student):
@@ -284,9 +283,10 @@ def trained(out_dir):
     """(steps, tokens, seed) of the checkpoint in out_dir as it records them: what ran, whatever the settings now.
     Tokens: steps x global batch x block size."""
     from lmkit.checkpoint import read_checkpoint
+    from lmkit.runs import run_config
     ckpt = read_checkpoint(ckpt_path(out_dir), keys=('step', 'config'))
-    c = ckpt['config']
-    return ckpt['step'], ckpt['step'] * c['global_batch_size'] * c['block_size'], c['seed']
+    c = run_config(ckpt['config'])
+    return ckpt['step'], ckpt['step'] * c.global_batch_size * c.block_size, c.seed
 
 
 def train_stage(name, config, out_dir, *overrides, teacher=None):

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch
 
-from lmkit.device import resolve_device, resolve_dtype
+from lmkit.distributed import resolve_device, resolve_dtype
 from configurator import DEVICE, Key, parse
 # the model and its tokenizer as every reader of a checkpoint gets them: sample.py imports no tokenizer code itself
 from lmkit.loading import load_model_and_tokenizer, window_first_token

@@ -31,8 +31,11 @@ checks of the settings against the data and of the weights before a save in lmki
 lmkit/run_log.py.
 """
 import dataclasses
+import hashlib
+import json
 import math
 import os
+import statistics
 import sys
 import time
 from contextlib import nullcontext
@@ -44,31 +47,23 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
-from lmkit.checkpoint import CKPT_NAME, is_run_config, model_state, save_checkpoint
-from lmkit.measure import DeviceTimer, default_peak_flops, estimate_mfu, gemm_shapes
-from lmkit.distributed import (apply_fsdp, batch_to_device, compile_layers, full_tensor, init_distributed,
-                               preemption_flag, reduce_mean, wrap_ddp)
-from lmkit.device import check_cpu_compiler, resolve_device, resolve_dtype
-from lmkit.training import KEY_DEFAULTS, compute_loss, configure_optimizers, init_matched, load_config
+from distill import check_compatibility, compute_loss, load_teacher
 from lmkit.data import Windows, first_token_id, read_meta
+from lmkit.distributed import (apply_fsdp, batch_to_device, check_cpu_compiler, compile_layers, full_tensor,
+                               init_distributed, local_tensor, preemption_flag, reduce_mean, resolve_device,
+                               resolve_dtype, wrap_ddp)
 from lmkit.errors import RunError, run_script
-from lmkit.files import claim_dir, lock_dir
-from lmkit.memory_plan import print_dry_run
-from distill import check_compatibility, load_teacher
-from model import FIELD_NAMES, GPT, ModelConfig
+from lmkit.measure import DeviceTimer, default_peak_flops, estimate_mfu, gemm_shapes
+from lmkit.progress import duration
 from lmkit.probes import mean_attention_logit, sink_record, variant_tensor_means
-from lmkit.resume import (check_resumable, checkpoint_to_resume, data_fingerprint, lr_changes,
-                          rng_state, set_rng_state)
-from lmkit.run_checks import check_sizes, check_step_finite, start_notes, validation_batches
-from lmkit.run_log import Metrics, import_wandb
+from lmkit.runs import (checkpoint_path, claim_out_dir, configure_optimizers, dry_run, hold_out_dir,
+                        load_config, resume_point, save_run_checkpoint, set_rng_state, start_log)
+from model import FIELD_NAMES, GPT, ModelConfig
 
 SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0 to write a checkpoint (NCCL's default is 10 min)
 
 # -----------------------------------------------------------------------------------------------
-
-
-# -----------------------------------------------------------------------------------------------
-# Schedule, optimizer, checkpoints
+# Schedule
 
 def learning_rate(step, c):
     """Warmup-stable-decay: linear warmup, constant, then linear decay to min_lr over the last decay_frac."""
@@ -79,6 +74,75 @@ def learning_rate(step, c):
         return c['learning_rate']
     progress = (step - decay_start) / max(1, c['max_iters'] - decay_start)
     return c['learning_rate'] + (c['min_lr'] - c['learning_rate']) * progress
+
+
+# -----------------------------------------------------------------------------------------------
+# Checks beyond the keys' ranges: the settings against the data before any work, the weights before every save
+
+
+def validation_batches(c, val_data):
+    """The batches an evaluation reads: eval_batches, but at most one pass over the val split (start_notes)."""
+    return min(c['eval_batches'], math.ceil(len(val_data) / c['micro_batch_size']))
+
+
+def check_sizes(c, train_data, val_data):
+    """RunError, before any work, for a setting that asks a split for more windows than it holds: a step's global
+    batch (it would read windows more than once), or attention_windows. eval_batches is clamped instead
+    (validation_batches), as the default may outgrow a small corpus."""
+    where, tokens = f"of data_dir={c['data_dir']}", c['block_size']
+    if c['global_batch_size'] > len(train_data):
+        raise RunError(f"global_batch_size={c['global_batch_size']:,}: the train split {where} holds "
+                       f"{len(train_data):,} windows of {tokens} tokens, and one step would read some of them more "
+                       f"than once; give at most {len(train_data):,}, or prepare more data")
+    if c['attention_windows'] > len(val_data):
+        raise RunError(f"attention_windows={c['attention_windows']:,}: the val split {where} holds {len(val_data):,} "
+                       f"windows of {tokens} tokens; give at most {len(val_data):,}")
+
+
+def start_notes(c, val_data):
+    """The lines a run starts with on stderr where its settings do not do what they say: an evaluation that reads
+    fewer batches than eval_batches (one pass over a small val split), a warmup that outlasts the run."""
+    notes, batches = [], validation_batches(c, val_data)
+    if batches < c['eval_batches']:
+        notes.append(f"note: eval_batches={c['eval_batches']:,} x micro_batch_size={c['micro_batch_size']} is more "
+                     f"than the {len(val_data):,} windows the val split of data_dir={c['data_dir']} holds: each "
+                     f"evaluation reads {batches} batch{'es' * (batches > 1)}, every window once")
+    if c['warmup_iters'] > c['max_iters']:  # allowed (runs.RULES): a short test of a long run's config
+        notes.append(f"warning: warmup_iters={c['warmup_iters']} is longer than max_iters={c['max_iters']}: the "
+                     f"learning rate never reaches learning_rate={c['learning_rate']:g}, only "
+                     f"{c['max_iters'] / c['warmup_iters']:.0%} of it at the last step")
+    return notes
+
+
+def nonfinite_weights(model, device):
+    """(names, count): the model's state-dict tensors that hold a NaN or an infinity, and how many float tensors it
+    has; every rank gets the same names (under FSDP each checks its own shards). One fused pass: a tensor's largest
+    magnitude (torch._foreach_norm, ord=inf) is finite exactly when the tensor is, and never overflows."""
+    named = [(name, local_tensor(t)) for name, t in model.state_dict().items() if t.is_floating_point()]
+    bad = torch.zeros(len(named), device=device)
+    held = [i for i, (_, t) in enumerate(named) if t.numel()]  # an empty shard has no largest magnitude
+    if held:
+        norms = torch._foreach_norm([named[i][1] for i in held], math.inf)
+        bad[held] = torch.stack([n.float() for n in norms]).isfinite().logical_not().float()
+    return [name for (name, _), flag in zip(named, reduce_mean(bad, device)) if flag > 0], len(named)
+
+
+def check_step_finite(step, record, model, device, ckpt_path, saved):
+    """RunError (on every rank alike) where the weights after this step's update, or its evaluation's loss, are not
+    finite: the step is then not saved, and out_dir keeps the last good step's checkpoints (saved: its step, None
+    where this run saved none). A finite loss and gradient norm do not prove a finite update."""
+    bad, count = nonfinite_weights(model, device)
+    if bad:
+        what = (f"the weights are not finite after the optimizer step: {len(bad)} of the model's {count} float "
+                f"tensors hold NaN or infinity, the first {bad[0]}")
+    elif not math.isfinite(record.get('val_loss', 0.0)):
+        what = f"the validation loss is {record['val_loss']} (the weights are finite)"
+    else:
+        return
+    kept = (f"out_dir's checkpoints are left as they were ({ckpt_path}: step {saved}). To continue from it with a "
+            f"lower learning rate: --learning_rate=<lower> --resume_lr_change=True" if saved else
+            "this run saved no checkpoint before it; start again with a lower --learning_rate")
+    raise RunError(f"step {step}: {what}; stopping without saving: {kept}")
 
 
 # -----------------------------------------------------------------------------------------------
@@ -132,6 +196,53 @@ def evaluation_record(c, run, model, raw_model, val_data, alpha_means, stop=()):
             record |= sink_record(raw_model, batch_to_device(val_data.get(range(c['attention_windows'])),
                                                              run.device)[0])
     return record | variant_tensor_means(raw_model, alpha_means)
+
+
+# -----------------------------------------------------------------------------------------------
+# The records: out_dir/metrics.jsonl (every step), the console, wandb; rank 0 alone writes
+
+
+def import_wandb():
+    """The wandb module, imported before anything is written: wandb_log=True without it stops with nothing left."""
+    try:
+        import wandb
+    except ImportError:
+        raise RunError("wandb_log=True needs the wandb package, which is not installed: pip install wandb (then "
+                       "wandb login), or --wandb_log=False") from None
+    return wandb
+
+
+class Metrics:
+    """Where the run's records go: metrics.jsonl (every step; runs.start_log starts it), the console (every
+    log_interval steps and every evaluation) and wandb (the module, or None); rank 0 only. A record with an
+    'event' (a resume that changed the learning rate) goes to metrics.jsonl only."""
+
+    def __init__(self, c, run, start_step, wandb=None):
+        self.c, self.on, self.wandb = c, run.master, wandb
+        self.dts = []  # the steps' times since the last console line: its estimate of the time left
+        if not self.on:
+            return
+        self.path = start_log(c, start_step)
+        if wandb:
+            wandb.init(project=c['wandb_project'], name=c['wandb_run_name'], config=c)
+
+    def write(self, record):
+        if not self.on:
+            return
+        with open(self.path, 'a') as f:
+            f.write(json.dumps(record) + '\n')
+        if 'event' in record:
+            return
+        if self.wandb:
+            self.wandb.log(record, step=record['step'])
+        self.dts.append(record['dt'])
+        if record['step'] % self.c['log_interval'] == 0 or 'val_loss' in record:
+            val = f" | val {record['val_loss']:.4f}" if 'val_loss' in record else ''
+            left = (self.c['max_iters'] - record['step']) * statistics.fmean(self.dts)
+            self.dts = []
+            print(f"step {record['step']}/{self.c['max_iters']} | loss {record['loss']:.4f}{val} | lr "
+                  f"{record['lr']:.2e} | grad {record['grad_norm']:.3f} | {record['tokens_per_sec']:,.0f} tok/s | mfu "
+                  f"{100 * record['mfu']:.2f}% | {1000 * record['dt']:.0f} ms | ETA {duration(left)}", flush=True)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -191,9 +302,19 @@ def load_data(c, model_config):
     if meta['vocab_size'] > model_config.vocab_size:
         raise RunError(f"data_dir={c['data_dir']} was tokenized with {meta['vocab_size']} token ids but the "
                        f"model has vocab_size={model_config.vocab_size}")
-    first = first_token_id(c, meta['tokenizer'])
+    first = first_token_id(c['first_token'], meta['tokenizer'])
     return (meta, Windows(c['data_dir'], 'train', model_config.block_size, first),
             Windows(c['data_dir'], 'val', model_config.block_size, first))
+
+
+def init_matched(model, seed):
+    """A GPT's init again, each module from a generator seeded by (seed, its name) alone rather than one stream in
+    module order: variants built from one seed then start equal in every tensor they share and differ in their own
+    (matched_init; the sink study's matched pairs). The global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        for name, module in model.named_modules():
+            torch.manual_seed(int.from_bytes(hashlib.sha256(f'{seed}:{name}'.encode()).digest()[:8], 'little'))
+            model._init_weights(module)
 
 
 def build_model(c, model_config, run, data_meta, ckpt_path):
@@ -207,12 +328,9 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
     model = model.to(run.device)  # whole on every rank first: FSDP then starts from DDP's initial weights
     for layer in model.model.layers:
         layer.activation_checkpointing = c['activation_checkpointing']
-    ckpt, changes, predated = checkpoint_to_resume(c, ckpt_path), {}, {}
+    ckpt, changes, predated = resume_point(c, model_config, data_meta, ckpt_path)
     if ckpt is not None:
-        changes = lr_changes(ckpt, c)  # asked for: not a difference to refuse
-        predated = check_resumable(ckpt, {**c, **{key: change['from'] for key, change in changes.items()}},
-                                   model_config, data_meta, ckpt_path, KEY_DEFAULTS)
-        model.load_state_dict(model_state(ckpt))  # full tensors, before any sharding
+        model.load_state_dict(ckpt['model'])  # full tensors, before any sharding
     if run.master:  # the first line of every run says how it started
         print(f"init_from={c['init_from']}: " + (f"resuming from {ckpt_path} at step {ckpt['step']}" if ckpt is not None
               else f"starting fresh{' (replacing ' + ckpt_path + ')' if os.path.isfile(ckpt_path) else ''}")
@@ -257,11 +375,7 @@ def save(path, step, skipped, c, run, raw_model, optimizer, model_config, data_m
     model_state_dict = get_model_state_dict(raw_model, options=options)
     optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
     if run.master:
-        save_checkpoint(path, dict(model=model_state_dict, optimizer=optimizer_state, step=step, rng=rng_state(),
-                                   config=c, model_config=dataclasses.asdict(model_config),
-                                   tokenizer=data_meta['tokenizer'], data=data_fingerprint(data_meta),
-                                   skipped=skipped),
-                        keep_previous=c['keep_previous'])
+        save_run_checkpoint(path, c, step, skipped, model_state_dict, optimizer_state, model_config, data_meta)
     del model_state_dict, optimizer_state
     if run.distributed:
         dist.barrier(group=run.save_group)
@@ -284,7 +398,8 @@ def take_step(c, run, model, raw_model, teacher, optimizer, train_data, step, te
         # every micro-step (only the sharded gradients are kept between micro-steps)
         with model.no_sync() if run.ddp and micro < run.accumulation - 1 else nullcontext():
             with run.autocast:
-                loss, kd, ce = compute_loss(model, raw_model, teacher, x, y, c, teacher_timer)
+                loss, kd, ce = compute_loss(model, raw_model, teacher, x, y, c['kd_loss'] == 'fused',
+                                            c['kd_temperature'], c['kd_alpha'], teacher_timer)
             (loss / run.accumulation).backward()
         losses += torch.stack([loss.detach(), kd, ce])
     # the raw norm before clipping (paper Tables 4-5); grad_clip=0 only measures it
@@ -303,7 +418,7 @@ def take_step(c, run, model, raw_model, teacher, optimizer, train_data, step, te
 
 def train(c, model_config, run, data_meta, train_data, val_data, wandb):
     """The run, in out_dir, which this process (rank 0) holds: the model built or resumed, then the loop."""
-    ckpt_path = os.path.join(c['out_dir'], CKPT_NAME)
+    ckpt_path = checkpoint_path(c['out_dir'])
     raw_model, optimizer, start = build_model(c, model_config, run, data_meta, ckpt_path)
     step, skipped, first_skipped = start['step'], start['skipped'], start['first_skipped']
     saved = step or None  # the step of this run's last checkpoint: the one resumed from, until the next save
@@ -381,15 +496,14 @@ def main(argv):
     except ValueError as e:  # ModelConfig's own checks (variant names, head counts, rope_scaling)
         raise RunError(f"config: {e}")
     if c['dry_run']:
-        return print_dry_run(c, model_config)
+        return dry_run(c, model_config)
     run = setup_run(c)
     wandb = import_wandb() if c['wandb_log'] and run.master else None
     data_meta, train_data, val_data = load_data(c, model_config)
     check_sizes(c, train_data, val_data)
-    claim_dir(c['out_dir'], 'train.py', ours=lambda names: CKPT_NAME in names or is_run_config(c['out_dir']),
-              writes=(CKPT_NAME, 'config.json', 'metrics.jsonl'))
+    claim_out_dir(c['out_dir'])
     # one writer per run: rank 0, which alone writes into out_dir, holds it (and creates it) until the run ends
-    with lock_dir(c['out_dir'], 'train.py') if run.master else nullcontext():
+    with hold_out_dir(c['out_dir']) if run.master else nullcontext():
         train(c, model_config, run, data_meta, train_data, val_data, wandb)
     if run.distributed:
         dist.destroy_process_group()

@@ -206,11 +206,11 @@ def prefix_id(tokenizer):
     return token
 
 
-def first_token_id(config, tokenizer):
-    """The id at position 0 of every window of a run whose train.py config is `config` (its first_token key; runs
-    from before the key have none), for tokenizer (meta.json's record of it): None, or prefix_id(tokenizer). Every
-    reader of a checkpoint (analyze.py, eval_zeroshot.py) puts the same token first."""
-    return prefix_id(tokenizer) if config.get('first_token', 'stream') == 'prefix' else None
+def first_token_id(first_token, tokenizer):
+    """The id at position 0 of every window of a run whose first_token key is `first_token` ('stream' or 'prefix'),
+    for tokenizer (meta.json's record of it): None, or prefix_id(tokenizer). Every reader of a checkpoint
+    (analyze.py, eval_zeroshot.py) puts the same token first."""
+    return prefix_id(tokenizer) if first_token == 'prefix' else None
 
 
 class Windows:

@@ -1,10 +1,12 @@
 """
 Writing outputs without losing anything: atomic_write (a whole file or the previous one, never a part), claim_dir (an
 output directory checked before any work), made_dirs, set_aside (an earlier log kept, never replaced), lock_dir (one
-writer per run directory) and read_log (a JSON-lines log read whole lines only). docs/implementation.md has the rules.
+writer per run directory), read_log (a JSON-lines log read whole lines only) and last_logged (its last step, read from
+the end). docs/implementation.md has the rules.
 Pure Python: quickstart.py writes through it before torch is installed.
 """
 import json
+import math
 import os
 import socket
 import sys
@@ -207,3 +209,26 @@ def read_log(path):
     return records
 
 
+def last_logged(out_dir):
+    """(the last step out_dir/metrics.jsonl records, whether that step's loss is finite); (0, True) without one.
+    Read from the end in growing blocks: an evaluation's line (every head's measures) can be longer than any fixed
+    tail."""
+    path = os.path.join(out_dir, 'metrics.jsonl')
+    try:
+        with open(path, 'rb') as f:
+            size, block = f.seek(0, os.SEEK_END), 4096
+            while True:
+                f.seek(max(0, size - block))
+                lines = f.read().splitlines()[0 if block >= size else 1:]  # a block's first line may be cut
+                for line in reversed(lines):
+                    try:
+                        record = json.loads(line)
+                        return record['step'], math.isfinite(record.get('loss', 0.0))
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                if block >= size:
+                    break
+                block *= 8
+    except OSError:
+        pass
+    return 0, True

@@ -12,6 +12,7 @@ from lmkit.checkpoint import (CheckpointError, checkpoint_file, config_from_hf, 
                               read_hf_config, read_safetensors, sliding_window)
 from lmkit.data import first_token_id
 from lmkit.errors import RunError
+from lmkit.runs import run_config
 from lmkit.tokenizer import load_tokenizer, tokenizer_info
 from model import BASELINE, GPT, ModelConfig, is_variant_tensor
 
@@ -23,7 +24,8 @@ def window_first_token(spec):
     if path is None:
         return None
     ckpt = read_checkpoint(path, keys=('tokenizer',))
-    return first_token_id(ckpt.get('config', {}), ckpt['tokenizer'])  # (a checkpoint of a model alone has no config)
+    config = run_config(ckpt.get('config', {}))  # (a checkpoint of a model alone has no config: the defaults)
+    return first_token_id(config.first_token, ckpt['tokenizer'])
 
 
 def load_model_and_tokenizer(spec, tokenizer, device, dtype):

@@ -1,6 +1,6 @@
 """
 Measuring and reporting: MFU (a model's FLOPs per token, the device's peak FLOP/s, datasheet or measured), a device
-timer, a progress line, peak memory, and the tables tools/bench.py and tools/gpu_check.py print.
+timer, peak memory, and the tables tools/bench.py and tools/gpu_check.py print.
 """
 import re
 import sys
@@ -9,7 +9,6 @@ from contextlib import contextmanager
 
 import torch
 
-from lmkit.run_log import duration
 
 
 def flops_per_token(model, seq_len=None):
@@ -89,23 +88,6 @@ def default_peak_flops(device, dtype, shapes):
             if key in name:
                 return flops
     return measured_matmul_flops(device, dtype, shapes)
-
-
-class Progress:
-    """One line on stderr, rewritten in place at most twice a second (and at the end)."""
-
-    def __init__(self, name, total):
-        self.name, self.total, self.t0, self.shown = name, total, time.time(), 0.0
-
-    def __call__(self, done):
-        now = time.time()
-        if done != self.total and now - self.shown < 0.5:
-            return
-        self.shown = now
-        rate = done / max(now - self.t0, 1e-9)
-        left = f", {duration((self.total - done) / rate)} left" if 0 < done < self.total else ''
-        end = '\n' if done == self.total else ''
-        print(f"\r{self.name}: {done}/{self.total} ({rate:.1f}/s{left})", end=end, file=sys.stderr, flush=True)
 
 
 class DeviceTimer:

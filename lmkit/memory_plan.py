@@ -5,8 +5,8 @@ alone (every model is built on the meta device, a teacher that is not on this ma
 docs' tables and, with --measure, holds it against the peak memory_measure.fake_peak_memory measures;
 tests/test_gpu_path.py does the same at reduced depth. Everything counted is here: the bytes a decoder layer saves for
 backward (saved_bytes_per_token), the fused KD loss's working set (kd_loss_memory) and their sum per component
-(memory_estimate), with the arguments train.py's config gives it (memory_plan).
-Imports flow one way: data -> model -> distill -> memory_plan -> train (-> memory_measure), bench, gpu_check, scripts.
+(memory_estimate), with the arguments a run's config gives it (runs.memory_plan, runs.dry_run).
+Imports flow one way: data -> model -> distill -> memory_plan -> runs -> train, memory_measure, bench, gpu_check.
 """
 import os
 
@@ -14,7 +14,7 @@ import torch
 
 from lmkit.checkpoint import checkpoint_file, config_from_hf, read_checkpoint, read_hf_config
 from distill import CHUNK_LOGITS, fp32_output_gemm
-from model import FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig, no_more_saved
+from model import GPT, MODEL_SHAPES, ModelConfig, no_more_saved
 
 # The paper's teachers by their checkpoint directory's name: a dry run sizes the teacher from its published shape
 # (model.MODEL_SHAPES) when its checkpoint is not on this machine.
@@ -35,13 +35,6 @@ def teacher_shape(spec):
         return ModelConfig(**KNOWN_TEACHERS[name]), f"{name}'s published shape (no checkpoint at {spec})"
     return None, (f"unknown (no checkpoint at {spec}, and not one of {', '.join(KNOWN_TEACHERS)}): teacher and KD "
                   f"terms left out, estimated as training without a teacher")
-
-
-def planned_models(c):
-    """(the student's ModelConfig, the teacher's or None) of train.py's config c, as its dry run sizes them: the
-    teacher from its checkpoint, or from its published shape when it is not on this machine (teacher_shape)."""
-    return (ModelConfig(**{key: c[key] for key in FIELD_NAMES}),
-            teacher_shape(c['teacher'])[0] if c['teacher'] else None)
 
 
 _PARAM_COUNTS = {}  # repr(ModelConfig) -> meta_param_counts: a 3B model takes a fraction of a second to build
@@ -184,18 +177,10 @@ def verdict(total_gib, gpu_gib):
     return 'fits' if total_gib <= 0.9 * gpu_gib else 'tight' if total_gib <= gpu_gib else 'no'
 
 
-def plan_dtype(c):
-    return 'bfloat16' if c['dtype'] == 'auto' else c['dtype']  # auto: bf16 on the GPUs the plan is for
-
-
-def memory_plan(c, model_config, teacher_config):
-    """memory_estimate's bytes per GPU by component for run c, with the arguments train.py --dry_run gives it."""
-    return memory_estimate(model_config, c['dry_run_world_size'], c['micro_batch_size'], plan_dtype(c), c['fsdp'],
-                           c['activation_checkpointing'], teacher_config)
-
-
-def print_dry_run(c, model_config):
-    """The dry run: parameter counts, and memory_plan's table for this config on dry_run_world_size GPUs."""
+def print_dry_run(model_config, teacher, world, micro_batch, global_batch, dtype, fsdp, activation_checkpointing,
+                  gpu_gib):
+    """The dry run: parameter counts, and memory_estimate's table per GPU on `world` GPUs of gpu_gib; teacher: its
+    spec (teacher_shape), or None."""
     with torch.device('meta'):
         model = GPT(model_config)
     total = model.get_num_params()
@@ -203,19 +188,18 @@ def print_dry_run(c, model_config):
                                                            model.lm_head.weight.numel())
     print(f"params: total={total} non_embedding={total - embedding} "
           f"attention_extra={model.get_num_params(variant_only=True)}")
-    world, gpu_gib = c['dry_run_world_size'], c['dry_run_gpu_gib']
-    dtype = plan_dtype(c)
-    teacher, source = teacher_shape(c['teacher']) if c['teacher'] else (None, 'none (cross-entropy)')
-    estimate = memory_plan(c, model_config, teacher)
+    teacher_config, source = teacher_shape(teacher) if teacher else (None, 'none (cross-entropy)')
+    estimate = memory_estimate(model_config, world, micro_batch, dtype, fsdp, activation_checkpointing,
+                               teacher_config)
     total = sum(estimate.values()) / 2 ** 30
     said = dict(fits='fits', tight='tight: under 10% left for the CUDA context, NCCL and fragmentation',
                 no='does not fit')[verdict(total, gpu_gib)]
-    accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])
+    accumulation, rest = divmod(global_batch, world * micro_batch)
     steps = (f"{accumulation} micro-steps" if accumulation and not rest else f"global_batch_size="
-             f"{c['global_batch_size']} is not a multiple of {world} x {c['micro_batch_size']}: a run would stop")
-    print(f"memory per GPU, estimated: {'FSDP' if c['fsdp'] else 'DDP'} on {world} GPUs, micro_batch_size="
-          f"{c['micro_batch_size']} x {model_config.block_size} tokens ({steps}), {dtype}, "
-          f"activation_checkpointing={c['activation_checkpointing']}; teacher: {source}")
+             f"{global_batch} is not a multiple of {world} x {micro_batch}: a run would stop")
+    print(f"memory per GPU, estimated: {'FSDP' if fsdp else 'DDP'} on {world} GPUs, micro_batch_size="
+          f"{micro_batch} x {model_config.block_size} tokens ({steps}), {dtype}, "
+          f"activation_checkpointing={activation_checkpointing}; teacher: {source}")
     for name, value in estimate.items():
         print(f"  {name:<12} {value / 2 ** 30:7.2f} GiB")
     print(f"  {'total':<12} {total:7.2f} GiB of {gpu_gib:g}: {said}")

@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 from tools import memory_measure  # noqa: E402
 from lmkit import memory_plan  # noqa: E402
-from lmkit.training import load_config  # noqa: E402
+from lmkit.runs import load_config, memory_plan as run_memory_plan, run_config  # noqa: E402
 from lmkit.measure import KNOWN_PEAK_BF16, flops_per_token  # noqa: E402
 from configurator import parse  # noqa: E402
 from lmkit.files import atomic_write  # noqa: E402
@@ -55,15 +55,15 @@ class Row:
     def __init__(self, path, *overrides):
         self.name = os.path.basename(path)[:-3]
         self.variant, self.size = self.name.rsplit('_', 1) if '_' in self.name else (self.name, '')
-        self.c = load_config([path, *overrides])
-        self.cfg = ModelConfig(**{k: self.c[k] for k in FIELD_NAMES})
+        self.c = run_config(load_config([path, *overrides]))
+        self.cfg = ModelConfig(**{k: getattr(self.c, k) for k in FIELD_NAMES})
         # in tables: the attention flag, '_' read as '+' (affine_gated: affine + gated), then its options; rows in
         # model.ATTENTIONS' order, a variant's options after it
         self.shown = self.cfg.attention.replace('_', ' + ') + self.cfg.variant.options(self.cfg)
         self.order = (ATTENTIONS.index(self.cfg.attention), self.shown)
-        self.teacher_name = os.path.basename(os.path.normpath(self.c['teacher']))
+        self.teacher_name = os.path.basename(os.path.normpath(self.c.teacher))
         self.teacher = ModelConfig(**memory_plan.KNOWN_TEACHERS[self.teacher_name])
-        self.micro, self.gpus = self.c['micro_batch_size'], self.c['dry_run_world_size']
+        self.micro, self.gpus = self.c.micro_batch_size, self.c.dry_run_world_size
 
     def plan(self, fsdp, checkpointing=False, micro=None):
         """memory_estimate in GiB per component, on the GPUs the config's dry run plans for, in bfloat16 (dtype=auto
@@ -81,7 +81,7 @@ class Row:
                     if memory_plan.verdict(self.total(fsdp, checkpointing, m), gpu_gib) == 'fits'), default=None)
 
     def mode(self, fsdp):
-        return ('FSDP' if fsdp else 'DDP') + (' (config)' if fsdp == self.c['fsdp'] else '')
+        return ('FSDP' if fsdp else 'DDP') + (' (config)' if fsdp == self.c.fsdp else '')
 
 
 def rows():
@@ -109,7 +109,7 @@ class Flops:
         self.student = flops_per_token(self.model(row.cfg))
         self.teacher = flops_per_token(self.model(row.teacher), row.cfg.block_size) / 3
         c = row.c
-        self.tokens = c['max_iters'] * c['global_batch_size'] * row.cfg.block_size
+        self.tokens = c.max_iters * c.global_batch_size * row.cfg.block_size
         self.tokens_per_sec = row.gpus * PEAK * ASSUMED_MFU / (self.student + self.teacher)
         self.hours = self.tokens / self.tokens_per_sec / 3600
         # activation checkpointing runs the student's forward (a third of its training FLOPs) once more
@@ -172,8 +172,8 @@ def multi_node_table(found):
     lines = []
     for size, group in size_groups(found):
         first = group[0]
-        fsdp, micro, batch = first.c['fsdp'], first.micro, first.c['global_batch_size']
-        assert all(r.c['fsdp'] == fsdp and r.micro == micro and r.c['global_batch_size'] == batch for r in group)
+        fsdp, micro, batch = first.c.fsdp, first.micro, first.c.global_batch_size
+        assert all(r.c.fsdp == fsdp and r.micro == micro and r.c.global_batch_size == batch for r in group)
         names = [r.variant for r in group]
         lines.append([f'{size.upper()}: ' + ', '.join(r.shown for r in group),
                       '`{' + ','.join(names) + '}_' + size + '.py`', 'FSDP' if fsdp else 'DDP', micro,
@@ -206,7 +206,7 @@ def flops_table(found):
         # FSDP all-gathers the bf16 weights for the forward and again for the backward, and reduce-scatters the
         # fp32 gradients, on every micro-step: 2 + 2 + 4 bytes per parameter
         collectives = f'{2 * n_params / 1e9:.1f} + {2 * n_params / 1e9:.1f} + {4 * n_params / 1e9:.1f} GB' \
-            if r.c['fsdp'] else '- (DDP)'
+            if r.c.fsdp else '- (DDP)'
         lines.append([r.name, f'{f.student / 1e9:.1f} G', f'{f.teacher / 1e9:.1f} G', f'{f.tokens_per_sec:,.0f}',
                       f'{f.hours:.0f}', f'{f.recompute:.0%}', f'{f.micro_step_sec:.2f} s', collectives])
     return (f'Estimates, not measurements: FLOPs per token from `lmkit.measure.flops_per_token` (the teacher\'s '
@@ -222,13 +222,13 @@ def readme_table(found):
         first = group[0]
         hours = [Flops(r).hours for r in group]
         low, high = round(min(hours)), round(max(hours))
-        lines.append([size.upper(), first.teacher_name, f'`{first.c["data_dir"]}`',
-                      'FSDP (set in the configs)' if first.c['fsdp'] else 'DDP',
-                      gib_range([r.total(r.c['fsdp']) for r in group]),
+        lines.append([size.upper(), first.teacher_name, f'`{first.c.data_dir}`',
+                      'FSDP (set in the configs)' if first.c.fsdp else 'DDP',
+                      gib_range([r.total(r.c.fsdp) for r in group]),
                       f'~{low} h' if low == high else f'~{low}-{high} h'])
     c = found[0].c
     return (table(header, lines) + '\n\n'
-            f'Each run: {c["max_iters"]:,} steps of {c["global_batch_size"]:,} sequences of '
+            f'Each run: {c.max_iters:,} steps of {c.global_batch_size:,} sequences of '
             f'{found[0].cfg.block_size:,} tokens ({run_tokens(found) / 1e9:.1f}B tokens). Memory: the plan that '
             f'`--dry_run=True` prints for {GPUS} GPUs of {GPU_GIB} GiB, over the size\'s configs. Time: an estimate '
             f'from the FLOPs per token at {estimate_basis()}, not a measurement.')
@@ -250,8 +250,8 @@ def onegpu_table():
                       f'~{Flops(r).hours:.1f} h'])
     c, cfg = r.c, r.cfg
     return (table(header, lines) + '\n\n'
-            f'Each run: {c["max_iters"]:,} steps of {c["global_batch_size"]} sequences of {cfg.block_size:,} tokens '
-            f'({c["max_iters"] * c["global_batch_size"] * cfg.block_size / 1e9:.2f}B tokens), KD from SmolLM2-360M. '
+            f'Each run: {c.max_iters:,} steps of {c.global_batch_size} sequences of {cfg.block_size:,} tokens '
+            f'({c.max_iters * c.global_batch_size * cfg.block_size / 1e9:.2f}B tokens), KD from SmolLM2-360M. '
             f'Memory: the plan `--dry_run=True --dry_run_world_size=1 --dry_run_gpu_gib=24` (or 80) prints, at the '
             f'largest micro-batch of {", ".join(map(str, MICRO_BATCHES))} that fits with 10% to spare. Time: an '
             f'estimate from the FLOPs per token at {estimate_basis()}, not a measurement.')
@@ -273,9 +273,9 @@ def measured_table(found):
     header = ['row', 'mode', 'micro-batch', 'plan', 'measured (fake tensors)', 'plan / measured']
     lines = []
     for r in found:
-        plan = sum(memory_plan.memory_plan(r.c, r.cfg, r.teacher).values())
+        plan = sum(run_memory_plan(r.c, r.cfg, r.teacher).values())
         peak = memory_measure.fake_peak_memory(r.c, r.cfg, r.teacher)
-        lines.append([r.name, 'FSDP' if r.c['fsdp'] else 'DDP', r.micro, f'{plan / 2**30:.1f} GiB',
+        lines.append([r.name, 'FSDP' if r.c.fsdp else 'DDP', r.micro, f'{plan / 2**30:.1f} GiB',
                       f'{peak / 2**30:.1f} GiB', f'{plan / peak:.3f}x'])
     return (f'The plan (train.py --dry_run: {GPUS} GPUs, bfloat16, each config\'s mode and micro-batch) against '
             f'MemTracker\'s peak of a training micro-step on fake tensors at full depth '

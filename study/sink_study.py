@@ -41,6 +41,7 @@ checkpoints; SIGTERM or Ctrl-C stops the runs cleanly, and the same command cont
 """
 import collections
 import contextlib
+import dataclasses
 import datetime
 import json
 import math
@@ -64,7 +65,7 @@ from lmkit.errors import RunError, describe_os_error, run_script, on_stop_signal
 from lmkit.files import atomic_write, claim_dir, write_json
 from model import ATTENTIONS
 from lmkit.probes import GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS as EVALUATIONS
-from lmkit.run_log import last_logged
+from lmkit.files import last_logged
 from study.study_records import (ARMS, NO_DECAY, PAYOFF_BITS, PAYOFF_OUTLIERS, RECIPE_KEYS, SCHEMA_VERSION, SEAL_FILE,
                                  SPIKE_KS, record_name)
 from study.study_results import (AFFINE, CLAIM_SETS, CORE, EXTRA, GATED, RECIPE_SEED, SEALED_SETS, SOFTMAX, figures,
@@ -193,9 +194,9 @@ def run_matrix(args):
 def plan_runs(args, overrides):
     """[run dicts: name, arm, variant, seed, teacher, argv, config], teachers first (the kd and control arms read the
     ce arm's softmax runs of --teachers)."""
-    from lmkit.training import load_config
-    base = load_config(with_root([*args.config, *overrides]))
-    per_step = base['global_batch_size'] * base['block_size']
+    from lmkit.runs import load_config, run_config
+    base = run_config(load_config(with_root([*args.config, *overrides])))
+    per_step = base.global_batch_size * base.block_size
     steps = max(1, round(args.tokens / per_step))
     common = [f'--data_dir={args.data_dir}', f'--device={args.device}', f'--max_iters={steps}',
               f'--eval_interval={max(1, steps // EVALUATIONS)}', *overrides]
@@ -220,25 +221,26 @@ def plan_runs(args, overrides):
                             argv=[*args.config, *args.teacher_config, *common, f'--attention={SOFTMAX}',
                                   f'--seed={seed}', f"--out_dir={train_dir(args, teacher)}"]))
     for run in runs:  # every run's settings checked before any work (train.py's own messages)
-        run['config'] = load_config(with_root(run['argv']))
-        run['config']['dtype'] = planned_dtype(run['config'], args.report_only or args.dry_run)
+        config = run_config(load_config(with_root(run['argv'])))
+        run['config'] = dataclasses.replace(config, dtype=planned_dtype(config.dtype, config.device,
+                                                                        args.report_only or args.dry_run))
     return runs, steps, per_step
 
 
-def planned_dtype(config, report_only):
+def planned_dtype(dtype, device_name, report_only):
     """The dtype as train.py resolves it and writes it to config.json (a record's settings). A report on records of
     a device this machine lacks (--plan=gpu's, on a CPU) takes 'auto' as it resolves on a bf16 GPU (an older GPU's
     records say float32: give --dtype=float32)."""
-    from lmkit.device import resolve_device, resolve_dtype
-    if report_only and config['dtype'] != 'auto':
-        return config['dtype']
+    from lmkit.distributed import resolve_device, resolve_dtype
+    if report_only and dtype != 'auto':
+        return dtype
     try:
-        device = resolve_device(config['device'])
+        device = resolve_device(device_name)
     except RunError:
         if not report_only:
             raise
-        return 'bfloat16' if config['device'].startswith('cuda') else 'float32'
-    return resolve_dtype(config['dtype'], device)
+        return 'bfloat16' if device_name.startswith('cuda') else 'float32'
+    return resolve_dtype(dtype, device)
 
 
 def train_dir(args, name):
@@ -247,7 +249,7 @@ def train_dir(args, name):
 
 def recipe_of(config, per_step):
     """What every run of one study shares (its arm adds no_decay): records of another recipe are never mixed in."""
-    return {key: config[key] for key in RECIPE_KEYS} | dict(tokens=config['max_iters'] * per_step)
+    return {key: getattr(config, key) for key in RECIPE_KEYS} | dict(tokens=config.max_iters * per_step)
 
 
 def reuse_problems(run, record, per_step, study):
@@ -258,10 +260,9 @@ def reuse_problems(run, record, per_step, study):
 
 def state(run, records, per_step, study):
     """recorded (its record may stand for it: study_records.reuse_problems), or train.py's state of its run: done /
-    partial / new / changed (training.planned_run, the rule the quick start applies too: the same settings continue,
+    partial / new / changed (runs.planned_run, the rule the quick start applies too: the same settings continue,
     changed ones train again from scratch). A record that may not stand is said, with why, before any work."""
-    from lmkit import resume
-    from lmkit.training import planned_run
+    from lmkit.runs import RESTART, planned_run, restart_note
     record = records.get(run['name'])
     if record:
         problems = reuse_problems(run, record, per_step, study)
@@ -270,8 +271,8 @@ def state(run, records, per_step, study):
         print(f"{run['name']}: its record was made with other settings ({'; '.join(problems)}): trained again",
               flush=True)
     c, step, changed = planned_run(with_root(run['argv']), cwd=HERE)
-    run['extra'], run['note'] = (resume.RESTART, resume.restart_note(c['out_dir'], changed)) if changed else ([], '')
-    return 'new' if step is None else 'changed' if changed else 'done' if step >= c['max_iters'] else 'partial'
+    run['extra'], run['note'] = (RESTART, restart_note(c.out_dir, changed)) if changed else ([], '')
+    return 'new' if step is None else 'changed' if changed else 'done' if step >= c.max_iters else 'partial'
 
 # -----------------------------------------------------------------------------
 # Running: --jobs train.py processes at once, progress and an ETA on the console; a record per finished run
@@ -333,7 +334,7 @@ def run_all(runs, steps, jobs, threads, logs, finished, observe=None):
     done_names = {r['name'] for r in runs if r['state'] in ('recorded', 'done')}
     unrecorded = [r for r in runs if r['state'] == 'done']
     running, t0, last_print = {}, time.time(), 0
-    start_steps = {r['name']: last_step(r['config']['out_dir']) for r in todo}
+    start_steps = {r['name']: last_step(r['config'].out_dir) for r in todo}
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     try:
         while todo or running or unrecorded:
@@ -374,12 +375,12 @@ def progress(runs, running, steps, start_steps, t0):
     """One console line: runs finished, each running run's step and whether its loss is finite (never a value: a
     blind study's console shows no measure before its last run ends), and an ETA from the steps done since the
     start."""
-    now = {r['name']: steps if r['state'] == 'recorded' else last_step(r['config']['out_dir']) for r in runs}
+    now = {r['name']: steps if r['state'] == 'recorded' else last_step(r['config'].out_dir) for r in runs}
     left = sum(steps - now[r['name']] for r in runs)
     done_here = sum(now[n] - s for n, s in start_steps.items())
     elapsed = time.time() - t0
     eta = f"ETA {minutes(left * elapsed / done_here)}" if done_here > 0 and left else "ETA -"
-    finite = {name: last_logged(os.path.join(HERE, run['config']['out_dir']))[1]
+    finite = {name: last_logged(os.path.join(HERE, run['config'].out_dir))[1]
               for name, (_, run, _) in running.items()}
     parts = ', '.join(f"{name} {now[name]}/{steps}{'' if finite[name] else ' (loss not finite)'}" for name in running)
     finished = sum(now[r['name']] >= steps for r in runs)
@@ -399,13 +400,14 @@ def end_measures(out_dir, data_dir, device):
     seconds while its next runs train."""
     import torch
     from lmkit.data import Windows, first_token_id, read_meta
+    from lmkit.runs import run_config
     from model import GPT
     from lmkit.probes import attention_statistics, knockout_losses, sink_rates, w8a8_losses
     model = GPT.from_pretrained(os.path.join(HERE, out_dir)).to(device).eval()
     with open(os.path.join(HERE, out_dir, 'config.json')) as f:
-        config = json.load(f)
-    first = first_token_id(config, read_meta(os.path.join(HERE, data_dir))['tokenizer'])
-    T = config['block_size']
+        config = run_config(json.load(f))
+    first = first_token_id(config.first_token, read_meta(os.path.join(HERE, data_dir))['tokenizer'])
+    T = config.block_size
 
     def windows(length, indices):  # (N, length) validation windows, as the run's evaluations read them
         return torch.from_numpy(Windows(os.path.join(HERE, data_dir), 'val', length, first).get(indices)[0])
@@ -416,7 +418,7 @@ def end_measures(out_dir, data_dir, device):
     w8a8 = w8a8_losses(model, calibration, sequences, batch_size=16)
     knockout = knockout_losses(model, sequences, batch_size=16)
     knockout |= {f'ratio_{k}': knockout[k] / knockout['full'] for k in list(knockout) if k.startswith('first_')}
-    layers = attention_statistics(model, windows(T, range(config['attention_windows'] or 8)).to(device))
+    layers = attention_statistics(model, windows(T, range(config.attention_windows or 8)).to(device))
     spread = [layer['row_sums'][:, 1:].std().item() for layer in layers]
     return dict(gu=gu, w8a8=w8a8, knockout=knockout, row_total_std=spread,
                 payoff=payoff_measures(model, calibration, sequences))
@@ -442,7 +444,7 @@ def timed_end_measures(out_dir, data_dir, device):
     """end_measures on the run's device and one thread (the runs still training have the cores), the caller's thread
     count restored."""
     import torch
-    from lmkit.device import resolve_device
+    from lmkit.distributed import resolve_device
     t0, threads = time.time(), torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -460,12 +462,12 @@ STEP_KEYS = ('step', 'lr', 'loss', 'grad_norm', 'tokens_per_sec', 'mfu', 'dt', '
 def make_record(run, per_step, data_dir, logs):
     """The record of a finished run (report_dir/runs/<name>.json; docs/analysis.md documents it)."""
     from lmkit.runs import load_run, spike_counts
-    loaded = load_run(os.path.join(HERE, run['config']['out_dir']))
+    loaded = load_run(os.path.join(HERE, run['config'].out_dir))
     records = loaded['records']
     evals = [r for r in records if 'first_token_weight' in r]
-    steps = run['config']['max_iters']
+    steps = run['config'].max_iters
     if not evals or records[-1]['step'] < steps:
-        raise RunError(f"{run['config']['out_dir']}: the run has not finished ({records[-1]['step']} of {steps} steps)")
+        raise RunError(f"{run['config'].out_dir}: the run has not finished ({records[-1]['step']} of {steps} steps)")
     last = evals[-1]
     grad = [r['grad_norm'] for r in records]
     kd = [r['kd_loss'] for r in records if 'kd_loss' in r]
@@ -476,17 +478,17 @@ def make_record(run, per_step, data_dir, logs):
     recipe = recipe_of(run['config'], per_step)
     return dict(
         schema_version=SCHEMA_VERSION, name=run['name'], arm=run['arm'], variant=run['variant'], seed=run['seed'],
-        teacher=run['teacher'], recipe=recipe, no_decay=run['config']['no_decay'], tokens=last['step'] * per_step,
+        teacher=run['teacher'], recipe=recipe, no_decay=run['config'].no_decay, tokens=last['step'] * per_step,
         seconds=round(sum(r['dt'] for r in records), 1),
-        machine=f"{platform.platform()}, {os.cpu_count()} CPU cores, device {run['config']['device']}",
+        machine=f"{platform.platform()}, {os.cpu_count()} CPU cores, device {run['config'].device}",
         **measures, per_head=last['first_token_per_head'],
         final_kd_loss=statistics.fmean(kd[-FINAL_KD_STEPS:]) if kd else None,
         spikes={str(k): n for k, n in spike_counts(grad, SPIKE_KS, 0, min(SPIKE_WINDOW[1], len(grad))).items()},
         spikes_window=[0, min(SPIKE_WINDOW[1], len(grad))],
         spikes_whole_run={str(k): n for k, n in spike_counts(grad, SPIKE_KS, 0, len(grad)).items()},
-        **spikes_after_warmup(grad, run['config']['warmup_iters']),
-        **timed_end_measures(run['config']['out_dir'], data_dir, run['config']['device']), curve=curve,
-        ckpt=os.path.join(run['config']['out_dir'], 'ckpt.pt'), **provenance(run, data_dir, logs))
+        **spikes_after_warmup(grad, run['config'].warmup_iters),
+        **timed_end_measures(run['config'].out_dir, data_dir, run['config'].device), curve=curve,
+        ckpt=os.path.join(run['config'].out_dir, 'ckpt.pt'), **provenance(run, data_dir, logs))
 
 
 def spikes_after_warmup(grad, warmup):
@@ -555,7 +557,7 @@ def provenance(run, data_dir, logs):
     """What produced a record: every train.py setting of the run (its config.json), the corpus, the commit the run
     started at and whether the tree was dirty (launch's start file; None where the run was trained elsewhere), its
     start and end times."""
-    with open(os.path.join(HERE, run['config']['out_dir'], 'config.json')) as f:
+    with open(os.path.join(HERE, run['config'].out_dir, 'config.json')) as f:
         settings = json.load(f)
     start = dict(started=None, commit=None, dirty=None)
     path = os.path.join(logs, f"{run['name']}.start.json")
@@ -684,10 +686,10 @@ def collect(args, runs, per_step, command, study, records):
         machine=trained_on(kept) if kept else 'no runs yet',
         corpus={k: v for k, v in study['corpus_described'].items() if k != 'bos_id'},
         bos_id=study['corpus_described']['bos_id'],
-        context=config['block_size'], layers=config['n_layer'], recipe=recipe,
+        context=config.block_size, layers=config.n_layer, recipe=recipe,
         recipe_text=', '.join(f"{k}={v}" for k, v in recipe.items()),
         teachers=[teacher_of(s, args) for s in range(1, len(args.teachers) + 1)],
-        uniform_first_token=uniform_first_token(config['block_size']),
+        uniform_first_token=uniform_first_token(config.block_size),
         arms=[a for a in ('kd', 'ce', 'control', 'recipe', 'teacher') if any(r['arm'] == a for r in kept)],
         excluded=sorted(left_out), missing=missing, runs=[summary(r) for r in kept])
     results['claims'] = test_claims(kept, args.claims)
@@ -802,7 +804,7 @@ def train_all(args, runs, steps, per_step, study, threads, threads_from):
     for run in runs:  # a teacher with a record but no checkpoint trains again where a student needs it
         students = [r for r in runs if r['teacher'] == run['name'] and r['state'] != 'recorded']
         if run['state'] == 'recorded' and students and not os.path.isfile(
-                os.path.join(HERE, run['config']['out_dir'], 'ckpt.pt')):
+                os.path.join(HERE, run['config'].out_dir, 'ckpt.pt')):
             run['state'] = state(run, {}, per_step, study)
     todo = [r for r in runs if r['state'] not in ('recorded', 'done')]
     print(f"{len(runs)} runs of {steps:,} steps ({steps * per_step:,} tokens) each, {len(runs) - len(todo)} done "
@@ -949,7 +951,7 @@ class Mirror:
         do, or where forced: the plan, the command, the seal, the runs recorded, each run training with its last
         logged step (never a measure: a blind study's runs are read only after its last), the time."""
         recorded = self.recorded
-        now_state = dict(recorded=recorded, training={name: last_step(run['config']['out_dir'])
+        now_state = dict(recorded=recorded, training={name: last_step(run['config'].out_dir)
                                                       for name, run in sorted(training.items())})
         changed = (recorded, sorted(training)) != self.last
         if force or changed or time.time() - self.written >= STATE_EVERY:

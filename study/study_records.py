@@ -5,6 +5,7 @@ file's name from its contents); a file in runs/ that is not a valid record stops
 Which records a study may reuse is decided here too (reuse_problems). docs/analysis.md, "The records", is the schema
 in prose.
 """
+import dataclasses
 import hashlib
 import json
 import math
@@ -343,19 +344,20 @@ def comparable(settings):
 
 
 def reuse_problems(record, config, teacher, recipe, corpus, overrides):
-    """Why a record cannot stand for a planned run ([] if it can): its recipe, teacher, settings or corpus differ.
-    A record from before settings were recorded (v1) holds only the recipe: it stands only where the command sets no
-    train.py key beyond the recipe's, the per-run and the execution ones, on a corpus of the standard library (v1's)."""
+    """Why a record cannot stand for a planned run (config: its RunConfig; [] if it can): its recipe, teacher,
+    settings or corpus differ. A record from before settings were recorded (v1) holds only the recipe: it stands only
+    where the command sets no train.py key beyond the recipe's, the per-run and the execution ones, on a corpus of the
+    standard library (v1's)."""
     problems = []
     if record['recipe'] != recipe:
         problems += [f"{k} {record['recipe'].get(k)} -> {recipe.get(k)}" for k in recipe
                      if record['recipe'].get(k) != recipe.get(k)]
     if record['teacher'] != teacher:
         problems.append(f"teacher {record['teacher']} -> {teacher}")
-    if record['no_decay'] != config['no_decay']:
-        problems.append(f"no_decay {record['no_decay']} -> {config['no_decay']}")
+    if record['no_decay'] != config.no_decay:
+        problems.append(f"no_decay {record['no_decay']} -> {config.no_decay}")
     if 'settings' in record:
-        old, new = comparable(record['settings']), comparable(config)
+        old, new = comparable(record['settings']), comparable(dataclasses.asdict(config))
         problems += [f"{k} {old.get(k)} -> {new.get(k)}" for k in sorted(set(old) | set(new))
                      if old.get(k) != new.get(k) and k not in recipe]
     else:

@@ -16,7 +16,7 @@ import distill
 import eval_zeroshot
 import prepare_data
 import train
-from lmkit import training
+from lmkit import runs
 from helpers import (CHAT, EOT, digits_then_gpt2, every_readme_command, hf_tokenizer, readme_commands,
                      write_task_data)
 
@@ -70,7 +70,7 @@ def test_documented_training_defaults_are_train_pys():
     rows = documented_defaults(os.path.join(ROOT, 'docs', 'training.md'))
     assert len(rows) > 20
     for key, written in rows:
-        value = training.KEYS[key].default
+        value = runs.KEYS[key].default
         if value is None or isinstance(value, (bool, str)):
             assert written == str(value), (key, written, value)
         else:

@@ -17,7 +17,7 @@ import torch
 
 import analyze
 from lmkit import checkpoint
-from lmkit import device as devices
+from lmkit import distributed as devices
 from lmkit import errors
 from lmkit import files
 import eval_zeroshot

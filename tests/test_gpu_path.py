@@ -3,7 +3,7 @@
     memory, no kernel): the GEMMs of the student, the teacher and the KD loss run in bf16 (float32 only out of the KD
     loss's float32-output GEMMs), attention runs on the fused CUDA kernels with K/V at n_kv_head, alpha_ma stays
     float32, and no T x T tensor exists;
-  - the dry run's memory plan (memory_plan.py) against torch's MemTracker on fake tensors of a real-shape step;
+  - the dry run's memory plan (lmkit/memory_plan.py) against torch's MemTracker on fake tensors of a real-shape step;
   - compiled training and evaluation under DDP and FSDP (2 gloo ranks, dynamo with the aot_eager backend): no graph
     break, no recompilation after the first step and its evaluation, no DDP graph splitting, DDP's gradients kept
     once.
@@ -30,7 +30,7 @@ from lmkit import measure
 import distill
 from tools import gpu_check
 from tools import memory_measure
-from lmkit import memory_plan
+from lmkit import runs
 import train
 from lmkit.data import Windows
 from model import ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
@@ -282,12 +282,12 @@ def test_kd_loss_on_cuda_runs_bf16_gemms_with_float32_outputs(row):
 
 @pytest.mark.parametrize('config', ['affine_1b', 'affine_3b'])
 def test_memory_plan_is_the_dry_runs(config, capsys):
-    """memory_plan.memory_plan, the plan held to measurements here and written into the docs' tables by
+    """runs.memory_plan, the plan held to measurements here and written into the docs' tables by
     scripts/memory_tables.py, is what train.py --dry_run prints, component by component."""
     train.main([f'config/{config}.py', '--dry_run=True'])
     printed = dict(re.findall(r'^  (\w+) +([\d.]+) GiB', capsys.readouterr().out, re.M))
-    c = train.load_config([f'config/{config}.py'])
-    plan = memory_plan.memory_plan(c, *memory_plan.planned_models(c))
+    c = runs.run_config(train.load_config([f'config/{config}.py']))
+    plan = runs.memory_plan(c, *runs.planned_models(c))
     assert printed == {key: f'{n / 2**30:.2f}' for key, n in (plan | dict(total=sum(plan.values()))).items()}
 
 
@@ -303,16 +303,16 @@ def test_memory_plan_holds_against_a_fake_tensor_measurement(config):
     and 3B). The plan's per-layer step is the measured one within 2%, and its total is conservative by at most 10%:
     the margin for what it leaves out (the CUDA context, NCCL, fragmentation) is the dry run's verdict's, not the
     plan's."""
-    c = train.load_config([f'config/{config}.py'])
-    student, teacher = memory_plan.planned_models(c)
+    c = runs.run_config(train.load_config([f'config/{config}.py']))
+    student, teacher = runs.planned_models(c)
     plan, peak = {}, {}
     for n_layer in (1, 2):
         shallow = dataclasses.replace(student, n_layer=n_layer)
-        plan[n_layer] = sum(memory_plan.memory_plan(c, shallow, teacher).values())
+        plan[n_layer] = sum(runs.memory_plan(c, shallow, teacher).values())
         peak[n_layer] = memory_measure.fake_peak_memory(c, shallow, teacher)
     assert plan[2] - plan[1] == pytest.approx(peak[2] - peak[1], rel=0.02)
     full = peak[1] + (student.n_layer - 1) * (peak[2] - peak[1])
-    planned = sum(memory_plan.memory_plan(c, student, teacher).values())
+    planned = sum(runs.memory_plan(c, student, teacher).values())
     assert full <= planned <= 1.10 * full, f'plan {planned / 2**30:.2f} GiB, measured {full / 2**30:.2f} GiB'
 
 

@@ -17,7 +17,7 @@ import prepare_data
 import quickstart
 import sample
 import train
-from lmkit import training
+from lmkit import runs
 from configurator import Key, bounds, parse, shown
 
 ROOT = os.path.join(os.path.dirname(__file__), '..')
@@ -25,7 +25,7 @@ TINY = os.path.join(ROOT, 'config', 'tiny_cpu.py')
 
 # script: (its key dict, how it parses a command line, the arguments it requires)
 SCRIPTS = {
-    'train': (training.KEYS, train.load_config, []),
+    'train': (runs.KEYS, train.load_config, []),
     'distill': (distill.KEYS, distill.parse_args, ['--teacher=t', '--data_dir=d']),
     'eval_zeroshot': (eval_zeroshot.KEYS, eval_zeroshot.parse_args, ['--ckpt=c']),
     'prepare_data': (prepare_data.KEYS, prepare_data.parse_args, ['--out_dir=o']),

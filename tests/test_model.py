@@ -17,9 +17,9 @@ import torch
 
 from attention_kernels import SinkAttention, needs_repeated_kv, sink_attention, sink_attention_explicit
 from lmkit.measure import estimate_mfu, flops_per_token
-from lmkit.training import init_matched
 from model import ATTENTIONS, GATED_NAMES, GPT, VARIANTS, Attention, KVCache, ModelConfig, rope_cos_sin
-from lmkit.training import configure_optimizers
+from lmkit.runs import configure_optimizers
+from train import init_matched
 
 torch.set_num_threads(2)
 

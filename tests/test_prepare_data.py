@@ -375,13 +375,13 @@ def test_data_prepared_before_checksums_keeps_working(tmp_path, capsys):
     the ids are still checked against the vocabulary size; the checksums are not part of the data's fingerprint, so
     checkpoints made on such data resume; re-running prepare_data.py finds it complete, or rebuilds it (with
     checksums) where a shard is damaged."""
-    from lmkit import resume
+    from lmkit import runs
     flags = ["--source=builtin", "--tokenizer=bytes", "--val_every=10"]
     meta, out_dir = run(tmp_path, *flags)
     before = shard_bytes(out_dir)
     old = {key: value for key, value in meta.items() if key != "checksums"}
     (out_dir / "meta.json").write_text(json.dumps(old))
-    assert resume.data_fingerprint(old) == resume.data_fingerprint(meta)
+    assert runs.data_fingerprint(old) == runs.data_fingerprint(meta)
     capsys.readouterr()
     for split in ("train", "val", "train"):
         Windows(str(out_dir), split, 32)

@@ -145,7 +145,7 @@ def test_the_walkthrough_is_the_code_and_its_minimal_entry_works(monkeypatch, ca
     import math
     import torch
     import analyze
-    from lmkit import memory_plan
+    from lmkit import runs
     import model
     import train
     functions, entry, reference = walkthrough_blocks()
@@ -185,6 +185,6 @@ def test_the_walkthrough_is_the_code_and_its_minimal_entry_works(monkeypatch, ca
     torch.optim.AdamW(gpt.parameters(), lr=1e-2).step()
     assert torch.isfinite(loss) and all(torch.isfinite(p).all() for p in gpt.parameters())
 
-    memory_plan.print_dry_run(train.load_config([]), config)
+    runs.dry_run(train.load_config([]), config)
     assert (f"{name}: activation memory not planned (its Variant has no saved_bytes): counted as softmax attention's"
             in capsys.readouterr().out)

@@ -30,8 +30,8 @@ def test_prefix_windows_start_with_the_token_and_cover_every_token_once(data_dir
     # the default windows are what they were: block_size + 1 tokens from k * block_size
     x, y = Windows(data_dir, 'train', T).get([3])
     assert (x[0] == stream[3 * T:4 * T]).all() and y[0, -1] == stream[4 * T]
-    assert first_token_id({}, read_meta(data_dir)['tokenizer']) is None  # a run from before the key
-    assert first_token_id({'first_token': 'prefix'}, read_meta(data_dir)['tokenizer']) == 256
+    assert first_token_id('stream', read_meta(data_dir)['tokenizer']) is None
+    assert first_token_id('prefix', read_meta(data_dir)['tokenizer']) == 256
 
 
 def test_prefix_needs_a_token():

@@ -14,7 +14,7 @@ import torch
 from lmkit import distributed
 import prepare_data
 import train
-from lmkit import training
+from lmkit import runs
 from lmkit.data import Windows, read_shard
 from lmkit.errors import RunError
 from helpers import ROOT, metrics, tiny_args
@@ -98,7 +98,7 @@ def test_step_batches_cover_each_window_once_per_epoch(data_dir):
 
 
 def test_learning_rate_schedule():
-    c = dict(training.DEFAULTS, learning_rate=1.0, min_lr=0.1, warmup_iters=10, max_iters=100, decay_frac=0.2)
+    c = dict(runs.KEY_DEFAULTS, learning_rate=1.0, min_lr=0.1, warmup_iters=10, max_iters=100, decay_frac=0.2)
     lrs = [train.learning_rate(s, c) for s in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == 1.0  # linear warmup
     assert set(lrs[10:80]) == {1.0}  # stable
@@ -266,7 +266,7 @@ def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
             for micro in range(3):  # as train.py's loop: all-reduced in the last micro-step's backward only
                 x = torch.randint(0, 97, (2, 16))
                 with ddp.no_sync() if micro < 2 else nullcontext():
-                    loss = train.compute_loss(ddp, model, None, x, x, {})[0]
+                    loss = train.compute_loss(ddp, model, None, x, x)[0]
                     (loss / 3).backward()
                 seen.append({p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
                              for p in model.parameters() if p.grad is not None})
@@ -418,9 +418,8 @@ def test_the_console_line_gives_the_time_left(tmp_path, capsys):
     """Issue 53: train.py's log line had no ETA (under load, 8 minutes between lines). Now each ends with the time
     left at the pace of the steps since the line before: 90 steps at 2 s a step."""
     from types import SimpleNamespace
-    from lmkit.run_log import Metrics
     c = dict(out_dir=str(tmp_path), max_iters=100, log_interval=10, wandb_project=None, wandb_run_name=None)
-    metrics = Metrics(c, SimpleNamespace(master=True), 0)
+    metrics = train.Metrics(c, SimpleNamespace(master=True), 0)
     for step in range(1, 11):
         metrics.write(dict(step=step, loss=1.0, lr=1e-3, grad_norm=1.0, tokens_per_sec=100.0, mfu=0.0,
                            dt=1.0 if step < 6 else 3.0))

@@ -17,7 +17,7 @@ from lmkit import checkpoint
 from lmkit import errors
 import quickstart
 import train
-from lmkit import training
+from lmkit import runs
 from helpers import FIXTURE, FIXTURE_RUN, checkpoint_commands, fixture_data, refusal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,12 +43,12 @@ def resume(ckpt, data, out_dir, *extra):
 
 def predated_note(path, ckpt):
     """The note for a checkpoint (a dict) lacking keys: those the fixture predates (added to train.py since its commit)
-    and any deleted from it, in training.KEYS' order, each with its default."""
-    missing = [key for key in training.KEYS if key not in {**ckpt['config'], **ckpt['model_config']}]
+    and any deleted from it, in runs.KEYS' order, each with its default."""
+    missing = [key for key in runs.KEYS if key not in {**ckpt['config'], **ckpt['model_config']}]
     many = len(missing) > 1
     return (f"note: {path} predates the key{'s' * many} {', '.join(missing)}; "
             f"{'they take their defaults' if many else 'it takes its default'} "
-            + ', '.join(f"{key}={training.KEYS[key].default!r}" for key in missing))
+            + ', '.join(f"{key}={runs.KEYS[key].default!r}" for key in missing))
 
 
 # The fixture's numbers were recorded on one CPU. Another CPU orders float reductions differently (oneDNN/MKL pick
@@ -85,7 +85,7 @@ def test_a_checkpoint_of_the_old_code_resumes_and_continues_its_run(data, tmp_pa
     out, err = capsys.readouterr()
     assert out.startswith(f"init_from=auto: resuming from {tmp_path / 'run' / 'ckpt.pt'} at step 2\n")
     ckpt = checkpoint.read_checkpoint(os.path.join(FIXTURE, 'ckpt.pt'), keys=checkpoint.CKPT_KEYS)
-    if any(key not in {**ckpt['config'], **ckpt['model_config']} for key in training.KEYS):  # keys added since
+    if any(key not in {**ckpt['config'], **ckpt['model_config']} for key in runs.KEYS):  # keys added since
         assert [line for line in err.splitlines() if 'predates' in line] == [
             predated_note(tmp_path / 'run' / 'ckpt.pt', ckpt)]
     else:

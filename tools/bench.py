@@ -51,11 +51,11 @@ if __package__ in (None, ''):  # run as a file: the repository's root on the pat
 import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch
 
-from lmkit.measure import (PeakMemory, Progress, default_peak_flops, flops_per_token, gemm_shapes, log,
+from lmkit.progress import Progress
+from lmkit.measure import (PeakMemory, default_peak_flops, flops_per_token, gemm_shapes, log,
                            measured_matmul_flops, print_table, ratio)
 from lmkit.data import prepare_builtin
-from lmkit.device import autocast, resolve_device
-from lmkit.distributed import compile_layers
+from lmkit.distributed import autocast, compile_layers, resolve_device
 from configurator import DEVICE, Key, parse, shown
 from lmkit.errors import RunError, run_script
 from lmkit.files import read_log
@@ -68,7 +68,7 @@ from lmkit.probes import (GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS, VALUE_W
                           mean_attention_logit, sink_rates, sink_record, sink_scores, value_weighted_first_token,
                           variant_statistics, w8a8_losses)
 from lmkit.tokenizer import load_tokenizer
-from lmkit.training import configure_optimizers, load_config
+from lmkit.runs import configure_optimizers, load_config, run_config
 from tools.harness_tasks import task_rows, write_harness_yamls, write_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
@@ -275,10 +275,10 @@ def plain_loop(config, steps, device, threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**{key: config[key] for key in FIELD_NAMES})).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config['learning_rate'], weight_decay=config['weight_decay'])
-    B, T = config['global_batch_size'], config['block_size']
-    stream = torch.randint(0, config['vocab_size'], (1_000_000,))
+    model = GPT(ModelConfig(**{key: getattr(config, key) for key in FIELD_NAMES})).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    B, T = config.global_batch_size, config.block_size
+    stream = torch.randint(0, config.vocab_size, (1_000_000,))
     times = []
     for _ in range(5 + steps):
         t0 = time.perf_counter()
@@ -336,9 +336,9 @@ def bench_study(args, device):
     """Per variant: the plain loop, train.py eager, and train.py as the study runs it (config/sink_study.py: layers
     compiled); then the processes (the study's 2 one-thread runs side by side against one run on 2 threads) and what
     the attention statistics of its evaluations cost."""
-    config = load_config([STUDY_CONFIG])
-    B, T, threads = config['global_batch_size'], config['block_size'], args.study_threads
-    steps, full = args.study_steps, config['max_iters']
+    config = run_config(load_config([STUDY_CONFIG]))
+    B, T, threads = config.global_batch_size, config.block_size, args.study_threads
+    steps, full = args.study_steps, config.max_iters
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, 'data')  # the built-in corpus: throughput does not depend on which text it is
@@ -462,11 +462,11 @@ def bench_probes(args, device):
     value-weighted share (every VALUE_WEIGHTED_STRIDE-th query, as sink_record), alpha's summary, and the activation
     outliers (a forward with their hooks less one without); then the measures of the end of a run (analyze.py
     attention): Gu et al.'s setting, W8A8 and the knockout."""
-    config = load_config([STUDY_CONFIG])
-    T, model_config = config['block_size'], ModelConfig(**{key: config[key] for key in FIELD_NAMES})
-    n_val, n_windows = config['eval_batches'] * config['micro_batch_size'], config['attention_windows']
+    config = run_config(load_config([STUDY_CONFIG]))
+    T, model_config = config.block_size, ModelConfig(**{key: getattr(config, key) for key in FIELD_NAMES})
+    n_val, n_windows = config.eval_batches * config.micro_batch_size, config.attention_windows
     generator = torch.Generator().manual_seed(0)
-    tokens = lambda n, length: torch.randint(0, config['vocab_size'], (n, length), generator=generator).to(device)
+    tokens = lambda n, length: torch.randint(0, config.vocab_size, (n, length), generator=generator).to(device)
     val, windows, gu = tokens(n_val, T + 1), tokens(n_windows, T), tokens(GU_SAMPLES, GU_LENGTH)
     rows = []
     for variant in args.variants:
@@ -477,8 +477,8 @@ def bench_probes(args, device):
 
         def evaluation():
             with torch.no_grad():
-                for i in range(0, n_val, config['micro_batch_size']):
-                    model(val[i:i + config['micro_batch_size'], :-1], val[i:i + config['micro_batch_size'], 1:])
+                for i in range(0, n_val, config.micro_batch_size):
+                    model(val[i:i + config.micro_batch_size, :-1], val[i:i + config.micro_batch_size, 1:])
             mean_attention_logit(model, windows[:1])
             sink_record(model, windows)
 
@@ -531,13 +531,13 @@ def bench_eval(args, device):
     """Both scorers of eval_zeroshot on the same requests; their scores must agree (the last column). The tokens
     each computes show what the KV cache saves: each document's context once."""
     dtype = torch.bfloat16 if device.type == 'cuda' else torch.float32  # eval_zeroshot's --dtype=auto
-    tiny = load_config([TINY_CONFIG])
+    tiny = run_config(load_config([TINY_CONFIG]))
     docs, enc = synthetic_docs(args.eval_docs), load_tokenizer('bytes')
     documents = [d for d, doc in enumerate(docs) for _ in doc.requests]
     rows = []
     for variant in args.variants:
         torch.manual_seed(0)
-        config = ModelConfig(**{key: tiny[key] for key in FIELD_NAMES} | dict(attention=variant))
+        config = ModelConfig(**{key: getattr(tiny, key) for key in FIELD_NAMES} | dict(attention=variant))
         model = GPT(config).to(device=device, dtype=dtype).eval()
         requests = encode_docs('synthetic', docs, enc, config.block_size)
         score_requests(model, requests[:args.eval_batch_size], args.eval_batch_size)  # warm-up, both scorers

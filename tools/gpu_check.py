@@ -51,16 +51,16 @@ from torch._dynamo.utils import counters
 from lmkit.checkpoint import read_checkpoint
 from lmkit.measure import (KNOWN_PEAK_BF16, PeakMemory, flops_per_token, gemm_shapes, log, measured_matmul_flops,
                            print_table, ratio)
-from lmkit.device import autocast
+from lmkit.distributed import autocast
 from lmkit.distributed import compile_layers, wrap_ddp
 from configurator import Key, parse
 from lmkit.data import Windows, prepare_builtin
 from lmkit.errors import RunError, run_script
 from lmkit.files import read_log, write_json
 from lmkit.memory_plan import KNOWN_TEACHERS, memory_estimate
-from distill import kd_problem, load_teacher
+from distill import compute_loss, kd_problem, load_teacher
 from model import ATTENTIONS, BASELINE, EXPLICIT, FIELD_NAMES, GPT, MODEL_SHAPES, PROPOSED, ModelConfig
-from lmkit.training import compute_loss, configure_optimizers, load_config
+from lmkit.runs import configure_optimizers, load_config, run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
 ONE_B_CONFIG = os.path.join(ROOT, 'config', 'affine_1b.py')
@@ -218,7 +218,7 @@ def check_ddp(check, device, workdir):
         ddp = wrap_ddp(model, device)
         with ddp.no_sync():
             with autocast(device):
-                loss = compute_loss(ddp, model, None, x[:, :-1], x[:, 1:], {})[0]
+                loss = compute_loss(ddp, model, None, x[:, :-1], x[:, 1:])[0]
             (loss / 2).backward()
         copies = ddp_gradient_copies(ddp)
     finally:
@@ -231,7 +231,8 @@ def check_variants(check, device, args):
     """One training step (forward + backward) of every variant at the 1B shape of config/affine_1b.py, T = 2048,
     bf16 autocast, decoder layers compiled as train.py compiles them; vs softmax and vs Eq. 6 with an explicit T x T
     matrix. One variant in memory at a time (a 1B model with its gradients is 10 GB)."""
-    shape = {key: value for key, value in load_config([ONE_B_CONFIG]).items() if key in FIELD_NAMES}
+    run = run_config(load_config([ONE_B_CONFIG]))
+    shape = {key: getattr(run, key) for key in FIELD_NAMES}
     B, T = args.check_batch_size, shape['block_size']
     results = {}
     for variant in (*ATTENTIONS, EXPLICIT):
@@ -417,8 +418,8 @@ def check_mfu(check, device, args):
     """Tokens/s and MFU of config/affine_1b.py's training step with a 3B-shaped teacher (Llama-3.2-3B's published
     shape, random bf16 weights), one GPU, at the largest micro-batch the memory plan lets fit: train.py's own
     micro-step (compute_loss, backward), gradient clipping and AdamW step, decoder layers compiled."""
-    c = load_config([ONE_B_CONFIG])
-    shape = {key: c[key] for key in FIELD_NAMES}
+    run = run_config(load_config([ONE_B_CONFIG]))
+    shape = {key: getattr(run, key) for key in FIELD_NAMES}
     cfg, T = ModelConfig(**shape), shape['block_size']
     teacher_cfg = ModelConfig(**KNOWN_TEACHERS['Llama-3.2-3B'] | dict(block_size=T))  # MODEL_SHAPES' llama3.2-3b
     gpu = torch.cuda.get_device_properties(device).total_memory
@@ -432,7 +433,6 @@ def check_mfu(check, device, args):
     compile_layers(student)
     compile_layers(teacher)
     optimizer = configure_optimizers(student, 0.1, 1e-4, (0.9, 0.95))
-    c.update(kd_temperature=1.0, kd_alpha=1.0)
     accumulation = 2
     step_flops = flops_per_token(student, T) + flops_per_token(teacher, T) / 3  # teacher: forward only
     for B in fits:
@@ -442,7 +442,7 @@ def check_mfu(check, device, args):
         def step():
             for x, y in batches:
                 with torch.autocast(device.type, dtype=torch.bfloat16):
-                    loss = compute_loss(student, student, teacher, x, y, c)[0]
+                    loss = compute_loss(student, student, teacher, x, y)[0]  # fused, T = 1, pure KD
                 (loss / accumulation).backward()
             torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
             optimizer.step()

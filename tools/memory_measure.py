@@ -2,7 +2,7 @@
 The memory plan measured: fake_peak_memory is the peak of one training micro-step of a train.py config on fake
 tensors (torch's MemTracker: real shapes, no memory, no GPU), what train.py --dry_run's plan (memory_plan.py) is held
 to by tests/test_gpu_path.py at reduced depth and by scripts/memory_tables.py --measure=True at full depth.
-A tool of its own, not part of lmkit/memory_plan.py: it runs the micro-step (training.compute_loss) under MemTracker,
+A tool of its own, not part of lmkit/memory_plan.py: it runs the micro-step (distill.compute_loss) under MemTracker,
 which only what measures should pay the import of (seconds).
 """
 import sys
@@ -15,10 +15,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.mem_tracker import MemTracker
 
 import distill
+from distill import compute_loss
 from lmkit.distributed import apply_fsdp
-from lmkit.memory_plan import plan_dtype
+from lmkit.runs import configure_optimizers, plan_dtype
 from model import GPT
-from lmkit.training import compute_loss, configure_optimizers
 
 
 def fake_gpt(config, device, dtype=torch.float32):
@@ -35,8 +35,8 @@ def fake_gpt(config, device, dtype=torch.float32):
 
 
 def fake_peak_memory(c, model_config, teacher_config):
-    """Peak bytes one rank allocates in a micro-step of train.py's run c (its dtype, micro-batch, DDP or FSDP over
-    dry_run_world_size ranks, activation checkpointing, KD) of a model_config student and a teacher_config teacher
+    """Peak bytes one rank allocates in a micro-step of a run (c: its RunConfig; its dtype, micro-batch, DDP or FSDP
+    over dry_run_world_size ranks, activation checkpointing, KD) of a model_config student and a teacher_config teacher
     (None: cross-entropy): torch's MemTracker on fake tensors, real shapes without memory, seconds per layer on a CPU.
     The micro-step is train.py's (compute_loss, then backward), with the gradients and AdamW's state already there
     (every micro-step's but a run's first). DDP runs unwrapped (its C++ reducer reads real data), its gradients
@@ -45,24 +45,24 @@ def fake_peak_memory(c, model_config, teacher_config):
     GEMMs write float32 as on sm_80+ GPUs (distill.fp32_output_gemm). Every allocation is rounded up to 512 bytes,
     as by the CUDA allocator; kernels' workspaces, the CUDA context and fragmentation are not seen."""
     dtype = plan_dtype(c)
-    dist.init_process_group('fake', rank=0, world_size=c['dry_run_world_size'])
+    dist.init_process_group('fake', rank=0, world_size=c.dry_run_world_size)
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), \
                 mock.patch.object(distill, 'fp32_output_gemm', lambda device, dtype: True):
             student = fake_gpt(model_config, 'cpu')
             for layer in student.model.layers:
-                layer.activation_checkpointing = c['activation_checkpointing']
+                layer.activation_checkpointing = c.activation_checkpointing
             # MemTracker hooks the gradients of every module that runs and refuses frozen parameters: the teacher's
             # require grad here, and get none (compute_loss runs it under no_grad)
             teacher = fake_gpt(teacher_config, 'cpu', getattr(torch, dtype)).eval() if teacher_config else None
-            if c['fsdp']:
+            if c.fsdp:
                 with unset_fake_temporarily():  # FSDP builds its device mesh from a real tensor of ranks
                     apply_fsdp(student, dtype)
-            optimizer = configure_optimizers(student, c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']))
+            optimizer = configure_optimizers(student, c.weight_decay, c.learning_rate, (c.beta1, c.beta2))
             for p in student.parameters():
                 p.grad = torch.zeros_like(p)
             optimizer.step()  # AdamW's state
-            x = torch.zeros(c['micro_batch_size'], model_config.block_size, dtype=torch.long)
+            x = torch.zeros(c.micro_batch_size, model_config.block_size, dtype=torch.long)
             autocast = torch.autocast('cpu', dtype=torch.bfloat16, enabled=dtype == 'bfloat16')
             tracker = MemTracker()
             tracker.track_external(student, teacher, optimizer)
@@ -71,7 +71,8 @@ def fake_peak_memory(c, model_config, teacher_config):
                 # them after accumulation, looks: a warning that it got None (they were counted when made)
                 warnings.filterwarnings('ignore', 'Expected a tensor or a traceable wrapper-subclass')
                 with autocast:
-                    loss = compute_loss(student, student, teacher, x, x, c)[0]
+                    loss = compute_loss(student, student, teacher, x, x, c.kd_loss == 'fused', c.kd_temperature,
+                                        c.kd_alpha)[0]
                 loss.backward()
     finally:
         dist.destroy_process_group()
