@@ -38,7 +38,8 @@ from lmkit.checkpoint import CKPT_NAME, checkpoint_file, read_checkpoint
 from lmkit.progress import Progress
 from lmkit.distributed import resolve_device
 from configurator import DEVICE, Key, fail, parse
-from lmkit.runs import grad_norm_statistics, load_run, method_name, pyplot, spike_counts
+from lmkit.runs import load_run, method_name
+from lmkit.stats import grad_norm_statistics, pyplot, spike_counts
 from lmkit.files import MARKERS, claim_dir, made_dirs, write_json
 from lmkit.errors import RunError, run_script
 from lmkit.zeroshot import C4_DOCS, HubUnreachable, c4_tokens, read_rows
@@ -602,14 +603,14 @@ def label_runs(runs):
     for r, name in zip(runs, names):
         r['label'] = name
         if names.count(name) > 1:
-            seeds = [s['config'].get('seed') for s, other in zip(runs, names) if other == name]
-            seed = r['config'].get('seed')
+            seeds = [seed_of(s) for s, other in zip(runs, names) if other == name]
+            seed = seed_of(r)
             r['label'] += f" seed {seed}" if seed is not None and seeds.count(seed) == 1 else f" ({r['dir']})"
     return runs
 
 
 def check_one_size(runs):
-    shapes = {(r['config'].get('n_layer'), r['config'].get('n_embd')) for r in runs}
+    shapes = {(r['config'].n_layer, r['config'].n_embd) if r['config'] else None for r in runs}
     if len(shapes) > 1:
         raise RunError(f"runs of different model sizes (n_layer, n_embd) {sorted(shapes, key=str)} in one report; "
                        f"analyse each size separately")
@@ -688,11 +689,16 @@ ACCURACY_COLUMNS = [('winogrande', 'Wino'), ('piqa', 'PIQA'), ('hellaswag', 'Hel
                     ('arc_easy', 'ARC-e'), ('boolq', 'BoolQ'), ('heldout', 'Held-out')]  # the paper's order
 
 
+def seed_of(run):
+    """A load_run run's seed, None where it has no config.json."""
+    return run['config'].seed if run['config'] else None
+
+
 def attention_params(config):
-    """(total parameters, ΔParams): ΔParams = what the variant adds to the same model with softmax attention,
-    counted on the meta device (no memory, no checkpoint needed)."""
+    """(total parameters, ΔParams) of a RunConfig: ΔParams = what the variant adds to the same model with softmax
+    attention, counted on the meta device (no memory, no checkpoint needed)."""
     with torch.device('meta'):
-        model = GPT(ModelConfig(**{k: v for k, v in config.items() if k in FIELD_NAMES}))
+        model = GPT(ModelConfig(**{k: getattr(config, k) for k in FIELD_NAMES}))
     return model.get_num_params(), model.get_num_params(variant_only=True)
 
 
@@ -707,7 +713,7 @@ def data_identity(run):
     path = os.path.join(run['dir'], CKPT_NAME)
     if os.path.isfile(path):
         return json.dumps(read_checkpoint(path, keys=('data',))['data'], sort_keys=True)
-    return run['config'].get('data_dir')
+    return run['config'].data_dir if run['config'] else None
 
 
 def method_rows(rows, columns):
@@ -717,7 +723,7 @@ def method_rows(rows, columns):
     for method, group in rows.items():
         total, extra = attention_params(group[0]['config'])
         numbers[method] = dict(params=total, delta_params=extra, runs=[r['dir'] for r in group],
-                               seeds=[r['config'].get('seed') for r in group],
+                               seeds=[seed_of(r) for r in group],
                                columns={name: mean_std([get(r) for r in group]) for name, get, _, _ in columns})
     lines = ['| Method | ΔParams | ' + ' | '.join(name for name, *_ in columns) + ' |',
              '|---|---|' + '---|' * len(columns)]
@@ -775,7 +781,7 @@ def table_report(run_dirs, out_dir, eval_file='eval.json', metric='acc_norm'):
         if tasks:
             columns.append(('Avg.', lambda r: statistics.fmean(accuracy(r, t) for t, _ in tasks), max, 1))
         numbers, table = method_rows(rows, columns)
-        data_dir = next(iter(rows.values()))[0]['config'].get('data_dir')
+        data_dir = next(iter(rows.values()))[0]['config'].data_dir
         groups.append(dict(objective=goal, data_dir=data_dir, loss=key, methods=numbers))
         title = f"{goal}, data {data_dir}"
         if all(len(group) > 1 for group in rows.values()) and len(rows) > 1:
@@ -786,9 +792,9 @@ def table_report(run_dirs, out_dir, eval_file='eval.json', metric='acc_norm'):
         report += [f"## {title}", '', *table, '', note, '']
         lines += [f"{title}:", *table]
     first = groups[0]['methods'][next(iter(groups[0]['methods']))]
-    cfg = runs[0]['config']
+    first_run = runs[0]
     seeds = sorted({s for g in groups for n in g['methods'].values() for s in n['seeds']}, key=str)
-    report.append(f"Model: {cfg.get('n_layer')} layers, width {cfg.get('n_embd')}, "
+    report.append(f"Model: {first_run['config'].n_layer} layers, width {first_run['config'].n_embd}, "
                   f"{(first['params'] - first['delta_params']) / 1e6:,.1f}M parameters with softmax attention. Each "
                   f"table holds runs of one training objective and one data set; only its rows are compared. Loss: "
                   f"the final step's KD loss (runs distilled from a teacher) or CE loss (cross-entropy, runs without). "

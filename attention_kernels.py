@@ -31,12 +31,9 @@ def at_least_fp32(t):
 # SDPA and the sink's LSE kernels.
 
 def needs_repeated_kv(device_type, dtype):
-    """True where the fused attention kernel for (device_type, dtype) cannot read grouped K/V. CUDA float32 runs
-    the memory-efficient kernel (flash needs half precision), which takes no GQA in torch <= 2.13: there
-    SDPA(enable_gqa=True) falls back to the math kernel, a T x T matrix per layer (out of memory at 1B), while
-    K/V repeated beforehand cost O(T) and keep the memory-efficient kernel. CUDA fp16/bf16 (FlashAttention-2,
-    cuDNN) and CPU's flash kernel (every dtype) take the groups, forward and backward (dk, dv come back with
-    n_kv_head heads). Other devices keep SDPA's own enable_gqa."""
+    """True where the fused kernel for (device_type, dtype) cannot read grouped K/V: CUDA float32's memory-efficient
+    kernel takes no GQA in torch <= 2.13 (SDPA would fall back to a T x T matrix), so K/V are repeated there, O(T).
+    FlashAttention-2, cuDNN and CPU's flash kernel take the groups; other devices keep SDPA's enable_gqa."""
     return device_type == 'cuda' and dtype not in (torch.float16, torch.bfloat16)
 
 
@@ -72,10 +69,9 @@ def sink_attention(q, k, v, sinks, visible):
 # The KV cache: what a layer keeps of the tokens it has seen
 
 class KVCache:
-    """One layer's keys and values, and the sums a variant keeps (Variant.cache): decoding one token at a time
-    (generate), or scoring many continuations of one context without recomputing it (zeroshot.score_requests).
-    Rows of a right-padded batch hold different numbers of real tokens: each later token sits at its row's own
-    position, and sees that row's real tokens only."""
+    """One layer's keys and values, and the sums a variant keeps (Variant.cache), for decoding (generate) and for
+    scoring continuations of one context once (zeroshot.score_requests). Rows of a right-padded batch each go on
+    from their own real tokens."""
 
     def __init__(self, max_len):
         self.max_len, self.length, self.k, self.v = max_len, 0, None, None  # length: slots written, padding included
@@ -92,9 +88,8 @@ class KVCache:
 
     def update(self, k, v, seq_lens=None):
         """Append this call's k, v (B, H_kv, T, D); seq_lens: (B,) real tokens of right-padded rows. Returns every
-        cached key and value and `visible`, which keys each new query sees: True (causal: the first call), False
-        (every key: one new token, no padding) or a (B, 1, T, T_k) bool mask (the row's real cached tokens, and
-        this call's tokens up to its own)."""
+        cached key and value and `visible`: True (causal), False (every key: one new token, no padding) or a
+        (B, 1, T, T_k) bool mask (the row's real cached tokens, then this call's up to the query's own)."""
         B, _, T, _ = k.shape
         if self.k is None:  # allocate on first use, in the dtype/device the layer actually produces
             shape = (B, k.size(1), self.max_len, k.size(3))
@@ -171,11 +166,9 @@ def sink_attention_explicit(q, k, v, sinks, visible):
 # K/V's heads; the third needs equal head counts (kv_for_kernel).
 
 def bthd(t):
-    """t (B, H, T, D) with its memory laid out as (B, T, H, D): the layout of the model's q, k, v (one row of
-    q_proj per token), in which the kernels then write their output. The same tensor, no copy, when t has it.
-    CUDA's memory-efficient backward requires it of `out` without checking (it reads out's row stride as H * D)
-    and copies grad_out into it otherwise; grad_out arrives in it from the model (o_proj reads y.transpose(1, 2)),
-    so grad_out.contiguous() would cost two copies per layer: one away from it and the kernel's one back."""
+    """t (B, H, T, D) laid out as (B, T, H, D), the model's q, k, v layout (no copy when t has it). CUDA's
+    memory-efficient backward requires it of `out` unchecked; grad_out arrives in it, so .contiguous() would cost
+    two copies per layer."""
     return t.transpose(1, 2).contiguous().transpose(1, 2)
 
 

@@ -1,18 +1,13 @@
 """
-The one configurator every script uses. A script declares its keys once, in a dict name -> default or Key (a
-default plus, where needed, help, choices, its valid range, the types a None default may also take, required), and
-the rules that tie keys together (Python expressions over the keys, e.g. 'min_lr <= learning_rate'); a command line
-becomes a dict of checked values: the defaults <- config files (train.py's bare arguments: Python files of plain
-assignments) <- overrides, in order, then the rules. The forms an override takes:
+The one configurator every script uses. A script declares its keys once (name -> default or Key: help, choices,
+its valid range, the types a None default may take) and the rules that tie them together; a command line becomes a
+dict of checked values: the defaults <- config files (plain assignments) <- overrides, then the rules.
 
     --key=value   --key value   --flag (a bool key alone: True)   --key=a,b,c (a list key)   -h / --help
 
-A value is read by its key's type: str as written, bool True/False (true/false, 1/0, yes/no too), a list split at
-the commas (its elements typed like the default's), anything else a Python literal (3e-4, 8, {'a': 1}); None where
-the key may be None. Errors are argparse's kind, which the scripts' callers rely on: a usage line and one line
-naming the key, the value and what was expected on stderr, exit status 2 (the message is also the exception's text);
-a config file that does not run (a syntax error, an exception) is named with the line, counted from 1.
-Pure Python on purpose: quickstart.py parses its flags before torch is installed.
+A value is read by its key's type (str as written, bool, a list split at commas, else a Python literal). Errors are
+argparse's kind: a usage line and one line naming the key, exit status 2. docs/training.md, Configuration, has the
+rest. Pure Python on purpose: quickstart.py parses its flags before torch is installed.
 """
 import ast
 import copy

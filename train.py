@@ -7,28 +7,14 @@ Train a student with the paper's recipe (Section 5.1, Appendix B.1), on one CPU 
         train.py config/affine_3b.py                                                      # 16 GPUs, FSDP (fsdp=True)
     python train.py config/affine_3b.py --dry_run=True                      # parameter counts, per-GPU memory plan
 
-Configuration, nanoGPT-style (configurator.py): the defaults below, then each config file (plain assignments), then
---key=value overrides (strings as written, other keys Python literals: 3e-4, None, True, {'a': 1}). Unknown keys and
-wrong types are errors. `model = 'llama3.2-1b'` (model.MODEL_SHAPES) sets a published shape where it stands; lines
-and overrides after it still win. The resolved config is written to out_dir/config.json.
+Configuration, nanoGPT-style (configurator.py): the keys' defaults (lmkit/runs.py), then each config file (plain
+assignments), then --key=value overrides. Unknown keys and wrong types are errors. The resolved config is written
+to out_dir/config.json.
 
-Data: step s trains on windows perm[s*G : (s+1)*G] of the train split (lmkit.data.Windows), G the global
-batch, perm a permutation seeded by (seed, epoch): every window once per epoch (the paper trains one epoch),
-and a step's data depends only on (seed, step), never on the number of ranks or the micro-batch size. The
-position to resume from is therefore just the step.
-
-Scale: DDP keeps a full fp32 student and its AdamW state on every GPU (16 bytes a parameter); fsdp=True shards
-them over the ranks with PyTorch's FSDP2 (fully_shard per decoder layer), activation_checkpointing=True trades
-a recomputed forward for most activation memory. Checkpoints hold full (unsharded) state keyed by parameter
-name either way, so a run resumes on any number of ranks, with or without FSDP. lmkit/memory_plan.py is the plan.
-
-Reading order: train, at the bottom, is the training loop, as nanoGPT writes it: each micro-step's forward, loss
-(compute_loss) and backward, then clipping and AdamW (take_step), alpha_ma (Eq. 9), logging, evaluation and
-checkpoints; main, below it, checks everything it can before writing, then holds out_dir for the run (one writer:
-lmkit.files.lock_dir). Above them, the setup they call (setup_run, load_data, build_model, load_run_teacher), and above
-that the pieces of a step; what runs the model over the ranks (DDP, FSDP2, compile) is in lmkit/distributed.py, the
-checks of the settings against the data and of the weights before a save in lmkit/run_checks.py, the records in
-lmkit/run_log.py.
+Reading order: train, at the bottom, is the loop as nanoGPT writes it (forward, loss, backward, clip, step, log,
+eval, save); main, below it, checks everything it can before writing, then holds out_dir for the run. Above them:
+the setup they call, the records, the checks, and the pieces of a step. docs/training.md has the data order, the
+scaling (DDP, FSDP2, activation checkpointing) and the resume rule.
 """
 import dataclasses
 import hashlib
@@ -79,16 +65,14 @@ def learning_rate(step, c):
 # -----------------------------------------------------------------------------------------------
 # Checks beyond the keys' ranges: the settings against the data before any work, the weights before every save
 
-
 def validation_batches(c, val_data):
     """The batches an evaluation reads: eval_batches, but at most one pass over the val split (start_notes)."""
     return min(c['eval_batches'], math.ceil(len(val_data) / c['micro_batch_size']))
 
 
 def check_sizes(c, train_data, val_data):
-    """RunError, before any work, for a setting that asks a split for more windows than it holds: a step's global
-    batch (it would read windows more than once), or attention_windows. eval_batches is clamped instead
-    (validation_batches), as the default may outgrow a small corpus."""
+    """RunError, before any work, where a step's batch or attention_windows asks a split for more windows than it
+    holds (eval_batches is clamped instead: validation_batches)."""
     where, tokens = f"of data_dir={c['data_dir']}", c['block_size']
     if c['global_batch_size'] > len(train_data):
         raise RunError(f"global_batch_size={c['global_batch_size']:,}: the train split {where} holds "
@@ -100,8 +84,7 @@ def check_sizes(c, train_data, val_data):
 
 
 def start_notes(c, val_data):
-    """The lines a run starts with on stderr where its settings do not do what they say: an evaluation that reads
-    fewer batches than eval_batches (one pass over a small val split), a warmup that outlasts the run."""
+    """The lines a run starts with where its settings do not do what they say (eval_batches, warmup_iters)."""
     notes, batches = [], validation_batches(c, val_data)
     if batches < c['eval_batches']:
         notes.append(f"note: eval_batches={c['eval_batches']:,} x micro_batch_size={c['micro_batch_size']} is more "
@@ -115,9 +98,8 @@ def start_notes(c, val_data):
 
 
 def nonfinite_weights(model, device):
-    """(names, count): the model's state-dict tensors that hold a NaN or an infinity, and how many float tensors it
-    has; every rank gets the same names (under FSDP each checks its own shards). One fused pass: a tensor's largest
-    magnitude (torch._foreach_norm, ord=inf) is finite exactly when the tensor is, and never overflows."""
+    """(names, count) of the state-dict tensors holding NaN or inf, of count float tensors; the same on every rank.
+    A tensor's largest magnitude (one fused _foreach_norm, ord=inf) is finite exactly when the tensor is."""
     named = [(name, local_tensor(t)) for name, t in model.state_dict().items() if t.is_floating_point()]
     bad = torch.zeros(len(named), device=device)
     held = [i for i, (_, t) in enumerate(named) if t.numel()]  # an empty shard has no largest magnitude
@@ -128,9 +110,8 @@ def nonfinite_weights(model, device):
 
 
 def check_step_finite(step, record, model, device, ckpt_path, saved):
-    """RunError (on every rank alike) where the weights after this step's update, or its evaluation's loss, are not
-    finite: the step is then not saved, and out_dir keeps the last good step's checkpoints (saved: its step, None
-    where this run saved none). A finite loss and gradient norm do not prove a finite update."""
+    """RunError (on every rank alike) where the updated weights or the evaluation's loss are not finite: nothing is
+    saved, out_dir keeps the last good step's checkpoints (saved: its step, or None)."""
     bad, count = nonfinite_weights(model, device)
     if bad:
         what = (f"the weights are not finite after the optimizer step: {len(bad)} of the model's {count} float "
@@ -148,16 +129,13 @@ def check_step_finite(step, record, model, device, ckpt_path, saved):
 # -----------------------------------------------------------------------------------------------
 # What a step computes and what an evaluation measures
 
-
 EVAL_STOP_EVERY = 4  # validation batches between looks at the stop signal (a look is a host sync, and collective)
 
 
 @torch.no_grad()
 def validation_loss(model, val_data, c, device, autocast, stop=()):
-    """Mean validation loss per token over validation_batches(c, val_data) batches of micro_batch_size windows, split
-    over ranks. Every rank runs equally many forwards (FSDP's all-gathers are collective); the padding ones are not
-    counted. None where `stop` (preemption_flag's list) fills meanwhile: a signal ends the evaluation within
-    EVAL_STOP_EVERY batches, every rank at the same batch, and no partial loss is returned."""
+    """Mean validation loss per token over validation_batches batches, split over ranks, each running equally many
+    forwards (FSDP's all-gathers are collective). None where `stop` (preemption_flag's list) fills meanwhile."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     batches = validation_batches(c, val_data)
     total = torch.zeros(2, dtype=torch.float64, device=device)  # summed loss, token count
@@ -182,9 +160,8 @@ def validation_loss(model, val_data, c, device, autocast, stop=()):
 
 
 def evaluation_record(c, run, model, raw_model, val_data, alpha_means, stop=()):
-    """The evaluation record: validation loss and perplexity, the mean attention logit (Figure 2), the variant's
-    statistics (alpha, alpha_ma, sinks) and, with attention_windows, the sink's measures (sink_record). Every rank
-    takes part. Empty where a signal (stop: preemption_flag's list) cut the validation loss short."""
+    """Validation loss and perplexity, the mean attention logit (Figure 2), the variant's statistics and, with
+    attention_windows, the sink's (sink_record); every rank takes part. Empty where a signal cut it short."""
     val_loss = validation_loss(model, val_data, c, run.device, run.autocast, stop)
     if val_loss is None:
         return {}
@@ -201,7 +178,6 @@ def evaluation_record(c, run, model, raw_model, val_data, alpha_means, stop=()):
 # -----------------------------------------------------------------------------------------------
 # The records: out_dir/metrics.jsonl (every step), the console, wandb; rank 0 alone writes
 
-
 def import_wandb():
     """The wandb module, imported before anything is written: wandb_log=True without it stops with nothing left."""
     try:
@@ -213,9 +189,8 @@ def import_wandb():
 
 
 class Metrics:
-    """Where the run's records go: metrics.jsonl (every step; runs.start_log starts it), the console (every
-    log_interval steps and every evaluation) and wandb (the module, or None); rank 0 only. A record with an
-    'event' (a resume that changed the learning rate) goes to metrics.jsonl only."""
+    """Where the run's records go, from rank 0: metrics.jsonl (every step; runs.start_log starts it), the console
+    (every log_interval steps and evaluation) and wandb (the module, or None). An 'event' goes to metrics.jsonl only."""
 
     def __init__(self, c, run, start_step, wandb=None):
         self.c, self.on, self.wandb = c, run.master, wandb
@@ -280,8 +255,7 @@ def setup_run(c):
     save_group = None
     if distributed:
         init_distributed('nccl' if device.type == 'cuda' else 'gloo')
-        # rank 0 may write a checkpoint of tens of GB to slow storage while the others wait: they wait in a gloo
-        # barrier with a long timeout, with no NCCL collective pending that the watchdog would time out
+        # the others wait for rank 0's (slow) save in a gloo barrier: no NCCL collective for the watchdog to time out
         save_group = dist.new_group(backend='gloo', timeout=SAVE_TIMEOUT)
     c['dtype'] = resolve_dtype(c['dtype'], device)
     if c['compile'] is None:
@@ -308,9 +282,8 @@ def load_data(c, model_config):
 
 
 def init_matched(model, seed):
-    """A GPT's init again, each module from a generator seeded by (seed, its name) alone rather than one stream in
-    module order: variants built from one seed then start equal in every tensor they share and differ in their own
-    (matched_init; the sink study's matched pairs). The global RNG is left as it was."""
+    """Each module initialised again from (seed, its name) alone: variants of one seed then start equal in every
+    tensor they share (matched_init; the sink study's pairs). The global RNG is left as it was."""
     with torch.random.fork_rng(devices=[]):
         for name, module in model.named_modules():
             torch.manual_seed(int.from_bytes(hashlib.sha256(f'{seed}:{name}'.encode()).digest()[:8], 'little'))
@@ -318,9 +291,8 @@ def init_matched(model, seed):
 
 
 def build_model(c, model_config, run, data_meta, ckpt_path):
-    """(the GPT, its AdamW, where the loop starts): fresh from the seed, or out_dir's checkpoint continued bit-exactly;
-    compiled per layer and sharded (FSDP) as the config asks. Where the loop starts: its step, the steps skipped so far
-    (nonfinite='skip') and the first of them, and the learning-rate keys this resume changes (lr_changes)."""
+    """(the GPT, its AdamW, where the loop starts: step, skipped steps, the first of them, lr_changes): fresh from
+    the seed, or out_dir's checkpoint continued bit-exactly; compiled and sharded as the config asks."""
     torch.manual_seed(c['seed'])
     model = GPT(model_config)
     if c['matched_init']:
@@ -368,9 +340,8 @@ def load_run_teacher(c, model_config, data_meta, device):
 
 
 def save(path, step, skipped, c, run, raw_model, optimizer, model_config, data_meta):
-    """ckpt.pt at `step`: full tensors on rank 0's CPU, keyed by name (every rank takes part in gathering FSDP's
-    shards); the other ranks wait in the save group's barrier while rank 0 writes. skipped: {'steps': how many
-    nonfinite='skip' skipped so far, 'first': the first one's step}, which the run continues counting."""
+    """ckpt.pt at `step`: full tensors on rank 0's CPU, keyed by name (every rank gathers FSDP's shards); the others
+    wait in the save group's barrier while rank 0 writes. skipped: save_run_checkpoint's."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state_dict = get_model_state_dict(raw_model, options=options)
     optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
@@ -382,10 +353,8 @@ def save(path, step, skipped, c, run, raw_model, optimizer, model_config, data_m
 
 
 def take_step(c, run, model, raw_model, teacher, optimizer, train_data, step, teacher_timer):
-    """The optimizer step after `step` steps: each micro-step's forward, loss and backward over this rank's part of
-    the step's global batch, the gradient clipped, and AdamW's update where the loss and the gradient norm are
-    finite (else nonfinite='stop' stops here, 'skip' leaves the weights as they were). Returns (lr, loss, KD, CE,
-    gradient norm, finite); the gradients are still to be zeroed."""
+    """The optimizer step after `step` steps: micro-steps' forward, loss and backward, clipping, and AdamW's update
+    where loss and gradient norm are finite. Returns (lr, loss, KD, CE, grad norm, finite); grads still to zero."""
     B, lr = c['micro_batch_size'], learning_rate(step, c)
     for group in optimizer.param_groups:
         group['lr'] = lr
@@ -394,8 +363,7 @@ def take_step(c, run, model, raw_model, teacher, optimizer, train_data, step, te
     losses = torch.zeros(3, device=run.device)  # (loss, KD, CE) summed on the device: read once per step
     for micro in range(run.accumulation):
         x, y = batch_to_device(train_data.get(mine[micro * B:(micro + 1) * B]), run.device)
-        # DDP all-reduces the gradients only in the last micro-step's backward; FSDP reduce-scatters them
-        # every micro-step (only the sharded gradients are kept between micro-steps)
+        # DDP all-reduces in the last micro-step's backward only; FSDP reduce-scatters every micro-step
         with model.no_sync() if run.ddp and micro < run.accumulation - 1 else nullcontext():
             with run.autocast:
                 loss, kd, ce = compute_loss(model, raw_model, teacher, x, y, c['kd_loss'] == 'fused',

@@ -1,22 +1,8 @@
 """
-Reading data: the formats of token shards and meta.json, and the windows training reads. Every script that reads
-prepared data imports it from here (train.py, distill.py, eval_zeroshot.py, analyze.py, tools/bench.py,
-study/sink_study.py); prepare_data.py, the command line that writes the data, builds on it. It needs NumPy only and
-imports no other module of this repo but files.py (pure Python), so importing it stays cheap (prepare_data.py's
-tokenizer workers do). The tokenizers that make the ids live in tokenizer.py: a reader of the training step needs none
-of them.
-
-    from lmkit.data import read_meta, read_split, read_shard, Windows
-
-A prepared directory (prepare_data.py --out_dir) holds
-    train_000000.bin, ...  val_000000.bin, ...   token shards: a 24-byte header, then the ids (see Shards below);
-                                                 read_split(dir, split) gives a split's as read-only np.memmaps,
-                                                 each checked against meta.json first (read_shard(path): one,
-                                                 its header checked)
-    meta.json   read_meta(dir): the tokenizer (spec, family, sha256, special tokens, BOS/EOS ids, boundary),
-                vocab_size, dtype, the splits (tokens, documents, shard names), each shard's checksum, whether it
-                is complete, and the settings, command and progress that prepare_data.py checks and resumes from
-Windows(dir, split, block_size) cuts a split into the windows train.py and distill.py read.
+Reading data: the token shards (write_shard, read_shard, read_split: each checked against its recorded CRC-32 once
+per process), meta.json (read_meta: the tokenizer, vocab_size, the splits), the first token of every window
+(first_token_id), and Windows, what train.py, distill.py and the evaluations read. NumPy and files.py only, so
+importing it stays cheap (prepare_data.py's tokenizer workers do); docs/data.md has the directory's layout.
 """
 import json
 import os
@@ -33,10 +19,8 @@ from lmkit.files import atomic_write
 # -----------------------------------------------------------------------------
 # Shards: a 24-byte little-endian header, then the token ids (uint16 or uint32, little-endian).
 #   magic 8 bytes b"ASASHARD" | version uint32 | bytes per token uint32 (2 or 4) | token count uint64
-# The count and the file size together reveal a truncated file; the magic a file of some other kind. A changed byte
-# among the ids only a checksum reveals: write_shard computes the CRC-32 of the whole file from the bytes it writes,
-# prepare_data.py records it in meta.json ("checksums"), and read_split checks it, and that every id is below the
-# vocabulary size, the first time a process opens the shard (docs/data.md: what that costs, and why it is enough).
+# The count reveals a truncated file, the magic another kind; a changed id, the CRC-32 meta.json records, checked
+# with the ids' range the first time a process opens the shard (docs/data.md: what that costs, why it is enough).
 
 MAGIC, VERSION = b"ASASHARD", 1
 HEADER = struct.Struct("<8sIIQ")
@@ -88,9 +72,8 @@ checked = set()  # the shard files this process has checked, as (path, inode, si
 
 
 def check_shard(path, checksum, vocab_size):
-    """(ids, None), or (None, what is wrong): the shard is missing, its header or size is wrong (map_shard), its
-    CRC-32 is not `checksum` (None: prepared before checksums were recorded, not compared) or it holds an id at or
-    above vocab_size. One pass over the memory-mapped file, once per process for an unchanged file."""
+    """(ids, None), or (None, what is wrong): missing, a bad header or size, a CRC-32 that is not `checksum`
+    (None: not compared), or an id >= vocab_size. One pass over the mapped file, once per process."""
     if not os.path.isfile(path):
         return None, f"{path}: missing (meta.json lists it)"
     ids, fault = map_shard(path)
@@ -119,7 +102,6 @@ def check_shard(path, checksum, vocab_size):
 
 # -----------------------------------------------------------------------------
 # A prepared directory: meta.json, and the windows training reads from its shards
-
 
 # the prepare_data.py commands of the directories the configs and the docs name (README, docs/data.md, the headers
 # of config/tiny_cpu.py, config/sink_study.py and config/onegpu.py), with the --out_dir the user gave
@@ -196,9 +178,8 @@ def read_split(data_dir, split, meta=None):
 
 
 def prefix_id(tokenizer):
-    """The token every window starts with under first_token='prefix': the tokenizer's BOS, else its end-of-text token
-    (lm-evaluation-harness's prefix token; the bytes tokenizer's <|endoftext|>, id 256). tokenizer: meta.json's
-    record of it (tokenizer_info)."""
+    """The first token under first_token='prefix': the tokenizer's BOS, else its end-of-text token (lm-eval's prefix
+    token; the bytes tokenizer's <|endoftext|>, 256). tokenizer: meta.json's record of it."""
     token = tokenizer['bos_id'] if tokenizer.get('bos_id') is not None else tokenizer.get('eos_id')
     if token is None:
         raise RunError(f"first_token='prefix': the tokenizer {tokenizer['spec']} has neither a BOS nor an end-of-text "
@@ -207,18 +188,15 @@ def prefix_id(tokenizer):
 
 
 def first_token_id(first_token, tokenizer):
-    """The id at position 0 of every window of a run whose first_token key is `first_token` ('stream' or 'prefix'),
-    for tokenizer (meta.json's record of it): None, or prefix_id(tokenizer). Every reader of a checkpoint
-    (analyze.py, eval_zeroshot.py) puts the same token first."""
+    """The id at position 0 of every window of a run whose first_token key is `first_token`: None (stream), or
+    prefix_id(tokenizer) (prefix); every reader of a checkpoint puts the same token first."""
     return prefix_id(tokenizer) if first_token == 'prefix' else None
 
 
 class Windows:
-    """A split cut into windows of block_size inputs and their next-token targets, for training (train.py) and
-    evaluation (distill.py). NumPy only, so that importing this module stays cheap for the tokenizer workers.
-    first_token: None, each window is block_size + 1 consecutive tokens of the stream (consecutive windows share
-    one); or a token id put at position 0 of every window, followed by block_size - 1 tokens of the stream whose
-    targets are the next block_size tokens (every stream token a target once; the windows do not overlap)."""
+    """A split cut into windows of block_size inputs and their next-token targets. first_token None: block_size + 1
+    consecutive tokens of the stream each (neighbours share one); else that id, then block_size - 1 stream tokens
+    (every stream token a target once)."""
 
     def __init__(self, data_dir, split, block_size, first_token=None):
         self.shards = read_split(data_dir, split)

@@ -1,9 +1,7 @@
 """
-Where a model runs: the device and dtype a script's --device / --dtype name (resolve_device, resolve_dtype), the
-precision the tools time a step in (autocast), the C++ compiler torch.compile needs on a CPU (check_cpu_compiler);
-over torchrun's ranks, compiled per layer (compile_layers), sharded with FSDP2 (apply_fsdp) or wrapped in DDP
-(wrap_ddp), and the ranks' plumbing (init_distributed, reduce_mean, full_tensor, local_tensor, batch_to_device,
-preemption_flag).
+Where a model runs: the device and dtype --device / --dtype name (resolve_device, resolve_dtype), autocast, the C++
+compiler torch.compile needs on a CPU; over torchrun's ranks, compiled per layer, sharded with FSDP2 or wrapped in
+DDP, and the ranks' plumbing (init_distributed, reduce_mean, full_tensor, batch_to_device, preemption_flag).
 """
 import inspect
 import os
@@ -19,9 +17,8 @@ from lmkit.errors import RunError
 
 
 def resolve_device(name):
-    """--device as a torch.device: 'auto' is cuda where there is a GPU, else cpu; any other name must be a device
-    this machine has (cuda, cuda:N, mps, ...), else a RunError before any work: torch itself would fail only at the
-    first tensor moved there, with a traceback ('Torch not compiled with CUDA enabled')."""
+    """--device as a torch.device ('auto': cuda where there is a GPU, else cpu), else a RunError before any work
+    for a device this machine lacks (torch itself would fail at the first tensor moved there)."""
     if name == 'auto':
         return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     try:
@@ -80,11 +77,8 @@ DDP_NO_BUFFER_SYNC = ({'forward_sync_buffers': False} if 'forward_sync_buffers' 
 
 
 def apply_fsdp(model, dtype):
-    """FSDP2 in place: one group per decoder layer (gathered just before its forward and its backward, freed
-    after), the root group for the rest. bfloat16: gathered and computed in bf16 from the fp32 shards (the master
-    weights), gradients reduce-scattered and accumulated in fp32. The root keeps its parameters gathered from
-    forward to backward (FSDP's default for the root, stated here because the KD loss reads lm_head.weight after
-    the forward)."""
+    """FSDP2 in place: one group per decoder layer, the root group for the rest (kept gathered from forward to
+    backward: the KD loss reads lm_head.weight); bfloat16 computes from fp32 shards (docs/training.md, Ranks)."""
     # imported here: FSDP and DTensor take as long to import as torch itself (they pull in sympy), and every script
     # imports this file (the quick start starts twenty processes)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -96,15 +90,8 @@ def apply_fsdp(model, dtype):
 
 
 def compile_layers(model, backend='inductor'):
-    """torch.compile each decoder layer on its own, in place (nn.Module.compile), the way torchtitan does: one compiled
-    graph serves every layer of a shape, so compiling takes seconds, not minutes; under DDP each layer's gradients are
-    ready (and all-reduced in DDP's buckets) while the backward goes on through the layers below, which a single
-    whole-model graph would only allow through DDP's graph splitting; and under FSDP2, whose per-layer hooks break any
-    graph that spans layers, nothing falls back to eager. The rest (embeddings, final norm, lm_head, loss) runs eager.
-    DDP's graph splitting is therefore turned off (torch._dynamo.config.optimize_ddp = False, for the whole process):
-    dynamo would otherwise cut each layer's graph again at DDP's bucket boundaries (1 MiB, then 25 MiB: 5 graphs per
-    1B layer), which adds no overlap that the per-layer graphs do not already give, only smaller graphs to fuse and
-    more to compile. backend: torch.compile's (the tests trace with 'aot_eager', which generates no code)."""
+    """torch.compile each decoder layer on its own, in place, as torchtitan does, and DDP's graph splitting off
+    (optimize_ddp, process-wide); the rest runs eager. Why: docs/training.md, Ranks. backend: the tests' aot_eager."""
     torch._dynamo.config.optimize_ddp = False
     for layer in model.model.layers:
         layer.compile(backend=backend)
@@ -112,11 +99,8 @@ def compile_layers(model, backend='inductor'):
 
 
 def wrap_ddp(model, device):
-    """DDP around the GPT, its gradients kept once: every .grad is created before DDP(...), which then turns them into
-    views of its all-reduce buckets (gradient_as_bucket_view), and train.py's loop zeroes them in place
-    (zero_grad(set_to_none=False)), so the no_sync micro-steps accumulate into the buckets instead of a second set.
-    Wrap after the optimizer state is loaded (torch.distributed.checkpoint initialises AdamW's state only while no
-    .grad exists)."""
+    """DDP around the GPT, its gradients kept once, as views of the buckets (docs/training.md, Ranks). Wrap after the
+    optimizer state is loaded (torch.distributed.checkpoint initialises AdamW's state only while no .grad exists)."""
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     return DDP(model, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True,
@@ -137,10 +121,8 @@ def local_tensor(t):
 
 
 def init_distributed(backend):
-    """init_process_group for torchrun's workers, with this attempt's keys apart from earlier attempts'. Under
-    torchrun --max-restarts the workers of every attempt meet in the agent's one store; a restarted rank could read
-    an address that a dead rank of the previous attempt had published there and fail to connect (seen with gloo:
-    'connectFullMesh failed ... Connection refused')."""
+    """init_process_group for torchrun's workers, each restart's keys apart from earlier attempts' in the agent's
+    one store (a dead rank's address, read again, fails: docs/training.md, Ranks)."""
     store, rank, world = next(dist.rendezvous('env://'))
     attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
     dist.init_process_group(backend, store=dist.PrefixStore(f'train.py/attempt_{attempt}', store), rank=rank,

@@ -5,7 +5,7 @@ alone (every model is built on the meta device, a teacher that is not on this ma
 docs' tables and, with --measure, holds it against the peak memory_measure.fake_peak_memory measures;
 tests/test_gpu_path.py does the same at reduced depth. Everything counted is here: the bytes a decoder layer saves for
 backward (saved_bytes_per_token), the fused KD loss's working set (kd_loss_memory) and their sum per component
-(memory_estimate), with the arguments a run's config gives it (runs.memory_plan, runs.dry_run).
+(memory_estimate), with the arguments a run's config gives it (memory_plan, print_dry_run: a RunConfig's).
 Imports flow one way: data -> model -> distill -> memory_plan -> runs -> train, memory_measure, bench, gpu_check.
 """
 import os
@@ -14,7 +14,7 @@ import torch
 
 from lmkit.checkpoint import checkpoint_file, config_from_hf, read_checkpoint, read_hf_config
 from distill import CHUNK_LOGITS, fp32_output_gemm
-from model import GPT, MODEL_SHAPES, ModelConfig, no_more_saved
+from model import FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig, no_more_saved
 
 # The paper's teachers by their checkpoint directory's name: a dry run sizes the teacher from its published shape
 # (model.MODEL_SHAPES) when its checkpoint is not on this machine.
@@ -177,10 +177,26 @@ def verdict(total_gib, gpu_gib):
     return 'fits' if total_gib <= 0.9 * gpu_gib else 'tight' if total_gib <= gpu_gib else 'no'
 
 
-def print_dry_run(model_config, teacher, world, micro_batch, global_batch, dtype, fsdp, activation_checkpointing,
-                  gpu_gib):
-    """The dry run: parameter counts, and memory_estimate's table per GPU on `world` GPUs of gpu_gib; teacher: its
-    spec (teacher_shape), or None."""
+def planned_models(run):
+    """(the student's ModelConfig, the teacher's or None) of a run (its RunConfig, lmkit.runs), as its dry run sizes
+    them: the teacher from its checkpoint, or from its published shape when it is not on this machine."""
+    return (ModelConfig(**{key: getattr(run, key) for key in FIELD_NAMES}),
+            teacher_shape(run.teacher)[0] if run.teacher else None)
+
+
+def plan_dtype(run):
+    return 'bfloat16' if run.dtype == 'auto' else run.dtype  # auto: bf16 on the GPUs the plan is for
+
+
+def memory_plan(run, model_config, teacher_config):
+    """memory_estimate's bytes per GPU by component for a run (its RunConfig), as its dry run plans it."""
+    return memory_estimate(model_config, run.dry_run_world_size, run.micro_batch_size, plan_dtype(run), run.fsdp,
+                           run.activation_checkpointing, teacher_config)
+
+
+def print_dry_run(run, model_config):
+    """The dry run of a run (its RunConfig): parameter counts, and memory_plan's table per GPU on its
+    dry_run_world_size GPUs of dry_run_gpu_gib."""
     with torch.device('meta'):
         model = GPT(model_config)
     total = model.get_num_params()
@@ -188,18 +204,18 @@ def print_dry_run(model_config, teacher, world, micro_batch, global_batch, dtype
                                                            model.lm_head.weight.numel())
     print(f"params: total={total} non_embedding={total - embedding} "
           f"attention_extra={model.get_num_params(variant_only=True)}")
-    teacher_config, source = teacher_shape(teacher) if teacher else (None, 'none (cross-entropy)')
-    estimate = memory_estimate(model_config, world, micro_batch, dtype, fsdp, activation_checkpointing,
-                               teacher_config)
+    world, micro_batch, gpu_gib = run.dry_run_world_size, run.micro_batch_size, run.dry_run_gpu_gib
+    teacher, source = teacher_shape(run.teacher) if run.teacher else (None, 'none (cross-entropy)')
+    estimate = memory_plan(run, model_config, teacher)
     total = sum(estimate.values()) / 2 ** 30
     said = dict(fits='fits', tight='tight: under 10% left for the CUDA context, NCCL and fragmentation',
                 no='does not fit')[verdict(total, gpu_gib)]
-    accumulation, rest = divmod(global_batch, world * micro_batch)
+    accumulation, rest = divmod(run.global_batch_size, world * micro_batch)
     steps = (f"{accumulation} micro-steps" if accumulation and not rest else f"global_batch_size="
-             f"{global_batch} is not a multiple of {world} x {micro_batch}: a run would stop")
-    print(f"memory per GPU, estimated: {'FSDP' if fsdp else 'DDP'} on {world} GPUs, micro_batch_size="
-          f"{micro_batch} x {model_config.block_size} tokens ({steps}), {dtype}, "
-          f"activation_checkpointing={activation_checkpointing}; teacher: {source}")
+             f"{run.global_batch_size} is not a multiple of {world} x {micro_batch}: a run would stop")
+    print(f"memory per GPU, estimated: {'FSDP' if run.fsdp else 'DDP'} on {world} GPUs, micro_batch_size="
+          f"{micro_batch} x {model_config.block_size} tokens ({steps}), {plan_dtype(run)}, "
+          f"activation_checkpointing={run.activation_checkpointing}; teacher: {source}")
     for name, value in estimate.items():
         print(f"  {name:<12} {value / 2 ** 30:7.2f} GiB")
     print(f"  {'total':<12} {total:7.2f} GiB of {gpu_gib:g}: {said}")

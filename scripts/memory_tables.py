@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 from tools import memory_measure  # noqa: E402
 from lmkit import memory_plan  # noqa: E402
-from lmkit.runs import load_config, memory_plan as run_memory_plan, run_config  # noqa: E402
+from lmkit.runs import load_config, run_config  # noqa: E402
 from lmkit.measure import KNOWN_PEAK_BF16, flops_per_token  # noqa: E402
 from configurator import parse  # noqa: E402
 from lmkit.files import atomic_write  # noqa: E402
@@ -273,7 +273,7 @@ def measured_table(found):
     header = ['row', 'mode', 'micro-batch', 'plan', 'measured (fake tensors)', 'plan / measured']
     lines = []
     for r in found:
-        plan = sum(run_memory_plan(r.c, r.cfg, r.teacher).values())
+        plan = sum(memory_plan.memory_plan(r.c, r.cfg, r.teacher).values())
         peak = memory_measure.fake_peak_memory(r.c, r.cfg, r.teacher)
         lines.append([r.name, 'FSDP' if r.c.fsdp else 'DDP', r.micro, f'{plan / 2**30:.1f} GiB',
                       f'{peak / 2**30:.1f} GiB', f'{plan / peak:.3f}x'])

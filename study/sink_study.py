@@ -461,7 +461,8 @@ STEP_KEYS = ('step', 'lr', 'loss', 'grad_norm', 'tokens_per_sec', 'mfu', 'dt', '
 
 def make_record(run, per_step, data_dir, logs):
     """The record of a finished run (report_dir/runs/<name>.json; docs/analysis.md documents it)."""
-    from lmkit.runs import load_run, spike_counts
+    from lmkit.runs import load_run
+    from lmkit.stats import spike_counts
     loaded = load_run(os.path.join(HERE, run['config'].out_dir))
     records = loaded['records']
     evals = [r for r in records if 'first_token_weight' in r]
@@ -494,7 +495,7 @@ def make_record(run, per_step, data_dir, logs):
 def spikes_after_warmup(grad, warmup):
     """Table 5's counts over steps warmup-500 only (None where the warm-up reaches step 500): the warm-up's own
     spikes (most of a short run's) left out, the median and MAD over that window."""
-    from lmkit.runs import spike_counts
+    from lmkit.stats import spike_counts
     end = min(SPIKE_WINDOW[1], len(grad))
     counts = {str(k): n for k, n in spike_counts(grad, SPIKE_KS, warmup, end).items()} if warmup < end else None
     return dict(spikes_after_warmup=counts, spikes_after_warmup_window=[min(warmup, end), end])

@@ -748,7 +748,7 @@ def describe_corpus(corpus):
 def figures(results, out_dir):
     """Per arm: fig4_<arm>.png, the per-layer first-token weight and share, mean ± std over seeds, per variant;
     curves_<arm>.png, the first-token weight (mean over layers) and Gu's Sink_1 on the windows against tokens."""
-    from lmkit.runs import pyplot
+    from lmkit.stats import pyplot
     plt = pyplot()
     for arm in ('kd', 'ce', 'control', 'recipe'):
         by = {}

@@ -131,14 +131,14 @@ def test_one_gpu_tier_fits_one_gpu(variant, monkeypatch):
     _, commands = readme_commands('Try it on one GPU')
     c = load_config(next(argv[2:] for argv in commands if argv[1] == 'train.py' and f'--attention={variant}' in argv))
     own = load_config([os.path.join(CONFIG_DIR, 'onegpu.py')])['micro_batch_size']
-    student, teacher = runs.planned_models(runs.run_config(c))
+    student, teacher = memory_plan.planned_models(runs.run_config(c))
     assert os.path.basename(c['teacher']) == 'SmolLM2-360M'
     assert c['dry_run_world_size'] == 1 and c['dry_run_gpu_gib'] == 24
     softmax = ModelConfig(**{**vars(student), 'attention': 'softmax'})
     assert sum(p.numel() for p in build_on_meta(vars(softmax)).parameters()) == 134_515_008
     assert sum(p.numel() for p in build_on_meta(vars(teacher)).parameters()) == 361_821_120
     verdict = lambda **override: memory_plan.verdict(
-        sum(runs.memory_plan(runs.run_config(c | override), student, teacher).values()) / 2**30, 24)
+        sum(memory_plan.memory_plan(runs.run_config(c | override), student, teacher).values()) / 2**30, 24)
     assert verdict() == 'fits'
     if variant == 'affine_gated':
         assert c['micro_batch_size'] == 4 and verdict(micro_batch_size=own) != 'fits'

@@ -45,9 +45,9 @@ def test_what_docs_memory_says_about_the_plan(memory_tables):
     fits = 0.9 * memory_tables.GPU_GIB
     for row in memory_tables.rows():
         if row.size in ('0.5b', '1b'):
-            assert not row.c['fsdp'] and row.total(False) <= fits and row.total(False, micro=2 * row.micro) <= fits
+            assert not row.c.fsdp and row.total(False) <= fits and row.total(False, micro=2 * row.micro) <= fits
         else:
-            assert row.c['fsdp'] and row.total(True) <= fits and row.total(False, True, micro=1) > fits, row.name
+            assert row.c.fsdp and row.total(True) <= fits and row.total(False, True, micro=1) > fits, row.name
 
 
 def documented_defaults(path):

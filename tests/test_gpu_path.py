@@ -30,7 +30,7 @@ from lmkit import measure
 import distill
 from tools import gpu_check
 from tools import memory_measure
-from lmkit import runs
+from lmkit import memory_plan, runs
 import train
 from lmkit.data import Windows
 from model import ATTENTIONS, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
@@ -282,12 +282,12 @@ def test_kd_loss_on_cuda_runs_bf16_gemms_with_float32_outputs(row):
 
 @pytest.mark.parametrize('config', ['affine_1b', 'affine_3b'])
 def test_memory_plan_is_the_dry_runs(config, capsys):
-    """runs.memory_plan, the plan held to measurements here and written into the docs' tables by
+    """memory_plan.memory_plan, the plan held to measurements here and written into the docs' tables by
     scripts/memory_tables.py, is what train.py --dry_run prints, component by component."""
     train.main([f'config/{config}.py', '--dry_run=True'])
     printed = dict(re.findall(r'^  (\w+) +([\d.]+) GiB', capsys.readouterr().out, re.M))
     c = runs.run_config(train.load_config([f'config/{config}.py']))
-    plan = runs.memory_plan(c, *runs.planned_models(c))
+    plan = memory_plan.memory_plan(c, *memory_plan.planned_models(c))
     assert printed == {key: f'{n / 2**30:.2f}' for key, n in (plan | dict(total=sum(plan.values()))).items()}
 
 
@@ -304,15 +304,15 @@ def test_memory_plan_holds_against_a_fake_tensor_measurement(config):
     the margin for what it leaves out (the CUDA context, NCCL, fragmentation) is the dry run's verdict's, not the
     plan's."""
     c = runs.run_config(train.load_config([f'config/{config}.py']))
-    student, teacher = runs.planned_models(c)
+    student, teacher = memory_plan.planned_models(c)
     plan, peak = {}, {}
     for n_layer in (1, 2):
         shallow = dataclasses.replace(student, n_layer=n_layer)
-        plan[n_layer] = sum(runs.memory_plan(c, shallow, teacher).values())
+        plan[n_layer] = sum(memory_plan.memory_plan(c, shallow, teacher).values())
         peak[n_layer] = memory_measure.fake_peak_memory(c, shallow, teacher)
     assert plan[2] - plan[1] == pytest.approx(peak[2] - peak[1], rel=0.02)
     full = peak[1] + (student.n_layer - 1) * (peak[2] - peak[1])
-    planned = sum(runs.memory_plan(c, student, teacher).values())
+    planned = sum(memory_plan.memory_plan(c, student, teacher).values())
     assert full <= planned <= 1.10 * full, f'plan {planned / 2**30:.2f} GiB, measured {full / 2**30:.2f} GiB'
 
 

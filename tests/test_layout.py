@@ -110,3 +110,43 @@ def test_one_function_per_name_across_the_library():
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 where.setdefault(node.name, []).append(module_name(path))
     assert not {name: modules for name, modules in where.items() if len(modules) > 1}
+
+
+def test_a_training_run_lives_in_two_rooms():
+    """train.py (its loop, setup, checks and records) and lmkit/runs.py (what other programs need to know about a run):
+    train.py imports at most 7 library modules, and no library module is imported by train.py alone (it would be a
+    room of train.py's, folded into it)."""
+    library = {module_name(p) for p in sources('lmkit')}
+    of_train = {name for name in imported(os.path.join(ROOT, 'train.py')) if name in library}
+    assert len(of_train) <= 7, sorted(of_train)
+    others = set().union(*(imported(p) for folder in FOLDERS for p in sources(folder)
+                           if not p.endswith(os.sep + 'train.py')))
+    assert not of_train - others, 'only train.py imports these'
+
+
+# the names the code gives a run's config dict; and a checkpoint's or a record's run config, reached as x['config']
+CONFIG_NAMES = {'c', 'config', 'cfg', 'base', 'now', 'settings'}
+
+
+def test_no_module_but_train_and_runs_reads_the_run_config_by_key():
+    """Outside train.py and lmkit/runs.py a run's config is a RunConfig (attributes, greppable), or named arguments:
+    no c['key'], config['key'] or x['config']['key'] / x['config'].get('key') with a train.py key."""
+    sys.path.insert(0, ROOT)
+    from lmkit.runs import KEYS
+    found = []
+    for path in (p for folder in FOLDERS for p in sources(folder)):
+        if os.path.relpath(path, ROOT) in ('train.py', os.path.join('lmkit', 'runs.py')):
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding='utf-8').read())):
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                key, of = node.slice.value, node.value
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == 'get'
+                  and node.args and isinstance(node.args[0], ast.Constant)):
+                key, of = node.args[0].value, node.func.value
+            else:
+                continue
+            config = (isinstance(of, ast.Name) and of.id in CONFIG_NAMES and not isinstance(node, ast.Call)) or (
+                isinstance(of, ast.Subscript) and isinstance(of.slice, ast.Constant) and of.slice.value == 'config')
+            if config and key in KEYS:
+                found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found

@@ -538,9 +538,9 @@ def test_the_gpu_plan_and_its_cpu_dry_run(data_dir, tmp_path):
     assert sorted(r['name'] for r in runs) == sorted(['teacher_softmax_s101'] + [
         f'kd_{v}_s{s}' for v in ('softmax', 'sink', 'gated', 'affine') for s in (1, 2, 3)])
     student, teacher = runs[1]['config'], runs[0]['config']
-    assert (student['n_layer'], student['n_embd'], student['block_size'], student['device']) == (8, 256, 256, 'cuda')
-    assert (teacher['n_layer'], teacher['n_embd'], runs[0]['name']) == (12, 384, 'teacher_softmax_s101')
-    assert steps * per_step == 732 * 64 * 256 and student['matched_init'] and student['no_decay'] == NO_DECAY
+    assert (student.n_layer, student.n_embd, student.block_size, student.device) == (8, 256, 256, 'cuda')
+    assert (teacher.n_layer, teacher.n_embd, runs[0]['name']) == (12, 384, 'teacher_softmax_s101')
+    assert steps * per_step == 732 * 64 * 256 and student.matched_init and student.no_decay == NO_DECAY
     report = seal_here(tmp_path / 'report')
     results = sink_study.main(['--plan=gpu', f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}',
                                f'--report_dir={report}', *GPU_DRY_RUN])

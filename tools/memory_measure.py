@@ -17,7 +17,8 @@ from torch.distributed._tools.mem_tracker import MemTracker
 import distill
 from distill import compute_loss
 from lmkit.distributed import apply_fsdp
-from lmkit.runs import configure_optimizers, plan_dtype
+from lmkit.memory_plan import plan_dtype
+from lmkit.runs import configure_optimizers
 from model import GPT
 
 
