@@ -366,7 +366,7 @@ def compiled_run(rank, world, data_dir, parallel, attention):
         x, y = distributed.batch_to_device(train_data.get(indices), run.device)
         with model.no_sync() if run.ddp and not last else nullcontext():
             with run.autocast:
-                loss = train.compute_loss(model, raw, teacher, x, y, c, measure.DeviceTimer(run.device))[0]
+                loss = train.compute_loss(model, raw, teacher, x, y, teacher_timer=measure.DeviceTimer(run.device))[0]
             (loss / run.accumulation).backward()
 
     def optimizer_step(step):  # as in train.py's loop: this rank's micro-steps, clipping, AdamW, alpha_ma

@@ -18,6 +18,7 @@ import prepare_data
 from study import sink_study
 from study import study_records
 from lmkit.errors import RunError
+from lmkit.runs import run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED = os.path.join(ROOT, 'docs', 'sink_study')
@@ -392,7 +393,7 @@ def test_the_console_shows_steps_and_finiteness_never_a_value(tmp_path, capsys):
     for name, loss in (('kd_affine_s1', 1.25), ('kd_sink_s1', math.nan)):
         (tmp_path / name).mkdir()
         (tmp_path / name / 'metrics.jsonl').write_text(json.dumps(dict(step=7, loss=loss, val_loss=2.5)) + '\n')
-        runs.append(dict(name=name, state='new', config=dict(out_dir=str(tmp_path / name))))
+        runs.append(dict(name=name, state='new', config=run_config(dict(out_dir=str(tmp_path / name)))))
     running = {r['name']: (None, r, None) for r in runs}
     sink_study.progress(runs, running, 10, {r['name']: 0 for r in runs}, time.time() - 60)
     line = capsys.readouterr().out

@@ -346,7 +346,7 @@ def bench_study(args, device):
         run = lambda variant, compile, i=0: study_command(variant, steps, compile, data,
                                                          os.path.join(tmp, f'{variant}_{compile}_{i}'), device)
         for variant in args.variants:
-            plain = plain_loop(config | dict(attention=variant), steps, device, threads)
+            plain = plain_loop(dataclasses.replace(config, attention=variant), steps, device, threads)
             (eager, _), = study_runs([run(variant, False)], threads)
             (compiled, outside), = study_runs([run(variant, True)], threads)
             rows.append([variant, f'{plain:,.0f}', f'{eager:,.0f}', f'{compiled:,.0f}', ratio(compiled, plain),
