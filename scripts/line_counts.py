@@ -2,8 +2,8 @@
 The repository's map in numbers: the lines of every Python file at the top level and in lmkit/, and of the reading set
 of one training step and one variant (docs/implementation.md, "Reading order").
 
-    python scripts/line_counts.py           # print the table
-    python scripts/line_counts.py --write   # write it into docs/implementation.md, between its markers
+    python -m scripts.line_counts           # print the table
+    python -m scripts.line_counts --write   # write it into docs/implementation.md, between its markers
 
 tests/test_docs.py holds the docs' table to this script's, and the reading sets to their limits.
 """
@@ -14,7 +14,8 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
+    sys.exit("run it from the repository's root: python -m scripts.line_counts")
 from lmkit.files import atomic_write  # noqa: E402
 DOC = os.path.join(ROOT, 'docs', 'implementation.md')
 START, END = '<!-- scripts/line_counts.py: start -->', '<!-- scripts/line_counts.py: end -->'
@@ -101,7 +102,7 @@ def in_doc():
 
 def main(argv):
     if argv not in ([], ['--write']):
-        raise SystemExit(f"usage: python scripts/line_counts.py [--write]; got {' '.join(argv)}")
+        raise SystemExit(f"usage: python -m scripts.line_counts [--write]; got {' '.join(argv)}")
     if not argv:
         return print(table())
     with open(DOC, encoding='utf-8') as f:

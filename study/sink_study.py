@@ -54,8 +54,8 @@ import subprocess
 import sys
 import time
 
-if __package__ in (None, ''):  # run as a file: the repository's root on the path, as `python -m` puts it
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
+    sys.exit("run it from the repository's root: python -m study.sink_study")
 
 import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 from study import study_reading, study_records
@@ -577,7 +577,7 @@ def check_seal(args):
     seal = study_records.read_seal(os.path.join(HERE, args.report_dir))
     if seal is None:
         raise RunError(f"the {args.claims} claims are tested only by a sealed study, and {args.report_dir}/{SEAL_FILE} "
-                       f"is not there (scripts/seal_study.py writes it; docs/analysis.md, 'The seal')")
+                       f"is not there (study/seal_study.py writes it; docs/analysis.md, 'The seal')")
     changed = study_records.unsealed_files(seal, HERE)
     if changed:
         more = f" and {len(changed) - 5} more" if len(changed) > 5 else ''

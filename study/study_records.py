@@ -67,7 +67,7 @@ REQUIRED_MEASURES = ('val_loss', 'first_token_weight', 'per_head', 'first_token_
                      'sink_rate', 'sink_rate_per_layer', 'null_mass', 'first_or_null')
 OPTIONAL = ('settings', 'corpus', 'commit', 'dirty', 'started', 'finished', 'digest', 'spikes_after_warmup',
             'spikes_after_warmup_window', 'seal')  # not in records before them; seal: a sealed study's records alone
-SEAL_FILE = 'seal.json'  # report_dir/seal.json: a sealed study's seal (read_seal; scripts/seal_study.py writes it)
+SEAL_FILE = 'seal.json'  # report_dir/seal.json: a sealed study's seal (read_seal; study/seal_study.py writes it)
 COMMIT = re.compile(r'[0-9a-f]{40}')
 
 

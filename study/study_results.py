@@ -1,7 +1,7 @@
 """
 The sink study's results: the claims fixed before its runs (CLAIMS, each on a measure of MEASURES), their tests
 (study/significance.py), and every word the report, the README's block and docs/analysis.md's pilot table say about
-them, generated from the runs' records (study/sink_study.py writes the records; scripts/study_blocks.py writes the
+them, generated from the runs' records (study/sink_study.py writes the records; study/study_blocks.py writes the
 blocks).
 """
 import os
@@ -660,7 +660,7 @@ def report_lines(results):
 
 
 def sealed(results):
-    """Whether every record names a seal (scripts/seal_study.py): only then can the tests be shown to predate them."""
+    """Whether every record names a seal (study/seal_study.py): only then can the tests be shown to predate them."""
     return bool(results['runs']) and all(r.get('seal') for r in results['runs'])
 
 

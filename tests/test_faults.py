@@ -450,7 +450,7 @@ def test_a_failed_start_leaves_no_empty_directory(tmp_path):
 
 
 def test_a_reader_that_stops_early_gets_no_error():
-    """`python tools/bench.py --help | head -1` ended in "bench.py: error: a file: Broken pipe; check the path and the
+    """`python -m tools.bench --help | head -1` ended in "bench.py: error: a file: Broken pipe; check the path and the
     device": the reader stopping early is no fault of the path. Now it ends quietly, exit status 1, as Unix tools
     do (a script whose write meets a closed pipe)."""
     code = ("from lmkit.errors import run_script\n"

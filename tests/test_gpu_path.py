@@ -283,7 +283,7 @@ def test_kd_loss_on_cuda_runs_bf16_gemms_with_float32_outputs(row):
 @pytest.mark.parametrize('config', ['affine_1b', 'affine_3b'])
 def test_memory_plan_is_the_dry_runs(config, capsys):
     """memory_plan.memory_plan, the plan held to measurements here and written into the docs' tables by
-    scripts/memory_tables.py, is what train.py --dry_run prints, component by component."""
+    tools/memory_tables.py, is what train.py --dry_run prints, component by component."""
     train.main([f'config/{config}.py', '--dry_run=True'])
     printed = dict(re.findall(r'^  (\w+) +([\d.]+) GiB', capsys.readouterr().out, re.M))
     c = runs.run_config(train.load_config([f'config/{config}.py']))
@@ -299,7 +299,7 @@ def test_memory_plan_holds_against_a_fake_tensor_measurement(config):
     the published teacher's shape) against the peak MemTracker measures in a training micro-step on fake tensors
     (memory_measure.fake_peak_memory). Measured with 1 and 2 student layers (the teacher whole) and extrapolated,
     every decoder layer adding the same: peak(n_layer) = peak(1) + (n_layer - 1) (peak(2) - peak(1));
-    scripts/memory_tables.py --measure=True measures full depth, where this extrapolation was exact to 0.01 GiB (1B
+    tools/memory_tables.py --measure=True measures full depth, where this extrapolation was exact to 0.01 GiB (1B
     and 3B). The plan's per-layer step is the measured one within 2%, and its total is conservative by at most 10%:
     the margin for what it leaves out (the CUDA context, NCCL, fragmentation) is the dry run's verdict's, not the
     plan's."""

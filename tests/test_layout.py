@@ -150,3 +150,16 @@ def test_no_module_but_train_and_runs_reads_the_run_config_by_key():
             if config and key in KEYS:
                 found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, found
+
+
+def test_programs_outside_the_root_run_as_modules():
+    """study/, tools/ and scripts/ hold no sys.path edits: their programs run from the root as `python -m
+    folder.name`, and run as a file each says so in one line (exit status 1), before any import of ours."""
+    for path in (p for folder in FOLDERS for p in sources(folder)):
+        text = open(path, encoding='utf-8').read()
+        assert not re.search(r'sys\.path\.(insert|append)', text), os.path.relpath(path, ROOT)
+    import subprocess
+    for name in ('tools/bench.py', 'study/sink_study.py', 'scripts/line_counts.py'):
+        done = subprocess.run([sys.executable, os.path.join(ROOT, name)], capture_output=True, text=True)
+        module = name[:-3].replace('/', '.')
+        assert (done.returncode, done.stderr) == (1, f"run it from the repository's root: python -m {module}\n")

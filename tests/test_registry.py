@@ -42,14 +42,10 @@ def test_the_check_finds_names_and_branches(tmp_path):
 
 
 def test_graph_ops_names_what_a_variant_adds(capsys):
-    """scripts/graph_ops.py (docs/benchmarks.md's table of the compiled graphs): the gate adds its projection's three
+    """tools/graph_ops.py (docs/benchmarks.md's table of the compiled graphs): the gate adds its projection's three
     matmuls (forward, and the input's and weight's gradients) and a sigmoid with its backward to softmax's layer
     graph, and nothing else of substance; affine adds the cumulative sums of V (forward, and reversed backward)."""
-    import importlib.util
-    path = ROOT / 'scripts' / 'graph_ops.py'
-    spec = importlib.util.spec_from_file_location('graph_ops', path)
-    graph_ops = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(graph_ops)
+    from tools import graph_ops
     graph_ops.main(['--variants=softmax,gated,affine', '--kernels=False', '--seq_len=16'])
     rows = {line.split(' | ')[0].strip('| '): line.split(' | ') for line in capsys.readouterr().out.splitlines()
             if line.startswith('| ') and not line.startswith('| variant')}

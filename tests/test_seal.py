@@ -71,7 +71,7 @@ def test_the_tests_outputs_on_the_fixture_records_are_the_sealed_ones(study):
 def committed_seal(report_dir):
     seal = study_records.read_seal(os.path.join(ROOT, 'docs', report_dir))
     if seal is None:
-        pytest.skip(f"docs/{report_dir}/seal.json is written in the commit after the seal (scripts/seal_study.py)")
+        pytest.skip(f"docs/{report_dir}/seal.json is written in the commit after the seal (study/seal_study.py)")
     return seal
 
 
@@ -83,10 +83,7 @@ def test_the_seal_is_named_in_the_docs_and_describes_its_commit(report_dir):
     known = subprocess.run(['git', 'cat-file', '-e', f"{seal['commit']}^{{commit}}"], cwd=ROOT, capture_output=True)
     if known.returncode != 0:
         pytest.skip("this clone does not hold the seal commit (a shallow clone)")
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('seal_study', os.path.join(ROOT, 'scripts', 'seal_study.py'))
-    seal_study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(seal_study)
+    from study import seal_study
     assert seal_study.seal_of(seal['commit']) == seal
 
 

@@ -3,7 +3,6 @@ converted by scripts/gguf_to_hf.py) as a model this repo loads, a tokenizer it p
 model, a KD teacher and an analysis subject; the student distilled from it exported to transformers. Short sequences
 and small counts: the 135M model runs in float32 on CPU. Skipped where the fixture is (no download). First,
 scripts/gguf_to_hf.py on tiny GGUFs written here."""
-import importlib.util
 import json
 import math
 import re
@@ -35,10 +34,8 @@ TEXTS = ["The capital of France is",
 
 
 def gguf_to_hf():
-    spec = importlib.util.spec_from_file_location('gguf_to_hf', ROOT / 'scripts' / 'gguf_to_hf.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from scripts import gguf_to_hf
+    return gguf_to_hf
 
 
 def write_gguf(path, tok, pre):

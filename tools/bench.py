@@ -45,8 +45,8 @@ import tempfile
 import time
 import types
 
-if __package__ in (None, ''):  # run as a file: the repository's root on the path, as `python -m` puts it
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
+    sys.exit("run it from the repository's root: python -m tools.bench")
 
 import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch
@@ -684,7 +684,6 @@ def bench_harness(args, device):
 SECTIONS = dict(attention=bench_attention, kd=bench_kd, train=bench_train, eval=bench_eval, harness=bench_harness,
                 study=bench_study, probes=bench_probes, threads=bench_threads)
 MEMORY_SECTIONS = ('attention', 'kd')  # they measure peak memory
-GPU_CHECK = os.path.join(ROOT, 'tools', 'gpu_check.py')
 # what --check hands over to tools/gpu_check.py, under the same names there: its own keys (None: not given,
 # tools/gpu_check.py's default) and the two that the benchmark sections share with it, whose defaults are the same there
 CHECK_KEYS = ('check_json', 'check_parts', 'check_batch_size', 'steps', 'kd_tokens')
@@ -745,7 +744,7 @@ def hand_over_to_gpu_check(args):
     argv = [f'--{name}={shown(getattr(args, name))}' for name in CHECK_KEYS if getattr(args, name) is not None]
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, GPU_CHECK, *argv])
+    os.execv(sys.executable, [sys.executable, '-m', 'tools.gpu_check', *argv])  # (from the root, as this runs)
 
 
 def main(argv=None):

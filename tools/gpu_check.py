@@ -40,8 +40,8 @@ import time
 import traceback
 import types
 
-if __package__ in (None, ''):  # run as a file: the repository's root on the path, as `python -m` puts it
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
+    sys.exit("run it from the repository's root: python -m tools.gpu_check")
 
 import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch

@@ -3,7 +3,7 @@ lm-evaluation-harness 0.4.9's log-likelihoods of (context, continuation) pairs, 
 tools/bench.py's harness section with the Python of an environment where lm_eval imports (0.4.9 needs transformers 4,
 this repository transformers 5); tests/test_smollm2.py imports loglikelihoods where lm_eval imports.
 
-    <env>/bin/python tools/lm_eval_scores.py MODEL_DIR PAIRS.json BATCH_SIZE DTYPE DEVICE OUT.json
+    <env>/bin/python -m tools.lm_eval_scores MODEL_DIR PAIRS.json BATCH_SIZE DTYPE DEVICE OUT.json
 
 PAIRS.json: [[context, continuation], ...]. OUT.json: {"logliks": [...], "seconds": the loglikelihood call's}.
 HFLM is what `lm_eval --model hf` runs (lm_eval/models/huggingface.py).

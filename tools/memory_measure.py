@@ -1,7 +1,7 @@
 """
 The memory plan measured: fake_peak_memory is the peak of one training micro-step of a train.py config on fake
 tensors (torch's MemTracker: real shapes, no memory, no GPU), what train.py --dry_run's plan (memory_plan.py) is held
-to by tests/test_gpu_path.py at reduced depth and by scripts/memory_tables.py --measure=True at full depth.
+to by tests/test_gpu_path.py at reduced depth and by tools/memory_tables.py --measure=True at full depth.
 A tool of its own, not part of lmkit/memory_plan.py: it runs the micro-step (distill.compute_loss) under MemTracker,
 which only what measures should pay the import of (seconds).
 """
@@ -81,6 +81,6 @@ def fake_peak_memory(c, model_config, teacher_config):
 
 
 if __name__ == '__main__':  # a module, not a command: whoever runs it is told where its measurement runs
-    print("tools/memory_measure.py is a module, not a command: its measurement runs in python scripts/memory_tables.py "
+    print("tools/memory_measure.py is a module, not a command: its measurement runs in python -m tools.memory_tables "
           "--measure=True (every paper row at full depth) and in tests/test_gpu_path.py", file=sys.stderr)
     sys.exit(0 if {'-h', '--help'} & set(sys.argv[1:]) else 2)

@@ -4,15 +4,16 @@ them): README.md's study blocks (study_results.readme_lines of docs/sink_study_v
 docs/analysis.md's claims tables (study_results.claims_table), its pilot table (study_results.pilot_lines of
 docs/sink_study/pilot/results.json) and v3's payoff pilot (study_results.payoff_pilot_lines).
 
-    python scripts/study_blocks.py           # check: exit status 1 and the blocks that differ
-    python scripts/study_blocks.py --write   # write them between their markers (nothing else in the files changes)
+    python -m study.study_blocks           # check: exit status 1 and the blocks that differ
+    python -m study.study_blocks --write   # write them between their markers (nothing else in the files changes)
 """
 import json
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
+    sys.exit("run it from the repository's root: python -m study.study_blocks")
 
 import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 from study import study_results  # noqa: E402  (after the path: the repository's root)
@@ -60,7 +61,7 @@ def main(argv):
             if '--write' in argv:
                 with atomic_write(os.path.join(ROOT, path)) as f:
                     f.write(new)
-    verb = 'wrote' if '--write' in argv else 'out of date (python scripts/study_blocks.py --write)'
+    verb = 'wrote' if '--write' in argv else 'out of date (python -m study.study_blocks --write)'
     print('\n'.join(f"{verb}: {s}" for s in stale) or 'every block is up to date')
     return 1 if stale and '--write' not in argv else 0
 

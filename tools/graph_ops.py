@@ -3,8 +3,8 @@
 AOTAutograd hands to the compiler, and, on CPU, the kernels TorchInductor then generates from them (its fusion).
 No GPU is needed; docs/benchmarks.md ("What the variants add to the compiled graph") holds a run's table.
 
-    python scripts/graph_ops.py                          # every variant, float32, the tiny shape at T = 256
-    python scripts/graph_ops.py --variants=softmax,affine --dtype=bfloat16
+    python -m tools.graph_ops                          # every variant, float32, the tiny shape at T = 256
+    python -m tools.graph_ops --variants=softmax,affine --dtype=bfloat16
 
 A variant's extra operators are its registry entry's (model.VARIANTS): affine's alpha projection (Eq. 7), the
 cumulative sum of V and the combine of Eq. 6 and 8 (model.affine_scaled), and alpha's sums for alpha_ma (Eq. 9);
@@ -15,7 +15,8 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
+    sys.exit("run it from the repository's root: python -m tools.graph_ops")
 
 import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch  # noqa: E402

@@ -4,7 +4,7 @@ rule and report before its first run, when it was committed, and the sha256 of e
 study/sink_study.py trains a blind study (--claims=v2) only where each of those files is as sealed, and every record it
 writes stores the seal's commit; tests/test_seal.py holds the records to it (docs/analysis.md, "The seal").
 
-    python scripts/seal_study.py --commit=<the seal commit> --report_dir=docs/sink_study_v2
+    python -m study.seal_study --commit=<the seal commit> --report_dir=docs/sink_study_v2
 """
 import datetime
 import hashlib
@@ -13,7 +13,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
+    sys.exit("run it from the repository's root: python -m study.seal_study")
 
 from configurator import Key, parse  # noqa: E402  (after the path: the repository's root)
 from lmkit.errors import RunError, run_script  # noqa: E402
@@ -43,11 +44,11 @@ def main(argv=None):
     keys = dict(commit=Key(None, "the seal commit (any name git knows it by)", types=(str,), required=True),
                 report_dir=Key(None, "the sealed study's report directory (its seal.json is written there)",
                                types=(str,), required=True))
-    args = parse(sys.argv[1:] if argv is None else argv, keys, __doc__.split('\n\n')[1], prog='scripts/seal_study.py')
+    args = parse(sys.argv[1:] if argv is None else argv, keys, __doc__.split('\n\n')[1], prog='study/seal_study.py')
     out = os.path.join(ROOT, args['report_dir'])
     if read_seal(out) is not None:
         raise RunError(f"{args['report_dir']}/{SEAL_FILE} exists: a study is sealed once")
-    claim_dir(out, 'scripts/seal_study.py', writes=[SEAL_FILE], ours=lambda names: False)
+    claim_dir(out, 'study/seal_study.py', writes=[SEAL_FILE], ours=lambda names: False)
     seal = seal_of(args['commit'])
     os.makedirs(out, exist_ok=True)
     write_json(os.path.join(out, SEAL_FILE), seal)

@@ -4,10 +4,10 @@ configs' parameter counts (ΔParams), the per-GPU memory plan of every paper row
 token (lmkit.measure.flops_per_token) at an assumed MFU. No GPU, data or checkpoint is needed: every model is built on
 the meta device, and each teacher has its published shape (memory_plan.KNOWN_TEACHERS).
 
-    python scripts/memory_tables.py           # print every table, each under its marker name
-    python scripts/memory_tables.py --write   # put them into README.md and docs/*.md, between their markers
-    python scripts/memory_tables.py --check   # exit 1 when a file holds another text (tests/test_docs.py does this)
-    python scripts/memory_tables.py --measure # the plan of each row against the peak MemTracker measures in a
+    python -m tools.memory_tables           # print every table, each under its marker name
+    python -m tools.memory_tables --write   # put them into README.md and docs/*.md, between their markers
+    python -m tools.memory_tables --check   # exit 1 when a file holds another text (tests/test_docs.py does this)
+    python -m tools.memory_tables --measure # the plan of each row against the peak MemTracker measures in a
                                               # training micro-step on fake tensors at full depth, the config's own
                                               # mode (memory_measure.fake_peak_memory; 20-45 s a row): printed, not
                                               # written
@@ -26,7 +26,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
+    sys.exit("run it from the repository's root: python -m tools.memory_tables")
 
 import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch  # noqa: E402
@@ -317,7 +318,7 @@ def stale(generated):
 
 
 def main(argv):
-    args = parse(argv, dict(write=False, check=False, measure=False), __doc__, prog='scripts/memory_tables.py')
+    args = parse(argv, dict(write=False, check=False, measure=False), __doc__, prog='tools/memory_tables.py')
     if args['measure']:
         print(measured_table(rows()))
         return 0
@@ -333,7 +334,7 @@ def main(argv):
     elif args['check']:
         differ, unused = stale(generated)
         for path in differ:
-            print(f'{path}: its tables differ from the code; run python scripts/memory_tables.py --write')
+            print(f'{path}: its tables differ from the code; run python -m tools.memory_tables --write')
         for name in unused:
             print(f'table {name} is in no file')
         return 1 if differ or unused else 0
