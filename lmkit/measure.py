@@ -1,9 +1,8 @@
 """
 Measuring and reporting: MFU (a model's FLOPs per token, the device's peak FLOP/s, datasheet or measured), a device
-timer, peak memory, and the tables tools/bench.py and tools/gpu_check.py print.
+timer and peak memory.
 """
 import re
-import sys
 import time
 from contextlib import contextmanager
 
@@ -146,24 +145,3 @@ class PeakMemory:
             self.peak = torch.cuda.max_memory_allocated() - self.start
         else:
             self.peak = self._rss('VmHWM') - self.start
-
-
-def log(message):
-    """A progress line on stderr: stdout holds the Markdown tables."""
-    print(message, file=sys.stderr, flush=True)
-
-
-def ratio(x, base):
-    return f'{x / base:.2f}' if base else '-'
-
-
-def print_table(title, notes, header, rows):
-    """One section: a heading, what was measured and how, and a Markdown table of already formatted cells."""
-    print(f'\n## {title}\n\n{notes}\n')
-    print('| ' + ' | '.join(header) + ' |')
-    print('|' + '---|' * len(header))
-    for row in rows:
-        print('| ' + ' | '.join(row) + ' |')
-    sys.stdout.flush()
-
-

@@ -52,8 +52,7 @@ import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmk
 import torch
 
 from lmkit.progress import Progress
-from lmkit.measure import (PeakMemory, default_peak_flops, flops_per_token, gemm_shapes, log,
-                           measured_matmul_flops, print_table, ratio)
+from lmkit.measure import PeakMemory, default_peak_flops, flops_per_token, gemm_shapes, measured_matmul_flops
 from lmkit.data import prepare_builtin
 from lmkit.distributed import autocast, compile_layers, resolve_device
 from configurator import DEVICE, Key, parse, shown
@@ -70,6 +69,7 @@ from lmkit.probes import (GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS, VALUE_W
 from lmkit.tokenizer import load_tokenizer
 from lmkit.runs import configure_optimizers, load_config, run_config
 from tools.harness_tasks import task_rows, write_harness_yamls, write_tasks
+from tools.tables import log, print_table, ratio
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
 TINY_CONFIG = os.path.join(ROOT, 'config', 'tiny_cpu.py')

@@ -49,11 +49,10 @@ import torch.distributed as dist
 from torch._dynamo.utils import counters
 
 from lmkit.checkpoint import read_checkpoint
-from lmkit.measure import (KNOWN_PEAK_BF16, PeakMemory, flops_per_token, gemm_shapes, log, measured_matmul_flops,
-                           print_table, ratio)
-from lmkit.distributed import autocast
-from lmkit.distributed import compile_layers, wrap_ddp
+from lmkit.distributed import autocast, compile_layers, wrap_ddp
+from lmkit.measure import KNOWN_PEAK_BF16, PeakMemory, flops_per_token, gemm_shapes, measured_matmul_flops
 from configurator import Key, parse
+from tools.tables import log, print_table, ratio
 from lmkit.data import Windows, prepare_builtin
 from lmkit.errors import RunError, run_script
 from lmkit.files import read_log, write_json
