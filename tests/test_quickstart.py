@@ -63,7 +63,7 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     rerun = quickstart(tmp_path, '--real_model=False')
     for stage in ('train the softmax teacher', 'distill affine seed 0', 'evaluate affine seed 0'):
         assert re.search(rf'{stage} \(at \d+m\d+s\): finished in an earlier run with these settings, skipped', rerun)
-    assert 'train.py' not in rerun and 'eval_zeroshot.py' not in rerun and 'gguf_to_hf.py' not in rerun
+    assert 'train.py' not in rerun and 'eval_zeroshot.py' not in rerun and 'gguf_to_hf' not in rerun
     assert 'Skipped: not asked for (--real_model=False).' in (out / 'report.md').read_text()
 
     # a longer teacher: its stage trains it again from scratch, and so are the stages that came from it (the student,
