@@ -844,10 +844,8 @@ JOBS = dict(
         device=DEVICE,
         dtype=Key('float32', choices=('float32', 'bfloat16', 'float64')),
         batch_size=Key(1, "sequences per forward", min=1),
-        sink_samples=Key(GU_SAMPLES, f"Gu et al.'s Sink_1 in their setting: windows of {GU_LENGTH} tokens (fewer if "
-                         "the text has fewer; 0: skip)", min=0),
-        calibration=Key(4, "W8A8: windows, not among the analysed, whose activation ranges it fixes (fewer if the "
-                        "text has fewer; none: W8A8 is skipped, and the report says why; 0: no W8A8)", min=0),
+        sink_samples=Key(GU_SAMPLES, f"windows of {GU_LENGTH} tokens for Gu et al.'s Sink_1 (0: skip)", min=0),
+        calibration=Key(4, "W8A8's calibration windows, apart from the analysed (0: no W8A8)", min=0),
         knockout_window=Key(0, "the first-token knockout's recent window W (0: a quarter of --seq_len)", min=0),
     ), 'checkpoints', "Figures 3-6, 9, alpha and sinks, the sink's measures and costs from checkpoints (train.py "
                       "out_dirs, ckpt.pt files or HF model directories) on held-out text", ()),

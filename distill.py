@@ -205,18 +205,10 @@ def _kd_chunk(h_s, w_s, h_t, w_t, y, valid, T, kd_alpha, acc, need_grad):
 
 class FusedKDLoss(torch.autograd.Function):
     """loss = kd_alpha * KD + (1 - kd_alpha) * CE from final hidden states and lm_head weights, one chunk of
-    tokens at a time. With s, t a token's student and teacher logits, q = softmax(s/T), p = softmax(t/T):
-        KD = T^2 * sum_v p (log p - log q)        dKD/ds = T (q - p)
-        CE = logsumexp(s) - s[y]                   dCE/ds = softmax(s) - onehot(y)
-    Each chunk's gradient w.r.t. its logits is turned into gradients w.r.t. the student's hidden states
-    (g @ W_s) and lm_head weight (g^T @ h_s) right away, so no logits outlive their chunk; backward only scales
-    the stored gradients, in place (so a second backward through the same graph, retain_graph=True, is refused
-    by autograd's check of modified saved tensors).
-    Precision: the four GEMMs run in the compute dtype (kd_compute_dtype: bf16 under bf16 autocast, float32
-    without autocast, float64 for float64 inputs), their logits come out in float32 (float64), and the softmaxes,
-    KL, CE and sums are float32. The gradient w.r.t. the lm_head is accumulated in float32, the one w.r.t. the
-    hidden states is in their dtype; both are kept unscaled (O(1) entries, safe even in float16) until backward
-    multiplies them by grad_output / count in float32."""
+    tokens at a time. With q = softmax(s/T), p = softmax(t/T): KD = T^2 sum_v p (log p - log q), dKD/ds = T (q - p);
+    CE = logsumexp(s) - s[y], dCE/ds = softmax(s) - onehot(y). Each chunk's logit gradient becomes the hidden
+    states' and lm_head's gradients at once, so no logits outlive their chunk; backward only scales them, in place
+    (a second backward is refused). Precision: docs/training.md, "The KD loss"."""
 
     @staticmethod
     def forward(ctx, h_s, w_s, h_t, w_t, targets, temperature, kd_alpha, chunk_size):

@@ -469,12 +469,9 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
 
 
 KEYS = dict(
-    source=Key("builtin", "fineweb-edu | builtin (offline: Python's help topics, 0.5 MB) | stdlib (offline: the "
-                          "standard library's .py files, ~31 MB; study/sink_study.py) | comma-separated paths/globs of "
-                          ".txt, .jsonl/.json or .parquet files (one type per run)"),
-    tokenizer=Key("bytes", "bytes | a tiktoken BPE file | a Hugging Face model or tokenizer directory with a "
-                           "byte-level BPE tokenizer (tokenizer.json, or vocab.json + merges.txt, or "
-                           "original/tokenizer.model)"),
+    source=Key("builtin", "fineweb-edu | builtin | stdlib (offline) | paths/globs of .txt, .jsonl or .parquet "
+                          "(docs/data.md)"),
+    tokenizer=Key("bytes", "bytes | a tiktoken BPE file | a Hugging Face directory's byte-level BPE (docs/data.md)"),
     out_dir=Key(None, "where the shards and meta.json go", types=(str,), required=True),
     num_proc=Key(os.cpu_count() or 1, "tokenizer processes", min=1),
     max_tokens=Key(0, "stop after this many train tokens (0: no limit)", min=0),

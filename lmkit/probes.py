@@ -111,25 +111,11 @@ def first_token_weights(w):
 
 
 def sink_scores(w, rows_sum_to_one, null_slot):
-    """Gu et al.'s first-position score per sample and head (B, H), as pretrain/eval_sink_pretrain.py computes it
-    (sail-sg/Attention-Sink): the score of key k is sum_{i>=k} p_ik / (T - k), the mean weight it gets from the
-    T - k queries that see it, so for k = 0 query 0's own row counts; a head has a sink where the score exceeds
-    SINK_THRESHOLD, and Sink_1 is the share of (layer, head) pairs that do, averaged over samples (sink_rate).
-    The rows p it reads:
-      'tokens'     p = w where rows sum to one (Variant.rows_sum_to_one: softmax, gated: their softmax models); else
-                   p_ij = |w_ij| / (sum_j |w_ij| + 1e-8), the renormalisation their sigmoid and elu models get
-                   (lit_gpt/inference/model_attn_sim_infer.py): sink's and softmax1's first token among the tokens
-                   alone, affine's rows renormalised to one. Their rows are never negative; for affine's we
-                   renormalise magnitudes, as the entropy does (a subtracted value is still routed), so p_i0 is in
-                   [0, 1]; a negative weight is at least beta_i >= -alpha_i / N, small, and the share of affine rows
-                   that hold one is reported beside (negative_rows);
-      'raw'        p = w as the variant computes it, never renormalised: where rows do not sum to one (sink, softmax1,
-                   affine, the gated models' own weights), a first token that holds a large share of a small row total
-                   is no sink here (the same as 'tokens' for softmax and gated);
-      'null_slot'  (Variant.sink only) the null slot as an extra position 0, the way their learnable key bias enters
-                   (lit_gpt/inference/model_kv_bias_infer.py: a zero query and the bias key prepended, whose row is
-                   then [1, 0, ...]): T + 1 positions, the slot's score (1 + sum_i (1 - sum_j w_ij)) / (T + 1).
-    None for 'null_slot' where the variant has no slot."""
+    """Gu et al.'s first-position score per sample and head (B, H), as pretrain/eval_sink_pretrain.py
+    computes it (sail-sg/Attention-Sink): key k scores sum_{i>=k} p_ik / (T - k), so query 0's own row counts; a
+    head has a sink where the score exceeds SINK_THRESHOLD (sink_rate). rows: 'tokens' (p = w where rows sum to
+    one, else |w| renormalised, as their sigmoid and elu models), 'raw' (p = w) or 'null_slot' (the slot as an extra
+    position 0, as their key bias; None for a variant without one). docs/analysis.md, "The sink's measures"."""
     T = w.size(-1)
     if rows_sum_to_one:
         first = w[..., 0]
@@ -235,28 +221,12 @@ def outlier_means(model, sequences, batch_size=1):
 
 @torch.no_grad()
 def attention_statistics(model, idx, corner=30, value_stride=1):
-    """Per-layer statistics of the effective attention weights on the sequences idx (B, T), T <= block_size, each
-    per sequence so that batches concatenate (torch.cat along dim 0) into the statistics of all sequences:
-    what analyze.py's figures, train.py's evaluations and study/sink_study.py read. Weights come from each layer's
-    Attention.weights on the inputs the model's own forward gives that layer (inspect_attention), in float64.
-    For weights w (B, H, T, T), means over queries i >= 1 (query 0 sees only token 0) unless noted:
-      first_token (B,), first_token_head (B, H): w_i0 (Figure 4), over heads and queries / per head;
-      first_token_share (B,), first_token_share_head (B, H): w_i0 / sum_j w_ij (first_token_weights);
-      null_mass_head (B, H): 1 - sum_j w_ij, the null slot's mass or what affine's scale took (first_token_weights);
-      sink_mass (B,) or None: null_mass_head's mean over heads, for a variant with a null slot (Variant.sink);
-      sink_score, sink_score_null_slot (B, H) or None: Gu et al.'s first-position score (sink_scores);
-      negative_rows (B,): the share of rows (heads x every query) holding a negative weight (affine's);
-      value_weighted_first_head (B, H): Kobayashi et al.'s share of the first token (value_weighted_first_token, on
-                           every value_stride-th query);
-      row_sums (B, T):     sum_j w_ij per query, averaged over heads (Figure 3's histogram; sink: the real tokens
-                           only, so softmax's rows give exactly 1 and sink's 1 - the sink's weight);
-      head_total (B, H):   per head, the mean row sum (Figure 5);
-      entropy (B,):        -sum_j p_ij log p_ij with p_ij = |w_ij| / sum_j |w_ij|: the entropy of attention
-                           *magnitude* over the visible keys (affine weights can be negative and rows need not sum
-                           to 1); for softmax the usual entropy, for sink that without the sink's mass (Figure 6);
-      corner (B, c, c):    the head-averaged top-left corner x corner block (Figure 9);
-      the variant's own (variant_statistics): alpha (B, T, H), affine's scale per token and head (Eq. 7), its
-      per-head tensors (H,) (HEAD_STATS: affine's alpha_ma, the sink logits); and activation_outliers' (B,) each."""
+    """Per-layer statistics of the effective attention weights w (B, H, T, T) on the sequences idx (B, T):
+    each layer's Attention.weights on its own inputs (inspect_attention), in float64, kept per sequence so that
+    batches concatenate. Means over queries i >= 1 unless noted: first_token(_head), first_token_share(_head),
+    null_mass_head, sink_mass, sink_score(_null_slot), negative_rows, value_weighted_first_head; row_sums (B, T)
+    (Figure 3), head_total (Figure 5), entropy of |w| renormalised (Figure 6), corner (B, c, c) (Figure 9); the
+    variant's own (variant_statistics) and activation_outliers'. docs/analysis.md, "The sink's measures"."""
     def statistics(attn, x, cos, sin, positions):
         variant = attn.config.variant
         w = attn.weights(x, cos, sin, positions).double()

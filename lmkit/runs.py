@@ -31,7 +31,7 @@ TRAIN_KEYS = dict(
     first_token=Key('stream', "position 0 of every window: where the cut lands (stream), or the tokenizer's BOS "
                     "(prefix; docs/data.md)", choices=('stream', 'prefix')),
     init_from=Key('auto', "auto: continue out_dir/ckpt.pt if there is one; resume: refuse if none; scratch: "
-                  "refuse to replace one unless overwrite", choices=('auto', 'resume', 'scratch')),
+                  "start fresh", choices=('auto', 'resume', 'scratch')),
     overwrite=Key(False, "with init_from=scratch: replace out_dir's checkpoint"),
     keep_previous=Key(True, "keep the checkpoint a save replaces as ckpt.prev.pt (a hard link)"),
     max_iters=Key(9000, "optimizer steps (Appendix B.1)", min=1),

@@ -91,22 +91,12 @@ NOT_BYTE_LEVEL = "only byte-level BPE tokenizers (GPT-2, Llama-3, Qwen, SmolLM s
 
 
 class Tokenizer(tiktoken.Encoding):
-    """A tiktoken Encoding plus what tiktoken does not model, as the tokenizer's files say:
-      nfc             NFC-normalise text first (tokenizer.json "normalizer": NFC, as Qwen's)
-      inline          added tokens that are not special: Hugging Face matches them inside ordinary text before
-                      pre-tokenization (leftmost-longest; those with normalized=true after normalization), and so
-                      does encode_ordinary here (Qwen2.5's <tool_call>, ...)
-      prefix, suffix  the special tokens the tokenizer puts around a text (add_special_tokens=True): Llama-3's
-                      <|begin_of_text|> before; nothing for GPT-2, Qwen, SmolLM
-      bos_token, eos_token   the tokenizer's declared BOS and EOS
-      missing         the single bytes the vocabulary has no token for (SmolLM2's lacks 21): Hugging Face's BPE drops
-                      them from the text, and so does this (see encode_lossy)
-      unk             None, or (unk_token, its id, fuse_unk) when the BPE declares an unk_token and the vocabulary
-                      lacks bytes: Hugging Face's BPE then encodes them as that token instead (see encode_unk)
-    Document boundaries follow from them: a document is wrapped as the tokenizer wraps a text; a tokenizer that
-    adds nothing (GPT-2, Qwen, SmolLM) gets its EOS after each document.
-    Special tokens are never matched in text: their strings are encoded as ordinary text, so data cannot forge a
-    boundary (Hugging Face would match them: the one deliberate difference)."""
+    """A tiktoken Encoding plus what tiktoken does not model, as the tokenizer's files say: nfc (NFC first,
+    as Qwen's normalizer), inline (added tokens matched inside ordinary text, as Hugging Face does), prefix and
+    suffix (what add_special_tokens puts around a text), bos_token and eos_token, missing (the single bytes the
+    vocabulary lacks, dropped: encode_lossy) and unk (their unk token instead, where declared: encode_unk). A
+    document is wrapped as a text is, or gets the EOS after it. Special tokens in text are encoded as ordinary text,
+    so data cannot forge a boundary (the one deliberate difference from Hugging Face). docs/data.md, "Tokenizers"."""
 
     def __init__(self, name, *, pat_str, mergeable_ranks, special_tokens, nfc=False, inline=(),
                  inline_normalized=(), bos_token=None, eos_token=None, prefix=(), suffix=(), unk=None):

@@ -111,13 +111,7 @@ PLANS = {  # what --plan sets (each key may still be given after it)
 }
 def study_keys(variants):
     return dict(
-        plan=Key('pilot', "pilot: the 4 core variants, seeds 1-3, ce and kd; full: v1, the committed study (every "
-                 "arm, core seeds 1-6 ce and 1-8 kd, affine_gated and softmax1 seeds 1-3, control seeds 1-5); v2: the "
-                 "sealed confirmatory study (kd, seeds 1-12, two larger teachers); gpu: v2's design larger, on one "
-                 "GPU (kd, seeds 1-3); v3: every claim of v1 and v2, sealed (kd, seeds 201-212, four "
-                 "teachers); v3_gpu: v3 at the GPU plan's scale (kd, seeds 401-409, three teachers); v3_pilot: "
-                 "v2's recipe and teacher shape, softmax students alone (kd, seeds "
-                 "901-903, teacher 900), to choose v3's payoff measure (end.payoff)",
+        plan=Key('pilot', "a study's settings by name (PLANS; docs/analysis.md, The sink study)",
                  choices=tuple(PLANS), expands=PLANS),
         out_dir=Key('out/sink_study', "where the train.py runs (train/) and their logs (logs/) go"),
         report_dir=Key('', "where the records (runs/), results.json, report.md and the figures go (default: out_dir)"),
@@ -132,24 +126,20 @@ def study_keys(variants):
         extra_seeds=Key([1, 2, 3], "the ce and kd seeds of affine_gated and softmax1 (when in --variants)", min=0),
         control_seeds=Key([1, 2, 3, 4, 5], "the control arm's seeds (affine and gated, kd, no decay on "
                           "alpha_proj, g_proj)", min=0),
-        teachers=Key([1, 2], "the ce softmax seeds the kd students distil from (student s: the ((s - 1) mod count)-th)",
+        teachers=Key([1, 2], "the softmax teachers' seeds (student s distils from the ((s - 1) mod count)-th)",
                      min=0),
         tokens=Key(3_000_000, "training tokens per run", min=1),
         device=Key('cpu', "cpu, cuda, cuda:1, ... (every run on it)"),
         jobs=Key(0, "runs at once (0: one per CPU core on cpu; on a GPU, GPU_JOBS side by side)", min=0),
         config=Key([CONFIG], "the recipe: the train.py config files every run starts from, in order"),
-        teacher_config=Key([], "config files the kd teachers add to the recipe (v2: a larger shape, arm teacher); "
-                            "none: the teachers are the ce arm's softmax runs of the recipe (v1)"),
+        teacher_config=Key([], "config files the kd teachers add to the recipe (none: the ce arm's softmax runs)"),
         report_only=Key(False, "write results.json and report.md from the records there are, train nothing"),
         claims=Key('v1', "the claims tested (study_results.CLAIM_SETS): v1's, in the kd and ce arms; v2's, v3's "
                    "and v3_gpu's, in the kd arm", choices=tuple(CLAIM_SETS)),
-        subset=Key(False, "report on the records this command plans even though runs/ holds others (of other seeds "
-                   "or settings: the report lists them); without it such records stop the study before any work"),
-        mirror_dir=Key('', "a folder that leaves the machine (a lent GPU's $OUT): each record copied there as it is "
-                       "written, state.json, and each finished teacher's weights; the same command on a fresh machine "
-                       "with the folder copied back goes on from it (docs/analysis.md); '': no mirror"),
-        dry_run=Key(False, "plan, train nothing, write nothing: each run shape's memory plan (train.py --dry_run=True) "
-                    "and the schedule of the --jobs slots, its times estimated from the GPU plan's first attempt"),
+        subset=Key(False, "report on the planned records though runs/ holds others (else they stop the study)"),
+        mirror_dir=Key('', "a folder that leaves a lent machine ($OUT): records, state and teachers copied there "
+                       "(docs/analysis.md)"),
+        dry_run=Key(False, "train and write nothing: each run shape's memory plan and the schedule (ESTIMATE)"),
     )
 
 # -----------------------------------------------------------------------------

@@ -690,8 +690,7 @@ CHECK_KEYS = ('check_json', 'check_parts', 'check_batch_size', 'steps', 'kd_toke
 
 
 KEYS = dict(
-    check=Key(False, 'validate this machine end to end instead of the benchmark sections: runs tools/gpu_check.py with '
-              'the flags below marked --check, --steps and --kd_tokens (python -m tools.gpu_check --help)'),
+    check=Key(False, 'instead of the benchmarks, the GPU acceptance run (tools/gpu_check.py, with --check_*)'),
     check_json=Key(None, "--check: tools/gpu_check.py's --check_json", types=(str,)),
     check_parts=Key(None, "--check: tools/gpu_check.py's --check_parts", types=(list,)),
     check_batch_size=Key(None, "--check: tools/gpu_check.py's --check_batch_size", types=(int,), min=1),
