@@ -5,21 +5,9 @@ the hub:
     python export_hf.py --ckpt=out/affine_1b --out_dir=hf/affine_1b
     python export_hf.py --ckpt=out/softmax_1b/ckpt.pt --out_dir=hf/softmax_1b --dtype=bfloat16
 
-What it writes into out_dir:
-  softmax       a plain Llama (Qwen2 with q/k/v biases) model: transformers' own LlamaForCausalLM / Qwen2ForCausalLM
-                load it, no remote code (model.ModelConfig.hf_native: softmax without the gate).
-  every other   config.json with our ModelConfig (under model_config) and an auto_map to hf_wrapper.py, shipped with
-  model         this repository's own code files (CODE_FILES): AutoModelForCausalLM.from_pretrained(dir,
-                trust_remote_code=True) builds our GPT, so the exported model computes what the trained one did.
-  and always    the weights as model.safetensors (shards + model.safetensors.index.json above --max_shard_size; the
-                variant's own tensors included, alpha_ma, sinks), generation_config.json, and the tokenizer the run
-                trained with: the teacher's Hugging Face tokenizer files, or for --tokenizer=bytes a generated
-                tokenizer.json with the same ids.
-The files are the ones transformers 4.x and 5.x both read (config.json keeps rope_theta / rope_scaling at the top
-level, as the hub's Llama-3 checkpoints do; tokenizer_config.json names PreTrainedTokenizerFast).
-
-Nothing half-written: the directory is assembled beside out_dir under a hidden name, checked (transformers must load it
-and give our logits, on a right-padded batch; its tokenizer must give our token ids), and only then renamed to out_dir.
+A softmax model is a plain Llama (or Qwen2) that transformers loads without remote code; every other variant ships
+this repository's network (CODE_PATHS) with an auto_map to hf_wrapper.py. The directory is assembled under a hidden
+name, checked (transformers must give our logits and token ids), then renamed to out_dir. docs/export.md.
 """
 import copy
 import json

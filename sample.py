@@ -8,16 +8,8 @@ directory. Each sample is printed decoded, followed by a line of dashes.
     python sample.py --ckpt=out/affine_1b/ckpt.pt --start=FILE:prompt.txt --temperature=0   # greedy
     python sample.py --ckpt=checkpoints/SmolLM2-360M --start="The capital of France is" --top_k=50
 
-Generation is GPT.generate (model.py): a KV cache where a variant's outputs do not depend on the length of the call,
-a full recomputation of the window each step where they do (affine with affine_bias_norm='seq_len',
-ModelConfig.outputs_depend_on_length); contexts longer than the model's block_size keep their last block_size tokens.
-
-The prompt starts as the model's training data did: with the token every training window began with (train.py's
-first_token='prefix'), else with the token the tokenizer puts before a text (Llama-3's <|begin_of_text|>; none for
-the byte tokenizer, GPT-2, Qwen, SmolLM); then --start, encoded as ordinary text (a special token's string in it is
-text). --start defaults to "\\n" as in nanoGPT, or to nothing where the prompt already begins with such a token,
-which is not printed. The tokenizer is the one the checkpoint was trained with (checked by its sha256), or a
-Hugging Face directory's own.
+Generation is GPT.generate (model.py); the prompt starts as the model's training data did, then --start, encoded
+as ordinary text; the tokenizer is the run's own (checked by its sha256). docs/implementation.md, "Generation".
 """
 import sys
 from types import SimpleNamespace

@@ -7,14 +7,9 @@ Train a student with the paper's recipe (Section 5.1, Appendix B.1), on one CPU 
         train.py config/affine_3b.py                                                      # 16 GPUs, FSDP (fsdp=True)
     python train.py config/affine_3b.py --dry_run=True                      # parameter counts, per-GPU memory plan
 
-Configuration, nanoGPT-style (configurator.py): the keys' defaults (lmkit/runs.py), then each config file (plain
-assignments), then --key=value overrides. Unknown keys and wrong types are errors. The resolved config is written
-to out_dir/config.json.
-
 Reading order: train, at the bottom, is the loop as nanoGPT writes it (forward, loss, backward, clip, step, log,
-eval, save); main, below it, checks everything it can before writing, then holds out_dir for the run. Above them:
-the setup they call, the records, the checks, and the pieces of a step. docs/training.md has the data order, the
-scaling (DDP, FSDP2, activation checkpointing) and the resume rule.
+eval, save); main, below it, checks everything before writing. Above them: the setup, the records, the checks, the
+pieces of a step. The keys: lmkit/runs.py; the data order, scaling and the resume rule: docs/training.md.
 """
 import dataclasses
 import hashlib

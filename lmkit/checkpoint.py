@@ -1,26 +1,11 @@
 """
 Checkpoints in and out: this repo's training checkpoints (ckpt.pt) and Hugging Face model directories, read and
-written. Every file a model is read from or written to goes through here, so every reader gets the same checks and
-the same one-line errors (CheckpointError, a ValueError naming the file, what is wrong and what to do).
-
-model.py stands alone (the network); this file reads and writes what it is made of, as dicts and tensors, and imports
-nothing of model.py; lmkit/loading.py builds a GPT from them.
-
-ckpt.pt, written by train.py: one torch.save'd dict,
-    model         the GPT's state dict: full tensors keyed by parameter name (never sharded, whatever the run's ranks)
-    optimizer     AdamW's full state, keyed by parameter name (torch.distributed.checkpoint's full_state_dict layout)
-    step          optimizer steps done
-    rng           the python / numpy / torch / cuda generators' states (a bit-exact resume)
-    config        the run's resolved train.py config
-    model_config  ModelConfig's fields
-    tokenizer     the data's tokenizer record (meta.json's: family, spec, sha256, ...)
-    data          what identifies the data: the tokenizer's sha256 and each split's token count
-Reading one runs no code from it (read_checkpoint): a pickle may name any function to call as it is read, and a
-checkpoint may name only what torch.save writes for tensors and numpy's random state (allowed_global); anything else
-is refused by name before any of it is unpickled, and torch.load(weights_only=True) then reads it as data.
-A Hugging Face directory: config.json, and model.safetensors or the shards that model.safetensors.index.json lists.
-Llama / Mistral / Qwen2 as published, or one that export_hf.py wrote: its config.json then carries our ModelConfig
-under model_config and the run's tokenizer record under tokenizer_info.
+written as dicts and tensors (lmkit/loading.py builds a GPT from them; this file imports nothing of model.py). Every
+file a model is read from or written to goes through here, so every reader gets the same checks and the same
+one-line errors (CheckpointError). Reading a ckpt.pt runs no code from it: its pickle may name only what torch.save
+writes for tensors and numpy's random state (allowed_global), else it is refused by name before any of it is
+unpickled. What ckpt.pt holds: docs/training.md, "Checkpoints and preemption"; a Hugging Face directory's files:
+docs/export.md.
 """
 import io
 import json

@@ -1,18 +1,10 @@
 """
-The Hugging Face face of model.py: an export's config.json (hf_config), and for every model that transformers' own
-classes do not compute (all but plain softmax: model.ModelConfig.hf_native) the code export_hf.py copies into the
-export beside model.py and attention_kernels.py, the network alone: this file, to which config.json maps
-transformers' Auto classes:
-
-    model = AutoModelForCausalLM.from_pretrained('hf/affine_1b', trust_remote_code=True)
-
-The model is this repository's GPT, built from the ModelConfig that config.json carries; every number comes from
-model.py. This file only translates: a right-padded attention_mask into model.py's seq_lens (affine's N is each
-sequence's real length), labels into shifted targets, and the logits into transformers' output class.
-
-generate() recomputes the whole sequence at every step (no transformers cache): exact for every variant, as
-GPT.generate is for affine (whose N changes with the length). Padding must be on the right, so generate() takes
-prompts of one length (or one prompt) at a time.
+The Hugging Face face of model.py: an export's config.json (hf_config) and, for every model transformers' own classes
+do not compute (ModelConfig.hf_native), the code export_hf.py copies beside model.py and attention_kernels.py, to
+which config.json maps the Auto classes (trust_remote_code=True). The model is this repository's GPT; this file only
+translates: a right-padded attention_mask into seq_lens, labels into shifted targets, the logits into transformers'
+output class. generate() recomputes the whole sequence at every step (no cache): exact for every variant, with
+prompts of one length at a time. docs/export.md has the rest.
 """
 import dataclasses
 

@@ -1,21 +1,13 @@
 """
-Every measurement of a model's attention and activations, each defined once: what train.py's evaluations log,
-analyze.py's figures and numbers, study/sink_study.py's results and the quick start's real-model table all read.
-
-Each attention measure reads a layer as the model's own forward gives it (inspect_attention) through the layer's
-explicit weights (model.Attention.weights, the T x T form of every variant), in float64. Rows need not sum to one:
-affine's weights are alpha * softmax + beta (beta < 0 where alpha > alpha_ma, so a weight can be negative), and sink
-and softmax1 leave a null slot's mass out of every row (Variant.sink). How each measure treats both is in its
-docstring; docs/analysis.md gathers the definitions, their sources and the numbers of a real model.
-
-  where attention goes  first_token_weights: raw weight, share, null mass, first-token-or-null (per layer and head)
-  Gu et al.'s Sink_1    sink_scores (the rate: sink_rate), sink_rates for their own setting (100 x 64)
-  affine's alpha        alpha_summary: mean, spread across queries, clipping
-  Kobayashi et al.      value_weighted_first_token: the first token's share of the value-weighted contributions
-  outliers              activation_outliers: max |x| and kurtosis (Bondarenko et al.) of the attention and FFN outputs,
-                        the residual stream's max |x|; outlier_means over many sequences
-  what a sink costs     w8a8_losses (simulated 8-bit quantization; quantized_losses at any bit widths),
-                        knockout_losses (StreamingLLM's eviction)
+Every measurement of a model's attention and activations, each defined once, for train.py's evaluations,
+analyze.py, the sink study and the quick start's real model. Attention measures read each layer's explicit weights
+(model.Attention.weights) on the inputs the model's own forward gives it (inspect_attention), in float64; rows need
+not sum to one (affine's can hold negative weights; sink's and softmax1's leave out a null slot's mass).
+  where attention goes  first_token_weights; Gu et al.'s Sink_1: sink_scores, sink_rate, sink_rates
+  affine's alpha        alpha_summary; Kobayashi et al.: value_weighted_first_token
+  outliers              activation_outliers, outlier_means (Bondarenko et al.)
+  what a sink costs     w8a8_losses, quantized_losses, knockout_losses (StreamingLLM's eviction)
+docs/analysis.md, "The sink's measures", gathers the definitions, their sources and a real model's numbers.
 """
 import statistics
 from contextlib import contextmanager

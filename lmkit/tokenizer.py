@@ -1,17 +1,9 @@
 """
 Tokenizers: Hugging Face's byte-level BPE tokenizers (GPT-2, Llama-3, Qwen, SmolLM style), tiktoken BPE files and the
-'bytes' tokenizer, each rebuilt from its own files as a tiktoken Encoding that gives the ids Hugging Face's does.
-prepare_data.py tokenizes corpora with it; distill.py, eval_zeroshot.py, analyze.py, export_hf.py and tools/bench.py
-load a run's tokenizer with it or check one against meta.json's record. It needs NumPy and tiktoken only and imports no
-other module of this repo but files.py (pure Python), so importing it stays cheap (prepare_data.py's tokenizer workers
-do).
-
-    from lmkit.tokenizer import load_tokenizer, encode_document, tokenizer_info
-
-load_tokenizer(spec) gives 'bytes', a tiktoken BPE file or any Hugging Face byte-level BPE tokenizer, read from its
-own files, as a tiktoken Encoding; encode_document(enc, text) a document's ids with its boundary tokens
-(enc.dropped_bytes(text): how many bytes of it a vocabulary without them drops); tokenizer_info(enc, spec) what
-meta.json records about the tokenizer (data.py reads meta.json and the shards).
+'bytes' tokenizer, each rebuilt from its own files as a tiktoken Encoding that gives the ids Hugging Face's does
+(load_tokenizer); a document's ids with its boundary tokens (encode_document); what meta.json records about a
+tokenizer (tokenizer_info). NumPy, tiktoken and files.py only, so importing it stays cheap (prepare_data.py's
+tokenizer workers do). docs/data.md, "Tokenizers", has the rules.
 """
 import base64
 import functools
