@@ -1,43 +1,14 @@
 """
 The sink study: does softmax attention, trained by this repo, grow a first-token sink, and do the paper's claims
-about each attention variant hold where it does? Figure 4's picture (the first token's weight per layer, affine <
-sink < softmax) and the paper's other claims, at a scale two CPU cores can train, with enough seeds for tests that
-were fixed before the runs (study_results.CLAIMS; study/significance.py), measured as the field measures a sink
-(probes.py). This file plans, runs and records; study/study_results.py turns the records into verdicts and words.
+about each variant hold where it does? Figure 4's picture and the paper's other claims, at a scale two CPU cores
+train, with tests fixed before the runs (study_results.CLAIMS, study/significance.py). This file plans, runs and
+records; study/study_results.py turns the records into verdicts and words. docs/analysis.md, "The sink study", has
+the recipe (the same for every variant), the arms, the seal and the records.
 
-    python -m study.sink_study                      # the pilot: 4 variants x 3 seeds x 2 arms ->
-    out/sink_study/report.md
-    python -m study.sink_study --plan=full --report_dir=docs/sink_study   # the committed study (about 80 runs, in
-    parts)
-    python -m study.sink_study --device=cuda                              # 4 runs side by side on one GPU
+    python -m study.sink_study                                            # the pilot -> out/sink_study/report.md
     python -m study.sink_study --plan=v2 --report_dir=docs/sink_study_v2  # v2, sealed (docs/analysis.md, "The seal")
-    python -m study.sink_study --plan=gpu --report_dir=docs/sink_study_gpu   # v2's design larger, on one GPU (sealed
-    first)
-    python -m study.sink_study --variants=softmax,affine --seeds=1,2,3 --arms=ce --tokens=2000000 --learning_rate=1e-3
-    python -m study.sink_study --plan=v3_gpu --dry_run=True   # memory plans and the schedule (ESTIMATE); trains nothing
-    python -m study.sink_study --plan=v3_gpu --report_dir=docs/sink_study_v3_gpu --mirror_dir=$OUT/v3_gpu   # on a lent
-    GPU: records and teachers copied off the machine as they are made, and a fresh machine goes on from them
-
-The recipe (config/sink_study.py; docs/analysis.md tells how it was found): the quick start's tiny shape on 128-token
-windows of Python's standard library (prepare_data.py --source=stdlib, byte tokens) that all begin with
-<|endoftext|> (train.py's first_token='prefix'), trained with a large learning rate and weight decay: the setting in
-which Gu et al. (ICLR 2025, arXiv 2410.10781) find that softmax grows a sink. Every variant gets the same recipe,
-data, tokens and seeds; none is tuned on its own. Any train.py key given here (--learning_rate=...) changes the
-recipe of every run alike.
-
-Arms: kd, the paper's setting (Figure 4 shows distilled students): each variant distilled (pure KD) from a ce
-softmax run, student seed s from teacher --teachers[(s - 1) mod count], so that students are permuted within a
-teacher; ce, each variant trained from scratch with cross-entropy (outside the paper's setting); control, kd with
-weight decay off on alpha_proj and g_proj (train.py's no_decay), for affine and gated; recipe, the ce softmax run of
-seed 0, the seed the recipe was searched on, reported and never tested (no seed 0 enters a test).
-
-Each run is one train.py run in out_dir/train/<arm>_<variant>_s<seed> (its metrics.jsonl and ckpt.pt), --jobs at a
-time. Its evaluations measure the attention on fixed validation windows (probes.sink_record); at its end the study
-measures Gu et al.'s own setting, W8A8 and the knockout on its checkpoint, and writes its record,
-report_dir/runs/<name>.json (study/study_records.py validates every file there before use). results.json, report.md and
-the figures aggregate the records this command plans; a record of other seeds or settings stops it unless
---subset=True. A re-run trains only what has no record that may stand for it, continuing interrupted runs from their
-checkpoints; SIGTERM or Ctrl-C stops the runs cleanly, and the same command continues them.
+    python -m study.sink_study --plan=v3_gpu --dry_run=True               # memory plans and schedule (ESTIMATE)
+    python -m study.sink_study --plan=v3_gpu --report_dir=docs/sink_study_v3_gpu --mirror_dir=$OUT/v3_gpu  # a lent GPU
 """
 import collections
 import contextlib

@@ -6,29 +6,11 @@ prints a Markdown table under its own heading; progress goes to stderr. Timings 
     python -m tools.bench                                        # every section at the sizes below
     python -m tools.bench --sections=attention,train --steps=7   # some sections
     python -m tools.bench --sections=kd --kd_tokens=1024 --kd_hidden=512    # KD at V = 128,256 in ~2.5 GiB, not ~20
-
-Sections:
-  attention  per variant at T = 1024 and 2048: forward+backward time and peak memory of one training step,
-             as ratios to softmax; "affine (explicit T x T)" is Eq. 6 as a user would first write it from the
-             paper, the peer our O(T) affine is measured against
-  kd         distill.fused_kd_loss vs the naive full-logits KL at V = 128,256, 8,192 tokens, hidden 2048; the
-             naive path (~20 GiB) is skipped, with its estimate printed, where it would not fit in memory
-  train      tokens/s and MFU of real AdamW steps of a small model: lmkit.measure.flops_per_token x tokens/s over the
-             device's measured matmul peak at the model's matmul shapes (lmkit.measure.measured_matmul_flops)
-  eval       docs/s of eval_zeroshot's batched scoring vs one request per forward, synthetic 4-choice docs
-  harness    eval_zeroshot vs lm-evaluation-harness 0.4.9 on a real model (--harness_model, lm_eval in --harness_env):
-             whole processes on the six tasks, and in process on synthetic documents
-  study      the sink study's runs: tokens/s of train.py as the study starts it (eager, and compiled as the study
-             runs it; its seconds outside the steps) against a plain PyTorch loop on the same shape; 2 one-thread
-             processes side by side against one with 2 threads
-  threads    train.py config/tiny_cpu.py at 1 and 2 threads, OpenMP's idle threads spinning or sleeping, alone and
-             with every core shared with another job
-
-Peak memory: CUDA's allocator peak (max_memory_allocated) on GPU; on CPU the rise of the process's peak
-resident set size during the measured step (VmHWM, reset through /proc/self/clear_refs), with glibc's mmap
-threshold pinned so that every freed tensor really leaves the process (lmkit.measure.PeakMemory, set_mmap_threshold).
-
     python -m tools.bench --check     # the GPU acceptance run, pass/fail: tools/gpu_check.py, which this hands over to
+
+Sections: attention (each variant's step vs softmax and vs the explicit T x T affine), kd (fused vs naive), train
+(tokens/s, MFU), eval (batched vs one by one), harness (vs lm-evaluation-harness 0.4.9), study (the sink study's
+runs vs a plain loop), threads. What each measures, and how peak memory is read: docs/benchmarks.md.
 """
 import dataclasses
 import ctypes

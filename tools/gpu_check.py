@@ -1,29 +1,15 @@
 """
 The GPU acceptance run: one command that validates a machine end to end before a run of a day or more, each check
-PASS or FAIL (or a report), then one Markdown table (section, check, result, what was measured, the target), with the
-same rows in a JSON file written as they are measured (--check_json), so that a run cut short keeps them. It needs no
-network and reads nothing but this repository. Exit status 1 if a pass/fail check failed.
+PASS or FAIL (or a report), then one Markdown table, with the same rows in a JSON file written as they are measured
+(--check_json), so that a run cut short keeps them. No network; exit status 1 if a pass/fail check failed.
 
     python -m tools.gpu_check                          # every part this machine can run (the GPU parts only with CUDA)
     python -m tools.gpu_check --check_parts=torchrun   # some parts
-    python -m tools.bench --check                      # the same run: tools/bench.py hands its check flags over to this
-    file
+    python -m tools.bench --check                      # the same run: tools/bench.py hands its check flags over
 
-Parts (docs/benchmarks.md has the targets, and the runs so far):
-  kernels   the test suite's fast-path-vs-float64-reference tests, run by pytest: the CUDA ones on a GPU, the float32
-            attention references and the KD loss in training precision on CPU
-  torchrun  train.py under torchrun on one device with a KD teacher (every variant on CUDA, affine on CPU): a DDP run
-            stopped by SIGTERM, resumed under FSDP: the step reached is saved, the loss curve continues and falls,
-            the checkpoint loads on CPU
-  ddp       (GPU) distributed.wrap_ddp keeps every gradient once, as views into DDP's buckets, after a no_sync
-            micro-step
-  variants  (GPU) one training step of every variant at the 1B shape of config/affine_1b.py, compiled, against
-            softmax (each variant's Variant.check_time) and against Eq. 6 with the explicit T x T matrix
-  kd        (GPU) fused_kd_loss against the naive bf16 KD at V = 128,256: the same values and gradients, time, memory
-  mfu       (GPU) tokens/s and MFU of config/affine_1b.py's KD step with a 3B-shaped teacher at the largest
-            micro-batch the memory plan lets fit, and its peak memory against that plan
-On a machine without a GPU the CPU parts run, the last row says that the GPU parts were skipped, and the exit
-status is 0.
+Parts: kernels (the fast paths against their float64 references), torchrun (train.py stopped, resumed under FSDP,
+with a teacher), and on a GPU ddp, variants (each 1B step against its ceiling), kd and mfu. Without a GPU the CPU
+parts run and the exit status is 0. docs/benchmarks.md has each part's checks, targets and the runs so far.
 """
 import gc
 import importlib.util
