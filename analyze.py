@@ -1,26 +1,15 @@
 """
-The paper's analyses (Section 4, Appendix A-B) and its tables, one command per job; each job writes PNG figures
-(runs overlaid or side by side, labelled by method), numbers.json with every number behind them and report.md
-embedding both into --out_dir. Only the report's own files are written there (a failure leaves the previous report
-in place); a directory holding another tool's outputs (a run, data, a model) is refused. matplotlib is needed for the
-figures (pip install matplotlib).
+The paper's analyses (Section 4, Appendix A-B) and its tables, one command per job; each job writes PNG figures,
+numbers.json with every number behind them and report.md embedding both into --out_dir (only the report's own files;
+a directory holding another tool's outputs is refused). matplotlib is needed for the figures.
 
     python analyze.py attention out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_attention
     python analyze.py runs out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_runs
     python analyze.py table out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_table
 
-attention: from checkpoints (train.py out_dirs, ckpt.pt files or Hugging Face directories) on held-out text
-    (default as Appendix A.1: 10 sequences of 1,024 tokens of C4 validation, from the hub, which offline is refused
-    in seconds; or --data=a prepare_data.py directory or a UTF-8 text file, offline): per layer and head, from each
-    variant's effective attention weights (Attention.weights, the model's own q/k/v/alpha code): Figure 3 (per-query
-    row sums), 4 (first-token weight), 5 (per-head total weight), 6 (entropy), 9 (a layer's top-left 30 x 30 block),
-    and alpha / alpha_ma (affine) or sink logits. A short text is read as far as it goes: fewer sequences, and fewer
-    windows for Gu et al.'s setting and W8A8's ranges, or none (the measure is skipped); the report says which.
-runs: from train.py's metrics.jsonl: Figures 2, 7, 8, 10 and Tables 4-5 (gradient-norm statistics and spikes).
-table: Tables 1-3: per method, ΔParams, final training loss (KD or CE loss, labelled), perplexity and the
-    zero-shot accuracies of eval_zeroshot.py --out=<run>/eval.json with their average, best per column in bold;
-    several seeds of one method are reported as mean ± std. One table per training objective (CE, or KD from a
-    teacher) and data set: rows of different ones are never pooled or ranked together.
+attention: Figures 3-6 and 9, alpha and sinks, the sink's measures, from checkpoints on held-out text; runs: Figures
+2, 7, 8, 10 and Tables 4-5 from metrics.jsonl; table: Tables 1-3, one per training objective and data set.
+docs/analysis.md has each job.
 """
 import json
 import math

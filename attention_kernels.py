@@ -1,17 +1,10 @@
 """
 How model.py's attention runs on the hardware, kept apart from the math (model.py says what each variant computes,
-this file which kernel computes it), the way nanochat's flash_attention.py separates them:
-
-  softmax_attention   Eq. 1 through PyTorch's fused SDPA kernels (flash / memory-efficient / cuDNN)
-  sink_attention      Eq. 3 in O(T) memory with exact gradients (SinkAttention, on the kernels' log-sum-exp) on CPU
-                      and CUDA; the explicit matrix (sink_attention_explicit) elsewhere
-  kv_for_kernel       grouped-query attention: K/V with n_kv_head heads where the kernel reads the groups itself,
-                      repeated to every query head where it does not (needs_repeated_kv: CUDA float32)
-  attention_scores,   the explicit T x T forms, at least float32: the slow reference every variant's written form
-  sink_weights        (model.Attention.weights) starts from, and the sink's fallback
-  KVCache             a layer's keys and values kept across calls (generate, and scoring continuations of a
-                      context: rows of different lengths, hence masks and positions per row)
-
+this file which kernel computes it), the way nanochat's flash_attention.py separates them: softmax_attention (Eq. 1
+through PyTorch's fused SDPA kernels), sink_attention (Eq. 3 in O(T) memory with exact gradients: SinkAttention, on
+the kernels' log-sum-exp; the explicit matrix elsewhere), kv_for_kernel (grouped K/V as the kernel takes them),
+attention_scores and sink_weights (the explicit T x T forms every variant's written form starts from), and KVCache
+(a layer's keys and values across calls: decoding, and scoring the continuations of a context).
 Paper: https://arxiv.org/abs/2602.23057 (Eq. 1 and 3 in its Sections 2.2-2.3).
 """
 import math

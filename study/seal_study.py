@@ -44,7 +44,8 @@ def main(argv=None):
     keys = dict(commit=Key(None, "the seal commit (any name git knows it by)", types=(str,), required=True),
                 report_dir=Key(None, "the sealed study's report directory (its seal.json is written there)",
                                types=(str,), required=True))
-    args = parse(sys.argv[1:] if argv is None else argv, keys, __doc__.split('\n\n')[1], prog='study/seal_study.py')
+    args = parse(sys.argv[1:] if argv is None else argv, keys, __doc__.split('\n\n')[1],
+                 prog='python -m study.seal_study')
     out = os.path.join(ROOT, args['report_dir'])
     if read_seal(out) is not None:
         raise RunError(f"{args['report_dir']}/{SEAL_FILE} exists: a study is sealed once")

@@ -1,22 +1,14 @@
 """The tables of README.md and docs/*.md that the code computes, so that they cannot drift from it: the paper
-configs' parameter counts (ΔParams), the per-GPU memory plan of every paper row (memory_plan.py, what
-`python train.py config/<row>.py --dry_run=True` prints), and the time estimates that follow from the FLOPs per
-token (lmkit.measure.flops_per_token) at an assumed MFU. No GPU, data or checkpoint is needed: every model is built on
-the meta device, and each teacher has its published shape (memory_plan.KNOWN_TEACHERS).
+configs' parameter counts (ΔParams), the per-GPU memory plan of every paper row (what train.py --dry_run=True
+prints), and the time estimates that follow from the FLOPs per token at an assumed MFU. No GPU, data or checkpoint
+is needed: every model is built on the meta device, each teacher has its published shape.
 
     python -m tools.memory_tables           # print every table, each under its marker name
     python -m tools.memory_tables --write   # put them into README.md and docs/*.md, between their markers
     python -m tools.memory_tables --check   # exit 1 when a file holds another text (tests/test_docs.py does this)
-    python -m tools.memory_tables --measure # the plan of each row against the peak MemTracker measures in a
-                                              # training micro-step on fake tensors at full depth, the config's own
-                                              # mode (memory_measure.fake_peak_memory; 20-45 s a row): printed, not
-                                              # written
+    python -m tools.memory_tables --measure # each row's plan against a fake-tensor measurement (20-45 s a row)
 
-A file holds a table as
-    <!-- memory_tables.py:start NAME -->
-    ...
-    <!-- memory_tables.py:end NAME -->
-and --write replaces only what lies between the two lines.
+A table lies between <!-- memory_tables.py:start NAME --> and <!-- memory_tables.py:end NAME -->.
 """
 import glob
 import os
@@ -318,7 +310,7 @@ def stale(generated):
 
 
 def main(argv):
-    args = parse(argv, dict(write=False, check=False, measure=False), __doc__, prog='tools/memory_tables.py')
+    args = parse(argv, dict(write=False, check=False, measure=False), __doc__, prog='python -m tools.memory_tables')
     if args['measure']:
         print(measured_table(rows()))
         return 0
