@@ -303,7 +303,7 @@ def planned_run(argv, cwd=''):
     it reached (None: none), changed_settings' as 'key old -> new', max_iters among them (then: RESTART)."""
     c = load_config(argv)
     c['dtype'] = resolve_dtype(c['dtype'], resolve_device(c['device']))  # as setup_run resolves it
-    path = os.path.join(cwd, c['out_dir'], CKPT_NAME)
+    path = checkpoint_path(os.path.join(cwd, c['out_dir']))
     if not os.path.exists(path):
         return run_config(c), None, []
     then = read_checkpoint(path, keys=('step', 'config'))
