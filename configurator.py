@@ -1,13 +1,15 @@
 """
-The one configurator every script uses. A script declares its keys once (name -> default or Key: help, choices,
-its valid range, the types a None default may take) and the rules that tie them together; a command line becomes a
-dict of checked values: the defaults <- config files (plain assignments) <- overrides, then the rules.
+The one configurator every script uses. A script declares its keys once (name -> default or Key:
+help, choices, its valid range, the types a None default may take) and the rules that tie them
+together; a command line becomes a dict of checked values: the defaults <- config files (plain
+assignments) <- overrides, then the rules.
 
     --key=value   --key value   --flag (a bool key alone: True)   --key=a,b,c (a list key)   -h / --help
 
-A value is read by its key's type (str as written, bool, a list split at commas, else a Python literal). Errors are
-argparse's kind: a usage line and one line naming the key, exit status 2. docs/training.md, Configuration, has the
-rest. Pure Python on purpose: quickstart.py parses its flags before torch is installed.
+A value is read by its key's type (str as written, bool, a list split at commas, else a Python
+literal). Errors are argparse's kind: a usage line and one line naming the key, exit status 2.
+docs/training.md, Configuration, has the rest. Pure Python on purpose: quickstart.py parses its
+flags before torch is installed.
 """
 import ast
 import copy
@@ -16,7 +18,8 @@ import sys
 import traceback
 from dataclasses import dataclass
 
-BOOLS = {'True': True, 'true': True, '1': True, 'yes': True, 'False': False, 'false': False, '0': False, 'no': False}
+BOOLS = {'True': True, 'true': True, '1': True, 'yes': True, 'False': False, 'false': False,
+         '0': False, 'no': False}
 
 
 @dataclass
@@ -24,13 +27,16 @@ class Key:
     default: object
     help: str = ''
     choices: tuple = None  # the values it may take (a list key: each element)
-    min: float = None  # its range (a list key: each element's): min <= value <= max, and above < value < below
+    # its range (a list key: each element's): min <= value <= max, and above < value < below
+    min: float = None
     max: float = None
     above: float = None  # where the bound itself is invalid: a learning rate above 0
     below: float = None
-    types: tuple = ()  # with a None (or dict) default: the types it may take besides None; else the default's type
+    # with a None (or dict) default: the types it may take besides None; else the default's type
+    types: tuple = ()
     required: bool = False  # must be given (not None)
-    expands: dict = None  # value -> {key: value, ...}: setting this key sets those keys, there and then (train's model)
+    # value -> {key: value, ...}: setting this key sets those keys, there and then (train's model)
+    expands: dict = None
 
 
 # the --device every script takes (lmkit.distributed.resolve_device reads it)
@@ -38,7 +44,8 @@ DEVICE = Key('auto', "auto (cuda if available), cpu, cuda, cuda:1, ...")
 
 
 def fail(message, usage=''):
-    """argparse's way out: usage and message on stderr, exit status 2; the exception's text is the message."""
+    """argparse's way out: usage and message on stderr, exit status 2; the exception's text is the
+    message."""
     print(f"{usage}error: {message}", file=sys.stderr)
     error = SystemExit(message)
     error.code = 2
@@ -46,9 +53,10 @@ def fail(message, usage=''):
 
 
 def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=()):
-    """The checked config (a dict) of argv, for `keys` (name -> default or Key). positional: the name of the list
-    the bare arguments make (at least one), files=True: they are config files; neither: they are errors. rules:
-    expressions over the keys that must hold once every key is set, e.g. 'min_lr <= learning_rate'."""
+    """The checked config (a dict) of argv, for `keys` (name -> default or Key). positional: the
+    name of the list the bare arguments make (at least one), files=True: they are config files;
+    neither: they are errors. rules: expressions over the keys that must hold once every key is set,
+    e.g. 'min_lr <= learning_rate'."""
     keys = {name: key if isinstance(key, Key) else Key(key) for name, key in keys.items()}
     prog = prog or os.path.basename(sys.argv[0])
     bare = f' {positional} ...' if positional else ' [config files]' if files else ''
@@ -66,7 +74,8 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=())
     while args:
         arg = args.pop(0)
         if arg in ('-h', '--help'):
-            print(usage + '\n' + doc.strip('\n') + '\n\n' + '\n'.join(describe(n, k) for n, k in keys.items())
+            print(usage + '\n' + doc.strip('\n') + '\n\n'
+                  + '\n'.join(describe(n, k) for n, k in keys.items())
                   + ''.join(f"\n  must hold: {rule}" for rule in rules))
             raise SystemExit(0)
         if files and not arg.startswith('--'):
@@ -74,19 +83,23 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=())
                 fail(f"config file {arg} not found", usage)
             values = {}
             try:
-                with open(arg, 'rb') as f:  # bytes: Python reads the encoding as it reads any source file
+                # bytes: Python reads the encoding as it reads any source file
+                with open(arg, 'rb') as f:
                     exec(compile(f.read(), arg, 'exec'), {}, values)
-            except SyntaxError as e:  # its line counted from 1, as an editor counts (none: null bytes)
+            # its line counted from 1, as an editor counts (none: null bytes)
+            except SyntaxError as e:
                 where = f", line {e.lineno}" if e.lineno else ''
                 fail(f"{arg}{where}: {e.msg}; a config file is Python: fix that line", usage)
             except Exception as e:  # the file ran and raised: the line of the file where it did
-                lines = [frame.lineno for frame in traceback.extract_tb(e.__traceback__) if frame.filename == arg]
+                lines = [frame.lineno for frame in traceback.extract_tb(e.__traceback__)
+                         if frame.filename == arg]
                 where = f", line {lines[-1]}" if lines else ''
-                fail(f"{arg}{where}: {type(e).__name__}: {' '.join(str(e).split())}; a config file is Python: fix that "
-                     f"line", usage)
+                fail(f"{arg}{where}: {type(e).__name__}: {' '.join(str(e).split())}; a config file "
+                     "is Python: fix that line", usage)
             for name, value in values.items():
                 if name not in keys:
-                    fail(f"{arg}: unknown config key {name!r}; valid keys: {', '.join(sorted(keys))}", usage)
+                    fail(f"{arg}: unknown config key {name!r}; valid keys: "
+                         f"{', '.join(sorted(keys))}", usage)
                 set_value(name, value, arg)
             continue
         if not arg.startswith('--'):
@@ -117,7 +130,8 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=())
         fail(f"the following arguments are required: {', '.join(missing)}", usage)
     for rule in rules:  # last: a rule ties keys that may be set in any order
         if not eval(rule, {}, config):
-            named = dict.fromkeys(n.id for n in ast.walk(ast.parse(rule)) if isinstance(n, ast.Name) and n.id in config)
+            named = dict.fromkeys(n.id for n in ast.walk(ast.parse(rule)) if isinstance(n, ast.Name)
+                                  and n.id in config)
             fail(f"{' '.join(f'--{n}={shown(config[n])}' for n in named)}: must have {rule}", usage)
     return config
 
@@ -136,7 +150,8 @@ def read(text, key, where, usage):
         try:
             return [element(v) for v in text.split(',')]
         except ValueError:
-            fail(f"{where}: expected comma-separated {element.__name__} values, got {text!r}", usage)
+            fail(f"{where}: expected comma-separated {element.__name__} values, got "
+                 f"{text!r}", usage)
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -144,35 +159,41 @@ def read(text, key, where, usage):
 
 
 def check(name, key, value, where, usage=''):
-    """The value, validated against the key's type (ints are widened to float), choices and range."""
+    """The value, validated against the key's type (ints are widened to float), choices and
+    range."""
     allowed = key.types + (type(None),) if key.types else (type(key.default),)
     if float in allowed and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
         names = ' or '.join(t.__name__ for t in allowed)
         wanted = ' or '.join(t.__name__ for t in allowed if t is not type(None))
-        fail(f"{where}: {name}={value!r} has type {type(value).__name__}, expected {names} (invalid {wanted} value: "
-             f"{value!r})", usage)
+        fail(f"{where}: {name}={value!r} has type {type(value).__name__}, expected {names} "
+             f"(invalid {wanted} value: {value!r})", usage)
     if key.choices is not None and isinstance(value, list):
         if unknown := [str(v) for v in value if v not in key.choices]:
-            fail(f"{where}: unknown {', '.join(unknown)}; choose from {', '.join(map(str, key.choices))}", usage)
+            fail(f"{where}: unknown {', '.join(unknown)}; choose from "
+                 f"{', '.join(map(str, key.choices))}", usage)
     elif key.choices is not None and value not in key.choices and value is not None:
-        fail(f"{where}: invalid choice: {name}={value!r}; valid values: {', '.join(map(str, key.choices))}", usage)
-    if any(v is not None and not within(key, v) for v in (value if isinstance(value, list) else [value])):
+        fail(f"{where}: invalid choice: {name}={value!r}; valid values: "
+             f"{', '.join(map(str, key.choices))}", usage)
+    if any(v is not None and not within(key, v)
+           for v in (value if isinstance(value, list) else [value])):
         origin = '' if where.startswith('--') else f"{where}: "  # a config file set it
-        fail(f"{origin}--{name}={shown(value)} is out of range: {'each ' if isinstance(value, list) else ''}must be "
-             f"{bounds(key)}", usage)
+        fail(f"{origin}--{name}={shown(value)} is out of range: "
+             f"{'each ' if isinstance(value, list) else ''}must be {bounds(key)}", usage)
     return value
 
 
 def within(key, value):
     """Whether the value (a list key: one element) is in the key's range."""
     return ((key.min is None or value >= key.min) and (key.max is None or value <= key.max)
-            and (key.above is None or value > key.above) and (key.below is None or value < key.below))
+            and (key.above is None or value > key.above)
+            and (key.below is None or value < key.below))
 
 
 def bounds(key):
-    """The key's range as errors and --help write it: '>= 1', '> 0', 'in [0, 1)'; '' if it has none."""
+    """The key's range as errors and --help write it: '>= 1', '> 0', 'in [0, 1)'; '' if it has
+    none."""
     low = key.min if key.min is not None else key.above
     high = key.max if key.max is not None else key.below
     if low is not None and high is not None:

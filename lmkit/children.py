@@ -1,11 +1,12 @@
 """
-The commands a script runs side by side (the quick start's stages, the sink study's runs), started so that a stop
-reaches them through their parent alone, and stopped so that each saves first. Pure Python: quickstart.py uses it
-before torch is installed.
+The commands a script runs side by side (the quick start's stages, the sink study's runs), started
+so that a stop reaches them through their parent alone, and stopped so that each saves first. Pure
+Python: quickstart.py uses it before torch is installed.
 
-Each child runs in a session of its own: a Ctrl-C at the terminal reaches the parent only, which then stops its
-children with SIGTERM (train.py finishes its step, saves and exits). On Linux a child also gets SIGTERM when its
-parent dies without doing so (SIGKILL, a crash): prctl's PR_SET_PDEATHSIG (man 2 prctl).
+Each child runs in a session of its own: a Ctrl-C at the terminal reaches the parent only, which
+then stops its children with SIGTERM (train.py finishes its step, saves and exits). On Linux a child
+also gets SIGTERM when its parent dies without doing so (SIGKILL, a crash): prctl's PR_SET_PDEATHSIG
+(man 2 prctl).
 """
 import ctypes
 import ctypes.util
@@ -21,22 +22,24 @@ STOP_WAIT = 120  # seconds a child may take to finish its step and save before i
 
 
 def _term_with_parent():
-    """In the child, before it runs its command: SIGTERM when the parent dies (Linux; elsewhere nothing)."""
+    """In the child, before it runs its command: SIGTERM when the parent dies (Linux; elsewhere
+    nothing)."""
     libc = ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def start(command, **popen_args):
-    """subprocess.Popen(command, **popen_args), in a session of its own and stopped with its parent."""
+    """subprocess.Popen(command, **popen_args), in a session of its own and stopped with its
+    parent."""
     linux = sys.platform.startswith('linux')
-    return subprocess.Popen(command, start_new_session=True, preexec_fn=_term_with_parent if linux else None,
-                            **popen_args)
+    return subprocess.Popen(command, start_new_session=True, preexec_fn=_term_with_parent if linux
+                            else None, **popen_args)
 
 
 def stop(processes, wait=STOP_WAIT):
-    """SIGTERM to each process still running, a wait of up to `wait` seconds for all of them together, and
-    SIGKILL for any still there after it; the processes that had to be killed. A second Ctrl-C or SIGTERM
-    meanwhile is ignored: it would cut the wait while the children save."""
+    """SIGTERM to each process still running, a wait of up to `wait` seconds for all of them
+    together, and SIGKILL for any still there after it; the processes that had to be killed. A
+    second Ctrl-C or SIGTERM meanwhile is ignored: it would cut the wait while the children save."""
     with on_stop_signals(signal.SIG_IGN):
         return _stop(processes, wait)
 

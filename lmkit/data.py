@@ -1,8 +1,9 @@
 """
-Reading data: the token shards (write_shard, read_shard, read_split: each checked against its recorded CRC-32 once
-per process), meta.json (read_meta: the tokenizer, vocab_size, the splits), the first token of every window
-(first_token_id), and Windows, what train.py, distill.py and the evaluations read. NumPy and files.py only, so
-importing it stays cheap (prepare_data.py's tokenizer workers do); docs/data.md has the directory's layout.
+Reading data: the token shards (write_shard, read_shard, read_split: each checked against its
+recorded CRC-32 once per process), meta.json (read_meta: the tokenizer, vocab_size, the splits), the
+first token of every window (first_token_id), and Windows, what train.py, distill.py and the
+evaluations read. NumPy and files.py only, so importing it stays cheap (prepare_data.py's tokenizer
+workers do); docs/data.md has the directory's layout.
 """
 import json
 import os
@@ -16,11 +17,12 @@ import numpy as np
 from lmkit.errors import RunError
 from lmkit.files import atomic_write
 
-# -----------------------------------------------------------------------------
-# Shards: a 24-byte little-endian header, then the token ids (uint16 or uint32, little-endian).
+# ----------------------------------------------------------------------------- Shards: a 24-byte
+# little-endian header, then the token ids (uint16 or uint32, little-endian).
 #   magic 8 bytes b"ASASHARD" | version uint32 | bytes per token uint32 (2 or 4) | token count uint64
-# The count reveals a truncated file, the magic another kind; a changed id, the CRC-32 meta.json records, checked
-# with the ids' range the first time a process opens the shard (docs/data.md: what that costs, why it is enough).
+# The count reveals a truncated file, the magic another kind; a changed id, the CRC-32 meta.json
+# records, checked with the ids' range the first time a process opens the shard (docs/data.md: what
+# that costs, why it is enough).
 
 MAGIC, VERSION = b"ASASHARD", 1
 HEADER = struct.Struct("<8sIIQ")
@@ -29,8 +31,9 @@ REBUILD = "re-run the prepare_data.py command recorded in meta.json: it rebuilds
 
 
 def write_shard(path, arrays, dtype):
-    """Write the concatenation of `arrays` as one shard, atomically (files.atomic_write). Returns its checksum as
-    meta.json records it: 'crc32:' and the CRC-32 of the whole file in 8 hex digits."""
+    """Write the concatenation of `arrays` as one shard, atomically (files.atomic_write). Returns
+    its checksum as meta.json records it: 'crc32:' and the CRC-32 of the whole file in 8 hex
+    digits."""
     dtype = np.dtype(dtype).newbyteorder("<")
     with atomic_write(path, "wb") as f:
         data = HEADER.pack(MAGIC, VERSION, dtype.itemsize, sum(len(a) for a in arrays))
@@ -44,8 +47,9 @@ def write_shard(path, arrays, dtype):
 
 
 def read_shard(path):
-    """The token ids of a shard as a read-only memory-mapped numpy array (the header is validated first; the
-    checksum and the ids' range are checked by read_split, which knows them from meta.json)."""
+    """The token ids of a shard as a read-only memory-mapped numpy array (the header is validated
+    first; the checksum and the ids' range are checked by read_split, which knows them from
+    meta.json)."""
     ids, fault = map_shard(path)
     if fault:
         raise RunError(f"{fault}; {REBUILD}")
@@ -53,7 +57,8 @@ def read_shard(path):
 
 
 def map_shard(path):
-    """(the ids as a read-only np.memmap, None), or (None, what is wrong with the file's header or size)."""
+    """(the ids as a read-only np.memmap, None), or (None, what is wrong with the file's header or
+    size)."""
     with open(path, "rb") as f:
         header = f.read(HEADER.size)
     if len(header) < HEADER.size or header[:8] != MAGIC:
@@ -63,17 +68,20 @@ def map_shard(path):
         return None, f"{path}: unsupported shard version {version} / {itemsize} bytes per token"
     expected, actual = HEADER.size + count * itemsize, os.path.getsize(path)
     if actual != expected:
-        return None, (f"{path}: truncated or corrupt: the header promises {count} tokens ({expected} bytes), the "
-                      f"file has {actual} bytes")
-    return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=HEADER.size, shape=(count,)), None
+        return None, (f"{path}: truncated or corrupt: the header promises {count} tokens "
+                      f"({expected} bytes), the file has {actual} bytes")
+    return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=HEADER.size,
+                     shape=(count,)), None
 
 
-checked = set()  # the shard files this process has checked, as (path, inode, size, mtime, checksum, vocab size)
+# the shard files this process has checked, as (path, inode, size, mtime, checksum, vocab size)
+checked = set()
 
 
 def check_shard(path, checksum, vocab_size):
-    """(ids, None), or (None, what is wrong): missing, a bad header or size, a CRC-32 that is not `checksum`
-    (None: not compared), or an id >= vocab_size. One pass over the mapped file, once per process."""
+    """(ids, None), or (None, what is wrong): missing, a bad header or size, a CRC-32 that is not
+    `checksum` (None: not compared), or an id >= vocab_size. One pass over the mapped file, once per
+    process."""
     if not os.path.isfile(path):
         return None, f"{path}: missing (meta.json lists it)"
     ids, fault = map_shard(path)
@@ -91,11 +99,11 @@ def check_shard(path, checksum, vocab_size):
         if bad is None and chunk.max() >= vocab_size:
             bad = start + int(np.argmax(chunk >= vocab_size))
     if checksum is not None and f"crc32:{crc:08x}" != checksum:
-        return None, (f"{path}: damaged: its CRC-32 is {crc:08x}, but meta.json recorded {checksum} when it was "
-                      f"written")
+        return None, (f"{path}: damaged: its CRC-32 is {crc:08x}, but meta.json recorded "
+                      f"{checksum} when it was written")
     if bad is not None:
-        return None, (f"{path}: token {bad + 1:,} (counting from 1) is id {int(ids[bad]):,}, not below the "
-                      f"vocabulary size {vocab_size:,} (meta.json): the shard is damaged")
+        return None, (f"{path}: token {bad + 1:,} (counting from 1) is id {int(ids[bad]):,}, not "
+                      f"below the vocabulary size {vocab_size:,} (meta.json): the shard is damaged")
     checked.add(key)
     return ids, None
 
@@ -103,38 +111,43 @@ def check_shard(path, checksum, vocab_size):
 # -----------------------------------------------------------------------------
 # A prepared directory: meta.json, and the windows training reads from its shards
 
-# the prepare_data.py commands of the directories the configs and the docs name (README, docs/data.md, the headers
-# of config/tiny_cpu.py, config/sink_study.py and config/onegpu.py), with the --out_dir the user gave
-FINEWEB = ("--source=fineweb-edu --fineweb_config=sample-100BT --tokenizer=checkpoints/{teacher} --out_dir={out} "
-           "--max_tokens=20_000_000_000 --num_proc=32")
+# the prepare_data.py commands of the directories the configs and the docs name (README,
+# docs/data.md, the headers of config/tiny_cpu.py, config/sink_study.py and config/onegpu.py), with
+# the --out_dir the user gave
+FINEWEB = ("--source=fineweb-edu --fineweb_config=sample-100BT --tokenizer=checkpoints/{teacher} "
+           "--out_dir={out} --max_tokens=20_000_000_000 --num_proc=32")
 KNOWN_DATA = {
     "data/builtin_bytes": "--source=builtin --tokenizer=bytes --out_dir={out} --val_every=10",
     "data/stdlib_bytes": "--source=stdlib --tokenizer=bytes --out_dir={out} --val_every=50",
     "data/fineweb_edu_llama3": FINEWEB.replace("{teacher}", "Llama-3.2-3B"),
     "data/fineweb_edu_qwen": FINEWEB.replace("{teacher}", "Qwen1.5-1.8B"),
-    "data/fineweb_edu_smollm2": "--source=fineweb-edu --tokenizer=checkpoints/SmolLM2-360M --out_dir={out} "
-                                "--max_tokens=1_100_000_000",
+    "data/fineweb_edu_smollm2": "--source=fineweb-edu --tokenizer=checkpoints/SmolLM2-360M "
+                                "--out_dir={out} --max_tokens=1_100_000_000",
 }
 GENERAL_DATA = ("--source=<builtin, stdlib, fineweb-edu or your own files> "
                 "--tokenizer=<bytes or the teacher's directory> --out_dir={out}")
 
 
 def prepare_command(data_dir):
-    """The command that prepares data_dir: the exact one for a directory the configs name (KNOWN_DATA, wherever the
-    repo is), else its general form."""
+    """The command that prepares data_dir: the exact one for a directory the configs name
+    (KNOWN_DATA, wherever the repo is), else its general form."""
     known = KNOWN_DATA.get("/".join(os.path.normpath(data_dir).split(os.sep)[-2:]), GENERAL_DATA)
     return "python prepare_data.py " + known.replace("{out}", data_dir)
 
 
 def prepare_builtin(out_dir):
-    """The offline built-in corpus in byte tokens at out_dir, for the tools' short runs: prepare_data.py run as a
-    process (a script is never imported); its last line in a RunError if it fails."""
+    """The offline built-in corpus in byte tokens at out_dir, for the tools' short runs:
+    prepare_data.py run as a process (a script is never imported); its last line in a RunError if it
+    fails."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, os.path.join(root, 'prepare_data.py'), '--source=builtin',
-                           '--tokenizer=bytes', f'--out_dir={out_dir}', '--val_every=10', '--num_proc=1'],
+    done = subprocess.run([sys.executable, os.path.join(root, 'prepare_data.py'),
+                           '--source=builtin',
+                           '--tokenizer=bytes', f'--out_dir={out_dir}', '--val_every=10',
+                           '--num_proc=1'],
                           capture_output=True, text=True)
     if done.returncode:
-        raise RunError(f"preparing {out_dir} failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+        raise RunError(f"preparing {out_dir} failed: "
+                       f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
 
 
 def read_meta(data_dir):
@@ -144,13 +157,14 @@ def read_meta(data_dir):
         raise RunError(f"data_dir={data_dir}: no such directory; run prepare_data.py first: "
                        f"{prepare_command(data_dir)}")
     if not os.path.isfile(path):
-        raise RunError(f"{path}: no such file; data_dir must be an output directory of prepare_data.py, which "
-                       f"prepares one: {prepare_command(data_dir)}")
+        raise RunError(f"{path}: no such file; data_dir must be an output directory of "
+                       f"prepare_data.py, which prepares one: {prepare_command(data_dir)}")
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except ValueError as e:  # (also not UTF-8)
-        raise RunError(f"{path}: damaged, not a JSON file ({e}); prepare the data again into a new --out_dir") \
+        raise RunError(f"{path}: damaged, not a JSON file ({e}); prepare the data again into a new "
+                       "--out_dir") \
             from None
 
 
@@ -158,19 +172,23 @@ noted = set()  # the directories whose missing checksums this process has noted
 
 
 def read_split(data_dir, split, meta=None):
-    """The shards of one split of a prepared directory (meta: its meta.json, read if not given) as read-only
-    np.memmaps, each checked first (check_shard). Every reader of a directory's shards goes through here."""
+    """The shards of one split of a prepared directory (meta: its meta.json, read if not given) as
+    read-only np.memmaps, each checked first (check_shard). Every reader of a directory's shards
+    goes through here."""
     meta = read_meta(data_dir) if meta is None else meta
     checksums = meta.get("checksums", {})  # (none in a meta.json written before they were recorded)
-    unchecked = [name for info in meta["splits"].values() for name in info["shards"] if name not in checksums]
+    unchecked = [name for info in meta["splits"].values() for name in info["shards"]
+                 if name not in checksums]
     if unchecked and data_dir not in noted:
         noted.add(data_dir)
-        print(f"note: {os.path.join(data_dir, 'meta.json')} records no checksum for {len(unchecked)} shard(s) (data "
-              f"prepared before checksums were recorded): they are checked for ids below the vocabulary size only; "
-              f"prepare the data again into a new --out_dir to have them checked in full", file=sys.stderr)
+        print(f"note: {os.path.join(data_dir, 'meta.json')} records no checksum for "
+              f"{len(unchecked)} shard(s) (data prepared before checksums were recorded): they are "
+              "checked for ids below the vocabulary size only; prepare the data again into a new "
+              "--out_dir to have them checked in full", file=sys.stderr)
     shards = []
     for name in meta["splits"][split]["shards"]:
-        ids, fault = check_shard(os.path.join(data_dir, name), checksums.get(name), meta["vocab_size"])
+        ids, fault = check_shard(os.path.join(data_dir, name), checksums.get(name),
+                                 meta["vocab_size"])
         if fault:
             raise RunError(f"{fault}; {REBUILD}")
         shards.append(ids)
@@ -178,42 +196,47 @@ def read_split(data_dir, split, meta=None):
 
 
 def prefix_id(tokenizer):
-    """The first token under first_token='prefix': the tokenizer's BOS, else its end-of-text token (lm-eval's prefix
-    token; the bytes tokenizer's <|endoftext|>, 256). tokenizer: meta.json's record of it."""
+    """The first token under first_token='prefix': the tokenizer's BOS, else its end-of-text token
+    (lm-eval's prefix token; the bytes tokenizer's <|endoftext|>, 256). tokenizer: meta.json's
+    record of it."""
     token = tokenizer['bos_id'] if tokenizer.get('bos_id') is not None else tokenizer.get('eos_id')
     if token is None:
-        raise RunError(f"first_token='prefix': the tokenizer {tokenizer['spec']} has neither a BOS nor an end-of-text "
-                       f"token to put first; use first_token='stream'")
+        raise RunError(f"first_token='prefix': the tokenizer {tokenizer['spec']} has neither a BOS "
+                       "nor an end-of-text token to put first; use first_token='stream'")
     return token
 
 
 def first_token_id(first_token, tokenizer):
-    """The id at position 0 of every window of a run whose first_token key is `first_token`: None (stream), or
-    prefix_id(tokenizer) (prefix); every reader of a checkpoint puts the same token first."""
+    """The id at position 0 of every window of a run whose first_token key is `first_token`: None
+    (stream), or prefix_id(tokenizer) (prefix); every reader of a checkpoint puts the same token
+    first."""
     return prefix_id(tokenizer) if first_token == 'prefix' else None
 
 
 class Windows:
-    """A split cut into windows of block_size inputs and their next-token targets. first_token None: block_size + 1
-    consecutive tokens of the stream each (neighbours share one); else that id, then block_size - 1 stream tokens
-    (every stream token a target once)."""
+    """A split cut into windows of block_size inputs and their next-token targets. first_token None:
+    block_size + 1 consecutive tokens of the stream each (neighbours share one); else that id, then
+    block_size - 1 stream tokens (every stream token a target once)."""
 
     def __init__(self, data_dir, split, block_size, first_token=None):
         self.shards = read_split(data_dir, split)
         self.block_size, self.first_token = block_size, first_token
         self.row = block_size + (first_token is None)  # stream tokens per window
-        self.starts = np.cumsum([0] + [(len(s) - self.row) // block_size + 1 if len(s) >= self.row else 0
-                                       for s in self.shards])  # first window of each shard
+        self.starts = np.cumsum([0]
+                                + [(len(s) - self.row) // block_size + 1 if len(s) >= self.row
+                                   else 0 for s in self.shards])  # first window of each shard
         if self.starts[-1] == 0:
             raise RunError(f"{data_dir}: the {split} split has fewer than "
-                           f"{'block_size + 1' if first_token is None else 'block_size'} = {self.row} tokens")
+                           f"{'block_size + 1' if first_token is None else 'block_size'} = "
+                           f"{self.row} tokens")
         self.perm_key, self.perm = None, None  # the permutation of the current (seed, epoch)
 
     def __len__(self):
         return int(self.starts[-1])
 
     def get(self, indices):
-        """(x, y): int64 arrays (len(indices), block_size), the windows at these indices and their targets."""
+        """(x, y): int64 arrays (len(indices), block_size), the windows at these indices and their
+        targets."""
         rows = []
         for i in indices:
             shard = int(np.searchsorted(self.starts, i, side="right")) - 1
@@ -221,12 +244,13 @@ class Windows:
             rows.append(self.shards[shard][offset:offset + self.row])
         batch = np.stack(rows).astype(np.int64)
         if self.first_token is not None:
-            batch = np.concatenate([np.full((len(rows), 1), self.first_token, dtype=np.int64), batch], axis=1)
+            batch = np.concatenate([np.full((len(rows), 1), self.first_token, dtype=np.int64),
+                                    batch], axis=1)
         return batch[:, :-1], batch[:, 1:]
 
     def step_indices(self, seed, step, global_batch_size):
-        """The window indices of optimizer step `step`: positions step*G ... (step+1)*G - 1 of the stream of
-        epochs, each epoch a permutation of all windows seeded by (seed, epoch)."""
+        """The window indices of optimizer step `step`: positions step*G ... (step+1)*G - 1 of the
+        stream of epochs, each epoch a permutation of all windows seeded by (seed, epoch)."""
         out = []
         for position in range(step * global_batch_size, (step + 1) * global_batch_size):
             epoch, k = divmod(position, len(self))

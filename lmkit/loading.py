@@ -1,15 +1,15 @@
 """
-The one home of loading a model: a GPT from our checkpoint, an export or a Hugging Face directory (load_model, which
-GPT.from_pretrained calls), a KD teacher (load_teacher: frozen, in eval mode), a model with the tokenizer it was
-trained with, checked by its sha256 (load_model_and_tokenizer), and the token its training windows started with
-(window_first_token). Every script loads through it.
+The one home of loading a model: a GPT from our checkpoint, an export or a Hugging Face directory
+(load_model, which GPT.from_pretrained calls), a KD teacher (load_teacher: frozen, in eval mode), a
+model with the tokenizer it was trained with, checked by its sha256 (load_model_and_tokenizer), and
+the token its training windows started with (window_first_token). Every script loads through it.
 """
 import os
 
 import torch
 
-from lmkit.checkpoint import (CheckpointError, checkpoint_file, config_from_hf, model_state, read_checkpoint,
-                              read_hf_config, read_safetensors, sliding_window)
+from lmkit.checkpoint import (CheckpointError, checkpoint_file, config_from_hf, model_state,
+                              read_checkpoint, read_hf_config, read_safetensors, sliding_window)
 from lmkit.data import first_token_id
 from lmkit.errors import RunError
 from lmkit.runs import run_config
@@ -18,23 +18,26 @@ from model import BASELINE, GPT, ModelConfig, is_variant_tensor
 
 
 def window_first_token(spec):
-    """The token a checkpoint's training windows all started with (train.py's first_token='prefix'), which every
-    reader puts first too: None for a Hugging Face directory or a run with the default windows."""
+    """The token a checkpoint's training windows all started with (train.py's first_token='prefix'),
+    which every reader puts first too: None for a Hugging Face directory or a run with the default
+    windows."""
     path = checkpoint_file(spec)
     if path is None:
         return None
     ckpt = read_checkpoint(path, keys=('tokenizer',))
-    config = run_config(ckpt.get('config', {}))  # (a checkpoint of a model alone has no config: the defaults)
+    # (a checkpoint of a model alone has no config: the defaults)
+    config = run_config(ckpt.get('config', {}))
     return first_token_id(config.first_token, ckpt['tokenizer'])
 
 
 def load_model_and_tokenizer(spec, tokenizer, device, dtype):
-    """(model, tokenizer) of a checkpoint spec: a Hugging Face directory's own tokenizer files, or the tokenizer
-    recorded in one of our checkpoints, rebuilt from its spec (or from `tokenizer`, where it is now) and checked by
-    its sha256 to be the one the model was trained with."""
+    """(model, tokenizer) of a checkpoint spec: a Hugging Face directory's own tokenizer files, or
+    the tokenizer recorded in one of our checkpoints, rebuilt from its spec (or from `tokenizer`,
+    where it is now) and checked by its sha256 to be the one the model was trained with."""
     try:
         model = GPT.from_pretrained(spec, dtype=dtype, device=device).eval()
-    except (OSError, ValueError, RuntimeError) as e:  # unreadable file, unsupported config, tensors that do not fit
+    # unreadable file, unsupported config, tensors that do not fit
+    except (OSError, ValueError, RuntimeError) as e:
         raise RunError(f"model {spec}: {e}") from e
     path = checkpoint_file(spec)
     if path is None:
@@ -42,50 +45,57 @@ def load_model_and_tokenizer(spec, tokenizer, device, dtype):
     info = read_checkpoint(path)['tokenizer']
     tok_spec = tokenizer or info['spec']
     if tok_spec != 'bytes' and not os.path.exists(tok_spec):
-        raise RunError(f"{path}: its tokenizer {tok_spec} is gone; pass --tokenizer=<where it is now>")
+        raise RunError(f"{path}: its tokenizer {tok_spec} is gone; pass --tokenizer=<where it is "
+                       "now>")
     enc = load_tokenizer(tok_spec)
     if tokenizer_info(enc, tok_spec)['sha256'] != info['sha256']:
-        # a record without 'boundary' predates reading tokenizers from their own files: if the files are unchanged,
-        # the data was tokenized with conventions guessed from config.json that differ from the files'
+        # a record without 'boundary' predates reading tokenizers from their own files: if the files
+        # are unchanged, the data was tokenized with conventions guessed from config.json that
+        # differ from the files'
         older = '' if 'boundary' in info else (
-            f"; it was recorded by an older prepare_data.py, which inferred the {info['family']} conventions from "
-            f"config.json where this one reads {enc.name} ones from the tokenizer's files: if those files are the "
-            f"same, prepare the data again and retrain")
-        raise RunError(f"{path}: the tokenizer at {tok_spec} is not the one the model was trained with "
-                       f"(sha256 {info['sha256'][:12]}...); pass --tokenizer=<the right one>{older}")
+            f"; it was recorded by an older prepare_data.py, which inferred the {info['family']} "
+            f"conventions from config.json where this one reads {enc.name} ones from the "
+            "tokenizer's files: if those files are the same, prepare the data again and retrain")
+        raise RunError(f"{path}: the tokenizer at {tok_spec} is not the one the model was trained "
+                       f"with (sha256 {info['sha256'][:12]}...); pass --tokenizer=<the right "
+                       f"one>{older}")
     return model, enc
 
 
 def load_model(path, attention=BASELINE, dtype=torch.float32, device='cpu', cls=GPT):
-    """GPT.from_pretrained: a model of class cls (model.GPT) from a Hugging Face Llama / Mistral / Qwen2 directory
-    (with attention=model.BASELINE, softmax, model(idx) gives HF's logits; another variant keeps every tensor and
-    initialises its own, sinks, g_proj or alpha_proj, fresh), a directory export_hf.py wrote, or one of this repo's
-    checkpoints (ckpt.pt, or the out_dir holding it); the last two are the variant they hold. The model is built on
-    the meta device and takes the tensors as they are read (cast to dtype, on device): about 1x the model's size in
-    memory."""
+    """GPT.from_pretrained: a model of class cls (model.GPT) from a Hugging Face Llama / Mistral /
+    Qwen2 directory (with attention=model.BASELINE, softmax, model(idx) gives HF's logits; another
+    variant keeps every tensor and initialises its own, sinks, g_proj or alpha_proj, fresh), a
+    directory export_hf.py wrote, or one of this repo's checkpoints (ckpt.pt, or the out_dir holding
+    it); the last two are the variant they hold. The model is built on the meta device and takes the
+    tensors as they are read (cast to dtype, on device): about 1x the model's size in memory."""
     ckpt_path = checkpoint_file(path)
     if ckpt_path is not None:  # ours: every tensor of its own variant
         ckpt = read_checkpoint(ckpt_path)
         config = ModelConfig(**ckpt['model_config'])
         if attention not in (BASELINE, config.attention):
-            raise ValueError(f"{ckpt_path}: a {config.attention!r} model cannot be loaded as {attention!r}")
+            raise ValueError(f"{ckpt_path}: a {config.attention!r} model cannot be loaded as "
+                             f"{attention!r}")
         model = cls(config)
         try:
             model.load_state_dict(model_state(ckpt))
         except RuntimeError as e:  # torch's message spans lines: one line of it
-            raise CheckpointError(f"{ckpt_path} is not a readable checkpoint of train.py: its tensors do not fit its "
-                                  f"model_config ({' '.join(str(e).split())})") from None
+            raise CheckpointError(f"{ckpt_path} is not a readable checkpoint of train.py: its "
+                                  "tensors do not fit its model_config "
+                                  f"({' '.join(str(e).split())})") from None
         return model.to(device=device, dtype=dtype)
     hf = read_hf_config(path)
     exported = 'model_config' in hf
     config = ModelConfig(**config_from_hf(hf) | ({} if exported else dict(attention=attention)))
-    if exported and attention not in (BASELINE, config.attention):  # an export is always its own variant
-        raise ValueError(f"{path}/config.json: an exported {config.attention!r} model cannot be loaded as "
-                         f"{attention!r}")
+    # an export is always its own variant
+    if exported and attention not in (BASELINE, config.attention):
+        raise ValueError(f"{path}/config.json: an exported {config.attention!r} model cannot be "
+                         f"loaded as {attention!r}")
     state = read_safetensors(path, dtype, device, keep_fp32=config.variant.fp32)
     with torch.device('meta'):
         model = cls(config).to(dtype)
-    # what the directory holds: every tensor of an exported variant, the softmax ones of a published model
+    # what the directory holds: every tensor of an exported variant, the softmax ones of a published
+    # model
     expected = {key for key in model.state_dict() if exported or not is_variant_tensor(key)}
     if config.tie_embeddings:  # lm_head is embed_tokens; HF ignores a stored copy, and so do we
         expected.discard('lm_head.weight')
@@ -95,23 +105,27 @@ def load_model(path, attention=BASELINE, dtype=torch.float32, device='cpu', cls=
         raise ValueError(f"{path}: the tensors do not match its config.json: missing {missing}, "
                          f"unexpected {unexpected}")
     model.load_state_dict(state, strict=False, assign=True)
-    if config.tie_embeddings:  # assign=True gave embed_tokens a new Parameter: tie lm_head to it again
+    # assign=True gave embed_tokens a new Parameter: tie lm_head to it again
+    if config.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     for module in model.modules():  # affine's running alpha sums: never saved, zero at the start
         for key in module._non_persistent_buffers_set:
             module._buffers[key] = torch.zeros_like(module._buffers[key], device=device)
-    # what is still on meta is a published model's missing variant tensors: materialised and initialised
+    # what is still on meta is a published model's missing variant tensors: materialised and
+    # initialised
     fresh = set()
     for name, module in model.named_modules():
-        own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
+        own = dict(
+            module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
         if any(t.is_meta for t in own.values()):
             fresh |= {f"{name.split('.', 3)[-1]}.{key}" for key in own}  # 'model.layers.N.' dropped
             module.to_empty(device=device, recurse=False)
             model._init_weights(module)
     if fresh:
-        print(f"from_pretrained: attention={attention!r} is not in {path}: initialised fresh in every "
-              f"layer: {', '.join(sorted(fresh))}")
+        print(f"from_pretrained: attention={attention!r} is not in {path}: initialised fresh in "
+              f"every layer: {', '.join(sorted(fresh))}")
     if config.block_size == sliding_window(hf):
-        model.length_note = (f", the sliding_window of {path}/config.json: this Mistral attends to the last "
-                             f"{config.block_size} positions, which is full attention only up to that length")
+        model.length_note = (f", the sliding_window of {path}/config.json: this Mistral attends to "
+                             f"the last {config.block_size} positions, which is full attention "
+                             "only up to that length")
     return model

@@ -1,13 +1,15 @@
 """
-Every measurement of a model's attention and activations, each defined once, for train.py's evaluations,
-analyze.py, the sink study and the quick start's real model. Attention measures read each layer's explicit weights
-(model.Attention.weights) on the inputs the model's own forward gives it (inspect_attention), in float64; rows need
-not sum to one (affine's can hold negative weights; sink's and softmax1's leave out a null slot's mass).
+Every measurement of a model's attention and activations, each defined once, for train.py's
+evaluations, analyze.py, the sink study and the quick start's real model. Attention measures read
+each layer's explicit weights (model.Attention.weights) on the inputs the model's own forward gives
+it (inspect_attention), in float64; rows need not sum to one (affine's can hold negative weights;
+sink's and softmax1's leave out a null slot's mass).
   where attention goes  first_token_weights; Gu et al.'s Sink_1: sink_scores, sink_rate, sink_rates
   affine's alpha        alpha_summary; Kobayashi et al.: value_weighted_first_token
   outliers              activation_outliers, outlier_means (Bondarenko et al.)
   what a sink costs     w8a8_losses, quantized_losses, knockout_losses (StreamingLLM's eviction)
-docs/analysis.md, "The sink's measures", gathers the definitions, their sources and a real model's numbers.
+docs/analysis.md, "The sink's measures", gathers the definitions, their sources and a real model's
+numbers.
 """
 import statistics
 from contextlib import contextmanager
@@ -21,24 +23,33 @@ from attention_kernels import attention_scores
 from lmkit.distributed import full_tensor
 from model import HEAD_STATS
 
-SINK_THRESHOLD = 0.3  # Gu et al. (2025)'s epsilon: a head whose first-position score exceeds it has a sink
-GU_SAMPLES, GU_LENGTH = 100, 64  # Gu et al.'s own setting: 100 samples of 64 tokens (pretrain/eval_sink_pretrain.py)
-GU_ROW_EPS = 1e-8  # added to a row's sum when Gu et al. renormalise it (lit_gpt/inference/model_attn_sim_infer.py)
-SINK_STUDY_EVALUATIONS = 8  # evaluations per sink study run (its curves' points): the study's runs, tools/bench.py's
-# the value-weighted share at every evaluation reads every 4th query (1, 5, 9, ...): with a gate its norms cost T^2 D^2
-# per head, 40% of an evaluation on all queries; this keeps items 1-5 of the measures within 10%
+# Gu et al. (2025)'s epsilon: a head whose first-position score exceeds it has a sink
+SINK_THRESHOLD = 0.3
+# Gu et al.'s own setting: 100 samples of 64 tokens (pretrain/eval_sink_pretrain.py)
+GU_SAMPLES, GU_LENGTH = 100, 64
+# added to a row's sum when Gu et al. renormalise it (lit_gpt/inference/model_attn_sim_infer.py)
+GU_ROW_EPS = 1e-8
+# evaluations per sink study run (its curves' points): the study's runs, tools/bench.py's the
+# value-weighted share at every evaluation reads every 4th query (1, 5, 9, ...): with a gate its
+# norms cost T^2 D^2 per head, 40% of an evaluation on all queries; this keeps items 1-5 of the
+# measures within 10%
+SINK_STUDY_EVALUATIONS = 8
 # (tools/bench.py --sections=probes)
 VALUE_WEIGHTED_STRIDE = 4
-KURTOSIS_EPS = 1e-6  # added to std^4 in Bondarenko et al.'s kurtosis (transformers_language/utils.py)
-KNOCKOUT_FIRST = (0, 1, 4)  # StreamingLLM's kept initial tokens: none, the first, four (Xiao et al. 2023)
+# added to std^4 in Bondarenko et al.'s kurtosis (transformers_language/utils.py)
+KURTOSIS_EPS = 1e-6
+# StreamingLLM's kept initial tokens: none, the first, four (Xiao et al. 2023)
+KNOCKOUT_FIRST = (0, 1, 4)
 QUANTIZATION_BITS = 8
-RANGE_MOMENTUM = 0.9  # Bondarenko et al.'s running min-max over calibration batches (quantization/range_estimators.py)
+# Bondarenko et al.'s running min-max over calibration batches (quantization/range_estimators.py)
+RANGE_MOMENTUM = 0.9
 
 
 @contextmanager
 def eager_eval(model):
-    """The model in eval mode (affine's alpha_ma counts nothing) and eager, compiled layers too: traced, the hooks the
-    measures add (new at every call) would make dynamo recompile every layer, every call."""
+    """The model in eval mode (affine's alpha_ma counts nothing) and eager, compiled layers too:
+    traced, the hooks the measures add (new at every call) would make dynamo recompile every layer,
+    every call."""
     was_training = model.training
     model.eval()
     try:
@@ -60,10 +71,12 @@ def hooked_forward(model, idx, hooks):
 
 
 def attention_hooks(model, fn, results):
-    """Pre-hooks that append fn(attention layer, x, cos, sin, positions) to results for every layer, x the layer's
-    own attention input, called inside the layer's forward (where FSDP has gathered its weights; every rank must
-    run the forward then): how the measures below read the explicit attention (Attention.weights) of a real forward."""
-    return [layer.self_attn.register_forward_pre_hook(lambda attn, args: results.append(fn(attn, *args[:4])))
+    """Pre-hooks that append fn(attention layer, x, cos, sin, positions) to results for every layer,
+    x the layer's own attention input, called inside the layer's forward (where FSDP has gathered
+    its weights; every rank must run the forward then): how the measures below read the explicit
+    attention (Attention.weights) of a real forward."""
+    return [layer.self_attn.register_forward_pre_hook(lambda attn,
+                                                      args: results.append(fn(attn, *args[:4])))
             for layer in model.model.layers]
 
 
@@ -76,38 +89,42 @@ def inspect_attention(model, idx, fn):
 
 
 def variant_statistics(attn, x):
-    """What the analyses read of a layer's variant besides its weights, in float64: alpha (B, T, H) of Eq. 7 on the
-    input x where it has one, and its per-head tensors (Variant.head_stats: sink logits, alpha_ma)."""
+    """What the analyses read of a layer's variant besides its weights, in float64: alpha (B, T, H)
+    of Eq. 7 on the input x where it has one, and its per-head tensors (Variant.head_stats: sink
+    logits, alpha_ma)."""
     variant = attn.config.variant
     stats = {'alpha': variant.alpha(attn, x).double()} if variant.alpha else {}
     return stats | {name: getattr(attn, name).double() for name in variant.head_stats}
 
-# -----------------------------------------------------------------------------
-# The measures, each on a layer's explicit weights w (B, H, T, T) (0 on the keys a query does not see)
+# ----------------------------------------------------------------------------- The measures, each
+# on a layer's explicit weights w (B, H, T, T) (0 on the keys a query does not see)
 
 
 def first_token_weights(w):
-    """Where each row's attention goes, per query i >= 1 (query 0 sees only token 0), as (B, H, T - 1) tensors:
+    """Where each row's attention goes, per query i >= 1 (query 0 sees only token 0), as (B, H, T -
+    1) tensors:
       weight  w_i0: the paper's Figure 4 measure, as it plots it;
       share   w_i0 / sum_j w_ij: where the row's own total goes (affine's rows sum to alpha_i + (alpha_ma - alpha_i)
               (i + 1) / N, 0.3-0.5 in trained models, so the share is unbounded only where that nears 0: alpha_ma
               near 0, untrained; sink's and softmax1's to 1 minus the null slot's mass);
       null    1 - sum_j w_ij: for sink and softmax1 the null slot's mass (Eq. 2-3: the weight of a value-less sink);
               for affine what the scale took away (or added, where the row sums to more than one); 0 for softmax;
-    first-token-or-null is weight + null (linear, so its means are theirs): the paper's Figure 9 reading of sink,
-    where rows still concentrate "on the sink token and the first token"; for affine it counts the scaled-away mass
-    as if it were a sink's. A negative affine w_i0 (beta_i < -alpha_i a_i0) stays negative in all three."""
+    first-token-or-null is weight + null (linear, so its means are theirs): the paper's Figure 9
+    reading of sink, where rows still concentrate "on the sink token and the first token"; for
+    affine it counts the scaled-away mass as if it were a sink's. A negative affine w_i0 (beta_i <
+    -alpha_i a_i0) stays negative in all three."""
     rows = w[:, :, 1:].sum(-1)
     first = w[:, :, 1:, 0]
     return dict(weight=first, share=first / rows, null=1 - rows)
 
 
 def sink_scores(w, rows_sum_to_one, null_slot):
-    """Gu et al.'s first-position score per sample and head (B, H), as pretrain/eval_sink_pretrain.py
-    computes it (sail-sg/Attention-Sink): key k scores sum_{i>=k} p_ik / (T - k), so query 0's own row counts; a
-    head has a sink where the score exceeds SINK_THRESHOLD (sink_rate). rows: 'tokens' (p = w where rows sum to
-    one, else |w| renormalised, as their sigmoid and elu models), 'raw' (p = w) or 'null_slot' (the slot as an extra
-    position 0, as their key bias; None for a variant without one). docs/analysis.md, "The sink's measures"."""
+    """Gu et al.'s first-position score per sample and head (B, H), as
+    pretrain/eval_sink_pretrain.py computes it (sail-sg/Attention-Sink): key k scores sum_{i>=k}
+    p_ik / (T - k), so query 0's own row counts; a head has a sink where the score exceeds
+    SINK_THRESHOLD (sink_rate). rows: 'tokens' (p = w where rows sum to one, else |w| renormalised,
+    as their sigmoid and elu models), 'raw' (p = w) or 'null_slot' (the slot as an extra position 0,
+    as their key bias; None for a variant without one). docs/analysis.md, "The sink's measures"."""
     T = w.size(-1)
     if rows_sum_to_one:
         first = w[..., 0]
@@ -119,27 +136,35 @@ def sink_scores(w, rows_sum_to_one, null_slot):
 
 
 def value_weighted_first_token(attn, x, cos, sin, w, stride=1):
-    """Kobayashi et al. (2020, arXiv 2004.10102)'s reading of the first token, per sample and head (B, H): the norm
-    of what token j adds to query i's output through head h, ||w_ij f_i(x_j)|| with f_i(x_j) = (g_i * v_j) W_O^h
-    (W_O^h the head's slice of o_proj; g_i the output gate of Eq. 4-5 where the model has one, else 1), and the
-    first token's share ||w_i0 f_i(x_0)|| / sum_j ||w_ij f_i(x_j)||, averaged over queries i >= 1. A first token that
-    draws weight but contributes little shows here. Norms take |w_ij| (affine's negative weights); the null slot of
-    sink and softmax1 has no value and adds nothing; a row that adds nothing at all (every w_ij f = 0) counts 0.
-    stride > 1 averages over the queries i = 1, 1 + stride, 1 + 2 stride, ... only (an evaluation's budget: with a gate
-    the norms cost T^2 D^2 per head, VALUE_WEIGHTED_STRIDE)."""
+    """Kobayashi et al. (2020, arXiv 2004.10102)'s reading of the first token, per sample and head
+    (B, H): the norm of what token j adds to query i's output through head h, ||w_ij f_i(x_j)|| with
+    f_i(x_j) = (g_i * v_j) W_O^h (W_O^h the head's slice of o_proj; g_i the output gate of Eq. 4-5
+    where the model has one, else 1), and the first token's share ||w_i0 f_i(x_0)|| / sum_j ||w_ij
+    f_i(x_j)||, averaged over queries i >= 1. A first token that draws weight but contributes little
+    shows here. Norms take |w_ij| (affine's negative weights); the null slot of sink and softmax1
+    has no value and adds nothing; a row that adds nothing at all (every w_ij f = 0) counts 0.
+    stride > 1 averages over the queries i = 1, 1 + stride, 1 + 2 stride, ... only (an evaluation's
+    budget: with a gate the norms cost T^2 D^2 per head, VALUE_WEIGHTED_STRIDE)."""
     config = attn.config
     B, T, _ = x.shape
     H, D = config.n_head, config.head_dim
-    v = attn.project(x, cos, sin)[2].double()  # (B, n_kv_head, T, D): head h reads kv head h // (H / n_kv_head)
+    # (B, n_kv_head, T, D): head h reads kv head h // (H / n_kv_head)
+    v = attn.project(x, cos, sin)[2].double()
     W = attn.o_proj.weight.double().view(-1, H, D)  # (C, H, D)
-    gram = torch.einsum('chd,che->hde', W, W)  # ||f_i(x_j)||^2 = (g_i v_j)' M (g_i v_j), M = W_O^h' W_O^h (H, D, D)
+    # ||f_i(x_j)||^2 = (g_i v_j)' M (g_i v_j), M = W_O^h' W_O^h (H, D, D)
+    gram = torch.einsum('chd,che->hde', W, W)
     w = w[:, :, 1::stride].abs()
-    if config.is_gated:  # the gate scales query i's output channel by channel: a product of (g_i x g_i) M and v_j x v_j
-        # over D * D, T^2 D^2 work per head, in float32 (norms to 1e-6) so that the gated evaluations stay cheap
-        g = torch.sigmoid(attn.g_proj(x[:, 1::stride]).float()).view(B, -1, H, D).transpose(1, 2).contiguous()
-        queries = (g.unsqueeze(-1) * g.unsqueeze(-2)).mul_(gram.float()[:, None]).flatten(-2)  # (B, H, queries, D^2)
+    # the gate scales query i's output channel by channel: a product of (g_i x g_i) M and v_j x v_j
+    # over D * D, T^2 D^2 work per head, in float32 (norms to 1e-6) so that the gated evaluations
+    # stay cheap
+    if config.is_gated:
+        g = torch.sigmoid(attn.g_proj(x[:, 1::stride]).float()).view(B, -1, H,
+                                                                     D).transpose(1, 2).contiguous()
+        # (B, H, queries, D^2)
+        queries = (g.unsqueeze(-1) * g.unsqueeze(-2)).mul_(gram.float()[:, None]).flatten(-2)
         vt = v.float().transpose(-1, -2).contiguous()  # (B, n_kv_head, D, T)
-        keys = (vt.unsqueeze(-2) * vt.unsqueeze(-3)).flatten(-3, -2)  # (B, n_kv_head, D^2, T): once per kv head
+        # (B, n_kv_head, D^2, T): once per kv head
+        keys = (vt.unsqueeze(-2) * vt.unsqueeze(-3)).flatten(-3, -2)
         squares = queries.view(B, config.n_kv_head, -1, D * D) @ keys  # a kv head's queries at once
         parts = w * squares.view(w.shape).clamp_min_(0).sqrt_()  # (B, H, queries, T)
         first, total = parts[..., 0], parts.sum(-1)
@@ -151,12 +176,14 @@ def value_weighted_first_token(attn, x, cos, sin, w, stride=1):
 
 
 def alpha_summary(alpha):
-    """Affine's alpha (Eq. 7) of one layer, over every token of the sequences read, alpha (N, T, H): its mean; its
-    standard deviation across queries (tokens), per head, averaged over heads (0 if the scale ignored the input,
-    as a per-head constant would); the shares of alphas at the clip bounds of Eq. 11, exactly 0 and exactly 1."""
+    """Affine's alpha (Eq. 7) of one layer, over every token of the sequences read, alpha (N, T, H):
+    its mean; its standard deviation across queries (tokens), per head, averaged over heads (0 if
+    the scale ignored the input, as a per-head constant would); the shares of alphas at the clip
+    bounds of Eq. 11, exactly 0 and exactly 1."""
     per_head = alpha.flatten(0, 1)
     return dict(alpha_mean=per_head.mean().item(), alpha_std=per_head.std(0).mean().item(),
-                alpha_at_0=(per_head == 0).double().mean().item(), alpha_at_1=(per_head == 1).double().mean().item())
+                alpha_at_0=(per_head == 0).double().mean().item(),
+                alpha_at_1=(per_head == 1).double().mean().item())
 
 
 def max_abs(x):
@@ -165,28 +192,32 @@ def max_abs(x):
 
 
 def kurtosis(x):
-    """Bondarenko et al.'s kurtosis per sequence of x (B, T, C), as transformers_language/utils.py computes it on a
-    layer's output flattened per sequence: E[(x - mu)^4] / (s^4 + 1e-6), s the unbiased standard deviation (3 for a
-    Gaussian; outliers make it large)."""
+    """Bondarenko et al.'s kurtosis per sequence of x (B, T, C), as transformers_language/utils.py
+    computes it on a layer's output flattened per sequence: E[(x - mu)^4] / (s^4 + 1e-6), s the
+    unbiased standard deviation (3 for a Gaussian; outliers make it large)."""
     flat = x.flatten(1)
     squares = (flat - flat.mean(1, keepdim=True)).square()
-    return squares.square().mean(1) / ((squares.sum(1) / (flat.size(1) - 1)).square() + KURTOSIS_EPS)
+    return squares.square().mean(1) / ((squares.sum(1) / (flat.size(1) - 1)).square()
+                                       + KURTOSIS_EPS)
 
 
 def activation_outliers(model, idx):
-    """Per layer, (B,) tensors on the sequences idx (B, T), in float64, each with and without position 0 (where
-    massive activations and sinks sit): Bondarenko et al. (2023, arXiv 2306.12929; validate_clm.py)'s two measures,
-    max |x| per sequence (averaged over sequences by the readers) and kurtosis, on the attention layer's output
-    (o_proj's, what it adds to the residual stream: attention_*) and on the FFN's (layer.mlp's, down_proj's: ffn_*;
-    their OPT's fc2, where their "max FFN inf norm" is read); and max |x| of the residual stream after the layer
-    (Sun et al. 2024's massive activations). Computed in the forward's hooks (outlier_hooks), one layer at a time."""
+    """Per layer, (B,) tensors on the sequences idx (B, T), in float64, each with and without
+    position 0 (where massive activations and sinks sit): Bondarenko et al. (2023, arXiv 2306.12929;
+    validate_clm.py)'s two measures, max |x| per sequence (averaged over sequences by the readers)
+    and kurtosis, on the attention layer's output (o_proj's, what it adds to the residual stream:
+    attention_*) and on the FFN's (layer.mlp's, down_proj's: ffn_*; their OPT's fc2, where their
+    "max FFN inf norm" is read); and max |x| of the residual stream after the layer (Sun et al.
+    2024's massive activations). Computed in the forward's hooks (outlier_hooks), one layer at a
+    time."""
     layers = [{} for _ in model.model.layers]
     hooked_forward(model, idx, outlier_hooks(model, layers))
     return layers
 
 
 def outlier_hooks(model, layers):
-    """Forward hooks that put activation_outliers' measures of each layer into its dict of layers."""
+    """Forward hooks that put activation_outliers' measures of each layer into its dict of
+    layers."""
 
     def measure(stats, prefix, kinds):
         def hook(module, args, out):
@@ -203,22 +234,25 @@ def outlier_hooks(model, layers):
 
 
 def outlier_means(model, sequences, batch_size=1):
-    """activation_outliers over the sequences (N, T), batch by batch, each measure averaged over the sequences (as
-    validate_clm.py averages its per-sequence values): {key: [one number per layer]}."""
+    """activation_outliers over the sequences (N, T), batch by batch, each measure averaged over the
+    sequences (as validate_clm.py averages its per-sequence values): {key: [one number per
+    layer]}."""
     device = next(model.parameters()).device
     parts = [activation_outliers(model, idx) for idx in batches(sequences, batch_size, device)]
-    return {key: [torch.cat([part[i][key] for part in parts]).mean().item() for i in range(len(parts[0]))]
+    return {key: [torch.cat([part[i][key] for part in parts]).mean().item()
+                  for i in range(len(parts[0]))]
             for key in parts[0][0]}
 
 
 @torch.no_grad()
 def attention_statistics(model, idx, corner=30, value_stride=1):
-    """Per-layer statistics of the effective attention weights w (B, H, T, T) on the sequences idx (B, T):
-    each layer's Attention.weights on its own inputs (inspect_attention), in float64, kept per sequence so that
-    batches concatenate. Means over queries i >= 1 unless noted: first_token(_head), first_token_share(_head),
-    null_mass_head, sink_mass, sink_score(_null_slot), negative_rows, value_weighted_first_head; row_sums (B, T)
-    (Figure 3), head_total (Figure 5), entropy of |w| renormalised (Figure 6), corner (B, c, c) (Figure 9); the
-    variant's own (variant_statistics) and activation_outliers'. docs/analysis.md, "The sink's measures"."""
+    """Per-layer statistics of the effective attention weights w (B, H, T, T) on the sequences idx
+    (B, T): each layer's Attention.weights on its own inputs (inspect_attention), in float64, kept
+    per sequence so that batches concatenate. Means over queries i >= 1 unless noted:
+    first_token(_head), first_token_share(_head), null_mass_head, sink_mass, sink_score(_null_slot),
+    negative_rows, value_weighted_first_head; row_sums (B, T) (Figure 3), head_total (Figure 5),
+    entropy of |w| renormalised (Figure 6), corner (B, c, c) (Figure 9); the variant's own
+    (variant_statistics) and activation_outliers'. docs/analysis.md, "The sink's measures"."""
     def statistics(attn, x, cos, sin, positions):
         variant = attn.config.variant
         w = attn.weights(x, cos, sin, positions).double()
@@ -228,38 +262,47 @@ def attention_statistics(model, idx, corner=30, value_stride=1):
         first = first_token_weights(w)
         null = first['null'].mean(2)
         sink = sink_scores(w, variant.rows_sum_to_one, variant.sink)
-        stats = dict(first_token=first['weight'].mean(dim=(1, 2)), first_token_head=first['weight'].mean(2),
-                     first_token_share=first['share'].mean(dim=(1, 2)), first_token_share_head=first['share'].mean(2),
+        stats = dict(first_token=first['weight'].mean(dim=(1, 2)),
+                     first_token_head=first['weight'].mean(2),
+                     first_token_share=first['share'].mean(dim=(1, 2)),
+                     first_token_share_head=first['share'].mean(2),
                      null_mass_head=null, sink_mass=null.mean(1) if variant.sink else None,
                      sink_score=sink['tokens'], sink_score_null_slot=sink['null_slot'],
                      negative_rows=(w.amin(-1) < 0).double().mean(dim=(1, 2)),
-                     value_weighted_first_head=value_weighted_first_token(attn, x, cos, sin, w, value_stride),
-                     row_sums=rows.mean(1), head_total=rows.mean(2), entropy=entropy[:, :, 1:].mean(dim=(1, 2)),
+                     value_weighted_first_head=value_weighted_first_token(attn, x, cos, sin, w,
+                                                                          value_stride),
+                     row_sums=rows.mean(1), head_total=rows.mean(2),
+                     entropy=entropy[:, :, 1:].mean(dim=(1, 2)),
                      corner=w[:, :, :corner, :corner].mean(1))
         return stats | variant_statistics(attn, x)
 
     layers, outliers = [], [{} for _ in model.model.layers]
-    hooked_forward(model, idx, attention_hooks(model, statistics, layers) + outlier_hooks(model, outliers))
+    hooked_forward(model, idx, attention_hooks(model, statistics, layers)
+                   + outlier_hooks(model, outliers))
     return [layer | stats for layer, stats in zip(layers, outliers)]
 
 
-# the outlier measures train.py's evaluations (sink_record) and analyze.py's layers keep: activation_outliers' FFN
-# measures (ffn_*) are read at the end of a sink study run (its end.payoff, outlier_means), so that the evaluations'
-# records keep the schema the committed ones were validated against
+# the outlier measures train.py's evaluations (sink_record) and analyze.py's layers keep:
+# activation_outliers' FFN measures (ffn_*) are read at the end of a sink study run (its end.payoff,
+# outlier_means), so that the evaluations' records keep the schema the committed ones were validated
+# against
 OUTLIERS = ('attention_max_abs', 'attention_max_abs_after_first', 'attention_kurtosis',
             'attention_kurtosis_after_first', 'residual_max_abs', 'residual_max_abs_after_first')
 
 
 def layer_summary(s):
-    """One layer's measures as plain numbers, from attention_statistics' tensors of all sequences (concatenated):
-    means over sequences (Gu et al.'s rate: the share of (sequence, head) pairs whose score exceeds SINK_THRESHOLD),
-    per head where the key ends in _head; first_or_null = first_token + null_mass (first_token_weights); alpha's
-    (alpha_summary) where the variant has it. What sink_record logs and analyze.py's numbers.json holds per layer."""
+    """One layer's measures as plain numbers, from attention_statistics' tensors of all sequences
+    (concatenated): means over sequences (Gu et al.'s rate: the share of (sequence, head) pairs
+    whose score exceeds SINK_THRESHOLD), per head where the key ends in _head; first_or_null =
+    first_token + null_mass (first_token_weights); alpha's (alpha_summary) where the variant has it.
+    What sink_record logs and analyze.py's numbers.json holds per layer."""
     head = lambda key: s[key].mean(0)
-    out = dict(first_token=s['first_token'].mean().item(), first_token_head=head('first_token_head').tolist(),
+    out = dict(first_token=s['first_token'].mean().item(),
+               first_token_head=head('first_token_head').tolist(),
                first_token_share=s['first_token_share'].mean().item(),
                first_token_share_head=head('first_token_share_head').tolist(),
-               null_mass=s['null_mass_head'].mean().item(), null_mass_head=head('null_mass_head').tolist(),
+               null_mass=s['null_mass_head'].mean().item(),
+               null_mass_head=head('null_mass_head').tolist(),
                first_or_null=(s['first_token_head'] + s['null_mass_head']).mean().item(),
                first_or_null_head=head('first_token_head').add(head('null_mass_head')).tolist(),
                sink_rate=(s['sink_score'] > SINK_THRESHOLD).double().mean().item(),
@@ -268,28 +311,33 @@ def layer_summary(s):
                value_weighted_first_head=head('value_weighted_first_head').tolist(),
                entropy=s['entropy'].mean().item(), row_sum_mean=s['row_sums'].mean().item())
     if s.get('sink_score_null_slot') is not None:
-        out['sink_rate_null_slot'] = (s['sink_score_null_slot'] > SINK_THRESHOLD).double().mean().item()
+        out[
+            'sink_rate_null_slot'] = (
+            s['sink_score_null_slot'] > SINK_THRESHOLD).double().mean().item()
     if 'alpha' in s:
         out |= alpha_summary(s['alpha'])
     return out | {key: s[key].mean().item() for key in OUTLIERS}
 
 
 def mean_head_sink_rate(layers):
-    """The measure this repository called Sink_1^0.3 before Gu et al.'s (sink_rate): the share of all (layer, head)
-    pairs whose first-token weight, averaged over the sequences and queries i >= 1, exceeds SINK_THRESHOLD. It leaves
-    the first token's own row out, thresholds a mean over sequences and reads raw weights (docs/analysis.md)."""
+    """The measure this repository called Sink_1^0.3 before Gu et al.'s (sink_rate): the share of
+    all (layer, head) pairs whose first-token weight, averaged over the sequences and queries i >=
+    1, exceeds SINK_THRESHOLD. It leaves the first token's own row out, thresholds a mean over
+    sequences and reads raw weights (docs/analysis.md)."""
     heads = [w for layer in layers for w in layer['first_token_head']]
     return sum(w > SINK_THRESHOLD for w in heads) / len(heads)
 
 
 def model_rates(layers):
-    """Gu et al.'s Sink_1 of a model from layer_summary's layers: their rate, the share of (layer, head) pairs over
-    the threshold averaged over samples, is the mean of the per-layer rates (every layer has the same heads and
-    samples); with a null slot, the same on the slot; and mean_head_sink_rate."""
+    """Gu et al.'s Sink_1 of a model from layer_summary's layers: their rate, the share of (layer,
+    head) pairs over the threshold averaged over samples, is the mean of the per-layer rates (every
+    layer has the same heads and samples); with a null slot, the same on the slot; and
+    mean_head_sink_rate."""
     rates = dict(sink_rate=layer_mean([layer['sink_rate'] for layer in layers]),
                  sink_rate_mean_head=mean_head_sink_rate(layers))
     if 'sink_rate_null_slot' in layers[0]:
-        rates['sink_rate_null_slot'] = layer_mean([layer['sink_rate_null_slot'] for layer in layers])
+        rates['sink_rate_null_slot'] = layer_mean([layer['sink_rate_null_slot']
+                                                   for layer in layers])
     return rates
 
 # -----------------------------------------------------------------------------
@@ -297,47 +345,59 @@ def model_rates(layers):
 
 
 def mean_attention_logit(model, idx):
-    """Mean of q_i.k_j/sqrt(d) over layers, heads and causal pairs j <= i (paper Figure 2), and of its absolute value,
-    on one sequence: each layer's explicit logits (Attention.weights' scores), one layer at a time, inside its
-    forward (inspect_attention). Under FSDP every rank must call it."""
+    """Mean of q_i.k_j/sqrt(d) over layers, heads and causal pairs j <= i (paper Figure 2), and of
+    its absolute value, on one sequence: each layer's explicit logits (Attention.weights' scores),
+    one layer at a time, inside its forward (inspect_attention). Under FSDP every rank must call
+    it."""
     def logits(attn, x, cos, sin, positions):
         scores = attention_scores(*attn.project(x, cos, sin)[:2])
-        visible = scores[..., torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()]
+        visible = scores[...,
+                         torch.ones(scores.shape[-2:], dtype=torch.bool,
+                                    device=scores.device).tril()]
         return torch.stack([visible.mean(), visible.abs().mean()])
 
-    signed, absolute = zip(*torch.stack(inspect_attention(model, idx[:1], logits)).tolist())  # one transfer
+    # one transfer
+    signed, absolute = zip(*torch.stack(inspect_attention(model, idx[:1], logits)).tolist())
     return sum(signed) / len(signed), sum(absolute) / len(absolute)
 
 
 def variant_tensor_means(model, alpha_means):
-    """Per-layer head means of this step's E[alpha] (affine) and of the variant's per-head tensors (Variant.head_stats:
-    affine's alpha_ma, the sink logits), rounded to 5 decimals as train.py logs them."""
+    """Per-layer head means of this step's E[alpha] (affine) and of the variant's per-head tensors
+    (Variant.head_stats: affine's alpha_ma, the sink logits), rounded to 5 decimals as train.py logs
+    them."""
     layers = [layer.self_attn for layer in model.model.layers]
     stats = {}
     if alpha_means:
         stats['alpha_mean'] = [round(a.mean().item(), 5) for a in alpha_means]
-    for name in model.config.variant.head_stats:  # a parameter is a shard under FSDP: gathered (every rank calls this)
+    # a parameter is a shard under FSDP: gathered (every rank calls this)
+    for name in model.config.variant.head_stats:
         stats[name] = [round(full_tensor(getattr(m, name)).mean().item(), 5) for m in layers]
     return stats
 
 
-# sink_record's names for layer_summary's keys where the record had them first (a _head key's is _per_head)
-RECORD_NAMES = dict(first_token='first_token_weight', first_token_head='first_token_per_head', row_sum_mean='row_sum',
-                    sink_rate='sink_rate_per_layer', sink_rate_null_slot='sink_rate_null_slot_per_layer',
+# sink_record's names for layer_summary's keys where the record had them first (a _head key's is
+# _per_head)
+RECORD_NAMES = dict(first_token='first_token_weight', first_token_head='first_token_per_head',
+                    row_sum_mean='row_sum',
+                    sink_rate='sink_rate_per_layer',
+                    sink_rate_null_slot='sink_rate_null_slot_per_layer',
                     alpha_mean='alpha_window_mean')
 
 
 def sink_record(model, idx):
-    """Every measure of layer_summary on the windows idx (train.py's attention_windows), per layer (lists; per layer
-    and head where the name ends in _per_head), rounded to 6 decimals, under the names the records had first
-    (RECORD_NAMES); sink_mass (the null slot's) for a variant with one (Variant.sink); and over the
-    model, Gu et al.'s Sink_1^0.3 on these windows (sink_rate; sink_rate_null_slot) and the repository's earlier
-    measure (sink_rate_mean_head), model_rates; the value-weighted share on every VALUE_WEIGHTED_STRIDE-th query.
-    Under FSDP every rank must call it."""
-    layers = [layer_summary(layer) for layer in attention_statistics(model, idx, value_stride=VALUE_WEIGHTED_STRIDE)]
+    """Every measure of layer_summary on the windows idx (train.py's attention_windows), per layer
+    (lists; per layer and head where the name ends in _per_head), rounded to 6 decimals, under the
+    names the records had first (RECORD_NAMES); sink_mass (the null slot's) for a variant with one
+    (Variant.sink); and over the model, Gu et al.'s Sink_1^0.3 on these windows (sink_rate;
+    sink_rate_null_slot) and the repository's earlier measure (sink_rate_mean_head), model_rates;
+    the value-weighted share on every VALUE_WEIGHTED_STRIDE-th query. Under FSDP every rank must
+    call it."""
+    layers = [layer_summary(layer)
+              for layer in attention_statistics(model, idx, value_stride=VALUE_WEIGHTED_STRIDE)]
     record = {}
     for key in layers[0]:
-        name = RECORD_NAMES.get(key, key[:-len('_head')] + '_per_head' if key.endswith('_head') else key)
+        name = RECORD_NAMES.get(key, key[:-len('_head')] + '_per_head' if key.endswith('_head')
+                                else key)
         record[name] = [round(v, 6) if isinstance(v, float) else [round(h, 6) for h in v]
                         for v in (layer[key] for layer in layers)]
     if model.config.variant.sink:
@@ -346,8 +406,8 @@ def sink_record(model, idx):
 
 
 def layer_mean(values):
-    """The mean over layers of a per-layer record (sink_record's lists, model_statistics' layers); None stays None
-    (a measure a variant does not have, such as sink_mass)."""
+    """The mean over layers of a per-layer record (sink_record's lists, model_statistics' layers);
+    None stays None (a measure a variant does not have, such as sink_mass)."""
     return statistics.fmean(values) if values is not None else None
 
 
@@ -371,11 +431,12 @@ def batches(sequences, batch_size, device):
 
 
 def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):
-    """attention_statistics over all sequences (N, T), batch by batch (the weights of a whole 1B model at T = 1024
-    are gigabytes per sequence), reduced to plain numbers: per layer, layer_summary's measures, the row sums'
-    median, per-head totals, the corner, alpha's per-head means and quantiles, alpha_ma, the sink logits; over the
-    model, Gu et al.'s rates (model_rates) and the histogram of per-query row sums over all layers (Figure 3).
-    analyze.py attention's numbers.json."""
+    """attention_statistics over all sequences (N, T), batch by batch (the weights of a whole 1B
+    model at T = 1024 are gigabytes per sequence), reduced to plain numbers: per layer,
+    layer_summary's measures, the row sums' median, per-head totals, the corner, alpha's per-head
+    means and quantiles, alpha_ma, the sink logits; over the model, Gu et al.'s rates (model_rates)
+    and the histogram of per-query row sums over all layers (Figure 3). analyze.py attention's
+    numbers.json."""
     device = next(model.parameters()).device
     parts = []
     for idx in batches(sequences, batch_size, device):
@@ -384,42 +445,51 @@ def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):
             progress(sum(len(part[0]['first_token']) for part in parts))
     layers = []
     for per_batch in zip(*parts):
-        s = {key: torch.cat([b[key] for b in per_batch]) if key not in HEAD_STATS else per_batch[0][key]
-             for key in per_batch[0] if per_batch[0][key] is not None}
+        s = {key: torch.cat([b[key] for b in per_batch]) if key not in HEAD_STATS
+             else per_batch[0][key] for key in per_batch[0] if per_batch[0][key] is not None}
         layer = layer_summary(s) | dict(row_sum_median=s['row_sums'].median().item(),
                                         head_total=s['head_total'].mean(0).tolist(),
                                         corner=s['corner'].mean(0).tolist())
         if 'alpha' in s:
             alpha = s['alpha'].flatten(0, 1)  # (tokens, H)
-            qs = torch.tensor([0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0], dtype=alpha.dtype, device=alpha.device)
+            qs = torch.tensor([0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0], dtype=alpha.dtype,
+                              device=alpha.device)
             layer.update(alpha_head_mean=alpha.mean(0).tolist(),
-                         alpha_quantiles=dict(zip(('min', 'p5', 'p25', 'median', 'p75', 'p95', 'max'),
+                         alpha_quantiles=dict(zip(('min', 'p5', 'p25', 'median', 'p75', 'p95',
+                                                   'max'),
                                                   torch.quantile(alpha.flatten(), qs).tolist())))
         layer.update({key: s[key].tolist() for key in HEAD_STATS if key in s})
         layers.append((layer, s['row_sums'].flatten().cpu().numpy()))
     row_sums = np.concatenate([r for _, r in layers])
     lo, hi = float(row_sums.min()), float(row_sums.max())
-    counts, edges = np.histogram(row_sums, bins=50, range=(lo - 1e-3, hi + 1e-3))  # softmax: every row is 1
+    # softmax: every row is 1
+    counts, edges = np.histogram(row_sums, bins=50, range=(lo - 1e-3, hi + 1e-3))
     summaries = [layer for layer, _ in layers]
     return dict(layers=summaries, **model_rates(summaries),
-                row_sums=dict(mean=float(row_sums.mean()), median=float(np.median(row_sums)), n=len(row_sums),
+                row_sums=dict(mean=float(row_sums.mean()), median=float(np.median(row_sums)),
+                              n=len(row_sums),
                               histogram=dict(counts=counts.tolist(), edges=edges.tolist())))
 
 
 def sink_rates(model, sequences, batch_size=1):
-    """Gu et al.'s Sink_1^0.3 in their own setting (sequences: GU_SAMPLES x GU_LENGTH tokens; sink_scores): over the
-    model and per layer, on the tokens, on the raw rows and, for a variant with a null slot, on the slot."""
+    """Gu et al.'s Sink_1^0.3 in their own setting (sequences: GU_SAMPLES x GU_LENGTH tokens;
+    sink_scores): over the model and per layer, on the tokens, on the raw rows and, for a variant
+    with a null slot, on the slot."""
     device = next(model.parameters()).device
     variant = model.config.variant
 
     def scores(attn, x, cos, sin, positions):
-        return sink_scores(attn.weights(x, cos, sin, positions).double(), variant.rows_sum_to_one, variant.sink)
+        return sink_scores(attn.weights(x, cos, sin, positions).double(), variant.rows_sum_to_one,
+                           variant.sink)
 
-    parts = [inspect_attention(model, idx, scores) for idx in batches(sequences, batch_size, device)]
+    parts = [inspect_attention(model, idx, scores)
+             for idx in batches(sequences, batch_size, device)]
     rates = {}
-    for reading, name in (('tokens', 'sink_rate'), ('null_slot', 'sink_rate_null_slot'), ('raw', 'sink_rate_raw')):
+    for reading, name in (('tokens', 'sink_rate'), ('null_slot', 'sink_rate_null_slot'),
+                          ('raw', 'sink_rate_raw')):
         if parts[0][0][reading] is not None:
-            per_layer = [(torch.cat([p[reading] for p in layer]) > SINK_THRESHOLD).double().mean().item()
+            per_layer = [(torch.cat([p[reading]
+                                     for p in layer]) > SINK_THRESHOLD).double().mean().item()
                          for layer in zip(*parts)]
             rates |= {name: layer_mean(per_layer), f'{name}_per_layer': per_layer}
     return dict(samples=len(sequences), length=sequences.size(1), **rates)
@@ -427,30 +497,31 @@ def sink_rates(model, sequences, batch_size=1):
 
 @torch.no_grad()
 def prediction_loss(model, sequences, batch_size=1, first_query=0):
-    """Mean cross-entropy of the next-token predictions of queries i >= first_query (targets: token i + 1) over the
-    sequences (N, T), in float64 sums: the loss W8A8 and the knockout compare."""
+    """Mean cross-entropy of the next-token predictions of queries i >= first_query (targets: token
+    i + 1) over the sequences (N, T), in float64 sums: the loss W8A8 and the knockout compare."""
     device = next(model.parameters()).device
     total, count = 0.0, 0
     with eager_eval(model):
         for idx in batches(sequences, batch_size, device):
             logits, _ = model(idx[:, :-1])
             logits, targets = logits[:, first_query:].double(), idx[:, first_query + 1:]
-            total += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction='sum').item()
+            total += F.cross_entropy(logits.flatten(0, 1), targets.flatten(),
+                                     reduction='sum').item()
             count += targets.numel()
     return total / count
 
 
 def quantize_symmetric(w, bits=QUANTIZATION_BITS):
-    """Symmetric per-tensor quantization, then dequantization: step max|w| / (2^(b-1) - 1), integers in
-    [-2^(b-1), 2^(b-1) - 1] (quantization/quantizers/uniform_quantizers.py's signed grid)."""
+    """Symmetric per-tensor quantization, then dequantization: step max|w| / (2^(b-1) - 1), integers
+    in [-2^(b-1), 2^(b-1) - 1] (quantization/quantizers/uniform_quantizers.py's signed grid)."""
     step = w.abs().max() / (2 ** (bits - 1) - 1)
     return (w / step).round().clamp(-2 ** (bits - 1), 2 ** (bits - 1) - 1) * step
 
 
 def quantize_asymmetric(x, low, high, bits=QUANTIZATION_BITS):
-    """Asymmetric per-tensor quantization, then dequantization, over the range [low, high] widened to hold 0 (as
-    uniform_quantizers.py does): step (high - low) / (2^b - 1), zero point round(-low / step), integers in
-    [0, 2^b - 1]."""
+    """Asymmetric per-tensor quantization, then dequantization, over the range [low, high] widened
+    to hold 0 (as uniform_quantizers.py does): step (high - low) / (2^b - 1), zero point round(-low
+    / step), integers in [0, 2^b - 1]."""
     low, high = min(low, 0.0), max(high, 1e-8)
     step = (high - low) / (2 ** bits - 1)
     zero = min(max(round(-low / step), 0), 2 ** bits - 1)
@@ -458,18 +529,20 @@ def quantize_asymmetric(x, low, high, bits=QUANTIZATION_BITS):
 
 
 @torch.no_grad()
-def quantized_losses(model, calibration, sequences, weight_bits=QUANTIZATION_BITS, act_bits=QUANTIZATION_BITS,
-                     batch_size=1):
-    """Simulated post-training quantization at weight_bits / act_bits in Bondarenko et al. (2023)'s setup (their
-    README's OPT command: --quant_setup fp32_head --ranges_acts running_minmax --qmethod_acts asymmetric_uniform;
-    validate_clm.py sets --n_bits and --n_bits_act apart, as here): every nn.Linear but the final one (lm_head, kept
-    in full precision with its input) gets symmetric per-tensor weights (quantize_symmetric) and asymmetric per-tensor
-    inputs (quantize_asymmetric) over static ranges: the running min-max (momentum 0.9) of each input over the
-    calibration sequences, fixed before the evaluation. Their code also quantizes the embeddings, norms, residual sums
-    and attention probabilities, and picks weight ranges by an MSE grid; this is the narrower setup of the linear
-    layers alone. Fewer input bits than 8 widen each step about 4x (6 bits) or 17x (4 bits): where W8A8's ratio
-    sits at its floor, a range stretched by an outlier shows there first. The model is restored after.
-    Returns the loss (prediction_loss) on the sequences in full precision (fp) and quantized, and their ratio."""
+def quantized_losses(model, calibration, sequences, weight_bits=QUANTIZATION_BITS,
+                     act_bits=QUANTIZATION_BITS, batch_size=1):
+    """Simulated post-training quantization at weight_bits / act_bits in Bondarenko et al. (2023)'s
+    setup (their README's OPT command: --quant_setup fp32_head --ranges_acts running_minmax
+    --qmethod_acts asymmetric_uniform; validate_clm.py sets --n_bits and --n_bits_act apart, as
+    here): every nn.Linear but the final one (lm_head, kept in full precision with its input) gets
+    symmetric per-tensor weights (quantize_symmetric) and asymmetric per-tensor inputs
+    (quantize_asymmetric) over static ranges: the running min-max (momentum 0.9) of each input over
+    the calibration sequences, fixed before the evaluation. Their code also quantizes the
+    embeddings, norms, residual sums and attention probabilities, and picks weight ranges by an MSE
+    grid; this is the narrower setup of the linear layers alone. Fewer input bits than 8 widen each
+    step about 4x (6 bits) or 17x (4 bits): where W8A8's ratio sits at its floor, a range stretched
+    by an outlier shows there first. The model is restored after. Returns the loss (prediction_loss)
+    on the sequences in full precision (fp) and quantized, and their ratio."""
     device = next(model.parameters()).device
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not model.lm_head]
     ranges = {}
@@ -507,15 +580,16 @@ def quantized_losses(model, calibration, sequences, weight_bits=QUANTIZATION_BIT
 
 
 def w8a8_losses(model, calibration, sequences, batch_size=1):
-    """quantized_losses at 8 bits for weights and inputs (W8A8), under the names the records and analyze.py read:
-    fp, w8a8, ratio, calibration."""
+    """quantized_losses at 8 bits for weights and inputs (W8A8), under the names the records and
+    analyze.py read: fp, w8a8, ratio, calibration."""
     q = quantized_losses(model, calibration, sequences, batch_size=batch_size)
     return dict(fp=q['fp'], w8a8=q['quantized'], ratio=q['ratio'], calibration=q['calibration'])
 
 
 def streaming_hidden(T, window, first, device=None):
-    """(T, T) bool, the keys hidden from each query in StreamingLLM's cache (Xiao et al. 2023, arXiv 2309.17453): query
-    i keeps its last `window` keys (i - window < j <= i) and the first `first` positions; the other causal keys hide."""
+    """(T, T) bool, the keys hidden from each query in StreamingLLM's cache (Xiao et al. 2023, arXiv
+    2309.17453): query i keeps its last `window` keys (i - window < j <= i) and the first `first`
+    positions; the other causal keys hide."""
     i = torch.arange(T, device=device).unsqueeze(1)
     j = torch.arange(T, device=device)
     return (j <= i - window) & (j >= first)
@@ -523,16 +597,17 @@ def streaming_hidden(T, window, first, device=None):
 
 @torch.no_grad()
 def knockout_losses(model, sequences, window=0, first=KNOCKOUT_FIRST, batch_size=1):
-    """StreamingLLM's first-token knockout: the loss (prediction_loss) of the queries i >= window (those with keys to
-    hide) when each sees only its last `window` keys plus the first k positions, for each k in `first`, against full
-    attention on the same predictions. window 0: a quarter of the sequences' length.
-    Every layer attends through its explicit weights (Attention.explicit) with the hidden keys' scores at -inf, so
-    they leave each variant's own normalisation: softmax's and the sinks' denominators (a null slot is no position:
-    it stays), and for affine Eq. 8 over the keys the query still sees (model.affine_weights): beta_i spreads over
-    them (Sigma_j V_j sums only them) and N counts them ('visible') or is the most any query sees, the cache's
-    length ('seq_len'), as for a model handed only that cache. Positions keep their RoPE angles (StreamingLLM
-    renumbers them within the cache). Full attention is the same explicit path with nothing hidden.
-    Returns dict(window, full, first_<k> for each k)."""
+    """StreamingLLM's first-token knockout: the loss (prediction_loss) of the queries i >= window
+    (those with keys to hide) when each sees only its last `window` keys plus the first k positions,
+    for each k in `first`, against full attention on the same predictions. window 0: a quarter of
+    the sequences' length. Every layer attends through its explicit weights (Attention.explicit)
+    with the hidden keys' scores at -inf, so they leave each variant's own normalisation: softmax's
+    and the sinks' denominators (a null slot is no position: it stays), and for affine Eq. 8 over
+    the keys the query still sees (model.affine_weights): beta_i spreads over them (Sigma_j V_j sums
+    only them) and N counts them ('visible') or is the most any query sees, the cache's length
+    ('seq_len'), as for a model handed only that cache. Positions keep their RoPE angles
+    (StreamingLLM renumbers them within the cache). Full attention is the same explicit path with
+    nothing hidden. Returns dict(window, full, first_<k> for each k)."""
     T = sequences.size(1)
     window = window or T // 4
     layers = [layer.self_attn for layer in model.model.layers]
@@ -544,7 +619,8 @@ def knockout_losses(model, sequences, window=0, first=KNOCKOUT_FIRST, batch_size
         losses['full'] = prediction_loss(model, sequences, batch_size, window)
         for k in first:
             for attn in layers:
-                attn.hidden_keys = streaming_hidden(T - 1, window, k, device)  # the predictions' forward: T - 1 tokens
+                # the predictions' forward: T - 1 tokens
+                attn.hidden_keys = streaming_hidden(T - 1, window, k, device)
             losses[f'first_{k}'] = prediction_loss(model, sequences, batch_size, window)
     finally:
         for attn in layers:

@@ -1,6 +1,6 @@
 """
-How long work has left, said as it goes: a time as 2h05m or 3m07s (duration), and a progress line rewritten in
-place (Progress). Pure Python: the quick start uses it before torch is installed.
+How long work has left, said as it goes: a time as 2h05m or 3m07s (duration), and a progress line
+rewritten in place (Progress). Pure Python: the quick start uses it before torch is installed.
 """
 import sys
 import time
@@ -28,4 +28,5 @@ class Progress:
         rate = done / max(now - self.t0, 1e-9)
         left = f", {duration((self.total - done) / rate)} left" if 0 < done < self.total else ''
         end = '\n' if done == self.total else ''
-        print(f"\r{self.name}: {done}/{self.total} ({rate:.1f}/s{left})", end=end, file=sys.stderr, flush=True)
+        print(f"\r{self.name}: {done}/{self.total} "
+              f"({rate:.1f}/s{left})", end=end, file=sys.stderr, flush=True)

@@ -1,8 +1,9 @@
 """
-Zero-shot evaluation's library, as in the paper's Tables 1-3: the six tasks' documents as lm-evaluation-harness
-v0.4.9 builds them (its files cited beside each rule), their requests encoded and scored in batches (score_requests)
-or one by one (score_one_by_one, the slow reference), the metrics, the hub and offline task data, and C4 perplexity.
-docs/evaluation.md walks through the rules.
+Zero-shot evaluation's library, as in the paper's Tables 1-3: the six tasks' documents as
+lm-evaluation-harness v0.4.9 builds them (its files cited beside each rule), their requests encoded
+and scored in batches (score_requests) or one by one (score_one_by_one, the slow reference), the
+metrics, the hub and offline task data, and C4 perplexity. docs/evaluation.md walks through the
+rules.
 """
 import json
 import math
@@ -25,10 +26,11 @@ from lmkit.data import read_meta, read_split
 from lmkit.tokenizer import load_tokenizer
 from model import KVCache
 
-# task -> (hub dataset path, config name, the split the harness evaluates) (lm-eval's task YAMLs: dataset_path,
-# dataset_name, test_split or else validation_split). datasets >= 4 cannot run the dataset scripts behind v0.4.9's
-# legacy names 'hellaswag', 'super_glue' and 'winogrande', so we read their script-free copies, the ones later
-# harness versions switched to (not verified row-identical to the legacy ones).
+# task -> (hub dataset path, config name, the split the harness evaluates) (lm-eval's task YAMLs:
+# dataset_path, dataset_name, test_split or else validation_split). datasets >= 4 cannot run the
+# dataset scripts behind v0.4.9's legacy names 'hellaswag', 'super_glue' and 'winogrande', so we
+# read their script-free copies, the ones later harness versions switched to (not verified
+# row-identical to the legacy ones).
 HUB = {
     'arc_easy': ('allenai/ai2_arc', 'ARC-Easy', 'test'),
     'arc_challenge': ('allenai/ai2_arc', 'ARC-Challenge', 'test'),
@@ -38,13 +40,16 @@ HUB = {
     'winogrande': ('allenai/winogrande', 'winogrande_xl', 'validation'),
     'c4': ('allenai/c4', None, 'validation'),
 }
-C4_SHARD = 'en/c4-validation.00000-of-00008.json.gz'  # the only file GPTQ's C4 protocol reads (gptq's datautils.py)
-C4_DOCS = 1100  # GPTQ's c4-new (datautils.py, get_c4_new): the first 1100 documents, joined with single spaces
+# the only file GPTQ's C4 protocol reads (gptq's datautils.py)
+C4_SHARD = 'en/c4-validation.00000-of-00008.json.gz'
+# GPTQ's c4-new (datautils.py, get_c4_new): the first 1100 documents, joined with single spaces
+C4_DOCS = 1100
 TASKS = tuple(HUB) + ('heldout',)
 DEFAULT_TASKS = tuple(HUB)
 
-# One document: its loglikelihood requests (context, continuation), the gold index, and the character length
-# of each choice for acc_norm (None where the harness reports acc only: BoolQ and Winogrande, per their YAMLs).
+# One document: its loglikelihood requests (context, continuation), the gold index, and the
+# character length of each choice for acc_norm (None where the harness reports acc only: BoolQ and
+# Winogrande, per their YAMLs).
 Doc = namedtuple('Doc', 'requests gold lengths')
 
 # -----------------------------------------------------------------------------
@@ -60,44 +65,51 @@ def field(row, name, kind=None):
 
 
 def label_index(value, n, name):
-    """An integer label in range(n); the strings "0".."n-1" too (HellaSwag's label is a string, which
-    lm_eval/tasks/hellaswag/utils.py turns into an int)."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or not re.fullmatch(r'\d+', str(value)) \
+    """An integer label in range(n); the strings "0".."n-1" too (HellaSwag's label is a string,
+    which lm_eval/tasks/hellaswag/utils.py turns into an int)."""
+    if isinstance(value, bool) or not isinstance(value,
+                                                 (int, str)) or not re.fullmatch(r'\d+',
+                                                                                 str(value)) \
             or int(value) >= n:
         raise ValueError(f"bad label {name}={value!r}: expected an integer in [0, {n})")
     return int(value)
 
 
 def choice_doc(context, choices, gold, norm=True):
-    """One request (context, " " + choice) per choice (ConfigurableTask.construct_requests); acc_norm divides by
-    len(choice) (ConfigurableTask.process_results)."""
+    """One request (context, " " + choice) per choice (ConfigurableTask.construct_requests);
+    acc_norm divides by len(choice) (ConfigurableTask.process_results)."""
     if not choices or not all(isinstance(c, str) for c in choices):
         raise ValueError(f"choices must be a non-empty list of strings, got {choices!r}")
-    return Doc([(context, ' ' + c) for c in choices], gold, [float(len(c)) for c in choices] if norm else None)
+    return Doc([(context, ' ' + c) for c in choices], gold, [float(len(c)) for c in choices] if norm
+               else None)
 
 
 def arc_doc(row):
-    """lm_eval/tasks/arc/arc_easy.yaml: "Question: {question}\\nAnswer:", choices.text, gold = position of answerKey
-    in choices.label."""
+    """lm_eval/tasks/arc/arc_easy.yaml: "Question: {question}\\nAnswer:", choices.text, gold =
+    position of answerKey in choices.label."""
     choices = field(row, 'choices', dict)
     texts, labels = field(choices, 'text', list), field(choices, 'label', list)
     key = field(row, 'answerKey')
     if len(texts) != len(labels) or key not in labels:
-        raise ValueError(f"bad label answerKey={key!r}: not one of choices.label {labels!r} (for {len(texts)} texts)")
-    return choice_doc('Question: ' + field(row, 'question', str) + '\nAnswer:', texts, labels.index(key))
+        raise ValueError(f"bad label answerKey={key!r}: not one of choices.label {labels!r} (for "
+                         f"{len(texts)} texts)")
+    return choice_doc('Question: ' + field(row, 'question', str) + '\nAnswer:', texts,
+                      labels.index(key))
 
 
 def hellaswag_preprocess(text):
-    """lm_eval/tasks/hellaswag/utils.py, preprocess, in this order: strip once, " [title]" -> ". ", drop [...]
-    (non-greedy), one pass of "  " -> " " (so three spaces become two; a trailing " [step]" leaves a trailing space)."""
+    """lm_eval/tasks/hellaswag/utils.py, preprocess, in this order: strip once, " [title]" -> ". ",
+    drop [...] (non-greedy), one pass of "  " -> " " (so three spaces become two; a trailing "
+    [step]" leaves a trailing space)."""
     text = text.strip().replace(' [title]', '. ')
     text = re.sub(r'\[.*?\]', '', text)
     return text.replace('  ', ' ')
 
 
 def hellaswag_doc(row):
-    """lm_eval/tasks/hellaswag/utils.py, process_docs: ctx = ctx_a + " " + ctx_b.capitalize() (str.capitalize
-    lower-cases the rest); query = preprocess(activity_label + ": " + ctx); choices = preprocess(each ending)."""
+    """lm_eval/tasks/hellaswag/utils.py, process_docs: ctx = ctx_a + " " + ctx_b.capitalize()
+    (str.capitalize lower-cases the rest); query = preprocess(activity_label + ": " + ctx); choices
+    = preprocess(each ending)."""
     endings = field(row, 'endings', list)
     ctx = field(row, 'ctx_a', str) + ' ' + field(row, 'ctx_b', str).capitalize()
     query = hellaswag_preprocess(field(row, 'activity_label', str) + ': ' + ctx)
@@ -106,21 +118,26 @@ def hellaswag_doc(row):
 
 
 def piqa_doc(row):
-    """lm_eval/tasks/piqa/piqa.yaml: "Question: {goal}\\nAnswer:", choices [sol1, sol2], gold = label."""
+    """lm_eval/tasks/piqa/piqa.yaml: "Question: {goal}\\nAnswer:", choices [sol1, sol2], gold =
+    label."""
     return choice_doc('Question: ' + field(row, 'goal', str) + '\nAnswer:',
-                      [field(row, 'sol1', str), field(row, 'sol2', str)], label_index(field(row, 'label'), 2, 'label'))
+                      [field(row, 'sol1', str), field(row, 'sol2', str)],
+                      label_index(field(row, 'label'), 2, 'label'))
 
 
 def boolq_doc(row):
-    """lm_eval/tasks/super_glue/boolq/default.yaml: "{passage}\\nQuestion: {question}?\\nAnswer:" (a "?" always
-    appended), choices no/yes, acc only."""
-    context = field(row, 'passage', str) + '\nQuestion: ' + field(row, 'question', str) + '?\nAnswer:'
-    return choice_doc(context, ['no', 'yes'], label_index(field(row, 'label'), 2, 'label'), norm=False)
+    """lm_eval/tasks/super_glue/boolq/default.yaml: "{passage}\\nQuestion: {question}?\\nAnswer:" (a
+    "?" always appended), choices no/yes, acc only."""
+    context = field(row, 'passage', str) + '\nQuestion: ' + field(row, 'question',
+                                                                  str) + '?\nAnswer:'
+    return choice_doc(context, ['no', 'yes'], label_index(field(row, 'label'), 2, 'label'),
+                      norm=False)
 
 
 def winogrande_doc(row):
-    """lm_eval/tasks/winogrande/default.yaml and preprocess_winogrande.py, partial scoring: the two contexts are
-    sentence[:k] + option_i (k = the first "_"), the shared continuation is " " + sentence[k+1:].strip(); acc only."""
+    """lm_eval/tasks/winogrande/default.yaml and preprocess_winogrande.py, partial scoring: the two
+    contexts are sentence[:k] + option_i (k = the first "_"), the shared continuation is " " +
+    sentence[k+1:].strip(); acc only."""
     sentence, answer = field(row, 'sentence', str), field(row, 'answer')
     k = sentence.find('_')
     if k < 0:
@@ -133,7 +150,8 @@ def winogrande_doc(row):
 
 
 def heldout_doc(row):
-    """Our quick-start task (not the harness's), scored exactly like HellaSwag: context, " " + each ending."""
+    """Our quick-start task (not the harness's), scored exactly like HellaSwag: context, " " + each
+    ending."""
     return choice_doc(field(row, 'context', str), field(row, 'endings', list),
                       label_index(field(row, 'label'), len(row['endings']), 'label'))
 
@@ -143,8 +161,8 @@ DOC_BUILDERS = dict(arc_easy=arc_doc, arc_challenge=arc_doc, hellaswag=hellaswag
 
 
 def parse_rows(task, rows, where, parse):
-    """[parse(row) for each row]; a row that is not a JSON object, or that parse refuses (ValueError), is a RunError
-    naming the task, the row and where it is."""
+    """[parse(row) for each row]; a row that is not a JSON object, or that parse refuses
+    (ValueError), is a RunError naming the task, the row and where it is."""
     parsed = []
     for i, row in enumerate(rows):
         try:
@@ -158,20 +176,22 @@ def parse_rows(task, rows, where, parse):
 
 def build_docs(task, rows, where):
     if not rows:  # an accuracy over no document is no number (statistics.fmean refuses it)
-        raise RunError(f"{task}: {where} holds no documents; export the task again (--export_data=DIR) or leave "
-                       f"{task} out of --tasks")
+        raise RunError(f"{task}: {where} holds no documents; export the task again "
+                       f"(--export_data=DIR) or leave {task} out of --tasks")
     return parse_rows(task, rows, where, DOC_BUILDERS[task])
 
-# -----------------------------------------------------------------------------
-# Data: the hub (same dataset, config and split as the harness), or <data_dir>/<task>/<split>.jsonl offline
+# ----------------------------------------------------------------------------- Data: the hub (same
+# dataset, config and split as the harness), or <data_dir>/<task>/<split>.jsonl offline
 
 
-HUB_TIMEOUT = 2.0  # seconds the hub has to accept a connection; offline, datasets would retry for ~26 s instead
+# seconds the hub has to accept a connection; offline, datasets would retry for ~26 s instead
+HUB_TIMEOUT = 2.0
 OFFLINE_VARIABLES = ('HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE')
 
 
 class HubUnreachable(RunError):
-    """The Hugging Face hub cannot be reached (no network, a firewall, offline mode); reason: how, in words."""
+    """The Hugging Face hub cannot be reached (no network, a firewall, offline mode); reason: how,
+    in words."""
 
     def __init__(self, message, reason):
         super().__init__(message)
@@ -179,10 +199,12 @@ class HubUnreachable(RunError):
 
 
 def hub_unreachable(timeout=HUB_TIMEOUT):
-    """Why the hub (HF_ENDPOINT, else huggingface.co, through the proxy the environment names) accepts no TCP
-    connection within `timeout` seconds, else None. None in datasets' offline mode too (HF_HUB_OFFLINE,
-    HF_DATASETS_OFFLINE): there datasets never connects, and reads its cache at once."""
-    if any(os.environ.get(name, '').strip().upper() in ('1', 'ON', 'YES', 'TRUE') for name in OFFLINE_VARIABLES):
+    """Why the hub (HF_ENDPOINT, else huggingface.co, through the proxy the environment names)
+    accepts no TCP connection within `timeout` seconds, else None. None in datasets' offline mode
+    too (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): there datasets never connects, and reads its cache at
+    once."""
+    if any(os.environ.get(name, '').strip().upper() in ('1', 'ON', 'YES', 'TRUE')
+           for name in OFFLINE_VARIABLES):
         return None
     url = urllib.parse.urlsplit(os.environ.get('HF_ENDPOINT') or 'https://huggingface.co')
     proxy = urllib.request.getproxies().get(url.scheme)
@@ -220,8 +242,8 @@ def hub_rows(task, limit=None):
     advice = "offline, export it on a machine with internet (--export_data=DIR) and pass --data_dir=DIR"
     reason = hub_unreachable()  # before datasets, whose retries take half a minute to fail
     if reason:
-        raise HubUnreachable(f"{what}: {reason}; {advice} (or, to read a copy in the datasets cache, set "
-                             f"HF_DATASETS_OFFLINE=1)", reason)
+        raise HubUnreachable(f"{what}: {reason}; {advice} (or, to read a copy in the datasets "
+                             "cache, set HF_DATASETS_OFFLINE=1)", reason)
     from datasets import load_dataset  # only here: offline runs never touch the hub
     try:
         if task == 'c4':
@@ -229,14 +251,16 @@ def hub_rows(task, limit=None):
         else:
             ds = load_dataset(path, name, split=split)
     except ConnectionError as e:  # offline mode (HF_DATASETS_OFFLINE) with no copy in the cache
-        raise HubUnreachable(f"{what}: {e}; {advice}", f"the Hugging Face hub cannot be reached: {e}") from None
+        raise HubUnreachable(f"{what}: {e}; {advice}", "the Hugging Face hub cannot be reached: "
+                                                       f"{e}") from None
     except (OSError, ValueError) as e:  # unknown dataset, missing split
         raise RunError(f"{what}: {e}; {advice}") from None
     return ds.select(range(min(limit, len(ds)))) if limit is not None else ds
 
 
 def read_rows(task, data_dir, limit=None):
-    """(rows, where): the first `limit` rows (all if None) of the task's split, in the split's order."""
+    """(rows, where): the first `limit` rows (all if None) of the task's split, in the split's
+    order."""
     if data_dir is None:
         return list(hub_rows(task, limit)), f"{HUB[task][0]} {HUB[task][2]}"
     path = os.path.join(data_dir, task, HUB[task][2] + '.jsonl')
@@ -250,16 +274,18 @@ def read_rows(task, data_dir, limit=None):
             try:
                 rows.append(json.loads(line.decode('utf-8')))
             except UnicodeDecodeError as e:
-                raise RunError(f"{task}: row {i} of {path}: not UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start} "
-                               f"of the line); convert the file (iconv -f latin1 -t utf-8 for Latin-1), or export "
-                               f"it again with --export_data") from None
+                raise RunError(f"{task}: row {i} of {path}: not UTF-8 (byte 0x{line[e.start]:02x} "
+                               f"at byte {e.start} of the line); convert the file (iconv -f latin1 "
+                               "-t utf-8 for Latin-1), or export it again with "
+                               "--export_data") from None
             except json.JSONDecodeError as e:
                 raise RunError(f"{task}: row {i} of {path}: not JSON: {e}") from None
     return rows, path
 
 
 def export_data(out_dir, tasks):
-    """Write each task's evaluated split from the hub as <out_dir>/<task>/<split>.jsonl (c4: its first 1100 docs)."""
+    """Write each task's evaluated split from the hub as <out_dir>/<task>/<split>.jsonl (c4: its
+    first 1100 docs)."""
     for task in tasks:
         rows = hub_rows(task, C4_DOCS if task == 'c4' else None)
         path = os.path.join(out_dir, task, HUB[task][2] + '.jsonl')
@@ -271,9 +297,10 @@ def export_data(out_dir, tasks):
 
 
 def heldout_rows(data_dir, n_docs, ctx_chars=160, cont_chars=48, n_choices=4, seed=0):
-    """The quick-start task: n_docs passages of a prepare_data.py val split (decoded with the data's tokenizer),
-    each cut at a space into a context and its true continuation; the other choices are the true continuations of
-    other passages. Deterministic; meaningful for tiny models trained on the same corpus (held-out documents)."""
+    """The quick-start task: n_docs passages of a prepare_data.py val split (decoded with the data's
+    tokenizer), each cut at a space into a context and its true continuation; the other choices are
+    the true continuations of other passages. Deterministic; meaningful for tiny models trained on
+    the same corpus (held-out documents)."""
     meta = read_meta(data_dir)
     enc = load_tokenizer(meta['tokenizer']['spec'])
     special = set(meta['tokenizer']['special_tokens'].values())
@@ -281,15 +308,17 @@ def heldout_rows(data_dir, n_docs, ctx_chars=160, cont_chars=48, n_choices=4, se
     text = enc.decode([t for t in ids if t not in special])
     stride = len(text) // n_docs
     if stride < ctx_chars + cont_chars:
-        raise RunError(f"heldout: {data_dir}'s val split ({len(text):,} characters) is too short for "
-                       f"{n_docs} passages of {ctx_chars + cont_chars} characters; lower --heldout_docs")
+        raise RunError(f"heldout: {data_dir}'s val split ({len(text):,} characters) is too short "
+                       f"for {n_docs} passages of {ctx_chars + cont_chars} characters; lower "
+                       "--heldout_docs")
     passages = []
     for i in range(n_docs):
         # cut where a space is, so that context + " " + continuation is the original text
         cut = text.find(' ', i * stride + ctx_chars, (i + 1) * stride - cont_chars)
         cut = cut if cut >= 0 else i * stride + ctx_chars
         end = text.rfind(' ', cut + 1, cut + 1 + cont_chars)
-        passages.append((text[cut - ctx_chars:cut], text[cut + 1:end if end > cut + 1 else cut + 1 + cont_chars]))
+        passages.append((text[cut - ctx_chars:cut],
+                         text[cut + 1:end if end > cut + 1 else cut + 1 + cont_chars]))
     rng = random.Random(seed)
     rows = []
     for i, (context, true) in enumerate(passages):
@@ -300,20 +329,21 @@ def heldout_rows(data_dir, n_docs, ctx_chars=160, cont_chars=48, n_choices=4, se
         rows.append(dict(context=context, endings=endings, label=label))
     return rows
 
-# -----------------------------------------------------------------------------
-# Requests: token ids, exactly as the harness builds them (lm_eval/api/model.py, lm_eval/models/huggingface.py)
+# ----------------------------------------------------------------------------- Requests: token ids,
+# exactly as the harness builds them (lm_eval/api/model.py, lm_eval/models/huggingface.py)
 
 
 def encode_request(enc, context, continuation, max_length, bos_id=None, prefix_id=None):
-    """(model input ids, continuation ids) of one loglikelihood request. TemplateLM._encode_pair: an empty context is
-    [prefix_id]; otherwise the context's trailing whitespace moves to the continuation and the pair is encoded
-    jointly, the continuation being whole[len(ctx_ids):]. BOS (HFLM.tok_encode) is off by default: v0.4.9
-    encodes with add_special_tokens=False. HFLM._loglikelihood_tokens: keep the last max_length + 1 tokens, drop the
-    final one. Raises ValueError when the continuation alone does not fit."""
+    """(model input ids, continuation ids) of one loglikelihood request. TemplateLM._encode_pair: an
+    empty context is [prefix_id]; otherwise the context's trailing whitespace moves to the
+    continuation and the pair is encoded jointly, the continuation being whole[len(ctx_ids):]. BOS
+    (HFLM.tok_encode) is off by default: v0.4.9 encodes with add_special_tokens=False.
+    HFLM._loglikelihood_tokens: keep the last max_length + 1 tokens, drop the final one. Raises
+    ValueError when the continuation alone does not fit."""
     if context == '':
         if prefix_id is None:
-            raise ValueError("an empty context is scored after the tokenizer's BOS, else its EOS, and this tokenizer "
-                             "names neither")
+            raise ValueError("an empty context is scored after the tokenizer's BOS, else its EOS, "
+                             "and this tokenizer names neither")
         ctx_ids, cont_ids = [prefix_id], enc.encode_ordinary(continuation)
     else:
         n = len(context) - len(context.rstrip())
@@ -326,8 +356,8 @@ def encode_request(enc, context, continuation, max_length, bos_id=None, prefix_i
     if not cont_ids:
         raise ValueError(f"the continuation {continuation!r} encodes to no tokens")
     if len(cont_ids) > max_length:
-        raise ValueError(f"the continuation is {len(cont_ids)} tokens, longer than max_length={max_length} "
-                         f"(even after left truncation of the context)")
+        raise ValueError(f"the continuation is {len(cont_ids)} tokens, longer than "
+                         f"max_length={max_length} (even after left truncation of the context)")
     return tuple((ctx_ids + cont_ids)[-(max_length + 1):][:-1]), tuple(cont_ids)
 
 
@@ -337,7 +367,8 @@ def encode_docs(task, docs, enc, max_length, bos_id=None, prefix_id=None):
     for i, doc in enumerate(docs):
         for context, continuation in doc.requests:
             try:
-                requests.append(encode_request(enc, context, continuation, max_length, bos_id, prefix_id))
+                requests.append(encode_request(enc, context, continuation, max_length, bos_id,
+                                               prefix_id))
             except ValueError as e:
                 raise RunError(f"{task}: row {i}: {e}") from None
     return requests
@@ -347,12 +378,13 @@ def encode_docs(task, docs, enc, max_length, bos_id=None, prefix_id=None):
 
 
 def plan_forwards(requests, share_prefixes):
-    """owner[i] = the request whose forward pass request i reads. share_prefixes: whether a request whose input is a
-    prefix of another's may be read from the longer one's forward pass (not ModelConfig.outputs_depend_on_length:
-    every variant but affine with affine_bias_norm='seq_len'; there only identical inputs share). Sorted
-    lexicographically, a sequence is a prefix of some other exactly when it is a prefix of the next one, so one
-    backward sweep finds the longest sequence each request can read from (identical inputs always share: the
-    harness's logits cache, lm_eval/models/utils.py Collator)."""
+    """owner[i] = the request whose forward pass request i reads. share_prefixes: whether a request
+    whose input is a prefix of another's may be read from the longer one's forward pass (not
+    ModelConfig.outputs_depend_on_length: every variant but affine with affine_bias_norm='seq_len';
+    there only identical inputs share). Sorted lexicographically, a sequence is a prefix of some
+    other exactly when it is a prefix of the next one, so one backward sweep finds the longest
+    sequence each request can read from (identical inputs always share: the harness's logits cache,
+    lm_eval/models/utils.py Collator)."""
     order = sorted(range(len(requests)), key=lambda i: requests[i][0])
     owner = list(range(len(requests)))
     for a, b in zip(reversed(order[:-1]), reversed(order[1:])):
@@ -363,10 +395,10 @@ def plan_forwards(requests, share_prefixes):
 
 
 class ContinuationScores:
-    """Each request's score from the hidden states of the forward that computed its input: the continuation's rows
-    (the harness's rows inplen - C .. inplen - 1) only, through lm_head and log_softmax over the whole vocabulary in
-    the logits' dtype, gathered across forwards into chunks of about `rows` rows. progress(done): the groups
-    (documents) whose every request is scored."""
+    """Each request's score from the hidden states of the forward that computed its input: the
+    continuation's rows (the harness's rows inplen - C .. inplen - 1) only, through lm_head and
+    log_softmax over the whole vocabulary in the logits' dtype, gathered across forwards into chunks
+    of about `rows` rows. progress(done): the groups (documents) whose every request is scored."""
 
     def __init__(self, model, requests, readers, groups, progress, rows=1024):
         self.model, self.requests, self.readers, self.rows, self.progress = model, requests, readers, rows, progress
@@ -381,7 +413,8 @@ class ContinuationScores:
         return min(len(self.requests[i][0]) - len(self.requests[i][1]) for i in self.readers[owner])
 
     def add(self, owner, hidden, start=0):
-        """hidden: the hidden states of owner's input from position `start` on (at least to its end)."""
+        """hidden: the hidden states of owner's input from position `start` on (at least to its
+        end)."""
         for i in self.readers[owner]:
             inp, cont = self.requests[i]
             self.pending.append((i, hidden[len(inp) - len(cont) - start:len(inp) - start]))
@@ -393,7 +426,8 @@ class ContinuationScores:
         if not self.pending:
             return
         hidden = torch.cat([h for _, h in self.pending])
-        targets = torch.tensor([t for i, _ in self.pending for t in self.requests[i][1]], device=hidden.device)
+        targets = torch.tensor([t for i, _ in self.pending for t in self.requests[i][1]],
+                               device=hidden.device)
         logp = F.log_softmax(self.model.lm_head(hidden), dim=-1)
         picked = logp.gather(1, targets[:, None])[:, 0]
         for (i, _), s in zip(self.pending, picked.split([len(h) for _, h in self.pending])):
@@ -406,8 +440,8 @@ class ContinuationScores:
 
 
 def forward_padded(model, inputs, kv_caches=None):
-    """The final hidden states (B, max length, C) of token sequences, right-padded with id 0 (as the harness pads),
-    their real lengths given as seq_lens; after kv_caches' rows, if given."""
+    """The final hidden states (B, max length, C) of token sequences, right-padded with id 0 (as the
+    harness pads), their real lengths given as seq_lens; after kv_caches' rows, if given."""
     device = next(model.parameters()).device
     lens = [len(x) for x in inputs]
     x = torch.zeros(len(inputs), max(lens), dtype=torch.long)
@@ -419,15 +453,16 @@ def forward_padded(model, inputs, kv_caches=None):
 
 
 def shared_prefix(inputs):
-    """The longest prefix every sequence of inputs starts with (that of the lexicographically first and last)."""
+    """The longest prefix every sequence of inputs starts with (that of the lexicographically first
+    and last)."""
     lo, hi = min(inputs), max(inputs)
     return lo[:next((n for n, (a, b) in enumerate(zip(lo, hi)) if a != b), min(len(lo), len(hi)))]
 
 
 def prefix_units(requests, owners, groups):
-    """[(prefix, owners)], longest prefix first: each group's distinct inputs (owners) with the prefix they all
-    share; an input alone in its group, or in a group whose inputs share no first token, is a unit of its own
-    whose prefix is the whole input."""
+    """[(prefix, owners)], longest prefix first: each group's distinct inputs (owners) with the
+    prefix they all share; an input alone in its group, or in a group whose inputs share no first
+    token, is a unit of its own whose prefix is the whole input."""
     members = {}
     for o in owners:
         members.setdefault(groups[o], []).append(o)
@@ -450,16 +485,20 @@ def full_passes(model, requests, scored, batch_size):
 
 
 def shared_prefix_passes(model, requests, scored, groups, batch_size):
-    """Each unit's prefix (prefix_units) once, in batches of batch_size prefixes, longest first; then the rest of
-    each of its inputs after it, against the prefix's KV cache fanned out to them (KVCache.select), in batches of
-    batch_size sorted by length. A request's rows before the end of the prefix come from the prefix's pass."""
+    """Each unit's prefix (prefix_units) once, in batches of batch_size prefixes, longest first;
+    then the rest of each of its inputs after it, against the prefix's KV cache fanned out to them
+    (KVCache.select), in batches of batch_size sorted by length. A request's rows before the end of
+    the prefix come from the prefix's pass."""
     units = prefix_units(requests, list(scored.readers), groups)
     for start in range(0, len(units), batch_size):
         batch = units[start:start + batch_size]
-        rest = lambda r: len(requests[r[1]][0]) - len(batch[r[0]][0])  # r: (the unit's row b, an owner o)
-        rests = sorted(((b, o) for b, (_, owners) in enumerate(batch) for o in owners), key=rest, reverse=True)
+        # r: (the unit's row b, an owner o)
+        rest = lambda r: len(requests[r[1]][0]) - len(batch[r[0]][0])
+        rests = sorted(((b, o) for b, (_, owners) in enumerate(batch) for o in owners), key=rest,
+                       reverse=True)
         rests = [r for r in rests if rest(r) > 0]
-        caches = [KVCache(len(batch[0][0]) + max(map(rest, rests), default=0)) for _ in range(model.config.n_layer)]
+        caches = [KVCache(len(batch[0][0]) + max(map(rest, rests), default=0))
+                  for _ in range(model.config.n_layer)]
         hidden_prefix = forward_padded(model, [prefix for prefix, _ in batch], caches)
         for b, (prefix, owners) in enumerate(batch):
             for o in owners:
@@ -467,8 +506,11 @@ def shared_prefix_passes(model, requests, scored, groups, batch_size):
                     scored.add(o, hidden_prefix[b])
         for chunk in range(0, len(rests), batch_size):
             rows = rests[chunk:chunk + batch_size]
-            fanned = [cache.select(torch.tensor([b for b, _ in rows], device=hidden_prefix.device)) for cache in caches]
-            hidden_rest = forward_padded(model, [requests[o][0][len(batch[b][0]):] for b, o in rows], fanned)
+            fanned = [cache.select(torch.tensor([b for b, _ in rows], device=hidden_prefix.device))
+                      for cache in caches]
+            hidden_rest = forward_padded(model,
+                                         [requests[o][0][len(batch[b][0]):] for b, o in rows],
+                                         fanned)
             for r, (b, o) in enumerate(rows):
                 n, first = len(batch[b][0]), min(scored.first_row(o), len(batch[b][0]))
                 scored.add(o, torch.cat([hidden_prefix[b, first:n], hidden_rest[r]]), first)
@@ -477,12 +519,14 @@ def shared_prefix_passes(model, requests, scored, groups, batch_size):
 
 @torch.inference_mode()
 def score_requests(model, requests, batch_size, progress=None, groups=None):
-    """Sum of continuation log-probabilities of each (input ids, continuation ids) request (HFLM._loglikelihood_tokens),
-    each input computed once: identical inputs, and inputs that are prefixes of others, read one forward
-    (plan_forwards). groups: each request's group (its document): a group's inputs share a prefix (the context),
-    computed once, the rest of each input after it against its KV cache (shared_prefix_passes). Without groups, or
-    where outputs depend on the call's length (ModelConfig.outputs_depend_on_length: a cache is not exact there),
-    every distinct input is one whole forward (full_passes). progress(done): groups (else requests) scored."""
+    """Sum of continuation log-probabilities of each (input ids, continuation ids) request
+    (HFLM._loglikelihood_tokens), each input computed once: identical inputs, and inputs that are
+    prefixes of others, read one forward (plan_forwards). groups: each request's group (its
+    document): a group's inputs share a prefix (the context), computed once, the rest of each input
+    after it against its KV cache (shared_prefix_passes). Without groups, or where outputs depend on
+    the call's length (ModelConfig.outputs_depend_on_length: a cache is not exact there), every
+    distinct input is one whole forward (full_passes). progress(done): groups (else requests)
+    scored."""
     exact_cache = not model.config.outputs_depend_on_length
     readers = {}
     for i, o in enumerate(plan_forwards(requests, exact_cache)):
@@ -497,7 +541,8 @@ def score_requests(model, requests, batch_size, progress=None, groups=None):
 
 @torch.inference_mode()
 def score_one_by_one(model, requests, progress=None):
-    """The straightforward reference (the harness at batch_size=1): one full forward pass per request."""
+    """The straightforward reference (the harness at batch_size=1): one full forward pass per
+    request."""
     device = next(model.parameters()).device
     scores = []
     for inp, cont in requests:
@@ -515,14 +560,15 @@ def argmax_first(values):
 
 
 def mean_stderr(values):
-    """lm_eval/api/metrics.py (mean, sample_stddev): the mean, and the sample standard deviation (n - 1) / sqrt(n)
-    (None for a single document)."""
-    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+    """lm_eval/api/metrics.py (mean, sample_stddev): the mean, and the sample standard deviation (n
+    - 1) / sqrt(n) (None for a single document)."""
+    return statistics.fmean(
+        values), statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
 
 
 def task_metrics(docs, logliks, log_samples=False):
-    """acc, acc_norm (ConfigurableTask.process_results) and their stderr over documents; logliks holds the docs'
-    requests' scores, flat."""
+    """acc, acc_norm (ConfigurableTask.process_results) and their stderr over documents; logliks
+    holds the docs' requests' scores, flat."""
     acc, acc_norm, samples, k = [], [], [], 0
     for i, doc in enumerate(docs):
         ll = logliks[k:k + len(doc.requests)]
@@ -530,11 +576,13 @@ def task_metrics(docs, logliks, log_samples=False):
         pred = argmax_first(ll)
         acc.append(float(pred == doc.gold))
         if doc.lengths is not None:
-            acc_norm.append(float(argmax_first([v / n for v, n in zip(ll, doc.lengths)]) == doc.gold))
+            acc_norm.append(float(argmax_first([v / n for v,
+                                                n in zip(ll, doc.lengths)]) == doc.gold))
         if log_samples:
             samples.append(dict(doc_index=i, logliks=ll, pred=pred, gold=doc.gold))
     result = dict(zip(('acc', 'acc_stderr'), mean_stderr(acc)))
-    result.update(zip(('acc_norm', 'acc_norm_stderr'), mean_stderr(acc_norm) if acc_norm else (None, None)))
+    result.update(zip(('acc_norm', 'acc_norm_stderr'), mean_stderr(acc_norm) if acc_norm
+                      else (None, None)))
     return dict(result, n=len(docs), docs=samples)
 
 # -----------------------------------------------------------------------------
@@ -542,22 +590,24 @@ def task_metrics(docs, logliks, log_samples=False):
 
 
 def c4_tokens(enc, rows, where='the rows given'):
-    """The first 1100 documents joined with single spaces, tokenized once with the special tokens the tokenizer
-    puts around a text (Llama-3's BOS at the very start; nothing for GPT-2 or Qwen), as the HF tokenizer GPTQ calls
-    does (GPTQ's datautils.py). where: what the rows are, for messages."""
+    """The first 1100 documents joined with single spaces, tokenized once with the special tokens
+    the tokenizer puts around a text (Llama-3's BOS at the very start; nothing for GPT-2 or Qwen),
+    as the HF tokenizer GPTQ calls does (GPTQ's datautils.py). where: what the rows are, for
+    messages."""
     if len(rows) < C4_DOCS:
-        raise RunError(f"c4: the c4-new protocol needs the first {C4_DOCS} validation documents, got {len(rows)} "
-                       f"from {where}")
+        raise RunError(f"c4: the c4-new protocol needs the first {C4_DOCS} validation documents, "
+                       f"got {len(rows)} from {where}")
     text = ' '.join(parse_rows('c4', rows[:C4_DOCS], where, lambda row: field(row, 'text', str)))
     return enc.ids(enc.prefix) + enc.encode_ordinary(text) + enc.ids(enc.suffix)
 
 
 @torch.inference_mode()
 def c4_perplexity(model, ids, n_windows, seqlen, batch_size, progress=None, first_token=None):
-    """GPTQ's evaluation loop (llama.py, llama_eval): min(n_windows, len(ids) // seqlen) disjoint windows from the
-    start, each an independent sequence; the mean cross-entropy of each window's seqlen - 1 predictions; exp of their
-    mean. first_token (a model trained with train.py's first_token='prefix'): each window is that token and the next
-    seqlen - 1 tokens, as the model was trained."""
+    """GPTQ's evaluation loop (llama.py, llama_eval): min(n_windows, len(ids) // seqlen) disjoint
+    windows from the start, each an independent sequence; the mean cross-entropy of each window's
+    seqlen - 1 predictions; exp of their mean. first_token (a model trained with train.py's
+    first_token='prefix'): each window is that token and the next seqlen - 1 tokens, as the model
+    was trained."""
     body = seqlen - (first_token is not None)
     n = min(n_windows, len(ids) // body)
     if n == 0:
@@ -570,9 +620,12 @@ def c4_perplexity(model, ids, n_windows, seqlen, batch_size, progress=None, firs
     for start in range(0, n, batch_size):
         x = windows[start:start + batch_size].to(device)
         hidden, _ = model(x, return_hidden=True)
-        for h, w in zip(hidden, x):  # lm_head one window at a time: 2048 x 128k float32 logits are 1 GB
-            logits = model.lm_head(h[:-1])  # cross-entropy in at least float32 (a float64 model stays float64)
-            nlls.append(F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), w[1:]).item())
+        # lm_head one window at a time: 2048 x 128k float32 logits are 1 GB
+        for h, w in zip(hidden, x):
+            # cross-entropy in at least float32 (a float64 model stays float64)
+            logits = model.lm_head(h[:-1])
+            nlls.append(F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
+                                        w[1:]).item())
         if progress:
             progress(len(nlls))
     nll = statistics.fmean(nlls)

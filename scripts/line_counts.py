@@ -1,6 +1,6 @@
 """
-The repository's map in numbers: the lines of every Python file at the top level and in lmkit/, and of the reading set
-of one training step and one variant (docs/implementation.md, "Reading order").
+The repository's map in numbers: the lines of every Python file at the top level and in lmkit/, and
+of the reading set of one training step and one variant (docs/implementation.md, "Reading order").
 
     python -m scripts.line_counts           # print the table
     python -m scripts.line_counts --write   # write it into docs/implementation.md, between its markers
@@ -20,11 +20,13 @@ from lmkit.files import atomic_write  # noqa: E402
 DOC = os.path.join(ROOT, 'docs', 'implementation.md')
 START, END = '<!-- scripts/line_counts.py: start -->', '<!-- scripts/line_counts.py: end -->'
 
-# What a reader opens, in order, to follow one training step and one variant: train.py's loop, the network and its
-# variants down to the kernels, the data's windows, the flags, what runs the model over ranks
+# What a reader opens, in order, to follow one training step and one variant: train.py's loop, the
+# network and its variants down to the kernels, the data's windows, the flags, what runs the model
+# over ranks
 READING_SET = ('train.py', 'model.py', 'attention_kernels.py', 'lmkit/data.py', 'configurator.py',
                'lmkit/distributed.py', 'lmkit/runs.py')
-LIMITS = {'reading set': 2300, 'model.py': 650, 'lmkit/data.py': 400, 'train.py': 550}  # the map's promises
+# the map's promises
+LIMITS = {'reading set': 2300, 'model.py': 650, 'lmkit/data.py': 400, 'train.py': 550}
 
 
 def lines(path):
@@ -33,33 +35,42 @@ def lines(path):
 
 
 def table():
-    """The markdown of the map's numbers: every top-level .py file's lines, then the reading set's total."""
+    """The markdown of the map's numbers: every top-level .py file's lines, then the reading set's
+    total."""
     files = sorted(os.path.relpath(p, ROOT) for folder in ('', 'lmkit')
-                   for p in glob.glob(os.path.join(ROOT, folder, '*.py')) if not p.endswith('__init__.py'))
-    return '\n'.join(['| file | lines |', '|---|---:|', *[f'| `{name}` | {lines(name):,} |' for name in files],
-                      f"| **one training step and one variant**: {', '.join(f'`{p}`' for p in READING_SET)} | "
-                      f"**{reading_set_lines():,}** |", '',
-                      'Imports, at module level (each file imports only files of the layers above it):', '',
+                   for p in glob.glob(os.path.join(ROOT, folder, '*.py'))
+                   if not p.endswith('__init__.py'))
+    return '\n'.join(['| file | lines |', '|---|---:|', *[f'| `{name}` | {lines(name):,} '
+                                                          '|' for name in files],
+                      "| **one training step and one variant**: "
+                      f"{', '.join(f'`{p}`' for p in READING_SET)} | **{reading_set_lines():,}** "
+                      "|", '',
+                      'Imports, at module level (each file imports only files of the layers above '
+                      'it):', '',
                       '| layer | files |', '|---:|---|',
-                      *[f"| {k} | {', '.join(f'`{p}`' for p in paths)} |" for k, paths in enumerate(import_layers())]])
+                      *[f"| {k} | {', '.join(f'`{p}`' for p in paths)} "
+                        "|" for k, paths in enumerate(import_layers())]])
 
 
-LAYERED = ('', 'lmkit', 'study', 'tools')  # the folders whose imports the map draws (scripts/ and tests/ import freely)
+# the folders whose imports the map draws (scripts/ and tests/ import freely)
+LAYERED = ('', 'lmkit', 'study', 'tools')
 
 
 def module_files():
     """{module name: path relative to the root} of every Python file the map layers."""
-    return {os.path.relpath(p, ROOT)[:-3].replace(os.sep, '.'): os.path.relpath(p, ROOT) for folder in LAYERED
+    return {os.path.relpath(p, ROOT)[:-3].replace(os.sep, '.'): os.path.relpath(p, ROOT)
+            for folder in LAYERED
             for p in glob.glob(os.path.join(ROOT, folder, '*.py')) if not p.endswith('__init__.py')}
 
 
 def module_imports(path, modules):
-    """The files of this repository a file imports at module level (an import inside a function runs only when
-    called, as GPT.from_pretrained's of lmkit.loading, and draws no edge)."""
+    """The files of this repository a file imports at module level (an import inside a function runs
+    only when called, as GPT.from_pretrained's of lmkit.loading, and draws no edge)."""
     package = os.path.dirname(path).replace(os.sep, '.')
     found = set()
     for node in ast.parse(open(os.path.join(ROOT, path), encoding='utf-8').read()).body:
-        blocks = [node.body, *(h.body for h in node.handlers)] if isinstance(node, ast.Try) else [[node]]
+        blocks = [node.body, *(h.body for h in node.handlers)] if isinstance(node,
+                                                                             ast.Try) else [[node]]
         for inner in (n for block in blocks for n in block):
             if isinstance(inner, ast.Import):
                 names = [alias.name for alias in inner.names]
@@ -75,8 +86,8 @@ def module_imports(path, modules):
 
 
 def import_layers():
-    """[[files of layer 0], [layer 1], ...]: layer 0 imports none of ours, and each file sits one above the highest
-    file it imports."""
+    """[[files of layer 0], [layer 1], ...]: layer 0 imports none of ours, and each file sits one
+    above the highest file it imports."""
     modules = module_files()
     edges = {path: module_imports(path, modules) for path in modules.values()}
 

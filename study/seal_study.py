@@ -1,8 +1,9 @@
 """
-A blind study's seal: report_dir/seal.json names the commit that fixed its claims, tests, recipe, seeds, stopping
-rule and report before its first run, when it was committed, and the sha256 of every file it held outside docs/.
-study/sink_study.py trains a blind study (--claims=v2) only where each of those files is as sealed, and every record it
-writes stores the seal's commit; tests/test_seal.py holds the records to it (docs/analysis.md, "The seal").
+A blind study's seal: report_dir/seal.json names the commit that fixed its claims, tests, recipe,
+seeds, stopping rule and report before its first run, when it was committed, and the sha256 of every
+file it held outside docs/. study/sink_study.py trains a blind study (--claims=v2) only where each
+of those files is as sealed, and every record it writes stores the seal's commit; tests/test_seal.py
+holds the records to it (docs/analysis.md, "The seal").
 
     python -m study.seal_study --commit=<the seal commit> --report_dir=docs/sink_study_v2
 """
@@ -25,15 +26,18 @@ from study.study_records import SEAL_FILE, read_seal  # noqa: E402
 def git(*args, text=True):
     out = subprocess.run(['git', *args], cwd=ROOT, capture_output=True, text=text)
     if out.returncode != 0:
-        raise RunError(f"git {' '.join(args)}: {out.stderr.strip() if text else out.stderr.decode().strip()}")
+        raise RunError(f"git {' '.join(args)}: "
+                       f"{out.stderr.strip() if text else out.stderr.decode().strip()}")
     return out.stdout
 
 
 def seal_of(commit):
-    """{commit, committed, files} of a commit: its committer time in UTC and every file outside docs/ it holds."""
+    """{commit, committed, files} of a commit: its committer time in UTC and every file outside
+    docs/ it holds."""
     commit = git('rev-parse', '--verify', f'{commit}^{{commit}}').strip()
     stamp = int(git('show', '-s', '--format=%ct', commit))
-    committed = datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).isoformat(timespec='seconds')
+    committed = datetime.datetime.fromtimestamp(stamp,
+                                                datetime.timezone.utc).isoformat(timespec='seconds')
     paths = [p for p in git('ls-tree', '-r', '--name-only', '-z', commit).split('\0') if p and
              not p.startswith('docs/')]
     files = {p: hashlib.sha256(git('show', f'{commit}:{p}', text=False)).hexdigest() for p in paths}
@@ -41,8 +45,10 @@ def seal_of(commit):
 
 
 def main(argv=None):
-    keys = dict(commit=Key(None, "the seal commit (any name git knows it by)", types=(str,), required=True),
-                report_dir=Key(None, "the sealed study's report directory (its seal.json is written there)",
+    keys = dict(commit=Key(None, "the seal commit (any name git knows it "
+                                 "by)", types=(str,), required=True),
+                report_dir=Key(None, "the sealed study's report directory (its seal.json is "
+                                     "written there)",
                                types=(str,), required=True))
     args = parse(sys.argv[1:] if argv is None else argv, keys, __doc__.split('\n\n')[1],
                  prog='python -m study.seal_study')

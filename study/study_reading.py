@@ -1,7 +1,8 @@
 """
-A study's reading: what its records say beyond the claims its own set registered (issue 50), computed the same way
-for every study (v1, v2 and any later one) from results.json's runs, so that no report counts verdicts on a subset of
-what its records show. Nothing here was fixed before a study's runs: every comparison is exploratory, and labelled so.
+A study's reading: what its records say beyond the claims its own set registered (issue 50),
+computed the same way for every study (v1, v2 and any later one) from results.json's runs, so that
+no report counts verdicts on a subset of what its records show. Nothing here was fixed before a
+study's runs: every comparison is exploratory, and labelled so.
 
     other_claims   every claim another registered set tested that this study's set left out, by the same test
     loss_claims    the held-out loss beside each loss claim, and gated against affine on both losses
@@ -14,9 +15,9 @@ study/study_results.py writes the words from what reading() returns (results.jso
 import statistics
 
 from study import significance as sig
-from study.study_results import (AFFINE, CLAIM_SETS, GATED, MAX_LAYER_CLAIMS, PAYOFF_FLOOR, SEALED_SETS, SOFTMAX,
-                                 compare, matched_pairs, measured, share_in, sink_layers, tested,
-                                 test_family)
+from study.study_results import (AFFINE, CLAIM_SETS, GATED, MAX_LAYER_CLAIMS, PAYOFF_FLOOR,
+                                 SEALED_SETS, SOFTMAX, compare, matched_pairs, measured, share_in,
+                                 sink_layers, tested, test_family)
 
 FIRST_TOKEN_MEASURES = ('weight', 'share', 'first_or_null', 'weight_deep', 'share_sink',
                         *(f'weight_l{k}' for k in range(1, MAX_LAYER_CLAIMS + 1)))
@@ -39,31 +40,36 @@ def arms_of(results):
 
 
 def pairs_below(results, arm, row):
-    """[k, n]: in how many of n matched pairs the low side's value is below the high side's (None: unpaired)."""
-    pairs = matched_pairs(*([r for r in tested(results['runs'], arm, v) if measured(r, row['measure']) is not None]
+    """[k, n]: in how many of n matched pairs the low side's value is below the high side's (None:
+    unpaired)."""
+    pairs = matched_pairs(*([r for r in tested(results['runs'], arm, v)
+                             if measured(r, row['measure']) is not None]
                             for v in (row['low'], row['high'])))
     if not pairs:
         return None
-    return [sum(measured(x, row['measure']) < measured(y, row['measure']) for x, y in pairs), len(pairs)]
+    return [sum(measured(x, row['measure']) < measured(y, row['measure']) for x, y in pairs),
+            len(pairs)]
 
 
 def exploratory(results, arm, family, claims, label):
-    """claims (CLAIMS' tuples) tested on this study's records as study_results tests its own (test_family: the
-    same tests, Holm within this family), each labelled and with its pairs' count."""
+    """claims (CLAIMS' tuples) tested on this study's records as study_results tests its own
+    (test_family: the same tests, Holm within this family), each labelled and with its pairs'
+    count."""
     rows = test_family(results['runs'], arm, family, claims)
     return [dict(row, label=label, below=pairs_below(results, arm, row)) for row in rows]
 
 
 def beyond_model(claim, n_layer):
-    """Whether a claim reads a layer the study's model does not have (a per-layer claim of a deeper plan)."""
+    """Whether a claim reads a layer the study's model does not have (a per-layer claim of a deeper
+    plan)."""
     measure = claim[3]
     return measure.startswith('weight_l') and int(measure[len('weight_l'):]) > n_layer
 
 
 def other_claims(results):
-    """Every claim of another registered set (study_results.CLAIM_SETS) whose test neither this study's set nor
-    loss_claims holds, tested on this study's records in the arms both sets cover, each under the first set that
-    registered it: one exploratory family per (set, arm)."""
+    """Every claim of another registered set (study_results.CLAIM_SETS) whose test neither this
+    study's set nor loss_claims holds, tested on this study's records in the arms both sets cover,
+    each under the first set that registered it: one exploratory family per (set, arm)."""
     own = claim_set_of(results)
     seen = {signature(c) for c in CLAIM_SETS[own][0] + loss_tests(results)}
     names = list(CLAIM_SETS)
@@ -78,28 +84,32 @@ def other_claims(results):
             continue
         sealed = 'sealed ' if own in SEALED_SETS else ''
         label = (f"registered in {other}, left out of {own}'s {sealed}set; exploratory"
-                 if names.index(other) < names.index(own) else f"registered in {other}, after {own}'s runs; "
-                                                                "exploratory")
+                 if names.index(other) < names.index(own) else f"registered in {other}, after "
+                                                               f"{own}'s runs; exploratory")
         for arm in (a for a in arms_of(results) if a in arms):
             out += exploratory(results, arm, 'other', extra, label)
     return out
 
 
 def loss_tests(results, arm='kd'):
-    """The held-out loss beside each loss claim of the study's set (the kd arm's loss is the KD training loss; the
-    ce arm's is the held-out one already), and gated against affine (no claim of the paper: two-sided) on both."""
-    claims = [('gated_affine_loss', 'loss', 'gated against affine (no claim of the paper)', 'loss', GATED, '!=',
+    """The held-out loss beside each loss claim of the study's set (the kd arm's loss is the KD
+    training loss; the ce arm's is the held-out one already), and gated against affine (no claim of
+    the paper: two-sided) on both."""
+    claims = [('gated_affine_loss', 'loss', 'gated against affine (no claim of the '
+                                            'paper)', 'loss', GATED, '!=',
                AFFINE)]
     if arm == 'ce':
         return claims
     return [(f"{c[0]}_val", 'loss', f"{c[2]}, held-out loss", 'val_loss', *c[4:])
             for c in CLAIM_SETS[claim_set_of(results)][0] if c[3] == 'loss'] + claims + [
-        ('gated_affine_val', 'loss', 'gated against affine, held-out loss (no claim of the paper)', 'val_loss', GATED,
+        ('gated_affine_val', 'loss', 'gated against affine, held-out loss (no claim of the '
+                                     'paper)', 'val_loss', GATED,
          '!=', AFFINE)]
 
 
 def loss_claims(results):
-    """loss_tests in each arm, less those the study's own set tests (v3's): one exploratory family per arm."""
+    """loss_tests in each arm, less those the study's own set tests (v3's): one exploratory family
+    per arm."""
     own = {signature(c) for c in CLAIM_SETS[claim_set_of(results)][0]}
     out = []
     for arm in arms_of(results):
@@ -117,8 +127,9 @@ def layer_values(runs, field):
 
 
 def part_test(a, b, get):
-    """(p, [k, n] pairs where a is below b, or None unpaired) of a against b on get, by study_results.compare's
-    test (matched pairs by sign flips, else permutations within teachers)."""
+    """(p, [k, n] pairs where a is below b, or None unpaired) of a against b on get, by
+    study_results.compare's test (matched pairs by sign flips, else permutations within
+    teachers)."""
     if min(len(a), len(b)) < sig.MIN_SEEDS:
         return None, None
     pairs = matched_pairs(a, b)
@@ -136,10 +147,11 @@ def first_token_pairs(results):
 
 
 def where_from(results):
-    """Per arm and first-token comparison (low, high): per layer, each side's raw weight, share, row total and null
-    mass (means over seeds); softmax's Sink_1 per layer and the layers that hold its sink (sink_layers); the share of
-    the raw-weight difference (summed over layers) from those layers and from the rest; and, in each part, the share
-    comparison by the paired sign-flip test (exploratory)."""
+    """Per arm and first-token comparison (low, high): per layer, each side's raw weight, share, row
+    total and null mass (means over seeds); softmax's Sink_1 per layer and the layers that hold its
+    sink (sink_layers); the share of the raw-weight difference (summed over layers) from those
+    layers and from the rest; and, in each part, the share comparison by the paired sign-flip test
+    (exploratory)."""
     out = []
     for arm in arms_of(results):
         layers, rates = sink_layers(results['runs'], arm)
@@ -148,20 +160,23 @@ def where_from(results):
             a, b = tested(results['runs'], arm, low), tested(results['runs'], arm, high)
             if not a or not b:
                 continue
-            sides = {name: [layer_values(runs, field) for runs in (a, b)] for name, field in LAYER_FIELDS.items()}
+            sides = {name: [layer_values(runs, field) for runs in (a, b)] for name,
+                     field in LAYER_FIELDS.items()}
             n_layer = len(sides['weight'][0])
             rest = [k for k in range(1, n_layer + 1) if k not in layers]
             gap = [x - y for x, y in zip(*sides['weight'])]
             parts = []
             for part in (layers, rest):
                 p, below = part_test(a, b, share_in(part)) if part else (None, None)
-                parts.append(dict(layers=part, gap_fraction=(sum(gap[k - 1] for k in part) / sum(gap)
-                                                             if part and sum(gap) else None),
-                                  share=[statistics.fmean(share_in(part)(r) for r in runs) for runs in (a, b)]
+                parts.append(dict(layers=part,
+                                  gap_fraction=(sum(gap[k - 1] for k in part) / sum(gap)
+                                                if part and sum(gap) else None),
+                                  share=[statistics.fmean(share_in(part)(r) for r in runs)
+                                         for runs in (a, b)]
                                   if part else None, share_p=p, share_below=below))
             out.append(dict(arm=arm, low=low, high=high, seeds=[len(a), len(b)], sink_layers=layers,
-                            softmax_sink_rate=rates, softmax_weight=softmax_weight, gap=gap, parts=parts,
-                            **sides))
+                            softmax_sink_rate=rates, softmax_weight=softmax_weight, gap=gap,
+                            parts=parts, **sides))
     return out
 
 
@@ -171,10 +186,11 @@ def value_range(values):
 
 
 def payoff_range(results):
-    """Per arm and variant, over its seeds: the W8A8 loss ratio, the attention output's kurtosis and the residual
-    stream's max |x| (each run's largest layer; Bondarenko et al.'s measures, docs/analysis.md); and whether W8A8
-    moves any run's loss by more than PAYOFF_FLOOR (else no variant has a quantization cost to remove, and the
-    payoff claims cannot be tested at this scale)."""
+    """Per arm and variant, over its seeds: the W8A8 loss ratio, the attention output's kurtosis and
+    the residual stream's max |x| (each run's largest layer; Bondarenko et al.'s measures,
+    docs/analysis.md); and whether W8A8 moves any run's loss by more than PAYOFF_FLOOR (else no
+    variant has a quantization cost to remove, and the payoff claims cannot be tested at this
+    scale)."""
     out = []
     for arm in arms_of(results):
         rows = {}
@@ -183,30 +199,37 @@ def payoff_range(results):
                 rows.setdefault(r['variant'], []).append(r)
         ranges = {v: dict(
             w8a8=value_range(r['end']['w8a8']['ratio'] for r in runs),
-            kurtosis=value_range(max(r['attention_kurtosis']) for r in runs if r.get('attention_kurtosis')),
-            residual_max=value_range(max(r['residual_max_abs']) for r in runs if r.get('residual_max_abs')))
+            kurtosis=value_range(max(r['attention_kurtosis']) for r in runs
+                                 if r.get('attention_kurtosis')),
+            residual_max=value_range(max(r['residual_max_abs']) for r in runs
+                                     if r.get('residual_max_abs')))
             for v, runs in rows.items()}
         moved = max(abs(r['end']['w8a8']['ratio'] - 1) for runs in rows.values() for r in runs)
-        out.append(dict(arm=arm, variants=ranges, largest_w8a8_change=moved, at_floor=moved <= PAYOFF_FLOOR))
+        out.append(dict(arm=arm, variants=ranges, largest_w8a8_change=moved,
+                        at_floor=moved <= PAYOFF_FLOOR))
     return out
 
 
 def teachers(results):
-    """The teachers' own first-token weight per layer and held-out loss, beside the kd softmax students' (means
-    over seeds): whether the students' sink is their teachers' or grew in them."""
+    """The teachers' own first-token weight per layer and held-out loss, beside the kd softmax
+    students' (means over seeds): whether the students' sink is their teachers' or grew in them."""
     runs = {r['name']: r for r in results['runs']}
     own = [runs[name] for name in results['teachers'] if name in runs]
     students = tested(results['runs'], 'kd', SOFTMAX)
     if not own or not students:
         return None
-    return dict(teachers=[dict(name=r['name'], first_token_weight=r['first_token_weight'], val_loss=r['val_loss'])
+    return dict(teachers=[dict(name=r['name'], first_token_weight=r['first_token_weight'],
+                               val_loss=r['val_loss'])
                           for r in own],
-                students=dict(seeds=len(students), first_token_weight=layer_values(students, 'first_token_weight'),
+                students=dict(seeds=len(students),
+                              first_token_weight=layer_values(students, 'first_token_weight'),
                               val_loss=statistics.fmean(r['val_loss'] for r in students),
                               largest=[max(r['first_token_weight']) for r in students]))
 
 
 def reading(results):
-    """Everything above for a study's results (results.json's runs, claims and claim_set): its 'reading'."""
-    return dict(other_claims=other_claims(results), loss_claims=loss_claims(results), where_from=where_from(results),
+    """Everything above for a study's results (results.json's runs, claims and claim_set): its
+    'reading'."""
+    return dict(other_claims=other_claims(results), loss_claims=loss_claims(results),
+                where_from=where_from(results),
                 payoff=payoff_range(results), teachers=teachers(results))

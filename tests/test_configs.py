@@ -1,5 +1,5 @@
-"""The paper's student configs: shapes, extra parameters (ΔParams of Tables 1-2), meta-device build, and
-the training keys every paper config must set."""
+"""The paper's student configs: shapes, extra parameters (ΔParams of Tables 1-2), meta-device build,
+and the training keys every paper config must set."""
 import glob
 import math
 import os
@@ -14,8 +14,9 @@ from helpers import readme_commands
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), '..', 'config')
 
-# Extra parameters over the softmax model of the same size: the paper's Tables 1-2 (Delta Params, given there in
-# millions: 0.4M, 1.0M, 2.1M, 67.1M, 264.2M), written out in full. Sink adds one logit per head and layer ("0.0M").
+# Extra parameters over the softmax model of the same size: the paper's Tables 1-2 (Delta Params,
+# given there in millions: 0.4M, 1.0M, 2.1M, 67.1M, 264.2M), written out in full. Sink adds one
+# logit per head and layer ("0.0M").
 PAPER_DELTA = {
     ('affine', '0.5b'): 393_216, ('affine', '1b'): 1_048_576, ('affine', '3b'): 2_064_384,
     ('gated', '1b'): 67_108_864, ('gated', '3b'): 264_241_152,
@@ -24,9 +25,9 @@ PAPER_DELTA = {
     ('sink', '0.5b'): 24 * 16, ('sink', '1b'): 16 * 32, ('sink', '3b'): 28 * 24,
     ('softmax', '0.5b'): 0, ('softmax', '1b'): 0, ('softmax', '3b'): 0,
 }
-# Total parameters of the softmax students = the HF models they copy (tied embeddings): Llama-3.2-1B and -3B
-# are 1,235,814,400 and 3,212,749,824 (Meta's model cards: 1.23B / 3.21B); Qwen1.5-0.5B with tied embeddings
-# is 463,987,712.
+# Total parameters of the softmax students = the HF models they copy (tied embeddings): Llama-3.2-1B
+# and -3B are 1,235,814,400 and 3,212,749,824 (Meta's model cards: 1.23B / 3.21B); Qwen1.5-0.5B with
+# tied embeddings is 463,987,712.
 HF_TOTAL = {'0.5b': 463_987_712, '1b': 1_235_814_400, '3b': 3_212_749_824}
 
 
@@ -51,14 +52,16 @@ def test_every_paper_row_has_a_config():
     assert {(v, s) for v, s, _ in paper_configs()} == set(PAPER_DELTA)
 
 
-@pytest.mark.parametrize('variant,size,path', list(paper_configs()), ids=lambda x: str(x).split('/')[-1])
+@pytest.mark.parametrize('variant,size,path', list(paper_configs()),
+                         ids=lambda x: str(x).split('/')[-1])
 def test_paper_config_delta_params(variant, size, path):
     model = build_on_meta(read_config(path))
     softmax = build_on_meta(read_config(os.path.join(CONFIG_DIR, f'softmax_{size}.py')))
     assert softmax.get_num_params() == HF_TOTAL[size]
     assert model.get_num_params() - softmax.get_num_params() == PAPER_DELTA[(variant, size)]
     expected_act = 'sigmoid' if variant == 'affine_gated_sigmoid' else 'linear_clip'
-    assert model.config.attention == variant.replace('_sigmoid', '') and model.config.affine_act == expected_act
+    assert model.config.attention == variant.replace('_sigmoid',
+                                                     '') and model.config.affine_act == expected_act
 
 
 def test_meta_device_build_allocates_nothing():
@@ -90,7 +93,8 @@ def test_tiny_cpu_config_runs_every_variant(attention):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
-@pytest.mark.parametrize('variant,size,path', list(paper_configs()), ids=lambda x: str(x).split('/')[-1])
+@pytest.mark.parametrize('variant,size,path', list(paper_configs()),
+                         ids=lambda x: str(x).split('/')[-1])
 def test_paper_configs_name_their_data_teacher_and_out_dir(variant, size, path):
     config = load_config([path])
     name = os.path.basename(path)[:-3]
@@ -99,37 +103,46 @@ def test_paper_configs_name_their_data_teacher_and_out_dir(variant, size, path):
     assert config['data_dir'] == f'data/fineweb_edu_{tokenizer}'
     teacher = {'0.5b': 'Qwen1.5-1.8B', '1b': 'Llama-3.2-3B', '3b': 'Llama-3.1-8B'}[size]
     assert config['teacher'] == f'checkpoints/{teacher}'
-    assert config['global_batch_size'] == 1024 and config['block_size'] == 2048 and config['max_iters'] == 9000
+    assert config[
+        'global_batch_size'] == 1024 and config[
+        'block_size'] == 2048 and config['max_iters'] == 9000
 
 
 def test_model_key_sets_a_published_shape_and_later_keys_win(tmp_path):
     from model import MODEL_SHAPES
     config = load_config(['--model=llama3.2-3b'])
-    assert config['model'] == 'llama3.2-3b' and all(config[k] == v for k, v in MODEL_SHAPES['llama3.2-3b'].items())
+    assert config['model'] == 'llama3.2-3b' and all(config[k] == v for k,
+                                                    v in MODEL_SHAPES['llama3.2-3b'].items())
     path = tmp_path / 'c.py'
-    path.write_text("n_layer = 2\nmodel = 'qwen1.5-0.5b'\nn_head = 8\n")  # the shape replaces n_layer, not n_head
+    # the shape replaces n_layer, not n_head
+    path.write_text("n_layer = 2\nmodel = 'qwen1.5-0.5b'\nn_head = 8\n")
     config = load_config([str(path), '--rms_norm_eps=1e-5'])
-    assert (config['n_layer'], config['n_head'], config['n_embd'], config['rms_norm_eps']) == (24, 8, 1024, 1e-5)
+    assert (config['n_layer'], config['n_head'], config['n_embd'], config['rms_norm_eps']) == (24,
+                                                                                               8,
+                                                                                               1024,
+                                                                                               1e-5)
 
 
 def test_unknown_model_name_is_a_clear_error():
-    with pytest.raises(SystemExit, match=r"^--model=llama9: invalid choice: model='llama9'; valid values: "
-                                         r"qwen1.5-0.5b, qwen1.5-1.8b, llama3.2-1b, llama3.2-3b, llama3.1-8b, "
-                                         r"smollm2-135m, smollm2-360m, tiny$"):
+    with pytest.raises(SystemExit, match=r"^--model=llama9: invalid choice: model='llama9'; valid "
+                                         r"values: "
+                                         r"qwen1.5-0.5b, qwen1.5-1.8b, llama3.2-1b, llama3.2-3b, "
+                                         r"llama3.1-8b, " r"smollm2-135m, smollm2-360m, tiny$"):
         load_config(['--model=llama9'])
 
 
 @pytest.mark.parametrize('variant', ['softmax', 'sink', 'gated', 'affine', 'affine_gated'])
 def test_one_gpu_tier_fits_one_gpu(variant, monkeypatch):
-    """config/onegpu.py --attention=<variant>, as README.md's loop trains it (its header gives the same loop): a
-    SmolLM2-135M-shaped student (134,515,008 parameters as softmax: SmolLM2-135M's own count, tied embeddings), KD
-    from SmolLM2-360M (its published shape: 361,821,120 parameters, the published count), whose plan fits one 24 GiB
-    GPU with the dry run's margin at the loop's micro-batch: the config's own, but for affine_gated 4 (at the config's
-    it does not fit)."""
+    """config/onegpu.py --attention=<variant>, as README.md's loop trains it (its header gives the
+    same loop): a SmolLM2-135M-shaped student (134,515,008 parameters as softmax: SmolLM2-135M's own
+    count, tied embeddings), KD from SmolLM2-360M (its published shape: 361,821,120 parameters, the
+    published count), whose plan fits one 24 GiB GPU with the dry run's margin at the loop's
+    micro-batch: the config's own, but for affine_gated 4 (at the config's it does not fit)."""
     from lmkit import memory_plan, runs
     monkeypatch.chdir(os.path.dirname(CONFIG_DIR))  # the README's paths are the repository's
     _, commands = readme_commands('Try it on one GPU')
-    c = load_config(next(argv[2:] for argv in commands if argv[1] == 'train.py' and f'--attention={variant}' in argv))
+    c = load_config(next(argv[2:] for argv in commands if argv[1] == 'train.py'
+                         and f'--attention={variant}' in argv))
     own = load_config([os.path.join(CONFIG_DIR, 'onegpu.py')])['micro_batch_size']
     student, teacher = memory_plan.planned_models(runs.run_config(c))
     assert os.path.basename(c['teacher']) == 'SmolLM2-360M'
@@ -138,7 +151,8 @@ def test_one_gpu_tier_fits_one_gpu(variant, monkeypatch):
     assert sum(p.numel() for p in build_on_meta(vars(softmax)).parameters()) == 134_515_008
     assert sum(p.numel() for p in build_on_meta(vars(teacher)).parameters()) == 361_821_120
     verdict = lambda **override: memory_plan.verdict(
-        sum(memory_plan.memory_plan(runs.run_config(c | override), student, teacher).values()) / 2**30, 24)
+        sum(memory_plan.memory_plan(runs.run_config(c | override), student,
+                                    teacher).values()) / 2**30, 24)
     assert verdict() == 'fits'
     if variant == 'affine_gated':
         assert c['micro_batch_size'] == 4 and verdict(micro_batch_size=own) != 'fits'

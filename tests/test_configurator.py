@@ -1,4 +1,5 @@
-"""configurator.py: the one configurator every script uses (the forms a command line takes, and its errors)."""
+"""configurator.py: the one configurator every script uses (the forms a command line takes, and its
+errors)."""
 import pytest
 
 from configurator import Key, parse
@@ -24,15 +25,16 @@ def error(argv, capsys, **kw):
         parse(argv, KEYS, **kw)
     assert e.value.code == 2  # argparse's status
     err = capsys.readouterr().err
-    assert str(e.value) in err and '\n' not in str(e.value)  # one line, also on stderr after the usage line
+    # one line, also on stderr after the usage line
+    assert str(e.value) in err and '\n' not in str(e.value)
     assert err.startswith('usage:') and '--steps' in err
     return str(e.value)
 
 
 def test_defaults_and_both_override_forms():
     c = parse(['--out=o', '--steps=3', '--name', 'b', '--rate=1', '--limit=None'], KEYS)
-    assert c == dict(name='b', steps=3, rate=1.0, share=0.5, momentum=0.9, temperature=1.0, flag=False, mode='fast',
-                     items=['x', 'y'], sizes=[1, 2], limit=None, out='o')
+    assert c == dict(name='b', steps=3, rate=1.0, share=0.5, momentum=0.9, temperature=1.0,
+                     flag=False, mode='fast', items=['x', 'y'], sizes=[1, 2], limit=None, out='o')
     assert isinstance(c['rate'], float)  # an int is widened where a float is expected
     assert parse(['--out=123'], KEYS)['out'] == '123'  # a string key takes its text as written
 
@@ -61,13 +63,16 @@ def test_config_files_and_positional_lists(tmp_path, capsys):
 
 
 def test_expands_sets_other_keys_where_it_stands():
-    keys = dict(KEYS, shape=Key(None, types=(str,), choices=('big',), expands=dict(big=dict(steps=100, name='B'))))
+    keys = dict(KEYS,
+                shape=Key(None, types=(str,), choices=('big',),
+                          expands=dict(big=dict(steps=100, name='B'))))
     c = parse(['--steps=3', '--shape=big', '--name=mine', '--out=o'], keys)
     assert c['shape'] == 'big' and c['steps'] == 100 and c['name'] == 'mine'
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['--nope=1'], "unrecognized arguments: --nope=1 (unknown config key 'nope'); valid keys: --flag, --items, "),
+    (['--nope=1'], "unrecognized arguments: --nope=1 (unknown config key 'nope'); valid keys: "
+                   "--flag, --items, "),
     (['--steps=two'], "steps='two' has type str, expected int (invalid int value: 'two')"),
     (['--steps=1.5'], 'steps=1.5 has type float, expected int'),
     (['--flag=maybe'], "flag='maybe' has type str, expected bool"),
@@ -102,17 +107,21 @@ def test_help_lists_every_key_with_its_default_and_help(capsys):
 
 
 def test_range_edges_are_accepted_and_a_config_file_is_named(tmp_path, capsys):
-    c = parse(['--out=o', '--steps=1', '--share=0', '--momentum=0', '--temperature=1e-9', '--sizes=1,1'], KEYS)
-    assert (c['steps'], c['share'], c['momentum'], c['temperature'], c['sizes']) == (1, 0.0, 0.0, 1e-9, [1, 1])
+    c = parse(['--out=o', '--steps=1', '--share=0', '--momentum=0', '--temperature=1e-9',
+               '--sizes=1,1'], KEYS)
+    assert (c['steps'], c['share'], c['momentum'], c['temperature'], c['sizes']) == (1, 0.0, 0.0,
+                                                                                     1e-9, [1, 1])
     assert parse(['--out=o', '--share=1'], KEYS)['share'] == 1.0
     path = tmp_path / 'c.py'
     path.write_text("temperature = -2\n")
-    assert error([str(path)], capsys, files=True) == f"{path}: --temperature=-2.0 is out of range: must be > 0"
+    assert error([str(path)], capsys,
+                 files=True) == f"{path}: --temperature=-2.0 is out of range: must be > 0"
 
 
 def test_rules_hold_once_every_key_is_set(capsys):
     rules = ('share <= momentum',)
-    # share=0.95 exceeds the default momentum until --momentum=0.99 follows: a rule is checked at the end
+    # share=0.95 exceeds the default momentum until --momentum=0.99 follows: a rule is checked at
+    # the end
     assert parse(['--out=o', '--share=0.95', '--momentum=0.99'], KEYS, rules=rules)['share'] == 0.95
     message = error(['--out=o', '--share=0.95'], capsys, rules=rules)
     assert message == '--share=0.95 --momentum=0.9: must have share <= momentum'
@@ -123,13 +132,19 @@ def test_rules_hold_once_every_key_is_set(capsys):
 
 @pytest.mark.parametrize('source, line, what', [
     ("steps = 5\nname = ('b'\n", 2, "'(' was never closed"),  # a syntax error
-    ("steps = 5\n\nrate = 1 / 0\n", 3, "ZeroDivisionError: division by zero"),  # the file runs and raises
-    ("def f():\n    return undefined\nsteps = f()\n", 2, "NameError: name 'undefined' is not defined"),
-    ("name = 'caf\xe9'\n", 1, "(unicode error) 'utf-8' codec can't decode byte 0xe9"),  # written in Latin-1
+    # the file runs and raises
+    ("steps = 5\n\nrate = 1 / 0\n", 3, "ZeroDivisionError: division by zero"),
+    ("def f():\n    return undefined\nsteps = f()\n", 2, "NameError: name 'undefined' is not "
+                                                         "defined"),
+    # written in Latin-1
+    ("name = 'caf\xe9'\n", 1, "(unicode error) 'utf-8' codec can't decode byte 0xe9"),
 ])
-def test_a_config_file_that_does_not_run_is_named_with_its_line(source, line, what, tmp_path, capsys):
+def test_a_config_file_that_does_not_run_is_named_with_its_line(source, line, what, tmp_path,
+                                                                capsys):
     path = tmp_path / 'c.py'
     path.write_bytes(source.encode('latin-1'))
     message = error([str(path)], capsys, files=True)
-    assert message.startswith(f"{path}, line {line}: {what}") and message.endswith("; a config file is Python: fix "
+    assert message.startswith(f"{path}, line {line}: {what}") and message.endswith("; a config "
+                                                                                   "file is "
+                                                                                   "Python: fix "
                                                                                    "that line")

@@ -1,4 +1,5 @@
-"""Tests for data.py: the shard files (round trip, header validation) and read_split's checks of each shard."""
+"""Tests for data.py: the shard files (round trip, header validation) and read_split's checks of
+each shard."""
 import json
 import os
 import re
@@ -21,7 +22,8 @@ def test_shard_round_trip_and_header_validation(tmp_path, dtype):
     tokens = np.array([0, 1, 256, np.iinfo(dtype).max], dtype=dtype)
     write_shard(path, [tokens[:1], tokens[1:]], dtype)
     read = read_shard(path)
-    assert read.dtype == np.dtype(dtype) and isinstance(read, np.memmap) and not read.flags.writeable
+    assert read.dtype == np.dtype(dtype) and isinstance(read,
+                                                        np.memmap) and not read.flags.writeable
     np.testing.assert_array_equal(read, tokens)
     assert os.listdir(tmp_path) == ["x.bin"]  # no temp file left behind
     data = Path(path).read_bytes()
@@ -38,16 +40,18 @@ def test_shard_round_trip_and_header_validation(tmp_path, dtype):
 
 
 def test_read_split_checks_each_shard_once_per_process(tmp_path, monkeypatch):
-    """write_shard returns the CRC-32 of the file it wrote; read_split refuses, naming the shard, one whose bytes
-    differ from that checksum, and one that holds an id at or above the vocabulary size even when its checksum is
-    the one recorded (the position counted from 1); an unchanged shard is checked once per process. A damaged
-    meta.json is one line too."""
+    """write_shard returns the CRC-32 of the file it wrote; read_split refuses, naming the shard,
+    one whose bytes differ from that checksum, and one that holds an id at or above the vocabulary
+    size even when its checksum is the one recorded (the position counted from 1); an unchanged
+    shard is checked once per process. A damaged meta.json is one line too."""
     names = ["train_000000.bin", "train_000001.bin"]
     ids = [np.arange(300, dtype=np.uint16) % 257, np.array([5, 6, 300, 7, 400], dtype=np.uint16)]
-    checksums = {name: write_shard(str(tmp_path / name), [a], np.uint16) for name, a in zip(names, ids)}
+    checksums = {name: write_shard(str(tmp_path / name), [a], np.uint16) for name,
+                 a in zip(names, ids)}
     for name in names:
         assert checksums[name] == f"crc32:{zlib.crc32((tmp_path / name).read_bytes()):08x}"
-    meta = dict(vocab_size=257, splits=dict(train=dict(shards=names[:1]), val=dict(shards=names[1:])),
+    meta = dict(vocab_size=257,
+                splits=dict(train=dict(shards=names[:1]), val=dict(shards=names[1:])),
                 checksums=checksums, command="python prepare_data.py --out_dir=x")
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     reads, crc32 = [], zlib.crc32
@@ -56,24 +60,33 @@ def test_read_split_checks_each_shard_once_per_process(tmp_path, monkeypatch):
     checked_once = len(reads)
     read_split(str(tmp_path), "train")
     assert len(reads) == checked_once > 0  # unchanged: not read again
-    with pytest.raises(RunError, match=rf"^{re.escape(str(tmp_path / names[1]))}: token 3 \(counting from 1\) is id "
-                                       rf"300, not below the vocabulary size 257 \(meta.json\): the shard is damaged; "
-                                       rf"re-run the prepare_data.py command recorded in meta.json"):
+    with pytest.raises(RunError, match=rf"^{re.escape(str(tmp_path / names[1]))}: token 3 "
+                                       r"\(counting from 1\) is id "
+                                       r"300, not below the vocabulary size 257 \(meta.json\): the "
+                                       r"shard is damaged; "
+                                       r"re-run the prepare_data.py command recorded in "
+                                       r"meta.json"):
         read_split(str(tmp_path), "val")
-    damaged = flip_byte(tmp_path / names[0], 100)  # an id that stays below the vocabulary size: only the CRC sees it
-    with pytest.raises(RunError, match=rf"^{re.escape(str(tmp_path / names[0]))}: damaged: its CRC-32 is "
-                                       rf"{zlib.crc32(damaged):08x}, but meta.json recorded {checksums[names[0]]}"):
+    # an id that stays below the vocabulary size: only the CRC sees it
+    damaged = flip_byte(tmp_path / names[0], 100)
+    with pytest.raises(RunError, match=rf"^{re.escape(str(tmp_path / names[0]))}: damaged: its "
+                                       r"CRC-32 is "
+                                       rf"{zlib.crc32(damaged):08x}, but meta.json recorded "
+                                       rf"{checksums[names[0]]}"):
         read_split(str(tmp_path), "train")
     (tmp_path / "meta.json").write_text(json.dumps(meta)[:-1])  # meta.json cut short
-    with pytest.raises(RunError, match=rf"^{re.escape(str(tmp_path / 'meta.json'))}: damaged, not a JSON file \("):
+    with pytest.raises(RunError, match=rf"^{re.escape(str(tmp_path / 'meta.json'))}: damaged, not "
+                                       r"a JSON file \("):
         read_split(str(tmp_path), "train")
 
 
 def documented(path, out_dir):
-    """The prepare_data.py command that a file of the repo (a config's header, the README) gives for out_dir, its
-    continued lines joined."""
-    text = re.sub(r"\s*\\\n[#\s]*", " ", (Path(__file__).resolve().parents[1] / path).read_text(encoding="utf-8"))
-    return re.search(rf"python prepare_data\.py [^\n)]*--out_dir={re.escape(out_dir)}[^\n)]*", text).group(0).strip()
+    """The prepare_data.py command that a file of the repo (a config's header, the README) gives for
+    out_dir, its continued lines joined."""
+    text = re.sub(r"\s*\\\n[#\s]*", " ",
+                  (Path(__file__).resolve().parents[1] / path).read_text(encoding="utf-8"))
+    return re.search(rf"python prepare_data\.py [^\n)]*--out_dir={re.escape(out_dir)}[^\n)]*",
+                     text).group(0).strip()
 
 
 @pytest.mark.parametrize("out_dir,path", [("data/builtin_bytes", "config/tiny_cpu.py"),
@@ -81,14 +94,16 @@ def documented(path, out_dir):
                                           ("data/fineweb_edu_llama3", "README.md"),
                                           ("data/fineweb_edu_smollm2", "config/onegpu.py")])
 def test_missing_data_names_the_command_that_prepares_it(tmp_path, monkeypatch, out_dir, path):
-    """'run prepare_data.py first' said which command: now it gives the one the docs give for a directory they name,
-    wherever the repo is."""
+    """'run prepare_data.py first' said which command: now it gives the one the docs give for a
+    directory they name, wherever the repo is."""
     command = documented(path, out_dir)
     monkeypatch.chdir(tmp_path)  # (where the directory is not: the repo may hold it)
     with pytest.raises(RunError) as e:
         read_meta(out_dir)
-    assert str(e.value) == f"data_dir={out_dir}: no such directory; run prepare_data.py first: {command}"
-    moved = str(tmp_path / out_dir)  # the same directory under another root: the same command, there
+    assert str(
+        e.value) == f"data_dir={out_dir}: no such directory; run prepare_data.py first: {command}"
+    # the same directory under another root: the same command, there
+    moved = str(tmp_path / out_dir)
     with pytest.raises(RunError) as e:
         read_meta(moved)
     assert str(e.value).endswith(command.replace(f"--out_dir={out_dir}", f"--out_dir={moved}"))
@@ -99,9 +114,10 @@ def test_missing_data_of_another_name_gets_the_general_command(tmp_path):
                f"--tokenizer=<bytes or the teacher's directory> --out_dir={tmp_path / 'mine'}")
     with pytest.raises(RunError) as e:
         read_meta(str(tmp_path / "mine"))
-    assert str(e.value) == f"data_dir={tmp_path / 'mine'}: no such directory; run prepare_data.py first: {general}"
+    assert str(
+        e.value) == f"data_dir={tmp_path / 'mine'}: no such directory; run prepare_data.py first: {general}"
     (tmp_path / "mine").mkdir()
     with pytest.raises(RunError) as e:
         read_meta(str(tmp_path / "mine"))
-    assert str(e.value) == (f"{tmp_path / 'mine' / 'meta.json'}: no such file; data_dir must be an output directory "
-                            f"of prepare_data.py, which prepares one: {general}")
+    assert str(e.value) == (f"{tmp_path / 'mine' / 'meta.json'}: no such file; data_dir must be an "
+                            f"output directory of prepare_data.py, which prepares one: {general}")

@@ -1,7 +1,7 @@
-"""The docs say only what the code does: the tables tools/memory_tables.py computes are the ones README.md and
-docs/*.md hold, docs/memory.md's statements about them hold, the training keys' defaults in docs/training.md are
-train.py's, every relative link and #anchor resolves, README.md stays a front door (at most 300 lines), and its
-one-GPU commands run as written."""
+"""The docs say only what the code does: the tables tools/memory_tables.py computes are the ones
+README.md and docs/*.md hold, docs/memory.md's statements about them hold, the training keys'
+defaults in docs/training.md are train.py's, every relative link and #anchor resolves, README.md
+stays a front door (at most 300 lines), and its one-GPU commands run as written."""
 import ast
 import glob
 import importlib.util
@@ -17,8 +17,8 @@ import eval_zeroshot
 import prepare_data
 import train
 from lmkit import runs
-from helpers import (CHAT, EOT, digits_then_gpt2, every_readme_command, hf_tokenizer, readme_commands,
-                     write_task_data)
+from helpers import (CHAT, EOT, digits_then_gpt2, every_readme_command, hf_tokenizer,
+                     readme_commands, write_task_data)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))
@@ -37,26 +37,30 @@ def test_generated_tables_are_the_ones_in_the_docs(memory_tables):
 
 
 def test_what_docs_memory_says_about_the_plan(memory_tables):
-    """docs/memory.md: DDP fits every 0.5B and 1B row with room for a larger micro-batch; the 3B rows need FSDP
-    (under DDP not even micro-batch 1 with activation checkpointing fits), and FSDP fits them at the configs'
-    micro-batch without recomputation. The configs choose accordingly."""
+    """docs/memory.md: DDP fits every 0.5B and 1B row with room for a larger micro-batch; the 3B
+    rows need FSDP (under DDP not even micro-batch 1 with activation checkpointing fits), and FSDP
+    fits them at the configs' micro-batch without recomputation. The configs choose accordingly."""
     fits = 0.9 * memory_tables.GPU_GIB
     for row in memory_tables.rows():
         if row.size in ('0.5b', '1b'):
-            assert not row.c.fsdp and row.total(False) <= fits and row.total(False, micro=2 * row.micro) <= fits
+            assert not row.c.fsdp and row.total(
+                False) <= fits and row.total(False, micro=2 * row.micro) <= fits
         else:
-            assert row.c.fsdp and row.total(True) <= fits and row.total(False, True, micro=1) > fits, row.name
+            assert row.c.fsdp and row.total(True) <= fits and row.total(False, True,
+                                                                        micro=1) > fits, row.name
 
 
 def documented_defaults(path):
-    """(key, default as written) of every row of the `| key | default | meaning |` tables in path."""
+    """(key, default as written) of every row of the `| key | default | meaning |` tables in
+    path."""
     rows, in_table = [], False
     for line in open(path, encoding='utf-8'):
         if line.startswith('| key | default |'):
             in_table = True
         elif in_table and line.startswith('|') and not line.startswith('|---'):
             cells = [c.strip() for c in line.strip().strip('|').split(' | ')]
-            keys, defaults = re.findall(r'`(\w+)`', cells[0]), [d.strip().strip('`') for d in cells[1].split(',')]
+            keys, defaults = re.findall(r'`(\w+)`', cells[0]), [d.strip().strip('`')
+                                                                for d in cells[1].split(',')]
             assert len(keys) == len(defaults), line
             rows += zip(keys, defaults)
         elif not line.startswith('|'):
@@ -76,8 +80,8 @@ def test_documented_training_defaults_are_train_pys():
 
 
 def slug(heading):
-    """GitHub's anchor for a heading: lower case, punctuation dropped (hyphens and underscores kept), spaces to
-    hyphens."""
+    """GitHub's anchor for a heading: lower case, punctuation dropped (hyphens and underscores
+    kept), spaces to hyphens."""
     return re.sub(r'[^\w\- ]', '', heading.strip().lower()).replace(' ', '-')
 
 
@@ -107,7 +111,8 @@ def anchors(path):
 def test_links_resolve(path):
     broken = []
     for line in outside_code(path):
-        for target in re.findall(r'\]\(([^)\s]+)\)', re.sub(r'`[^`]*`', '', line)):  # not in inline code
+        # not in inline code
+        for target in re.findall(r'\]\(([^)\s]+)\)', re.sub(r'`[^`]*`', '', line)):
             if re.match(r'[a-z]+:', target):
                 continue  # https:, mailto:
             file, _, anchor = target.partition('#')
@@ -126,11 +131,11 @@ NOT_RUN = {'pip', 'hf', 'sbatch'}  # the network, a SLURM cluster
 
 
 def test_every_readme_command_parses_as_printed(capsys):
-    """Issue 53: every command README.md shows, as printed, reaches its script's own checks. Each python command
-    runs in this process with --help after its arguments: the configurator reads every config file and flag before it
-    (an unknown flag, a wrong type or a missing config file fails), then prints the usage; a dry run runs as is; a
-    torchrun line is the same check of its train.py command. Installs, downloads and sbatch are not run
-    (NOT_RUN)."""
+    """Issue 53: every command README.md shows, as printed, reaches its script's own checks. Each
+    python command runs in this process with --help after its arguments: the configurator reads
+    every config file and flag before it (an unknown flag, a wrong type or a missing config file
+    fails), then prints the usage; a dry run runs as is; a torchrun line is the same check of its
+    train.py command. Installs, downloads and sbatch are not run (NOT_RUN)."""
     checked = []
     for argv in every_readme_command():
         if argv[0] in NOT_RUN:
@@ -146,22 +151,26 @@ def test_every_readme_command_parses_as_printed(capsys):
             raise SystemExit(0)  # (a dry run returns)
         assert stop.value.code in (0, None), (argv, capsys.readouterr())
         checked.append(name)
-    assert len(checked) >= 40 and set(checked) >= {'quickstart', 'train', 'prepare_data', 'sample', 'analyze',
-                                                   'eval_zeroshot', 'distill', 'study.sink_study', 'tools.bench'}
+    assert len(checked) >= 40 and set(checked) >= {'quickstart', 'train', 'prepare_data', 'sample',
+                                                   'analyze',
+                                                   'eval_zeroshot', 'distill', 'study.sink_study',
+                                                   'tools.bench'}
 
 
 def test_the_one_gpu_loop_runs_as_written(tmp_path, monkeypatch):
-    """README.md's "Try it on one GPU" commands, each as bash reads it, run in a fresh directory with tiny local
-    stand-ins for what they download (the teacher: a 2-layer Llama with a SmolLM-style tokenizer, tied as SmolLM2;
-    the data: the built-in corpus; the eval tasks: three offline rows of each, as --export_data writes them) and
-    overrides that make each run a few steps of a tiny model. The loop ends in its Table-1-style report, with a row
-    per variant (tests/test_configs.py holds each training's micro-batch, as written, to the 24 GiB the tier is
+    """README.md's "Try it on one GPU" commands, each as bash reads it, run in a fresh directory
+    with tiny local stand-ins for what they download (the teacher: a 2-layer Llama with a
+    SmolLM-style tokenizer, tied as SmolLM2; the data: the built-in corpus; the eval tasks: three
+    offline rows of each, as --export_data writes them) and overrides that make each run a few steps
+    of a tiny model. The loop ends in its Table-1-style report, with a row per variant
+    (tests/test_configs.py holds each training's micro-batch, as written, to the 24 GiB the tier is
     sized for). config/onegpu.py's header gives the same commands."""
     block, commands = readme_commands('Try it on one GPU')
     with open(os.path.join(ROOT, 'config', 'onegpu.py'), encoding='utf-8') as f:
         header = [line[len('#   '):].strip() for line in f if line.startswith('#   ')]
     assert header and set(header) <= {line.strip() for line in block.splitlines()}
-    assert [argv[:2] for argv in commands] == [['hf', 'download']] + [['python', 'prepare_data.py']] + [
+    assert [argv[:2]
+            for argv in commands] == [['hf', 'download']] + [['python', 'prepare_data.py']] + [
         ['python', 'distill.py']] + [['python', 'train.py'], ['python', 'eval_zeroshot.py']] * 5 + [
         ['python', 'analyze.py']]
     monkeypatch.chdir(tmp_path)
@@ -170,30 +179,39 @@ def test_the_one_gpu_loop_runs_as_written(tmp_path, monkeypatch):
     tokenizer = hf_tokenizer(digits_then_gpt2(True), leading_specials=CHAT)
     rows = tokenizer.get_vocab_size()
     tasks = write_task_data(tmp_path / 'tasks')
-    tiny = {'prepare_data.py': ['--source=builtin', '--max_tokens=3000', '--val_every=10', '--num_proc=1'],
+    tiny = {'prepare_data.py': ['--source=builtin', '--max_tokens=3000', '--val_every=10',
+                                '--num_proc=1'],
             'distill.py': ['--batches=1', '--batch_size=2', '--block_size=16', '--device=cpu'],
-            'train.py': ['--n_layer=1', '--n_head=2', '--n_kv_head=1', '--n_embd=16', '--intermediate_size=32',
-                         f'--vocab_size={rows}', '--block_size=16', '--global_batch_size=2', '--micro_batch_size=2',
-                         '--max_iters=1', '--warmup_iters=1', '--eval_interval=1', '--eval_batches=1',
-                         '--peak_flops=1e12', '--device=cpu'],
-            'eval_zeroshot.py': [f'--data_dir={tasks}', '--c4_windows=2', '--c4_seqlen=16', '--device=cpu'],
+            'train.py': ['--n_layer=1', '--n_head=2', '--n_kv_head=1', '--n_embd=16',
+                         '--intermediate_size=32',
+                         f'--vocab_size={rows}', '--block_size=16', '--global_batch_size=2',
+                         '--micro_batch_size=2',
+                         '--max_iters=1', '--warmup_iters=1', '--eval_interval=1',
+                         '--eval_batches=1', '--peak_flops=1e12', '--device=cpu'],
+            'eval_zeroshot.py': [f'--data_dir={tasks}', '--c4_windows=2', '--c4_seqlen=16',
+                                 '--device=cpu'],
             'analyze.py': []}
-    scripts = {'prepare_data.py': prepare_data.main, 'distill.py': distill.main, 'train.py': train.main,
+    scripts = {'prepare_data.py': prepare_data.main, 'distill.py': distill.main,
+               'train.py': train.main,
                'eval_zeroshot.py': eval_zeroshot.main, 'analyze.py': analyze.main}
     for argv in commands:
         if argv[0] == 'hf':  # the teacher, from the hub as written: SmolLM2-360M, into --local-dir
             assert argv[2] == 'HuggingFaceTB/SmolLM2-360M'
             local = argv[argv.index('--local-dir') + 1]
             os.makedirs(local)
-            save_hf_teacher(tmp_path / local, 'llama', tokenizer, {'tokenizer_class': 'GPT2Tokenizer',
-                                                                  'bos_token': EOT, 'eos_token': EOT}, rows, 0,
+            save_hf_teacher(tmp_path / local, 'llama', tokenizer,
+                            {'tokenizer_class': 'GPT2Tokenizer',
+                                                                  'bos_token': EOT,
+                             'eos_token': EOT}, rows, 0,
                             tie_word_embeddings=True)
             continue
-        args = [path for arg in argv[2:] for path in (sorted(glob.glob(arg)) if '*' in arg else [arg])]
+        args = [path for arg in argv[2:]
+                for path in (sorted(glob.glob(arg)) if '*' in arg else [arg])]
         scripts[argv[1]](args + tiny[argv[1]])
     variants = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
     for v in variants:
-        assert json.loads((tmp_path / 'out' / f'onegpu_{v}' / 'config.json').read_text())['attention'] == v
+        assert json.loads(
+            (tmp_path / 'out' / f'onegpu_{v}' / 'config.json').read_text())['attention'] == v
     with open(tmp_path / 'out' / 'table_onegpu' / 'report.md', encoding='utf-8') as f:
         table = [line for line in f if line.startswith('| ')]
     names = [analyze.method_name(dict(attention=v)) for v in variants]
@@ -204,11 +222,13 @@ def test_the_one_gpu_loop_runs_as_written(tmp_path, monkeypatch):
 
 
 def test_the_map_is_the_code():
-    """docs/implementation.md's map: its line counts and import layers are scripts/line_counts.py's (from the code),
-    the reading set of one training step and one variant and the files it names keep their limits, its Files table
-    names every Python file outside tests/ with its role, and every name a row cites exists where the row says."""
+    """docs/implementation.md's map: its line counts and import layers are scripts/line_counts.py's
+    (from the code), the reading set of one training step and one variant and the files it names
+    keep their limits, its Files table names every Python file outside tests/ with its role, and
+    every name a row cites exists where the row says."""
     from scripts import line_counts
-    assert line_counts.in_doc() == line_counts.table(), 'regenerate it: python -m scripts.line_counts --write'
+    assert line_counts.in_doc(
+        ) == line_counts.table(), 'regenerate it: python -m scripts.line_counts --write'
     assert line_counts.reading_set_lines() <= line_counts.LIMITS['reading set']
     for name, limit in line_counts.LIMITS.items():
         if name.endswith('.py'):
@@ -219,9 +239,11 @@ def test_the_map_is_the_code():
             re.findall(r'^\| ((?:`[\w./*{},]+`(?:, )?)+) \| (.+) \|$', files_table, re.M)}
     named = {name for names in rows for name in names}
     python = {os.path.relpath(p, ROOT) for folder in ('', 'lmkit', 'study', 'tools', 'scripts')
-              for p in glob.glob(os.path.join(ROOT, folder, '*.py')) if not p.endswith('__init__.py')}
+              for p in glob.glob(os.path.join(ROOT, folder, '*.py'))
+              if not p.endswith('__init__.py')}
     assert not python - named, 'files the map does not name'
-    assert not {n for n in named if '*' not in n and not os.path.exists(os.path.join(ROOT, n))}, 'named, not there'
+    assert not {n for n in named if '*' not in n
+                and not os.path.exists(os.path.join(ROOT, n))}, 'named, not there'
     defined = {path: defined_names(path) for path in python}
     by_stem = {os.path.basename(path)[:-3]: path for path in python}
     for names, role in rows.items():
@@ -230,14 +252,16 @@ def test_the_map_is_the_code():
         for cited in re.findall(r'`([A-Za-z_][\w.]*)`', role):
             owner, _, name = cited.rpartition('.')
             where = by_stem.get(owner, names[0]) if owner else names[0]
-            if cited.endswith(('.py', '.md', '.json', '.jsonl', '.pt')) or (owner and owner not in by_stem):
+            if cited.endswith(('.py', '.md', '.json', '.jsonl',
+                               '.pt')) or (owner and owner not in by_stem):
                 continue  # a file's name, or an attribute of a class or of another library
-            assert name in defined[where], f"{names[0]}'s row cites {cited}, which {where} does not define"
+            assert name in defined[
+                where], f"{names[0]}'s row cites {cited}, which {where} does not define"
 
 
 def defined_names(path):
-    """Every name a file defines (functions, classes, methods, assignments, attributes, imports) or holds as a
-    string."""
+    """Every name a file defines (functions, classes, methods, assignments, attributes, imports) or
+    holds as a string."""
     tree = ast.parse(open(os.path.join(ROOT, path), encoding='utf-8').read())
     out = set()
     for node in ast.walk(tree):
@@ -245,7 +269,8 @@ def defined_names(path):
             out.add(node.name)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             out.add(node.id)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):  # self.explicit = ...
+        # self.explicit = ...
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
             out.add(node.attr)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             out.add(node.target.id)

@@ -1,7 +1,8 @@
-"""The repository's layout (docs/implementation.md, "Files"): the root holds the paper's modules (the network, its
-kernels, the distillation), the configurator and the scripts a reader runs; what they share is the library, lmkit/,
-which imports no script; the study and the measuring
-tools live in study/ and tools/, and nothing at the root or in the library imports them. Tests may import anything."""
+"""The repository's layout (docs/implementation.md, "Files"): the root holds the paper's modules
+(the network, its kernels, the distillation), the configurator and the scripts a reader runs; what
+they share is the library, lmkit/, which imports no script; the study and the measuring tools live
+in study/ and tools/, and nothing at the root or in the library imports them. Tests may import
+anything."""
 import ast
 import glob
 import os
@@ -9,12 +10,14 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAPER_MODULES = {'model.py', 'attention_kernels.py', 'distill.py', 'configurator.py'}  # and the configurator
+# and the configurator
+PAPER_MODULES = {'model.py', 'attention_kernels.py', 'distill.py', 'configurator.py'}
 FOLDERS = ('', 'lmkit', 'study', 'tools', 'scripts')
 
 
 def sources(folder):
-    return sorted(p for p in glob.glob(os.path.join(ROOT, folder, '*.py')) if not p.endswith('__init__.py'))
+    return sorted(p for p in glob.glob(os.path.join(ROOT, folder, '*.py'))
+                  if not p.endswith('__init__.py'))
 
 
 def module_name(path):
@@ -23,8 +26,8 @@ def module_name(path):
 
 
 def imported(path):
-    """Every module a file imports, at its top or inside a function: 'lmkit.data' for `from lmkit.data import x`
-    and for `from lmkit import data`."""
+    """Every module a file imports, at its top or inside a function: 'lmkit.data' for `from
+    lmkit.data import x` and for `from lmkit import data`."""
     names = set()
     for node in ast.walk(ast.parse(open(path, encoding='utf-8').read())):
         if isinstance(node, ast.Import):
@@ -32,34 +35,40 @@ def imported(path):
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
             names |= {f'{node.module}.{alias.name}' for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 1:  # an export's relative import, within lmkit/
+        # an export's relative import, within lmkit/
+        elif isinstance(node, ast.ImportFrom) and node.level == 1:
             names |= {f'lmkit.{node.module or alias.name}' for alias in node.names}
     return names
 
 
 def is_script(path):
-    """A file run as a command: its __main__ block calls its main, or it is a moved command's one-line notice. (A
-    module's own __main__ block may say that it is not a command: tools/memory_measure.py.)"""
+    """A file run as a command: its __main__ block calls its main, or it is a moved command's
+    one-line notice. (A module's own __main__ block may say that it is not a command:
+    tools/memory_measure.py.)"""
     text = open(path, encoding='utf-8').read()
     main = re.search(r"^if __name__ == ['\"]__main__['\"]:(.*)", text, re.M | re.S)
     return bool(main and re.search(r'\bmain\b', main.group(1))) or text.startswith('"""Moved: run')
 
 
-# distill.py is run too (its teacher check), and imported like model.py: a paper's module, not a script
-SCRIPTS = {module_name(p) for folder in FOLDERS for p in sources(folder) if is_script(p)} - {'distill'}
+# distill.py is run too (its teacher check), and imported like model.py: a paper's module, not a
+# script
+SCRIPTS = {module_name(p) for folder in FOLDERS for p in sources(folder)
+           if is_script(p)} - {'distill'}
 
 
 def test_the_root_holds_the_papers_modules_the_configurator_and_scripts():
     root = sources('')
     assert len(root) <= 14, [os.path.basename(p) for p in root]
     assert {os.path.basename(p) for p in root if module_name(p) not in SCRIPTS} == PAPER_MODULES
-    assert {'train', 'prepare_data', 'eval_zeroshot', 'sample', 'export_hf', 'quickstart'} <= SCRIPTS
+    assert {'train', 'prepare_data', 'eval_zeroshot', 'sample', 'export_hf',
+            'quickstart'} <= SCRIPTS
 
 
 def test_no_file_imports_a_script():
-    """What a script shares lives in lmkit/; a script is run (a subprocess), never imported, outside the tests."""
-    found = {(module_name(p), name) for folder in FOLDERS for p in sources(folder) for name in imported(p)
-             if name in SCRIPTS}
+    """What a script shares lives in lmkit/; a script is run (a subprocess), never imported, outside
+    the tests."""
+    found = {(module_name(p), name) for folder in FOLDERS for p in sources(folder)
+             for name in imported(p) if name in SCRIPTS}
     assert not found
 
 
@@ -68,12 +77,14 @@ def test_the_library_imports_no_script_and_neither_it_nor_the_root_imports_the_s
         outside = {name for name in imported(path) if name.split('.')[0] in ('study', 'tools')}
         assert not outside, (module_name(path), outside)
     for path in sources('lmkit'):
-        ours = {name.split('.')[0] for name in imported(path)} & {module_name(p) for p in sources('')}
+        ours = {name.split('.')[0] for name in imported(path)} & {module_name(p)
+                                                                  for p in sources('')}
         assert ours <= {name[:-3] for name in PAPER_MODULES}, (module_name(path), ours)
 
 
 def first_import_beyond_the_standard_library(path):
-    """The first module a file imports at its top that is neither Python's own nor the pure-Python configurator."""
+    """The first module a file imports at its top that is neither Python's own nor the pure-Python
+    configurator."""
     for node in ast.parse(open(path, encoding='utf-8').read()).body:
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
             [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
@@ -84,9 +95,9 @@ def first_import_beyond_the_standard_library(path):
 
 
 def test_every_script_imports_the_library_before_torch():
-    """lmkit/__init__.py sets OMP_WAIT_POLICY=PASSIVE (idle threads sleep, not spin: issue 53), which libgomp reads
-    once, when torch loads it: a script whose first import beyond the standard library is not lmkit could load
-    torch first and spin."""
+    """lmkit/__init__.py sets OMP_WAIT_POLICY=PASSIVE (idle threads sleep, not spin: issue 53),
+    which libgomp reads once, when torch loads it: a script whose first import beyond the standard
+    library is not lmkit could load torch first and spin."""
     late = {module_name(p): first for folder in FOLDERS for p in sources(folder)
             if is_script(p) and (first := first_import_beyond_the_standard_library(p)) is not None
             and first.split('.')[0] != 'lmkit'}
@@ -94,16 +105,20 @@ def test_every_script_imports_the_library_before_torch():
 
 
 def test_no_function_outside_the_tests_is_over_80_lines():
-    """A function a reader can hold in view: at most 80 lines from its def to its last line (docstring included)."""
-    trees = {module_name(p): ast.parse(open(p, encoding='utf-8').read()) for folder in FOLDERS for p in sources(folder)}
+    """A function a reader can hold in view: at most 80 lines from its def to its last line
+    (docstring included)."""
+    trees = {module_name(p): ast.parse(open(p, encoding='utf-8').read()) for folder in FOLDERS
+             for p in sources(folder)}
     long = [(name, node.name, node.end_lineno - node.lineno + 1) for name, tree in trees.items()
             for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80]
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > 80]
     assert not long
 
 
 def test_one_function_per_name_across_the_library():
-    """A name in lmkit/ means one thing: no two of its modules define a function or class of the same name."""
+    """A name in lmkit/ means one thing: no two of its modules define a function or class of the
+    same name."""
     where = {}
     for path in sources('lmkit'):
         for node in ast.parse(open(path, encoding='utf-8').read()).body:
@@ -113,9 +128,9 @@ def test_one_function_per_name_across_the_library():
 
 
 def test_a_training_run_lives_in_two_rooms():
-    """train.py (its loop, setup, checks and records) and lmkit/runs.py (what other programs need to know about a run):
-    train.py imports at most 7 library modules, and no library module is imported by train.py alone (it would be a
-    room of train.py's, folded into it)."""
+    """train.py (its loop, setup, checks and records) and lmkit/runs.py (what other programs need to
+    know about a run): train.py imports at most 7 library modules, and no library module is imported
+    by train.py alone (it would be a room of train.py's, folded into it)."""
     library = {module_name(p) for p in sources('lmkit')}
     of_train = {name for name in imported(os.path.join(ROOT, 'train.py')) if name in library}
     assert len(of_train) <= 7, sorted(of_train)
@@ -124,13 +139,15 @@ def test_a_training_run_lives_in_two_rooms():
     assert not of_train - others, 'only train.py imports these'
 
 
-# the names the code gives a run's config dict; and a checkpoint's or a record's run config, reached as x['config']
+# the names the code gives a run's config dict; and a checkpoint's or a record's run config, reached
+# as x['config']
 CONFIG_NAMES = {'c', 'config', 'cfg', 'base', 'now', 'settings'}
 
 
 def test_no_module_but_train_and_runs_reads_the_run_config_by_key():
-    """Outside train.py and lmkit/runs.py a run's config is a RunConfig (attributes, greppable), or named arguments:
-    no c['key'], config['key'] or x['config']['key'] / x['config'].get('key') with a train.py key."""
+    """Outside train.py and lmkit/runs.py a run's config is a RunConfig (attributes, greppable), or
+    named arguments: no c['key'], config['key'] or x['config']['key'] / x['config'].get('key') with
+    a train.py key."""
     sys.path.insert(0, ROOT)
     from lmkit.runs import KEYS
     found = []
@@ -140,26 +157,32 @@ def test_no_module_but_train_and_runs_reads_the_run_config_by_key():
         for node in ast.walk(ast.parse(open(path, encoding='utf-8').read())):
             if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
                 key, of = node.slice.value, node.value
-            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == 'get'
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr == 'get'
                   and node.args and isinstance(node.args[0], ast.Constant)):
                 key, of = node.args[0].value, node.func.value
             else:
                 continue
-            config = (isinstance(of, ast.Name) and of.id in CONFIG_NAMES and not isinstance(node, ast.Call)) or (
-                isinstance(of, ast.Subscript) and isinstance(of.slice, ast.Constant) and of.slice.value == 'config')
+            config = (isinstance(of, ast.Name) and of.id in CONFIG_NAMES
+                      and not isinstance(node, ast.Call)) or (
+                isinstance(of, ast.Subscript) and isinstance(of.slice, ast.Constant)
+                                                              and of.slice.value == 'config')
             if config and key in KEYS:
                 found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, found
 
 
 def test_programs_outside_the_root_run_as_modules():
-    """study/, tools/ and scripts/ hold no sys.path edits: their programs run from the root as `python -m
-    folder.name`, and run as a file each says so in one line (exit status 1), before any import of ours."""
+    """study/, tools/ and scripts/ hold no sys.path edits: their programs run from the root as
+    `python -m folder.name`, and run as a file each says so in one line (exit status 1), before any
+    import of ours."""
     for path in (p for folder in FOLDERS for p in sources(folder)):
         text = open(path, encoding='utf-8').read()
         assert not re.search(r'sys\.path\.(insert|append)', text), os.path.relpath(path, ROOT)
     import subprocess
     for name in ('tools/bench.py', 'study/sink_study.py', 'scripts/line_counts.py'):
-        done = subprocess.run([sys.executable, os.path.join(ROOT, name)], capture_output=True, text=True)
+        done = subprocess.run([sys.executable, os.path.join(ROOT, name)], capture_output=True,
+                              text=True)
         module = name[:-3].replace('/', '.')
-        assert (done.returncode, done.stderr) == (1, f"run it from the repository's root: python -m {module}\n")
+        assert (done.returncode, done.stderr) == (1, "run it from the repository's root: python -m "
+                                                     f"{module}\n")

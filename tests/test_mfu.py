@@ -1,7 +1,8 @@
-"""MFU's two halves (device.py). The FLOPs: flops_per_token against torch's own FLOP counter over a real forward and
-backward of every variant. The peak: measured where the model's matmuls run (their shapes, their dtype) and in a way
-a busy core cannot halve (train.py logged MFUs of 120-130% on a shared 2-core CPU when it could). Timings are never
-pass/fail here: the peak's derivation is checked on the matmuls it runs and on a simulated clock."""
+"""MFU's two halves (device.py). The FLOPs: flops_per_token against torch's own FLOP counter over a
+real forward and backward of every variant. The peak: measured where the model's matmuls run (their
+shapes, their dtype) and in a way a busy core cannot halve (train.py logged MFUs of 120-130% on a
+shared 2-core CPU when it could). Timings are never pass/fail here: the peak's derivation is checked
+on the matmuls it runs and on a simulated clock."""
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -15,8 +16,10 @@ torch.set_num_threads(2)
 aten = torch.ops.aten
 SHAPES = {
     'tiny': dict(MODEL_SHAPES['tiny']),  # config/tiny_cpu.py, the quick start's students
-    'wider': dict(n_layer=2, n_head=8, n_kv_head=2, n_embd=256, intermediate_size=688, vocab_size=1000,
-                  block_size=512, qkv_bias=True, tie_embeddings=False),  # GQA 4:1, biases, an lm_head of its own
+    'wider': dict(n_layer=2, n_head=8, n_kv_head=2, n_embd=256, intermediate_size=688,
+                  vocab_size=1000,
+                  # GQA 4:1, biases, an lm_head of its own
+                  block_size=512, qkv_bias=True, tie_embeddings=False),
 }
 
 
@@ -34,19 +37,21 @@ def test_flops_per_token_is_torchs_count_of_a_training_step(shape, attention):
     torch.manual_seed(0)
     model = GPT(ModelConfig(**SHAPES[shape], attention=attention))
     cfg, B = model.config, 2
-    # torch's counter knows the CUDA attention kernels, not CPU's flash kernel (which the sink's LSE path calls too):
-    # it is given torch's own formulas for them
+    # torch's counter knows the CUDA attention kernels, not CPU's flash kernel (which the sink's LSE
+    # path calls too): it is given torch's own formulas for them
     cpu_attention = {
         aten._scaled_dot_product_flash_attention_for_cpu:
             lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v),
         aten._scaled_dot_product_flash_attention_for_cpu_backward:
-            lambda grad, q, k, v, *args, out_shape=None, **kwargs: sdpa_backward_flop_count(grad, q, k, v)}
+            lambda grad, q, k, v, *args, out_shape=None,
+                     **kwargs: sdpa_backward_flop_count(grad, q, k, v)}
     with FlopCounterMode(display=False, custom_mapping=cpu_attention) as counter:
         training_step(model, B)
-    # Tolerance: none, once the one known difference is taken out. Torch counts 7 attention matmuls per layer, the
-    # flash backward's recomputation of QK^T included; model FLOPs (PaLM's convention) count the 6 the math needs.
-    # Both count the whole T x T where causal kernels compute half, and neither counts elementwise work (norms, RoPE,
-    # softmax, the gate's sigmoid, affine's alpha and running mean of V, the sink's correction).
+    # Tolerance: none, once the one known difference is taken out. Torch counts 7 attention matmuls
+    # per layer, the flash backward's recomputation of QK^T included; model FLOPs (PaLM's
+    # convention) count the 6 the math needs. Both count the whole T x T where causal kernels
+    # compute half, and neither counts elementwise work (norms, RoPE, softmax, the gate's sigmoid,
+    # affine's alpha and running mean of V, the sink's correction).
     recomputed_qk = cfg.n_layer * 2 * B * cfg.n_head * cfg.block_size ** 2 * cfg.head_dim
     assert flops_per_token(model) * B * cfg.block_size == counter.get_total_flops() - recomputed_qk
 
@@ -67,8 +72,8 @@ class Matmuls(TorchDispatchMode):
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 def test_the_cpu_peak_is_measured_on_the_matmuls_training_runs(dtype):
-    """The peak must be at least what any of the step's matmuls achieves: measured on each of them, in their dtype,
-    and one thread at a time (scaled to the threads after: the next test)."""
+    """The peak must be at least what any of the step's matmuls achieves: measured on each of them,
+    in their dtype, and one thread at a time (scaled to the threads after: the next test)."""
     for attention in ATTENTIONS:
         model = GPT(ModelConfig(**dict(SHAPES['tiny'], block_size=64), attention=attention))
         with Matmuls() as step:
@@ -81,9 +86,10 @@ def test_the_cpu_peak_is_measured_on_the_matmuls_training_runs(dtype):
 
 
 def test_a_busy_core_does_not_lower_the_cpu_peak(monkeypatch):
-    """A simulated clock: 2 cores at RATE FLOP/s each, one of them busy. A matmul split over both threads waits for the
-    one on the busy core, so timed with every thread it looks no faster than one thread alone: the old measurement
-    (half the peak, MFU > 100%). One thread's timing times 2 must still give the machine's 2 x RATE."""
+    """A simulated clock: 2 cores at RATE FLOP/s each, one of them busy. A matmul split over both
+    threads waits for the one on the busy core, so timed with every thread it looks no faster than
+    one thread alone: the old measurement (half the peak, MFU > 100%). One thread's timing times 2
+    must still give the machine's 2 x RATE."""
     rate = 1e11
 
     def busy_core_seconds(a, b, reps):
@@ -91,13 +97,15 @@ def test_a_busy_core_does_not_lower_the_cpu_peak(monkeypatch):
         return flops / rate if threads == 1 else (flops / threads) / (rate / 2)
 
     monkeypatch.setattr(measure, 'matmul_seconds', busy_core_seconds)
-    assert measured_matmul_flops(torch.device('cpu'), torch.float32, [(256, 128, 384)]) == pytest.approx(2 * rate)
+    assert measured_matmul_flops(torch.device('cpu'), torch.float32,
+                                 [(256, 128, 384)]) == pytest.approx(2 * rate)
 
 
 def test_a_gpu_uses_its_datasheet_peak_for_bf16_only(monkeypatch):
-    """NVIDIA's datasheets, dense bf16: H100 SXM 989 TFLOP/s, H100 PCIe 756. A float32 run must not be held against
-    those (an H100 does 67 TFLOP/s of float32): its peak is measured in float32."""
-    monkeypatch.setattr(measure, 'measured_matmul_flops', lambda device, dtype, shapes: ('measured', dtype))
+    """NVIDIA's datasheets, dense bf16: H100 SXM 989 TFLOP/s, H100 PCIe 756. A float32 run must not
+    be held against those (an H100 does 67 TFLOP/s of float32): its peak is measured in float32."""
+    monkeypatch.setattr(measure, 'measured_matmul_flops', lambda device, dtype,
+                        shapes: ('measured', dtype))
     cuda, shapes = torch.device('cuda'), [(4096, 2048, 2048)]
     for name, bf16_peak in [('NVIDIA H100 80GB HBM3', 989e12), ('NVIDIA H100 PCIe', 756e12)]:
         monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)

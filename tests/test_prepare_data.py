@@ -1,5 +1,5 @@
-"""Tests for prepare_data.py, the command line: tokenizers through it, the pipeline (layout, file formats,
-determinism, resume) and bad input."""
+"""Tests for prepare_data.py, the command line: tokenizers through it, the pipeline (layout, file
+formats, determinism, resume) and bad input."""
 import json
 import os
 import re
@@ -21,14 +21,17 @@ import prepare_data as prep  # noqa: E402
 from lmkit.data import Windows, read_shard  # noqa: E402
 from lmkit.errors import RunError  # noqa: E402
 from lmkit.tokenizer import QWEN2_PATTERN, load_tokenizer, tokenizer_info  # noqa: E402
-from helpers import (EOT, SMOLLM2_LACKS, byte_level, corpus, flip_byte, lossy_fuzz, lossy_tokenizer,  # noqa: E402
+from helpers import (EOT, SMOLLM2_LACKS, byte_level, corpus, flip_byte, lossy_fuzz,
+                     lossy_tokenizer,  # noqa: E402
                      save_layout, write_json, write_tiktoken_file)
 
 
 def write_two_byte_vocabulary(path):
-    """A tiktoken file with every byte and every pair of bytes: 65,792 ranks, so ids beyond uint16."""
+    """A tiktoken file with every byte and every pair of bytes: 65,792 ranks, so ids beyond
+    uint16."""
     pairs = [bytes([a, b]) for a in range(256) for b in range(256)]
-    write_tiktoken_file(path, {t: r for r, t in enumerate([bytes([a]) for a in range(256)] + pairs)})
+    write_tiktoken_file(path,
+                        {t: r for r, t in enumerate([bytes([a]) for a in range(256)] + pairs)})
     return path
 
 
@@ -38,12 +41,14 @@ def run(tmp_path, *flags, out="out"):
 
 
 def split_docs(out_dir, split):
-    """The documents of one split of a bytes-tokenized out_dir (each ends with <|endoftext|> = 256)."""
+    """The documents of one split of a bytes-tokenized out_dir (each ends with <|endoftext|> =
+    256)."""
     meta = json.loads((out_dir / "meta.json").read_text())
     ids = np.concatenate([read_shard(out_dir / name) for name in meta["splits"][split]["shards"]])
     assert ids[-1] == 256
     ends = np.flatnonzero(ids == 256)
-    return [bytes(ids[start:end].astype(np.uint8)).decode() for start, end in zip([0, *(ends[:-1] + 1)], ends)]
+    return [bytes(ids[start:end].astype(np.uint8)).decode() for start,
+            end in zip([0, *(ends[:-1] + 1)], ends)]
 
 
 def shard_bytes(out_dir):
@@ -51,8 +56,8 @@ def shard_bytes(out_dir):
 
 
 def test_public_entry_points():
-    """Code written against prepare_data.py keeps working: its tokenizer and shard reader are tokenizer.py's and
-    data.py's."""
+    """Code written against prepare_data.py keeps working: its tokenizer and shard reader are
+    tokenizer.py's and data.py's."""
     assert prep.load_tokenizer is load_tokenizer and prep.read_shard is read_shard
 
 # -----------------------------------------------------------------------------
@@ -60,21 +65,27 @@ def test_public_entry_points():
 
 
 def test_issue_14_regressions(tmp_path, layouts):
-    """(1) a tokenizer directory without config.json, (2) a Llama model with a GPT-2-style BPE and <|endoftext|>
-    (SmolLM's shape), (3) a qwen2 model whose tokenizer.json uses GPT-2's regex: each prepared exactly."""
+    """(1) a tokenizer directory without config.json, (2) a Llama model with a GPT-2-style BPE and
+    <|endoftext|> (SmolLM's shape), (3) a qwen2 model whose tokenizer.json uses GPT-2's regex: each
+    prepared exactly."""
     docs = corpus()[:12]
     src = tmp_path / "docs.jsonl"
     src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     for kind in ("gpt2_no_config", "smollm_llama", "qwen2_gpt2_regex"):
         model_dir, hf, _, _ = layouts[kind]
         assert (model_dir / "config.json").exists() == (kind != "gpt2_no_config")
-        meta, out_dir = run(tmp_path, f"--source={src}", f"--tokenizer={model_dir}", "--val_every=4", out=kind)
+        meta, out_dir = run(tmp_path, f"--source={src}", f"--tokenizer={model_dir}",
+                            "--val_every=4", out=kind)
         eot = hf.token_to_id(EOT)
-        val = np.concatenate([read_shard(out_dir / n) for n in meta["splits"]["val"]["shards"]]).tolist()
-        assert val == [i for d in docs[::4] for i in hf.encode(d, add_special_tokens=False).ids + [eot]]
+        val = np.concatenate([read_shard(out_dir / n)
+                              for n in meta["splits"]["val"]["shards"]]).tolist()
+        assert val == [i for d in docs[::4] for i in hf.encode(d, add_special_tokens=False).ids
+                       + [eot]]
         tok = meta["tokenizer"]
-        assert (tok["family"], tok["bos_id"], tok["eos_id"], tok["eos_token"]) == ("bpe", None, eot, EOT)
-        assert tok["boundary"].startswith("<|endoftext|> after each document") and tok["prefix"] == tok["suffix"] == []
+        assert (tok["family"], tok["bos_id"], tok["eos_id"], tok["eos_token"]) == ("bpe", None, eot,
+                                                                                   EOT)
+        assert tok["boundary"].startswith("<|endoftext|> after each "
+                                          "document") and tok["prefix"] == tok["suffix"] == []
     # (3): " 100" is one GPT-2 piece but three Qwen2 pieces; the ids are the model's own tokenizer's
     model_dir, hf, _, _ = layouts["qwen2_gpt2_regex"]
     enc = load_tokenizer(str(model_dir))
@@ -87,9 +98,10 @@ def test_issue_14_regressions(tmp_path, layouts):
 
 @pytest.mark.parametrize("name", ["tiny", "hub", "gguf"])
 def test_bytes_the_vocabulary_lacks(name, tmp_path, request):
-    """A vocabulary without every byte (a tiny one trained here; the real SmolLM2 tokenizers: the hub's rebuilt from
-    the GGUF, and transformers' conversion): the shards hold the ids of the `tokenizers` library / transformers,
-    <|endoftext|> / <|im_end|> after each document as the files declare, and meta.json counts the bytes dropped."""
+    """A vocabulary without every byte (a tiny one trained here; the real SmolLM2 tokenizers: the
+    hub's rebuilt from the GGUF, and transformers' conversion): the shards hold the ids of the
+    `tokenizers` library / transformers, <|endoftext|> / <|im_end|> after each document as the files
+    declare, and meta.json counts the bytes dropped."""
     if name == "tiny":
         hf = lossy_tokenizer(byte_level())
         model_dir = save_layout(tmp_path / "tiny", hf, tokenizer_config={"eos_token": EOT})
@@ -104,14 +116,18 @@ def test_bytes_the_vocabulary_lacks(name, tmp_path, request):
     src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     meta, out_dir = run(tmp_path, f"--source={src}", f"--tokenizer={model_dir}", "--val_every=3")
     lacking = SMOLLM2_LACKS
-    for split, split_docs_ in (("train", [d for i, d in enumerate(docs) if i % 3]), ("val", docs[::3])):
-        ids = np.concatenate([read_shard(out_dir / n) for n in meta["splits"][split]["shards"]]).tolist()
+    for split, split_docs_ in (("train", [d for i, d in enumerate(docs) if i % 3]),
+                               ("val", docs[::3])):
+        ids = np.concatenate([read_shard(out_dir / n)
+                              for n in meta["splits"][split]["shards"]]).tolist()
         assert ids == [i for d in split_docs_ for i in encode(d) + [eos]], split
-        dropped = sum(len(d.encode()) - len(d.encode().translate(None, lacking)) for d in split_docs_)
+        dropped = sum(len(d.encode()) - len(d.encode().translate(None, lacking))
+                      for d in split_docs_)
         assert meta["splits"][split]["dropped_bytes"] == dropped > 0, split
     tok = meta["tokenizer"]
     assert tok["missing_bytes"] == list(lacking) and tok["eos_id"] == eos and tok["bos_id"] is None
-    assert tok["boundary"].startswith(f"{EOT if name == 'tiny' else '<|im_end|>'} after each document")
+    assert tok["boundary"].startswith(f"{EOT if name == 'tiny' else '<|im_end|>'} after each "
+                                      "document")
 
 
 def refusal_cases(root, layouts):
@@ -120,7 +136,8 @@ def refusal_cases(root, layouts):
     cases = {}
 
     def variant(name, message, tok=None, tokenizer_config=None, **files):
-        cases[name] = (save_layout(root / name, tok or gpt2, tokenizer_config=tokenizer_config, **files), message)
+        cases[name] = (save_layout(root / name, tok or gpt2, tokenizer_config=tokenizer_config,
+                                   **files), message)
 
     def trained(model, pre_tokenizer, trainer):
         tok = Tokenizer(model)
@@ -130,18 +147,23 @@ def refusal_cases(root, layouts):
 
     eos = {"eos_token": EOT}
     (root / "sentencepiece").mkdir(parents=True)
-    (root / "sentencepiece" / "tokenizer.model").write_bytes(b"\n\x0f\n\x05<unk>\x15\x00\x00\x00\x00\x18\x02")
+    (
+        root / "sentencepiece" / "tokenizer.model").write_bytes(
+        b"\n\x0f\n\x05<unk>\x15\x00\x00\x00\x00\x18\x02")
     write_json(root / "sentencepiece" / "config.json", {"model_type": "mistral"})
-    cases["sentencepiece"] = (root / "sentencepiece", "has tokenizer.model but no tokenizer.json.*only byte-level BPE")
+    cases["sentencepiece"] = (root / "sentencepiece", "has tokenizer.model but no "
+                                                      "tokenizer.json.*only byte-level BPE")
     variant("sentencepiece_json", "a SentencePiece-style BPE.*only byte-level BPE", trained(
         models.BPE(unk_token="<unk>", byte_fallback=True), pre_tokenizers.Metaspace(),
         trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"], show_progress=False)), eos)
     variant("wordpiece", "a WordPiece model; only byte-level BPE", trained(
         models.WordPiece(unk_token="[UNK]"), pre_tokenizers.BertPreTokenizer(),
-        trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[UNK]"], show_progress=False)), eos)
+        trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[UNK]"], show_progress=False)),
+            eos)
     variant("unigram", "a Unigram model; only byte-level BPE", trained(
-        models.Unigram(), pre_tokenizers.Metaspace(), trainers.UnigramTrainer(vocab_size=100, show_progress=False)),
-        eos)
+        models.Unigram(),
+                                                                       pre_tokenizers.Metaspace(
+        ), trainers.UnigramTrainer(vocab_size=100, show_progress=False)), eos)
     tok = Tokenizer.from_str(gpt2.to_str())
     tok.normalizer = normalizers.NFKC()
     variant("nfkc", "normalizer NFKC is not supported", tok, eos)
@@ -150,7 +172,8 @@ def refusal_cases(root, layouts):
     variant("lowercase", r"normalizer NFC \+ Lowercase is not supported", tok, eos)
     tok = Tokenizer.from_str(gpt2.to_str())
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), byte_level()])
-    variant("whitespace_split", r"pre-tokenizer WhitespaceSplit\(\) \+ ByteLevel\(use_regex=True\) is not supported",
+    variant("whitespace_split", r"pre-tokenizer WhitespaceSplit\(\) \+ ByteLevel\(use_regex=True\) "
+                                r"is not supported",
             tok, eos)
     tok = Tokenizer.from_str(gpt2.to_str())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
@@ -163,22 +186,26 @@ def refusal_cases(root, layouts):
     variant("bos_flag_vs_template", "transformers versions differ",
             tokenizer_config={"add_bos_token": True, "bos_token": EOT, "eos_token": EOT})
     variant("llama_class_without_bos", "transformers versions differ",
-            tokenizer_config={"tokenizer_class": "LlamaTokenizerFast", "bos_token": EOT, "eos_token": EOT})
+            tokenizer_config={"tokenizer_class": "LlamaTokenizerFast", "bos_token": EOT,
+                              "eos_token": EOT})
     tok = Tokenizer.from_str(gpt2.to_str())
     tok.add_tokens([AddedToken("<tool>", special=False, lstrip=True)])
     variant("lstrip", "added token '<tool>' has lstrip", tok, eos)
     shutil.copytree(layouts["llama3_hub"][0], root / "two_vocabularies")
     write_tiktoken_file(root / "two_vocabularies" / "original" / "tokenizer.model",
                         {bytes([b]): b for b in range(256)})
-    cases["two_vocabularies"] = (root / "two_vocabularies", "original/tokenizer.model and tokenizer.json hold "
-                                                            "different vocabularies")
+    cases["two_vocabularies"] = (root / "two_vocabularies", "original/tokenizer.model and "
+                                                            "tokenizer.json hold different "
+                                                            "vocabularies")
     (root / "slow_codegen").mkdir()
     gpt2.model.save(str(root / "slow_codegen"))
-    write_json(root / "slow_codegen" / "tokenizer_config.json", {"tokenizer_class": "CodeGenTokenizer"} | eos)
-    cases["slow_codegen"] = (root / "slow_codegen", "tokenizer_class 'CodeGenTokenizer'.*supported without a "
-                                                    "tokenizer.json: GPT2Tokenizer")
+    write_json(root / "slow_codegen" / "tokenizer_config.json",
+               {"tokenizer_class": "CodeGenTokenizer"} | eos)
+    cases["slow_codegen"] = (root / "slow_codegen", "tokenizer_class 'CodeGenTokenizer'.*supported "
+                                                    "without a tokenizer.json: GPT2Tokenizer")
     (root / "empty").mkdir()
-    cases["empty"] = (root / "empty", "has no tokenizer.json, vocab.json \\+ merges.txt, or original/tokenizer.model")
+    cases["empty"] = (root / "empty", "has no tokenizer.json, vocab.json \\+ merges.txt, or "
+                                      "original/tokenizer.model")
     assert gpt2_dir.is_dir()
     return cases
 
@@ -202,9 +229,11 @@ def test_builtin_bytes_layout_and_meta(tmp_path):
     assert split_docs(out_dir, "train") == [d for i, d in enumerate(docs) if i % 10]
     on_disk = json.loads((out_dir / "meta.json").read_text())
     assert on_disk == meta and meta["complete"]
-    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 257 and meta["tokenizer"]["eos_id"] == 256
+    assert meta[
+        "dtype"] == "uint16" and meta["vocab_size"] == 257 and meta["tokenizer"]["eos_id"] == 256
     assert meta["splits"]["val"]["documents"] == 8 and meta["splits"]["train"]["documents"] == 71
-    assert meta["splits"]["train"]["tokens"] == sum(len(d.encode()) + 1 for i, d in enumerate(docs) if i % 10)
+    assert meta["splits"]["train"]["tokens"] == sum(len(d.encode()) + 1 for i, d in enumerate(docs)
+                                                    if i % 10)
     assert "--source=builtin" in meta["command"]
     enc = load_tokenizer(meta["tokenizer"]["spec"])  # the spec rebuilds the same tokenizer
     assert tokenizer_info(enc, "bytes")["sha256"] == meta["tokenizer"]["sha256"]
@@ -219,10 +248,13 @@ def test_llama_checkpoint_shards(tmp_path, checkpoints):
     src = tmp_path / "docs.jsonl"
     docs = corpus()[:30]
     src.write_text("".join(json.dumps({"body": d}) + "\n" for d in docs))
-    meta, out_dir = run(tmp_path, f"--source={src}", f"--tokenizer={model_dir}", "--text_field=body", "--val_every=5")
+    meta, out_dir = run(tmp_path, f"--source={src}", f"--tokenizer={model_dir}",
+                        "--text_field=body", "--val_every=5")
     bos = hf.token_to_id("<|begin_of_text|>")
-    val = np.concatenate([read_shard(out_dir / n) for n in meta["splits"]["val"]["shards"]]).tolist()
-    assert val == [i for d in docs[::5] for i in [bos] + hf.encode(d).ids]  # <|begin_of_text|> before each document
+    val = np.concatenate([read_shard(out_dir / n)
+                          for n in meta["splits"]["val"]["shards"]]).tolist()
+    # <|begin_of_text|> before each document
+    assert val == [i for d in docs[::5] for i in [bos] + hf.encode(d).ids]
     assert meta["tokenizer"]["bos_id"] == bos and meta["tokenizer"]["eos_id"] is None
 
 
@@ -244,7 +276,8 @@ def test_local_file_formats(tmp_path, kind):
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq
-        pq.write_table(pa.table({"text": docs, "n": list(range(len(docs)))}), tmp_path / "d.parquet", row_group_size=4)
+        pq.write_table(pa.table({"text": docs, "n": list(range(len(docs)))}),
+                       tmp_path / "d.parquet", row_group_size=4)
         flags = [f"--source={tmp_path / 'd.parquet'}"]
     meta, out_dir = run(tmp_path, *flags, "--val_every=4")
     assert split_docs(out_dir, "val") == docs[::4]
@@ -257,22 +290,26 @@ def test_fineweb_edu_is_streamed_and_stops_at_max_tokens(tmp_path, monkeypatch):
 
     def fake_load_dataset(path, **kwargs):
         calls.append((path, kwargs))
-        return datasets.Dataset.from_dict({"text": corpus(), "url": ["x"] * 79}).to_iterable_dataset()
+        return datasets.Dataset.from_dict({"text": corpus(),
+                                           "url": ["x"] * 79}).to_iterable_dataset()
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     monkeypatch.setattr(prep, "CHUNK_CHARS", 100_000)
-    meta, out_dir = run(tmp_path, "--source=fineweb-edu", "--fineweb_config=sample-100BT", "--max_tokens=250000",
-                        "--shard_tokens=50000")
-    assert calls == [("HuggingFaceFW/fineweb-edu", dict(name="sample-100BT", split="train", streaming=True))]
+    meta, out_dir = run(tmp_path, "--source=fineweb-edu", "--fineweb_config=sample-100BT",
+                        "--max_tokens=250000", "--shard_tokens=50000")
+    assert calls == [("HuggingFaceFW/fineweb-edu",
+                      dict(name="sample-100BT", split="train", streaming=True))]
     train = meta["splits"]["train"]
     assert train["tokens"] == 250_000 == sum(len(read_shard(out_dir / n)) for n in train["shards"])
     assert len(train["shards"]) >= 2
     lengths = [len(d.encode()) + 1 for i, d in enumerate(corpus()) if i % 100]
-    assert train["documents"] == int(np.searchsorted(np.cumsum(lengths), 250_000) + 1)  # the last one is cut
+    # the last one is cut
+    assert train["documents"] == int(np.searchsorted(np.cumsum(lengths), 250_000) + 1)
 
 
 def test_output_does_not_depend_on_num_proc(tmp_path, monkeypatch, checkpoints):
-    monkeypatch.setattr(prep, "CHUNK_CHARS", 30_000)  # many chunks, so that two workers really interleave
+    # many chunks, so that two workers really interleave
+    monkeypatch.setattr(prep, "CHUNK_CHARS", 30_000)
     qwen = checkpoints["qwen_json"][0]  # its NFC-normalising Encoding must reach the workers intact
     flags = ["--source=builtin", f"--tokenizer={qwen}", "--val_every=7", "--shard_tokens=40000"]
     meta1, out1 = run(tmp_path, *flags, out="one")
@@ -291,7 +328,8 @@ def test_resume_after_crash(tmp_path, monkeypatch):
 
     real_write_shard, writes = prep.write_shard, []
 
-    class Crash:  # an "array" whose data cannot be read: the process dies in the middle of writing a shard
+    # an "array" whose data cannot be read: the process dies in the middle of writing a shard
+    class Crash:
         def __len__(self):
             return 1000
 
@@ -308,33 +346,41 @@ def test_resume_after_crash(tmp_path, monkeypatch):
     out_dir = tmp_path / "out"
     crashed = json.loads((out_dir / "meta.json").read_text())
     assert writes == ["train_000000.bin", "val_000000.bin", "train_000001.bin", "val_000001.bin"]
-    assert not crashed["complete"] and crashed["progress"]["shards"] == 1 and crashed["progress"]["documents_read"] > 0
+    assert not crashed[
+        "complete"] and crashed[
+        "progress"]["shards"] == 1 and crashed["progress"]["documents_read"] > 0
     finished = {n: (out_dir / n).stat().st_mtime_ns for n in ["train_000000.bin", "val_000000.bin"]}
-    assert (out_dir / "train_000001.bin").exists()  # written, but not yet recorded in meta.json: redone on resume
+    # written, but not yet recorded in meta.json: redone on resume
+    assert (out_dir / "train_000001.bin").exists()
     assert not (out_dir / "val_000001.bin").exists()
-    assert not (out_dir / "val_000001.bin.tmp").exists()  # an interrupted write removes its temporary file ...
-    (out_dir / "val_000001.bin.tmp").write_bytes(b"ASASHARD" + bytes(9))  # ... a killed process leaves it half-written
+    # an interrupted write removes its temporary file ...
+    assert not (out_dir / "val_000001.bin.tmp").exists()
+    # ... a killed process leaves it half-written
+    (out_dir / "val_000001.bin.tmp").write_bytes(b"ASASHARD" + bytes(9))
 
     monkeypatch.setattr(prep, "write_shard", real_write_shard)
     tokenized, real_tokenize_chunk = [], prep.tokenize_chunk
-    monkeypatch.setattr(prep, "tokenize_chunk", lambda docs: tokenized.extend(docs) or real_tokenize_chunk(docs))
+    monkeypatch.setattr(prep, "tokenize_chunk", lambda docs: tokenized.extend(docs)
+                        or real_tokenize_chunk(docs))
     meta, _ = run(tmp_path, *flags)
     assert meta["complete"]
     # only the documents after the finished shards were read and tokenized again
     assert [text for _, text in tokenized] == corpus()[crashed["progress"]["documents_read"]:]
-    assert {n: (out_dir / n).stat().st_mtime_ns for n in finished} == finished  # finished shards untouched
+    # finished shards untouched
+    assert {n: (out_dir / n).stat().st_mtime_ns for n in finished} == finished
     assert shard_bytes(out_dir) == shard_bytes(reference)
     assert not list(out_dir.glob("*.tmp"))
 
 
-# -----------------------------------------------------------------------------
-# Checked data: each shard's checksum in meta.json, checked before training on it; damage rebuilt by a re-run
+# ----------------------------------------------------------------------------- Checked data: each
+# shard's checksum in meta.json, checked before training on it; damage rebuilt by a re-run
 
 
 def test_damaged_and_deleted_shards_are_refused_by_name_and_rebuilt(tmp_path, monkeypatch, capsys):
-    """A flipped byte (an id still below the vocabulary size: only the checksum sees it) or a deleted shard is refused
-    in one line naming the shard by every reader (training's windows, train.py before it writes anything,
-    eval_zeroshot's held-out task); re-running the same prepare_data.py command rebuilds the same bytes."""
+    """A flipped byte (an id still below the vocabulary size: only the checksum sees it) or a
+    deleted shard is refused in one line naming the shard by every reader (training's windows,
+    train.py before it writes anything, eval_zeroshot's held-out task); re-running the same
+    prepare_data.py command rebuilds the same bytes."""
     from lmkit import zeroshot
     import train
     from helpers import tiny_args
@@ -343,12 +389,14 @@ def test_damaged_and_deleted_shards_are_refused_by_name_and_rebuilt(tmp_path, mo
     meta, out_dir = run(tmp_path, *flags)
     before = shard_bytes(out_dir)
     assert len(meta["splits"]["train"]["shards"]) >= 2 and len(meta["splits"]["val"]["shards"]) >= 2
-    assert meta["checksums"] == {name: f"crc32:{zlib.crc32(data):08x}" for name, data in before.items()}
+    assert meta["checksums"] == {name: f"crc32:{zlib.crc32(data):08x}" for name,
+                                 data in before.items()}
     train_shard, val_shard = out_dir / "train_000001.bin", out_dir / "val_000000.bin"
     damaged = f"^{re.escape(str(train_shard))}: damaged: its CRC-32 is {zlib.crc32(flip_byte(train_shard, 1000)):08x}, "
     fix = "; re-run the prepare_data.py command recorded in meta.json: it rebuilds missing and damaged shards$"
-    with pytest.raises(RunError, match=damaged + f"but meta.json recorded {meta['checksums'][train_shard.name]} when "
-                                                 f"it was written{fix}"):
+    with pytest.raises(RunError, match=damaged + "but meta.json recorded "
+                                                 f"{meta['checksums'][train_shard.name]} when it "
+                                                 f"was written{fix}"):
         Windows(str(out_dir), "train", 32)
     with pytest.raises(RunError, match=damaged):
         train.main(tiny_args(out_dir, tmp_path / "run", "--max_iters=2"))
@@ -357,24 +405,27 @@ def test_damaged_and_deleted_shards_are_refused_by_name_and_rebuilt(tmp_path, mo
     with pytest.raises(RunError, match=f"^{re.escape(str(val_shard))}: damaged: "):
         zeroshot.heldout_rows(str(out_dir), 4)
     (out_dir / "train_000000.bin").unlink()
-    with pytest.raises(RunError, match=f"^{re.escape(str(out_dir / 'train_000000.bin'))}: missing \\(meta.json lists "
-                                       f"it\\){fix}"):
+    with pytest.raises(RunError, match=f"^{re.escape(str(out_dir / 'train_000000.bin'))}: missing "
+                                       f"\\(meta.json lists it\\){fix}"):
         Windows(str(out_dir), "train", 32)
     capsys.readouterr()
     run(tmp_path, *flags)
-    assert capsys.readouterr().err.startswith(f"note: {out_dir / 'train_000000.bin'}: missing (meta.json lists it): "
-                                              f"rebuilding {out_dir}, reading --source again from the start\n")
-    assert shard_bytes(out_dir) == before and json.loads((out_dir / "meta.json").read_text()) == meta
+    assert capsys.readouterr().err.startswith(f"note: {out_dir / 'train_000000.bin'}: missing "
+                                              f"(meta.json lists it): rebuilding {out_dir}, "
+                                              "reading --source again from the start\n")
+    assert shard_bytes(
+        out_dir) == before and json.loads((out_dir / "meta.json").read_text()) == meta
     run(tmp_path, *flags)
-    assert capsys.readouterr().out == (f"{out_dir} is already complete ({meta['splits']['train']['tokens']:,} train "
-                                       f"tokens); its {len(before)} shards are whole\n")
+    assert capsys.readouterr().out == (f"{out_dir} is already complete "
+                                       f"({meta['splits']['train']['tokens']:,} train tokens); its "
+                                       f"{len(before)} shards are whole\n")
 
 
 def test_data_prepared_before_checksums_keeps_working(tmp_path, capsys):
-    """A meta.json without checksums (written before they were recorded) is read with one note, once per process;
-    the ids are still checked against the vocabulary size; the checksums are not part of the data's fingerprint, so
-    checkpoints made on such data resume; re-running prepare_data.py finds it complete, or rebuilds it (with
-    checksums) where a shard is damaged."""
+    """A meta.json without checksums (written before they were recorded) is read with one note, once
+    per process; the ids are still checked against the vocabulary size; the checksums are not part
+    of the data's fingerprint, so checkpoints made on such data resume; re-running prepare_data.py
+    finds it complete, or rebuilds it (with checksums) where a shard is damaged."""
     from lmkit import runs
     flags = ["--source=builtin", "--tokenizer=bytes", "--val_every=10"]
     meta, out_dir = run(tmp_path, *flags)
@@ -386,17 +437,18 @@ def test_data_prepared_before_checksums_keeps_working(tmp_path, capsys):
     for split in ("train", "val", "train"):
         Windows(str(out_dir), split, 32)
     assert capsys.readouterr().err == (
-        f"note: {out_dir / 'meta.json'} records no checksum for 2 shard(s) (data prepared before checksums were "
-        f"recorded): they are checked for ids below the vocabulary size only; prepare the data again into a new "
-        f"--out_dir to have them checked in full\n")
+        f"note: {out_dir / 'meta.json'} records no checksum for 2 shard(s) (data prepared before "
+        "checksums were recorded): they are checked for ids below the vocabulary size only; "
+        "prepare the data again into a new --out_dir to have them checked in full\n")
     run(tmp_path, *flags)
     assert "shards are whole (2 without a checksum" in capsys.readouterr().out
     shard = out_dir / "train_000000.bin"
     token = int(np.frombuffer(before[shard.name], "<u2", offset=24)[10])
     flip_byte(shard, 24 + 2 * 10 + 1)  # the high byte of token 11: its id + 256, beyond the 257 ids
-    with pytest.raises(RunError, match=f"^{re.escape(str(shard))}: token 11 \\(counting from 1\\) is id "
-                                       f"{token + 256}, not below the vocabulary size 257 \\(meta.json\\): the shard "
-                                       f"is damaged; re-run the prepare_data.py command"):
+    with pytest.raises(RunError, match=f"^{re.escape(str(shard))}: token 11 \\(counting from 1\\) "
+                                       f"is id {token + 256}, not below the vocabulary size 257 "
+                                       "\\(meta.json\\): the shard is damaged; re-run the "
+                                       "prepare_data.py command"):
         Windows(str(out_dir), "train", 32)
     rebuilt, _ = run(tmp_path, *flags)
     assert shard_bytes(out_dir) == before and rebuilt == meta
@@ -409,7 +461,8 @@ def test_data_prepared_before_checksums_keeps_working(tmp_path, capsys):
 def test_bad_input_leaves_no_output(tmp_path, monkeypatch, checkpoints):
     (tmp_path / "content.jsonl").write_text(json.dumps({"content": "hello"}) + "\n")
     (tmp_path / "empty.txt").write_text("")
-    (tmp_path / "empty.jsonl").write_text("")  # datasets' json builder alone stops with a bare StopIteration
+    # datasets' json builder alone stops with a bare StopIteration
+    (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "line.txt").write_text("a line")
     (tmp_path / "blank.jsonl").write_text(json.dumps({"text": ""}) + "\n")
     (tmp_path / "one.jsonl").write_text(json.dumps({"text": "just one document"}) + "\n")
@@ -432,34 +485,43 @@ def test_bad_input_leaves_no_output(tmp_path, monkeypatch, checkpoints):
         with pytest.raises(RunError, match=message):
             run(tmp_path, *flags)
         assert not (tmp_path / "out").exists(), flags
-    # the text field goes missing only in a later file, after shards were written: they are removed again
+    # the text field goes missing only in a later file, after shards were written: they are removed
+    # again
     docs = [{"text": d} for d in corpus()[:40]]
     (tmp_path / "a.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     (tmp_path / "b.jsonl").write_text(json.dumps({"content": "x"}) + "\n")
     monkeypatch.setattr(prep, "CHUNK_CHARS", 10_000)
     written, real_write_shard = [], prep.write_shard
-    monkeypatch.setattr(prep, "write_shard", lambda *args: written.append(args[0]) or real_write_shard(*args))
+    monkeypatch.setattr(prep, "write_shard", lambda *args: written.append(args[0])
+                        or real_write_shard(*args))
     with pytest.raises(RunError, match="(?s)cannot read the input.*content"):
-        run(tmp_path, f"--source={tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}", "--shard_tokens=1000")
+        run(tmp_path, f"--source={tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}",
+            "--shard_tokens=1000")
     assert written and not (tmp_path / "out").exists()
 
 
 def test_text_field_that_is_not_a_string(tmp_path):
-    """A text field that holds something else than text: one line naming the file, the row, what it holds and the
-    flag that picks another field; a missing field is still reported as such."""
+    """A text field that holds something else than text: one line naming the file, the row, what it
+    holds and the flag that picks another field; a missing field is still reported as such."""
     rows = [{"text": f"document {i}", "id": i} for i in range(10)]
     rows[6]["text"] = None
     (tmp_path / "null.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (tmp_path / "x.jsonl").write_text("".join(json.dumps({"text": [f"part {i}", "b"], "body": f"document {i}"}) + "\n"
+    (tmp_path / "x.jsonl").write_text("".join(json.dumps({"text": ["part "
+                                                                   f"{i}", "b"],
+                                                          "body": f"document {i}"}) + "\n"
                                               for i in range(10)))
     null, lists = str(tmp_path / "null.jsonl"), str(tmp_path / "x.jsonl")
-    cases = [([f"--source={null}"], f"^row 7 of {re.escape(null)}: field 'text' is null, not a string; pass the "
-                                    f"field that holds the text as --text_field=NAME \\(fields: text, id\\)"),
-             ([f"--source={lists}"], f"^row 1 of {re.escape(lists)}: field 'text' is a list, not a string; pass the "
-                                     f"field that holds the text as --text_field=NAME \\(fields: text, body\\)"),
-             ([f"--source={lists}", "--text_field=title"], f"^row 1 of {re.escape(lists)}: no such text field 'title'; "
-                                                           f"pass the field that holds the text as --text_field=NAME "
-                                                           f"\\(fields: text, body\\)")]
+    cases = [([f"--source={null}"], f"^row 7 of {re.escape(null)}: field 'text' is null, not a "
+                                    "string; pass the field that holds the text as "
+                                    "--text_field=NAME \\(fields: text, id\\)"),
+             ([f"--source={lists}"], f"^row 1 of {re.escape(lists)}: field 'text' is a list, not a "
+                                     "string; pass the field that holds the text as "
+                                     "--text_field=NAME \\(fields: text, body\\)"),
+             ([f"--source={lists}", "--text_field=title"], f"^row 1 of {re.escape(lists)}: no such "
+                                                           "text field 'title'; pass the field "
+                                                           "that holds the text as "
+                                                           "--text_field=NAME \\(fields: text, "
+                                                           "body\\)")]
     for flags, message in cases:
         with pytest.raises(RunError, match=message):
             run(tmp_path, *flags)
@@ -469,24 +531,31 @@ def test_text_field_that_is_not_a_string(tmp_path):
 
 
 def test_unreadable_source_files_are_named_with_the_line(tmp_path):
-    """Text that is not UTF-8, a line of a JSON Lines file that is not a JSON object, a JSON array with an error: one
-    line naming the file and the line, counted from 1 (`datasets` names neither, and counts JSON rows from 0)."""
+    """Text that is not UTF-8, a line of a JSON Lines file that is not a JSON object, a JSON array
+    with an error: one line naming the file and the line, counted from 1 (`datasets` names neither,
+    and counts JSON rows from 0)."""
     rows = [json.dumps({"text": f"document {i}"}) for i in range(10)]
-    files = {"latin1.jsonl": "\n".join(rows[:6] + ['{"text": "caf\xe9"}'] + rows[6:]).encode("latin-1"),
+    files = {"latin1.jsonl": "\n".join(rows[:6] + ['{"text": '
+                                                   '"caf\xe9"}'] + rows[6:]).encode("latin-1"),
              "latin1.txt": "line one\nline two\nna\xefve three\n".encode("latin-1"),
              "broken.jsonl": "\n".join(rows[:4] + ['{"text": "no end}'] + rows[4:]).encode(),
              "string.jsonl": "\n".join(rows[:2] + ['"just text"'] + rows[2:]).encode(),
              "array.json": ("[\n" + ",\n".join(rows[:5]) + ',\n{"text": oops}\n]\n').encode()}
     utf8 = "convert the file to UTF-8 \\(e.g. iconv -f latin1 -t utf-8\\)$"
     lines = "each line of a JSON Lines file must be one JSON object$"
-    expected = {"latin1.jsonl": f"line 7 of {{}}: not UTF-8 \\(byte 0xe9 at byte 14 of the line\\); {utf8}",
-                "latin1.txt": f"line 3 of {{}}: not UTF-8 \\(byte 0xef at byte 3 of the line\\); {utf8}",
-                "broken.jsonl": f"line 5 of {{}}: not valid JSON: Unterminated string starting at: column 10; {lines}",
+    expected = {"latin1.jsonl": "line 7 of {}: not UTF-8 \\(byte 0xe9 at byte 14 of the line\\); "
+                                f"{utf8}",
+                "latin1.txt": "line 3 of {}: not UTF-8 \\(byte 0xef at byte 3 of the line\\); "
+                              f"{utf8}",
+                "broken.jsonl": "line 5 of {}: not valid JSON: Unterminated string starting at: "
+                                f"column 10; {lines}",
                 "string.jsonl": f"line 3 of {{}}: a string, not an object; {lines}",
-                "array.json": "line 7 of {}: not valid JSON: Expecting value: column 10; fix the file$"}
+                "array.json": "line 7 of {}: not valid JSON: Expecting value: column 10; fix the "
+                              "file$"}
     for name, content in files.items():
         (tmp_path / name).write_bytes(content)
-        with pytest.raises(RunError, match="^" + expected[name].format(re.escape(str(tmp_path / name)))):
+        with pytest.raises(RunError, match="^"
+                           + expected[name].format(re.escape(str(tmp_path / name)))):
             run(tmp_path, f"--source={tmp_path / name}", "--val_every=3")
         assert not (tmp_path / "out").exists(), name
 
@@ -515,30 +584,34 @@ def test_out_dir_with_other_shards_is_refused(tmp_path, checkpoints):
 
 @pytest.mark.parametrize("flag, message", [("--nmu_proc=2", "unrecognized arguments: --nmu_proc=2"),
                                            ("--num_proc=two", "invalid int value"),
-                                           ("--val_every=1", "--val_every=1 is out of range: must be >= 2"),
+                                           ("--val_every=1", "--val_every=1 is out of range: must "
+                                                             "be >= 2"),
                                            ("--dtype=int8", "invalid choice")])
 def test_cli_rejects_bad_flags(tmp_path, capsys, flag, message):
     with pytest.raises(SystemExit):
         prep.main([f"--out_dir={tmp_path / 'out'}", flag])
     err = capsys.readouterr().err
-    assert message in err and "--num_proc" in err and "--max_tokens" in err  # the usage lists the valid keys
+    # the usage lists the valid keys
+    assert message in err and "--num_proc" in err and "--max_tokens" in err
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_stop_with_workers_is_one_line_and_leaves_no_process(tmp_path, checkpoints, signum):
-    """Issue 53: Ctrl-C on a BPE run with 2 workers gave a 25-line traceback (every worker's and the parent's). Now a
-    Ctrl-C at the terminal (SIGINT to the whole process group) or SIGTERM to the parent ends it in one line that says
-    the same command continues, and no worker is left. (The whole standard library: at 3M tokens, a quiet machine
-    finished before the signal came, and Python then died of it on its way out.)"""
+    """Issue 53: Ctrl-C on a BPE run with 2 workers gave a 25-line traceback (every worker's and the
+    parent's). Now a Ctrl-C at the terminal (SIGINT to the whole process group) or SIGTERM to the
+    parent ends it in one line that says the same command continues, and no worker is left. (The
+    whole standard library: at 3M tokens, a quiet machine finished before the signal came, and
+    Python then died of it on its way out.)"""
     qwen = checkpoints["qwen_json"][0]
-    argv = [sys.executable, "prepare_data.py", "--source=stdlib", f"--tokenizer={qwen}", "--num_proc=2",
-            f"--out_dir={tmp_path / 'out'}"]
+    argv = [sys.executable, "prepare_data.py", "--source=stdlib", f"--tokenizer={qwen}",
+            "--num_proc=2", f"--out_dir={tmp_path / 'out'}"]
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     deadline = time.time() + 120
-    while len(subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()) < 2:
+    while len(subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                             text=True).stdout.split()) < 2:
         assert proc.poll() is None and time.time() < deadline, "the workers did not start"
         time.sleep(0.2)
     time.sleep(1)
@@ -548,8 +621,8 @@ def test_a_stop_with_workers_is_one_line_and_leaves_no_process(tmp_path, checkpo
         proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and err.strip().splitlines()[-1] == (
-        f"prepare_data.py: error: stopped by {signum.name}; the same command continues from the last shards written "
-        "whole"), err
+        f"prepare_data.py: error: stopped by {signum.name}; the same command continues from the "
+        "last shards written whole"), err
     assert "Traceback" not in err
     deadline = time.time() + 30
     while subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).returncode == 0:

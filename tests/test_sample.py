@@ -1,8 +1,9 @@
-"""sample.py: for a checkpoint of every registered variant (affine with both affine_bias_norm readings), its greedy
-tokens equal an independent slow reference (the argmax of the model's logits over the whole window, recomputed
-without a cache every step), past block_size; it decodes with a KV cache where the variant allows and recomputes
-where its outputs depend on the length; the start text (FILE:, the default, the token the training windows began
-with, a Hugging Face directory's BOS), the seed and top_k; every bad-input error line."""
+"""sample.py: for a checkpoint of every registered variant (affine with both affine_bias_norm
+readings), its greedy tokens equal an independent slow reference (the argmax of the model's logits
+over the whole window, recomputed without a cache every step), past block_size; it decodes with a KV
+cache where the variant allows and recomputes where its outputs depend on the length; the start text
+(FILE:, the default, the token the training windows began with, a Hugging Face directory's BOS), the
+seed and top_k; every bad-input error line."""
 import json
 import sys
 from dataclasses import asdict
@@ -33,8 +34,9 @@ def one_thread():
 
 
 def settings():
-    """name -> ModelConfig settings: every registered variant, and again with each other affine_bias_norm wherever
-    that changes whether its outputs depend on the length (affine and affine_gated with 'visible')."""
+    """name -> ModelConfig settings: every registered variant, and again with each other
+    affine_bias_norm wherever that changes whether its outputs depend on the length (affine and
+    affine_gated with 'visible')."""
     out = {}
     for attention in ATTENTIONS:
         out[attention] = dict(attention=attention)
@@ -50,7 +52,8 @@ SETTINGS = settings()
 
 
 def tiny_model(seed, vocab_size=320, **config):
-    """A tiny model far from its init (so that the logits of different tokens are far apart), in eval mode."""
+    """A tiny model far from its init (so that the logits of different tokens are far apart), in
+    eval mode."""
     torch.manual_seed(seed)
     model = GPT(ModelConfig(**SHAPE, vocab_size=vocab_size, **config)).eval()
     with torch.no_grad():
@@ -73,18 +76,21 @@ def save_checkpoint(path, model, first_token='stream'):
 
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):
-    """name -> (checkpoint directory, its model), for every SETTINGS entry; 'prefix': the first one's model again,
-    trained (as its run config says) with windows that all begin with the end-of-text token."""
+    """name -> (checkpoint directory, its model), for every SETTINGS entry; 'prefix': the first
+    one's model again, trained (as its run config says) with windows that all begin with the
+    end-of-text token."""
     root = tmp_path_factory.mktemp('runs')
     out = {name: (save_checkpoint(root / name, model), model)
-           for name, model in ((name, tiny_model(i, **s)) for i, (name, s) in enumerate(SETTINGS.items()))}
+           for name,
+           model in ((name, tiny_model(i, **s)) for i, (name, s) in enumerate(SETTINGS.items()))}
     first = out[ATTENTIONS[0]][1]
     out['prefix'] = save_checkpoint(root / 'prefix', first, first_token='prefix'), first
     return out
 
 
 def greedy_reference(model, ids, n):
-    """ids and n more tokens, each the argmax of the logits of the last block_size tokens, recomputed from scratch."""
+    """ids and n more tokens, each the argmax of the logits of the last block_size tokens,
+    recomputed from scratch."""
     ids = list(ids)
     with torch.no_grad():
         for _ in range(n):
@@ -104,9 +110,11 @@ def test_greedy_tokens_are_a_full_recomputation(name, runs, monkeypatch, capsys)
     expected = greedy_reference(model, prompt, 24)  # 8 + 24 tokens: past block_size (16)
     cached = []
     forward = GPT.forward
-    monkeypatch.setattr(GPT, 'forward', lambda self, idx, *a, **kw: (cached.append(kw.get('kv_caches') is not None),
-                                                                     forward(self, idx, *a, **kw))[1])
-    samples = run(path, '--start=Hi there', '--temperature=0', '--num_samples=2', '--max_new_tokens=24')
+    monkeypatch.setattr(GPT, 'forward', lambda self, idx, *a,
+                        **kw: (cached.append(kw.get('kv_caches') is not None),
+                               forward(self, idx, *a, **kw))[1])
+    samples = run(path, '--start=Hi '
+                        'there', '--temperature=0', '--num_samples=2', '--max_new_tokens=24')
     assert samples == [expected, expected]
     # generate's choice: a KV cache unless the variant's outputs depend on the length
     assert any(cached) != model.config.outputs_depend_on_length and len(cached) == 2 * 24
@@ -124,22 +132,28 @@ def test_start_from_a_file_and_the_defaults(runs, tmp_path):
     expected = greedy_reference(model, list(text.encode()), 6)
     assert run(path, f'--start=FILE:{tmp_path / "prompt.txt"}', *greedy) == [expected]
     assert run(path, f'--start={text}', *greedy) == [expected]
-    # nanoGPT's default start, "\n"; a run whose windows all began with a token starts with it, and prints no more
+    # nanoGPT's default start, "\n"; a run whose windows all began with a token starts with it, and
+    # prints no more
     assert run(path, *greedy) == [greedy_reference(model, [10], 6)]
     prefix_path, _ = runs['prefix']
     assert run(prefix_path, *greedy) == [greedy_reference(model, [BYTES.eot_token], 6)[1:]]
-    assert run(prefix_path, '--start=Hi', *greedy) == [greedy_reference(model, [BYTES.eot_token, 72, 105], 6)[1:]]
+    assert run(prefix_path, '--start=Hi',
+               *greedy) == [greedy_reference(model, [BYTES.eot_token, 72, 105], 6)[1:]]
 
 
 def test_hugging_face_and_export_directories_start_with_the_tokenizers_bos(tmp_path):
-    """A Hugging Face directory (a plain Llama: the first variant) and an export of a variant transformers does not
-    compute (one whose outputs depend on the length), with a Llama-3-style tokenizer that puts its BOS before a text."""
+    """A Hugging Face directory (a plain Llama: the first variant) and an export of a variant
+    transformers does not compute (one whose outputs depend on the length), with a Llama-3-style
+    tokenizer that puts its BOS before a text."""
     tok = hf_tokenizer(split_then_bytes(HF_LLAMA3_REGEX), specials=[BOS, EOS], template=f'{BOS} $A')
     vocab = tok.get_vocab_size() + 14
-    length_dependent = next(s for s in SETTINGS.values() if ModelConfig(**s).outputs_depend_on_length)
-    for i, config in enumerate([dict(attention=ATTENTIONS[0], tie_embeddings=True), length_dependent]):
+    length_dependent = next(s for s in SETTINGS.values()
+                            if ModelConfig(**s).outputs_depend_on_length)
+    for i, config in enumerate([dict(attention=ATTENTIONS[0], tie_embeddings=True),
+                                length_dependent]):
         model = tiny_model(i, vocab_size=vocab, **config)
-        path = save_layout(tmp_path / str(i), tok, tokenizer_config=dict(bos_token=BOS, eos_token=EOS))
+        path = save_layout(tmp_path / str(i), tok,
+                           tokenizer_config=dict(bos_token=BOS, eos_token=EOS))
         enc = load_tokenizer(str(path))
         (path / 'config.json').write_text(json.dumps(hf_config(model.config, torch.float32, {},
                                                                tokenizer_info(enc, str(path)))))
@@ -147,8 +161,10 @@ def test_hugging_face_and_export_directories_start_with_the_tokenizers_bos(tmp_p
         bos = enc.ids([BOS])
         ids = enc.encode_ordinary('Hello world')
         greedy = ['--temperature=0', '--num_samples=1', '--max_new_tokens=20']
-        assert run(path, '--start=Hello world', *greedy) == [greedy_reference(model, bos + ids, 20)[1:]]
-        assert run(path, *greedy) == [greedy_reference(model, bos, 20)[1:]]  # the default start: the BOS alone
+        assert run(path, '--start=Hello '
+                         'world', *greedy) == [greedy_reference(model, bos + ids, 20)[1:]]
+        # the default start: the BOS alone
+        assert run(path, *greedy) == [greedy_reference(model, bos, 20)[1:]]
 
 
 def test_the_seed_makes_sampling_reproducible(runs, capsys):
@@ -164,7 +180,8 @@ def test_the_seed_makes_sampling_reproducible(runs, capsys):
 
 
 def test_decode_shows_what_the_tokenizer_does_not_know():
-    assert sample.decode(BYTES, [72, 105, BYTES.eot_token, 300, 0xE4]) == 'Hi<|endoftext|><|id 300|>\ufffd'
+    assert sample.decode(BYTES,
+                         [72, 105, BYTES.eot_token, 300, 0xE4]) == 'Hi<|endoftext|><|id 300|>\ufffd'
 
 
 @pytest.mark.parametrize('argv,message', [
@@ -173,26 +190,29 @@ def test_decode_shows_what_the_tokenizer_does_not_know():
     (['--num_samples=0'], '--num_samples=0 is out of range: must be >= 1'),
     (['--max_new_tokens=0'], '--max_new_tokens=0 is out of range: must be >= 1'),
     (['--seed=-1'], '--seed=-1 is out of range: must be in [0, 18446744073709551615]'),
-    (['--temperature=hot'], "--temperature=hot: temperature='hot' has type str, expected float (invalid float value: "
-                            "'hot')"),
-    (['--dtype=float8'], "--dtype=float8: invalid choice: dtype='float8'; valid values: auto, float32, bfloat16, "
-                         "float16"),
-    (['--temp=0'], "unrecognized arguments: --temp=0 (unknown config key 'temp'); valid keys: --ckpt, --device, "
-                   "--dtype, --max_new_tokens, --num_samples, --seed, --start, --temperature, --tokenizer, --top_k"),
+    (['--temperature=hot'], "--temperature=hot: temperature='hot' has type str, expected float "
+                            "(invalid float value: 'hot')"),
+    (['--dtype=float8'], "--dtype=float8: invalid choice: dtype='float8'; valid values: auto, "
+                         "float32, bfloat16, float16"),
+    (['--temp=0'], "unrecognized arguments: --temp=0 (unknown config key 'temp'); valid keys: "
+                   "--ckpt, --device, --dtype, --max_new_tokens, --num_samples, --seed, --start, "
+                   "--temperature, --tokenizer, --top_k"),
 ])
 def test_bad_flags_stop_before_any_work_in_one_line(argv, message, capsys, monkeypatch):
     monkeypatch.setattr(GPT, 'from_pretrained', None)  # nothing may be loaded
     with pytest.raises(SystemExit) as e:
         sample.main(['--ckpt=anywhere', *argv])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and err.startswith('usage: sample.py') and err.splitlines()[1:] == [f'error: {message}']
+    assert e.value.code == 2 and err.startswith('usage: '
+                                                'sample.py') and err.splitlines(
+        )[1:] == [f'error: {message}']
 
 
 def test_the_checkpoint_is_required(capsys):
     with pytest.raises(SystemExit) as e:
         sample.main([])
-    assert e.value.code == 2 and capsys.readouterr().err.endswith('error: the following arguments are required: '
-                                                                  '--ckpt\n')
+    assert e.value.code == 2 and capsys.readouterr().err.endswith('error: the following arguments '
+                                                                  'are required: --ckpt\n')
 
 
 def test_bad_inputs_are_one_line_errors(runs, tmp_path, capsys, monkeypatch):
@@ -201,20 +221,22 @@ def test_bad_inputs_are_one_line_errors(runs, tmp_path, capsys, monkeypatch):
     (tmp_path / 'empty').mkdir()
     (tmp_path / 'latin1.txt').write_bytes(b'caf\xe9')
     for argv, message in [
-        ([f'--ckpt={tmp_path / "nowhere"}'], f'model {tmp_path / "nowhere"}: {tmp_path / "nowhere"}: no such file or '
-                                             f'directory'),
-        ([f'--ckpt={tmp_path / "empty"}'], f'model {tmp_path / "empty"}: {tmp_path / "empty"}: a directory with '
-                                            f'neither config.json'),
+        ([f'--ckpt={tmp_path / "nowhere"}'], f'model {tmp_path / "nowhere"}: '
+                                             f'{tmp_path / "nowhere"}: no such file or directory'),
+        ([f'--ckpt={tmp_path / "empty"}'], f'model {tmp_path / "empty"}: {tmp_path / "empty"}: a '
+                                           'directory with neither config.json'),
         ([f'--ckpt={path}', f'--start=FILE:{tmp_path / "missing.txt"}'],
-         f'--start=FILE:{tmp_path / "missing.txt"}: cannot read {tmp_path / "missing.txt"}: No such file or directory'),
+         f'--start=FILE:{tmp_path / "missing.txt"}: cannot read {tmp_path / "missing.txt"}: No '
+         'such file or directory'),
         ([f'--ckpt={path}', f'--start=FILE:{tmp_path / "latin1.txt"}'],
          f'--start=FILE:{tmp_path / "latin1.txt"}: {tmp_path / "latin1.txt"} is not UTF-8 text'),
-        ([f'--ckpt={path}', '--start='], "--start=: an empty prompt, and this model has no start token to begin with; "
-                                         "give some text"),
+        ([f'--ckpt={path}', '--start='], "--start=: an empty prompt, and this model has no start "
+                                         "token to begin with; give some text"),
         ([f'--ckpt={path}', '--device=gpu'], '--device=gpu: not a device name'),
     ]:
         with pytest.raises(SystemExit) as e:
             run_script(sample.main, argv)
         out, err = capsys.readouterr()
-        assert e.value.code == 1 and out == '' and err.startswith(f'sample.py: error: {message}') and \
+        assert e.value.code == 1 and out == '' and err.startswith('sample.py: error: '
+                                                                  f'{message}') and \
             err.count('\n') == 1, err

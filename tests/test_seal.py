@@ -1,7 +1,8 @@
-"""The seal of the confirmatory study, v2 (issue 44; docs/analysis.md, "The seal"): one commit fixed its claims, tests,
-recipe, seeds, stopping rule and report before its first run. Every v2 record stores that commit and started after
-it; the runner trains a blind study only from the sealed files; and the claims table and the tests' outputs on fixed
-fixture records are what they were at the seal, wherever the code that computes them later moves."""
+"""The seal of the confirmatory study, v2 (issue 44; docs/analysis.md, "The seal"): one commit fixed
+its claims, tests, recipe, seeds, stopping rule and report before its first run. Every v2 record
+stores that commit and started after it; the runner trains a blind study only from the sealed files;
+and the claims table and the tests' outputs on fixed fixture records are what they were at the seal,
+wherever the code that computes them later moves."""
 import datetime
 import hashlib
 import json
@@ -20,9 +21,9 @@ from helpers import seal_here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V2 = os.path.join(ROOT, 'docs', 'sink_study_v2')
-# per sealed study: its report folders (one per plan), its fixture (records of a short run of its plan and the tests'
-# outputs on them), and the sha256 at the seal of claims_table(set) for each of its claim sets and of the canonical
-# JSON of test_claims(fixture records, its first set)
+# per sealed study: its report folders (one per plan), its fixture (records of a short run of its
+# plan and the tests' outputs on them), and the sha256 at the seal of claims_table(set) for each of
+# its claim sets and of the canonical JSON of test_claims(fixture records, its first set)
 SEALS = dict(
     v2=dict(dirs=['sink_study_v2'], fixture='v2_sealed', records=48,
             tables=dict(v2='516d4945385956c8dad38d1cb59da08092c0d6f209be08a060a92e8ba8265589'),
@@ -51,9 +52,9 @@ def test_the_claims_tables_are_the_sealed_ones(study):
 
 @pytest.mark.parametrize('study', SEALS)
 def test_the_tests_outputs_on_the_fixture_records_are_the_sealed_ones(study):
-    """Records of the plan (4 variants x 12 seeds and its teachers) from a short run of it, their measures as
-    trained: test_claims gives what it gave at the seal, each p, interval, verdict and word (its canonical JSON is
-    committed beside them and pinned by hash)."""
+    """Records of the plan (4 variants x 12 seeds and its teachers) from a short run of it, their
+    measures as trained: test_claims gives what it gave at the seal, each p, interval, verdict and
+    word (its canonical JSON is committed beside them and pinned by hash)."""
     seal = SEALS[study]
     fixture = os.path.join(ROOT, 'tests', 'fixtures', seal['fixture'])
     with open(os.path.join(fixture, 'records.json')) as f:
@@ -71,7 +72,8 @@ def test_the_tests_outputs_on_the_fixture_records_are_the_sealed_ones(study):
 def committed_seal(report_dir):
     seal = study_records.read_seal(os.path.join(ROOT, 'docs', report_dir))
     if seal is None:
-        pytest.skip(f"docs/{report_dir}/seal.json is written in the commit after the seal (study/seal_study.py)")
+        pytest.skip(f"docs/{report_dir}/seal.json is written in the commit after the seal "
+                    "(study/seal_study.py)")
     return seal
 
 
@@ -80,7 +82,8 @@ def test_the_seal_is_named_in_the_docs_and_describes_its_commit(report_dir):
     seal = committed_seal(report_dir)
     with open(os.path.join(ROOT, 'docs', 'analysis.md')) as f:
         assert f"sealed at commit {seal['commit']}" in f.read()
-    known = subprocess.run(['git', 'cat-file', '-e', f"{seal['commit']}^{{commit}}"], cwd=ROOT, capture_output=True)
+    known = subprocess.run(['git', 'cat-file', '-e', f"{seal['commit']}^{{commit}}"], cwd=ROOT,
+                           capture_output=True)
     if known.returncode != 0:
         pytest.skip("this clone does not hold the seal commit (a shallow clone)")
     from study import seal_study
@@ -99,26 +102,33 @@ def test_every_record_started_after_the_seal_and_names_it(report_dir):
         assert record['dirty'] is False and re.fullmatch(r'[0-9a-f]{40}', record['commit']), name
 
 
-BLIND = ['--variants=softmax', '--arms=kd', '--kd_seeds=1', '--teachers=101', '--claims=v2', '--tokens=2048',
-         '--teacher_config=config/sink_study_v2_teacher.py', '--config=config/sink_study.py,config/sink_study_v2.py',
+BLIND = ['--variants=softmax', '--arms=kd', '--kd_seeds=1', '--teachers=101', '--claims=v2',
+         '--tokens=2048',
+         '--teacher_config=config/sink_study_v2_teacher.py',
+         '--config=config/sink_study.py,config/sink_study_v2.py',
          '--block_size=32', '--compile=False', '--eval_batches=2', '--jobs=1']
 
 
 def test_a_blind_study_trains_only_under_its_seal(data_dir, tmp_path):
-    """Without a seal.json, or with one file differing from the seal, a blind study stops before any run with one
-    line naming the file and the checkout to train from; under its seal, every record stores the seal's commit."""
+    """Without a seal.json, or with one file differing from the seal, a blind study stops before any
+    run with one line naming the file and the checkout to train from; under its seal, every record
+    stores the seal's commit."""
     out = tmp_path / 'out'
     argv = [f'--out_dir={out}', f'--data_dir={data_dir}', *BLIND]
-    with pytest.raises(RunError, match=r"^the v2 claims are tested only by a sealed study, and .*seal\.json is not "
-                                       r"there"):
+    with pytest.raises(RunError, match=r"^the v2 claims are tested only by a sealed study, and "
+                                       r".*seal\.json is not " r"there"):
         sink_study.main([*argv, f'--report_dir={tmp_path / "unsealed"}'])
-    with pytest.raises(RunError, match=r"^1 file\(s\) differ from the seal aaaaaaaaaaaa \(train\.py\): train the "
-                                       r"sealed study from a checkout .*git worktree add .*, then there, python -m "
+    with pytest.raises(RunError, match=r"^1 file\(s\) differ from the seal aaaaaaaaaaaa "
+                                       r"\(train\.py\): train the "
+                                       r"sealed study from a checkout .*git worktree add .*, then "
+                                       r"there, python -m "
                                        r"study\.sink_study with the same arguments$"):
-        sink_study.main([*argv, f"--report_dir={seal_here(tmp_path / 'changed' / 'report', 'train.py')}"])
-    # v2's sealed commit predates study/: its checkout runs the root's sink_study.py (issue 53: the advice led to a
-    # checkout without the command it named)
-    with pytest.raises(RunError, match=r"then there, python sink_study\.py with the same arguments$"):
+        sink_study.main([*argv,
+                         f"--report_dir={seal_here(tmp_path / 'changed' / 'report', 'train.py')}"])
+    # v2's sealed commit predates study/: its checkout runs the root's sink_study.py (issue 53: the
+    # advice led to a checkout without the command it named)
+    with pytest.raises(RunError, match=r"then there, python sink_study\.py with the same "
+                                       r"arguments$"):
         sink_study.check_seal(types.SimpleNamespace(claims='v2', report_dir='docs/sink_study_v2'))
     assert not (out / 'train').exists()
     report = seal_here(tmp_path / 'report')
@@ -130,27 +140,32 @@ def test_a_blind_study_trains_only_under_its_seal(data_dir, tmp_path):
 
 def test_a_seal_that_is_not_one_is_one_line(tmp_path):
     (tmp_path / 'seal.json').write_text(json.dumps(dict(commit='HEAD', committed='now', files={})))
-    with pytest.raises(RunError, match=r"seal\.json: not a seal \(it needs commit \(40 hexadecimal digits\)"):
+    with pytest.raises(RunError, match=r"seal\.json: not a seal \(it needs commit \(40 hexadecimal "
+                                       r"digits\)"):
         study_records.read_seal(str(tmp_path))
 
 
 def test_the_report_written_at_the_seal_is_the_one_regenerated_here():
-    """v2's report as its sealed checkout wrote it, once, after the 50th run (report_at_seal.md), and report.md, which
-    this checkout's code regenerates from the same records (--report_only=True), differ only where the layout moved
-    (the command: `python sink_study.py` became `python -m study.sink_study`; the tests' file: significance.py became
-    study/significance.py) and where the reading added after the runs (issue 50, study/study_reading.py) speaks: one
-    section of its own, and the counts of v1's claims that v2's set left out, inside the sentence that counts the
-    sealed ones. Every sealed number and word is still there."""
+    """v2's report as its sealed checkout wrote it, once, after the 50th run (report_at_seal.md),
+    and report.md, which this checkout's code regenerates from the same records
+    (--report_only=True), differ only where the layout moved (the command: `python sink_study.py`
+    became `python -m study.sink_study`; the tests' file: significance.py became
+    study/significance.py) and where the reading added after the runs (issue 50,
+    study/study_reading.py) speaks: one section of its own, and the counts of v1's claims that v2's
+    set left out, inside the sentence that counts the sealed ones. Every sealed number and word is
+    still there."""
     sealed, here = (open(os.path.join(V2, name), encoding='utf-8').read().splitlines()
                     for name in ('report_at_seal.md', 'report.md'))
     start = here.index('## What the records say beyond the registered claims (exploratory)')
     end = next(i for i in range(start + 1, len(here)) if here[i].startswith('## '))
-    assert end - start > 20 and "Claims registered in v1, left out of v2's sealed set" in '\n'.join(here[start:end])
+    assert end - start > 20 and "Claims registered in v1, left out of v2's sealed set" in '\n'.join(
+        here[start:end])
     here = here[:start] + here[end:]
-    clause = (r"; besides them, of the 6 claims registered in v1, left out of v2's sealed set \(the same tests on "
+    clause = (r"; besides them, of the 6 claims registered in v1, left out of v2's sealed set "
+              r"\(the same tests on "
               r"these records, exploratory\), .*? not measured \(no such value in these records\)"
-              r"(; and of the \d+ claims registered in v3\S*, after v2's runs .*? not measured \(no such value in "
-              r"these records\))*(?=\. Softmax had)")
+              r"(; and of the \d+ claims registered in v3\S*, after v2's runs .*? not measured "
+              r"\(no such value in " r"these records\))*(?=\. Softmax had)")
     counted = [i for i, line in enumerate(here) if re.search(clause, line)]
     assert len(counted) == 1 and here[counted[0]].startswith('In the KD arm')
     here[counted[0]] = re.sub(clause, '', here[counted[0]])
@@ -158,7 +173,8 @@ def test_the_report_written_at_the_seal_is_the_one_regenerated_here():
     moved = [(a, b) for a, b in zip(sealed, here) if a != b]
     assert len(moved) == 2 and all(
         a.replace('`python sink_study.py ', '`python -m study.sink_study ').replace(
-            '(fixed before the runs; significance.py)', '(fixed before the runs; study/significance.py)') == b
+            '(fixed before the runs; significance.py)', '(fixed before the runs; '
+                                                        'study/significance.py)') == b
         for a, b in moved)
 
 
@@ -166,14 +182,15 @@ def test_the_report_written_at_the_seal_is_the_one_regenerated_here():
 # v3 (issue 50): the whole claim set, sealed, on fresh seeds; two plans under one seal
 
 def test_v3_holds_every_claim_v1_or_v2_tested():
-    """No claim is dropped: every test (measure, variants, direction) of v1's and v2's sets is one of v3's and of
-    v3_gpu's, and each claim names whose reading it is; v3's primary family adds the held-out loss and the share in
-    softmax's sink layers to the paper's seven."""
+    """No claim is dropped: every test (measure, variants, direction) of v1's and v2's sets is one
+    of v3's and of v3_gpu's, and each claim names whose reading it is; v3's primary family adds the
+    held-out loss and the share in softmax's sink layers to the paper's seven."""
     earlier = {c[3:] for c in study_results.CLAIMS + study_results.CLAIMS_V2}
     for claims in (study_results.CLAIMS_V3, study_results.CLAIMS_V3_GPU):
         assert earlier <= {c[3:] for c in claims}
         assert len({c[0] for c in claims}) == len(claims) == len({c[3:] for c in claims})
-        assert all(re.search(r"\((the paper's|our reading|v1's reading)|^(Gu|Qiu) et al\.|^the payoff", c[2])
+        assert all(re.search(r"\((the paper's|our reading|v1's reading)|^(Gu|Qiu) et al\.|^the "
+                             r"payoff", c[2])
                    for c in claims), [c[2] for c in claims if '(' not in c[2]]
         primary = {c[3:] for c in claims if c[1] == 'primary'}
         assert {('val_loss', 'affine', '<', 'softmax'), ('share_sink', 'affine', '<', 'sink'),
@@ -182,12 +199,13 @@ def test_v3_holds_every_claim_v1_or_v2_tested():
 
 
 def used_seeds():
-    """Every seed a committed plan, the v2 recipe search (its logs), the GPU plan's first attempt or the v3 pilot
-    used."""
+    """Every seed a committed plan, the v2 recipe search (its logs), the GPU plan's first attempt or
+    the v3 pilot used."""
     seeds = set()
     for name, plan in sink_study.PLANS.items():
         if not name.startswith('v3') or name == 'v3_pilot':
-            seeds |= {*plan.get('seeds', [1, 2, 3]), *plan.get('kd_seeds', [1, 2, 3]), *plan.get('teachers', [1, 2]),
+            seeds |= {*plan.get('seeds', [1, 2, 3]), *plan.get('kd_seeds', [1, 2, 3]),
+                      *plan.get('teachers', [1, 2]),
                       *plan.get('extra_seeds', []), *plan.get('control_seeds', []), 0}
     search = os.path.join(V2, 'search')
     for name in os.listdir(search):
@@ -200,9 +218,10 @@ def used_seeds():
 
 @pytest.mark.parametrize('plan', ['v3', 'v3_gpu'])
 def test_v3_runs_on_fresh_seeds_more_teachers_and_reaches_holms_floor(plan):
-    """Students and teachers on seeds no plan, search or attempt has used (the two plans on different ones), more
-    than two teachers each teaching as many students, and enough pairs that the exact sign-flip test can pass Holm's
-    strictest level over the primary family: 2 / 2^n < 0.05 / m (docs/analysis.md gives n and m)."""
+    """Students and teachers on seeds no plan, search or attempt has used (the two plans on
+    different ones), more than two teachers each teaching as many students, and enough pairs that
+    the exact sign-flip test can pass Holm's strictest level over the primary family: 2 / 2^n < 0.05
+    / m (docs/analysis.md gives n and m)."""
     p = sink_study.PLANS[plan]
     students, teachers = set(p['kd_seeds']), set(p['teachers'])
     assert not (students | teachers) & used_seeds() and not students & teachers

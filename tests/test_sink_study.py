@@ -1,6 +1,6 @@
-"""The sink study (study/sink_study.py) and what it rests on: windows that start with a fixed token, the
-standard-library corpus, the study's measurements against an independent recomputation, its verdicts, and the README's
-numbers."""
+"""The sink study (study/sink_study.py) and what it rests on: windows that start with a fixed token,
+the standard-library corpus, the study's measurements against an independent recomputation, its
+verdicts, and the README's numbers."""
 import json
 import math
 import os
@@ -15,8 +15,9 @@ from study.study_records import NO_DECAY
 
 
 def test_prefix_windows_start_with_the_token_and_cover_every_token_once(data_dir):
-    """first_token='prefix': every window is [token] + block_size - 1 stream tokens, and its targets are the next
-    block_size stream tokens; windows do not overlap, so each stream token is a target exactly once."""
+    """first_token='prefix': every window is [token] + block_size - 1 stream tokens, and its targets
+    are the next block_size stream tokens; windows do not overlap, so each stream token is a target
+    exactly once."""
     T = 64
     token = prefix_id(read_meta(data_dir)['tokenizer'])
     assert token == 256  # the bytes tokenizer has no BOS: its <|endoftext|>
@@ -40,24 +41,28 @@ def test_prefix_needs_a_token():
 
 
 def test_stdlib_corpus_is_recorded(tmp_path):
-    """--source=stdlib: the standard library's .py files, their count, size and sha256 in meta.json."""
+    """--source=stdlib: the standard library's .py files, their count, size and sha256 in
+    meta.json."""
     documents, described = prepare_data.stdlib_corpus()
     assert described['files'] == len(documents) > 500 and described['bytes'] > 5_000_000
     out = tmp_path / 'stdlib'
-    prepare_data.main(['--source=stdlib', '--tokenizer=bytes', f'--out_dir={out}', '--val_every=50', '--num_proc=1',
-                       '--max_tokens=20000'])
+    prepare_data.main(['--source=stdlib', '--tokenizer=bytes', f'--out_dir={out}', '--val_every=50',
+                       '--num_proc=1', '--max_tokens=20000'])
     source = read_meta(out)['settings']['source']
     assert source['corpus'] == described and source['python']
     first = read_shard(str(out / 'train_000000.bin'))[:200]
-    assert bytes(first.astype(np.uint8)) == documents[1].encode()[:200]  # document 0 is held out (0 mod 50)
+    # document 0 is held out (0 mod 50)
+    assert bytes(first.astype(np.uint8)) == documents[1].encode()[:200]
 
 
 def test_the_study_end_to_end(data_dir, tmp_path):
-    """study/sink_study.py on a few thousand tokens (softmax and affine: a CE run, a KD run and a control run): a record
-    per run, results.json (schema 2, the v1 fields kept), report.md and the figures; each run's first-token weights
-    agree with a recomputation from its checkpoint through another path: transformers' eager attentions of the exported
-    softmax model, the float64 references of test_model.py (written from the paper's equations) for the others; the
-    control run's alpha_proj did not decay; a record of another recipe is left out; and a re-run trains nothing."""
+    """study/sink_study.py on a few thousand tokens (softmax and affine: a CE run, a KD run and a
+    control run): a record per run, results.json (schema 2, the v1 fields kept), report.md and the
+    figures; each run's first-token weights agree with a recomputation from its checkpoint through
+    another path: transformers' eager attentions of the exported softmax model, the float64
+    references of test_model.py (written from the paper's equations) for the others; the control
+    run's alpha_proj did not decay; a record of another recipe is left out; and a re-run trains
+    nothing."""
     import torch
     from transformers import AutoModelForCausalLM
     import export_hf
@@ -68,46 +73,60 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     from test_analyze import explicit_weights
     from test_probes import gu_metric
     out = tmp_path / 'study'
-    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--variants=softmax,affine', '--seeds=1', '--kd_seeds=1',
-            '--teachers=1', '--arms=ce,kd,control', '--control_seeds=1', '--tokens=4096', '--block_size=32',
-            '--compile=False', '--eval_batches=2']
+    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--variants=softmax,affine', '--seeds=1',
+            '--kd_seeds=1',
+            '--teachers=1', '--arms=ce,kd,control', '--control_seeds=1', '--tokens=4096',
+            '--block_size=32', '--compile=False', '--eval_batches=2']
     results = sink_study.main(argv)
     assert json.loads((out / 'results.json').read_text()) == json.loads(json.dumps(results))
     assert results['schema_version'] == 2 and results['bos_id'] == 256 and results['context'] == 32
     assert results['corpus']['source'] == 'builtin' and results['teachers'] == ['ce_softmax_s1']
-    assert results['uniform_first_token'] == pytest.approx(sum(1 / (i + 1) for i in range(1, 32)) / 31)
+    assert results['uniform_first_token'] == pytest.approx(sum(1 / (i + 1)
+                                                               for i in range(1, 32)) / 31)
     assert [(r['arm'], r['variant']) for r in results['runs']] == [
-        ('ce', 'softmax'), ('ce', 'affine'), ('kd', 'softmax'), ('kd', 'affine'), ('control', 'affine')]
+        ('ce', 'softmax'), ('ce', 'affine'), ('kd', 'softmax'), ('kd', 'affine'),
+                                                                   ('control', 'affine')]
     for name in ('report.md', 'fig4_ce.png', 'fig4_kd.png', 'curves_ce.png', 'curves_kd.png'):
         assert (out / name).is_file()
     report = (out / 'report.md').read_text()
     assert report.index('## KD arm') < report.index('## CE arm') and 'fig4_affine_sink' in report
-    assert all(c['verdict'].startswith(('numbers only', 'not measured')) for c in results['claims'])  # one seed each
-    windows = Windows(data_dir, 'val', 32, 256).get(range(8))[0]  # the study's fixed windows (attention_windows)
+    # one seed each
+    assert all(c['verdict'].startswith(('numbers only', 'not measured')) for c in results['claims'])
+    # the study's fixed windows (attention_windows)
+    windows = Windows(data_dir, 'val', 32, 256).get(range(8))[0]
     idx = torch.from_numpy(windows)
     for run in results['runs']:
-        assert set(V1_FIELDS) <= set(run) and {'tokens', 'first_token_weight', 'val_loss'} <= set(run['curve'][0])
-        assert run == sink_study.summary(json.loads((out / 'runs' / f"{run['name']}.json").read_text()))
-        assert run['tokens'] == 4096 and len(run['curve']) >= 2 and run['curve'][-1]['tokens'] == 4096
+        assert set(V1_FIELDS) <= set(run) and {'tokens', 'first_token_weight',
+                                               'val_loss'} <= set(run['curve'][0])
+        assert run == sink_study.summary(
+            json.loads((out / 'runs' / f"{run['name']}.json").read_text()))
+        assert run[
+            'tokens'] == 4096 and len(run['curve']) >= 2 and run['curve'][-1]['tokens'] == 4096
         assert (run['final_kd_loss'] is None) == (run['arm'] == 'ce')
         assert run['teacher'] == (None if run['arm'] == 'ce' else 'ce_softmax_s1')
         model = GPT.from_pretrained(run['ckpt']).eval()
         if run['variant'] == 'softmax' and run['arm'] == 'ce':  # through transformers
             ckpt = read_checkpoint(run['ckpt'])
             export_hf.export(model, ckpt['tokenizer'], str(tmp_path / 'hf'), check=False)
-            hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / 'hf'), attn_implementation='eager').double()
+            hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / 'hf'),
+                                                      attn_implementation='eager').double()
             attentions = hf(idx, output_attentions=True).attentions
         else:
             attentions = explicit_weights(model.double(), idx)
         recomputed = [a[:, :, 1:, 0].mean().item() for a in attentions]
         assert run['first_token_weight'] == pytest.approx(recomputed, abs=2e-6)
-        w = torch.stack(attentions, 1)  # Gu et al.'s Sink_1 on these windows (its reference: tests/test_probes.py)
-        rows = w if model.config.variant.rows_sum_to_one else w.abs() / (w.abs().sum(-1, keepdim=True) + 1e-8)
+        # Gu et al.'s Sink_1 on these windows (its reference: tests/test_probes.py)
+        w = torch.stack(attentions, 1)
+        rows = w if model.config.variant.rows_sum_to_one else w.abs(
+            ) / (w.abs().sum(-1, keepdim=True) + 1e-8)
         assert run['sink_rate'] == pytest.approx(gu_metric(rows)[:, 0].mean().item(), abs=1e-7)
-    # the control: weight decay off on alpha_proj and g_proj only; 4096 tokens are 8 steps, all in warmup (lr > 0)
+    # the control: weight decay off on alpha_proj and g_proj only; 4096 tokens are 8 steps, all in
+    # warmup (lr > 0)
     control = GPT.from_pretrained(str(out / 'train' / 'control_affine_s1'))
     config = json.loads((out / 'train' / 'control_affine_s1' / 'config.json').read_text())
-    assert config['no_decay'] == ['alpha_proj', 'g_proj'] and results['runs'][-1]['no_decay'] == config['no_decay']
+    assert config['no_decay'] == ['alpha_proj',
+                                  'g_proj'] and results[
+        'runs'][-1]['no_decay'] == config['no_decay']
     assert control.model.layers[0].self_attn.alpha_proj.weight.requires_grad
     # every reader of these checkpoints puts the token first, as their training windows had it
     import analyze
@@ -115,8 +134,8 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     from lmkit import zeroshot
     ce = str(out / 'train' / 'ce_affine_s1')
     assert loading.window_first_token(ce) == 256
-    analyze.main(['attention', ce, f'--out_dir={tmp_path / "attention"}', f'--data={data_dir}', '--num_seqs=2',
-                  '--seq_len=32', '--sink_samples=4'])
+    analyze.main(['attention', ce, f'--out_dir={tmp_path / "attention"}', f'--data={data_dir}',
+                  '--num_seqs=2', '--seq_len=32', '--sink_samples=4'])
     numbers = json.loads((tmp_path / 'attention' / 'numbers.json').read_text())
     assert [m['first_token'] for m in numbers['models'].values()] == [256]
     model = GPT.from_pretrained(ce).eval()
@@ -124,15 +143,19 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     with_token = zeroshot.c4_perplexity(model, ids, 2, 32, 2, first_token=256)
     by_hand = torch.tensor([[256] + ids[:31], [256] + ids[31:62]])
     logits, _ = model(by_hand)
-    nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), by_hand[:, 1:].reshape(-1))
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)),
+                                            by_hand[:, 1:].reshape(-1))
     assert with_token['nll'] == pytest.approx(nll.item(), rel=1e-5)
     # a record of another recipe is never mixed in; a re-run trains nothing and rewrites no record
-    other = dict(json.loads((out / 'runs' / 'ce_affine_s1.json').read_text()), name='ce_affine_s9', seed=9)
+    other = dict(json.loads((out / 'runs' / 'ce_affine_s1.json').read_text()), name='ce_affine_s9',
+                 seed=9)
     other['recipe'] = dict(other['recipe'], learning_rate=1.0)
     other['digest'] = study_records.digest(other)  # a valid record, of another recipe and seed
     (out / 'runs' / 'ce_affine_s9.json').write_text(json.dumps(other))
-    stamps = {p: p.stat().st_mtime_ns for p in [*(out / 'runs').iterdir(), out / 'train' / 'ce_softmax_s1' / 'ckpt.pt']}
-    with pytest.raises(RunError, match=r"ce_affine_s9 \(not planned by this command\)"):  # never in silence
+    stamps = {p: p.stat().st_mtime_ns
+              for p in [*(out / 'runs').iterdir(), out / 'train' / 'ce_softmax_s1' / 'ckpt.pt']}
+    # never in silence
+    with pytest.raises(RunError, match=r"ce_affine_s9 \(not planned by this command\)"):
         sink_study.main(argv)
     again = sink_study.main(argv + ['--subset=True'])
     assert again['excluded'] == ['ce_affine_s9'] and len(again['runs']) == 5 and 'ce_affine_s9' in (
@@ -140,17 +163,20 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     assert stamps == {p: p.stat().st_mtime_ns for p in stamps}
 
 
-V1_FIELDS = ('variant', 'seed', 'arm', 'tokens', 'seconds', 'val_loss', 'first_token_weight', 'first_token_share',
+V1_FIELDS = ('variant', 'seed', 'arm', 'tokens', 'seconds', 'val_loss', 'first_token_weight',
+             'first_token_share',
              'sink_mass', 'per_head', 'sink_rate', 'entropy', 'row_sum', 'spikes', 'curve', 'ckpt')
 
 
 def test_progress_reads_the_last_step_past_long_lines(tmp_path):
-    """The console's step counts: a metrics.jsonl whose last line (an evaluation of every head) is longer than any
-    fixed tail still gives its step, a line cut mid-write gives the one before, a NaN loss is reported."""
+    """The console's step counts: a metrics.jsonl whose last line (an evaluation of every head) is
+    longer than any fixed tail still gives its step, a line cut mid-write gives the one before, a
+    NaN loss is reported."""
     from study.sink_study import last_logged
     path = tmp_path / 'metrics.jsonl'
     assert last_logged(str(tmp_path)) == (0, True)
-    rows = [dict(step=1, loss=2.0), dict(step=2, loss=float('nan')), dict(step=3, loss=1.5, heads=[0.25] * 20_000)]
+    rows = [dict(step=1, loss=2.0), dict(step=2, loss=float('nan')),
+            dict(step=3, loss=1.5, heads=[0.25] * 20_000)]
     path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
     assert path.stat().st_size > 100_000
     assert last_logged(str(tmp_path)) == (3, True)
@@ -159,83 +185,105 @@ def test_progress_reads_the_last_step_past_long_lines(tmp_path):
 
 
 def test_no_decay_leaves_those_matrices_out_of_weight_decay():
-    """train.configure_optimizers: the named modules' matrices join the vectors in the group without decay; the
-    default groups are what they were (old checkpoints' optimizer states still line up)."""
+    """train.configure_optimizers: the named modules' matrices join the vectors in the group without
+    decay; the default groups are what they were (old checkpoints' optimizer states still line
+    up)."""
     import train
     from test_analyze import tiny_model
     model = tiny_model('affine_gated')
     names = {id(p): n for n, p in model.named_parameters()}
     default = train.configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), fused=False)
-    control = train.configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), fused=False, no_decay=['alpha_proj', 'g_proj'])
+    control = train.configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), fused=False,
+                                         no_decay=['alpha_proj', 'g_proj'])
     decayed = lambda opt: {names[id(p)] for p in opt.param_groups[0]['params']}
     assert decayed(default) == {n for n, p in model.named_parameters() if p.dim() >= 2}
     assert decayed(default) - decayed(control) == {n for n in decayed(default)
                                                    if '.alpha_proj.' in n or '.g_proj.' in n}
-    assert any('.alpha_proj.' in n for n in decayed(default)) and control.param_groups[1]['weight_decay'] == 0.0
+    assert any('.alpha_proj.' in n
+               for n in decayed(default)) and control.param_groups[1]['weight_decay'] == 0.0
 
 
 def test_claims_get_their_words_from_the_tests():
-    """study_results.test_claims on made-up records of 6 ce seeds per variant: affine's weight below sink's in every
-    seed is supported (exact p = 2 / 924, Holm over the 7 primary claims), sink's above softmax's contradicted, equal
-    losses not decided; the recipe's seed 0 never enters; 2 kd seeds give numbers only; kd permutes within teachers."""
+    """study_results.test_claims on made-up records of 6 ce seeds per variant: affine's weight below
+    sink's in every seed is supported (exact p = 2 / 924, Holm over the 7 primary claims), sink's
+    above softmax's contradicted, equal losses not decided; the recipe's seed 0 never enters; 2 kd
+    seeds give numbers only; kd permutes within teachers."""
     from study import study_results
 
     def record(arm, variant, seed, weight, teacher=None):
         jitter = 1e-3 * seed
-        return dict(arm=arm, variant=variant, seed=seed, teacher=teacher, first_token_weight=[weight + jitter] * 4,
-                    first_token_share=[0.1] * 4, first_or_null=[0.1] * 4, entropy=[2.0 + jitter] * 4,
+        return dict(arm=arm, variant=variant, seed=seed, teacher=teacher,
+                    first_token_weight=[weight + jitter] * 4,
+                    first_token_share=[0.1] * 4, first_or_null=[0.1] * 4,
+                    entropy=[2.0 + jitter] * 4,
                     val_loss=1.7, final_kd_loss=0.5, spikes={'6': 0, '9': 0},
-                    end=dict(row_total_std=[0.1] * 4, gu=dict(sink_rate=0.1 if variant == 'softmax' else 0.0),
+                    end=dict(row_total_std=[0.1] * 4,
+                             gu=dict(sink_rate=0.1 if variant == 'softmax' else 0.0),
                              w8a8=dict(ratio=1.0), knockout=dict(ratio_first_0=1.0)))
     weights = dict(affine=0.01, sink=0.5, softmax=0.1, gated=0.05)
-    records = [record('ce', v, s, w) for v, w in weights.items() for s in range(0, 7)]  # seed 0: never tested
+    # seed 0: never tested
+    records = [record('ce', v, s, w) for v, w in weights.items() for s in range(0, 7)]
     records += [record('ce', 'affine', 0, 9.0)]  # would turn the verdict if seed 0 counted
-    records += [record('kd', v, s, w, teacher=f'ce_softmax_s{1 + s % 2}') for v, w in weights.items() for s in (1, 2)]
+    records += [record('kd', v, s, w, teacher=f'ce_softmax_s{1 + s % 2}') for v,
+                w in weights.items() for s in (1, 2)]
     claims = {(c['arm'], c['id']): c for c in study_results.test_claims(records)}
     first = claims['ce', 'fig4_affine_sink']
     assert first['n'] == [6, 6] and first['p'] == pytest.approx(2 / 924)
     assert first['p_holm'] == pytest.approx(7 * 2 / 924)
     assert first['verdict'] == f"supported (p = {7 * 2 / 924:.3g})"
     assert claims['ce', 'fig4_sink_softmax']['verdict'].startswith('contradicted')
-    assert claims['ce', 'fig7_affine_softmax']['verdict'] == 'not decided (p = 1; no difference was observed)'
-    assert claims['ce', 'gu_sink']['test'] == "Fisher's exact" and claims['ce', 'gu_sink']['p'] == pytest.approx(
+    assert claims['ce',
+                  'fig7_affine_softmax'][
+        'verdict'] == 'not decided (p = 1; no difference was observed)'
+    assert claims['ce',
+                  'gu_sink'][
+        'test'] == "Fisher's exact" and claims['ce', 'gu_sink']['p'] == pytest.approx(
         1 / 462)  # 0 of 6 against 6 of 6: 2 / C(12, 6)
-    assert all(c['verdict'].startswith('numbers only') for (arm, _), c in claims.items() if arm == 'kd')
+    assert all(c['verdict'].startswith('numbers '
+                                       'only') for (arm, _), c in claims.items() if arm == 'kd')
     assert claims['kd', 'fig4_affine_sink']['test'] == 'exact permutation within teachers'
 
-    # the control (3 seeds against kd's 2): its words, and affine without decay beside the kd sink as numbers only
-    records += [record('control', v, s, 0.002, teacher=f'ce_softmax_s{1 + s % 2}') for v in ('affine', 'gated')
-                for s in (1, 2, 3)]
+    # the control (3 seeds against kd's 2): its words, and affine without decay beside the kd sink
+    # as numbers only
+    records += [record('control', v, s, 0.002, teacher=f'ce_softmax_s{1 + s % 2}')
+                for v in ('affine', 'gated') for s in (1, 2, 3)]
     tested = study_results.test_claims(records)
     words = study_results.control_sentence(dict(runs=records, claims=tested))
     assert "affine's weight numbers only (fewer than 3 seeds in a group; 0.004 without, 0.0115 with)" in words
-    # every measure of Figure 4's comparison (first_or_null 0.1 on both sides here), never the weight alone
-    assert ("affine (3 seeds) against the kd sink (2 seeds; the recipe never decays sink's logits) had first-token "
-            "weight 0.0040 ± 0.0010 against 0.5015 ± 0.0007, first-token share 0.1000 ± 0.0000 against 0.1000 ± "
-            "0.0000, first-token-or-null 0.1000 ± 0.0000 against 0.1000 ± 0.0000: numbers only") in words
+    # every measure of Figure 4's comparison (first_or_null 0.1 on both sides here), never the
+    # weight alone
+    assert ("affine (3 seeds) against the kd sink (2 seeds; the recipe never decays sink's logits) "
+            "had first-token weight 0.0040 ± 0.0010 against 0.5015 ± 0.0007, first-token share "
+            "0.1000 ± 0.0000 against 0.1000 ± 0.0000, first-token-or-null 0.1000 ± 0.0000 against "
+            "0.1000 ± 0.0000: numbers only") in words
 
 
 def test_the_design_confounds_come_from_the_records():
-    """study_results.design_confounds on made-up kd records: each of v1's four confounds is said, with the records'
-    numbers, where the records show it, and none where a design removed them (v2's: the variants' own matrices out of
-    the decay, a sink in half of the layers or more, larger teachers of other seeds, no "Sink_1 > 0" claim)."""
+    """study_results.design_confounds on made-up kd records: each of v1's four confounds is said,
+    with the records' numbers, where the records show it, and none where a design removed them
+    (v2's: the variants' own matrices out of the decay, a sink in half of the layers or more, larger
+    teachers of other seeds, no "Sink_1 > 0" claim)."""
     from study import study_results
 
     def run(variant, seed, rates, no_decay=()):
-        return dict(name=f'kd_{variant}_s{seed}', arm='kd', variant=variant, seed=seed, no_decay=list(no_decay),
-                    first_token_weight=[0.3, 0.1, 0.02, 0.02], end=dict(gu=dict(samples=100, sink_rate=sum(rates) / 4,
-                                                                                sink_rate_per_layer=rates)))
+        return dict(name=f'kd_{variant}_s{seed}', arm='kd', variant=variant, seed=seed,
+                    no_decay=list(no_decay),
+                    first_token_weight=[0.3, 0.1, 0.02, 0.02],
+                    end=dict(gu=dict(samples=100, sink_rate=sum(rates) / 4,
+                                     sink_rate_per_layer=rates)))
     recipe = dict(weight_decay=2.0, n_layer=4, n_head=4)
     teacher = dict(name='ce_softmax_s1', arm='ce', variant='softmax', seed=1, recipe=recipe)
     v1 = dict(recipe=recipe, layers=4, teachers=['ce_softmax_s1'], uniform_first_token=0.035,
               claims=[dict(measure='sink_grown')],
-              runs=[teacher, run('softmax', 1, [0.5, 0.0, 0.0, 0.0]), run('softmax', 2, [0.7, 0.0, 0.0, 0.0]),
+              runs=[teacher, run('softmax', 1, [0.5, 0.0, 0.0, 0.0]),
+                    run('softmax', 2, [0.7, 0.0, 0.0, 0.0]),
                     run('affine', 1, [0.0, 0.0, 0.0, 0.0])])
     words = study_results.design_confounds(v1)
     assert words.startswith("This design has 4 confounds its records show")
     assert "(1) the recipe's weight decay (2; the paper's: 0.1) acts on affine's alpha_proj" in words
-    assert ("(2) the sink lives in 1 of 4 layers: kd softmax's first-token weight per layer is 0.300, 0.100, 0.020, "
-            "0.020 (uniform attention: 0.035) and Gu et al.'s Sink₁ per layer 0.60, 0.00, 0.00, 0.00") in words
+    assert ("(2) the sink lives in 1 of 4 layers: kd softmax's first-token weight per layer is "
+            "0.300, 0.100, 0.020, 0.020 (uniform attention: 0.035) and Gu et al.'s Sink₁ per layer "
+            "0.60, 0.00, 0.00, 0.00") in words
     assert "(3) the teachers are ce_softmax_s1, of the students' own shape and tokens" in words
     assert "kd seeds 1 are their own seeds" in words
     assert "one of 1,600 (sample, layer, head) triples" in words
@@ -258,12 +306,15 @@ def block(path, start, end):
 
 
 @pytest.mark.parametrize('study, start, end', [
-    ('sink_study_v2', '<!-- v2: study_results.readme_lines(docs/sink_study_v2/results.json) -->', '<!-- end of v2 -->'),
-    ('sink_study', '<!-- the sink study: study_results.readme_lines(docs/sink_study/results.json) -->',
+    ('sink_study_v2', '<!-- v2: study_results.readme_lines(docs/sink_study_v2/results.json) '
+                      '-->', '<!-- end of v2 -->'),
+    ('sink_study', '<!-- the sink study: study_results.readme_lines(docs/sink_study/results.json) '
+                   '-->',
      '<!-- end of the sink study -->')])
 def test_the_readme_shows_the_committed_studies(study, start, end):
-    """Each of the README's study blocks (v2 first), its words included, is its committed results.json's
-    (study_results.readme_lines), and the report and figures it points to are committed beside it."""
+    """Each of the README's study blocks (v2 first), its words included, is its committed
+    results.json's (study_results.readme_lines), and the report and figures it points to are
+    committed beside it."""
     from study import sink_study
     from study import study_results
     with open(os.path.join(ROOT, 'docs', study, 'results.json')) as f:
@@ -274,34 +325,45 @@ def test_the_readme_shows_the_committed_studies(study, start, end):
     for name in ('report.md', 'fig4_kd.png', 'curves_kd.png'):
         assert os.path.getsize(os.path.join(ROOT, 'docs', study, name)) > 1000, name
     with open(os.path.join(ROOT, 'docs', study, 'report.md')) as f:
-        assert f.read() == '\n'.join(study_results.report_lines(results)) + '\n'  # the report is the records' too
+        # the report is the records' too
+        assert f.read() == '\n'.join(study_results.report_lines(results)) + '\n'
     assert results['schema_version'] == sink_study.SCHEMA_VERSION
     with open(os.path.join(ROOT, 'README.md')) as f:
         text = f.read()
-    assert text.index('<!-- v2: ') < text.index('<!-- the sink study: ')  # the confirmatory study leads
-    assert sink_study.PLANS['v2']['kd_seeds'] == list(range(1, 13)) and 'teach seeds 1-12\nof each variant' in text
-    assert study_results.MEASURES['sink_grown16'][1](dict(end=dict(gu=dict(sink_rate=1 / 16)))) == 1.0
+    # the confirmatory study leads
+    assert text.index('<!-- v2: ') < text.index('<!-- the sink study: ')
+    assert sink_study.PLANS['v2']['kd_seeds'] == list(range(1,
+                                                            13)) and 'teach seeds 1-12\nof each variant' in text
+    assert study_results.MEASURES[
+        'sink_grown16'][1](dict(end=dict(gu=dict(sink_rate=1 / 16)))) == 1.0
     assert "a seed grew a sink where Gu et al.'s Sink₁ ≥ 1/16" in text.replace('\n', ' ')
 
 
 def test_analysis_md_shows_the_claims_and_the_pilot():
-    """docs/analysis.md's claims table is study_results.CLAIMS, and its pilot table the committed pilot's results."""
+    """docs/analysis.md's claims table is study_results.CLAIMS, and its pilot table the committed
+    pilot's results."""
     from study import study_results
-    got = block('docs/analysis.md', '<!-- the claims: study_results.claims_table() -->', '<!-- end of the claims -->')
+    got = block('docs/analysis.md', '<!-- the claims: study_results.claims_table() '
+                                    '-->', '<!-- end of the claims -->')
     assert got == '\n'.join(study_results.claims_table())
     with open(os.path.join(ROOT, 'docs', 'sink_study', 'pilot', 'results.json')) as f:
         pilot = json.load(f)
-    got = block('docs/analysis.md', '<!-- the pilot: study_results.pilot_lines(docs/sink_study/pilot/results.json) -->',
+    got = block('docs/analysis.md', '<!-- the pilot: '
+                                    'study_results.pilot_lines(docs/sink_study/pilot/results.json) '
+                                    '-->',
                 '<!-- end of the pilot -->')
     assert got == '\n'.join(study_results.pilot_lines(pilot))
     assert sorted(r['name'] for r in pilot['runs']) == sorted(
-        f'{arm}_{v}_s{s}' for arm in ('ce', 'kd') for v in ('softmax', 'sink', 'gated', 'affine') for s in (1, 2, 3))
-    # the quick start's "about an hour on 2 cores" for `python -m study.sink_study` (the pilot) is the committed pilot's
-    # time: its runs' steps and end-of-run measures, two at a time (measured: 60.5 minutes from first start to last end)
+        f'{arm}_{v}_s{s}' for arm in ('ce', 'kd') for v in ('softmax', 'sink', 'gated', 'affine')
+                                                              for s in (1, 2, 3))
+    # the quick start's "about an hour on 2 cores" for `python -m study.sink_study` (the pilot) is
+    # the committed pilot's time: its runs' steps and end-of-run measures, two at a time (measured:
+    # 60.5 minutes from first start to last end)
     with open(os.path.join(ROOT, 'README.md')) as f:
         assert 'python -m study.sink_study     # the sink study\'s pilot (about an hour on 2 cores)' in f.read()
     # two at a time: the default jobs, one per core, on the 2-core machine that trained all 24
-    assert '--jobs' not in pilot['command'] and pilot['machine'].endswith('2 CPU cores, device cpu (24 runs)')
+    assert '--jobs' not in pilot['command'] and pilot['machine'].endswith('2 CPU cores, device cpu '
+                                                                          '(24 runs)')
     assert 45 <= sum(r['seconds'] + r['end_seconds'] for r in pilot['runs']) / 2 / 60 <= 80
 
 
@@ -327,25 +389,29 @@ def value(record, measure):
     end = record['end']
     weights = record['first_token_weight']
     return dict(weight=lambda: mean(weights), share=lambda: mean(record['first_token_share']),
-                first_or_null=lambda: mean(record['first_or_null']), entropy=lambda: mean(record['entropy']),
+                first_or_null=lambda: mean(record['first_or_null']),
+                entropy=lambda: mean(record['entropy']),
                 entropy_deep=lambda: mean(record['entropy'][len(record['entropy']) // 2:]),
-                spikes9=lambda: record['spikes']['9'], row_spread=lambda: mean(end['row_total_std']),
+                spikes9=lambda: record['spikes']['9'],
+                row_spread=lambda: mean(end['row_total_std']),
                 sink_grown=lambda: float(end['gu']['sink_rate'] > 0),
                 w8a8=lambda: end['w8a8']['w8a8'] / end['w8a8']['fp'],
                 knockout0=lambda: end['knockout']['first_0'] / end['knockout']['full'],
                 # v2's secondary readings
                 weight_deep=lambda: mean(weights[len(weights) // 2:]),
                 **{f'weight_l{k}': lambda k=k: weights[k - 1] for k in range(1, len(weights) + 1)},
-                gu_rate=lambda: end['gu']['sink_rate'], gu_rate_raw=lambda: end['gu']['sink_rate_raw'],
+                gu_rate=lambda: end['gu']['sink_rate'],
+                gu_rate_raw=lambda: end['gu']['sink_rate_raw'],
                 sink_grown16=lambda: float(end['gu']['sink_rate'] >= 1 / 16),
                 spikes9_after=lambda: (record['spikes_after_warmup'] or {}).get('9'))[measure]()
 
 
 def every_labelling(a, b, strata_a, strata_b):
-    """Exact two-sided permutation p by brute force: all 2^n labellings of the seeds as a matrix, kept where every
-    stratum has its observed group sizes."""
+    """Exact two-sided permutation p by brute force: all 2^n labellings of the seeds as a matrix,
+    kept where every stratum has its observed group sizes."""
     values, strata = np.array(a + b, dtype=np.float64), strata_a + strata_b
-    labels = (np.arange(2 ** len(values))[:, None] >> np.arange(len(values))) & 1  # (2^n, n), 1: group a
+    # (2^n, n), 1: group a
+    labels = (np.arange(2 ** len(values))[:, None] >> np.arange(len(values))) & 1
     for s in set(strata):
         in_s = np.array([t == s for t in strata])
         labels = labels[labels[:, in_s].sum(1) == sum(t == s for t in strata_a)]
@@ -366,22 +432,25 @@ def counted_fisher(hits_a, n_a, hits_b, n_b):
 
 
 def test_every_verdict_recomputed_from_the_committed_records():
-    """Each claim of docs/sink_study/results.json from the records under docs/sink_study/runs: its groups (the recipe's
-    seed 0 left out, records of another recipe too), its values, its p by another implementation, Holm's adjustment
-    by the step-down definition, and its verdict word."""
+    """Each claim of docs/sink_study/results.json from the records under docs/sink_study/runs: its
+    groups (the recipe's seed 0 left out, records of another recipe too), its values, its p by
+    another implementation, Holm's adjustment by the step-down definition, and its verdict word."""
     results, records = committed()
     kept = [r for r in records if r['recipe'] == results['recipe']]
-    runs = {r['name']: r for r in results['runs']}  # results.json holds the records, less per-head lists and curves
+    # results.json holds the records, less per-head lists and curves
+    runs = {r['name']: r for r in results['runs']}
     assert sorted(runs) == sorted(r['name'] for r in kept)
     for record in kept:
         run = runs[record['name']]
         assert {k: v for k, v in run.items() if k != 'curve'} == {
             k: v for k, v in record.items() if k in run and k != 'curve'} and 'per_head' in run
-        assert [{k: p[k] for k in point} for point, p in zip(run['curve'], record['curve'])] == run['curve']
+        assert [{k: p[k] for k in point} for point,
+                p in zip(run['curve'], record['curve'])] == run['curve']
     claims = [c for c in results['claims'] if c['family'] != 'control']
     assert {c['arm'] for c in claims} == {'kd', 'ce'} and len(claims) == 44
     for claim in claims:
-        group = lambda v: [r for r in kept if r['arm'] == claim['arm'] and r['variant'] == v and r['seed'] != 0]
+        group = lambda v: [r for r in kept if r['arm'] == claim['arm'] and r['variant'] == v
+                           and r['seed'] != 0]
         a, b = group(claim['low']), group(claim['high'])
         assert claim['n'] == [len(a), len(b)]
         if not a or not b:
@@ -398,16 +467,20 @@ def test_every_verdict_recomputed_from_the_committed_records():
         assert claim['p'] == pytest.approx(p, abs=1e-9), claim['id']
     for arm in ('kd', 'ce'):
         for family in ('primary', 'secondary'):
-            check_holm_and_verdicts([c for c in claims if c['arm'] == arm and c['family'] == family])
+            check_holm_and_verdicts([c for c in claims if c['arm'] == arm
+                                     and c['family'] == family])
 
 
 def check_holm_and_verdicts(family, holm_over=None):
-    """One family's claims: Holm's adjustment by the step-down definition over those with 3 seeds a side (of
-    holm_over, where more comparisons than these share the family), and each verdict word from its adjusted p and the
-    sign of its difference."""
+    """One family's claims: Holm's adjustment by the step-down definition over those with 3 seeds a
+    side (of holm_over, where more comparisons than these share the family), and each verdict word
+    from its adjusted p and the sign of its difference."""
     ranked = sorted([c for c in holm_over or family if min(c['n']) >= 3], key=lambda c: c['p'])
-    for i, c in enumerate(ranked):  # Holm: max over the ranks up to this one of (m - rank) p, at most 1
-        assert c['p_holm'] == pytest.approx(min(1, max((len(ranked) - j) * ranked[j]['p'] for j in range(i + 1))))
+    # Holm: max over the ranks up to this one of (m - rank) p, at most 1
+    for i, c in enumerate(ranked):
+        assert c['p_holm'] == pytest.approx(min(1,
+                                                max((len(ranked) - j) * ranked[j]['p']
+                                                    for j in range(i + 1))))
     for c in family:
         if min(c['n']) < 3:
             assert c['verdict'].startswith(('numbers only', 'not measured')) and 'p_holm' not in c
@@ -415,19 +488,22 @@ def check_holm_and_verdicts(family, holm_over=None):
             assert c['verdict'].startswith(f"not decided (p = {c['p_holm']:.3g}")
         else:
             agrees = (c['mean'][0] < c['mean'][1]) == (c['direction'] == '<')
-            assert c['verdict'] == f"{'supported' if agrees else 'contradicted'} (p = {c['p_holm']:.3g})"
+            assert c[
+                'verdict'] == f"{'supported' if agrees else 'contradicted'} (p = {c['p_holm']:.3g})"
 
 
 def every_sign_flip(differences):
-    """Exact two-sided p of a mean paired difference by brute force: all 2^n assignments of signs as a matrix."""
+    """Exact two-sided p of a mean paired difference by brute force: all 2^n assignments of signs as
+    a matrix."""
     d = np.array(differences, dtype=np.float64)
     signs = 1 - 2 * ((np.arange(2 ** len(d))[:, None] >> np.arange(len(d))) & 1)
     return float(np.mean(np.abs(signs @ d) >= abs(d.sum()) * (1 - 1e-9)))
 
 
 def fisher_by_subsets(hits_a, n_a, hits_b, n_b):
-    """Fisher's two-sided p by counting, over every subset of the n_a + n_b seeds (bit masks) of n_a seeds, the hits
-    it holds (the seeds with the outcome: the lowest bits), then summing the counts no larger than the observed."""
+    """Fisher's two-sided p by counting, over every subset of the n_a + n_b seeds (bit masks) of n_a
+    seeds, the hits it holds (the seeds with the outcome: the lowest bits), then summing the counts
+    no larger than the observed."""
     n, hits = n_a + n_b, hits_a + hits_b
     assert n <= 32
     masks = np.arange(2 ** n, dtype=np.int64)
@@ -440,9 +516,9 @@ def fisher_by_subsets(hits_a, n_a, hits_b, n_b):
 
 
 def test_every_v2_verdict_recomputed_from_the_committed_records():
-    """Each claim of docs/sink_study_v2/results.json from the records under docs/sink_study_v2/runs: its matched pairs
-    (seed by seed), its values, its p by brute force (every sign flip; every subset for Fisher's), Holm's adjustment
-    by the step-down definition, and its verdict word."""
+    """Each claim of docs/sink_study_v2/results.json from the records under docs/sink_study_v2/runs:
+    its matched pairs (seed by seed), its values, its p by brute force (every sign flip; every
+    subset for Fisher's), Holm's adjustment by the step-down definition, and its verdict word."""
     results, records = committed('sink_study_v2')
     assert results['claim_set'] == 'v2' and len(records) == 50
     runs = {r['name']: r for r in results['runs']}
@@ -456,12 +532,14 @@ def test_every_v2_verdict_recomputed_from_the_committed_records():
     for claim in claims:
         group = lambda v: {r['seed']: r for r in records if r['arm'] == 'kd' and r['variant'] == v}
         a, b = group(claim['low']), group(claim['high'])
-        va, vb = ({s: v for s, r in side.items() if (v := value(r, claim['measure'])) is not None} for side in (a, b))
+        va, vb = ({s: v for s, r in side.items() if (v := value(r, claim['measure'])) is not None}
+                  for side in (a, b))
         assert claim['n'] == [len(va), len(vb)]
         if not va or not vb:
             assert claim['verdict'] == 'not measured'
             continue
-        assert claim['mean'] == pytest.approx([np.mean(list(va.values())), np.mean(list(vb.values()))], abs=1e-12)
+        assert claim['mean'] == pytest.approx([np.mean(list(va.values())),
+                                               np.mean(list(vb.values()))], abs=1e-12)
         if claim['measure'] == 'sink_grown16':
             p = fisher_by_subsets(int(sum(va.values())), len(va), int(sum(vb.values())), len(vb))
         elif sorted(va) == sorted(vb):
@@ -469,46 +547,55 @@ def test_every_v2_verdict_recomputed_from_the_committed_records():
             p = every_sign_flip([va[s] - vb[s] for s in sorted(va)])
         else:  # a seed without the measure on one side: unpaired, within teachers
             teacher = lambda runs, seeds: [runs[s]['teacher'] for s in seeds]
-            p = every_labelling(list(va.values()), list(vb.values()), teacher(a, va), teacher(b, vb))
+            p = every_labelling(list(va.values()), list(vb.values()), teacher(a, va),
+                                teacher(b, vb))
         assert claim['p'] == pytest.approx(p, abs=1e-9), claim['id']
     for family in ('primary', 'secondary'):
         check_holm_and_verdicts([c for c in claims if c['family'] == family])
 
 
 def test_matched_seeds_are_compared_in_pairs():
-    """Records of matched_init runs with the same seeds on both sides are compared by seed: 12 pairs in which affine's
-    weight is below sink's in every seed give the sign-flip test's floor, 2 / 4096; unpaired, the seeds' own spread
-    (0.01 a seed, larger than the difference) hides it (p > 0.05). Without matched_init, or with other seeds on one
-    side, the test is unpaired."""
+    """Records of matched_init runs with the same seeds on both sides are compared by seed: 12 pairs
+    in which affine's weight is below sink's in every seed give the sign-flip test's floor, 2 /
+    4096; unpaired, the seeds' own spread (0.01 a seed, larger than the difference) hides it (p >
+    0.05). Without matched_init, or with other seeds on one side, the test is unpaired."""
     from study import study_results
 
     def record(variant, seed, weight, matched=True):
-        return dict(arm='kd', variant=variant, seed=seed, teacher=f'teacher_softmax_s{101 + seed % 2}',
-                    settings=dict(matched_init=matched), first_token_weight=[weight + 0.01 * seed] * 4)
+        return dict(arm='kd', variant=variant, seed=seed,
+                    teacher=f'teacher_softmax_s{101 + seed % 2}',
+                    settings=dict(matched_init=matched),
+                    first_token_weight=[weight + 0.01 * seed] * 4)
     affine = [record('affine', s, 0.01) for s in range(1, 13)]
     sink = [record('sink', s, 0.02 + 0.001 * s) for s in range(1, 13)]
     paired = study_results.compare(affine, sink, 'weight', '<', 7)
-    assert paired['test'] == 'exact sign-flip, paired by seed' and paired['p'] == pytest.approx(2 / 4096)
+    assert paired[
+        'test'] == 'exact sign-flip, paired by seed' and paired['p'] == pytest.approx(2 / 4096)
     assert paired['n'] == [12, 12] and paired['difference'] == pytest.approx(-(0.01 + 0.0065))
     unmatched = [dict(r, settings=dict(matched_init=False)) for r in sink]
-    assert study_results.compare(affine, unmatched, 'weight', '<', 7)['test'].startswith('exact permutation')
+    assert study_results.compare(affine, unmatched, 'weight', '<',
+                                 7)['test'].startswith('exact permutation')
     assert study_results.compare(affine, unmatched, 'weight', '<', 7)['p'] > 0.05
     other_seeds = [dict(r, seed=r['seed'] + 12) for r in sink]
-    assert study_results.compare(affine, other_seeds, 'weight', '<', 7)['test'].startswith('exact permutation')
+    assert study_results.compare(affine, other_seeds, 'weight', '<',
+                                 7)['test'].startswith('exact permutation')
 
 
 def test_v2_claims_on_matched_pairs():
-    """study_results.test_claims(records, 'v2') on made-up kd records of 12 matched seeds per core variant: the 7
-    primary claims (v1's) and 27 secondary ones, each primary one paired by seed. Affine's weight is below sink's in
-    every seed, so p = 2 / 4096 (sign flips), Holm-adjusted over the 7 primary claims at most 7 x that: supported;
-    seeds with Sink_1 >= 1/16, 0 of 12 against 12 of 12, by Fisher's exact test: 2 / C(24, 12). v2 has no ce arm."""
+    """study_results.test_claims(records, 'v2') on made-up kd records of 12 matched seeds per core
+    variant: the 7 primary claims (v1's) and 27 secondary ones, each primary one paired by seed.
+    Affine's weight is below sink's in every seed, so p = 2 / 4096 (sign flips), Holm-adjusted over
+    the 7 primary claims at most 7 x that: supported; seeds with Sink_1 >= 1/16, 0 of 12 against 12
+    of 12, by Fisher's exact test: 2 / C(24, 12). v2 has no ce arm."""
     from study import study_results
 
     def record(variant, seed):
         weight = dict(softmax=0.3, sink=0.02, gated=0.05, affine=0.01)[variant] + 0.001 * seed
         rate = 0.2 if variant == 'softmax' else 0.0
-        return dict(arm='kd', variant=variant, seed=seed, teacher=f'teacher_softmax_s{101 + (seed - 1) % 2}',
-                    settings=dict(matched_init=True), first_token_weight=[weight] * 4, first_token_share=[weight] * 4,
+        return dict(arm='kd', variant=variant, seed=seed,
+                    teacher=f'teacher_softmax_s{101 + (seed - 1) % 2}',
+                    settings=dict(matched_init=True), first_token_weight=[weight] * 4,
+                    first_token_share=[weight] * 4,
                     entropy=[2.0 + 0.01 * seed] * 4, final_kd_loss=0.05, spikes={'9': 30},
                     spikes_after_warmup={'9': 10},
                     end=dict(gu=dict(sink_rate=rate, sink_rate_raw=rate), w8a8=dict(ratio=1.0),
@@ -518,31 +605,36 @@ def test_v2_claims_on_matched_pairs():
     assert len(claims) == 34 and {c['arm'] for c in claims.values()} == {'kd'}
     assert sum(c['family'] == 'primary' for c in claims.values()) == 7
     first = claims['fig4_affine_sink']
-    assert first['test'] == 'exact sign-flip, paired by seed' and first['p'] == pytest.approx(2 / 4096)
+    assert first[
+        'test'] == 'exact sign-flip, paired by seed' and first['p'] == pytest.approx(2 / 4096)
     assert first['p_holm'] <= 7 * 2 / 4096 and first['verdict'].startswith('supported')
-    assert claims['gu16_affine']['test'] == "Fisher's exact" and claims['gu16_affine']['p'] == pytest.approx(
+    assert claims[
+        'gu16_affine']['test'] == "Fisher's exact" and claims['gu16_affine']['p'] == pytest.approx(
         2 / math.comb(24, 12))
     assert claims['layer3_affine_sink']['source'] == 'Figure 4, layer 3 (our reading)'
     assert study_results.claims_table('v2')[2].endswith('| exact sign-flip, paired by seed |')
 
 
 def test_the_gpu_plan_and_its_cpu_dry_run(data_dir, tmp_path):
-    """--plan=gpu: v2's design larger (students of 8 layers, 256 wide, 256-token windows; one teacher 3.26x their
-    parameters, seed 101; seeds 1-3, 12M tokens a run, on cuda). Without a GPU, its dry run on the CPU (a few steps a
-    run, one seed) goes through every stage: the teacher, a student of each variant, the end measures, the records
-    (each naming the seal) and the report."""
+    """--plan=gpu: v2's design larger (students of 8 layers, 256 wide, 256-token windows; one
+    teacher 3.26x their parameters, seed 101; seeds 1-3, 12M tokens a run, on cuda). Without a GPU,
+    its dry run on the CPU (a few steps a run, one seed) goes through every stage: the teacher, a
+    student of each variant, the end measures, the records (each naming the seal) and the report."""
     from study import sink_study
     from helpers import seal_here
-    argv = ['--plan=gpu', f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}', '--report_only=True']
+    argv = ['--plan=gpu', f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}',
+            '--report_only=True']
     runs, steps, per_step = sink_study.plan_runs(*sink_study.parse_args(argv))
     assert sorted(r['name'] for r in runs) == sorted(['teacher_softmax_s101'] + [
         f'kd_{v}_s{s}' for v in ('softmax', 'sink', 'gated', 'affine') for s in (1, 2, 3)])
     student, teacher = runs[1]['config'], runs[0]['config']
-    assert (student.n_layer, student.n_embd, student.block_size, student.device) == (8, 256, 256, 'cuda')
+    assert (student.n_layer, student.n_embd, student.block_size, student.device) == (8, 256, 256,
+                                                                                     'cuda')
     assert (teacher.n_layer, teacher.n_embd, runs[0]['name']) == (12, 384, 'teacher_softmax_s101')
     assert steps * per_step == 732 * 64 * 256 and student.matched_init and student.no_decay == NO_DECAY
     report = seal_here(tmp_path / 'report')
-    results = sink_study.main(['--plan=gpu', f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}',
+    results = sink_study.main(['--plan=gpu', f'--data_dir={data_dir}',
+                               f'--out_dir={tmp_path / "out"}',
                                f'--report_dir={report}', *GPU_DRY_RUN])
     assert sorted(r['name'] for r in results['runs']) == sorted(
         ['teacher_softmax_s101'] + [f'kd_{v}_s1' for v in ('softmax', 'sink', 'gated', 'affine')])
@@ -550,18 +642,20 @@ def test_the_gpu_plan_and_its_cpu_dry_run(data_dir, tmp_path):
     assert results['layers'] == 8 and (report / 'report.md').is_file()
 
 
-# docs/analysis.md's dry run of --plan=gpu on a CPU: one seed, 3 steps a run, the shapes' widths and windows cut
-GPU_DRY_RUN = ['--device=cpu', '--kd_seeds=1', '--tokens=384', '--global_batch_size=2', '--micro_batch_size=2',
-               '--block_size=64', '--n_embd=64', '--n_head=2', '--n_kv_head=1', '--intermediate_size=192',
-               '--compile=False', '--eval_batches=1', '--jobs=2']
+# docs/analysis.md's dry run of --plan=gpu on a CPU: one seed, 3 steps a run, the shapes' widths and
+# windows cut
+GPU_DRY_RUN = ['--device=cpu', '--kd_seeds=1', '--tokens=384', '--global_batch_size=2',
+               '--micro_batch_size=2',
+               '--block_size=64', '--n_embd=64', '--n_head=2', '--n_kv_head=1',
+               '--intermediate_size=192', '--compile=False', '--eval_batches=1', '--jobs=2']
 
 
-# -----------------------------------------------------------------------------
-# The reading (issue 50): what the records say beyond each study's claims, recomputed here from the records
+# ----------------------------------------------------------------------------- The reading (issue
+# 50): what the records say beyond each study's claims, recomputed here from the records
 
 def exact_p(a, b, claim, get):
-    """The claim's p from its groups (records by seed) by brute force: every sign flip for matched pairs, every
-    subset for Fisher's, every labelling within teachers for v1's unmatched groups."""
+    """The claim's p from its groups (records by seed) by brute force: every sign flip for matched
+    pairs, every subset for Fisher's, every labelling within teachers for v1's unmatched groups."""
     va, vb = ({s: get(r) for s, r in side.items()} for side in (a, b))
     if claim['measure'] in ('sink_grown', 'sink_grown16'):
         return fisher_by_subsets(int(sum(va.values())), len(va), int(sum(vb.values())), len(vb))
@@ -574,12 +668,14 @@ def exact_p(a, b, claim, get):
 
 
 def group(records, arm, variant):
-    return {r['seed']: r for r in records if r['arm'] == arm and r['variant'] == variant and r['seed'] != 0}
+    return {r['seed']: r for r in records if r['arm'] == arm and r['variant'] == variant
+            and r['seed'] != 0}
 
 
 def reading_value(records, claim):
-    """A claim's measure read from a record: value(), the held-out loss, or (v3's share_sink) the first-token share
-    over the layers where the arm's softmax seeds' mean Gu et al. Sink_1 is at least 1/16."""
+    """A claim's measure read from a record: value(), the held-out loss, or (v3's share_sink) the
+    first-token share over the layers where the arm's softmax seeds' mean Gu et al. Sink_1 is at
+    least 1/16."""
     if claim['measure'] == 'val_loss':
         return lambda r: r['val_loss']
     if claim['measure'] == 'share_sink':
@@ -591,7 +687,8 @@ def reading_value(records, claim):
 
 
 def check_reading_claims(rows, records):
-    """Each exploratory comparison: its values and p from the records, Holm within its (arm, family) and its word."""
+    """Each exploratory comparison: its values and p from the records, Holm within its (arm, family)
+    and its word."""
     for claim in rows:
         get = reading_value(records, claim)
         try:
@@ -601,17 +698,21 @@ def check_reading_claims(rows, records):
             assert claim['verdict'] == 'not measured' and claim['n'] == [0, 0], claim['id']
             continue
         assert claim['mean'] == pytest.approx([np.mean([get(r) for r in a.values()]),
-                                               np.mean([get(r) for r in b.values()])], abs=1e-12), claim['id']
+                                               np.mean([get(r) for r in b.values()])],
+                                              abs=1e-12), claim['id']
         assert claim['p'] == pytest.approx(exact_p(a, b, claim, get), abs=1e-9), claim['id']
         if claim['below'] is not None:
             assert claim['below'] == [sum(get(a[s]) < get(b[s]) for s in a), len(a)]
     for arm in {c['arm'] for c in rows}:
-        for label in {c['label'] for c in rows}:  # a family: the claims another set registered, or the losses
+        # a family: the claims another set registered, or the losses
+        for label in {c['label'] for c in rows}:
             chosen = [c for c in rows if c['arm'] == arm and c['label'] == label]
-            check_holm_and_verdicts([c for c in chosen if c['direction'] != '!='] or [], holm_over=chosen)
+            check_holm_and_verdicts([c for c in chosen if c['direction'] != '!='] or [],
+                                    holm_over=chosen)
             for c in (c for c in chosen if c['direction'] == '!='):
                 lower = c['low'] if c['mean'][0] < c['mean'][1] else c['high']
-                assert c['verdict'] == (f"{lower} lower (p = {c['p_holm']:.3g})" if c['p_holm'] < 0.05 else
+                assert c['verdict'] == (f"{lower} lower (p = "
+                                        f"{c['p_holm']:.3g})" if c['p_holm'] < 0.05 else
                                         f"no detectable difference (p = {c['p_holm']:.3g})")
 
 
@@ -629,7 +730,8 @@ def check_where_from(reading, records, uniform):
                           ('row_total', 'row_sum'), ('null_mass', 'null_mass')):
             for side, runs in zip(w[name], (a, b)):
                 assert side == pytest.approx(layer_mean_of(runs.values(), key), abs=1e-12)
-        gap = layer_mean_of(a.values(), 'first_token_weight') - layer_mean_of(b.values(), 'first_token_weight')
+        gap = layer_mean_of(a.values(), 'first_token_weight') - layer_mean_of(b.values(),
+                                                                              'first_token_weight')
         for part in w['parts']:
             if not part['layers']:
                 continue
@@ -652,33 +754,39 @@ def check_payoff_and_teachers(reading, records, teachers):
             assert ranges['kurtosis'] == [min(max(r['attention_kurtosis']) for r in mine),
                                           max(max(r['attention_kurtosis']) for r in mine)]
         moved = max(abs(r['end']['w8a8']['w8a8'] / r['end']['w8a8']['fp'] - 1) for r in runs)
-        assert p['at_floor'] == (moved <= 0.01) and p['largest_w8a8_change'] == pytest.approx(moved, abs=1e-12)
+        assert p[
+            'at_floor'] == (moved <= 0.01) and p['largest_w8a8_change'] == pytest.approx(moved,
+                                                                                         abs=1e-12)
     by_name = {r['name']: r for r in records}
     t = reading['teachers']
     assert [x['name'] for x in t['teachers']] == teachers
     assert all(x['first_token_weight'] == by_name[x['name']]['first_token_weight'] and
                x['val_loss'] == by_name[x['name']]['val_loss'] for x in t['teachers'])
     students = list(group(records, 'kd', 'softmax').values())
-    assert t['students']['val_loss'] == pytest.approx(np.mean([r['val_loss'] for r in students]), abs=1e-12)
-    assert t['students']['first_token_weight'] == pytest.approx(layer_mean_of(students, 'first_token_weight'))
+    assert t['students']['val_loss'] == pytest.approx(np.mean([r['val_loss'] for r in students]),
+                                                      abs=1e-12)
+    assert t['students']['first_token_weight'] == pytest.approx(layer_mean_of(students,
+                                                                              'first_token_weight'))
 
 
 @pytest.mark.parametrize('study, left_out', [
-    ('sink_study_v2', ['fig4_null_affine_sink', 'fig4_null_sink_softmax', 'fig3_spread_affine_sink', 'gu_affine',
-                       'gu_sink', 'gu_gated']),
+    ('sink_study_v2',
+     ['fig4_null_affine_sink', 'fig4_null_sink_softmax', 'fig3_spread_affine_sink', 'gu_affine',
+      'gu_sink', 'gu_gated']),
     ('sink_study', ['deep_affine_sink', 'deep_sink_softmax'])])
 def test_the_reading_recomputed_from_the_committed_records(study, left_out):
-    """Issue 50: every study's results.json holds its reading, and each number of it recomputes from the records:
-    the claims another registered set tested that this set left out (v2: the six of v1 whose test v2's set does not
-    hold; v1: all of v2's that v1's does not), the held-out loss beside each loss claim and gated against affine,
-    where each first-token difference comes from, the payoff's ranges and the teachers'."""
+    """Issue 50: every study's results.json holds its reading, and each number of it recomputes from
+    the records: the claims another registered set tested that this set left out (v2: the six of v1
+    whose test v2's set does not hold; v1: all of v2's that v1's does not), the held-out loss beside
+    each loss claim and gated against affine, where each first-token difference comes from, the
+    payoff's ranges and the teachers'."""
     from study import study_results
     results, records = committed(study)
     reading = results['reading']
     own = results.get('claim_set', 'v1')
     other = reading['other_claims']
-    # every claim of another set (in the sets' order, each test once) whose test is neither this set's nor the
-    # held-out loss's, on the layers the model has
+    # every claim of another set (in the sets' order, each test once) whose test is neither this
+    # set's nor the held-out loss's, on the layers the model has
     held_out = {('val_loss', 'affine', '<', 'softmax'), ('val_loss', 'affine', '<', 'sink'),
                 ('loss', 'gated', '!=', 'affine'), ('val_loss', 'gated', '!=', 'affine')}
     seen, expected = {c[3:] for c in study_results.CLAIM_SETS[own][0]} | held_out, []
@@ -688,7 +796,8 @@ def test_the_reading_recomputed_from_the_committed_records(study, left_out):
             if name != own and c[3:] not in seen and not deeper:
                 seen.add(c[3:])
                 expected.append(c[0])
-    assert [c['id'] for c in other] == expected and expected[:len(left_out or [])] == (left_out or [])
+    assert [c['id'] for c in other] == expected and expected[:len(left_out or [])] == (left_out
+                                                                                       or [])
     check_reading_claims(other, records)
     losses = reading['loss_claims']
     assert {c['measure'] for c in losses if c['arm'] == 'kd'} == {'loss', 'val_loss'}
@@ -701,9 +810,10 @@ def test_the_reading_recomputed_from_the_committed_records(study, left_out):
 
 
 def test_v3s_payoff_was_chosen_by_its_rule_on_the_pilot():
-    """v3's payoff (study_results.PAYOFF_V3) is what the rule committed before the pilot's last run picks from the
-    pilot's softmax records, recomputed here: the first of W8A6, W4A8, W8A4 whose loss ratio is above 1.01 in every
-    seed, or none; the pilot's seeds are 900 and up; docs/analysis.md shows the pilot's block and v3's claims."""
+    """v3's payoff (study_results.PAYOFF_V3) is what the rule committed before the pilot's last run
+    picks from the pilot's softmax records, recomputed here: the first of W8A6, W4A8, W8A4 whose
+    loss ratio is above 1.01 in every seed, or none; the pilot's seeds are 900 and up;
+    docs/analysis.md shows the pilot's block and v3's claims."""
     from study import study_results
     pilot = os.path.join(ROOT, 'docs', 'sink_study_v3', 'pilot')
     records = []
@@ -720,8 +830,9 @@ def test_v3s_payoff_was_chosen_by_its_rule_on_the_pilot():
     assert (study_results.PAYOFF_V3 in primary) == bool(above)
     with open(os.path.join(pilot, 'results.json')) as f:
         results = json.load(f)
-    got = block('docs/analysis.md', "<!-- v3's payoff pilot: study_results.payoff_pilot_lines(docs/sink_study_v3/pilot/"
-                                    "results.json) -->", "<!-- end of v3's payoff pilot -->")
+    got = block('docs/analysis.md', "<!-- v3's payoff pilot: "
+                                    "study_results.payoff_pilot_lines(docs/sink_study_v3/pilot/results.json) "
+                                    "-->", "<!-- end of v3's payoff pilot -->")
     assert got == '\n'.join(study_results.payoff_pilot_lines(results))
     got = block('docs/analysis.md', "<!-- v3's claims: study_results.claims_table('v3') -->",
                 "<!-- end of v3's claims -->")

@@ -1,4 +1,5 @@
-"""train.py on tiny configs: learning, exact resume (also after SIGTERM), DDP = single process, guards."""
+"""train.py on tiny configs: learning, exact resume (also after SIGTERM), DDP = single process,
+guards."""
 import json
 import math
 import os
@@ -21,7 +22,8 @@ from helpers import ROOT, metrics, tiny_args
 
 
 def test_loss_goes_down(data_dir, tmp_path):
-    train.main(tiny_args(data_dir, tmp_path, '--attention=affine', '--max_iters=40', '--learning_rate=3e-3'))
+    train.main(tiny_args(data_dir, tmp_path, '--attention=affine', '--max_iters=40',
+                         '--learning_rate=3e-3'))
     losses = [r['loss'] for r in metrics(tmp_path)]
     assert len(losses) == 40
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
@@ -33,10 +35,12 @@ def test_loss_goes_down(data_dir, tmp_path):
 @pytest.mark.parametrize('attention', ['affine', 'sink'])
 def test_resume_is_bit_exact(data_dir, tmp_path, attention):
     full, part = tmp_path / 'full', tmp_path / 'part'
-    train.main(tiny_args(data_dir, full, f'--attention={attention}', '--max_iters=8', '--eval_interval=4'))
-    train.main(tiny_args(data_dir, part, f'--attention={attention}', '--max_iters=4', '--eval_interval=4'))
-    train.main(tiny_args(data_dir, part, f'--attention={attention}', '--max_iters=8', '--eval_interval=4',
-                         '--init_from=resume'))
+    train.main(tiny_args(data_dir, full, f'--attention={attention}', '--max_iters=8',
+                         '--eval_interval=4'))
+    train.main(tiny_args(data_dir, part, f'--attention={attention}', '--max_iters=4',
+                         '--eval_interval=4'))
+    train.main(tiny_args(data_dir, part, f'--attention={attention}', '--max_iters=8',
+                         '--eval_interval=4', '--init_from=resume'))
     a, b = metrics(full), metrics(part)
     assert [r['step'] for r in b] == list(range(1, 9))
     for key in ('loss', 'grad_norm', 'lr'):
@@ -46,11 +50,14 @@ def test_resume_is_bit_exact(data_dir, tmp_path, attention):
 
 def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(data_dir, tmp_path):
     run, ref = tmp_path / 'run', tmp_path / 'ref'
-    common = ['--attention=affine', '--decay_frac=0.0']  # constant lr after warmup: max_iters may differ
-    proc = subprocess.Popen([sys.executable, 'train.py', *tiny_args(data_dir, run, *common, '--max_iters=1000000')],
+    # constant lr after warmup: max_iters may differ
+    common = ['--attention=affine', '--decay_frac=0.0']
+    proc = subprocess.Popen([sys.executable, 'train.py',
+                             *tiny_args(data_dir, run, *common, '--max_iters=1000000')],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
-    while time.time() < deadline and not (os.path.exists(run / 'metrics.jsonl') and len(metrics(run)) >= 3):
+    while time.time() < deadline and not (os.path.exists(run / 'metrics.jsonl')
+                                          and len(metrics(run)) >= 3):
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
@@ -58,7 +65,8 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(data_dir, tmp_p
     assert 'stopped by a signal' in out
     stopped_at = torch.load(run / 'ckpt.pt', weights_only=False)['step']
     assert stopped_at >= 3 and len(metrics(run)) == stopped_at
-    train.main(tiny_args(data_dir, run, *common, f'--max_iters={stopped_at + 3}', '--init_from=resume'))
+    train.main(tiny_args(data_dir, run, *common, f'--max_iters={stopped_at + 3}',
+                         '--init_from=resume'))
     train.main(tiny_args(data_dir, ref, *common, f'--max_iters={stopped_at + 3}'))
     assert [r['loss'] for r in metrics(run)] == [r['loss'] for r in metrics(ref)]
 
@@ -66,19 +74,24 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(data_dir, tmp_p
 def test_two_ranks_match_one_process_with_twice_the_accumulation(data_dir, tmp_path):
     one, two = tmp_path / 'one', tmp_path / 'two'
     # init_std=0.3 spreads alpha over its range, so a wrong alpha_ma reduction shows
-    args = ['--attention=affine', '--max_iters=4', '--eval_interval=4', '--micro_batch_size=2', '--init_std=0.3']
+    args = ['--attention=affine', '--max_iters=4', '--eval_interval=4', '--micro_batch_size=2',
+            '--init_std=0.3']
     train.main(tiny_args(data_dir, one, *args))  # 1 process x 4 micro-steps
-    result = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                             'train.py', *tiny_args(data_dir, two, *args)],  # 2 ranks x 2 micro-steps
+    result = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                             '--nproc_per_node=2',
+                             # 2 ranks x 2 micro-steps
+                             'train.py', *tiny_args(data_dir, two, *args)],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     a, b = metrics(one), metrics(two)
     for key in ('loss', 'grad_norm'):
         assert [r[key] for r in a] == pytest.approx([r[key] for r in b], rel=1e-5)
-    assert a[-1]['val_loss'] == pytest.approx(b[-1]['val_loss'], rel=1e-6)  # eval is split over the ranks
+    # eval is split over the ranks
+    assert a[-1]['val_loss'] == pytest.approx(b[-1]['val_loss'], rel=1e-6)
     for layer in range(2):  # alpha_ma is global-batch exact, per head, at full precision
         name = f'model.layers.{layer}.self_attn.alpha_ma'
-        ma_one, ma_two = (torch.load(d / 'ckpt.pt', weights_only=False)['model'][name] for d in (one, two))
+        ma_one, ma_two = (torch.load(d / 'ckpt.pt', weights_only=False)['model'][name]
+                          for d in (one, two))
         torch.testing.assert_close(ma_one, ma_two, rtol=1e-6, atol=1e-7)
 
 
@@ -92,17 +105,20 @@ def test_step_batches_cover_each_window_once_per_epoch(data_dir):
     x, y = windows.get([0, 5])
     assert (x[:, 1:] == y[:, :-1]).all() and x.shape == (2, 64)
     tokens = read_shard(os.path.join(data_dir, 'train_000000.bin'))
-    assert (x[1] == tokens[5 * 64:6 * 64]).all() and y[1, -1] == tokens[6 * 64]  # window k starts at token 64 k
+    # window k starts at token 64 k
+    assert (x[1] == tokens[5 * 64:6 * 64]).all() and y[1, -1] == tokens[6 * 64]
     with pytest.raises(RunError, match='the val split has fewer than block_size'):
         Windows(data_dir, 'val', 10 ** 6)
 
 
 def test_learning_rate_schedule():
-    c = dict(runs.KEY_DEFAULTS, learning_rate=1.0, min_lr=0.1, warmup_iters=10, max_iters=100, decay_frac=0.2)
+    c = dict(runs.KEY_DEFAULTS, learning_rate=1.0, min_lr=0.1, warmup_iters=10, max_iters=100,
+             decay_frac=0.2)
     lrs = [train.learning_rate(s, c) for s in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == 1.0  # linear warmup
     assert set(lrs[10:80]) == {1.0}  # stable
-    assert lrs[80] == 1.0 and lrs[99] == pytest.approx(0.1 + 0.9 / 20)  # linear decay towards min_lr
+    # linear decay towards min_lr
+    assert lrs[80] == 1.0 and lrs[99] == pytest.approx(0.1 + 0.9 / 20)
     assert all(a >= b for a, b in zip(lrs[80:], lrs[81:]))
 
 
@@ -115,33 +131,42 @@ def test_checkpoint_from_compiled_model_has_plain_names(data_dir, tmp_path):
 
 
 def test_non_finite_loss_stops_or_is_skipped(data_dir, tmp_path, capsys, monkeypatch):
-    """A learning rate of 1e30 (past learning_rate's range, so set in the schedule): step 1 is finite and its update
-    blows the weights up, so every later step is non-finite."""
+    """A learning rate of 1e30 (past learning_rate's range, so set in the schedule): step 1 is
+    finite and its update blows the weights up, so every later step is non-finite."""
     monkeypatch.setattr(train, 'learning_rate', lambda step, c: 1e30)
-    with pytest.raises(RunError, match=r'step 2: non-finite .* --learning_rate=<lower> --resume_lr_change=True'):
+    with pytest.raises(RunError, match=r'step 2: non-finite .* --learning_rate=<lower> '
+                                       r'--resume_lr_change=True'):
         train.main(tiny_args(data_dir, tmp_path / 'stop', '--max_iters=10'))
-    with pytest.raises(RunError, match=r'step 2: the run has skipped 1 step\(s\) .* the first at step 2: more than '
-                                       r'max_skipped_frac=0.05 of max_iters=8; stopping without saving') as e:
+    with pytest.raises(RunError, match=r'step 2: the run has skipped 1 step\(s\) .* the first at '
+                                       r'step 2: more than '
+                                       r'max_skipped_frac=0.05 of max_iters=8; stopping without '
+                                       r'saving') as e:
         train.main(tiny_args(data_dir, tmp_path / 'many', '--max_iters=8', '--nonfinite=skip'))
     assert '\n' not in str(e.value) and not (tmp_path / 'many' / 'ckpt.pt').exists()
     capsys.readouterr()
-    train.main(tiny_args(data_dir, tmp_path / 'skip', '--max_iters=4', '--nonfinite=skip', '--max_skipped_frac=1'))
+    train.main(tiny_args(data_dir, tmp_path / 'skip', '--max_iters=4', '--nonfinite=skip',
+                         '--max_skipped_frac=1'))
     assert [r['skipped_steps'] for r in metrics(tmp_path / 'skip')] == [0, 1, 2, 3]
-    assert capsys.readouterr().out.endswith("nonfinite=skip: 3 of the run's 4 steps were skipped (non-finite loss or "
-                                            "gradient norm), the first at step 2\n")
-    assert torch.load(tmp_path / 'skip' / 'ckpt.pt', weights_only=False)['skipped'] == dict(steps=3, first=2)
+    assert capsys.readouterr().out.endswith("nonfinite=skip: 3 of the run's 4 steps were skipped "
+                                            "(non-finite loss or gradient norm), the first at step "
+                                            "2\n")
+    assert torch.load(tmp_path / 'skip' / 'ckpt.pt', weights_only=False)['skipped'] == dict(steps=3,
+                                                                                            first=2)
 
 
 def test_settings_larger_than_the_data_stop_before_any_work(data_dir, tmp_path):
-    """A step's batch beyond the train split (1e8 sequences against 1,695 windows was OOM-killed) and
-    attention_windows beyond the val split (an IndexError at the first evaluation): one line, nothing written."""
+    """A step's batch beyond the train split (1e8 sequences against 1,695 windows was OOM-killed)
+    and attention_windows beyond the val split (an IndexError at the first evaluation): one line,
+    nothing written."""
     n_train, n_val = (len(Windows(data_dir, split, 32)) for split in ('train', 'val'))
     for args, message in [
-            (['--global_batch_size=100000000'], f"global_batch_size=100,000,000: the train split of data_dir="
-                                                f"{data_dir} holds {n_train:,} windows of 32 tokens, and one step "
-                                                f"would read some of them more than once; give at most {n_train:,}"),
-            (['--attention_windows=100000'], f"attention_windows=100,000: the val split of data_dir={data_dir} "
-                                             f"holds {n_val:,} windows of 32 tokens; give at most {n_val:,}")]:
+            (['--global_batch_size=100000000'], "global_batch_size=100,000,000: the train split of "
+                                                f"data_dir={data_dir} holds {n_train:,} windows of "
+                                                "32 tokens, and one step would read some of them "
+                                                f"more than once; give at most {n_train:,}"),
+            (['--attention_windows=100000'], "attention_windows=100,000: the val split of "
+                                             f"data_dir={data_dir} holds {n_val:,} windows of 32 "
+                                             f"tokens; give at most {n_val:,}")]:
         with pytest.raises(RunError) as e:
             train.main(tiny_args(data_dir, tmp_path / 'run', '--max_iters=1', *args))
         assert str(e.value).startswith(message) and '\n' not in str(e.value)
@@ -149,43 +174,50 @@ def test_settings_larger_than_the_data_stop_before_any_work(data_dir, tmp_path):
 
 
 def reading_val(monkeypatch, on_read=None):
-    """The index lists train.py's val windows are read with, in order, as it reads them (each after on_read())."""
+    """The index lists train.py's val windows are read with, in order, as it reads them (each after
+    on_read())."""
     read, load = [], train.load_data
 
     def load_data(c, model_config):
         meta, train_data, val_data = load(c, model_config)
         get = val_data.get
-        val_data.get = lambda indices: (on_read and on_read(), read.append(list(indices)), get(indices))[-1]
+        val_data.get = lambda indices: (on_read and on_read(), read.append(list(indices)),
+                                        get(indices))[-1]
         return meta, train_data, val_data
     monkeypatch.setattr(train, 'load_data', load_data)
     return read
 
 
 def test_an_evaluation_reads_the_val_split_once_at_most(data_dir, tmp_path, capsys, monkeypatch):
-    """--eval_batches=100000 read the val split's windows again and again (killed after 216 s): an evaluation now
-    reads each window once, and the run says so as it starts."""
+    """--eval_batches=100000 read the val split's windows again and again (killed after 216 s): an
+    evaluation now reads each window once, and the run says so as it starts."""
     read = reading_val(monkeypatch)
-    train.main(tiny_args(data_dir, tmp_path, '--max_iters=1', '--eval_batches=100000', '--micro_batch_size=32',
-                         '--global_batch_size=32', '--warmup_iters=0'))
-    n_val, batches = len(Windows(data_dir, 'val', 32)), math.ceil(len(Windows(data_dir, 'val', 32)) / 32)
+    train.main(tiny_args(data_dir, tmp_path, '--max_iters=1', '--eval_batches=100000',
+                         '--micro_batch_size=32', '--global_batch_size=32', '--warmup_iters=0'))
+    n_val, batches = len(Windows(data_dir, 'val',
+                                 32)), math.ceil(len(Windows(data_dir, 'val', 32)) / 32)
     assert capsys.readouterr().err.splitlines() == [
-        f"note: eval_batches=100,000 x micro_batch_size=32 is more than the {n_val:,} windows the val split of "
-        f"data_dir={data_dir} holds: each evaluation reads {batches} batches, every window once"]
+        f"note: eval_batches=100,000 x micro_batch_size=32 is more than the {n_val:,} windows the "
+        f"val split of data_dir={data_dir} holds: each evaluation reads {batches} batches, every "
+        "window once"]
     loss_batches = read[:-1]  # (the last: the window the mean attention logit is measured on)
-    assert len(loss_batches) == batches and {i for b in loss_batches for i in b} == set(range(n_val))
+    assert len(loss_batches) == batches and {i for b in loss_batches
+                                             for i in b} == set(range(n_val))
     assert 'val_loss' in metrics(tmp_path)[-1]
 
 
-def test_sigterm_during_an_evaluation_stops_it_within_a_few_batches(data_dir, tmp_path, capsys, monkeypatch):
-    """SIGTERM waited for the evaluation to end (100000 batches took minutes; here 100). Now it stops within
-    EVAL_STOP_EVERY batches; the step is saved, its record written without an evaluation (none half done), and the
-    same command continues the run."""
+def test_sigterm_during_an_evaluation_stops_it_within_a_few_batches(data_dir, tmp_path, capsys,
+                                                                    monkeypatch):
+    """SIGTERM waited for the evaluation to end (100000 batches took minutes; here 100). Now it
+    stops within EVAL_STOP_EVERY batches; the step is saved, its record written without an
+    evaluation (none half done), and the same command continues the run."""
     read = reading_val(monkeypatch, on_read=lambda: read or os.kill(os.getpid(), signal.SIGTERM))
     args = tiny_args(data_dir, tmp_path, '--max_iters=4', '--eval_interval=2', '--warmup_iters=0')
     train.main(args + ['--eval_batches=100'])
     assert 1 <= len(read) <= train.EVAL_STOP_EVERY
-    assert capsys.readouterr().out.endswith(f"stopped by a signal: saved {tmp_path / 'ckpt.pt'} at step 2 (its "
-                                            f"evaluation, cut short, is not logged); the same command continues it\n")
+    assert capsys.readouterr().out.endswith(f"stopped by a signal: saved {tmp_path / 'ckpt.pt'} at "
+                                            "step 2 (its evaluation, cut short, is not logged); "
+                                            "the same command continues it\n")
     assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 2
     assert [r['step'] for r in metrics(tmp_path) if 'val_loss' in r] == []
     read.append('no more signals')
@@ -196,8 +228,8 @@ def test_sigterm_during_an_evaluation_stops_it_within_a_few_batches(data_dir, tm
 def test_a_warmup_longer_than_the_run_is_warned_about(data_dir, tmp_path, capsys):
     train.main(tiny_args(data_dir, tmp_path, '--max_iters=2', '--warmup_iters=8'))
     assert capsys.readouterr().err.splitlines() == [
-        "warning: warmup_iters=8 is longer than max_iters=2: the learning rate never reaches learning_rate=0.001, "
-        "only 25% of it at the last step"]
+        "warning: warmup_iters=8 is longer than max_iters=2: the learning rate never reaches "
+        "learning_rate=0.001, only 25% of it at the last step"]
     assert metrics(tmp_path)[-1]['lr'] == pytest.approx(0.001 * 2 / 8)
 
 
@@ -224,33 +256,37 @@ def test_config_errors_are_clear(data_dir, tmp_path, argv, message):
 def test_overrides_accept_none_lists_dicts_and_ints_for_floats(tmp_path):
     scaling = "{'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0, " \
               "'original_max_position_embeddings': 64}"
-    c = train.load_config(['config/tiny_cpu.py', '--teacher=None', '--learning_rate=1', f'--rope_scaling={scaling}',
-                           '--wandb_run_name=run 1'])
-    assert c['teacher'] is None and c['learning_rate'] == 1.0 and isinstance(c['learning_rate'], float)
-    assert c['rope_scaling']['factor'] == 8.0 and c['wandb_run_name'] == 'run 1' and c['n_layer'] == 4
+    c = train.load_config(['config/tiny_cpu.py', '--teacher=None', '--learning_rate=1',
+                           f'--rope_scaling={scaling}', '--wandb_run_name=run 1'])
+    assert c['teacher'] is None and c['learning_rate'] == 1.0 and isinstance(c['learning_rate'],
+                                                                             float)
+    assert c[
+        'rope_scaling']['factor'] == 8.0 and c['wandb_run_name'] == 'run 1' and c['n_layer'] == 4
 
 
 def test_dry_run_prints_parameter_counts_and_the_memory_plan(capsys):
     train.main(['config/affine_gated_1b.py', '--dry_run=True'])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == 'params: total=1303971840 non_embedding=1041303552 attention_extra=68157440'
-    assert lines[1].startswith('memory per GPU, estimated: DDP on 8 GPUs, micro_batch_size=4 x 2048 tokens')
-    assert [line.split()[0] for line in lines[2:]] == ['weights', 'gradients', 'optimizer', 'teacher', 'kd_loss',
-                                                       'activations', 'total']
+    assert lines[1].startswith('memory per GPU, estimated: DDP on 8 GPUs, micro_batch_size=4 x '
+                               '2048 tokens')
+    assert [line.split()[0] for line in lines[2:]] == ['weights', 'gradients', 'optimizer',
+                                                       'teacher', 'kd_loss', 'activations', 'total']
 
 
 def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
-    """train.py's DDP path (wrap_ddp, no_sync micro-steps, zero_grad) for 2 steps x 3 micro-steps, on 2
-    gloo ranks; after every micro-step, the storages that hold the parameters' .grad, and the buffers DDP all-reduces
-    (read by a communication hook)."""
+    """train.py's DDP path (wrap_ddp, no_sync micro-steps, zero_grad) for 2 steps x 3 micro-steps,
+    on 2 gloo ranks; after every micro-step, the storages that hold the parameters' .grad, and the
+    buffers DDP all-reduces (read by a communication hook)."""
     import gc
     import torch.distributed as dist
     from model import GPT, ModelConfig
-    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world_size)
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank,
+                            world_size=world_size)
     try:
         torch.manual_seed(0)
-        model = GPT(ModelConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, intermediate_size=64, vocab_size=97,
-                                block_size=16, attention='affine'))
+        model = GPT(ModelConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, intermediate_size=64,
+                                vocab_size=97, block_size=16, attention='affine'))
         ddp = distributed.wrap_ddp(model, torch.device('cpu'))
         buckets = set()
 
@@ -263,7 +299,8 @@ def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
         optimizer = train.configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95))
         seen = []  # per micro-step: {storage pointer: bytes} of the .grad tensors
         for step in range(2):
-            for micro in range(3):  # as train.py's loop: all-reduced in the last micro-step's backward only
+            # as train.py's loop: all-reduced in the last micro-step's backward only
+            for micro in range(3):
                 x = torch.randint(0, 97, (2, 16))
                 with ddp.no_sync() if micro < 2 else nullcontext():
                     loss = train.compute_loss(ddp, model, None, x, x)[0]
@@ -284,48 +321,59 @@ def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
 
 @pytest.mark.parametrize('set_to_none', [False, True])
 def test_ddp_accumulation_keeps_one_copy_of_the_gradients(tmp_path, set_to_none):
-    """DDP with gradient_as_bucket_view: in train.py's loop (zero_grad in place) every micro-step's .grad tensors are
-    views of the buffers DDP all-reduces, so the gradients exist once; set_to_none=True (the old loop) is the
-    counter-example that shows the check can fail: the no_sync micro-steps then allocate a second set."""
+    """DDP with gradient_as_bucket_view: in train.py's loop (zero_grad in place) every micro-step's
+    .grad tensors are views of the buffers DDP all-reduces, so the gradients exist once;
+    set_to_none=True (the old loop) is the counter-example that shows the check can fail: the
+    no_sync micro-steps then allocate a second set."""
     result = tmp_path / 'result.pt'
     # recorded after each micro-step's backward: 3 per step, the first 2 inside no_sync
-    torch.multiprocessing.spawn(_ddp_gradient_worker, args=(2, str(tmp_path / 'init'), set_to_none, str(result)),
+    torch.multiprocessing.spawn(_ddp_gradient_worker,
+                                args=(2, str(tmp_path / 'init'), set_to_none, str(result)),
                                 nprocs=2, join=True)
     r = torch.load(result, weights_only=False)
     assert len(r['seen']) == 6 and r['buckets']
     one_copy = [set(storages) <= r['buckets'] and sum(storages.values()) == r['param_bytes']
                 for storages in r['seen']]
     if set_to_none:
-        assert not all(one_copy[3:])  # step 1's no_sync micro-steps: fresh tensors beside the buckets
+        # step 1's no_sync micro-steps: fresh tensors beside the buckets
+        assert not all(one_copy[3:])
     else:
         assert all(one_copy)
 
 
 def test_the_same_command_continues_the_run(data_dir, tmp_path, capsys):
-    """init_from='auto' (the default): a second run of the same command continues from out_dir/ckpt.pt, and the
-    first line of each run says which it did; the result is the uninterrupted run's, bit for bit."""
+    """init_from='auto' (the default): a second run of the same command continues from
+    out_dir/ckpt.pt, and the first line of each run says which it did; the result is the
+    uninterrupted run's, bit for bit."""
     run, ref = tmp_path / 'run', tmp_path / 'ref'
     common = ['--attention=affine', '--eval_interval=3']
     train.main(tiny_args(data_dir, run, *common, '--max_iters=3'))
     assert capsys.readouterr().out.startswith('init_from=auto: starting fresh\n')
-    train.main(tiny_args(data_dir, run, *common, '--max_iters=6', '--micro_batch_size=2'))  # may change on resume
-    assert capsys.readouterr().out.startswith(f"init_from=auto: resuming from {run / 'ckpt.pt'} at step 3\n")
+    # may change on resume
+    train.main(tiny_args(data_dir, run, *common, '--max_iters=6', '--micro_batch_size=2'))
+    assert capsys.readouterr().out.startswith(f"init_from=auto: resuming from {run / 'ckpt.pt'} at "
+                                              "step 3\n")
     train.main(tiny_args(data_dir, ref, *common, '--max_iters=6'))
     assert [r['step'] for r in metrics(run)] == list(range(1, 7))
-    assert [r['loss'] for r in metrics(run)] == pytest.approx([r['loss'] for r in metrics(ref)], rel=1e-6)
+    assert [r['loss'] for r in metrics(run)] == pytest.approx([r['loss'] for r in metrics(ref)],
+                                                              rel=1e-6)
     ckpt = torch.load(run / 'ckpt.pt', weights_only=False)
     assert ckpt['step'] == 6 and ckpt['data']['train_tokens'] > 0
 
 
 def test_scratch_never_replaces_a_checkpoint_silently(data_dir, tmp_path, capsys):
     train.main(tiny_args(data_dir, tmp_path, '--max_iters=2', '--eval_interval=2'))
-    with pytest.raises(RunError, match=r'holds a run at step 2.*--init_from=scratch --overwrite=True'):
+    with pytest.raises(RunError, match=r'holds a run at step 2.*--init_from=scratch '
+                                       r'--overwrite=True'):
         train.main(tiny_args(data_dir, tmp_path, '--max_iters=1', '--init_from=scratch'))
     assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 2
     capsys.readouterr()
-    train.main(tiny_args(data_dir, tmp_path, '--max_iters=1', '--init_from=scratch', '--overwrite=True'))
-    assert capsys.readouterr().out.startswith(f"init_from=scratch: starting fresh (replacing {tmp_path / 'ckpt.pt'})")
-    assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 1 and len(metrics(tmp_path)) == 1
+    train.main(tiny_args(data_dir, tmp_path, '--max_iters=1', '--init_from=scratch',
+                         '--overwrite=True'))
+    assert capsys.readouterr().out.startswith("init_from=scratch: starting fresh (replacing "
+                                              f"{tmp_path / 'ckpt.pt'})")
+    assert torch.load(tmp_path / 'ckpt.pt',
+                      weights_only=False)['step'] == 1 and len(metrics(tmp_path)) == 1
 
 
 @pytest.mark.parametrize('change,message', [
@@ -335,7 +383,8 @@ def test_scratch_never_replaces_a_checkpoint_silently(data_dir, tmp_path, capsys
     (['--kd_alpha=0.5'], "kd_alpha: 1.0 -> 0.5"),
 ])
 def test_resume_refuses_a_different_run(data_dir, tmp_path, change, message):
-    train.main(tiny_args(data_dir, tmp_path, '--attention=affine', '--max_iters=2', '--eval_interval=2'))
+    train.main(tiny_args(data_dir, tmp_path, '--attention=affine', '--max_iters=2',
+                         '--eval_interval=2'))
     with pytest.raises(RunError) as e:
         train.main(tiny_args(data_dir, tmp_path, '--attention=affine', '--max_iters=4', *change))
     assert message in str(e.value) and 'Keys that may change on resume: ' in str(e.value)
@@ -343,32 +392,38 @@ def test_resume_refuses_a_different_run(data_dir, tmp_path, change, message):
 
 def test_resume_refuses_other_data(data_dir, tmp_path):
     other = str(tmp_path / 'other')
-    prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={other}', '--val_every=5', '--num_proc=1'])
+    prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={other}',
+                       '--val_every=5', '--num_proc=1'])
     train.main(tiny_args(data_dir, tmp_path / 'run', '--max_iters=2', '--eval_interval=2'))
     with pytest.raises(RunError, match=r'the data: .*train_tokens'):
         train.main(tiny_args(other, tmp_path / 'run', '--max_iters=4'))
 
 
 def test_resume_from_a_corrupt_checkpoint_is_one_line(data_dir, tmp_path):
-    """A ckpt.pt cut short (a copy that stopped) or overwritten: one line naming it and what to do, no traceback."""
+    """A ckpt.pt cut short (a copy that stopped) or overwritten: one line naming it and what to do,
+    no traceback."""
     train.main(tiny_args(data_dir, tmp_path, '--max_iters=2', '--eval_interval=2'))
     path = tmp_path / 'ckpt.pt'
     for content in (path.read_bytes()[:3000], b'not a checkpoint'):
         path.write_bytes(content)
         for init_from in ('auto', 'resume'):
             with pytest.raises(RunError) as e:
-                train.main(tiny_args(data_dir, tmp_path, '--max_iters=4', f'--init_from={init_from}'))
+                train.main(tiny_args(data_dir, tmp_path, '--max_iters=4',
+                                     f'--init_from={init_from}'))
             message = str(e.value)
-            assert str(path) in message and 'not a readable checkpoint' in message and '\n' not in message
+            assert str(
+                path) in message and 'not a readable checkpoint' in message and '\n' not in message
             assert '--init_from=scratch --overwrite=True' in message
 
 
 def worker_pids(launcher_pid):
     """{rank: pid} of the workers torchrun (launcher_pid) runs now."""
     pids = {}
-    for pid in subprocess.run(['pgrep', '-P', str(launcher_pid)], capture_output=True, text=True).stdout.split():
+    for pid in subprocess.run(['pgrep', '-P', str(launcher_pid)], capture_output=True,
+                              text=True).stdout.split():
         try:
-            env = dict(item.split('=', 1) for item in open(f'/proc/{pid}/environ').read().split('\0') if '=' in item)
+            env = dict(item.split('=', 1)
+                       for item in open(f'/proc/{pid}/environ').read().split('\0') if '=' in item)
         except OSError:  # exited meanwhile
             continue
         if 'RANK' in env:
@@ -377,16 +432,19 @@ def worker_pids(launcher_pid):
 
 
 def test_elastic_restarts_continue_from_the_last_checkpoint(data_dir, tmp_path):
-    """torchrun --max-restarts: a worker killed (SIGKILL, no chance to save) twice mid-run; torchrun restarts every
-    rank with the same arguments, which continue from the last checkpoint: at most eval_interval steps are redone
-    per kill, and the final weights are bit-identical to an uninterrupted run's."""
+    """torchrun --max-restarts: a worker killed (SIGKILL, no chance to save) twice mid-run; torchrun
+    restarts every rank with the same arguments, which continue from the last checkpoint: at most
+    eval_interval steps are redone per kill, and the final weights are bit-identical to an
+    uninterrupted run's."""
     args = ['--attention=affine', '--max_iters=24', '--eval_interval=4', '--micro_batch_size=2']
     launch = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
     run, ref = tmp_path / 'run', tmp_path / 'ref'
-    proc = subprocess.Popen([*launch, '--max-restarts=2', 'train.py', *tiny_args(data_dir, run, *args)], cwd=ROOT,
+    proc = subprocess.Popen([*launch, '--max-restarts=2', 'train.py',
+                             *tiny_args(data_dir, run, *args)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     redone = []
-    for kill_at, rank in ((6, 1), (15, 0)):  # past a checkpoint (steps 4 and 12), before the next one
+    # past a checkpoint (steps 4 and 12), before the next one
+    for kill_at, rank in ((6, 1), (15, 0)):
         deadline = time.time() + 120
         while time.time() < deadline and not (os.path.exists(run / 'metrics.jsonl') and metrics(run)
                                               and metrics(run)[-1]['step'] >= kill_at
@@ -394,34 +452,40 @@ def test_elastic_restarts_continue_from_the_last_checkpoint(data_dir, tmp_path):
             time.sleep(0.02)
         workers = worker_pids(proc.pid)
         os.kill(workers[rank], signal.SIGKILL)
-        # the checkpoint first, then the log: a step's record is written before its checkpoint, so a save between
-        # the two reads (the other rank may finish a step) cannot make the count negative, as the reverse order could
+        # the checkpoint first, then the log: a step's record is written before its checkpoint, so a
+        # save between the two reads (the other rank may finish a step) cannot make the count
+        # negative, as the reverse order could
         saved = torch.load(run / 'ckpt.pt', weights_only=False)['step']
         redone.append(metrics(run)[-1]['step'] - saved)
-        while time.time() < deadline and not (len(worker_pids(proc.pid)) == 2 and  # restarted: two new workers
-                                              not set(worker_pids(proc.pid).values()) & set(workers.values())):
+        # restarted: two new workers
+        while time.time() < deadline and not (len(worker_pids(proc.pid)) == 2 and
+                                              not set(
+                worker_pids(proc.pid).values()) & set(workers.values())):
             time.sleep(0.02)
     out, _ = proc.communicate(timeout=300)
     print(f'steps redone per kill: {redone}')  # shown with pytest -s
     assert proc.returncode == 0, out
-    assert out.count('init_from=auto: resuming from') == 2 and all(0 <= n <= 4 for n in redone), (redone, out)
-    result = subprocess.run([*launch, 'train.py', *tiny_args(data_dir, ref, *args)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
+    assert out.count('init_from=auto: resuming '
+                     'from') == 2 and all(0 <= n <= 4 for n in redone), (redone, out)
+    result = subprocess.run([*launch, 'train.py', *tiny_args(data_dir, ref, *args)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     a, b = (torch.load(d / 'ckpt.pt', weights_only=False) for d in (run, ref))
     assert a['step'] == b['step'] == 24 and a['model'].keys() == b['model'].keys()
-    assert all(torch.equal(a['model'][name], b['model'][name]) for name in b['model'])  # bit-identical
+    # bit-identical
+    assert all(torch.equal(a['model'][name], b['model'][name]) for name in b['model'])
     assert [r['loss'] for r in metrics(run)] == [r['loss'] for r in metrics(ref)]
 
 
 def test_the_console_line_gives_the_time_left(tmp_path, capsys):
-    """Issue 53: train.py's log line had no ETA (under load, 8 minutes between lines). Now each ends with the time
-    left at the pace of the steps since the line before: 90 steps at 2 s a step."""
+    """Issue 53: train.py's log line had no ETA (under load, 8 minutes between lines). Now each ends
+    with the time left at the pace of the steps since the line before: 90 steps at 2 s a step."""
     from types import SimpleNamespace
-    c = dict(out_dir=str(tmp_path), max_iters=100, log_interval=10, wandb_project=None, wandb_run_name=None)
+    c = dict(out_dir=str(tmp_path), max_iters=100, log_interval=10, wandb_project=None,
+             wandb_run_name=None)
     metrics = train.Metrics(c, SimpleNamespace(master=True), 0)
     for step in range(1, 11):
-        metrics.write(dict(step=step, loss=1.0, lr=1e-3, grad_norm=1.0, tokens_per_sec=100.0, mfu=0.0,
-                           dt=1.0 if step < 6 else 3.0))
+        metrics.write(dict(step=step, loss=1.0, lr=1e-3, grad_norm=1.0, tokens_per_sec=100.0,
+                           mfu=0.0, dt=1.0 if step < 6 else 3.0))
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith('step 10/100 | loss 1.0000') and line.endswith('| 3000 ms | ETA 3m00s')

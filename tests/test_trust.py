@@ -1,7 +1,7 @@
-"""Opening a checkpoint runs no code from it: every command that opens one refuses a ckpt.pt whose pickle would run
-a command, in one line naming the file and what it held, and nothing in it runs; every read goes through
-checkpoint.read_checkpoint. Checkpoints written before this (a fixture the old code wrote) still load and resume
-bit for bit, also when they predate a config key."""
+"""Opening a checkpoint runs no code from it: every command that opens one refuses a ckpt.pt whose
+pickle would run a command, in one line naming the file and what it held, and nothing in it runs;
+every read goes through checkpoint.read_checkpoint. Checkpoints written before this (a fixture the
+old code wrote) still load and resume bit for bit, also when they predate a config key."""
 import ast
 import glob
 import json
@@ -42,8 +42,9 @@ def resume(ckpt, data, out_dir, *extra):
 
 
 def predated_note(path, ckpt):
-    """The note for a checkpoint (a dict) lacking keys: those the fixture predates (added to train.py since its commit)
-    and any deleted from it, in runs.KEYS' order, each with its default."""
+    """The note for a checkpoint (a dict) lacking keys: those the fixture predates (added to
+    train.py since its commit) and any deleted from it, in runs.KEYS' order, each with its
+    default."""
     missing = [key for key in runs.KEYS if key not in {**ckpt['config'], **ckpt['model_config']}]
     many = len(missing) > 1
     return (f"note: {path} predates the key{'s' * many} {', '.join(missing)}; "
@@ -51,27 +52,33 @@ def predated_note(path, ckpt):
             + ', '.join(f"{key}={runs.KEYS[key].default!r}" for key in missing))
 
 
-# The fixture's numbers were recorded on one CPU. Another CPU orders float reductions differently (oneDNN/MKL pick
-# kernels by SIMD width), so a resumed step can differ from the recording in the last bits of a float32 (5.553018569
-# against 5.553019047 seen on an AMD EPYC: 9e-8 relative). Relative 1e-5 allows that reordering (about 100 float32
-# ulps) and not what a wrong resume gives: a checkpoint taking a wrong default moved step 4 by 3.0e-5 and fails
-# (docs/testing.md). Bit-for-bit resume, both runs on the same machine, is test_train.py's test_resume_is_bit_exact.
+# The fixture's numbers were recorded on one CPU. Another CPU orders float reductions differently
+# (oneDNN/MKL pick kernels by SIMD width), so a resumed step can differ from the recording in the
+# last bits of a float32 (5.553018569 against 5.553019047 seen on an AMD EPYC: 9e-8 relative).
+# Relative 1e-5 allows that reordering (about 100 float32 ulps) and not what a wrong resume gives: a
+# checkpoint taking a wrong default moved step 4 by 3.0e-5 and fails (docs/testing.md). Bit-for-bit
+# resume, both runs on the same machine, is test_train.py's test_resume_is_bit_exact.
 RTOL = 1e-5
 
 
 def assert_continues_the_old_run(resumed):
-    """The resumed steps 3-4 are the old code's uninterrupted run's, within what another CPU's float order changes."""
+    """The resumed steps 3-4 are the old code's uninterrupted run's, within what another CPU's float
+    order changes."""
     old = records(os.path.join(FIXTURE, 'metrics.jsonl'))
     assert [r['step'] for r in resumed] == [3, 4]
-    assert [r['lr'] for r in resumed] == [r['lr'] for r in old[2:]]  # the schedule: Python floats, exact anywhere
+    # the schedule: Python floats, exact anywhere
+    assert [r['lr'] for r in resumed] == [r['lr'] for r in old[2:]]
     for key in ('loss', 'grad_norm'):
-        assert [r[key] for r in resumed] == pytest.approx([r[key] for r in old[2:]], rel=RTOL, abs=0)
+        assert [r[key] for r in resumed] == pytest.approx([r[key] for r in old[2:]], rel=RTOL,
+                                                          abs=0)
     assert resumed[-1]['val_loss'] == pytest.approx(old[-1]['val_loss'], rel=RTOL, abs=0)
     # alpha_ma is logged rounded to 5 decimals: a reordering may flip the last one
     assert resumed[-1]['alpha_ma'] == pytest.approx(old[-1]['alpha_ma'], rel=0, abs=1e-5)
-    # a mean of logits near 0 (-2e-4, cancelling): relative to the scale of the logits it averages, not to itself
+    # a mean of logits near 0 (-2e-4, cancelling): relative to the scale of the logits it averages,
+    # not to itself
     scale = old[-1]['attn_logit_abs_mean']
-    assert resumed[-1]['attn_logit_mean'] == pytest.approx(old[-1]['attn_logit_mean'], rel=0, abs=RTOL * scale)
+    assert resumed[-1]['attn_logit_mean'] == pytest.approx(old[-1]['attn_logit_mean'], rel=0,
+                                                           abs=RTOL * scale)
     assert resumed[-1]['attn_logit_abs_mean'] == pytest.approx(scale, rel=RTOL, abs=0)
 
 # -----------------------------------------------------------------------------
@@ -80,12 +87,15 @@ def assert_continues_the_old_run(resumed):
 
 def test_a_checkpoint_of_the_old_code_resumes_and_continues_its_run(data, tmp_path, capsys):
     os.makedirs(tmp_path / 'run')
-    shutil.copy(os.path.join(FIXTURE, 'ckpt.pt'), tmp_path / 'run' / 'ckpt.pt')  # as it is, byte for byte
+    # as it is, byte for byte
+    shutil.copy(os.path.join(FIXTURE, 'ckpt.pt'), tmp_path / 'run' / 'ckpt.pt')
     train.main([*FIXTURE_RUN, f'--data_dir={data}', f'--out_dir={tmp_path / "run"}'])
     out, err = capsys.readouterr()
-    assert out.startswith(f"init_from=auto: resuming from {tmp_path / 'run' / 'ckpt.pt'} at step 2\n")
+    assert out.startswith(f"init_from=auto: resuming from {tmp_path / 'run' / 'ckpt.pt'} at step "
+                          "2\n")
     ckpt = checkpoint.read_checkpoint(os.path.join(FIXTURE, 'ckpt.pt'), keys=checkpoint.CKPT_KEYS)
-    if any(key not in {**ckpt['config'], **ckpt['model_config']} for key in runs.KEYS):  # keys added since
+    # keys added since
+    if any(key not in {**ckpt['config'], **ckpt['model_config']} for key in runs.KEYS):
         assert [line for line in err.splitlines() if 'predates' in line] == [
             predated_note(tmp_path / 'run' / 'ckpt.pt', ckpt)]
     else:
@@ -94,10 +104,13 @@ def test_a_checkpoint_of_the_old_code_resumes_and_continues_its_run(data, tmp_pa
 
 
 def test_a_key_added_since_a_checkpoint_takes_its_default(data, tmp_path, capsys):
-    """A checkpoint lacking keys (as one written before they existed): they take their defaults, with one line that
-    says so, and the run continues bit for bit; a value other than the default is a change like any other."""
+    """A checkpoint lacking keys (as one written before they existed): they take their defaults,
+    with one line that says so, and the run continues bit for bit; a value other than the default is
+    a change like any other."""
     ckpt = checkpoint.read_checkpoint(os.path.join(FIXTURE, 'ckpt.pt'), keys=checkpoint.CKPT_KEYS)
-    del ckpt['config']['kd_loss'], ckpt['config']['affine_bias_norm'], ckpt['model_config']['affine_bias_norm']
+    del ckpt[
+        'config'][
+        'kd_loss'], ckpt['config']['affine_bias_norm'], ckpt['model_config']['affine_bias_norm']
     path = tmp_path / 'run' / 'ckpt.pt'
     resumed = resume(ckpt, data, tmp_path / 'run')
     notes = [line for line in capsys.readouterr().err.splitlines() if 'predates' in line]
@@ -110,9 +123,11 @@ def test_a_key_added_since_a_checkpoint_takes_its_default(data, tmp_path, capsys
 
 
 def test_numpy_1x_names_of_the_rng_state_load(tmp_path, monkeypatch):
-    """numpy 1.x pickles its arrays with numpy.core.multiarray._reconstruct (numpy 2: numpy._core...)."""
+    """numpy 1.x pickles its arrays with numpy.core.multiarray._reconstruct (numpy 2:
+    numpy._core...)."""
     ckpt = checkpoint.read_checkpoint(os.path.join(FIXTURE, 'ckpt.pt'), keys=checkpoint.CKPT_KEYS)
-    monkeypatch.setattr(checkpoint._RECONSTRUCT, '__module__', 'numpy.core.multiarray')  # what numpy 1.x names it
+    # what numpy 1.x names it
+    monkeypatch.setattr(checkpoint._RECONSTRUCT, '__module__', 'numpy.core.multiarray')
     path = str(tmp_path / 'ckpt.pt')
     torch.save(ckpt, path)
     monkeypatch.undo()
@@ -138,7 +153,8 @@ class Hostile:
 
 @pytest.fixture
 def hostile(tmp_path):
-    """(a run directory whose ckpt.pt would create marker if unpickled, marker, what the refusal names)."""
+    """(a run directory whose ckpt.pt would create marker if unpickled, marker, what the refusal
+    names)."""
     run, marker = tmp_path / 'hostile', tmp_path / 'ran'
     run.mkdir()
     # every key a checkpoint has, and valid ones at that: only the pickled call is wrong
@@ -148,25 +164,29 @@ def hostile(tmp_path):
                          f"'{os.system.__module__}.system'")
 
 
-def test_every_command_refuses_a_checkpoint_that_would_run_code(hostile, data, tmp_path, capsys, monkeypatch):
+def test_every_command_refuses_a_checkpoint_that_would_run_code(hostile, data, tmp_path, capsys,
+                                                                monkeypatch):
     run, marker, message = hostile
     for name, main, argv in checkpoint_commands(run, data, tmp_path):
         line = refusal(capsys, main, argv)
         assert message in line and 'Nothing in it was run' in line, (name, line)
-    # the quick start's check of a stage's checkpoint (its own out_dir/teacher), with no install and no stage run
+    # the quick start's check of a stage's checkpoint (its own out_dir/teacher), with no install and
+    # no stage run
     monkeypatch.setattr(quickstart, 'install', lambda *args: True)
-    monkeypatch.setattr(quickstart.children, 'start', lambda command, **how: subprocess.Popen(['true'], **how))
+    monkeypatch.setattr(quickstart.children, 'start', lambda command,
+                        **how: subprocess.Popen(['true'], **how))
     shutil.copytree(run, tmp_path / 'quickstart' / 'teacher')
-    line = refusal(capsys, quickstart.main, [f'--out_dir={tmp_path / "quickstart"}', f'--data_dir={data}',
-                                             '--real_model=False'])
+    line = refusal(capsys, quickstart.main,
+                   [f'--out_dir={tmp_path / "quickstart"}', f'--data_dir={data}',
+                    '--real_model=False'])
     assert f"{tmp_path / 'quickstart' / 'teacher' / 'ckpt.pt'} is refused: it holds code" in line, line
     assert not marker.exists()
     assert sorted(os.listdir(run)) == ['ckpt.pt']  # and the resume wrote nothing beside it
 
 
 def test_the_refusal_comes_before_anything_unpickles_it(hostile, monkeypatch):
-    """Neither torch.load nor the checksum pass's unpickler sees such a file; the checksum pass alone refuses it
-    too, and so does torch.load(weights_only=True) where the scan would miss it."""
+    """Neither torch.load nor the checksum pass's unpickler sees such a file; the checksum pass
+    alone refuses it too, and so does torch.load(weights_only=True) where the scan would miss it."""
     run, marker, message = hostile
     path = str(run / 'ckpt.pt')
 
@@ -183,34 +203,39 @@ def test_the_refusal_comes_before_anything_unpickles_it(hostile, monkeypatch):
     monkeypatch.setattr(checkpoint, 'code_in', lambda pickled: [])
     with pytest.raises(checkpoint.CheckpointError) as e:
         checkpoint.read_checkpoint(path)
-    assert f"{path} is refused: it holds what torch.load(weights_only=True) refuses (" in str(e.value)
+    assert f"{path} is refused: it holds what torch.load(weights_only=True) refuses (" in str(
+        e.value)
     assert '\n' not in str(e.value) and 'weights_only=False' not in str(e.value)
     assert not marker.exists()
 
 
 def test_other_forms_of_a_pickled_call_are_refused_by_name(tmp_path):
-    """Protocol 4's STACK_GLOBAL (which torch.save never writes), and a global no checkpoint names even where torch's
-    own allowlist has it."""
+    """Protocol 4's STACK_GLOBAL (which torch.save never writes), and a global no checkpoint names
+    even where torch's own allowlist has it."""
     marker = tmp_path / 'ran'
-    for name, obj, protocol in [('posix.system', Hostile(marker), 4), ('torch.device', torch.device('cpu'), 2)]:
+    for name, obj, protocol in [('posix.system', Hostile(marker), 4),
+                                ('torch.device', torch.device('cpu'), 2)]:
         path = str(tmp_path / f'{protocol}.pt')
         torch.save(dict(model={}, model_config={}, tokenizer=obj), path, pickle_protocol=protocol)
-        with pytest.raises(checkpoint.CheckpointError, match=f"is refused: it holds code, not only data: the "
-                                                             f"global '{name.replace('posix', os.system.__module__)}'"):
+        with pytest.raises(checkpoint.CheckpointError, match="is refused: it holds code, not only "
+                                                             "data: the global "
+                                                             f"'{name.replace('posix', os.system.__module__)}'"):
             checkpoint.read_checkpoint(path)
     assert not marker.exists()
 
 
 def test_every_checkpoint_read_goes_through_read_checkpoint():
-    """No script reads a pickle itself: torch.load and pickle's loaders are called only in checkpoint.py, and
-    torch.load there with weights_only=True."""
+    """No script reads a pickle itself: torch.load and pickle's loaders are called only in
+    checkpoint.py, and torch.load there with weights_only=True."""
     calls = []
     folders = ('', 'lmkit', 'study', 'tools', 'scripts')
     for path in [p for folder in folders for p in glob.glob(os.path.join(ROOT, folder, '*.py'))]:
         for node in ast.walk(ast.parse(open(path).read())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and ast.unparse(node.func) in ('torch.load', 'pickle.load', 'pickle.loads', 'pickle.Unpickler',
-                                                   'torch.serialization.load', 'np.load', 'numpy.load'):
+                    and ast.unparse(node.func) in ('torch.load', 'pickle.load', 'pickle.loads',
+                                                   'pickle.Unpickler',
+                                                   'torch.serialization.load', 'np.load',
+                                                   'numpy.load'):
                 calls.append((os.path.basename(path), ast.unparse(node)))
     assert [name for name, _ in calls] == ['checkpoint.py'], calls
     assert 'weights_only=True' in calls[0][1]

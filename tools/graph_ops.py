@@ -1,14 +1,15 @@
-"""What each attention variant adds to one decoder layer's compiled training graph, the way train.py compiles it
-(lmkit.distributed.compile_layers: torch.compile per layer): the aten operators of the forward and backward graphs that
-AOTAutograd hands to the compiler, and, on CPU, the kernels TorchInductor then generates from them (its fusion).
-No GPU is needed; docs/benchmarks.md ("What the variants add to the compiled graph") holds a run's table.
+"""What each attention variant adds to one decoder layer's compiled training graph, the way train.py
+compiles it (lmkit.distributed.compile_layers: torch.compile per layer): the aten operators of the
+forward and backward graphs that AOTAutograd hands to the compiler, and, on CPU, the kernels
+TorchInductor then generates from them (its fusion). No GPU is needed; docs/benchmarks.md ("What the
+variants add to the compiled graph") holds a run's table.
 
     python -m tools.graph_ops                          # every variant, float32, the tiny shape at T = 256
     python -m tools.graph_ops --variants=softmax,affine --dtype=bfloat16
 
-A variant's extra operators are its registry entry's (model.VARIANTS): affine's alpha projection (Eq. 7), the
-cumulative sum of V and the combine of Eq. 6 and 8 (model.affine_scaled), and alpha's sums for alpha_ma (Eq. 9);
-the gate's projection, sigmoid and product (Eq. 4-5).
+A variant's extra operators are its registry entry's (model.VARIANTS): affine's alpha projection
+(Eq. 7), the cumulative sum of V and the combine of Eq. 6 and 8 (model.affine_scaled), and alpha's
+sums for alpha_ma (Eq. 9); the gate's projection, sigmoid and product (Eq. 4-5).
 """
 import collections
 import os
@@ -31,17 +32,20 @@ KEYS = dict(variants=Key(list(ATTENTIONS), 'comma-separated', choices=ATTENTIONS
             dtype=Key('float32', 'float32, or bfloat16 under autocast as train.py on a GPU',
                       choices=('float32', 'bfloat16')),
             seq_len=Key(256, min=2), batch_size=Key(2, min=1),
-            kernels=Key(True, 'also count the kernels TorchInductor generates on CPU (slower: it compiles)'))
+            kernels=Key(True, 'also count the kernels TorchInductor generates on CPU (slower: it '
+                              'compiles)'))
 
 
 def aten_ops(gm):
-    """{operator: count} of a graph's call_function nodes (getitem and other Python glue left out)."""
+    """{operator: count} of a graph's call_function nodes (getitem and other Python glue left
+    out)."""
     return collections.Counter(str(n.target).removeprefix('aten.') for n in gm.graph.nodes
                                if n.op == 'call_function' and str(n.target).startswith('aten.'))
 
 
 def layer_graphs(variant, args):
-    """(forward ops, backward ops) of one decoder layer's training step, as AOTAutograd partitions it."""
+    """(forward ops, backward ops) of one decoder layer's training step, as AOTAutograd partitions
+    it."""
     torch._dynamo.reset()
     config = ModelConfig(**MODEL_SHAPES['tiny'] | dict(attention=variant, block_size=args.seq_len))
     model = GPT(config).train()
@@ -61,7 +65,8 @@ def layer_graphs(variant, args):
 
 
 def run_layer(model, layer, args):
-    """One forward and backward of `layer` (model's first) on a random batch, as GPT.forward calls it."""
+    """One forward and backward of `layer` (model's first) on a random batch, as GPT.forward calls
+    it."""
     x = torch.randn(args.batch_size, args.seq_len, model.config.n_embd, requires_grad=True)
     positions = torch.arange(args.seq_len)
     cos, sin = rope_cos_sin(model.config, positions)
@@ -82,7 +87,8 @@ def inductor_kernels(variant, args):
 
 
 def main(argv=None):
-    args = type('Args', (), parse(sys.argv[1:] if argv is None else argv, KEYS, __doc__, prog='graph_ops.py'))
+    args = type('Args', (),
+                parse(sys.argv[1:] if argv is None else argv, KEYS, __doc__, prog='graph_ops.py'))
     rows, base = [], None
     for variant in args.variants:
         forward, backward = layer_graphs(variant, args)
@@ -90,13 +96,18 @@ def main(argv=None):
         base = base or (forward, backward)
         extra = (forward - base[0]) + (backward - base[1])
         rows.append((variant, sum(forward.values()), sum(backward.values()), kernels,
-                     ', '.join(f'{op} x{n}' if n > 1 else op for op, n in sorted(extra.items())) or '-'))
-        print(f'  {variant}: {rows[-1][1]} + {rows[-1][2]} ops, {kernels} kernels', file=sys.stderr, flush=True)
-    print(f'One decoder layer (tiny shape, batch {args.batch_size} x {args.seq_len}, {args.dtype}), torch '
-          f'{torch.__version__}: aten operators in the forward and backward graphs AOTAutograd hands the compiler'
-          + (', and the kernels TorchInductor generates from them on CPU' if args.kernels else '') + f'; the last '
+                     ', '.join(f'{op} '
+                               f'x{n}' if n > 1 else op for op, n in sorted(extra.items())) or '-'))
+        print(f'  {variant}: {rows[-1][1]} + {rows[-1][2]} ops, {kernels} '
+              'kernels', file=sys.stderr, flush=True)
+    print(f'One decoder layer (tiny shape, batch {args.batch_size} x {args.seq_len}, '
+          f'{args.dtype}), torch {torch.__version__}: aten operators in the forward and backward '
+          'graphs AOTAutograd hands the compiler'
+          + (', and the kernels TorchInductor generates from them on '
+             'CPU' if args.kernels else '') + f'; the last '
           f'column: operators beyond {args.variants[0]}\'s.\n')
-    print('| variant | forward ops | backward ops | inductor kernels (CPU) | operators beyond the first row |')
+    print('| variant | forward ops | backward ops | inductor kernels (CPU) | operators beyond the '
+          'first row |')
     print('|---|---|---|---|---|')
     for variant, fw, bw, kernels, extra in rows:
         print(f'| {variant} | {fw} | {bw} | {"-" if kernels is None else kernels} | {extra} |')

@@ -1,12 +1,13 @@
 """
-lm-evaluation-harness 0.4.9's log-likelihoods of (context, continuation) pairs, timed in its own process: run by
-tools/bench.py's harness section with the Python of an environment where lm_eval imports (0.4.9 needs transformers 4,
-this repository transformers 5); tests/test_smollm2.py imports loglikelihoods where lm_eval imports.
+lm-evaluation-harness 0.4.9's log-likelihoods of (context, continuation) pairs, timed in its own
+process: run by tools/bench.py's harness section with the Python of an environment where lm_eval
+imports (0.4.9 needs transformers 4, this repository transformers 5); tests/test_smollm2.py imports
+loglikelihoods where lm_eval imports.
 
     <env>/bin/python -m tools.lm_eval_scores MODEL_DIR PAIRS.json BATCH_SIZE DTYPE DEVICE OUT.json
 
-PAIRS.json: [[context, continuation], ...]. OUT.json: {"logliks": [...], "seconds": the loglikelihood call's}.
-HFLM is what `lm_eval --model hf` runs (lm_eval/models/huggingface.py).
+PAIRS.json: [[context, continuation], ...]. OUT.json: {"logliks": [...], "seconds": the
+loglikelihood call's}. HFLM is what `lm_eval --model hf` runs (lm_eval/models/huggingface.py).
 """
 import json
 import sys
@@ -14,7 +15,8 @@ import time
 
 
 def loglikelihoods(model_dir, pairs, batch_size, dtype, device):
-    """(the log-likelihood of each (context, continuation) pair, the seconds HFLM.loglikelihood took)."""
+    """(the log-likelihood of each (context, continuation) pair, the seconds HFLM.loglikelihood
+    took)."""
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
     lm = HFLM(pretrained=model_dir, batch_size=int(batch_size), device=device, dtype=dtype)

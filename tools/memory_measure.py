@@ -1,9 +1,10 @@
 """
-The memory plan measured: fake_peak_memory is the peak of one training micro-step of a train.py config on fake
-tensors (torch's MemTracker: real shapes, no memory, no GPU), what train.py --dry_run's plan (memory_plan.py) is held
-to by tests/test_gpu_path.py at reduced depth and by tools/memory_tables.py --measure=True at full depth.
-A tool of its own, not part of lmkit/memory_plan.py: it runs the micro-step (distill.compute_loss) under MemTracker,
-which only what measures should pay the import of (seconds).
+The memory plan measured: fake_peak_memory is the peak of one training micro-step of a train.py
+config on fake tensors (torch's MemTracker: real shapes, no memory, no GPU), what train.py
+--dry_run's plan (memory_plan.py) is held to by tests/test_gpu_path.py at reduced depth and by
+tools/memory_tables.py --measure=True at full depth. A tool of its own, not part of
+lmkit/memory_plan.py: it runs the micro-step (distill.compute_loss) under MemTracker, which only
+what measures should pay the import of (seconds).
 """
 import sys
 import warnings
@@ -23,10 +24,10 @@ from model import GPT
 
 
 def fake_gpt(config, device, dtype=torch.float32):
-    """A GPT of config in dtype on device, in the active FakeTensorMode (which must allow non-fake inputs): shapes and
-    dtypes without memory or initialisation. It is built on the meta device outside the mode (a fake module's .to()
-    cannot swap its parameters); to_empty gives every parameter a tensor of its own, so a tied lm_head is tied
-    again."""
+    """A GPT of config in dtype on device, in the active FakeTensorMode (which must allow non-fake
+    inputs): shapes and dtypes without memory or initialisation. It is built on the meta device
+    outside the mode (a fake module's .to() cannot swap its parameters); to_empty gives every
+    parameter a tensor of its own, so a tied lm_head is tied again."""
     with unset_fake_temporarily(), torch.device('meta'):
         model = GPT(config).to(dtype)
     model.to_empty(device=device)
@@ -36,15 +37,17 @@ def fake_gpt(config, device, dtype=torch.float32):
 
 
 def fake_peak_memory(c, model_config, teacher_config):
-    """Peak bytes one rank allocates in a micro-step of a run (c: its RunConfig; its dtype, micro-batch, DDP or FSDP
-    over dry_run_world_size ranks, activation checkpointing, KD) of a model_config student and a teacher_config teacher
-    (None: cross-entropy): torch's MemTracker on fake tensors, real shapes without memory, seconds per layer on a CPU.
-    The micro-step is train.py's (compute_loss, then backward), with the gradients and AdamW's state already there
-    (every micro-step's but a run's first). DDP runs unwrapped (its C++ reducer reads real data), its gradients
-    allocated once, as distributed.wrap_ddp makes them DDP's buckets; FSDP is distributed.apply_fsdp over a fake process
-    group, this rank 0. CPU kernels stand in for CUDA's (flash attention saves the same tensors); the KD loss's bf16
-    GEMMs write float32 as on sm_80+ GPUs (distill.fp32_output_gemm). Every allocation is rounded up to 512 bytes,
-    as by the CUDA allocator; kernels' workspaces, the CUDA context and fragmentation are not seen."""
+    """Peak bytes one rank allocates in a micro-step of a run (c: its RunConfig; its dtype,
+    micro-batch, DDP or FSDP over dry_run_world_size ranks, activation checkpointing, KD) of a
+    model_config student and a teacher_config teacher (None: cross-entropy): torch's MemTracker on
+    fake tensors, real shapes without memory, seconds per layer on a CPU. The micro-step is
+    train.py's (compute_loss, then backward), with the gradients and AdamW's state already there
+    (every micro-step's but a run's first). DDP runs unwrapped (its C++ reducer reads real data),
+    its gradients allocated once, as distributed.wrap_ddp makes them DDP's buckets; FSDP is
+    distributed.apply_fsdp over a fake process group, this rank 0. CPU kernels stand in for CUDA's
+    (flash attention saves the same tensors); the KD loss's bf16 GEMMs write float32 as on sm_80+
+    GPUs (distill.fp32_output_gemm). Every allocation is rounded up to 512 bytes, as by the CUDA
+    allocator; kernels' workspaces, the CUDA context and fragmentation are not seen."""
     dtype = plan_dtype(c)
     dist.init_process_group('fake', rank=0, world_size=c.dry_run_world_size)
     try:
@@ -53,13 +56,17 @@ def fake_peak_memory(c, model_config, teacher_config):
             student = fake_gpt(model_config, 'cpu')
             for layer in student.model.layers:
                 layer.activation_checkpointing = c.activation_checkpointing
-            # MemTracker hooks the gradients of every module that runs and refuses frozen parameters: the teacher's
-            # require grad here, and get none (compute_loss runs it under no_grad)
-            teacher = fake_gpt(teacher_config, 'cpu', getattr(torch, dtype)).eval() if teacher_config else None
+            # MemTracker hooks the gradients of every module that runs and refuses frozen
+            # parameters: the teacher's require grad here, and get none (compute_loss runs it under
+            # no_grad)
+            teacher = fake_gpt(teacher_config, 'cpu',
+                               getattr(torch, dtype)).eval() if teacher_config else None
             if c.fsdp:
-                with unset_fake_temporarily():  # FSDP builds its device mesh from a real tensor of ranks
+                # FSDP builds its device mesh from a real tensor of ranks
+                with unset_fake_temporarily():
                     apply_fsdp(student, dtype)
-            optimizer = configure_optimizers(student, c.weight_decay, c.learning_rate, (c.beta1, c.beta2))
+            optimizer = configure_optimizers(student, c.weight_decay, c.learning_rate,
+                                             (c.beta1, c.beta2))
             for p in student.parameters():
                 p.grad = torch.zeros_like(p)
             optimizer.step()  # AdamW's state
@@ -68,19 +75,23 @@ def fake_peak_memory(c, model_config, teacher_config):
             tracker = MemTracker()
             tracker.track_external(student, teacher, optimizer)
             with tracker, warnings.catch_warnings():
-                # FSDP reduce-scatters and frees a layer's unsharded gradients before MemTracker's hook, which reads
-                # them after accumulation, looks: a warning that it got None (they were counted when made)
-                warnings.filterwarnings('ignore', 'Expected a tensor or a traceable wrapper-subclass')
+                # FSDP reduce-scatters and frees a layer's unsharded gradients before MemTracker's
+                # hook, which reads them after accumulation, looks: a warning that it got None (they
+                # were counted when made)
+                warnings.filterwarnings('ignore', 'Expected a tensor or a traceable '
+                                                  'wrapper-subclass')
                 with autocast:
-                    loss = compute_loss(student, student, teacher, x, x, c.kd_loss == 'fused', c.kd_temperature,
-                                        c.kd_alpha)[0]
+                    loss = compute_loss(student, student, teacher, x, x, c.kd_loss == 'fused',
+                                        c.kd_temperature, c.kd_alpha)[0]
                 loss.backward()
     finally:
         dist.destroy_process_group()
     return tracker.get_tracker_snapshot('peak')[torch.device('cpu')]['Total']
 
 
-if __name__ == '__main__':  # a module, not a command: whoever runs it is told where its measurement runs
-    print("tools/memory_measure.py is a module, not a command: its measurement runs in python -m tools.memory_tables "
-          "--measure=True (every paper row at full depth) and in tests/test_gpu_path.py", file=sys.stderr)
+# a module, not a command: whoever runs it is told where its measurement runs
+if __name__ == '__main__':
+    print("tools/memory_measure.py is a module, not a command: its measurement runs in python -m "
+          "tools.memory_tables --measure=True (every paper row at full depth) and in "
+          "tests/test_gpu_path.py", file=sys.stderr)
     sys.exit(0 if {'-h', '--help'} & set(sys.argv[1:]) else 2)

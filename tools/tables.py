@@ -1,6 +1,6 @@
 """
-How the tools print what they measure: Markdown tables on stdout (print_table, ratio), progress on stderr (log), so
-that a run's output pasted into docs/benchmarks.md is its tables alone.
+How the tools print what they measure: Markdown tables on stdout (print_table, ratio), progress on
+stderr (log), so that a run's output pasted into docs/benchmarks.md is its tables alone.
 """
 import sys
 
@@ -15,7 +15,8 @@ def ratio(x, base):
 
 
 def print_table(title, notes, header, rows):
-    """One section: a heading, what was measured and how, and a Markdown table of already formatted cells."""
+    """One section: a heading, what was measured and how, and a Markdown table of already formatted
+    cells."""
     print(f'\n## {title}\n\n{notes}\n')
     print('| ' + ' | '.join(header) + ' |')
     print('|' + '---|' * len(header))
