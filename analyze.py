@@ -1,16 +1,12 @@
-"""
-The paper's analyses (Section 4, Appendix A-B) and its tables, one command per job; each job writes
-PNG figures, numbers.json with every number behind them and report.md embedding both into --out_dir
-(only the report's own files; a directory holding another tool's outputs is refused). matplotlib is
-needed for the figures.
+"""The paper's analyses (Section 4, Appendix A-B) and its tables, one command per job, each writing
+PNG figures, numbers.json with every number behind them and report.md into --out_dir:
 
-    python analyze.py attention out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_attention
+    python analyze.py attention out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_attn
     python analyze.py runs out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_runs
     python analyze.py table out/softmax_1b out/sink_1b out/affine_1b --out_dir=analysis/1b_table
 
-attention: Figures 3-6 and 9, alpha and sinks, the sink's measures, from checkpoints on held-out
-text; runs: Figures 2, 7, 8, 10 and Tables 4-5 from metrics.jsonl; table: Tables 1-3, one per
-training objective and data set. docs/analysis.md has each job.
+attention: Figures 3-6 and 9, alpha, sinks and the sink's measures, from checkpoints; runs: Figures
+2, 7, 8, 10 and Tables 4-5 from metrics.jsonl; table: Tables 1-3. docs/analysis.md has each job.
 """
 import json
 import math
@@ -454,10 +450,9 @@ def sink_lines(models):
                                       'value-weighted | negative rows '
                                       '|', '|---|---|---|---|---|---|---|---|']
         lines += [f"| {i + 1} | {l['first_token']:.4f} | {l['first_token_share']:.4f} | "
-                  f"{l['null_mass']:.4f} | {l['first_or_null']:.4f} | {l['sink_rate']:.3f}" + (" / "
-                                                                        f"{l['sink_rate_null_slot']:.3f}" if slot
-                                                                          else '') +
-                  f" | {l['value_weighted_first']:.4f} | {l['negative_rows']:.3f} |"
+                  f"{l['null_mass']:.4f} | {l['first_or_null']:.4f} | {l['sink_rate']:.3f}"
+                  + (" / " f"{l['sink_rate_null_slot']:.3f}" if slot else '')
+                  + f" | {l['value_weighted_first']:.4f} | {l['negative_rows']:.3f} |"
                   for i, l in enumerate(models[n]['layers'])]
     lines += ['', '## Sink_1^0.3 (Gu et al. 2025) over the model', '',
               'The share of (layer, head) pairs whose first-position score exceeds 0.3, averaged '
@@ -924,7 +919,8 @@ def noise_note(numbers, columns):
                                                         + sb ** 2 / len(n['runs'])):
                 within.append(f"{name}: {top} vs {m}")
     if not within:
-        return "Every column's best method is ahead of every other by more than two standard errors."
+        return ("Every column's best method is ahead of every other by more than two standard "
+                "errors.")
     return ("Within noise (the difference to the column's best is at most two standard errors of "
             "the difference): "
             + '; '.join(within) + '.')

@@ -1,12 +1,8 @@
 """
-How model.py's attention runs on the hardware, kept apart from the math (model.py says what each
-variant computes, this file which kernel computes it), the way nanochat's flash_attention.py
-separates them: softmax_attention (Eq. 1 through PyTorch's fused SDPA kernels), sink_attention (Eq.
-3 in O(T) memory with exact gradients: SinkAttention, on the kernels' log-sum-exp; the explicit
-matrix elsewhere), kv_for_kernel (grouped K/V as the kernel takes them), attention_scores and
-sink_weights (the explicit T x T forms every variant's written form starts from), and KVCache (a
-layer's keys and values across calls: decoding, and scoring the continuations of a context). Paper:
-https://arxiv.org/abs/2602.23057 (Eq. 1 and 3 in its Sections 2.2-2.3).
+Which kernel computes model.py's attention, kept apart from the math as nanochat's
+flash_attention.py keeps it: softmax_attention (Eq. 1 on PyTorch's fused SDPA), sink_attention
+(Eq. 3 in O(T) memory with exact gradients: SinkAttention), the explicit T x T forms every variant's
+reference starts from, and KVCache. Paper: https://arxiv.org/abs/2602.23057, Sections 2.2-2.3.
 """
 import math
 
@@ -20,21 +16,17 @@ def at_least_fp32(t):
 
 
 # ----------------------------------------------------------------------------------------------
-# Grouped-query attention (n_kv_head < n_head): the fused kernels get K/V with n_kv_head heads where
-# they read the groups themselves, and repeated to every query head only where they do not. One rule
-# for softmax-family SDPA and the sink's LSE kernels.
+# Grouped-query attention (n_kv_head < n_head): the fused kernels get grouped K/V where they read
+# the groups themselves, and K/V repeated to every query head where they do not.
 
 def needs_repeated_kv(device_type, dtype):
-    """True where the fused kernel for (device_type, dtype) cannot read grouped K/V: CUDA float32's
-    memory-efficient kernel takes no GQA in torch <= 2.13 (SDPA would fall back to a T x T matrix),
-    so K/V are repeated there, O(T). FlashAttention-2, cuDNN and CPU's flash kernel take the groups;
-    other devices keep SDPA's enable_gqa."""
+    """True where the fused kernel cannot read grouped K/V: CUDA float32's memory-efficient kernel
+    (torch <= 2.13; SDPA would fall back to a T x T matrix). Flash, cuDNN and CPU take groups."""
     return device_type == 'cuda' and dtype not in (torch.float16, torch.bfloat16)
 
 
 def kv_for_kernel(q, k, v):
-    """k, v (B, H_kv, T, D) as the fused kernel for q (B, H, T, D) takes them: as they are, or
-    repeated to H heads."""
+    """k, v (B, H_kv, T, D) as the fused kernel for q (B, H, T, D) takes them."""
     G = q.size(1) // k.size(1)
     if G > 1 and needs_repeated_kv(q.device.type, q.dtype):
         k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
@@ -42,10 +34,8 @@ def kv_for_kernel(q, k, v):
 
 
 def softmax_attention(q, k, v, visible):
-    """Eq. 1, softmax(QK^T / sqrt(d)) V, through PyTorch's fused SDPA kernels (flash /
-    memory-efficient / cuDNN), GQA as kv_for_kernel says. q (B, H, T, D), k and v (B, H_kv, T_k, D);
-    visible: True (causal), False (every key) or a (B, 1, T, T_k) bool mask of the keys each query
-    sees."""
+    """Eq. 1, softmax(QK^T / sqrt(d)) V, on PyTorch's fused SDPA kernels. q (B, H, T, D), k and v
+    (B, H_kv, T_k, D); visible: True (causal), False (every key) or a (B, 1, T, T_k) bool mask."""
     k, v = kv_for_kernel(q, k, v)
     mask, is_causal = (visible, False) if torch.is_tensor(visible) else (None, visible)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
@@ -53,11 +43,8 @@ def softmax_attention(q, k, v, visible):
 
 
 def sink_attention(q, k, v, sinks, visible):
-    """Eq. 3: softmax attention with the learnable logit sinks[h] in every denominator of head h, in
-    O(T) memory on CPU and CUDA (SinkAttention), as the explicit matrix elsewhere and under a mask
-    (visible as in softmax_attention: a mask comes with a few queries against cached keys, scoring
-    continuations)."""
-    # the LSE ops: the same GQA rule
+    """Eq. 3: softmax attention with the learnable logit sinks[h] in every denominator of head h: in
+    O(T) memory on CPU and CUDA (SinkAttention), as the explicit matrix elsewhere or with a mask."""
     if q.device.type in ('cpu', 'cuda') and not torch.is_tensor(visible):
         return SinkAttention.apply(q, *kv_for_kernel(q, k, v), sinks, visible)
     G = q.size(1) // k.size(1)  # the explicit matrix needs one K/V head per query head
@@ -69,22 +56,17 @@ def sink_attention(q, k, v, sinks, visible):
 # The KV cache: what a layer keeps of the tokens it has seen
 
 class KVCache:
-    """One layer's keys and values, and the sums a variant keeps (Variant.cache), for decoding
-    (generate) and for scoring continuations of one context once (zeroshot.score_requests). Rows of
-    a right-padded batch each go on from their own real tokens."""
+    """One layer's keys and values, and the sums a variant keeps (Variant.cache), for decoding and
+    for scoring continuations of one context. Rows of a right-padded batch go on from their own."""
 
     def __init__(self, max_len):
-        # length: slots written, padding included
-        self.max_len, self.length, self.k, self.v = max_len, 0, None, None
+        self.max_len, self.length, self.k, self.v = max_len, 0, None, None  # length: slots written
         self.real = None  # (B, max_len) bool: which written slots hold a real token (not padding)
-        # whether any written slot is padding (then masks and per-row positions are needed)
-        self.padded = False
-        # name -> (B, H_kv, 1, D), its sum over each row's real cached tokens (float32)
-        self.sums = {}
+        self.padded = False  # whether any written slot is padding (then masks, per-row positions)
+        self.sums = {}  # name -> (B, H_kv, 1, D), over each row's real cached tokens (float32)
 
     def positions(self, T, device):
-        """The positions of T new tokens: (T,), or (B, T) after padding (each row goes on from its
-        real tokens)."""
+        """The positions of T new tokens: (T,), or (B, T) after padding."""
         new = torch.arange(T, device=device)
         if not self.padded:
             return new + self.length
@@ -92,9 +74,8 @@ class KVCache:
 
     def update(self, k, v, seq_lens=None):
         """Append this call's k, v (B, H_kv, T, D); seq_lens: (B,) real tokens of right-padded rows.
-        Returns every cached key and value and `visible`: True (causal), False (every key: one new
-        token, no padding) or a (B, 1, T, T_k) bool mask (the row's real cached tokens, then this
-        call's up to the query's own)."""
+        Returns every cached key and value and `visible`: True (causal), False (every key) or a
+        (B, 1, T, T_k) mask (the row's real cached tokens, then this call's causally)."""
         B, _, T, _ = k.shape
         if self.k is None:  # allocate on first use, in the dtype/device the layer actually produces
             shape = (B, k.size(1), self.max_len, k.size(3))
@@ -112,24 +93,20 @@ class KVCache:
         self.real[:, start:self.length] = real
         if start == 0 or (T == 1 and not self.padded):
             visible = start == 0
-        # the row's real cached tokens, then this call's causally (padding only ever follows real
-        # tokens)
-        else:
+        else:  # padding only ever follows real tokens
             causal = torch.ones(T, T, dtype=torch.bool, device=k.device).tril()
             visible = torch.cat([self.real[:, None, None, :start].expand(B, 1, T, start),
                                  causal.expand(B, 1, T, T)], dim=-1)
         return self.k[:, :, :self.length], self.v[:, :, :self.length], visible
 
     def continue_sum(self, name, sums):
-        """Running sums over the new tokens (B, H_kv, T, D), padding counted as 0, continued from
-        each row's sum over its real cached tokens."""
+        """Running sums over new tokens (B, H_kv, T, D), padding 0, continued from the cache's."""
         sums = sums + self.sums.get(name, 0.0)
         self.sums[name] = sums[:, :, -1:]
         return sums
 
     def select(self, rows):
-        """A cache holding the given rows (a (R,) index tensor; rows may repeat): one context fanned
-        out to each of its continuations."""
+        """A cache of the given rows ((R,) indices, may repeat): a context per continuation."""
         cache = KVCache(self.max_len)
         cache.length, cache.padded = self.length, self.padded
         cache.k, cache.v, cache.real = self.k[rows], self.v[rows], self.real[rows]
@@ -141,17 +118,16 @@ class KVCache:
 # The explicit T x T forms: the slow path
 
 def attention_scores(q, k, visible=True):
-    """QK^T / sqrt(d) as an explicit (B, H, T_q, T_k) matrix, at least float32, K repeated to q's
-    heads (GQA); the keys a query does not see at -inf (visible: True, causal; False, none hidden;
-    or a bool mask, softmax_attention). The slow path every variant's explicit form starts from."""
+    """QK^T / sqrt(d) as an explicit (B, H, T_q, T_k) matrix, at least float32, the keys a query
+    does not see at -inf (visible as softmax_attention's): every explicit form starts here."""
     k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
     scores = at_least_fp32(q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
     if torch.is_tensor(visible):
         return scores.masked_fill(~visible, float('-inf'))
     if visible:
         T_q, T_k = scores.shape[-2:]
-        scores = scores.masked_fill(torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).triu(1),
-                                    float('-inf'))
+        later = torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(later, float('-inf'))
     return scores
 
 
@@ -163,28 +139,23 @@ def sink_weights(scores, sinks):
 
 
 def sink_attention_explicit(q, k, v, sinks, visible):
-    """Eq. 3 with the explicit (T x T) weight matrix: the fallback for devices without an
-    LSE-returning kernel (anything but CPU and CUDA)."""
+    """Eq. 3 with the explicit T x T matrix: for devices without an LSE kernel (not CPU, CUDA)."""
     return sink_weights(attention_scores(q, k, visible), sinks).to(v.dtype) @ v
 
 
-# ---------------------------------------------------------------------------------------------- The
-# sink in O(T) memory: a flash kernel's output corrected by its log-sum-exp, with exact gradients.
-# PyTorch exposes the LSE only through backend-specific aten ops: the CPU flash kernel, CUDA
-# FlashAttention-2 (fp16/bf16) and CUDA's memory-efficient kernel (fp32). The first two take grouped
-# K/V (fewer heads than q) and return dk, dv with K/V's heads; the third needs equal head counts
-# (kv_for_kernel).
+# -----------------------------------------------------------------------------------------------
+# The sink in O(T) memory: a flash kernel's output corrected by its log-sum-exp, with exact
+# gradients, on the aten ops that return the LSE: CPU flash, CUDA FlashAttention-2 (fp16/bf16) and
+# CUDA's memory-efficient kernel (fp32, equal head counts: kv_for_kernel).
 
 def bthd(t):
-    """t (B, H, T, D) laid out as (B, T, H, D), the model's q, k, v layout (no copy when t has it).
-    CUDA's memory-efficient backward requires it of `out` unchecked; grad_out arrives in it, so
-    .contiguous() would cost two copies per layer."""
+    """t (B, H, T, D) laid out as (B, T, H, D), the model's q, k, v layout (no copy if it is):
+    CUDA's memory-efficient backward needs it of `out`, unchecked; grad_out arrives in it."""
     return t.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def _flash_forward(q, k, v, is_causal):
-    """Fused attention that also returns lse_i = logsumexp_j(q_i.k_j / sqrt(d)) over the visible
-    keys. PyTorch exposes the LSE only through backend-specific aten ops; `state` is what that
+    """(out, lse_i = logsumexp_j(q_i.k_j / sqrt(d)) over visible keys, state): `state` is what the
     kernel's backward needs besides (q, k, v, out, lse)."""
     aten = torch.ops.aten
     if q.device.type == 'cpu':
@@ -194,19 +165,17 @@ def _flash_forward(q, k, v, is_causal):
         out, lse, *state, _ = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal)
         return out, lse, tuple(state)  # cum_seq_q, cum_seq_k, max_q, max_k, philox seed, offset
     # CUDA float32: the memory-efficient kernel; its lse is padded along T (to a multiple of 32)
-    out, lse_padded, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None,
-                                                                                 True, 0.0,
-                                                                                 is_causal)
+    out, lse_padded, seed, offset = aten._scaled_dot_product_efficient_attention(
+        q, k, v, None, True, 0.0, is_causal)
     return out, lse_padded[..., :q.size(2)], (lse_padded, seed, offset)
 
 
 def _flash_backward(grad_out, q, k, v, out, lse, is_causal, state):
-    """(dq, dk, dv) from the kernel's own backward, for the output `out` and normaliser `lse`
-    given."""
+    """(dq, dk, dv) from the kernel's own backward, for the `out` and `lse` given."""
     aten = torch.ops.aten
     if q.device.type == 'cpu':
-        return aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out,
-                                                                         lse, 0.0, is_causal)
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, q, k, v, out, lse, 0.0, is_causal)
     if len(state) == 6:
         cum_q, cum_k, max_q, max_k, seed, offset = state
         return aten._scaled_dot_product_flash_attention_backward(
@@ -216,15 +185,14 @@ def _flash_backward(grad_out, q, k, v, out, lse, is_causal, state):
     lse_padded[..., :q.size(2)] = lse
     return aten._scaled_dot_product_efficient_attention_backward(
         grad_out, q, k, v, None, out, lse_padded, seed, offset, 0.0, [True, True, True, False],
-                                                                 is_causal)[:3]
+        is_causal)[:3]
 
 
 class SinkAttention(torch.autograd.Function):
-    """Eq. 3 exactly, without a T x T matrix. The sink adds e^s to every softmax denominator, so
-    with lse_i from a flash kernel:  out'_i = out_i * exp(lse_i - lse'_i),  lse'_i =
-    logaddexp(lse_i, s). Backward: flash backward recomputes P = exp(S - lse') and uses rowsum(dO *
-    O'), so handing it (O', lse') differentiates the sink-normalised weights exactly; and, with
-    p_sink,i = exp(s - lse'_i), d s = -sum_i p_sink,i * rowsum(dO_i * O'_i)."""
+    """Eq. 3 exactly, without a T x T matrix. The sink adds e^s to every denominator, so with lse_i
+    from a flash kernel: out'_i = out_i * exp(lse_i - lse'_i), lse'_i = logaddexp(lse_i, s).
+    Backward: flash backward recomputes P = exp(S - lse') and uses rowsum(dO * O'), so handing it
+    (O', lse') is exact; with p_sink,i = exp(s - lse'_i), ds = -sum_i p_sink,i rowsum(dO_i O'_i)."""
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, is_causal):

@@ -1,15 +1,12 @@
 """
 The one configurator every script uses. A script declares its keys once (name -> default or Key:
-help, choices, its valid range, the types a None default may take) and the rules that tie them
-together; a command line becomes a dict of checked values: the defaults <- config files (plain
-assignments) <- overrides, then the rules.
+help, choices, valid range) and the rules that tie them; a command line becomes a dict of checked
+values: the defaults <- config files (plain assignments) <- overrides, then the rules.
 
-    --key=value   --key value   --flag (a bool key alone: True)   --key=a,b,c (a list key)   -h / --help
+    --key=value   --key value   --flag (a bool alone: True)   --key=a,b,c (a list)   -h / --help
 
-A value is read by its key's type (str as written, bool, a list split at commas, else a Python
-literal). Errors are argparse's kind: a usage line and one line naming the key, exit status 2.
-docs/training.md, Configuration, has the rest. Pure Python on purpose: quickstart.py parses its
-flags before torch is installed.
+Errors are argparse's kind: a usage line and one line naming the key, exit status 2. Pure Python:
+quickstart.py parses its flags before torch is installed. docs/training.md, Configuration.
 """
 import ast
 import copy
@@ -27,25 +24,20 @@ class Key:
     default: object
     help: str = ''
     choices: tuple = None  # the values it may take (a list key: each element)
-    # its range (a list key: each element's): min <= value <= max, and above < value < below
-    min: float = None
+    min: float = None  # the range (a list key: each element's): min <= value <= max,
     max: float = None
-    above: float = None  # where the bound itself is invalid: a learning rate above 0
+    above: float = None  # and above < value < below, where the bound itself is invalid
     below: float = None
-    # with a None (or dict) default: the types it may take besides None; else the default's type
-    types: tuple = ()
+    types: tuple = ()  # with a None (or dict) default: the types it may take besides None
     required: bool = False  # must be given (not None)
-    # value -> {key: value, ...}: setting this key sets those keys, there and then (train's model)
-    expands: dict = None
+    expands: dict = None  # value -> {key: value, ...}: setting this key sets those, there and then
 
 
-# the --device every script takes (lmkit.distributed.resolve_device reads it)
 DEVICE = Key('auto', "auto (cuda if available), cpu, cuda, cuda:1, ...")
 
 
 def fail(message, usage=''):
-    """argparse's way out: usage and message on stderr, exit status 2; the exception's text is the
-    message."""
+    """argparse's way out: usage and message on stderr, exit status 2."""
     print(f"{usage}error: {message}", file=sys.stderr)
     error = SystemExit(message)
     error.code = 2
@@ -53,10 +45,9 @@ def fail(message, usage=''):
 
 
 def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=()):
-    """The checked config (a dict) of argv, for `keys` (name -> default or Key). positional: the
-    name of the list the bare arguments make (at least one), files=True: they are config files;
-    neither: they are errors. rules: expressions over the keys that must hold once every key is set,
-    e.g. 'min_lr <= learning_rate'."""
+    """The checked config (a dict) of argv, for `keys` (name -> default or Key). Bare arguments are
+    the list `positional` names, or config files (files=True), or errors. rules: expressions that
+    must hold once every key is set, e.g. 'min_lr <= learning_rate'."""
     keys = {name: key if isinstance(key, Key) else Key(key) for name, key in keys.items()}
     prog = prog or os.path.basename(sys.argv[0])
     bare = f' {positional} ...' if positional else ' [config files]' if files else ''
@@ -83,11 +74,9 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=())
                 fail(f"config file {arg} not found", usage)
             values = {}
             try:
-                # bytes: Python reads the encoding as it reads any source file
-                with open(arg, 'rb') as f:
+                with open(arg, 'rb') as f:  # bytes: Python reads the encoding as in any source
                     exec(compile(f.read(), arg, 'exec'), {}, values)
-            # its line counted from 1, as an editor counts (none: null bytes)
-            except SyntaxError as e:
+            except SyntaxError as e:  # its line counted from 1, as an editor counts
                 where = f", line {e.lineno}" if e.lineno else ''
                 fail(f"{arg}{where}: {e.msg}; a config file is Python: fix that line", usage)
             except Exception as e:  # the file ran and raised: the line of the file where it did
@@ -130,8 +119,8 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=())
         fail(f"the following arguments are required: {', '.join(missing)}", usage)
     for rule in rules:  # last: a rule ties keys that may be set in any order
         if not eval(rule, {}, config):
-            named = dict.fromkeys(n.id for n in ast.walk(ast.parse(rule)) if isinstance(n, ast.Name)
-                                  and n.id in config)
+            named = dict.fromkeys(n.id for n in ast.walk(ast.parse(rule))
+                                  if isinstance(n, ast.Name) and n.id in config)
             fail(f"{' '.join(f'--{n}={shown(config[n])}' for n in named)}: must have {rule}", usage)
     return config
 
@@ -150,8 +139,8 @@ def read(text, key, where, usage):
         try:
             return [element(v) for v in text.split(',')]
         except ValueError:
-            fail(f"{where}: expected comma-separated {element.__name__} values, got "
-                 f"{text!r}", usage)
+            fail(f"{where}: expected comma-separated {element.__name__} values, got {text!r}",
+                 usage)
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -159,8 +148,7 @@ def read(text, key, where, usage):
 
 
 def check(name, key, value, where, usage=''):
-    """The value, validated against the key's type (ints are widened to float), choices and
-    range."""
+    """The value, checked against the key's type (ints widened to float), choices and range."""
     allowed = key.types + (type(None),) if key.types else (type(key.default),)
     if float in allowed and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -192,12 +180,12 @@ def within(key, value):
 
 
 def bounds(key):
-    """The key's range as errors and --help write it: '>= 1', '> 0', 'in [0, 1)'; '' if it has
-    none."""
+    """The key's range as errors and --help write it: '>= 1', '> 0', 'in [0, 1)'; '' if none."""
     low = key.min if key.min is not None else key.above
     high = key.max if key.max is not None else key.below
     if low is not None and high is not None:
-        return f"in {'[' if key.min is not None else '('}{low}, {high}{']' if key.max is not None else ')'}"
+        opening, closing = '[' if key.min is not None else '(', ']' if key.max is not None else ')'
+        return f"in {opening}{low}, {high}{closing}"
     if low is not None:
         return f"{'>=' if key.min is not None else '>'} {low}"
     if high is not None:

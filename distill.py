@@ -1,13 +1,12 @@
-"""
-Knowledge distillation, as the paper trains every student (Sections 2.1 and 5.1), the way model.py
-is its network: the teacher (load_teacher; check_compatibility against the data and the student),
-the KD loss written as its definition (kd_loss) and computed in chunks without the full logits
-(fused_kd_loss), a micro-batch's loss (compute_loss: CE or KD), and, run as a script, a teacher's
-sanity check before a long run: does it load, fit the data, and predict its val split well?
+"""Knowledge distillation, as the paper trains every student (Sections 2.1 and 5.1), the way
+model.py is its network: the teacher (load_teacher; check_compatibility against the data and the
+student), the KD loss written as its definition (kd_loss) and computed in chunks without the full
+logits (fused_kd_loss), a micro-batch's loss (compute_loss: CE or KD), and, run as a script, a
+teacher's sanity check before a long run: does it load, fit the data, predict its val split well?
 docs/training.md, "The KD loss", has the formula, the memory and the precision.
 
     python distill.py --teacher=checkpoints/Llama-3.2-3B --data_dir=data/fineweb_edu_llama3
-    python distill.py --teacher=out/teacher --data_dir=data/builtin_bytes --block_size=256   # a run of this repo
+    python distill.py --teacher=out/teacher --data_dir=data/builtin_bytes --block_size=256  # ours
 """
 import functools
 import math
@@ -53,8 +52,8 @@ def teacher_tokenizer_info(spec):
     repo's checkpoints."""
     path = checkpoint_file(spec)
     if path is None:  # export_hf.py records the run's tokenizer in config.json
-        return read_hf_config(spec).get('tokenizer_info') or tokenizer_info(load_tokenizer(spec),
-                                                                            spec)
+        return (read_hf_config(spec).get('tokenizer_info')
+                or tokenizer_info(load_tokenizer(spec), spec))
     return read_checkpoint(path)['tokenizer']
 
 
@@ -89,8 +88,9 @@ def check_compatibility(teacher, teacher_spec, student_config, data_meta, block_
     if problems:
         raise RunError(f"teacher {teacher_spec} does not fit:\n  - " + "\n  - ".join(problems))
 
-# ----------------------------------------------------------------------------- The KD loss: as its
-# definition (kd_loss), and fused with both lm_heads, chunked over tokens (fused_kd_loss)
+# -----------------------------------------------------------------------------------------------
+# The KD loss: as its definition (kd_loss), and fused with both lm_heads, chunked over tokens
+# (fused_kd_loss)
 
 
 def kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight, temperature=1.0,
@@ -139,8 +139,8 @@ def fp32_output_gemm(device, dtype):
     # no such overload (PyTorch < 2.8), no kernel (CPU), a GPU older than sm_80
     except (TypeError, RuntimeError):
         return False
-    return product.dtype == acc.dtype == torch.float32 and bool((product == 2).all()
-                                                                and (acc == 3).all())
+    return (product.dtype == acc.dtype == torch.float32
+            and bool((product == 2).all() and (acc == 3).all()))
 
 
 def _mm(a, b, dtype):
@@ -252,8 +252,8 @@ class FusedKDLoss(torch.autograd.Function):
                                  device=device) if ctx.needs_input_grad[0] else None
             grad_w = torch.zeros(w_s.shape, dtype=acc,
                                  device=device) if ctx.needs_input_grad[1] else None
-            kd, ce = torch.zeros((), dtype=acc, device=device), torch.zeros((), dtype=acc,
-                                                                            device=device)
+            kd, ce = (torch.zeros((), dtype=acc, device=device),
+                      torch.zeros((), dtype=acc, device=device))
             for i in range(0, N, chunk_size):
                 j = i + chunk_size
                 h = h_s[i:j].to(dtype)
@@ -344,8 +344,9 @@ def compute_loss(model, student, teacher, x, y, fused=True, temperature=1.0, kd_
                                                  targets=y, kd_alpha=kd_alpha)
 
 
-# ----------------------------------------------------------------------------- Both losses on a
-# random problem: what tools/bench.py's kd section and tools/gpu_check.py's kd part time
+# -----------------------------------------------------------------------------------------------
+# Both losses on a random problem: what tools/bench.py's kd section and tools/gpu_check.py's kd part
+# time
 
 
 def kd_problem(N, V, C_s, C_t, device, hidden_dtype):
@@ -394,8 +395,8 @@ KEYS = dict(
 
 def parse_args(argv):
     return SimpleNamespace(**parse(argv, KEYS, "Load a KD teacher, check it against a data "
-                                               "directory and print its val "
-                                               "loss.", prog='distill.py'))
+                                               "directory and print its val loss.",
+                                   prog='distill.py'))
 
 
 def main(argv=None):

@@ -1,13 +1,12 @@
-"""
-Zero-shot evaluation as in the paper's Tables 1-3: accuracy on ARC-Easy/Challenge, HellaSwag, PIQA,
-BoolQ and WinoGrande computed exactly as lm-evaluation-harness v0.4.9 does (without installing it;
-lmkit/zeroshot.py, and docs/evaluation.md for the rules), and C4 perplexity.
+"""Zero-shot evaluation as in the paper's Tables 1-3: accuracy on ARC-Easy/Challenge, HellaSwag,
+PIQA, BoolQ and WinoGrande computed exactly as lm-evaluation-harness v0.4.9 does (without installing
+it; lmkit/zeroshot.py, and docs/evaluation.md for the rules), and C4 perplexity.
 
-    python eval_zeroshot.py --ckpt=out/ckpt.pt                                  # all six tasks + c4, from the hub
+    python eval_zeroshot.py --ckpt=out/ckpt.pt                       # six tasks + c4, from the hub
     python eval_zeroshot.py --hf_model=checkpoints/Llama-3.2-1B --tasks=hellaswag,piqa --limit=200
-    python eval_zeroshot.py --ckpt=out/tiny --tasks=heldout                      # CPU quick start, offline
-    python eval_zeroshot.py --export_data=evaldata                               # on a machine with internet, then
-    python eval_zeroshot.py --ckpt=out/ckpt.pt --data_dir=evaldata               # offline
+    python eval_zeroshot.py --ckpt=out/tiny --tasks=heldout          # CPU quick start, offline
+    python eval_zeroshot.py --export_data=evaldata                   # with internet, then
+    python eval_zeroshot.py --ckpt=out/ckpt.pt --data_dir=evaldata   # offline
 """
 import json
 import os
@@ -40,8 +39,8 @@ KEYS = dict(
     dtype=Key('auto', "auto: bfloat16 on GPUs that support it, else float32",
               choices=('auto', 'float32', 'bfloat16', 'float16')),
     data_dir=Key(None, "read <task>/<split>.jsonl from here instead of the hub", types=(str,)),
-    export_data=Key(None, "write the tasks' data from the hub to this directory, "
-                          "exit", types=(str,)),
+    export_data=Key(None, "write the tasks' data from the hub to this directory, exit",
+                    types=(str,)),
     out=Key(None, "write the results as JSON here", types=(str,)),
     log_samples=Key(False, "per-document logliks/pred/gold in --out"),
     add_bos=Key(False, "prepend BOS to every context (v0.4.9: off)"),
@@ -63,14 +62,14 @@ def is_eval_result(path):
             results = json.load(f)
     except (OSError, ValueError):
         return False
-    return isinstance(results, dict) and all(task in TASKS and isinstance(r, dict) for task,
-                                             r in results.items())
+    return isinstance(results, dict) and all(task in TASKS and isinstance(r, dict)
+                                             for task, r in results.items())
 
 
 def parse_args(argv):
     args = SimpleNamespace(**parse(argv, KEYS, "Zero-shot accuracy as lm-evaluation-harness v0.4.9 "
-                                               "computes it, and C4 "
-                                               "perplexity.", prog='eval_zeroshot.py'))
+                                               "computes it, and C4 perplexity.",
+                                   prog='eval_zeroshot.py'))
     if args.export_data is None and (args.ckpt is None) == (args.hf_model is None):
         fail("give exactly one of --ckpt and --hf_model")
     return args
@@ -82,11 +81,12 @@ def evaluate(args, device):
     dtype = getattr(torch, resolve_dtype(args.dtype, device))
     model, enc = load_model_and_tokenizer(args.hf_model or args.ckpt, args.tokenizer, device, dtype)
     cfg = model.config
-    # HFLM: the user's max_length, else the model's positions the tokenizer's own conventions, read
-    # from its files (tokenizer.Tokenizer): the BOS it puts before a text
+    # HFLM: the user's max_length, else the model's positions
     max_length = args.max_length or cfg.block_size
-    # (add_special_tokens=True, what --add_bos asks the harness for), and the harness's prefix token
-    # for an empty context (TemplateLM._encode_pair: the tokenizer's BOS, else its EOS)
+    # the tokenizer's own conventions, read from its files (tokenizer.Tokenizer): the BOS it puts
+    # before a text (add_special_tokens=True, what --add_bos asks the harness for), and the
+    # harness's prefix token for an empty context (TemplateLM._encode_pair: the tokenizer's BOS,
+    # else its EOS)
     bos_id = enc.ids(enc.prefix)[0] if enc.prefix else None
     if args.add_bos and bos_id is None:
         raise RunError(f"--add_bos: the {enc.name} tokenizer puts no BOS before a text (its HF "
@@ -100,10 +100,9 @@ def evaluate(args, device):
     first = window_first_token(args.ckpt) if args.ckpt else None
     before = first if first is not None else bos_id if args.add_bos else None
     print(f"model {args.hf_model or args.ckpt}: {cfg.attention}, {cfg.n_layer} layers, max_length "
-          f"{max_length}, tokenizer {enc.name}, BOS "
-          f"{'on' if args.add_bos else 'off'}{'' if first is None else f', token {first} first (as its training windows)'}, "
-          f"{dtype} on {device}",
-          file=sys.stderr)
+          f"{max_length}, tokenizer {enc.name}, BOS {'on' if args.add_bos else 'off'}"
+          f"{'' if first is None else f', token {first} first (as its training windows)'}, "
+          f"{dtype} on {device}", file=sys.stderr)
     results = {}
     for task in args.tasks:
         t0 = time.time()
@@ -111,8 +110,8 @@ def evaluate(args, device):
             rows, where = read_rows(task, args.data_dir, C4_DOCS)
             ids, seqlen = c4_tokens(enc, rows, where), args.c4_seqlen or min(2048, max_length)
             r = c4_perplexity(model, ids, args.c4_windows, seqlen, args.batch_size,
-                              Progress('c4 '
-                                       'windows', min(args.c4_windows, len(ids) // seqlen)), first)
+                              Progress('c4 windows', min(args.c4_windows, len(ids) // seqlen)),
+                              first)
             r['protocol'] = (f"c4-new (GPTQ --new-eval): first {C4_DOCS} docs of {C4_SHARD} joined "
                              f"by ' ', {''.join(t + ' + ' for t in enc.prefix)}tokenized "
                              f"once{''.join(' + ' + t for t in enc.suffix)}, {r['n']} windows of "
@@ -132,10 +131,8 @@ def evaluate(args, device):
             logliks = score_one_by_one(model, requests, Progress(f"{task} requests", len(requests)))
         else:  # each document's context once (where the model allows it: score_requests)
             documents = [d for d, doc in enumerate(docs) for _ in doc.requests]
-            logliks = score_requests(model, requests, args.batch_size, Progress(f"{task} "
-                                                                                "documents",
-                                                                                len(docs)),
-                                     documents)
+            logliks = score_requests(model, requests, args.batch_size,
+                                     Progress(f"{task} documents", len(docs)), documents)
         results[task] = task_metrics(docs, logliks, args.log_samples)
         print(f"{task}: {len(docs)} docs in {time.time() - t0:.1f} s "
               f"({len(docs) / (time.time() - t0):.1f} docs/s)",

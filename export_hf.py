@@ -1,5 +1,4 @@
-"""
-Export one of this repo's checkpoints as a Hugging Face model directory, for transformers,
+"""Export one of this repo's checkpoints as a Hugging Face model directory, for transformers,
 lm-evaluation-harness and the hub:
 
     python export_hf.py --ckpt=out/affine_1b --out_dir=hf/affine_1b
@@ -7,8 +6,7 @@ lm-evaluation-harness and the hub:
 
 A softmax model is a plain Llama (or Qwen2) that transformers loads without remote code; every other
 variant ships this repository's network (CODE_PATHS) with an auto_map to hf_wrapper.py. The
-directory is assembled under a hidden name, checked (transformers must give our logits and token
-ids), then renamed to out_dir. docs/export.md.
+directory appears only once transformers gives our logits and token ids. docs/export.md.
 """
 import copy
 import json
@@ -86,10 +84,9 @@ def bytes_tokenizer_json(path):
     out as Llama-3's (a Split regex, ours, then ByteLevel)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     tok = Tokenizer(models.BPE(vocab=gpt2_unicode_to_byte(), merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(BYTES_PATTERN),
-                                                                      behavior='isolated'),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                                          use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(BYTES_PATTERN), behavior='isolated'),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken('<|endoftext|>', special=True)])
     tok.save(path)
@@ -153,8 +150,8 @@ def check_tokenizer(out_dir, enc):
         raise RunError(f"the exported tokenizer does not load in transformers: {type(e).__name__}: "
                        f"{e}") from None
     for text in TOKENIZER_CHECK_TEXTS:
-        ours, theirs = enc.encode_ordinary(text), hf(text, add_special_tokens=False,
-                                                     verbose=False)["input_ids"]
+        ours, theirs = (enc.encode_ordinary(text),
+                        hf(text, add_special_tokens=False, verbose=False)["input_ids"])
         if ours != theirs:
             raise RunError("the exported tokenizer gives other token ids than the run's for "
                            f"{text!r}: {theirs[:12]} vs {ours[:12]}")
@@ -255,8 +252,8 @@ def is_export(path):
 
 KEYS = dict(
     ckpt=Key(None, "train.py's ckpt.pt, or the out_dir holding it", types=(str,), required=True),
-    out_dir=Key(None, "the directory to write (must not exist, or be "
-                      "empty)", types=(str,), required=True),
+    out_dir=Key(None, "the directory to write (must not exist, or be empty)", types=(str,),
+                required=True),
     dtype=Key('float32', "the weights' dtype (alpha_ma stays float32)", choices=tuple(DTYPES)),
     max_shard_size=Key('5GB', "shard the weights above this size (5GB, 500MB, 20KB or bytes)"),
     tokenizer=Key(None, "the teacher's Hugging Face directory, if it is no longer where the "
@@ -309,7 +306,8 @@ def main(argv=None):
     cfg = model.config
     how = ("AutoModelForCausalLM.from_pretrained(DIR)" if cfg.hf_native else
            "AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)")
-    checked = f"; transformers gives our logits (max difference {err:.1e})" if err is not None else ""
+    checked = (f"; transformers gives our logits (max difference {err:.1e})" if err is not None
+               else "")
     print(f"exported {path} ({cfg.attention}, {model.get_num_params():,} parameters, {args.dtype}) "
           f"to {out}: load it with {how}{checked}")
     return out

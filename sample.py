@@ -1,17 +1,12 @@
-"""
-Sample text from a trained model, as nanoGPT's sample.py: any attention variant, from one of this
-repo's checkpoints (a train.py out_dir or its ckpt.pt), a directory export_hf.py wrote, or a Hugging
-Face Llama / Mistral / Qwen2 directory. Each sample is printed decoded, followed by a line of
-dashes.
+"""Sample text from a trained model, as nanoGPT's sample.py: any attention variant, from a train.py
+out_dir or its ckpt.pt, a directory export_hf.py wrote, or a Hugging Face Llama / Mistral / Qwen2
+directory. Each sample is printed decoded, then a line of dashes. docs/implementation.md,
+"Generation", has the prompt, the tokenizer and the flags.
 
-    python sample.py --ckpt=out/quickstart/affine_seed0                    # a quick-start student (quickstart.py)
+    python sample.py --ckpt=out/quickstart/affine_seed0                      # a quick-start student
     python sample.py --ckpt=out/tiny_cpu --start="def " --num_samples=3 --max_new_tokens=200
-    python sample.py --ckpt=out/affine_1b/ckpt.pt --start=FILE:prompt.txt --temperature=0   # greedy
+    python sample.py --ckpt=out/affine_1b/ckpt.pt --start=FILE:prompt.txt --temperature=0  # greedy
     python sample.py --ckpt=checkpoints/SmolLM2-360M --start="The capital of France is" --top_k=50
-
-Generation is GPT.generate (model.py); the prompt starts as the model's training data did, then
---start, encoded as ordinary text; the tokenizer is the run's own (checked by its sha256).
-docs/implementation.md, "Generation".
 """
 import sys
 from types import SimpleNamespace
@@ -38,10 +33,10 @@ KEYS = dict(
               types=(str,)),
     num_samples=Key(10, "samples to draw, one after the other", min=1),
     max_new_tokens=Key(500, "tokens generated per sample", min=1),
-    temperature=Key(0.8, "1.0: the model's distribution; below 1 less random; 0: "
-                         "greedy", min=0, max=100),
-    top_k=Key(200, "sample from the k most likely tokens only (None: from "
-                   "all)", types=(int,), min=1),
+    temperature=Key(0.8, "1.0: the model's distribution; below 1 less random; 0: greedy",
+                    min=0, max=100),
+    top_k=Key(200, "sample from the k most likely tokens only (None: from all)", types=(int,),
+              min=1),
     seed=Key(1337, "torch's seed: the same seed gives the same samples; at most 2**64 - 1, the "
                    "largest torch.manual_seed takes", min=0, max=2 ** 64 - 1),
     device=DEVICE,
@@ -54,8 +49,8 @@ KEYS = dict(
 
 
 def parse_args(argv):
-    return SimpleNamespace(**parse(argv, KEYS, "Sample text from a trained model (any "
-                                               "variant).", prog='sample.py'))
+    return SimpleNamespace(**parse(argv, KEYS, "Sample text from a trained model (any variant).",
+                                   prog='sample.py'))
 
 
 def start_text(start):

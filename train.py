@@ -1,16 +1,13 @@
 """
 Train a student with the paper's recipe (Section 5.1, Appendix B.1), on one CPU or many GPUs.
 
-    python train.py config/tiny_cpu.py --data_dir=data/builtin_bytes --max_iters=200      # a laptop CPU
-    torchrun --standalone --nproc_per_node=8 train.py config/affine_1b.py                # one 8-GPU node (DDP)
-    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 --rdzv_id=JOB \\
-        train.py config/affine_3b.py                                                      # 16 GPUs, FSDP (fsdp=True)
-    python train.py config/affine_3b.py --dry_run=True                      # parameter counts, per-GPU memory plan
+    python train.py config/tiny_cpu.py --data_dir=data/builtin_bytes --max_iters=200  # a CPU
+    torchrun --standalone --nproc_per_node=8 train.py config/affine_1b.py  # 8 GPUs, DDP
+    python train.py config/affine_3b.py --dry_run=True  # parameter counts, memory plan per GPU
 
 Reading order: train, at the bottom, is the loop as nanoGPT writes it (forward, loss, backward,
-clip, step, log, eval, save); main, below it, checks everything before writing. Above them: the
-setup, the records, the checks, the pieces of a step. The keys: lmkit/runs.py; the data order,
-scaling and the resume rule: docs/training.md.
+clip, step, log, eval, save); main checks everything before writing. The keys are lmkit/runs.py's;
+docs/training.md has several nodes (FSDP), the data order, scaling and the resume rule.
 """
 import dataclasses
 import hashlib
@@ -43,15 +40,13 @@ from lmkit.runs import (checkpoint_path, claim_out_dir, configure_optimizers, dr
                         load_config, resume_point, save_run_checkpoint, set_rng_state, start_log)
 from model import FIELD_NAMES, GPT, ModelConfig
 
-# how long ranks wait for rank 0 to write a checkpoint (NCCL's default is 10 min)
-SAVE_TIMEOUT = timedelta(hours=2)
+SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0's save (NCCL's default: 10 min)
 
 # -----------------------------------------------------------------------------------------------
 # Schedule
 
 def learning_rate(step, c):
-    """Warmup-stable-decay: linear warmup, constant, then linear decay to min_lr over the last
-    decay_frac."""
+    """Warmup-stable-decay: linear warmup, constant, linear decay to min_lr (last decay_frac)."""
     if step < c['warmup_iters']:
         return c['learning_rate'] * (step + 1) / c['warmup_iters']
     decay_start = int(c['max_iters'] * (1 - c['decay_frac']))
@@ -62,18 +57,15 @@ def learning_rate(step, c):
 
 
 # -----------------------------------------------------------------------------------------------
-# Checks beyond the keys' ranges: the settings against the data before any work, the weights before
-# every save
+# Checks beyond the keys' ranges: settings against the data before any work, weights before a save
 
 def validation_batches(c, val_data):
-    """The batches an evaluation reads: eval_batches, but at most one pass over the val split
-    (start_notes)."""
+    """The batches an evaluation reads: eval_batches, but at most one pass over the val split."""
     return min(c['eval_batches'], math.ceil(len(val_data) / c['micro_batch_size']))
 
 
 def check_sizes(c, train_data, val_data):
-    """RunError, before any work, where a step's batch or attention_windows asks a split for more
-    windows than it holds (eval_batches is clamped instead: validation_batches)."""
+    """RunError where a step's batch or attention_windows asks a split for more than it holds."""
     where, tokens = f"of data_dir={c['data_dir']}", c['block_size']
     if c['global_batch_size'] > len(train_data):
         raise RunError(f"global_batch_size={c['global_batch_size']:,}: the train split {where} "
@@ -87,16 +79,14 @@ def check_sizes(c, train_data, val_data):
 
 
 def start_notes(c, val_data):
-    """The lines a run starts with where its settings do not do what they say (eval_batches,
-    warmup_iters)."""
+    """The lines a run starts with where its settings do not do what they say."""
     notes, batches = [], validation_batches(c, val_data)
     if batches < c['eval_batches']:
         notes.append(f"note: eval_batches={c['eval_batches']:,} x "
                      f"micro_batch_size={c['micro_batch_size']} is more than the {len(val_data):,} "
                      f"windows the val split of data_dir={c['data_dir']} holds: each evaluation "
                      f"reads {batches} batch{'es' * (batches > 1)}, every window once")
-    # allowed (runs.RULES): a short test of a long run's config
-    if c['warmup_iters'] > c['max_iters']:
+    if c['warmup_iters'] > c['max_iters']:  # allowed: a short test of a long run's config
         notes.append(f"warning: warmup_iters={c['warmup_iters']} is longer than "
                      f"max_iters={c['max_iters']}: the learning rate never reaches "
                      f"learning_rate={c['learning_rate']:g}, only "
@@ -105,25 +95,21 @@ def start_notes(c, val_data):
 
 
 def nonfinite_weights(model, device):
-    """(names, count) of the state-dict tensors holding NaN or inf, of count float tensors; the same
-    on every rank. A tensor's largest magnitude (one fused _foreach_norm, ord=inf) is finite exactly
-    when the tensor is."""
-    named = [(name, local_tensor(t)) for name, t in model.state_dict().items()
-             if t.is_floating_point()]
+    """(names, count) of the state-dict tensors holding NaN or inf, of count float tensors, alike
+    on every rank: a tensor's largest magnitude (one fused _foreach_norm) is finite when it is."""
+    named = [(n, local_tensor(t)) for n, t in model.state_dict().items() if t.is_floating_point()]
     bad = torch.zeros(len(named), device=device)
-    # an empty shard has no largest magnitude
-    held = [i for i, (_, t) in enumerate(named) if t.numel()]
+    held = [i for i, (_, t) in enumerate(named) if t.numel()]  # an empty shard has no maximum
     if held:
         norms = torch._foreach_norm([named[i][1] for i in held], math.inf)
         bad[held] = torch.stack([n.float() for n in norms]).isfinite().logical_not().float()
-    return [name for (name, _), flag in zip(named, reduce_mean(bad, device))
-            if flag > 0], len(named)
+    bad = reduce_mean(bad, device)
+    return [name for (name, _), flag in zip(named, bad) if flag > 0], len(named)
 
 
 def check_step_finite(step, record, model, device, ckpt_path, saved):
-    """RunError (on every rank alike) where the updated weights or the evaluation's loss are not
-    finite: nothing is saved, out_dir keeps the last good step's checkpoints (saved: its step, or
-    None)."""
+    """RunError (on every rank alike) where the weights or the evaluation's loss are not finite:
+    out_dir keeps the last good step's checkpoints (saved: its step, or None)."""
     bad, count = nonfinite_weights(model, device)
     if bad:
         what = (f"the weights are not finite after the optimizer step: {len(bad)} of the model's "
@@ -142,15 +128,13 @@ def check_step_finite(step, record, model, device, ckpt_path, saved):
 # -----------------------------------------------------------------------------------------------
 # What a step computes and what an evaluation measures
 
-# validation batches between looks at the stop signal (a look is a host sync, and collective)
-EVAL_STOP_EVERY = 4
+EVAL_STOP_EVERY = 4  # validation batches between looks at the stop signal (a collective sync)
 
 
 @torch.no_grad()
 def validation_loss(model, val_data, c, device, autocast, stop=()):
-    """Mean validation loss per token over validation_batches batches, split over ranks, each
-    running equally many forwards (FSDP's all-gathers are collective). None where `stop`
-    (preemption_flag's list) fills meanwhile."""
+    """Mean validation loss per token over validation_batches batches, split over ranks (each runs
+    equally many forwards: FSDP's all-gathers are collective). None where `stop` fills meanwhile."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     batches = validation_batches(c, val_data)
     total = torch.zeros(2, dtype=torch.float64, device=device)  # summed loss, token count
@@ -164,8 +148,7 @@ def validation_loss(model, val_data, c, device, autocast, stop=()):
             x, y = batch_to_device(val_data.get(indices), device)
             with autocast:
                 _, loss = model(x, y)
-            # summed on the device: no host sync per batch, so the copies overlap the forwards
-            if b < batches:
+            if b < batches:  # summed on the device: no host sync per batch
                 total[0] += loss.double() * y.numel()
                 total[1] += y.numel()
     finally:
@@ -176,9 +159,8 @@ def validation_loss(model, val_data, c, device, autocast, stop=()):
 
 
 def evaluation_record(c, run, model, raw_model, val_data, alpha_means, stop=()):
-    """Validation loss and perplexity, the mean attention logit (Figure 2), the variant's statistics
-    and, with attention_windows, the sink's (sink_record); every rank takes part. Empty where a
-    signal cut it short."""
+    """Validation loss and perplexity, the mean attention logit (Figure 2), the variant's and, with
+    attention_windows, the sink's statistics; every rank takes part. Empty if a signal cut it."""
     val_loss = validation_loss(model, val_data, c, run.device, run.autocast, stop)
     if val_loss is None:
         return {}
@@ -187,9 +169,8 @@ def evaluation_record(c, run, model, raw_model, val_data, alpha_means, stop=()):
         record['attn_logit_mean'], record['attn_logit_abs_mean'] = mean_attention_logit(
             raw_model, batch_to_device(val_data.get([0]), run.device)[0])
         if c['attention_windows']:  # the same windows at every evaluation
-            record |= sink_record(raw_model,
-                                  batch_to_device(val_data.get(range(c['attention_windows'])),
-                                                  run.device)[0])
+            windows = val_data.get(range(c['attention_windows']))
+            record |= sink_record(raw_model, batch_to_device(windows, run.device)[0])
     return record | variant_tensor_means(raw_model, alpha_means)
 
 
@@ -197,8 +178,7 @@ def evaluation_record(c, run, model, raw_model, val_data, alpha_means, stop=()):
 # The records: out_dir/metrics.jsonl (every step), the console, wandb; rank 0 alone writes
 
 def import_wandb():
-    """The wandb module, imported before anything is written: wandb_log=True without it stops with
-    nothing left."""
+    """The wandb module, imported before anything is written."""
     try:
         import wandb
     except ImportError:
@@ -208,13 +188,12 @@ def import_wandb():
 
 
 class Metrics:
-    """Where the run's records go, from rank 0: metrics.jsonl (every step; runs.start_log starts
-    it), the console (every log_interval steps and evaluation) and wandb (the module, or None). An
-    'event' goes to metrics.jsonl only."""
+    """Where rank 0 writes the records: metrics.jsonl (every step, and events), the console (every
+    log_interval steps and evaluation) and wandb (the module, or None)."""
 
     def __init__(self, c, run, start_step, wandb=None):
         self.c, self.on, self.wandb = c, run.master, wandb
-        self.dts = []  # the steps' times since the last console line: its estimate of the time left
+        self.dts = []  # the steps' times since the last console line: its ETA
         if not self.on:
             return
         self.path = start_log(c, start_step)
@@ -254,8 +233,7 @@ class Run:
     ddp: bool
     accumulation: int  # micro-steps per optimizer step on this rank
     autocast: object  # the forward's context: bf16 autocast or nothing
-    # a gloo group with a long timeout for the barrier after a save (SAVE_TIMEOUT)
-    save_group: object = None
+    save_group: object = None  # gloo, for the barrier after a save (SAVE_TIMEOUT)
 
     @property
     def master(self):
@@ -263,15 +241,14 @@ class Run:
 
 
 def setup_run(c):
-    """Ranks (torchrun sets RANK / WORLD_SIZE / LOCAL_RANK), the device, and the config's 'auto'
-    values resolved."""
+    """Ranks (torchrun's RANK, WORLD_SIZE, LOCAL_RANK), the device, the config's 'auto' resolved."""
     distributed = 'RANK' in os.environ
     if c['fsdp'] and not distributed:
         raise RunError("fsdp=True shards the model over the ranks torchrun starts: launch with "
                        "torchrun --nproc_per_node=N train.py ... (N=1 works), or drop --fsdp=True "
                        "for one process")
-    rank, world = (int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])) if distributed else (0,
-                                                                                                1)
+    env = os.environ
+    rank, world = (int(env['RANK']), int(env['WORLD_SIZE'])) if distributed else (0, 1)
     device = resolve_device(c['device'])
     c['device'] = str(device)
     if distributed and device.type == 'cuda':
@@ -280,8 +257,7 @@ def setup_run(c):
     save_group = None
     if distributed:
         init_distributed('nccl' if device.type == 'cuda' else 'gloo')
-        # the others wait for rank 0's (slow) save in a gloo barrier: no NCCL collective for the
-        # watchdog to time out
+        # the others wait for rank 0's save in a gloo barrier: no NCCL watchdog to time out
         save_group = dist.new_group(backend='gloo', timeout=SAVE_TIMEOUT)
     c['dtype'] = resolve_dtype(c['dtype'], device)
     if c['compile'] is None:
@@ -292,15 +268,14 @@ def setup_run(c):
     if rest or accumulation == 0:
         raise RunError(f"global_batch_size={c['global_batch_size']} must be a multiple of world "
                        f"size ({world}) x micro_batch_size ({c['micro_batch_size']})")
-    autocast = torch.autocast(device.type,
-                              dtype=torch.bfloat16) if c['dtype'] == 'bfloat16' else nullcontext()
+    bf16 = c['dtype'] == 'bfloat16'
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     return Run(rank, world, device, distributed, distributed and not c['fsdp'], accumulation,
                autocast, save_group)
 
 
 def load_data(c, model_config):
-    """(meta.json, train windows, val windows) of data_dir, checked against the model before step
-    0."""
+    """(meta.json, train windows, val windows) of data_dir, checked against the model."""
     meta = read_meta(c['data_dir'])
     if meta['vocab_size'] > model_config.vocab_size:
         raise RunError(f"data_dir={c['data_dir']} was tokenized with {meta['vocab_size']} token "
@@ -311,38 +286,35 @@ def load_data(c, model_config):
 
 
 def init_matched(model, seed):
-    """Each module initialised again from (seed, its name) alone: variants of one seed then start
-    equal in every tensor they share (matched_init; the sink study's pairs). The global RNG is left
-    as it was."""
+    """Each module initialised again from (seed, its name) alone: variants of one seed start equal
+    in every tensor they share (matched_init). The global RNG is left as it was."""
     with torch.random.fork_rng(devices=[]):
         for name, module in model.named_modules():
-            torch.manual_seed(int.from_bytes(hashlib.sha256(f'{seed}:{name}'.encode()).digest()[:8],
-                                             'little'))
+            digest = hashlib.sha256(f'{seed}:{name}'.encode()).digest()
+            torch.manual_seed(int.from_bytes(digest[:8], 'little'))
             model._init_weights(module)
 
 
 def build_model(c, model_config, run, data_meta, ckpt_path):
-    """(the GPT, its AdamW, where the loop starts: step, skipped steps, the first of them,
-    lr_changes): fresh from the seed, or out_dir's checkpoint continued bit-exactly; compiled and
-    sharded as the config asks."""
+    """(the GPT, its AdamW, where the loop starts): fresh from the seed, or out_dir's checkpoint
+    continued bit-exactly; compiled and sharded as the config asks."""
     torch.manual_seed(c['seed'])
     model = GPT(model_config)
     if c['matched_init']:
         init_matched(model, c['seed'])
-    # whole on every rank first: FSDP then starts from DDP's initial weights
-    model = model.to(run.device)
+    model = model.to(run.device)  # whole on every rank first: FSDP starts from DDP's weights
     for layer in model.model.layers:
         layer.activation_checkpointing = c['activation_checkpointing']
     ckpt, changes, predated = resume_point(c, model_config, data_meta, ckpt_path)
     if ckpt is not None:
         model.load_state_dict(ckpt['model'])  # full tensors, before any sharding
     if run.master:  # the first line of every run says how it started
-        print(f"init_from={c['init_from']}: " + (f"resuming from {ckpt_path} at step "
-                                                 f"{ckpt['step']}" if ckpt is not None
-              else "starting "
-                   f"fresh{' (replacing ' + ckpt_path + ')' if os.path.isfile(ckpt_path) else ''}")
-              + ''.join(f"; {key} {change['from']} -> {change['to']} (resume_lr_change=True)"
-                        for key, change in changes.items()), flush=True)
+        replacing = f" (replacing {ckpt_path})" if os.path.isfile(ckpt_path) else ''
+        how = f"resuming from {ckpt_path} at step {ckpt['step']}" if ckpt is not None else (
+            f"starting fresh{replacing}")
+        print(f"init_from={c['init_from']}: {how}" + ''.join(
+            f"; {key} {change['from']} -> {change['to']} (resume_lr_change=True)"
+            for key, change in changes.items()), flush=True)
         if predated:
             print(f"note: {ckpt_path} predates the key{'s' * (len(predated) > 1)} "
                   f"{', '.join(predated)}; "
@@ -357,7 +329,7 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
                                      (c['beta1'], c['beta2']), no_decay=c['no_decay'])
     if ckpt is None:
         return model, optimizer, dict(step=0, skipped=0, first_skipped=None, lr_changes={})
-    # the full state, keyed by parameter name; under FSDP each rank keeps its shard
+    # the full state, keyed by name; under FSDP each rank keeps its shard
     set_optimizer_state_dict(model, optimizer, ckpt['optimizer'],
                              options=StateDictOptions(full_state_dict=True))
     set_rng_state(ckpt['rng'])
@@ -367,12 +339,11 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
 
 
 def load_run_teacher(c, model_config, data_meta, device):
-    """The KD teacher in the run's dtype, checked against the data and the student before step 0;
-    None without one."""
+    """The KD teacher (or None) in the run's dtype, checked against the data and the student."""
     if not c['teacher']:
         return None
-    teacher = load_teacher(c['teacher'], device, torch.bfloat16 if c['dtype'] == 'bfloat16'
-                           else torch.float32)
+    dtype = torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32
+    teacher = load_teacher(c['teacher'], device, dtype)
     check_compatibility(teacher, c['teacher'], model_config, data_meta, model_config.block_size)
     if c['compile']:
         compile_layers(teacher)
@@ -380,47 +351,43 @@ def load_run_teacher(c, model_config, data_meta, device):
 
 
 def save(path, step, skipped, c, run, raw_model, optimizer, model_config, data_meta):
-    """ckpt.pt at `step`: full tensors on rank 0's CPU, keyed by name (every rank gathers FSDP's
-    shards); the others wait in the save group's barrier while rank 0 writes. skipped:
-    save_run_checkpoint's."""
+    """ckpt.pt at `step`: full tensors on rank 0's CPU (every rank gathers FSDP's shards); the
+    others wait in the save group's barrier while rank 0 writes."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_state_dict = get_model_state_dict(raw_model, options=options)
+    model_state = get_model_state_dict(raw_model, options=options)
     optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
     if run.master:
-        save_run_checkpoint(path, c, step, skipped, model_state_dict, optimizer_state, model_config,
+        save_run_checkpoint(path, c, step, skipped, model_state, optimizer_state, model_config,
                             data_meta)
-    del model_state_dict, optimizer_state
+    del model_state, optimizer_state
     if run.distributed:
         dist.barrier(group=run.save_group)
 
 
 def take_step(c, run, model, raw_model, teacher, optimizer, train_data, step, teacher_timer):
-    """The optimizer step after `step` steps: micro-steps' forward, loss and backward, clipping, and
-    AdamW's update where loss and gradient norm are finite. Returns (lr, loss, KD, CE, grad norm,
-    finite); grads still to zero."""
+    """The optimizer step after `step` steps: micro-steps' forward, loss and backward, clipping,
+    AdamW's update if all is finite. Returns (lr, loss, KD, CE, grad norm, finite)."""
     B, lr = c['micro_batch_size'], learning_rate(step, c)
     for group in optimizer.param_groups:
         group['lr'] = lr
-    # this rank's part of the step's global batch (a function of (seed, step) only), as
-    # micro-batches
-    mine = train_data.step_indices(c['seed'], step,
-                                   c['global_batch_size'])[run.rank * run.accumulation * B:]
-    # (loss, KD, CE) summed on the device: read once per step
-    losses = torch.zeros(3, device=run.device)
+    # this rank's part of the step's global batch (a function of (seed, step) only)
+    batch = train_data.step_indices(c['seed'], step, c['global_batch_size'])
+    mine = batch[run.rank * run.accumulation * B:]
+    losses = torch.zeros(3, device=run.device)  # (loss, KD, CE) summed on the device
     for micro in range(run.accumulation):
         x, y = batch_to_device(train_data.get(mine[micro * B:(micro + 1) * B]), run.device)
-        # DDP all-reduces in the last micro-step's backward only; FSDP reduce-scatters every
-        # micro-step
+        # DDP all-reduces in the last micro-step's backward only; FSDP reduce-scatters in each
         with model.no_sync() if run.ddp and micro < run.accumulation - 1 else nullcontext():
             with run.autocast:
                 loss, kd, ce = compute_loss(model, raw_model, teacher, x, y,
-                                            c['kd_loss'] == 'fused',
-                                            c['kd_temperature'], c['kd_alpha'], teacher_timer)
+                                            fused=c['kd_loss'] == 'fused',
+                                            temperature=c['kd_temperature'],
+                                            kd_alpha=c['kd_alpha'], teacher_timer=teacher_timer)
             (loss / run.accumulation).backward()
         losses += torch.stack([loss.detach(), kd, ce])
     # the raw norm before clipping (paper Tables 4-5); grad_clip=0 only measures it
-    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c['grad_clip']
-                                                           or math.inf)).item()
+    grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c['grad_clip'] or math.inf)
+    grad_norm = full_tensor(grad_norm).item()
     loss, kd, ce = reduce_mean(losses / run.accumulation, run.device)
     finite = math.isfinite(loss) and math.isfinite(grad_norm)
     if finite:
@@ -434,46 +401,38 @@ def take_step(c, run, model, raw_model, teacher, optimizer, train_data, step, te
 
 
 def train(c, model_config, run, data_meta, train_data, val_data, wandb):
-    """The run, in out_dir, which this process (rank 0) holds: the model built or resumed, then the
-    loop."""
+    """The run, in out_dir (which rank 0 holds): the model built or resumed, then the loop."""
     ckpt_path = checkpoint_path(c['out_dir'])
     raw_model, optimizer, start = build_model(c, model_config, run, data_meta, ckpt_path)
     step, skipped, first_skipped = start['step'], start['skipped'], start['first_skipped']
-    # the step of this run's last checkpoint: the one resumed from, until the next save
-    saved = step or None
-    # what the loop calls; raw_model: the GPT itself
+    saved = step or None  # the step of this run's last checkpoint
     model = wrap_ddp(raw_model, run.device) if run.ddp else raw_model
     teacher = load_run_teacher(c, model_config, data_meta, run.device)
-    # of the step's matmuls: bf16 under autocast
     peak_flops = c['peak_flops'] or default_peak_flops(
         run.device, torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32,
         gemm_shapes(raw_model, c['micro_batch_size'] * model_config.block_size))
     metrics = Metrics(c, run, step, wandb)
     for note in start_notes(c, val_data) if run.master else ():
         print(note, file=sys.stderr, flush=True)
-    # from the first step it applies to; a resume from this checkpoint again drops it
-    if start['lr_changes']:
+    if start['lr_changes']:  # from the first step it applies to
         metrics.write(dict(step=step + 1, event='resume_lr_change', **start['lr_changes']))
     if run.master:
         print(f"GPT: {raw_model.get_num_params():,} parameters, "
               f"attention={model_config.attention}; {run.world} rank(s) x {run.accumulation} "
               f"micro-steps x {c['micro_batch_size']} sequences x {model_config.block_size} "
               f"tokens; {'FSDP' if c['fsdp'] else 'DDP' if run.distributed else 'one process'}, "
-              f"{run.device}, "
-              f"{c['dtype']}{', activation checkpointing' if c['activation_checkpointing'] else ''}; "
+              f"{run.device}, {c['dtype']}"
+              f"{', activation checkpointing' if c['activation_checkpointing'] else ''}; "
               f"{len(train_data):,} train windows; MFU of a {peak_flops / 1e12:.4g} TFLOP/s peak")
     teacher_timer = DeviceTimer(run.device)  # the teacher's forward time
     model.train()
-    with preemption_flag() as stop_signal:
+    with preemption_flag() as signals:
         while step < c['max_iters']:
             t0 = time.perf_counter()
-            lr, loss, kd, ce, grad_norm, finite = take_step(c, run, model, raw_model, teacher,
-                                                            optimizer, train_data,
-                                                            step, teacher_timer)
-            # Eq. 9 with this step's global batch
-            alpha_means = raw_model.update_alpha_ma(discard=not finite)
-            # DDP: in place, the gradients are its buckets
-            optimizer.zero_grad(set_to_none=not run.ddp)
+            lr, loss, kd, ce, grad_norm, finite = take_step(
+                c, run, model, raw_model, teacher, optimizer, train_data, step, teacher_timer)
+            alpha_means = raw_model.update_alpha_ma(discard=not finite)  # Eq. 9, this batch's
+            optimizer.zero_grad(set_to_none=not run.ddp)  # DDP: in place, they are its buckets
             step, skipped, dt = step + 1, skipped + (not finite), time.perf_counter() - t0
             if not finite and first_skipped is None:
                 first_skipped = step
@@ -482,8 +441,7 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
                           tokens_per_sec=c['global_batch_size'] * model_config.block_size / dt,
                           mfu=estimate_mfu(raw_model, c['global_batch_size'] / run.world, dt,
                                            peak_flops), dt=dt)
-            # this rank's allocator peak so far, to hold against the memory plan
-            if run.device.type == 'cuda':
+            if run.device.type == 'cuda':  # this rank's peak so far, against the memory plan
                 record['peak_memory_gib'] = torch.cuda.max_memory_allocated(run.device) / 2 ** 30
             if teacher is not None:
                 record.update(kd_loss=kd, ce_loss=ce, teacher_sec=teacher_timer.seconds())
@@ -492,9 +450,8 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
             evaluated = step % c['eval_interval'] == 0 or step == c['max_iters']
             if evaluated:  # (nothing, where a signal cut it short: then saved below, unevaluated)
                 record |= evaluation_record(c, run, model, raw_model, val_data, alpha_means,
-                                            stop_signal)
+                                            signals)
             metrics.write(record)
-            # every rank counts the same: all stop here
             if skipped > c['max_skipped_frac'] * c['max_iters']:
                 raise RunError(f"step {step}: the run has skipped {skipped} step(s) (non-finite "
                                f"loss or gradient norm), the first at step {first_skipped}: more "
@@ -503,8 +460,7 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
                                "checkpoint, if any, is from before). To continue from it with a "
                                "lower learning rate: --learning_rate=<lower> "
                                "--resume_lr_change=True (or allow more: --max_skipped_frac)")
-            # all ranks stop at the same step
-            stop = reduce_mean([float(bool(stop_signal))], run.device)[0] > 0
+            stop = reduce_mean([float(bool(signals))], run.device)[0] > 0
             if evaluated or stop:
                 check_step_finite(step, record, raw_model, run.device, ckpt_path, saved)
                 save(ckpt_path, step, dict(steps=skipped, first=first_skipped), c, run, raw_model,
@@ -515,8 +471,7 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
                     cut = " (its evaluation, cut short, is not logged)" * (
                         evaluated and 'val_loss' not in record)
                     print(f"stopped by a signal: saved {ckpt_path} at step {step}{cut}; the same "
-                          "command continues it",
-                          flush=True)
+                          "command continues it", flush=True)
                 break
     if skipped and run.master:
         print(f"nonfinite=skip: {skipped} of the run's {step} steps were skipped (non-finite loss "
@@ -524,7 +479,6 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
 
 
 def main(argv):
-    # --help: what and how
     c = load_config(argv, description='\n\n'.join(__doc__.split('\n\n')[:2]))
     try:
         model_config = ModelConfig(**{k: c[k] for k in FIELD_NAMES})
@@ -537,8 +491,7 @@ def main(argv):
     data_meta, train_data, val_data = load_data(c, model_config)
     check_sizes(c, train_data, val_data)
     claim_out_dir(c['out_dir'])
-    # one writer per run: rank 0, which alone writes into out_dir, holds it (and creates it) until
-    # the run ends
+    # one writer per run: rank 0 holds out_dir (and creates it) until the run ends
     with hold_out_dir(c['out_dir']) if run.master else nullcontext():
         train(c, model_config, run, data_meta, train_data, val_data, wandb)
     if run.distributed:

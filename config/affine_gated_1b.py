@@ -1,10 +1,11 @@
 # Paper Tables 2-3, 1B row "Affine-Scaled + Gated": a Llama-3.2-1B-shaped student (trained from
-# scratch, distilled from Llama-3.2-3B) with attention = 'affine_gated'. Check the model (no data
-# needed):  python train.py config/affine_gated_1b.py --dry_run=True Train on 8 GPUs (data and
-# teacher: see the README):
+# scratch, distilled from Llama-3.2-3B) with attention = 'affine_gated'.
+# Check the model (no data needed):
+#   python train.py config/affine_gated_1b.py --dry_run=True
+# Train on 8 GPUs (data and teacher: see the README):
 #   torchrun --standalone --nproc_per_node=8 train.py config/affine_gated_1b.py
-# Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): KD loss / C4 PPL / avg zero-shot acc = 2.71 /
-# 56.2 / 58.0; extra parameters over softmax: 68,157,440.
+# Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): KD loss / C4 PPL / avg zero-shot acc =
+# 2.71 / 56.2 / 58.0; extra parameters over softmax: 68,157,440.
 model = 'llama3.2-1b'  # the shape (model.MODEL_SHAPES), at the paper's 2,048-token sequences
 attention = 'affine_gated'
 out_dir = 'out/affine_gated_1b'

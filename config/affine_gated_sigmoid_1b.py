@@ -1,9 +1,10 @@
-# Paper Table 3, "Sigmoid" column: the 1B Affine-Scaled + Gated student of Table 2 with phi =
-# sigmoid. (Table 3 gives only averages; its linear-clipping 58.0 equals Table 2's 1B Affine-Scaled
-# + Gated row, so we read the ablation as run on that model. Use config/affine_1b.py
+# Paper Table 3, "Sigmoid" column: the 1B Affine-Scaled + Gated student of Table 2 with
+# phi = sigmoid. (Table 3 gives only averages; its linear-clipping 58.0 equals Table 2's 1B
+# Affine-Scaled + Gated row, so we read the ablation as run on that model. Use config/affine_1b.py
 # --affine_act=sigmoid for the ungated reading.) Llama-3.2-1B-shaped, distilled from Llama-3.2-3B.
-# Check the model (no data needed):  python train.py config/affine_gated_sigmoid_1b.py
-# --dry_run=True Train on 8 GPUs (data and teacher: see the README):
+# Check the model (no data needed):
+#   python train.py config/affine_gated_sigmoid_1b.py --dry_run=True
+# Train on 8 GPUs (data and teacher: see the README):
 #   torchrun --standalone --nproc_per_node=8 train.py config/affine_gated_sigmoid_1b.py
 # Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): avg zero-shot acc 57.6 (58.0 with linear
 # clipping); extra parameters over softmax: 68,157,440.

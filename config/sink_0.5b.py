@@ -1,9 +1,11 @@
 # Paper Table 1, 0.5B row "Sink": a Qwen1.5-0.5B-shaped student (trained from scratch, distilled
-# from Qwen1.5-1.8B) with attention = 'sink'. Check the model (no data needed):  python train.py
-# config/sink_0.5b.py --dry_run=True Train on 8 GPUs (data and teacher: see the README):
+# from Qwen1.5-1.8B) with attention = 'sink'.
+# Check the model (no data needed):
+#   python train.py config/sink_0.5b.py --dry_run=True
+# Train on 8 GPUs (data and teacher: see the README):
 #   torchrun --standalone --nproc_per_node=8 train.py config/sink_0.5b.py
-# Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): KD loss / C4 PPL / avg zero-shot acc = 2.83 /
-# 81.5 / 50.8; extra parameters over softmax: 384 (the paper rounds to 0.0M).
+# Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): KD loss / C4 PPL / avg zero-shot acc =
+# 2.83 / 81.5 / 50.8; extra parameters over softmax: 384 (the paper rounds to 0.0M).
 model = 'qwen1.5-0.5b'  # the shape (model.MODEL_SHAPES), at the paper's 2,048-token sequences
 attention = 'sink'
 out_dir = 'out/sink_0.5b'

@@ -1,12 +1,14 @@
 # Paper Table 1, 3B row "Sink": a Llama-3.2-3B-shaped student (trained from scratch, distilled from
-# an 8B Llama-3) with attention = 'sink'. Check the model and its memory plan (no data needed):
-# python train.py config/sink_3b.py --dry_run=True Train on 8 GPUs (data and teacher: see the
-# README). Next to the 8B teacher, the 3B student with AdamW does not fit an 80 GB GPU under DDP
-# (see its dry run with --fsdp=False), so it is sharded with FSDP (docs/memory.md):
+# an 8B Llama-3) with attention = 'sink'.
+# Check the model and its memory plan (no data needed):
+#   python train.py config/sink_3b.py --dry_run=True
+# Train on 8 GPUs (data and teacher: see the README). Next to the 8B teacher, the 3B student with
+# AdamW does not fit an 80 GB GPU under DDP (see its dry run with --fsdp=False), so it is sharded
+# with FSDP (docs/memory.md):
 #   torchrun --standalone --nproc_per_node=8 train.py config/sink_3b.py
-# More nodes or SLURM: scripts/slurm_train.sh (docs/training.md, multi-node launch). Expect (paper,
-# 9,000 steps x 1,024 x 2,048 tokens): KD loss / C4 PPL / avg zero-shot acc = 2.65 / 48.5 / 61.6;
-# extra parameters over softmax: 672 (the paper rounds to 0.0M).
+# More nodes or SLURM: scripts/slurm_train.sh (docs/training.md, multi-node launch).
+# Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): KD loss / C4 PPL / avg zero-shot acc =
+# 2.65 / 48.5 / 61.6; extra parameters over softmax: 672 (the paper rounds to 0.0M).
 model = 'llama3.2-3b'  # the shape (model.MODEL_SHAPES), at the paper's 2,048-token sequences
 attention = 'sink'
 out_dir = 'out/sink_3b'

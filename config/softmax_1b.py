@@ -1,9 +1,11 @@
 # Paper Tables 1-2, 1B row "Baseline": a Llama-3.2-1B-shaped student (trained from scratch,
-# distilled from Llama-3.2-3B) with attention = 'softmax'. Check the model (no data needed):  python
-# train.py config/softmax_1b.py --dry_run=True Train on 8 GPUs (data and teacher: see the README):
+# distilled from Llama-3.2-3B) with attention = 'softmax'.
+# Check the model (no data needed):
+#   python train.py config/softmax_1b.py --dry_run=True
+# Train on 8 GPUs (data and teacher: see the README):
 #   torchrun --standalone --nproc_per_node=8 train.py config/softmax_1b.py
-# Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): KD loss / C4 PPL / avg zero-shot acc = 2.73 /
-# 61.9 / 56.7; extra parameters over softmax: 0.
+# Expect (paper, 9,000 steps x 1,024 x 2,048 tokens): KD loss / C4 PPL / avg zero-shot acc =
+# 2.73 / 61.9 / 56.7; extra parameters over softmax: 0.
 model = 'llama3.2-1b'  # the shape (model.MODEL_SHAPES), at the paper's 2,048-token sequences
 attention = 'softmax'
 out_dir = 'out/softmax_1b'

@@ -200,8 +200,8 @@ def load_data_only(path):
     # its weights-only unpickler refused it: the line of its message saying what (the lines around
     # it offer weights_only=False, which would run the file's code)
     except pickle.UnpicklingError as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip() and 'Check the '
-                                                                                  'documentation' not in line]
+        lines = [line.strip() for line in str(e).splitlines()
+                 if line.strip() and 'Check the documentation' not in line]
         reason = lines[-1].rpartition('WeightsUnpickler error: ')[2] if lines else 'no reason given'
         raise refused(path, f"what torch.load(weights_only=True) refuses ({reason})") from None
     except Exception as e:  # truncated (a copy cut short), corrupt, or not a torch file at all
@@ -308,7 +308,8 @@ def fallback(path):
     one."""
     prev = previous_checkpoint(path)
     if os.path.isfile(prev):
-        return f"fall back to the checkpoint saved before it: mv {prev} {path} (or restore {path} from a copy)"
+        return (f"fall back to the checkpoint saved before it: mv {prev} {path} (or restore {path} "
+                "from a copy)")
     return "restore it from a copy, or use another checkpoint"
 
 

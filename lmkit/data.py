@@ -1,14 +1,11 @@
 """
-Reading data: the token shards (write_shard, read_shard, read_split: each checked against its
-recorded CRC-32 once per process), meta.json (read_meta: the tokenizer, vocab_size, the splits), the
-first token of every window (first_token_id), and Windows, what train.py, distill.py and the
-evaluations read. NumPy and files.py only, so importing it stays cheap (prepare_data.py's tokenizer
-workers do); docs/data.md has the directory's layout.
+Reading data: the token shards (each checked against its recorded CRC-32 once per process),
+meta.json, the first token of every window, and Windows, what training and the evaluations read.
+NumPy and files.py only, so that importing it stays cheap; docs/data.md has the layout.
 """
 import json
 import os
 import struct
-import subprocess
 import sys
 import zlib
 
@@ -17,23 +14,21 @@ import numpy as np
 from lmkit.errors import RunError
 from lmkit.files import atomic_write
 
-# ----------------------------------------------------------------------------- Shards: a 24-byte
-# little-endian header, then the token ids (uint16 or uint32, little-endian).
-#   magic 8 bytes b"ASASHARD" | version uint32 | bytes per token uint32 (2 or 4) | token count uint64
-# The count reveals a truncated file, the magic another kind; a changed id, the CRC-32 meta.json
-# records, checked with the ids' range the first time a process opens the shard (docs/data.md: what
-# that costs, why it is enough).
+# -----------------------------------------------------------------------------------------------
+# Shards: a 24-byte little-endian header (magic b"ASASHARD", version uint32, bytes per token uint32,
+# token count uint64), then the token ids. The count reveals a truncated file, the magic another
+# kind; a changed id, the CRC-32 meta.json records (docs/data.md: its cost, why it is enough).
 
 MAGIC, VERSION = b"ASASHARD", 1
 HEADER = struct.Struct("<8sIIQ")
 CHECK_BYTES = 1 << 24  # shards are checked 16 MiB at a time
-REBUILD = "re-run the prepare_data.py command recorded in meta.json: it rebuilds missing and damaged shards"
+REBUILD = ("re-run the prepare_data.py command recorded in meta.json: it rebuilds missing and "
+           "damaged shards")
 
 
 def write_shard(path, arrays, dtype):
-    """Write the concatenation of `arrays` as one shard, atomically (files.atomic_write). Returns
-    its checksum as meta.json records it: 'crc32:' and the CRC-32 of the whole file in 8 hex
-    digits."""
+    """Write the concatenation of `arrays` as one shard, atomically. Returns its checksum as
+    meta.json records it: 'crc32:' and the whole file's CRC-32 in 8 hex digits."""
     dtype = np.dtype(dtype).newbyteorder("<")
     with atomic_write(path, "wb") as f:
         data = HEADER.pack(MAGIC, VERSION, dtype.itemsize, sum(len(a) for a in arrays))
@@ -47,9 +42,8 @@ def write_shard(path, arrays, dtype):
 
 
 def read_shard(path):
-    """The token ids of a shard as a read-only memory-mapped numpy array (the header is validated
-    first; the checksum and the ids' range are checked by read_split, which knows them from
-    meta.json)."""
+    """The token ids of a shard as a read-only np.memmap, its header validated (read_split checks
+    the checksum and the ids' range, which meta.json gives)."""
     ids, fault = map_shard(path)
     if fault:
         raise RunError(f"{fault}; {REBUILD}")
@@ -57,8 +51,7 @@ def read_shard(path):
 
 
 def map_shard(path):
-    """(the ids as a read-only np.memmap, None), or (None, what is wrong with the file's header or
-    size)."""
+    """(the ids as a read-only np.memmap, None), or (None, what is wrong with header or size)."""
     with open(path, "rb") as f:
         header = f.read(HEADER.size)
     if len(header) < HEADER.size or header[:8] != MAGIC:
@@ -70,8 +63,7 @@ def map_shard(path):
     if actual != expected:
         return None, (f"{path}: truncated or corrupt: the header promises {count} tokens "
                       f"({expected} bytes), the file has {actual} bytes")
-    return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=HEADER.size,
-                     shape=(count,)), None
+    return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=HEADER.size, shape=count), None
 
 
 # the shard files this process has checked, as (path, inode, size, mtime, checksum, vocab size)
@@ -80,8 +72,7 @@ checked = set()
 
 def check_shard(path, checksum, vocab_size):
     """(ids, None), or (None, what is wrong): missing, a bad header or size, a CRC-32 that is not
-    `checksum` (None: not compared), or an id >= vocab_size. One pass over the mapped file, once per
-    process."""
+    `checksum` (None: not compared), an id >= vocab_size. One pass, once per process."""
     if not os.path.isfile(path):
         return None, f"{path}: missing (meta.json lists it)"
     ids, fault = map_shard(path)
@@ -111,9 +102,7 @@ def check_shard(path, checksum, vocab_size):
 # -----------------------------------------------------------------------------
 # A prepared directory: meta.json, and the windows training reads from its shards
 
-# the prepare_data.py commands of the directories the configs and the docs name (README,
-# docs/data.md, the headers of config/tiny_cpu.py, config/sink_study.py and config/onegpu.py), with
-# the --out_dir the user gave
+# the prepare_data.py commands of the directories the configs and the docs name
 FINEWEB = ("--source=fineweb-edu --fineweb_config=sample-100BT --tokenizer=checkpoints/{teacher} "
            "--out_dir={out} --max_tokens=20_000_000_000 --num_proc=32")
 KNOWN_DATA = {
@@ -129,25 +118,10 @@ GENERAL_DATA = ("--source=<builtin, stdlib, fineweb-edu or your own files> "
 
 
 def prepare_command(data_dir):
-    """The command that prepares data_dir: the exact one for a directory the configs name
-    (KNOWN_DATA, wherever the repo is), else its general form."""
+    """The command that prepares data_dir: the exact one for a directory the configs name, else its
+    general form."""
     known = KNOWN_DATA.get("/".join(os.path.normpath(data_dir).split(os.sep)[-2:]), GENERAL_DATA)
     return "python prepare_data.py " + known.replace("{out}", data_dir)
-
-
-def prepare_builtin(out_dir):
-    """The offline built-in corpus in byte tokens at out_dir, for the tools' short runs:
-    prepare_data.py run as a process (a script is never imported); its last line in a RunError if it
-    fails."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, os.path.join(root, 'prepare_data.py'),
-                           '--source=builtin',
-                           '--tokenizer=bytes', f'--out_dir={out_dir}', '--val_every=10',
-                           '--num_proc=1'],
-                          capture_output=True, text=True)
-    if done.returncode:
-        raise RunError(f"preparing {out_dir} failed: "
-                       f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
 
 
 def read_meta(data_dir):
@@ -164,21 +138,19 @@ def read_meta(data_dir):
             return json.load(f)
     except ValueError as e:  # (also not UTF-8)
         raise RunError(f"{path}: damaged, not a JSON file ({e}); prepare the data again into a new "
-                       "--out_dir") \
-            from None
+                       "--out_dir") from None
 
 
 noted = set()  # the directories whose missing checksums this process has noted
 
 
 def read_split(data_dir, split, meta=None):
-    """The shards of one split of a prepared directory (meta: its meta.json, read if not given) as
-    read-only np.memmaps, each checked first (check_shard). Every reader of a directory's shards
-    goes through here."""
+    """The shards of one split of a prepared directory as read-only np.memmaps, each checked first
+    (check_shard): every reader of shards comes here. meta: its meta.json, read if not given."""
     meta = read_meta(data_dir) if meta is None else meta
-    checksums = meta.get("checksums", {})  # (none in a meta.json written before they were recorded)
-    unchecked = [name for info in meta["splits"].values() for name in info["shards"]
-                 if name not in checksums]
+    checksums = meta.get("checksums", {})  # none in a meta.json from before they were recorded
+    shards = [name for info in meta["splits"].values() for name in info["shards"]]
+    unchecked = [name for name in shards if name not in checksums]
     if unchecked and data_dir not in noted:
         noted.add(data_dir)
         print(f"note: {os.path.join(data_dir, 'meta.json')} records no checksum for "
@@ -187,8 +159,8 @@ def read_split(data_dir, split, meta=None):
               "--out_dir to have them checked in full", file=sys.stderr)
     shards = []
     for name in meta["splits"][split]["shards"]:
-        ids, fault = check_shard(os.path.join(data_dir, name), checksums.get(name),
-                                 meta["vocab_size"])
+        path = os.path.join(data_dir, name)
+        ids, fault = check_shard(path, checksums.get(name), meta["vocab_size"])
         if fault:
             raise RunError(f"{fault}; {REBUILD}")
         shards.append(ids)
@@ -197,8 +169,7 @@ def read_split(data_dir, split, meta=None):
 
 def prefix_id(tokenizer):
     """The first token under first_token='prefix': the tokenizer's BOS, else its end-of-text token
-    (lm-eval's prefix token; the bytes tokenizer's <|endoftext|>, 256). tokenizer: meta.json's
-    record of it."""
+    (lm-eval's prefix token). tokenizer: meta.json's record of it."""
     token = tokenizer['bos_id'] if tokenizer.get('bos_id') is not None else tokenizer.get('eos_id')
     if token is None:
         raise RunError(f"first_token='prefix': the tokenizer {tokenizer['spec']} has neither a BOS "
@@ -207,9 +178,7 @@ def prefix_id(tokenizer):
 
 
 def first_token_id(first_token, tokenizer):
-    """The id at position 0 of every window of a run whose first_token key is `first_token`: None
-    (stream), or prefix_id(tokenizer) (prefix); every reader of a checkpoint puts the same token
-    first."""
+    """The id at position 0 of every window: None (first_token='stream'), or prefix_id's."""
     return prefix_id(tokenizer) if first_token == 'prefix' else None
 
 
@@ -222,9 +191,8 @@ class Windows:
         self.shards = read_split(data_dir, split)
         self.block_size, self.first_token = block_size, first_token
         self.row = block_size + (first_token is None)  # stream tokens per window
-        self.starts = np.cumsum([0]
-                                + [(len(s) - self.row) // block_size + 1 if len(s) >= self.row
-                                   else 0 for s in self.shards])  # first window of each shard
+        per_shard = [max(0, (len(s) - self.row) // block_size + 1) for s in self.shards]
+        self.starts = np.cumsum([0] + per_shard)  # the first window of each shard
         if self.starts[-1] == 0:
             raise RunError(f"{data_dir}: the {split} split has fewer than "
                            f"{'block_size + 1' if first_token is None else 'block_size'} = "
@@ -235,8 +203,7 @@ class Windows:
         return int(self.starts[-1])
 
     def get(self, indices):
-        """(x, y): int64 arrays (len(indices), block_size), the windows at these indices and their
-        targets."""
+        """(x, y): int64 arrays (len(indices), block_size), the windows and their targets."""
         rows = []
         for i in indices:
             shard = int(np.searchsorted(self.starts, i, side="right")) - 1
@@ -244,8 +211,8 @@ class Windows:
             rows.append(self.shards[shard][offset:offset + self.row])
         batch = np.stack(rows).astype(np.int64)
         if self.first_token is not None:
-            batch = np.concatenate([np.full((len(rows), 1), self.first_token, dtype=np.int64),
-                                    batch], axis=1)
+            first = np.full((len(rows), 1), self.first_token, dtype=np.int64)
+            batch = np.concatenate([first, batch], axis=1)
         return batch[:, :-1], batch[:, 1:]
 
     def step_indices(self, seed, step, global_batch_size):

@@ -1,8 +1,7 @@
 """
-Where a model runs: the device and dtype --device / --dtype name (resolve_device, resolve_dtype),
-autocast, the C++ compiler torch.compile needs on a CPU; over torchrun's ranks, compiled per layer,
-sharded with FSDP2 or wrapped in DDP, and the ranks' plumbing (init_distributed, reduce_mean,
-full_tensor, batch_to_device, preemption_flag).
+Where a model runs: the device and dtype --device / --dtype name, the C++ compiler torch.compile
+needs on a CPU; over torchrun's ranks, compiled per layer, sharded with FSDP2 or wrapped in DDP, and
+the ranks' plumbing. docs/training.md, "Ranks", says why each does what it does.
 """
 import inspect
 import os
@@ -18,9 +17,8 @@ from lmkit.errors import RunError
 
 
 def resolve_device(name):
-    """--device as a torch.device ('auto': cuda where there is a GPU, else cpu), else a RunError
-    before any work for a device this machine lacks (torch itself would fail at the first tensor
-    moved there)."""
+    """--device as a torch.device ('auto': cuda where there is a GPU, else cpu); a RunError before
+    any work for a device this machine lacks."""
     if name == 'auto':
         return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     try:
@@ -30,45 +28,42 @@ def resolve_device(name):
                        "GPU's index) or mps") from None
     if device.type == 'cpu':
         return device
-    # torch.cuda, torch.mps, torch.xpu, ...: what can say it is there
-    backend = getattr(torch, device.type, None)
-    count = backend.device_count() if hasattr(backend,
-                                              'is_available') and backend.is_available() else 0
+    backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, ...: it says it is there
+    present = hasattr(backend, 'is_available') and backend.is_available()
+    count = backend.device_count() if present else 0
     if count == 0:
         if device.type == 'cuda' and not torch.backends.cuda.is_built():
-            why = f"this torch ({torch.__version__}) was built without CUDA: install a CUDA build of torch, or use"
+            why = (f"this torch ({torch.__version__}) was built without CUDA: install a CUDA build "
+                   "of torch, or use")
         elif backend is None:
             why = f"the scripts do not run on {device.type} devices; use"
         else:
-            why = f"torch sees no {device.type} device here (torch.{device.type}.is_available() is False); use"
+            why = (f"torch sees no {device.type} device here (torch.{device.type}.is_available() "
+                   "is False); use")
         raise RunError(f"--device={name}: {why} --device=cpu (or auto: a GPU where there is one)")
     if device.index is not None and device.index >= count:
+        last = f' to {device.type}:{count - 1}' if count > 1 else ''
         raise RunError(f"--device={name}: this machine has {count} {device.type} "
-                       f"device{'s' * (count > 1)} "
-                       f"({device.type}:0{f' to {device.type}:{count - 1}' if count > 1 else ''}); "
-                       "give one of them")
+                       f"device{'s' * (count > 1)} ({device.type}:0{last}); give one of them")
     return device
 
 
 def resolve_dtype(name, device):
-    """--dtype's name ('float32', 'bfloat16', ...): 'auto' is bfloat16 on a CUDA device that
-    supports it (where autocast / bf16 weights pay off), else float32. A name, for configs;
-    getattr(torch, name) is the dtype."""
+    """--dtype's name ('float32', 'bfloat16'): 'auto' is bfloat16 on a CUDA device that supports it,
+    else float32. getattr(torch, name) is the dtype."""
     if name != 'auto':
         return name
     return 'bfloat16' if device.type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
 
 
 def autocast(device):
-    """The precision tools/bench.py and tools/gpu_check.py time a step in: bf16 autocast on CUDA,
-    float32 elsewhere."""
+    """The precision the tools time a step in: bf16 autocast on CUDA, float32 elsewhere."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == 'cuda')
 
 
 def check_cpu_compiler():
-    """torch.compile on CPU makes TorchInductor generate C++, built with the machine's C++ compiler:
-    without one the first step would fail deep in a traceback, so say it in one line before any
-    work."""
+    """torch.compile on CPU builds C++: without a compiler the first step would fail deep in a
+    traceback, so say it in one line before any work."""
     from torch._inductor.cpp_builder import get_cpp_compiler
     try:
         get_cpp_compiler()
@@ -80,8 +75,7 @@ def check_cpu_compiler():
 
 
 # DDP must not sync buffers on each forward: alpha_ma's per-rank sums would be overwritten by rank
-# 0's (see GPT.update_alpha_ma). Newer torch (2.13 here) deprecates broadcast_buffers for
-# forward_sync_buffers, which still syncs once at init: harmless, all ranks start equal.
+# 0's. Newer torch deprecates broadcast_buffers for forward_sync_buffers.
 DDP_NO_BUFFER_SYNC = ({'forward_sync_buffers': False}
                       if 'forward_sync_buffers' in inspect.signature(DDP).parameters
                       else {'broadcast_buffers': False})
@@ -89,14 +83,12 @@ DDP_NO_BUFFER_SYNC = ({'forward_sync_buffers': False}
 
 def apply_fsdp(model, dtype):
     """FSDP2 in place: one group per decoder layer, the root group for the rest (kept gathered from
-    forward to backward: the KD loss reads lm_head.weight); bfloat16 computes from fp32 shards
-    (docs/training.md, Ranks)."""
-    # imported here: FSDP and DTensor take as long to import as torch itself (they pull in sympy),
-    # and every script imports this file (the quick start starts twenty processes)
+    forward to backward: the KD loss reads lm_head.weight); bfloat16 computes from fp32 shards."""
+    # imported here: FSDP takes as long to import as torch itself, and every script imports this
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                  reduce_dtype=torch.float32) if dtype == 'bfloat16' \
-        else MixedPrecisionPolicy()
+    policy = MixedPrecisionPolicy()
+    if dtype == 'bfloat16':
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy, reshard_after_forward=False)
@@ -104,8 +96,7 @@ def apply_fsdp(model, dtype):
 
 def compile_layers(model, backend='inductor'):
     """torch.compile each decoder layer on its own, in place, as torchtitan does, and DDP's graph
-    splitting off (optimize_ddp, process-wide); the rest runs eager. Why: docs/training.md, Ranks.
-    backend: the tests' aot_eager."""
+    splitting off (process-wide); the rest runs eager. backend: the tests' aot_eager."""
     torch._dynamo.config.optimize_ddp = False
     for layer in model.model.layers:
         layer.compile(backend=backend)
@@ -113,9 +104,8 @@ def compile_layers(model, backend='inductor'):
 
 
 def wrap_ddp(model, device):
-    """DDP around the GPT, its gradients kept once, as views of the buckets (docs/training.md,
-    Ranks). Wrap after the optimizer state is loaded (torch.distributed.checkpoint initialises
-    AdamW's state only while no .grad exists)."""
+    """DDP around the GPT, its gradients kept once, as views of the buckets. Wrap after the
+    optimizer state is loaded (which initialises AdamW's state only while no .grad exists)."""
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     return DDP(model, device_ids=[device.index] if device.type == 'cuda' else None,
@@ -125,21 +115,19 @@ def wrap_ddp(model, device):
 def full_tensor(t):
     """A DTensor (an FSDP-sharded parameter, or a reduction over one) gathered whole; other tensors
     as they are. A collective under FSDP: every rank must call it."""
-    # not imported (apply_fsdp does): t cannot be a DTensor
     dtensor = sys.modules.get('torch.distributed.tensor')
     return t.full_tensor() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
 
 
 def local_tensor(t):
-    """This rank's shard of a DTensor (an FSDP-sharded parameter); other tensors as they are. No
-    collective."""
-    dtensor = sys.modules.get('torch.distributed.tensor')  # (see full_tensor)
+    """This rank's shard of a DTensor; other tensors as they are. No collective."""
+    dtensor = sys.modules.get('torch.distributed.tensor')  # not imported: t is no DTensor
     return t.to_local() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
 
 
 def init_distributed(backend):
     """init_process_group for torchrun's workers, each restart's keys apart from earlier attempts'
-    in the agent's one store (a dead rank's address, read again, fails: docs/training.md, Ranks)."""
+    in the agent's one store (a dead rank's address, read again, fails)."""
     store, rank, world = next(dist.rendezvous('env://'))
     attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
     dist.init_process_group(backend, store=dist.PrefixStore(f'train.py/attempt_{attempt}', store),
@@ -147,9 +135,8 @@ def init_distributed(backend):
 
 
 def batch_to_device(arrays, device):
-    """Numpy arrays (a micro-batch) as tensors on device. On CUDA through pinned memory with
-    non_blocking: a copy from pageable memory waits for the GPU's queued work, so the host could not
-    launch the next kernels meanwhile."""
+    """Numpy arrays (a micro-batch) as tensors on device; on CUDA through pinned memory with
+    non_blocking (a copy from pageable memory would wait for the GPU's queued work)."""
     if device.type != 'cuda':
         return [torch.from_numpy(a).to(device) for a in arrays]
     return [torch.from_numpy(a).pin_memory().to(device, non_blocking=True) for a in arrays]
@@ -167,7 +154,7 @@ def reduce_mean(values, device):
 @contextmanager
 def preemption_flag():
     """While active, SIGTERM / SIGINT only append to the yielded list: the loop finishes its step,
-    saves a checkpoint and exits cleanly (cluster preemption, Ctrl-C)."""
+    saves and exits (cluster preemption, Ctrl-C)."""
     flag = []
     previous = {sig: signal.signal(sig, lambda signum, frame: flag.append(signum))
                 for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -1,14 +1,12 @@
 """
-The memory plan: what one GPU holds at the peak of a training step, computed before launching, from
-the configs alone (every model is built on the meta device, a teacher that is not on this machine
-has its published shape). `python train.py <config> --dry_run=True` prints it (print_dry_run);
-tools/memory_tables.py writes it into the docs' tables and, with --measure, holds it against the
-peak memory_measure.fake_peak_memory measures; tests/test_gpu_path.py does the same at reduced
-depth. Everything counted is here: the bytes a decoder layer saves for backward
-(saved_bytes_per_token), the fused KD loss's working set (kd_loss_memory) and their sum per
-component (memory_estimate), with the arguments a run's config gives it (memory_plan, print_dry_run:
-a RunConfig's). Imports flow one way: data -> model -> distill -> memory_plan -> runs -> train,
-memory_measure, bench, gpu_check.
+The memory plan: what one GPU holds at the peak of a training step, computed from the configs alone
+before launching (docs/memory.md). Everything counted is here: the bytes a decoder layer saves for
+backward (saved_bytes_per_token), the fused KD loss's working set (kd_loss_memory) and their sum per
+component (memory_estimate), with the arguments a run's config gives it (memory_plan,
+print_dry_run: a RunConfig's). `python train.py <config> --dry_run=True` prints it;
+tools/memory_tables.py writes it into the docs' tables and, with --measure, holds it against
+memory_measure.fake_peak_memory. Imports flow one way: data -> model -> distill -> memory_plan ->
+runs -> train, memory_measure, bench, gpu_check.
 """
 import os
 

@@ -1,15 +1,12 @@
-"""
-Every measurement of a model's attention and activations, each defined once, for train.py's
+"""Every measurement of a model's attention and activations, each defined once, for train.py's
 evaluations, analyze.py, the sink study and the quick start's real model. Attention measures read
 each layer's explicit weights (model.Attention.weights) on the inputs the model's own forward gives
-it (inspect_attention), in float64; rows need not sum to one (affine's can hold negative weights;
-sink's and softmax1's leave out a null slot's mass).
+it (inspect_attention), in float64; rows need not sum to one (docs/analysis.md, "The sink's
+measures", has the definitions, their sources and a real model's numbers).
   where attention goes  first_token_weights; Gu et al.'s Sink_1: sink_scores, sink_rate, sink_rates
   affine's alpha        alpha_summary; Kobayashi et al.: value_weighted_first_token
   outliers              activation_outliers, outlier_means (Bondarenko et al.)
   what a sink costs     w8a8_losses, quantized_losses, knockout_losses (StreamingLLM's eviction)
-docs/analysis.md, "The sink's measures", gathers the definitions, their sources and a real model's
-numbers.
 """
 import statistics
 from contextlib import contextmanager
@@ -96,23 +93,20 @@ def variant_statistics(attn, x):
     stats = {'alpha': variant.alpha(attn, x).double()} if variant.alpha else {}
     return stats | {name: getattr(attn, name).double() for name in variant.head_stats}
 
-# ----------------------------------------------------------------------------- The measures, each
-# on a layer's explicit weights w (B, H, T, T) (0 on the keys a query does not see)
+# -----------------------------------------------------------------------------------------------
+# The measures, each on a layer's explicit weights w (B, H, T, T) (0 on the keys a query does not
+# see)
 
 
 def first_token_weights(w):
     """Where each row's attention goes, per query i >= 1 (query 0 sees only token 0), as (B, H, T -
-    1) tensors:
+    1) tensors (docs/analysis.md, "The sink's measures", reads each one per variant):
       weight  w_i0: the paper's Figure 4 measure, as it plots it;
-      share   w_i0 / sum_j w_ij: where the row's own total goes (affine's rows sum to alpha_i + (alpha_ma - alpha_i)
-              (i + 1) / N, 0.3-0.5 in trained models, so the share is unbounded only where that nears 0: alpha_ma
-              near 0, untrained; sink's and softmax1's to 1 minus the null slot's mass);
-      null    1 - sum_j w_ij: for sink and softmax1 the null slot's mass (Eq. 2-3: the weight of a value-less sink);
-              for affine what the scale took away (or added, where the row sums to more than one); 0 for softmax;
+      share   w_i0 / sum_j w_ij: where the row's own total goes (unbounded where that nears 0);
+      null    1 - sum_j w_ij: sink's and softmax1's null slot, what affine's scale took away (or
+              added); 0 for softmax;
     first-token-or-null is weight + null (linear, so its means are theirs): the paper's Figure 9
-    reading of sink, where rows still concentrate "on the sink token and the first token"; for
-    affine it counts the scaled-away mass as if it were a sink's. A negative affine w_i0 (beta_i <
-    -alpha_i a_i0) stays negative in all three."""
+    reading of sink. A negative affine w_i0 (beta_i < -alpha_i a_i0) stays negative in all three."""
     rows = w[:, :, 1:].sum(-1)
     first = w[:, :, 1:, 0]
     return dict(weight=first, share=first / rows, null=1 - rows)
@@ -532,17 +526,12 @@ def quantize_asymmetric(x, low, high, bits=QUANTIZATION_BITS):
 def quantized_losses(model, calibration, sequences, weight_bits=QUANTIZATION_BITS,
                      act_bits=QUANTIZATION_BITS, batch_size=1):
     """Simulated post-training quantization at weight_bits / act_bits in Bondarenko et al. (2023)'s
-    setup (their README's OPT command: --quant_setup fp32_head --ranges_acts running_minmax
-    --qmethod_acts asymmetric_uniform; validate_clm.py sets --n_bits and --n_bits_act apart, as
-    here): every nn.Linear but the final one (lm_head, kept in full precision with its input) gets
-    symmetric per-tensor weights (quantize_symmetric) and asymmetric per-tensor inputs
-    (quantize_asymmetric) over static ranges: the running min-max (momentum 0.9) of each input over
-    the calibration sequences, fixed before the evaluation. Their code also quantizes the
-    embeddings, norms, residual sums and attention probabilities, and picks weight ranges by an MSE
-    grid; this is the narrower setup of the linear layers alone. Fewer input bits than 8 widen each
-    step about 4x (6 bits) or 17x (4 bits): where W8A8's ratio sits at its floor, a range stretched
-    by an outlier shows there first. The model is restored after. Returns the loss (prediction_loss)
-    on the sequences in full precision (fp) and quantized, and their ratio."""
+    setup, narrowed to the linear layers (docs/analysis.md, "The sink's measures"): every nn.Linear
+    but the final one (lm_head, kept in full precision with its input) gets symmetric per-tensor
+    weights (quantize_symmetric) and asymmetric per-tensor inputs (quantize_asymmetric) over static
+    ranges: the running min-max (momentum 0.9) of each input over the calibration sequences, fixed
+    before the evaluation. The model is restored after. Returns the loss (prediction_loss) on the
+    sequences in full precision (fp) and quantized, and their ratio."""
     device = next(model.parameters()).device
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not model.lm_head]
     ranges = {}
@@ -601,13 +590,10 @@ def knockout_losses(model, sequences, window=0, first=KNOCKOUT_FIRST, batch_size
     (those with keys to hide) when each sees only its last `window` keys plus the first k positions,
     for each k in `first`, against full attention on the same predictions. window 0: a quarter of
     the sequences' length. Every layer attends through its explicit weights (Attention.explicit)
-    with the hidden keys' scores at -inf, so they leave each variant's own normalisation: softmax's
-    and the sinks' denominators (a null slot is no position: it stays), and for affine Eq. 8 over
-    the keys the query still sees (model.affine_weights): beta_i spreads over them (Sigma_j V_j sums
-    only them) and N counts them ('visible') or is the most any query sees, the cache's length
-    ('seq_len'), as for a model handed only that cache. Positions keep their RoPE angles
-    (StreamingLLM renumbers them within the cache). Full attention is the same explicit path with
-    nothing hidden. Returns dict(window, full, first_<k> for each k)."""
+    with the hidden keys' scores at -inf, so they leave each variant's own normalisation (affine's
+    Eq. 8 included: docs/analysis.md, "The sink's measures"); full attention is the same explicit
+    path with nothing hidden. Positions keep their RoPE angles. Returns dict(window, full, first_<k>
+    for each k)."""
     T = sequences.size(1)
     window = window or T // 4
     layers = [layer.self_attn for layer in model.model.layers]

@@ -1,8 +1,7 @@
 """
-What other programs need to know about a train.py run: its keys (KEYS, load_config, RunConfig), its
-optimizer, its out_dir and checkpoint, the one rule for continuing it (RESUME_MAY_CHANGE,
-resume_point, planned_run), its dry run, and its records read back (load_run). train.py and this
-module read a run's config by key; every other module takes named arguments or a RunConfig.
+What other programs need to know about a train.py run: its keys (KEYS, RunConfig), its optimizer,
+out_dir and checkpoint, the one rule for continuing it (RESUME_MAY_CHANGE), its dry run, and its
+records read back (load_run). Only train.py and this module read a run's config by key.
 """
 import dataclasses
 import json
@@ -23,32 +22,26 @@ from lmkit.memory_plan import print_dry_run
 from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GATED_NAMES,
                    MODEL_SHAPES, ModelConfig)
 
-# The keys, with the paper's recipe as their defaults, and ModelConfig's fields (model.py). A key
-# added later takes the default that does what the code did before it: a checkpoint from before it
-# resumes with it (recorded_config).
+# The keys, the paper's recipe as defaults, and ModelConfig's fields. A key added later defaults to
+# what the code did before it: a checkpoint from before it resumes with it (recorded_config).
 TRAIN_KEYS = dict(
     out_dir=Key('out', "where ckpt.pt, metrics.jsonl and config.json go"),
     data_dir=Key('data/fineweb_edu_llama3', "a prepare_data.py output directory"),
-    first_token=Key('stream', "position 0 of every window: where the cut lands (stream), or the "
-                              "tokenizer's BOS (prefix; "
-                              "docs/data.md)", choices=('stream', 'prefix')),
-    init_from=Key('auto', "auto: continue out_dir/ckpt.pt if there is one; resume: refuse if none; "
-                          "scratch: start fresh", choices=('auto', 'resume', 'scratch')),
+    first_token=Key('stream', "what starts a window (docs/data.md)", choices=('stream', 'prefix')),
+    init_from=Key('auto', "continue out_dir's checkpoint: if any, always, never",
+                  choices=('auto', 'resume', 'scratch')),
     overwrite=Key(False, "with init_from=scratch: replace out_dir's checkpoint"),
     keep_previous=Key(True, "keep the checkpoint a save replaces as ckpt.prev.pt (a hard link)"),
     max_iters=Key(9000, "optimizer steps (Appendix B.1)", min=1),
-    global_batch_size=Key(1024, "sequences per optimizer step, over all ranks (Section "
-                                "5.1)", min=1),
+    global_batch_size=Key(1024, "sequences per optimizer step, all ranks (Section 5.1)", min=1),
     micro_batch_size=Key(8, "sequences per forward on one rank", min=1),
     learning_rate=Key(1e-3, "AdamW's peak rate (Section 5.1)", above=0, max=1),
     min_lr=Key(0.0, "learning rate at the end of the decay", min=0),
-    resume_lr_change=Key(False, "on resume: let learning_rate and min_lr change (recorded in "
-                                "metrics.jsonl)"),
+    resume_lr_change=Key(False, "on resume: let learning_rate and min_lr change (logged)"),
     warmup_iters=Key(100, "linear warmup steps (Appendix B.1)", min=0),
     decay_frac=Key(0.2, "share of the steps that decays linearly to min_lr", min=0, max=1),
     weight_decay=Key(0.1, "AdamW, on matrices only (Section 5.1)", min=0),
-    matched_init=Key(False, "initialise each module from (seed, its name) alone "
-                            "(train.init_matched)"),
+    matched_init=Key(False, "initialise each module from (seed, its name) alone"),
     no_decay=Key([], "modules whose matrices do not decay (the sink study's control)",
                  choices=('alpha_proj', 'g_proj', 'q_proj', 'k_proj', 'v_proj', 'o_proj',
                           'gate_proj', 'up_proj', 'down_proj', 'embed_tokens', 'lm_head')),
@@ -58,26 +51,18 @@ TRAIN_KEYS = dict(
     seed=Key(1337, "the initial weights and the order of the data", min=0, max=2 ** 64 - 1),
     eval_interval=Key(500, "evaluate, measure attention and save every this many steps", min=1),
     eval_batches=Key(20, "validation batches of micro_batch_size sequences", min=1),
-    attention_windows=Key(0, "validation windows each evaluation measures the sink on (0: "
-                             "off)", min=0),
+    attention_windows=Key(0, "validation windows an evaluation measures the sink on", min=0),
     log_interval=Key(10, "console line every this many steps", min=1),
-    nonfinite=Key('stop', "a non-finite loss or gradient norm: stop, or skip the step",
-                  choices=('stop', 'skip')),
-    max_skipped_frac=Key(0.05, "nonfinite=skip: stop once more than this share of steps was "
-                               "skipped",
-                         min=0, max=1),
+    nonfinite=Key('stop', "on a non-finite loss or gradient norm", choices=('stop', 'skip')),
+    max_skipped_frac=Key(0.05, "nonfinite=skip: stop past this share of steps", min=0, max=1),
     device=DEVICE,
-    dtype=Key('auto', "auto: bfloat16 autocast on GPUs that support it, else float32",
-              choices=('auto', 'float32', 'bfloat16')),
+    dtype=Key('auto', "auto: bfloat16 where a GPU has it", choices=('auto', 'float32', 'bfloat16')),
     compile=Key(None, "torch.compile per decoder layer; None: on for CUDA", types=(bool,)),
-    peak_flops=Key(None, "per-device peak FLOP/s for MFU; None: datasheet or measured",
-                   types=(float, int), above=0),
-    teacher=Key(None, "distil from a teacher: a Hugging Face directory or one of our checkpoints",
-                types=(str,)),
+    peak_flops=Key(None, "a device's peak FLOP/s, for MFU", types=(float, int), above=0),
+    teacher=Key(None, "distil from: a Hugging Face directory or a checkpoint", types=(str,)),
     kd_temperature=Key(1.0, "T of the KD loss", above=0, max=100),
     kd_alpha=Key(1.0, "loss = kd_alpha * KD + (1 - kd_alpha) * CE", min=0, max=1),
-    kd_loss=Key('fused', "distill.fused_kd_loss (chunked), or plain: distill.kd_loss",
-                choices=('fused', 'plain')),
+    kd_loss=Key('fused', "distill.fused_kd_loss, or distill.kd_loss", choices=('fused', 'plain')),
     wandb_log=Key(False, "also log to Weights & Biases"),
     wandb_project=Key('affine-scaled-attention'), wandb_run_name=Key(None, types=(str,)),
     fsdp=Key(False, "shard the student over the ranks with FSDP2 (needs torchrun)"),
@@ -88,71 +73,62 @@ TRAIN_KEYS = dict(
 )
 
 
-# what must hold between the keys, checked with them (warmup_iters may exceed max_iters:
-# train.start_notes warns) an empty out_dir would write into the working folder
+# what must hold between the keys (an empty out_dir would write into the working folder)
 RULES = ('min_lr <= learning_rate', "out_dir != ''")
 
 
-# what each ModelConfig field's key declares besides its default (the reasons: docs/training.md,
-# Configuration)
+# what each ModelConfig field's key declares besides its default (docs/training.md, Configuration)
 MODEL_FIELD_KEYS = dict(
     n_layer=dict(min=1), n_head=dict(min=1), n_kv_head=dict(min=1), n_embd=dict(min=1),
     intermediate_size=dict(min=1), vocab_size=dict(min=1), block_size=dict(min=1),
     rope_theta=dict(above=1, max=1e9, help="RoPE's base"), rope_scaling=dict(types=(dict,)),
     rms_norm_eps=dict(above=0, max=1e-3), init_std=dict(above=0),
-                        attention=dict(choices=ATTENTIONS),
-    affine_act=dict(choices=AFFINE_ACTS), affine_momentum=dict(min=0, max=1),
+    attention=dict(choices=ATTENTIONS), affine_act=dict(choices=AFFINE_ACTS),
+    affine_momentum=dict(min=0, max=1),
     affine_bias_norm=dict(choices=AFFINE_BIAS_NORMS))
 
 
 KEYS = {**TRAIN_KEYS,
-        **{f.name: Key(f.default, **{'help': "ModelConfig "
-                                             "(model.py)", **MODEL_FIELD_KEYS.get(f.name, {})})
+        **{f.name: Key(f.default, **{'help': "ModelConfig (model.py)",
+                                     **MODEL_FIELD_KEYS.get(f.name, {})})
            for f in dataclasses.fields(ModelConfig)},
-        # a published shape by name: sets its ModelConfig fields where it stands (later lines still
-        # win)
+        # a published shape by name: sets its ModelConfig fields where it stands
         'model': Key(None, "a published shape (model.MODEL_SHAPES)", choices=tuple(MODEL_SHAPES),
                      types=(str,), expands=MODEL_SHAPES)}
 
 
-# what a key a checkpoint predates takes
 KEY_DEFAULTS = {name: key.default for name, key in KEYS.items()}
 
 
 def load_config(argv, description=''):
-    """Defaults <- config files <- --key=value overrides, each key checked; description: --help's
-    text."""
+    """Defaults <- config files <- --key=value overrides, each key checked."""
     return parse(argv, KEYS, description, files=True, prog='train.py', rules=RULES)
 
 
-# A run's config as a typed object, for every module but train.py and this one (a misspelt key:
-# AttributeError)
+# A run's config as a typed object, for every other module (a misspelt key: AttributeError)
 RunConfig = dataclasses.make_dataclass('RunConfig', list(KEYS), frozen=True)
 
 
 def run_config(config):
-    """The RunConfig of a config dict: load_config's, or a checkpoint's or a config.json's
-    (recorded_config)."""
+    """The RunConfig of a config dict: load_config's, a checkpoint's or a config.json's."""
     config = recorded_config(config)[0]
     return RunConfig(**{key: config[key] for key in KEYS})
 
 
 def dry_run(c, model_config):
-    """train.py --dry_run=True: parameter counts and the memory plan (memory_plan.print_dry_run)."""
+    """train.py --dry_run=True: parameter counts and the memory plan."""
     print_dry_run(run_config(c), model_config)
 
 
 def recorded_config(config):
-    """(config with every key added since it was written at its default, those keys): a
-    checkpoint's."""
+    """(config with every key added since it was written at its default, those keys)."""
     missing = [key for key in KEY_DEFAULTS if key not in config]
     return {**config, **{key: KEY_DEFAULTS[key] for key in missing}}, missing
 
 
 def configure_optimizers(model, weight_decay, lr, betas, fused=None, no_decay=()):
     """AdamW; matrices (embeddings and projections) decay, vectors (norms, biases, sinks) do not,
-    nor do the matrices of the modules named in no_decay (the sink study's control: alpha_proj,
-    g_proj)."""
+    nor do the matrices of the modules named in no_decay."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decays = [p.dim() >= 2 and not set(no_decay) & set(n.split('.')) for n, p in named]
     groups = [{'params': [p for (_, p), d in zip(named, decays) if d],
@@ -162,7 +138,6 @@ def configure_optimizers(model, weight_decay, lr, betas, fused=None, no_decay=()
     if fused is None:
         fused = all(p.device.type == 'cuda' for p in params)
     # elsewhere multi-tensor (torch's default only on CUDA): the same numbers, a tenth of the ops
-    # (of a CPU step)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused, foreach=not fused)
 
 
@@ -173,17 +148,16 @@ RUN_FILES = (CKPT_NAME, 'config.json', 'metrics.jsonl')  # what a run writes int
 
 
 def start_log(c, start_step):
-    """out_dir's config.json, and the path of its metrics.jsonl as a run starts it: a resume keeps
-    the records up to its step; a fresh start keeps an earlier log aside under a new name
-    (files.set_aside), said in one line."""
+    """out_dir's config.json, and its metrics.jsonl as a run starts it: a resume keeps the records
+    up to its step; a fresh start sets an earlier log aside (files.set_aside)."""
     path = os.path.join(c['out_dir'], 'metrics.jsonl')
     kept = []
     if start_step and os.path.isfile(path):
         kept = [record for record in read_log(path) if record['step'] <= start_step]
     elif os.path.isfile(path) and os.path.getsize(path):
         print(f"note: {path} holds the log of an earlier run in {c['out_dir']}, which this one "
-              f"does not continue: kept as {set_aside(path)}; a new log "
-              "begins", file=sys.stderr, flush=True)
+              f"does not continue: kept as {set_aside(path)}; a new log begins",
+              file=sys.stderr, flush=True)
     write_json(os.path.join(c['out_dir'], 'config.json'), c)
     with atomic_write(path) as f:
         f.writelines(json.dumps(record) + '\n' for record in kept)
@@ -201,17 +175,15 @@ def claim_out_dir(out_dir):
 
 
 def hold_out_dir(out_dir):
-    """One writer per run: the holder (rank 0) creates out_dir and holds it until the run ends
-    (files.lock_dir)."""
+    """One writer per run: the holder (rank 0) creates out_dir and holds it until the run ends."""
     return lock_dir(out_dir, 'train.py')
 
 
 def data_fingerprint(meta):
-    """What identifies a prepare_data.py directory's contents (its meta.json): the tokenizer and
-    each split's size."""
+    """What identifies a prepare_data.py directory's contents: the tokenizer, each split's size."""
+    splits = sorted(meta['splits'].items())
     return dict(tokenizer=meta['tokenizer']['sha256'],
-                **{f'{split}_tokens': info['tokens'] for split,
-                   info in sorted(meta['splits'].items())})
+                **{f'{name}_tokens': split['tokens'] for name, split in splits})
 
 
 def rng_state():
@@ -231,14 +203,11 @@ def set_rng_state(state):
 # Continuing a run: the one rule
 
 # What may differ between a checkpoint's run and the run that continues it: nothing that changes
-# what a step computes (docs/training.md, Never lose a run). Every other key, the model and the data
-# must be the same.
+# what a step computes (docs/training.md, Never lose a run)
 RESUME_MAY_CHANGE = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'keep_previous', 'max_iters',
-                     'micro_batch_size',
-                     'eval_interval', 'eval_batches', 'log_interval', 'nonfinite',
-                     'max_skipped_frac', 'device',
-                     'compile', 'peak_flops', 'wandb_log', 'wandb_project', 'wandb_run_name',
-                     'kd_loss', 'fsdp',
+                     'micro_batch_size', 'eval_interval', 'eval_batches', 'log_interval',
+                     'nonfinite', 'max_skipped_frac', 'device', 'compile', 'peak_flops',
+                     'wandb_log', 'wandb_project', 'wandb_run_name', 'kd_loss', 'fsdp',
                      'activation_checkpointing', 'dry_run', 'dry_run_world_size', 'dry_run_gpu_gib',
                      'resume_lr_change', 'attention_windows'}
 # What a resume changes only when asked to (resume_lr_change=True; recorded in metrics.jsonl)
@@ -246,17 +215,15 @@ LR_KEYS = ('learning_rate', 'min_lr')
 
 
 def changed_settings(old, new, also=()):
-    """[(key, old value, new value)] of the settings (dicts) whose change makes a continued run
-    another run: every key outside RESUME_MAY_CHANGE, and those of `also` (planned_run's
-    max_iters)."""
+    """[(key, old, new)] of the settings whose change makes a continued run another run: every key
+    outside RESUME_MAY_CHANGE, and those of `also`."""
     return [(key, old[key], new[key]) for key in sorted(new)
             if (key in also or key not in RESUME_MAY_CHANGE) and old[key] != new[key]]
 
 
 def check_resumable(ckpt, c, model_config, data_meta, path):
     """RunError listing what makes continuing `ckpt` with config `c` another run (the model, a key
-    outside RESUME_MAY_CHANGE, the data); else the keys the checkpoint predates, at their
-    defaults."""
+    outside RESUME_MAY_CHANGE, the data); else the keys the checkpoint predates, with defaults."""
     old, missing = recorded_config({**ckpt['config'], **ckpt['model_config']})
     changed = [f"{key}: {before!r} -> {after!r}" for key, before, after in
                changed_settings(old, {**c, **dataclasses.asdict(model_config)})]
@@ -264,21 +231,18 @@ def check_resumable(ckpt, c, model_config, data_meta, path):
         changed.append(f"the data: {ckpt['data']} -> {data_fingerprint(data_meta)} "
                        f"(data_dir={c['data_dir']})")
     if changed:
+        may = f"{', '.join(sorted(RESUME_MAY_CHANGE))}; {' and '.join(LR_KEYS)} with "
         raise RunError(f"{path} was written by a different run; continuing it with these settings "
-                       "would not be the same run:\n  "
-                       "- " + "\n  - ".join(changed) + "\nKeys that may change on resume: "
-                                                       f"{', '.join(sorted(RESUME_MAY_CHANGE))}; "
-                                                       f"{' and '.join(LR_KEYS)} with "
-                                                       "--resume_lr_change=True (recorded in "
-                                                       "metrics.jsonl). To start a new run "
-                                                       "instead: another --out_dir, or "
-                                                       "--init_from=scratch --overwrite=True.")
+                       "would not be the same run:\n  - " + "\n  - ".join(changed)
+                       + f"\nKeys that may change on resume: {may}--resume_lr_change=True "
+                       "(recorded in metrics.jsonl). To start a new run instead: another "
+                       "--out_dir, or --init_from=scratch --overwrite=True.")
     return {key: old[key] for key in missing}
 
 
 def lr_changes(ckpt, c):
-    """{key: {'from': the checkpoint's, 'to': this run's}} of the LR_KEYS that this resume changes,
-    where resume_lr_change=True allows it (else {}: check_resumable then refuses a change)."""
+    """{key: {'from': the checkpoint's, 'to': this run's}} of the LR_KEYS this resume changes,
+    where resume_lr_change=True allows it (else {})."""
     if not c['resume_lr_change']:
         return {}
     return {key: {'from': ckpt['config'][key], 'to': c[key]} for key in LR_KEYS
@@ -286,8 +250,7 @@ def lr_changes(ckpt, c):
 
 
 def checkpoint_to_resume(c, ckpt_path):
-    """out_dir's checkpoint if this run continues it (init_from), else None; refuses to replace one
-    unasked."""
+    """out_dir's checkpoint if this run continues it, else None; refuses to replace one unasked."""
     exists, previous = os.path.isfile(ckpt_path), previous_checkpoint(ckpt_path)
     if not exists and os.path.isfile(previous) and not c['overwrite']:
         raise RunError(f"{previous} is there without {ckpt_path}: to continue from it, mv "
@@ -311,37 +274,32 @@ def checkpoint_to_resume(c, ckpt_path):
 
 
 def resume_point(c, model_config, data_meta, path):
-    """(checkpoint or None, lr_changes, predated keys) of run c: the checkpoint it continues (its
-    model tensors under plain names), checked to be the same run but for the learning rates
-    resume_lr_change allows."""
+    """(checkpoint or None, lr_changes, predated keys) of run c: the checkpoint it continues,
+    checked to be the same run but for the learning rates resume_lr_change allows."""
     ckpt = checkpoint_to_resume(c, path)
     if ckpt is None:
         return None, {}, {}
     changes = lr_changes(ckpt, c)  # asked for: not a difference to refuse
-    predated = check_resumable(ckpt,
-                               {**c, **{key: change['from'] for key, change in changes.items()}},
-                               model_config, data_meta, path)
+    asked = {key: change['from'] for key, change in changes.items()}
+    predated = check_resumable(ckpt, {**c, **asked}, model_config, data_meta, path)
     return {**ckpt, 'model': model_state(ckpt)}, changes, predated
 
 
 def save_run_checkpoint(path, c, step, skipped, model_state_dict, optimizer_state, model_config,
                         data_meta):
-    """A run's ckpt.pt, which resume_point reads. skipped: {'steps': how many, 'first': the first's
-    step}."""
-    save_checkpoint(path,
-                    dict(model=model_state_dict, optimizer=optimizer_state, step=step,
-                         rng=rng_state(), config=c, model_config=dataclasses.asdict(model_config),
-                         tokenizer=data_meta['tokenizer'], data=data_fingerprint(data_meta),
-                         skipped=skipped), keep_previous=c['keep_previous'])
+    """A run's ckpt.pt, which resume_point reads. skipped: {'steps': how many, 'first': step}."""
+    save_checkpoint(path, dict(model=model_state_dict, optimizer=optimizer_state, step=step,
+                               rng=rng_state(), config=c, skipped=skipped,
+                               model_config=dataclasses.asdict(model_config),
+                               tokenizer=data_meta['tokenizer'], data=data_fingerprint(data_meta)),
+                    keep_previous=c['keep_previous'])
 
 
-# train.py's arguments that train a run again from scratch
 RESTART = ['--init_from=scratch', '--overwrite=True']
 
 
 def restart_note(out_dir, changes):
-    """What the quick start and the sink study say of a run they train again from scratch
-    (RESTART)."""
+    """What the quick start and the sink study say of a run they train again (RESTART)."""
     return (f"changed since {out_dir} was trained: {'; '.join(changes)}. Training it again from "
             "scratch, replacing its checkpoint and config.json (its metrics.jsonl is kept aside, "
             "under a new name)")
@@ -349,8 +307,7 @@ def restart_note(out_dir, changes):
 
 def planned_run(argv, cwd=''):
     """(RunConfig, step, changes) of the train.py command argv (run in cwd) beside its out_dir's
-    checkpoint: the step it reached (None: none), changed_settings' as 'key old -> new', max_iters
-    among them (then: RESTART)."""
+    checkpoint: the step it reached (None: none), and changed settings, max_iters among them."""
     c = load_config(argv)
     c['dtype'] = resolve_dtype(c['dtype'], resolve_device(c['device']))  # as setup_run resolves it
     path = checkpoint_path(os.path.join(cwd, c['out_dir']))
@@ -358,17 +315,15 @@ def planned_run(argv, cwd=''):
         return run_config(c), None, []
     then = read_checkpoint(path, keys=('step', 'config'))
     changed = changed_settings(recorded_config(then['config'])[0], c, also=('max_iters',))
-    return run_config(c), then['step'], [f"{key} {before!r} -> "
-                                         f"{after!r}" for key, before, after in changed]
+    return run_config(c), then['step'], [f"{key} {old!r} -> {new!r}" for key, old, new in changed]
 
 
 # -----------------------------------------------------------------------------
 # A run's records, read back
 
 def load_run(out_dir):
-    """A train.py run: its metrics.jsonl step records (events left out) and config.json's RunConfig
-    (None without one). A log holding a step twice (two writers, or logs joined) is refused: it
-    would count those steps twice."""
+    """A train.py run: its metrics.jsonl step records (no events) and config.json's RunConfig (or
+    None). A log holding a step twice (two writers, or logs joined) is refused."""
     path = os.path.join(out_dir, 'metrics.jsonl')
     if not os.path.isfile(path):
         raise RunError(f"{out_dir}: no metrics.jsonl (not a train.py out_dir)")
@@ -392,22 +347,20 @@ def load_run(out_dir):
 
 
 def method_name(config):
-    """The paper's name for a model config (a dict): its variant's display name (Variant.display;
-    GATED_NAMES' with the gate), then its options (Variant.options), so that the sigmoid ablation of
-    Table 3 says so."""
+    """The paper's name for a model config (a dict): its variant's display name (GATED_NAMES' with
+    the gate), then its options (Table 3's sigmoid ablation says so)."""
     config = ModelConfig(**{key: value for key, value in config.items() if key in FIELD_NAMES})
     of = config.variant_name
     name = config.variant.display or of
     if config.is_gated:  # the paper's name for it with the gate, if the paper has one
-        name = next((shown for base, shown in GATED_NAMES.values() if base == of), f'{name} + '
-                                                                                   'Gated')
+        name = next((shown for base, shown in GATED_NAMES.values() if base == of),
+                    f'{name} + Gated')
     return name + config.variant.options(config)
 
 
 def objective(config):
-    """What a run minimised: 'CE' (cross-entropy on the data), or 'KD from <teacher>' with kd_alpha
-    and kd_temperature where they are not the paper's 1.0. Losses of different objectives are not
-    comparable."""
+    """What a run minimised: 'CE', or 'KD from <teacher>' with kd_alpha and kd_temperature where
+    not the paper's 1.0. Losses of different objectives are not comparable."""
     if not config.get('teacher'):
         return 'CE'
     settings = ''.join(f", {key}={config[key]}" for key in ('kd_alpha', 'kd_temperature')

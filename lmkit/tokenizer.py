@@ -19,17 +19,21 @@ import tiktoken
 
 from lmkit.errors import RunError
 
-# ----------------------------------------------------------------------------- Tokenizers, all as
-# tiktoken Encodings
+# -----------------------------------------------------------------------------------------------
+# Tokenizers, all as tiktoken Encodings
 
 # A Hugging Face tokenizer is rebuilt from what its own files say, never from the model's name or
 # type:
-#   tokenizer.json             the BPE vocabulary and merges, the normalizer, the pre-tokenizer (turned into one
-#                              regex), the added tokens, and the post-processor (the special tokens put around a text)
-#   tokenizer_config.json,     bos_token and eos_token; add_bos_token / add_eos_token; tokenizer_class, whose
-#   special_tokens_map.json    defaults transformers applies where these files say nothing
-#   vocab.json + merges.txt    a "slow" tokenizer: the vocabulary; its tokenizer_class gives the regex
-#   original/tokenizer.model   Meta's Llama-3 tiktoken file, with the conventions of Meta's tokenizer.py
+#   tokenizer.json            the BPE vocabulary and merges, the normalizer, the pre-tokenizer
+#                             (turned into one regex), the added tokens, and the post-processor
+#                             (the special tokens put around a text)
+#   tokenizer_config.json,    bos_token and eos_token; add_bos_token / add_eos_token;
+#   special_tokens_map.json   tokenizer_class, whose defaults transformers applies where these
+#                             files say nothing
+#   vocab.json + merges.txt   a "slow" tokenizer: the vocabulary; its tokenizer_class gives the
+#                             regex
+#   original/tokenizer.model  Meta's Llama-3 tiktoken file, with the conventions of Meta's
+#                             tokenizer.py
 # config.json is not read. tiktoken runs byte-level BPE only; anything else, and any setting these
 # files hold that tiktoken cannot reproduce exactly, is refused with a message naming what was
 # found.
@@ -41,10 +45,13 @@ GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s
 # GPT-2's regex applied inside the pieces of a Digits pre-tokenizer (SmolLM, StarCoder:
 # Sequence[Digits, ByteLevel]). Digits cuts the text before and after every digit
 # (individual_digits=true) or digit run, so
-#   - a digit or run is a piece of its own: ' ?\p{N}+' becomes one digit (a run), without the leading space;
-#   - a whitespace run just before a digit ends its piece, where '\s+(?!\S)' takes the whole run (as at the end
-#     of a text): the lookahead becomes "not followed by a character that is neither a space nor a digit";
-#   - every other alternative stops at a digit by itself, the punctuation class once digits are taken out of it.
+#   - a digit or run is a piece of its own: ' ?\p{N}+' becomes one digit (a run), without the
+#     leading space;
+#   - a whitespace run just before a digit ends its piece, where '\s+(?!\S)' takes the whole run
+#     (as at the end of a text): the lookahead becomes "not followed by a character that is
+#     neither a space nor a digit";
+#   - every other alternative stops at a digit by itself, the punctuation class once digits are
+#     taken out of it.
 # A "digit" is what Digits takes for one, Rust's char::is_numeric: \p{N} and 13 code points of
 # Unicode 16 that the regex engines' older tables do not know yet (Kirat Rai U+11DE0-11DE9,
 # U+16FF4-16FF6; DIGIT_EXTRA). Inside a run of digits GPT-2's regex still tells the two kinds apart
@@ -58,12 +65,12 @@ GPT2_DIGIT_RUNS_PATTERN = GPT2_DIGITS_PATTERN.replace(r"|[\p{N}" + DIGIT_EXTRA +
                                                       r"|\p{N}+|[" + DIGIT_EXTRA + "]+|", 1)
 # Llama 3: the cl100k-style pattern of Meta's tokenizer.py (also the Split regex in its
 # tokenizer.json).
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| "
-                  r"?[^\s\p{L}\p{N}]+[\r\n]*" r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Qwen1.5 / Qwen2: the same, except that digits are split one at a time (\p{N} instead of
 # \p{N}{1,3}).
-QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| "
-                 r"?[^\s\p{L}\p{N}]+[\r\n]*" r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # The byte tokenizer has no merges, so every split gives the same ids; fixed-size pieces are the
 # fastest.
 BYTES_PATTERN = r"[\s\S]{1,256}"
@@ -71,7 +78,8 @@ BYTES_PATTERN = r"[\s\S]{1,256}"
 # The three conventions this repo had before it read tokenizers' files (an Encoding whose
 # conventions are exactly one of these keeps its name, so its meta.json sha256, and with it data and
 # checkpoints made before, still match):
-#   llama3: <|begin_of_text|> before each document (the HF Llama-3 tokenizer prepends it to every text)
+#   llama3: <|begin_of_text|> before each document (the HF Llama-3 tokenizer prepends it to
+#           every text)
 #   qwen2:  <|endoftext|> after each document (Qwen has no BOS token; <|endoftext|> ends a document)
 #   bytes:  <|endoftext|> after each document (the GPT-2 / nanoGPT convention)
 # Every other tokenizer is family "bpe", and its conventions are part of its sha256.
@@ -94,7 +102,8 @@ TOKENIZER_CLASSES = {
     "LlamaTokenizer": dict(bos_token="<s>", eos_token="</s>", add_bos_token=True,
                            add_eos_token=False),
 }  # any other class (PreTrainedTokenizerFast: Llama-3's) assumes nothing
-NOT_BYTE_LEVEL = "only byte-level BPE tokenizers (GPT-2, Llama-3, Qwen, SmolLM style) can be represented in tiktoken"
+NOT_BYTE_LEVEL = ("only byte-level BPE tokenizers (GPT-2, Llama-3, Qwen, SmolLM style) can be "
+                  "represented in tiktoken")
 
 
 class Tokenizer(tiktoken.Encoding):
@@ -115,8 +124,8 @@ class Tokenizer(tiktoken.Encoding):
         self.bos_token, self.eos_token, self.prefix, self.suffix = bos_token, eos_token, tuple(
             prefix), tuple(suffix)
         self.doc_prefix = self.prefix
-        self.doc_suffix = self.suffix if self.prefix or self.suffix else (eos_token,
-                                                                          ) if eos_token else ()
+        self.doc_suffix = (self.suffix if self.prefix or self.suffix
+                           else (eos_token,) if eos_token else ())
         # lm-evaluation-harness's prefix token (the context of an empty-context request): BOS, else
         # EOS
         self.prefix_token = bos_token if bos_token is not None else eos_token
@@ -165,9 +174,8 @@ class Tokenizer(tiktoken.Encoding):
         those the vocabulary has no token for."""
         if not self.missing:
             return 0
-        pieces = [utf8(piece) for piece,
-                  token in self._texts(text, self._raw_inline, self._normalized_inline)
-                  if not token]
+        pieces = [utf8(piece) for piece, token
+                  in self._texts(text, self._raw_inline, self._normalized_inline) if not token]
         return sum(len(data) - len(data.translate(None, self.missing)) for data in pieces)
 
     def _texts(self, text, raw, normalized):
@@ -428,11 +436,13 @@ def byte_level_bpe_ranks(vocab, merges, special_tokens, where):
 
 
 def load_tokenizer(spec):
-    """A Tokenizer (a tiktoken.Encoding) for --tokenizer=spec: 'bytes'          256 byte tokens +
-    <|endoftext|> = 256; needs no file. a file           a tiktoken BPE file (Meta's Llama-3
-    original/tokenizer.model), with Meta's conventions. a directory      a Hugging Face model or
-    tokenizer directory (config.json optional): tokenizer.json, else
-                     vocab.json + merges.txt, else original/tokenizer.model (see the top of this section).
+    """A Tokenizer (a tiktoken.Encoding) for --tokenizer=spec:
+    'bytes'       256 byte tokens + <|endoftext|> = 256; needs no file.
+    a file        a tiktoken BPE file (Meta's Llama-3 original/tokenizer.model), with Meta's
+                  conventions.
+    a directory   a Hugging Face model or tokenizer directory (config.json optional):
+                  tokenizer.json, else vocab.json + merges.txt, else original/tokenizer.model (see
+                  the top of this section).
     Its name is its family: one of FAMILIES when its conventions are exactly that one's, else
     'bpe'."""
     if spec == "bytes":
@@ -486,14 +496,12 @@ def make_tokenizer(where, ranks, special_tokens, conv):
                        f"{e}") from None
     # the tokens it uses: around texts and documents, and lm-evaluation-harness's prefix token (BOS,
     # else EOS)
-    roles = [("the token put before a text", t) for t in enc.prefix] + [("the token put after a "
-                                                                         "text", t)
-                                                                          for t in enc.suffix]
-    roles += [("eos_token",
-               enc.eos_token)] if enc.eos_token in enc.doc_suffix or enc.bos_token is None else []
+    roles = ([("the token put before a text", t) for t in enc.prefix]
+             + [("the token put after a text", t) for t in enc.suffix])
+    roles += ([("eos_token", enc.eos_token)]
+              if enc.eos_token in enc.doc_suffix or enc.bos_token is None else [])
     roles += [("bos_token", enc.bos_token)]
-    listed = ", ".join(list(special_tokens)[:5]) + (", "
-                                                    "..." if len(special_tokens) > 5
+    listed = ", ".join(list(special_tokens)[:5]) + (", ..." if len(special_tokens) > 5
                                                     else "") or "none"
     for role, name in roles:
         if name is not None and name not in special_tokens:
@@ -529,8 +537,8 @@ def load_tokenizer_directory(model_dir):
     if os.path.isfile(tiktoken_file):  # Meta's layout without tokenizer.json: Meta's conventions
         decoder = config.get("added_tokens_decoder", {})
         ranks = read_tiktoken_file(tiktoken_file)
-        special_tokens = {t["content"]: int(i) for i,
-                          t in decoder.items()} or llama3_special_tokens(len(ranks))
+        special_tokens = ({t["content"]: int(i) for i, t in decoder.items()}
+                          or llama3_special_tokens(len(ranks)))
         return make_tokenizer(model_dir, ranks, special_tokens, meta_llama3_conventions())
 
     if os.path.isfile(path("vocab.json")) and os.path.isfile(path("merges.txt")):
@@ -623,8 +631,7 @@ def tokenizer_json_directory(model_dir, config, special_map, tiktoken_file):
     inline, inline_normalized = inline_tokens(added, nfc, where)
     return make_tokenizer(model_dir, ranks, special_tokens, dict(
         pattern=pattern, nfc=nfc, inline=inline, inline_normalized=inline_normalized,
-                                                                 bos_token=bos_token,
-        eos_token=eos_token, prefix=prefix, suffix=suffix, unk=unk))
+        bos_token=bos_token, eos_token=eos_token, prefix=prefix, suffix=suffix, unk=unk))
 
 
 def byte_level_bpe_model(tokenizer_json, where):
@@ -730,8 +737,8 @@ def unk_convention(model, ranks, where):
 def around(prefix, suffix):
     """'<s> before', '</s> after', both, or 'nothing': the special tokens put around a text, in
     words."""
-    words = [f"{' '.join(prefix)} before"] * bool(prefix) + [f"{' '.join(suffix)} "
-                                                             "after"] * bool(suffix)
+    words = ([f"{' '.join(prefix)} before"] * bool(prefix)
+             + [f"{' '.join(suffix)} after"] * bool(suffix))
     return " and ".join(words) or "nothing"
 
 
@@ -754,9 +761,10 @@ def normalizer_is_nfc(normalizer, where):
 def pre_tokenizer_pattern(pre_tokenizer, where):
     """tokenizer.json "pre_tokenizer" as one regex for tiktoken. Supported, as Hugging Face's
     tokenizers write them:
-      ByteLevel(use_regex=true)                             GPT-2's regex (GPT2_PATTERN)
+      ByteLevel(use_regex=true)                          GPT-2's regex (GPT2_PATTERN)
       Sequence[Split(Regex R, Isolated), ByteLevel(use_regex=false)]   R (Llama-3, Qwen2)
-      Sequence[Digits, ByteLevel(use_regex=true)]           GPT-2's regex inside the digit-split pieces (SmolLM)
+      Sequence[Digits, ByteLevel(use_regex=true)]        GPT-2's regex inside the digit-split
+                                                         pieces (SmolLM)
     ByteLevel must not add a prefix space."""
     items = steps(pre_tokenizer, "pretokenizers")
 

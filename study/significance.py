@@ -4,11 +4,8 @@ exact two-sided permutation test on per-seed values (permuted within strata: the
 its paired form for matched seeds (v2: an exact sign-flip test on per-seed differences), Fisher's
 exact test on counts, Holm's correction within a family, seeded bootstrap intervals, and the seeds
 per variant a difference of the observed size would need. The standard library only (itertools,
-math, random, statistics): no dependency.
-
-tests/test_significance.py recomputes every p from the committed records with a second
-implementation: brute-force enumeration of label assignments for the permutation test, direct
-counting of seed assignments for Fisher's.
+math, random, statistics): no dependency. tests/test_significance.py holds each test to a second
+implementation.
 """
 import itertools
 import math

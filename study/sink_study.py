@@ -1,15 +1,12 @@
-"""
-The sink study: does softmax attention, trained by this repo, grow a first-token sink, and do the
-paper's claims about each variant hold where it does? Figure 4's picture and the paper's other
-claims, at a scale two CPU cores train, with tests fixed before the runs (study_results.CLAIMS,
-study/significance.py). This file plans, runs and records; study/study_results.py turns the records
-into verdicts and words. docs/analysis.md, "The sink study", has the recipe (the same for every
-variant), the arms, the seal and the records.
+"""The sink study (docs/analysis.md, "The sink study"): does softmax attention, trained by this
+repo, grow a first-token sink, and do the paper's claims about each variant hold where it does?
+This file plans, runs and records; study/study_results.py turns records into verdicts and words.
 
-    python -m study.sink_study                                            # the pilot -> out/sink_study/report.md
-    python -m study.sink_study --plan=v2 --report_dir=docs/sink_study_v2  # v2, sealed (docs/analysis.md, "The seal")
-    python -m study.sink_study --plan=v3_gpu --dry_run=True               # memory plans and schedule (ESTIMATE)
-    python -m study.sink_study --plan=v3_gpu --report_dir=docs/sink_study_v3_gpu --mirror_dir=$OUT/v3_gpu  # a lent GPU
+    python -m study.sink_study                               # the pilot -> out/sink_study/report.md
+    python -m study.sink_study --plan=v2 --report_dir=docs/sink_study_v2  # v2, sealed
+    python -m study.sink_study --plan=v3_gpu --dry_run=True  # memory plans and schedule (ESTIMATE)
+    python -m study.sink_study --plan=v3_gpu --report_dir=docs/sink_study_v3_gpu \\
+        --mirror_dir=$OUT/v3_gpu                             # on a lent GPU
 """
 import collections
 import contextlib
@@ -274,10 +271,12 @@ def state(run, records, per_step, study):
               flush=True)
     c, step, changed = planned_run(with_root(run['argv']), cwd=HERE)
     run['extra'], run['note'] = (RESTART, restart_note(c.out_dir, changed)) if changed else ([], '')
-    return 'new' if step is None else 'changed' if changed else 'done' if step >= c.max_iters else 'partial'
+    return ('new' if step is None else 'changed' if changed
+            else 'done' if step >= c.max_iters else 'partial')
 
-# ----------------------------------------------------------------------------- Running: --jobs
-# train.py processes at once, progress and an ETA on the console; a record per finished run
+# -----------------------------------------------------------------------------------------------
+# Running: --jobs train.py processes at once, progress and an ETA on the console; a record per
+# finished run
 
 
 def last_step(out_dir):
@@ -326,7 +325,8 @@ def stop_children(running, why):
     for _, _, log in running.values():
         log.close()
     names = ', '.join(running) or 'none'
-    return f"{why}; runs stopped (each saved its last step): {names}; run the same command again to continue"
+    return (f"{why}; runs stopped (each saved its last step): {names}; run the same command "
+            "again to continue")
 
 
 def run_all(runs, steps, jobs, threads, logs, finished, observe=None):
@@ -904,10 +904,10 @@ def train_all(args, runs, steps, per_step, study, threads, threads_from):
             mirror.observe({}, force=True)
 
 
-# ----------------------------------------------------------------------------- --mirror_dir: a lent
-# machine's disk goes back with it (the GPU plan's first attempt lost six records so); what the
-# study has made is copied, as it is made, to a folder that leaves the machine, and a fresh machine
-# goes on from it
+# -----------------------------------------------------------------------------------------------
+# --mirror_dir: a lent machine's disk goes back with it (the GPU plan's first attempt lost six
+# records so); what the study has made is copied, as it is made, to a folder that leaves the
+# machine, and a fresh machine goes on from it
 
 # in the mirror: which plan and seal it mirrors, and where the study stands
 MIRROR_STATE = 'state.json'
@@ -1048,9 +1048,9 @@ class Mirror:
             self.written, self.last = time.time(), (recorded, sorted(training))
 
 
-# ----------------------------------------------------------------------------- --dry_run: what a
-# command would train, the memory each run shape plans for, and when each run would start and end,
-# before a lent GPU's minutes are spent
+# -----------------------------------------------------------------------------------------------
+# --dry_run: what a command would train, the memory each run shape plans for, and when each run
+# would start and end, before a lent GPU's minutes are spent
 
 # the GPU plan's first attempt's records, on one H200: the times
 ATTEMPT_1 = 'docs/sink_study_gpu/attempt_1/runs'

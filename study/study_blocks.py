@@ -6,7 +6,7 @@ pilot table (study_results.pilot_lines of docs/sink_study/pilot/results.json) an
 (study_results.payoff_pilot_lines).
 
     python -m study.study_blocks           # check: exit status 1 and the blocks that differ
-    python -m study.study_blocks --write   # write them between their markers (nothing else in the files changes)
+    python -m study.study_blocks --write   # write them between their markers (nothing else changes)
 """
 import json
 import os

@@ -1,16 +1,12 @@
-"""
-A study's reading: what its records say beyond the claims its own set registered (issue 50),
-computed the same way for every study (v1, v2 and any later one) from results.json's runs, so that
-no report counts verdicts on a subset of what its records show. Nothing here was fixed before a
-study's runs: every comparison is exploratory, and labelled so.
+"""A study's reading: what its records say beyond the claims its own set registered (issue 50),
+the same for every study, from results.json's runs; all exploratory, and labelled so. reading()
+returns it (results.json's 'reading'), study/study_results.py writes its words (docs/analysis.md).
 
-    other_claims   every claim another registered set tested that this study's set left out, by the same test
-    loss_claims    the held-out loss beside each loss claim, and gated against affine on both losses
+    other_claims   every claim another registered set tested that this study's set left out
+    loss_claims    the held-out loss beside each loss claim; gated against affine on both losses
     where_from     where each first-token comparison's difference comes from, layer by layer
-    payoff_range   the payoff measures' ranges per variant, and whether this scale can test the payoff at all
-    teachers       the teachers' own first-token weight and held-out loss beside the softmax students'
-
-study/study_results.py writes the words from what reading() returns (results.json's 'reading').
+    payoff_range   the payoff measures' ranges per variant: can this scale test the payoff at all?
+    teachers       the teachers' first-token weight and held-out loss beside the softmax students'
 """
 import statistics
 

@@ -248,8 +248,8 @@ def claims_v3(n_layer, payoff):
         (f'layer{k}_{low}_{high}', 'secondary', f'Figure 4, layer {k} (our '
                                                 'reading)', f'weight_l{k}', low, '<', high)
         for k in range(1, n_layer + 1) for low, high in ((AFFINE, SINK), (SINK, SOFTMAX))] + [
-        (cid, 'secondary', v1_only[cid], *rest) for cid, _,
-                                                                                              _, *rest in CLAIMS if cid in v1_only] + [
+        (cid, 'secondary', v1_only[cid], *rest)
+        for cid, _, _, *rest in CLAIMS if cid in v1_only] + [
         ('gated_affine_loss', 'secondary', 'gated against affine (our reading: no claim of the '
                                            'paper)', 'loss', GATED,
          '!=', AFFINE),
@@ -457,12 +457,14 @@ def teachers_in_words(results):
     or not."""
     teachers = [r for r in results['runs'] if r['name'] in results['teachers']]
     if teachers and all(r['recipe'] == results['recipe'] for r in teachers):
-        return "of the students' own shape and tokens, where the paper's teachers are about 3x larger"
+        return ("of the students' own shape and tokens, where the paper's teachers are about 3x "
+                "larger")
     students = [r for r in results['runs'] if r['arm'] == 'kd' and 'settings' in r]
     if teachers and students and all('settings' in r for r in teachers):
         ratios = sorted({parameters(r['settings']) / parameters(students[0]['settings'])
                          for r in teachers})
-        return f"{' and '.join(f'{x:.2f}x' for x in ratios)} the students' parameters (the paper's: about 3x)"
+        return (f"{' and '.join(f'{x:.2f}x' for x in ratios)} the students' parameters (the "
+                "paper's: about 3x)")
     return "of another shape than the students"
 
 
@@ -482,7 +484,8 @@ def arm_title(results, arm):
 
 def claim_line(r):
     if r['p'] is None:
-        return f"- {r['source']}: {r['low']} {r['direction']} {r['high']} on {r['measure']}: {r['verdict']}."
+        return (f"- {r['source']}: {r['low']} {r['direction']} {r['high']} on {r['measure']}: "
+                f"{r['verdict']}.")
     (ma, mb), (sa, sb) = r['mean'], r['std']
     ci = r['interval']
     holm = f", Holm-adjusted {g(r['p_holm'])}" if 'p_holm' in r else ''
@@ -655,10 +658,8 @@ def design_confounds(results):
     if not found:
         return ''
     why = ("v2's recipe search found no setting within its budget that grows a sink in more "
-           "layers: "
-           "docs/sink_study_v2/search.md" if results.get('claim_set', 'v1') != 'v1' else "v2, "
-                                                                                         "issue "
-                                                                                         "44, removes them")
+           "layers: docs/sink_study_v2/search.md" if results.get('claim_set', 'v1') != 'v1'
+           else "v2, issue 44, removes them")
     return (f"This design has {len(found)} confound{'s' * (len(found) > 1)} its records show "
             f"({why}): "
             + '; '.join(f"({i}) {text}" for i, text in enumerate(found, 1)) + '.')
@@ -674,7 +675,8 @@ def in_words(results):
     lines = []
     for arm in ('kd', 'ce'):
         if any(r['arm'] == arm for r in results['runs']):
-            kd = f" (distilled from softmax teachers {teachers_in_words(results)})" if arm == 'kd' else ''
+            kd = (f" (distilled from softmax teachers {teachers_in_words(results)})"
+                  if arm == 'kd' else '')
             grown = ("Seeds with Gu et al.'s Sink₁ ≥ 1/16 (v2's rule, fixed before its runs), per "
                      f"variant: {sink_counts(results, arm, 'sink_grown16')}" if v2 else
                      "Seeds with Gu et al.'s Sink₁ > 0 (one head over 0.3 in one of 100 samples is "
@@ -739,7 +741,8 @@ def claims_table(claim_set='v1'):
     """The claims as fixed before the runs, one row each (the report and docs/analysis.md show
     it)."""
     lines = ['| id | family | source | claim | measure | test |', '|---|---|---|---|---|---|']
-    unpaired = 'exact permutation (kd: within teachers)' if claim_set == 'v1' else 'exact sign-flip, paired by seed'
+    unpaired = ('exact permutation (kd: within teachers)' if claim_set == 'v1'
+                else 'exact sign-flip, paired by seed')
     for cid, family, source, measure, low, direction, high in CLAIM_SETS[claim_set][0]:
         test = "Fisher's exact" if measure in FISHER else unpaired
         lines.append(f"| {cid} | {family} | {source} | {low} {direction} {high} | "
@@ -848,13 +851,10 @@ def pilot_lines(results):
     raw p, and the seeds per variant a difference of that size would need
     (significance.seeds_needed: the power calculation); with the time of a run and of its end-of-run
     measures."""
-    lines = [' '.join(sink_sentence(results, arm) for arm in ('kd', 'ce')) + " Runs: "
-                                                                             f"{per_run_times(results)}; "
-                                                                             "the end-of-run "
-                                                                             "measures took "
-                                                                             f"{statistics.fmean(r['end_seconds'] for r in results['runs']):.1f} "
-                                                                             "s a run on "
-                                                                             "average.", '',
+    lines = [' '.join(sink_sentence(results, arm) for arm in ('kd', 'ce'))
+             + f" Runs: {per_run_times(results)}; the end-of-run measures took "
+             f"{statistics.fmean(r['end_seconds'] for r in results['runs']):.1f} s a run on "
+             "average.", '',
              '| arm | claim | low: mean ± std | high: mean ± std | difference | p (exact) | seeds '
              'needed |',
              '|---|---|---|---|---|---|---|']
@@ -992,7 +992,8 @@ def part_words(w, part, uniform):
     # its part of the mean over layers
     contribution = sum(w['gap'][k - 1] for k in layers) / len(w['gap'])
     share = f" ({part['gap_fraction']:.0%})" if part['gap_fraction'] is not None else ''
-    words = f"{layers_words(layers)} contribute{'s' * (len(layers) == 1)} {contribution:+.4f}{share}"
+    words = (f"{layers_words(layers)} contribute{'s' * (len(layers) == 1)} "
+             f"{contribution:+.4f}{share}")
     softmax = [w['softmax_weight'][k - 1] for k in layers]
     if layers and part['layers'] != w['sink_layers'] and all(x < uniform for x in softmax):
         words += (", where softmax's own first-token weight "
@@ -1006,9 +1007,9 @@ def part_words(w, part, uniform):
               f"{span(at('row_total', 0))} against {high} {span(at('row_total', 1))} and null mass "
               f"{span(at('null_mass', 0))} against {span(at('null_mass', 1))}")
     rows = statistics.fmean(at('row_total', 0)) - statistics.fmean(at('row_total', 1))
-    if part['share_p'] is not None and part['share_p'] >= sig.ALPHA and (part['gap_fraction']
-                                                                         or 0) >= 0.5 and \
-            rows * contribution > 0:  # the share does not differ, the rows' totals do, and the same way
+    # the share does not differ, the rows' totals do, and the same way
+    if (part['share_p'] is not None and part['share_p'] >= sig.ALPHA
+            and (part['gap_fraction'] or 0) >= 0.5 and rows * contribution > 0):
         words += (": the raw difference there is not in the share of the row, but in how much the "
                   "rows hold")
     return words

@@ -317,7 +317,8 @@ def test_table_job_lays_out_tables_1_to_3(tmp_path):
     # hellaswag: acc_norm; ties: both
     assert '| Baseline | 0 | 2.820 | 71.70 | 46.0 | 60.0 | **53.0** |' in report
     assert '| Sink | 8 | 2.830 | 81.50 | 45.0 | **61.0** | **53.0** |' in report
-    assert '| Affine-Scaled | 256 | **2.800** | **70.60** | **47.0** | 58.0 | **52.5** |' not in report
+    assert ('| Affine-Scaled | 256 | **2.800** | **70.60** | **47.0** | 58.0 | **52.5** |'
+            not in report)
     assert '| Affine-Scaled | 256 | **2.800** | **70.60** | **47.0** | 58.0 | 52.5 |' in report
     assert '| Affine-Scaled (sigmoid) |' in report
     [table] = json.loads((out / 'numbers.json').read_text())['tables']
@@ -344,10 +345,12 @@ def test_table_job_seeds_give_mean_std_and_a_noise_verdict(tmp_path):
     report = (out / 'report.md').read_text()
     # no c4: the runs' val PPL
     assert '| Method | ΔParams | KD loss | Val PPL | Held-out | Avg. |' in report
-    assert '| Baseline | 0 | 2.010 ± 0.010 | **7.39** ± 0.00 | **51.0** ± 1.0 | **51.0** ± 1.0 |' in report
+    assert ('| Baseline | 0 | 2.010 ± 0.010 | **7.39** ± 0.00 | **51.0** ± 1.0 | **51.0** ± 1.0 |'
+            in report)
     assert '| Affine-Scaled | 256 | **1.010** ± 0.010 |' in report
     assert 'Seeds: 0, 1, 2' in report
-    assert 'Held-out: Baseline vs Affine-Scaled' in report or 'Held-out: Affine-Scaled vs Baseline' in report
+    assert ('Held-out: Baseline vs Affine-Scaled' in report
+            or 'Held-out: Affine-Scaled vs Baseline' in report)
     # 1.0 vs 2.0, std 0.01: far outside noise
     assert 'loss:' not in report.split('Within noise')[1].split('\n')[0]
 
@@ -443,11 +446,13 @@ def test_attention_job_takes_what_a_short_text_has(tmp_path):
     assert set(stats['notes']) == {'w8a8', 'gu'}
     assert ('- Sink: W8A8: ranges fixed on 2 windows of 32 tokens, fewer than --calibration=4: '
             f'{tmp_path / "short.txt"} (192 tokens) has no more beyond the analysed') in report
-    assert "- Sink: Gu et al.'s setting: 6 windows of 32 tokens, fewer than --sink_samples=100" in report
+    assert ("- Sink: Gu et al.'s setting: 6 windows of 32 tokens, fewer than --sink_samples=100"
+            in report)
     # 2 windows: both read
     stats, report = short_text_report(tmp_path, spec, TEXT[:2 * 32 + 10], '--num_seqs=4')
     assert stats['num_seqs'] == 2 and stats['w8a8'] is None and stats['gu']['samples'] == 2
-    assert 'Held-out text: 2 sequences of 32 tokens' in report and '| Sink | - | - | - | - |' in report
+    assert ('Held-out text: 2 sequences of 32 tokens' in report
+            and '| Sink | - | - | - | - |' in report)
     assert ('- Sink: analysed: 2 windows of 32 tokens, fewer than --num_seqs=4: '
             f'{tmp_path / "short.txt"} (74 tokens) has no more') in report
     assert ('- Sink: W8A8: skipped: ' in report and 'has 2 windows of 32 tokens, all analysed, and '
@@ -481,8 +486,8 @@ def test_attention_job_on_a_run_whose_val_split_is_short(tmp_path):
     assert stats['gu'] is None and stats['num_seqs'] == 2 and set(stats['notes']) == {'gu', 'w8a8'}
     assert stats['w8a8']['calibration'] == 1  # the split's third window of 16 (+1) tokens
     report = (out / 'report.md').read_text()
-    assert f"- Baseline: Gu et al.'s setting: skipped: {tmp_path / 'data'}'s val split has no window of 64 tokens" \
-        in report
+    assert (f"- Baseline: Gu et al.'s setting: skipped: {tmp_path / 'data'}'s val split "
+            "has no window of 64 tokens" in report)
     # "their setting": -
     assert re.search(r'\n\| Baseline \| [\d.]+ \| - \| - \| - \| [\d.]+ \|\n', report)
 

@@ -153,9 +153,8 @@ def test_study_section_table(monkeypatch, capsys):
     assert study['a 1,465-step run (min)'] == f'{(20 + 1465 * 2048 / 2000) / 60:.1f}'
     assert processes == [{'processes x threads': '2 x 1', 'tokens/s per run': '3,000 / 4,000',
                           'tokens/s in all': '7,000'},
-                         {'processes x threads': '1 x 2', 'tokens/s per run': '4,000', 'tokens/s '
-                                                                                       'in '
-                                                                                       'all': '4,000'}]
+                         {'processes x threads': '1 x 2', 'tokens/s per run': '4,000',
+                          'tokens/s in all': '4,000'}]
     assert 'cost 1.0 s of a run\'s 21 s outside its steps' in out
     assert [(r['batch (windows)'], r['tokens/s'], r["over the study's "
                                                     "batch"]) for r in tables(out)['batched']] == [
@@ -251,7 +250,8 @@ def test_the_six_tasks_offline_for_both_harnesses(tmp_path):
     assert names == [f'bench_{task}' for task in harness_tasks.SIX_TASKS]
     yaml = (tmp_path / 'yaml' / 'bench_arc_challenge.yaml').read_text()
     assert yaml.splitlines()[0] == 'include: /env/lm_eval/tasks/arc/arc_challenge.yaml'
-    assert f"test: {paths['arc_challenge']}" in yaml and 'test_split: test' in yaml and 'validation_split: null' in yaml
+    assert (f"test: {paths['arc_challenge']}" in yaml and 'test_split: test' in yaml
+            and 'validation_split: null' in yaml)
     out = tmp_path / 'theirs' / 'model'
     out.mkdir(parents=True)
     (out / 'samples_bench_piqa_2026.jsonl').write_text(json.dumps(dict(doc_id=1, filtered_resps=[

@@ -46,7 +46,8 @@ def test_logits_match_hugging_face(kind, hf_dirs):
     # what the checkpoint is meant to exercise is really there and really matters
     state = ours.state_dict()
     if kind == 'qwen2':
-        assert cfg.qkv_bias and not cfg.tie_embeddings and cfg.rope_theta == 1e6 and cfg.rms_norm_eps == 1e-6
+        assert (cfg.qkv_bias and not cfg.tie_embeddings and cfg.rope_theta == 1e6
+                and cfg.rms_norm_eps == 1e-6)
         ablated = GPT(dataclasses.replace(cfg, qkv_bias=False)).eval()
         ablated.load_state_dict({k: v for k, v in state.items() if not k.endswith('_proj.bias')})
     else:

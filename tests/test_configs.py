@@ -69,7 +69,8 @@ def test_meta_device_build_allocates_nothing():
     model = build_on_meta(read_config(os.path.join(CONFIG_DIR, 'affine_gated_3b.py')))
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert all(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
-    assert grown_mib < 200, f'building a 3.5B-parameter model on meta grew peak RSS by {grown_mib:.0f} MiB'
+    assert grown_mib < 200, ('building a 3.5B-parameter model on meta grew peak RSS by '
+                             f'{grown_mib:.0f} MiB')
     # and it becomes a real model after to_empty + the model's own init (what loaders will do)
     tiny = ModelConfig(attention='affine_gated')
     with torch.device('meta'):

@@ -102,7 +102,8 @@ def test_help_lists_every_key_with_its_default_and_help(capsys):
     out = capsys.readouterr().out
     assert 'What the script does.' in out
     assert "--steps" in out and 'default 10; at least 1; >= 1' in out and 'one of fast, slow' in out
-    assert 'default 0.9; in [0, 1)' in out and 'default 1.0; > 0' in out and 'default 1,2; >= 1' in out
+    assert ('default 0.9; in [0, 1)' in out and 'default 1.0; > 0' in out
+            and 'default 1,2; >= 1' in out)
     assert '--out' in out and 'required' in out and 'default x,y' in out
 
 

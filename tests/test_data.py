@@ -114,8 +114,8 @@ def test_missing_data_of_another_name_gets_the_general_command(tmp_path):
                f"--tokenizer=<bytes or the teacher's directory> --out_dir={tmp_path / 'mine'}")
     with pytest.raises(RunError) as e:
         read_meta(str(tmp_path / "mine"))
-    assert str(
-        e.value) == f"data_dir={tmp_path / 'mine'}: no such directory; run prepare_data.py first: {general}"
+    assert str(e.value) == (f"data_dir={tmp_path / 'mine'}: no such directory; "
+                            f"run prepare_data.py first: {general}")
     (tmp_path / "mine").mkdir()
     with pytest.raises(RunError) as e:
         read_meta(str(tmp_path / "mine"))

@@ -474,7 +474,8 @@ def test_compatibility_errors(case, our_teacher, hf_dirs):
         block_size = 65
     # one message per problem; a student smaller than the data's vocabulary also differs from the
     # teacher
-    tokenizer, block = 'is not the one the data was tokenized with', "block_size=65 is longer than the teacher's 64"
+    tokenizer, block = ('is not the one the data was tokenized with',
+                        "block_size=65 is longer than the teacher's 64")
     small = ["student's vocab_size is 256", "the student has 256 vocabulary rows, the teacher 320; "
                                             "KD compares the two distributions row by row: set the "
                                             "student's vocab_size=320"]

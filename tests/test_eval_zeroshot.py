@@ -327,8 +327,9 @@ def test_heldout(tmp_path):
         ez.heldout_rows(str(tmp_path), 1000)
 
 
-# ----------------------------------------------------------------------------- Hugging Face models
-# with any byte-level BPE tokenizer (issue 14), against the harness written out here
+# -----------------------------------------------------------------------------------------------
+# Hugging Face models with any byte-level BPE tokenizer (issue 14), against the harness written out
+# here
 
 # rows whose text the tokenizer families split differently: digit runs, unicode, CRLF, contractions,
 # emoji, code
@@ -418,8 +419,9 @@ def test_hf_models_of_every_tokenizer_family_score_as_the_harness(kind, family_t
     assert ez.c4_tokens(enc, rows) == tok.encode(' '.join(r['text'] for r in rows)).ids
 
 
-# ----------------------------------------------------------------------------- Task files that hold
-# no usable document, and a hub that cannot be reached: one line each (issue 43)
+# -----------------------------------------------------------------------------------------------
+# Task files that hold no usable document, and a hub that cannot be reached: one line each (issue
+# 43)
 
 
 def unreachable_hub(monkeypatch):

@@ -361,7 +361,7 @@ for name, (out, idx, mask, text) in cases.items():
     results[name] = dict(logits=logits.tolist(), ids=tok(text, add_special_tokens=False)['input_ids'],
                          cls=type(model).__name__, generated=generated.shape[1], version=transformers.__version__)
 print(json.dumps(results))
-'''
+'''  # noqa: E501 (the script's own lines, kept as they run)
 
 
 @pytest.mark.skipif(not os.path.isfile(TRANSFORMERS4_PYTHON), reason="no transformers 4.x "

@@ -277,7 +277,8 @@ def test_a_damaged_checkpoint_is_refused_and_kept(data_dir, run_dir, tmp_path):
     code, _, err = script('train.py',
                           *tiny_args(data_dir, run, '--max_iters=4', '--eval_interval=1'))
     line = one_line(err)
-    assert code == 1 and f"{run / 'ckpt.pt'} is damaged" in line and 'does not match the checksum' in line
+    assert (code == 1 and f"{run / 'ckpt.pt'} is damaged" in line
+            and 'does not match the checksum' in line)
     assert f"mv {run / 'ckpt.prev.pt'} {run / 'ckpt.pt'}" in line  # the copy to fall back to
     assert snapshot(run) == before  # nothing written over it (nor the metrics)
     for read in (lambda: GPT.from_pretrained(str(run)),
@@ -390,9 +391,9 @@ def every_script_with_a_device(tmp_path, device):
                                             f'--out_dir={tmp_path / "run"}']),
             'distill.py': lambda: distill.main([f'--device={device}', f'--teacher={missing}',
                                                 f'--data_dir={missing}']),
-            'eval_zeroshot.py': lambda: eval_zeroshot.main([f'--device={device}',
-                                                            f'--ckpt={missing}',
-                                                            f'--out={tmp_path / "eval" / "eval.json"}']),
+            'eval_zeroshot.py': lambda: eval_zeroshot.main([
+                f'--device={device}', f'--ckpt={missing}',
+                f'--out={tmp_path / "eval" / "eval.json"}']),
             'analyze.py': lambda: analyze.main(['attention', str(missing),
                                                 f'--out_dir={tmp_path / "analysis"}',
                                                 f'--device={device}']),
@@ -422,7 +423,8 @@ def test_a_device_torch_cannot_use_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     for name, message in every_script_with_a_device(tmp_path, 'cuda:7'):
-        assert message == "--device=cuda:7: this machine has 2 cuda devices (cuda:0 to cuda:1); give one of them", name
+        assert message == ("--device=cuda:7: this machine has 2 cuda devices (cuda:0 to cuda:1); "
+                           "give one of them"), name
     monkeypatch.setattr(torch.mps, 'is_available', lambda: False)
     assert devices.resolve_device('cuda:1') == torch.device('cuda', 1)
     for device, message in [('mps', "--device=mps: torch sees no mps device here "

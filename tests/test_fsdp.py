@@ -146,7 +146,8 @@ def test_memory_plan_for_the_3b_row(capsys):
     ddp = capsys.readouterr().out
     train.main(['config/affine_3b.py', '--dry_run=True', '--fsdp=True', '--micro_batch_size=2'])
     fsdp = capsys.readouterr().out
-    assert "teacher: Llama-3.1-8B's published shape (no checkpoint at checkpoints/Llama-3.1-8B)" in ddp
+    assert ("teacher: Llama-3.1-8B's published shape (no checkpoint at checkpoints/Llama-3.1-8B)"
+            in ddp)
     assert 'does not fit' in ddp and ': fits' in fsdp and 'FSDP on 8 GPUs' in fsdp
     values = train.load_config(['config/affine_3b.py'])
     config = ModelConfig(**{k: values[k] for k in FIELD_NAMES})

@@ -1,12 +1,13 @@
 """The GPU path, checked on every CI run without a GPU:
-  - the real 1B and 3B shapes as fake CUDA tensors (FakeTensorMode: every op's output shape, dtype and device, no
-    memory, no kernel): the GEMMs of the student, the teacher and the KD loss run in bf16 (float32 only out of the KD
-    loss's float32-output GEMMs), attention runs on the fused CUDA kernels with K/V at n_kv_head, alpha_ma stays
-    float32, and no T x T tensor exists;
-  - the dry run's memory plan (lmkit/memory_plan.py) against torch's MemTracker on fake tensors of a real-shape step;
-  - compiled training and evaluation under DDP and FSDP (2 gloo ranks, dynamo with the aot_eager backend): no graph
-    break, no recompilation after the first step and its evaluation, no DDP graph splitting, DDP's gradients kept
-    once.
+  - the real 1B and 3B shapes as fake CUDA tensors (FakeTensorMode: every op's output shape, dtype
+    and device, no memory, no kernel): the GEMMs of the student, the teacher and the KD loss run in
+    bf16 (float32 only out of the KD loss's float32-output GEMMs), attention runs on the fused CUDA
+    kernels with K/V at n_kv_head, alpha_ma stays float32, and no T x T tensor exists;
+  - the dry run's memory plan (lmkit/memory_plan.py) against torch's MemTracker on fake tensors of a
+    real-shape step;
+  - compiled training and evaluation under DDP and FSDP (2 gloo ranks, dynamo with the aot_eager
+    backend): no graph break, no recompilation after the first step and its evaluation, no DDP
+    graph splitting, DDP's gradients kept once.
 CUDA autograd cannot run on fake CUDA tensors in a CPU-only build (autograd's C++ asks the device
 for a stream), so the CUDA checks are of forwards; the memory plan's training step (forward and
 backward) runs on fake CPU tensors."""
@@ -278,9 +279,8 @@ def test_kd_loss_on_cuda_runs_bf16_gemms_with_float32_outputs(row):
     chunk = distill.CHUNK_LOGITS // V  # tokens per chunk, fused_kd_loss's default
     side = torch.bfloat16 if parallel == 'fsdp' else torch.float32
     with fake_cuda():
-        h_s, w_s = torch.empty(N, student.n_embd, device='cuda',
-                               dtype=side), torch.empty(V, student.n_embd,
-                                                                                        device='cuda', dtype=side)
+        h_s, w_s = (torch.empty(N, student.n_embd, device='cuda', dtype=side),
+                    torch.empty(V, student.n_embd, device='cuda', dtype=side))
         h_t, w_t = (torch.empty(n, teacher.n_embd, device='cuda', dtype=torch.bfloat16)
                     for n in (N, V))
         targets = torch.zeros(N, device='cuda', dtype=torch.long)
@@ -343,7 +343,8 @@ def test_memory_plan_holds_against_a_fake_tensor_measurement(config):
     assert plan[2] - plan[1] == pytest.approx(peak[2] - peak[1], rel=0.02)
     full = peak[1] + (student.n_layer - 1) * (peak[2] - peak[1])
     planned = sum(memory_plan.memory_plan(c, student, teacher).values())
-    assert full <= planned <= 1.10 * full, f'plan {planned / 2**30:.2f} GiB, measured {full / 2**30:.2f} GiB'
+    assert full <= planned <= 1.10 * full, (f'plan {planned / 2**30:.2f} GiB, '
+                                            f'measured {full / 2**30:.2f} GiB')
 
 
 # -----------------------------------------------------------------------------

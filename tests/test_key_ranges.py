@@ -100,7 +100,8 @@ def test_out_of_range_is_refused_in_one_line_and_in_range_is_accepted(script, na
         message = refused(script, [f'--{name}={bad}'], capsys)
         assert message.startswith(
             f'--{name}=') and 'is out of range: ' in message and bounds(key) in message
-    good = key.default if key.default is not None else key.min if key.min is not None else key.above + 1
+    good = (key.default if key.default is not None else key.min if key.min is not None
+            else key.above + 1)
     assert config_of(script, [f'--{name}={shown(good)}'])[name] == good
 
 

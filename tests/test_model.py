@@ -86,8 +86,7 @@ def affine_reference(e, p, x, cfg, visible, seq_lens, **_):
 
 
 def softmax1_reference(e, **_):
-    # Eq. 2 (Miller 2023): a constant 1 joins every denominator
-    return e / (e.sum(-1, keepdim=True) + 1)
+    return e / (e.sum(-1, keepdim=True) + 1)  # Eq. 2 (Miller 2023): 1 joins every denominator
 
 
 REFERENCES = dict(softmax=softmax_reference, sink=sink_reference, affine=affine_reference,
@@ -142,8 +141,8 @@ def test_every_variant_has_a_reference_and_explicit_weights():
         assert name in REFERENCES, (f"attention variant {name!r} has no float64 reference: add "
                                     "one, written from its equations, to REFERENCES in "
                                     "tests/test_model.py")
-        assert callable(
-            variant.weights), f"attention variant {name!r} has no explicit weights (Variant.weights)"
+        assert callable(variant.weights), (f"attention variant {name!r} has no explicit weights "
+                                           "(Variant.weights)")
 
 
 def random_attention(cfg, dtype):
@@ -426,7 +425,8 @@ def test_cuda_float32_gqa_memory_is_linear_in_T(attention):
     attn(x, cos, sin, positions).sum().backward()
     torch.cuda.synchronize()
     peak, matrix = torch.cuda.max_memory_allocated() - base, cfg.n_head * T * T * 4
-    assert peak < matrix / 4, f'peak {peak / 2**20:.0f} MiB, one T x T matrix per head {matrix / 2**20:.0f} MiB'
+    assert peak < matrix / 4, (f'peak {peak / 2**20:.0f} MiB, '
+                               f'one T x T matrix per head {matrix / 2**20:.0f} MiB')
 
 
 def test_sink_explicit_fallback_matches_reference():
@@ -825,9 +825,8 @@ def test_loss_hidden_states_and_ignore_index():
     torch.testing.assert_close(model.lm_head(hidden), logits)
     targets[:, :5] = -100
     _, partial = model(idx, targets)
-    manual = torch.nn.functional.log_softmax(logits.double(), -1)[:, 5:].gather(-1,
-                                                                                targets[:,
-                                                                                        5:, None]).mean().neg()
+    manual = (torch.nn.functional.log_softmax(logits.double(), -1)[:, 5:]
+              .gather(-1, targets[:, 5:, None]).mean().neg())
     torch.testing.assert_close(partial.double(), manual, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match='block_size'):
         model(torch.zeros(1, 65, dtype=torch.long))
@@ -969,9 +968,9 @@ def test_explicit_attention_equals_the_fast_path(attention):
             assert torch.allclose(grad, outs[1][1][name], rtol=1e-9, atol=1e-11), name
 
 
-# ----------------------------------------------------------------------------- Matched
-# initialisation (train.py's matched_init): the sink study v2's pairs start from the same shared
-# tensors
+# -----------------------------------------------------------------------------------------------
+# Matched initialisation (train.py's matched_init): the sink study v2's pairs start from the same
+# shared tensors
 
 def sink_study_model(attention, seed, matched):
     """The model train.py builds for config/sink_study.py at this seed (train.build_model: the seed,

@@ -45,7 +45,8 @@ def test_a_step_that_makes_the_weights_nan_is_not_saved(data_dir, tmp_path, monk
                     r"model's \d+ float "
                     r"tensors hold NaN or infinity, the first model\.embed_tokens\.weight; "
                     r"stopping without saving: ", message) and '\n' not in message
-    assert f"({run / 'ckpt.pt'}: step 2)" in message and '--learning_rate=<lower> --resume_lr_change=True' in message
+    assert (f"({run / 'ckpt.pt'}: step 2)" in message
+            and '--learning_rate=<lower> --resume_lr_change=True' in message)
     assert saved_step(run / 'ckpt.pt') == 2 and saved_step(run / 'ckpt.prev.pt') == 1
     assert [r['step'] for r in metrics(run)] == [1, 2,
                                                  3] and math.isnan(metrics(run)[-1]['val_loss'])

@@ -372,8 +372,9 @@ def test_resume_after_crash(tmp_path, monkeypatch):
     assert not list(out_dir.glob("*.tmp"))
 
 
-# ----------------------------------------------------------------------------- Checked data: each
-# shard's checksum in meta.json, checked before training on it; damage rebuilt by a re-run
+# -----------------------------------------------------------------------------------------------
+# Checked data: each shard's checksum in meta.json, checked before training on it; damage rebuilt by
+# a re-run
 
 
 def test_damaged_and_deleted_shards_are_refused_by_name_and_rebuilt(tmp_path, monkeypatch, capsys):
@@ -392,8 +393,10 @@ def test_damaged_and_deleted_shards_are_refused_by_name_and_rebuilt(tmp_path, mo
     assert meta["checksums"] == {name: f"crc32:{zlib.crc32(data):08x}" for name,
                                  data in before.items()}
     train_shard, val_shard = out_dir / "train_000001.bin", out_dir / "val_000000.bin"
-    damaged = f"^{re.escape(str(train_shard))}: damaged: its CRC-32 is {zlib.crc32(flip_byte(train_shard, 1000)):08x}, "
-    fix = "; re-run the prepare_data.py command recorded in meta.json: it rebuilds missing and damaged shards$"
+    damaged = (f"^{re.escape(str(train_shard))}: damaged: its CRC-32 is "
+               f"{zlib.crc32(flip_byte(train_shard, 1000)):08x}, ")
+    fix = ("; re-run the prepare_data.py command recorded in meta.json: it rebuilds missing and "
+           "damaged shards$")
     with pytest.raises(RunError, match=damaged + "but meta.json recorded "
                                                  f"{meta['checksums'][train_shard.name]} when it "
                                                  f"was written{fix}"):

@@ -329,8 +329,8 @@ class QuantizedLinear(torch.nn.Module):
 
     def __init__(self, linear, low, high, weight_bits=8, act_bits=8):
         super().__init__()
-        self.linear, self.low, self.high, self.levels = linear, min(low, 0.0), max(high,
-                                                                                   1e-8), 2 ** act_bits - 1
+        self.linear, self.low, self.high, self.levels = (linear, min(low, 0.0), max(high, 1e-8),
+                                                         2 ** act_bits - 1)
         top = 2 ** (weight_bits - 1)
         scale = linear.weight.abs().max() / (top - 1)
         self.weight = torch.clamp(torch.round(linear.weight / scale), -top, top - 1) * scale
@@ -422,8 +422,8 @@ def knockout_reference(model, idx, window, first):
     affine's beta and N (the seen keys: N is the most any query sees, for N = the call's length)."""
     cfg = model.config
     T = idx.size(1) - 1
-    hidden = hidden_by_hand(T, window, first) if first is not None else torch.zeros(T,
-                                                                                    T, dtype=torch.bool)
+    hidden = (hidden_by_hand(T, window, first) if first is not None
+              else torch.zeros(T, T, dtype=torch.bool))
     visible = torch.ones(T, T, dtype=torch.bool).tril() & ~hidden
     positions = torch.arange(T)
     cos, sin = rope_cos_sin(cfg, positions)

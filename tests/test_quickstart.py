@@ -91,7 +91,8 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
                            'it again from scratch')
     retrained = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     # its word
-    assert retrained.returncode == 0 and 'init_from=scratch: starting fresh (replacing' in retrained.stdout
+    assert (retrained.returncode == 0
+            and 'init_from=scratch: starting fresh (replacing' in retrained.stdout)
     _, command, done, note, *_ = script.train_stage('distill softmax seed '
                                                     '0', 'config/quickstart_student.py',
                                                     f'{out}/softmax_seed0', '--attention=softmax',
@@ -159,7 +160,8 @@ def test_independent_stages_run_side_by_side_each_output_whole(capsys, monkeypat
     sys.path.insert(0, ROOT)
     import quickstart
     monkeypatch.setattr(quickstart.os, 'cpu_count', lambda: 2)
-    script = "import os, time; time.sleep({}); print('{} on', os.environ['OMP_NUM_THREADS'], 'thread'); print('end')"
+    script = ("import os, time; time.sleep({}); "
+              "print('{} on', os.environ['OMP_NUM_THREADS'], 'thread'); print('end')")
     stages = quickstart.Stages(4)
     stages.run_together([quickstart.Stage('slow',
                                           [sys.executable, '-c', script.format(1.0, 'slow')], False,

@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def attention_flag(node):
     """Whether an expression reads the attention flag: x.attention, or x['attention']."""
     return (isinstance(node, ast.Attribute) and node.attr == 'attention') or (
-        isinstance(node, ast.Subscript) and isinstance(node.slice,
-                                                       ast.Constant) and node.slice.value == 'attention')
+        isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+        and node.slice.value == 'attention')
 
 
 def variant_names_and_branches(path):
@@ -58,7 +58,8 @@ def test_graph_ops_names_what_a_variant_adds(capsys):
             if line.startswith('| ') and not line.startswith('| variant')}
     assert list(rows) == ['softmax', 'gated', 'affine'] and rows['softmax'][-1].strip(' |') == '-'
     gated = rows['gated'][-1]
-    assert 'mm.default x3' in gated and 'sigmoid.default' in gated and 'sigmoid_backward.default' in gated
+    assert ('mm.default x3' in gated and 'sigmoid.default' in gated
+            and 'sigmoid_backward.default' in gated)
     assert 'cumsum' not in gated and 'cumsum.default x2' in rows['affine'][-1]
     assert 'flip.default x2' in rows['affine'][-1]  # the cumulative sum's backward: reversed
     assert int(
@@ -88,7 +89,7 @@ for name in model.ATTENTIONS:
     gpt.update_alpha_ma()
     assert torch.isfinite(loss) and all(torch.isfinite(p).all() for p in gpt.parameters())
     print(name, round(loss.item(), 4))
-"""
+"""  # noqa: E501 (the script's own lines, kept as they run)
 
 
 def test_model_py_stands_alone(tmp_path):

@@ -34,7 +34,8 @@ def test_a_second_writer_is_refused_and_a_killed_writer_does_not_block_the_same_
         with pytest.raises(RunError) as e:
             train.main(args)
         message = str(e.value)
-        assert f"{run}: another train.py writes there (pid {first.pid} on host {socket.gethostname()}, " in message
+        assert (f"{run}: another train.py writes there (pid {first.pid} "
+                f"on host {socket.gethostname()}, " in message)
         assert '\n' not in message
     finally:
         first.kill()  # SIGKILL: no chance to remove its lock file

@@ -249,7 +249,8 @@ def test_claims_get_their_words_from_the_tests():
                 for v in ('affine', 'gated') for s in (1, 2, 3)]
     tested = study_results.test_claims(records)
     words = study_results.control_sentence(dict(runs=records, claims=tested))
-    assert "affine's weight numbers only (fewer than 3 seeds in a group; 0.004 without, 0.0115 with)" in words
+    assert ("affine's weight numbers only (fewer than 3 seeds in a group; 0.004 without, "
+            "0.0115 with)" in words)
     # every measure of Figure 4's comparison (first_or_null 0.1 on both sides here), never the
     # weight alone
     assert ("affine (3 seeds) against the kd sink (2 seeds; the recipe never decays sink's logits) "
@@ -280,7 +281,8 @@ def test_the_design_confounds_come_from_the_records():
                     run('affine', 1, [0.0, 0.0, 0.0, 0.0])])
     words = study_results.design_confounds(v1)
     assert words.startswith("This design has 4 confounds its records show")
-    assert "(1) the recipe's weight decay (2; the paper's: 0.1) acts on affine's alpha_proj" in words
+    assert ("(1) the recipe's weight decay (2; the paper's: 0.1) acts on affine's alpha_proj"
+            in words)
     assert ("(2) the sink lives in 1 of 4 layers: kd softmax's first-token weight per layer is "
             "0.300, 0.100, 0.020, 0.020 (uniform attention: 0.035) and Gu et al.'s Sink₁ per layer "
             "0.60, 0.00, 0.00, 0.00") in words
@@ -321,7 +323,8 @@ def test_the_readme_shows_the_committed_studies(study, start, end):
         results = json.load(f)
     expected = '\n'.join(study_results.readme_lines(results))
     got = block('README.md', start, end)
-    assert got == expected, f"README.md's {study} block is not the committed results'; it should read:\n{expected}"
+    assert got == expected, (f"README.md's {study} block is not the committed results'; "
+                             f"it should read:\n{expected}")
     for name in ('report.md', 'fig4_kd.png', 'curves_kd.png'):
         assert os.path.getsize(os.path.join(ROOT, 'docs', study, name)) > 1000, name
     with open(os.path.join(ROOT, 'docs', study, 'report.md')) as f:
@@ -332,8 +335,8 @@ def test_the_readme_shows_the_committed_studies(study, start, end):
         text = f.read()
     # the confirmatory study leads
     assert text.index('<!-- v2: ') < text.index('<!-- the sink study: ')
-    assert sink_study.PLANS['v2']['kd_seeds'] == list(range(1,
-                                                            13)) and 'teach seeds 1-12\nof each variant' in text
+    assert (sink_study.PLANS['v2']['kd_seeds'] == list(range(1, 13))
+            and 'teach seeds 1-12\nof each variant' in text)
     assert study_results.MEASURES[
         'sink_grown16'][1](dict(end=dict(gu=dict(sink_rate=1 / 16)))) == 1.0
     assert "a seed grew a sink where Gu et al.'s Sink₁ ≥ 1/16" in text.replace('\n', ' ')
@@ -360,7 +363,8 @@ def test_analysis_md_shows_the_claims_and_the_pilot():
     # the committed pilot's time: its runs' steps and end-of-run measures, two at a time (measured:
     # 60.5 minutes from first start to last end)
     with open(os.path.join(ROOT, 'README.md')) as f:
-        assert 'python -m study.sink_study     # the sink study\'s pilot (about an hour on 2 cores)' in f.read()
+        assert ('python -m study.sink_study     # the sink study\'s pilot '
+                '(about an hour on 2 cores)' in f.read())
     # two at a time: the default jobs, one per core, on the 2-core machine that trained all 24
     assert '--jobs' not in pilot['command'] and pilot['machine'].endswith('2 CPU cores, device cpu '
                                                                           '(24 runs)')
@@ -631,7 +635,8 @@ def test_the_gpu_plan_and_its_cpu_dry_run(data_dir, tmp_path):
     assert (student.n_layer, student.n_embd, student.block_size, student.device) == (8, 256, 256,
                                                                                      'cuda')
     assert (teacher.n_layer, teacher.n_embd, runs[0]['name']) == (12, 384, 'teacher_softmax_s101')
-    assert steps * per_step == 732 * 64 * 256 and student.matched_init and student.no_decay == NO_DECAY
+    assert (steps * per_step == 732 * 64 * 256 and student.matched_init
+            and student.no_decay == NO_DECAY)
     report = seal_here(tmp_path / 'report')
     results = sink_study.main(['--plan=gpu', f'--data_dir={data_dir}',
                                f'--out_dir={tmp_path / "out"}',
@@ -650,8 +655,9 @@ GPU_DRY_RUN = ['--device=cpu', '--kd_seeds=1', '--tokens=384', '--global_batch_s
                '--intermediate_size=192', '--compile=False', '--eval_batches=1', '--jobs=2']
 
 
-# ----------------------------------------------------------------------------- The reading (issue
-# 50): what the records say beyond each study's claims, recomputed here from the records
+# -----------------------------------------------------------------------------------------------
+# The reading (issue 50): what the records say beyond each study's claims, recomputed here from the
+# records
 
 def exact_p(a, b, claim, get):
     """The claim's p from its groups (records by seed) by brute force: every sign flip for matched
@@ -830,9 +836,10 @@ def test_v3s_payoff_was_chosen_by_its_rule_on_the_pilot():
     assert (study_results.PAYOFF_V3 in primary) == bool(above)
     with open(os.path.join(pilot, 'results.json')) as f:
         results = json.load(f)
-    got = block('docs/analysis.md', "<!-- v3's payoff pilot: "
-                                    "study_results.payoff_pilot_lines(docs/sink_study_v3/pilot/results.json) "
-                                    "-->", "<!-- end of v3's payoff pilot -->")
+    got = block('docs/analysis.md',
+                "<!-- v3's payoff pilot: "
+                "study_results.payoff_pilot_lines(docs/sink_study_v3/pilot/results.json) -->",
+                "<!-- end of v3's payoff pilot -->")
     assert got == '\n'.join(study_results.payoff_pilot_lines(results))
     got = block('docs/analysis.md', "<!-- v3's claims: study_results.claims_table('v3') -->",
                 "<!-- end of v3's claims -->")

@@ -120,18 +120,16 @@ def test_a_file_that_is_not_a_valid_record_stops_the_study(case, v1, stdlib_dir,
     if case == 'a folder':
         (runs / 'notes').mkdir()
         target = 'notes'
-    expected = {'stale copy': 'whose file is kd_affine_s1.json', 'renamed': 'whose file is '
-                                                                            'kd_affine_s1.json',
-                'renamed, name '
-                'edited': r'name is "kd_affine_s9", but its arm, variant and seed make it '
-                          r'kd_affine_s1',
-                'weight '
-                '-5': r'first_token_weight\[0\] is -5.0, outside its range',
+    expected = {'stale copy': 'whose file is kd_affine_s1.json',
+                'renamed': 'whose file is kd_affine_s1.json',
+                'renamed, name edited': r'name is "kd_affine_s9", but its arm, variant and seed '
+                                        r'make it kd_affine_s1',
+                'weight -5': r'first_token_weight\[0\] is -5.0, outside its range',
                 'NaN': 'end.gu.sink_rate is nan',
                 'teacher edited': r'teacher is "ce_sink_s1"', 'no_decay edited': 'no_decay is',
                 'truncated': 'not JSON', 'empty': 'not JSON', 'not UTF-8': 'is not UTF-8',
-                'an array': 'holds a JSON list', 'a string': 'holds a JSON str', 'a '
-                                                                                 'folder': 'a directory'}[case]
+                'an array': 'holds a JSON list', 'a string': 'holds a JSON str',
+                'a folder': 'a directory'}[case]
     with pytest.raises(RunError, match=expected) as e:
         sink_study.main(report_argv(v1, stdlib_dir, tmp_path))
     assert str(runs / target) in str(e.value) and 'move it out of runs/' in str(e.value)
@@ -273,7 +271,8 @@ def test_a_changed_setting_trains_again_and_says_so(study, tmp_path, capsys):
     # the ce run alone
     results = sink_study.main(argv + ['--init_std=0.03', '--arms=ce', '--subset=True'])
     said = capsys.readouterr().out
-    assert 'ce_softmax_s1: its record was made with other settings (init_std 0.02 -> 0.03): trained again' in said
+    assert ('ce_softmax_s1: its record was made with other settings (init_std 0.02 -> 0.03): '
+            'trained again' in said)
     assert said.index('trained again') < said.index('$ ')  # before any work
     assert [r['name']
             for r in results[
@@ -308,7 +307,8 @@ def test_the_users_thread_count_is_respected(study, tmp_path, capsys, monkeypatc
     (out / 'runs' / 'kd_softmax_s1.json').unlink()
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
     sink_study.main(argv)
-    assert '1 at a time, 1 thread(s) each (OMP_NUM_THREADS from the environment)' in capsys.readouterr().out
+    assert ('1 at a time, 1 thread(s) each (OMP_NUM_THREADS from the environment)'
+            in capsys.readouterr().out)
 
 
 def study_process(argv, out):
@@ -407,8 +407,8 @@ def test_teachers_of_their_own_shape(data_dir, tmp_path):
     # parameters (q, k, v, o: 49,152; the MLP: 147,456; two norms: 256)
     layer, shared = (828_544 - 320 * 128 - 128) // 4, 320 * 128 + 128
     ratio = (shared + 6 * layer) / (shared + 4 * layer)
-    assert f"KD arm: students distilled from softmax teachers {ratio:.2f}x the students' parameters" in (
-        out / 'report.md').read_text()
+    assert (f"KD arm: students distilled from softmax teachers {ratio:.2f}x "
+            "the students' parameters" in (out / 'report.md').read_text())
 
 
 def test_the_v2_plan(data_dir, tmp_path, capsys):

@@ -134,8 +134,9 @@ def test_bad_tokenizers(tmp_path, checkpoints):
         load_tokenizer(str(tmp_path / "shuffled"))
 
 
-# ----------------------------------------------------------------------------- Tokenizers read from
-# their own files (any byte-level BPE directory), against the `tokenizers` library
+# -----------------------------------------------------------------------------------------------
+# Tokenizers read from their own files (any byte-level BPE directory), against the `tokenizers`
+# library
 
 
 def fuzz(seed, n=60):
@@ -312,10 +313,10 @@ def test_sha256_keeps_old_data_valid_and_covers_conventions(tmp_path, layouts, c
     assert sha(with_bos) != sha(plain)
 
 
-# ----------------------------------------------------------------------------- Vocabularies without
-# a token for every byte (SmolLM2's lacks 21, huggingface/smollm#81): Hugging Face's BPE drops those
-# bytes and merges what is left of each piece. Tiny ones trained here, then the real SmolLM2
-# tokenizers.
+# -----------------------------------------------------------------------------------------------
+# Vocabularies without a token for every byte (SmolLM2's lacks 21, huggingface/smollm#81): Hugging
+# Face's BPE drops those bytes and merges what is left of each piece. Tiny ones trained here, then
+# the real SmolLM2 tokenizers.
 
 
 def symbol_bytes(tokens):
@@ -447,7 +448,8 @@ def test_unk_token_refusals_and_sha256(tmp_path, layouts):
         assert tokenizer_info(enc, "x")["sha256"] == old_sha256(enc, conventions_before_unk(enc))
 
 
-CHAT = "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 12+30?<|im_end|>\n"
+CHAT = ("<|im_start|>system\nYou are helpful.<|im_end|>\n"
+        "<|im_start|>user\nWhat is 12+30?<|im_end|>\n")
 
 
 @pytest.mark.parametrize("flavour", ["hub", "gguf"])
@@ -484,7 +486,8 @@ def test_the_two_smollm2_tokenizers_differ_in_pre_tokenization(smollm2):
     whitespace run before one stays whole), transformers' GGUF conversion does not; data prepared
     with one is not the other's."""
     hub, gguf = load_tokenizer(str(smollm2["hub"])), load_tokenizer(str(smollm2["gguf"]))
-    assert hub._mergeable_ranks == gguf._mergeable_ranks and hub._special_tokens == gguf._special_tokens
+    assert (hub._mergeable_ranks == gguf._mergeable_ranks
+            and hub._special_tokens == gguf._special_tokens)
     assert tokenizer_info(hub, "x")["sha256"] != tokenizer_info(gguf, "x")["sha256"]
     assert hub.decode_tokens_bytes(hub.encode_ordinary("x  1")) == [b"x", b"  ", b"1"]
     assert gguf.decode_tokens_bytes(gguf.encode_ordinary("x  1")) == [b"x", b" ", b" ", b"1"]

@@ -254,8 +254,8 @@ def test_config_errors_are_clear(data_dir, tmp_path, argv, message):
 
 
 def test_overrides_accept_none_lists_dicts_and_ints_for_floats(tmp_path):
-    scaling = "{'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0, " \
-              "'original_max_position_embeddings': 64}"
+    scaling = ("{'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0, "
+               "'high_freq_factor': 4.0, 'original_max_position_embeddings': 64}")
     c = train.load_config(['config/tiny_cpu.py', '--teacher=None', '--learning_rate=1',
                            f'--rope_scaling={scaling}', '--wandb_run_name=run 1'])
     assert c['teacher'] is None and c['learning_rate'] == 1.0 and isinstance(c['learning_rate'],

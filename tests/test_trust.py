@@ -179,7 +179,8 @@ def test_every_command_refuses_a_checkpoint_that_would_run_code(hostile, data, t
     line = refusal(capsys, quickstart.main,
                    [f'--out_dir={tmp_path / "quickstart"}', f'--data_dir={data}',
                     '--real_model=False'])
-    assert f"{tmp_path / 'quickstart' / 'teacher' / 'ckpt.pt'} is refused: it holds code" in line, line
+    assert (f"{tmp_path / 'quickstart' / 'teacher' / 'ckpt.pt'} is refused: it holds code"
+            in line), line
     assert not marker.exists()
     assert sorted(os.listdir(run)) == ['ckpt.pt']  # and the resume wrote nothing beside it
 
@@ -217,9 +218,9 @@ def test_other_forms_of_a_pickled_call_are_refused_by_name(tmp_path):
                                 ('torch.device', torch.device('cpu'), 2)]:
         path = str(tmp_path / f'{protocol}.pt')
         torch.save(dict(model={}, model_config={}, tokenizer=obj), path, pickle_protocol=protocol)
-        with pytest.raises(checkpoint.CheckpointError, match="is refused: it holds code, not only "
-                                                             "data: the global "
-                                                             f"'{name.replace('posix', os.system.__module__)}'"):
+        with pytest.raises(checkpoint.CheckpointError,
+                           match="is refused: it holds code, not only data: the global "
+                                 f"'{name.replace('posix', os.system.__module__)}'"):
             checkpoint.read_checkpoint(path)
     assert not marker.exists()
 

@@ -1,18 +1,12 @@
-"""
-Benchmarks, measured side by side in one run on whatever device is found: CPU runs float32 eager;
-CUDA runs bf16 autocast, with torch.compile (each decoder layer, as train.py) where a training step
-is timed. Each section prints a Markdown table under its own heading; progress goes to stderr.
-Timings are reports, never pass/fail.
+"""Benchmarks, side by side in one run on whatever device is found; timings are reports, never
+pass/fail. Sections (docs/benchmarks.md): attention (each variant's step vs softmax and vs the
+explicit T x T affine), kd (fused vs naive), train (tokens/s, MFU), eval (batched vs one by one),
+harness (vs lm-evaluation-harness 0.4.9), study (the sink study's runs vs a plain loop), threads.
 
     python -m tools.bench                                        # every section at the sizes below
     python -m tools.bench --sections=attention,train --steps=7   # some sections
-    python -m tools.bench --sections=kd --kd_tokens=1024 --kd_hidden=512    # KD at V = 128,256 in ~2.5 GiB, not ~20
-    python -m tools.bench --check     # the GPU acceptance run, pass/fail: tools/gpu_check.py, which this hands over to
-
-Sections: attention (each variant's step vs softmax and vs the explicit T x T affine), kd (fused vs
-naive), train (tokens/s, MFU), eval (batched vs one by one), harness (vs lm-evaluation-harness
-0.4.9), study (the sink study's runs vs a plain loop), threads. What each measures, and how peak
-memory is read: docs/benchmarks.md.
+    python -m tools.bench --sections=kd --kd_tokens=1024 --kd_hidden=512   # KD in ~2.5 GiB, not ~20
+    python -m tools.bench --check   # the GPU acceptance run, pass/fail: tools/gpu_check.py
 """
 import dataclasses
 import ctypes
@@ -38,7 +32,7 @@ import torch
 from lmkit.progress import Progress
 from lmkit.measure import (PeakMemory, default_peak_flops, flops_per_token, gemm_shapes,
                            measured_matmul_flops)
-from lmkit.data import prepare_builtin
+from tools.builtin_data import prepare_builtin
 from lmkit.distributed import autocast, compile_layers, resolve_device
 from configurator import DEVICE, Key, parse, shown
 from lmkit.errors import RunError, run_script
@@ -204,13 +198,13 @@ def bench_kd(args, device):
     if 'naive' not in results:
         rows.insert(0, ['naive', 'skipped: would not fit', '-', f'~{mib(estimate)} '
                                                                 '(estimate)', '-', '-'])
-    print_table('KD loss: fused_kd_loss vs naive full logits',
-                f'{N:,} tokens, V = {V:,}, hidden {C}; one forward + backward of KD (T = 1, pure '
-                'KD); '
-                f'{"bf16 hidden states and teacher head, autocast" if device.type == "cuda" else "float32"}, '
-                f'eager. Naive path estimated at {estimate / 2**30:.2f} GiB, '
-                f'{available / 2**30:.1f} GiB available.',
-                ['path', 'time (s)', 'time / naive', 'peak mem (MiB)', 'mem / naive', 'loss'], rows)
+    print_table(
+        'KD loss: fused_kd_loss vs naive full logits',
+        f'{N:,} tokens, V = {V:,}, hidden {C}; one forward + backward of KD (T = 1, pure KD); '
+        f'{"bf16 hidden states and teacher head, autocast" if device.type == "cuda" else "float32"}'
+        f', eager. Naive path estimated at {estimate / 2**30:.2f} GiB, '
+        f'{available / 2**30:.1f} GiB available.',
+        ['path', 'time (s)', 'time / naive', 'peak mem (MiB)', 'mem / naive', 'loss'], rows)
 
 # -----------------------------------------------------------------------------
 # train: tokens/s and MFU of real optimizer steps
@@ -265,9 +259,9 @@ def bench_train(args, device):
                 f'(lmkit.measure.measured_matmul_flops{how})' + note,
                 ['variant', 'params', 'step (ms)', 'tokens/s', 'model TFLOP/s', 'MFU'], rows)
 
-# ----------------------------------------------------------------------------- study: the sink
-# study's runs (train.py as study/sink_study.py starts them) vs a plain PyTorch loop on the same
-# shape
+# -----------------------------------------------------------------------------------------------
+# study: the sink study's runs (train.py as study/sink_study.py starts them) vs a plain PyTorch loop
+# on the same shape
 
 STUDY_CONFIG = os.path.join(ROOT, 'config', 'sink_study.py')
 
@@ -418,8 +412,9 @@ def bench_study(args, device):
                 [[f'{k * B}', f'{t:,.0f}', ratio(t, batched[0])] for k,
                  t in zip((1, 2, 4), batched)])
 
-# ----------------------------------------------------------------------------- threads: a CPU run's
-# speed at 1 and 2 threads, its idle threads spinning or sleeping, alone and on shared cores
+# -----------------------------------------------------------------------------------------------
+# threads: a CPU run's speed at 1 and 2 threads, its idle threads spinning or sleeping, alone and on
+# shared cores
 
 TINY_CONFIG = os.path.join(ROOT, 'config', 'tiny_cpu.py')
 

@@ -1,17 +1,12 @@
 """
 The GPU acceptance run: one command that validates a machine end to end before a run of a day or
 more, each check PASS or FAIL (or a report), then one Markdown table, with the same rows in a JSON
-file written as they are measured (--check_json), so that a run cut short keeps them. No network;
-exit status 1 if a pass/fail check failed.
+file written as they are measured (--check_json). No network; exit status 1 if a pass/fail check
+failed. Parts: kernels and torchrun, and on a GPU ddp, variants, kd and mfu (docs/benchmarks.md).
 
-    python -m tools.gpu_check                          # every part this machine can run (the GPU parts only with CUDA)
+    python -m tools.gpu_check                          # every part this machine can run
     python -m tools.gpu_check --check_parts=torchrun   # some parts
-    python -m tools.bench --check                      # the same run: tools/bench.py hands its check flags over
-
-Parts: kernels (the fast paths against their float64 references), torchrun (train.py stopped,
-resumed under FSDP, with a teacher), and on a GPU ddp, variants (each 1B step against its ceiling),
-kd and mfu. Without a GPU the CPU parts run and the exit status is 0. docs/benchmarks.md has each
-part's checks, targets and the runs so far.
+    python -m tools.bench --check                      # the same run: tools/bench.py hands it over
 """
 import gc
 import importlib.util
@@ -42,7 +37,8 @@ from lmkit.measure import (KNOWN_PEAK_BF16, PeakMemory, flops_per_token, gemm_sh
                            measured_matmul_flops)
 from configurator import Key, parse
 from tools.tables import log, print_table, ratio
-from lmkit.data import Windows, prepare_builtin
+from lmkit.data import Windows
+from tools.builtin_data import prepare_builtin
 from lmkit.errors import RunError, run_script
 from lmkit.files import read_log, write_json
 from lmkit.memory_plan import KNOWN_TEACHERS, memory_estimate
@@ -461,10 +457,9 @@ def check_resumed_run(check, device, data, out_dir, variant, stopped, proc):
 
 
 def check_mfu(check, device, args):
-    """Tokens/s and MFU of config/affine_1b.py's training step with a 3B-shaped teacher
-    (Llama-3.2-3B's published shape, random bf16 weights), one GPU, at the largest micro-batch the
-    memory plan lets fit: train.py's own micro-step (compute_loss, backward), gradient clipping and
-    AdamW step, decoder layers compiled."""
+    """Tokens/s and MFU of config/affine_1b.py's step (train.py's micro-steps: compute_loss and
+    backward; clipping, AdamW; layers compiled) with a 3B-shaped teacher (Llama-3.2-3B's published
+    shape, random bf16 weights), one GPU, at the largest micro-batch the memory plan lets fit."""
     run = run_config(load_config([ONE_B_CONFIG]))
     shape = {key: getattr(run, key) for key in FIELD_NAMES}
     cfg, T = ModelConfig(**shape), shape['block_size']
@@ -521,19 +516,17 @@ def check_mfu(check, device, args):
                   f'{tokens:,.0f} tokens/s, MFU {100 * mfu:.1f}% of 989 TFLOP/s '
                   f'({100 * step_flops * tokens / measured_peak:.1f}% '
                   f'of the measured {measured_peak / 1e12:.0f}); peak {peak / 2**30:.1f} GiB; '
-                  f'compile {compile_s:.0f} s', '>= 45% MFU (H100, '
-                                                'H200)', tokens_per_sec=tokens, mfu=mfu,
-                  step_seconds=seconds, micro_batch=B)
+                  f'compile {compile_s:.0f} s', '>= 45% MFU (H100, H200)', tokens_per_sec=tokens,
+                  mfu=mfu, step_seconds=seconds, micro_batch=B)
         # the dry run's plan for this step: one GPU (DDP's per-GPU memory does not depend on the
         # ranks)
         plan = sum(memory_estimate(cfg, 1, B, 'bfloat16', False, False, teacher_cfg).values())
-        check.add(section, 'peak memory vs the dry run\'s plan '
-                           '(memory_plan.memory_estimate)', peak <= plan,
-                  f'{peak / 2**30:.1f} GiB allocated at the peak, plan {plan / 2**30:.1f} GiB '
-                  f'({peak / plan:.2f}x)',
-                  '<= the plan', peak_bytes=peak, plan_bytes=plan)
-        add_compile_row(check, section, 'student and teacher '
-                                        'layers', before, first, dynamo_events())
+        check.add(section, 'peak memory vs the dry run\'s plan (memory_plan.memory_estimate)',
+                  peak <= plan, f'{peak / 2**30:.1f} GiB allocated at the peak, plan '
+                  f'{plan / 2**30:.1f} GiB ({peak / plan:.2f}x)', '<= the plan', peak_bytes=peak,
+                  plan_bytes=plan)
+        add_compile_row(check, section, 'student and teacher layers', before, first,
+                        dynamo_events())
         if cfg.variant.fp32:  # the variant's float32 buffers (affine's alpha_ma)
             dtypes = {getattr(layer.self_attn, name).dtype for layer in student.model.layers
                       for name in cfg.variant.fp32}

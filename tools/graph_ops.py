@@ -4,12 +4,8 @@ forward and backward graphs that AOTAutograd hands to the compiler, and, on CPU,
 TorchInductor then generates from them (its fusion). No GPU is needed; docs/benchmarks.md ("What the
 variants add to the compiled graph") holds a run's table.
 
-    python -m tools.graph_ops                          # every variant, float32, the tiny shape at T = 256
+    python -m tools.graph_ops   # every variant, float32, the tiny shape at T = 256
     python -m tools.graph_ops --variants=softmax,affine --dtype=bfloat16
-
-A variant's extra operators are its registry entry's (model.VARIANTS): affine's alpha projection
-(Eq. 7), the cumulative sum of V and the combine of Eq. 6 and 8 (model.affine_scaled), and alpha's
-sums for alpha_ma (Eq. 9); the gate's projection, sigmoid and product (Eq. 4-5).
 """
 import collections
 import os

@@ -1,5 +1,4 @@
-"""
-lm-evaluation-harness 0.4.9's log-likelihoods of (context, continuation) pairs, timed in its own
+"""lm-evaluation-harness 0.4.9's log-likelihoods of (context, continuation) pairs, timed in its own
 process: run by tools/bench.py's harness section with the Python of an environment where lm_eval
 imports (0.4.9 needs transformers 4, this repository transformers 5); tests/test_smollm2.py imports
 loglikelihoods where lm_eval imports.

@@ -42,12 +42,9 @@ def fake_peak_memory(c, model_config, teacher_config):
     model_config student and a teacher_config teacher (None: cross-entropy): torch's MemTracker on
     fake tensors, real shapes without memory, seconds per layer on a CPU. The micro-step is
     train.py's (compute_loss, then backward), with the gradients and AdamW's state already there
-    (every micro-step's but a run's first). DDP runs unwrapped (its C++ reducer reads real data),
-    its gradients allocated once, as distributed.wrap_ddp makes them DDP's buckets; FSDP is
-    distributed.apply_fsdp over a fake process group, this rank 0. CPU kernels stand in for CUDA's
-    (flash attention saves the same tensors); the KD loss's bf16 GEMMs write float32 as on sm_80+
-    GPUs (distill.fp32_output_gemm). Every allocation is rounded up to 512 bytes, as by the CUDA
-    allocator; kernels' workspaces, the CUDA context and fragmentation are not seen."""
+    (every micro-step's but a run's first). Every allocation is rounded up to 512 bytes, as by the
+    CUDA allocator; kernels' workspaces, the CUDA context and fragmentation are not seen. How DDP,
+    FSDP and CUDA's kernels are stood in for: docs/memory.md, "Checked against PyTorch"."""
     dtype = plan_dtype(c)
     dist.init_process_group('fake', rank=0, world_size=c.dry_run_world_size)
     try:

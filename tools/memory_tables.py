@@ -1,15 +1,12 @@
 """The tables of README.md and docs/*.md that the code computes, so that they cannot drift from it:
-the paper configs' parameter counts (ΔParams), the per-GPU memory plan of every paper row (what
-train.py --dry_run=True prints), and the time estimates that follow from the FLOPs per token at an
-assumed MFU. No GPU, data or checkpoint is needed: every model is built on the meta device, each
-teacher has its published shape.
+the paper configs' parameter counts (ΔParams), every paper row's per-GPU memory plan (train.py
+--dry_run=True's) and the time estimates at an assumed MFU; no GPU, data or checkpoint is needed.
+A table lies between <!-- memory_tables.py:start NAME --> and <!-- memory_tables.py:end NAME -->.
 
     python -m tools.memory_tables           # print every table, each under its marker name
-    python -m tools.memory_tables --write   # put them into README.md and docs/*.md, between their markers
-    python -m tools.memory_tables --check   # exit 1 when a file holds another text (tests/test_docs.py does this)
-    python -m tools.memory_tables --measure # each row's plan against a fake-tensor measurement (20-45 s a row)
-
-A table lies between <!-- memory_tables.py:start NAME --> and <!-- memory_tables.py:end NAME -->.
+    python -m tools.memory_tables --write   # put them into README.md and docs/*.md, between markers
+    python -m tools.memory_tables --check   # exit 1 when a file holds another text
+    python -m tools.memory_tables --measure # each row's plan against a fake-tensor measurement
 """
 import glob
 import os
@@ -210,8 +207,8 @@ def flops_table(found):
         n_params = memory_plan.meta_param_counts(r.cfg)[0]
         # FSDP all-gathers the bf16 weights for the forward and again for the backward, and
         # reduce-scatters the fp32 gradients, on every micro-step: 2 + 2 + 4 bytes per parameter
-        collectives = f'{2 * n_params / 1e9:.1f} + {2 * n_params / 1e9:.1f} + {4 * n_params / 1e9:.1f} GB' \
-            if r.c.fsdp else '- (DDP)'
+        collectives = (f'{2 * n_params / 1e9:.1f} + {2 * n_params / 1e9:.1f} + '
+                       f'{4 * n_params / 1e9:.1f} GB' if r.c.fsdp else '- (DDP)')
         lines.append([r.name, f'{f.student / 1e9:.1f} G', f'{f.teacher / 1e9:.1f} '
                                                           'G', f'{f.tokens_per_sec:,.0f}',
                       f'{f.hours:.0f}', f'{f.recompute:.0%}', f'{f.micro_step_sec:.2f} '
@@ -261,15 +258,16 @@ def onegpu_table():
         lines.append([f'`--attention={variant}`', f'{total:,}', f'{total - softmax:,}', *fits,
                       f'~{Flops(r).hours:.1f} h'])
     c, cfg = r.c, r.cfg
-    return (table(header, lines) + f'\n\nEach run: {c.max_iters:,} steps of {c.global_batch_size} '
-                                   f'sequences of {cfg.block_size:,} tokens '
-                                   f'({c.max_iters * c.global_batch_size * cfg.block_size / 1e9:.2f}B '
-                                   'tokens), KD from SmolLM2-360M. Memory: the plan '
-                                   '`--dry_run=True --dry_run_world_size=1 --dry_run_gpu_gib=24` '
-                                   '(or 80) prints, at the largest micro-batch of '
-                                   f'{", ".join(map(str, MICRO_BATCHES))} that fits with 10% to '
-                                   'spare. Time: an estimate from the FLOPs per token at '
-                                   f'{estimate_basis()}, not a measurement.')
+    return (table(header, lines)
+            + f'\n\nEach run: {c.max_iters:,} steps of {c.global_batch_size} '
+            f'sequences of {cfg.block_size:,} tokens '
+            f'({c.max_iters * c.global_batch_size * cfg.block_size / 1e9:.2f}B '
+            'tokens), KD from SmolLM2-360M. Memory: the plan '
+            '`--dry_run=True --dry_run_world_size=1 --dry_run_gpu_gib=24` '
+            '(or 80) prints, at the largest micro-batch of '
+            f'{", ".join(map(str, MICRO_BATCHES))} that fits with 10% to '
+            'spare. Time: an estimate from the FLOPs per token at '
+            f'{estimate_basis()}, not a measurement.')
 
 
 def dry_run_example(config='config/affine_3b.py'):
