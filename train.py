@@ -6,8 +6,7 @@ Train a student with the paper's recipe (Section 5.1, Appendix B.1), on one CPU 
     python train.py config/affine_3b.py --dry_run=True  # parameter counts, memory plan per GPU
 
 Reading order: train, at the bottom, is the loop as nanoGPT writes it (forward, loss, backward,
-clip, step, log, eval, save); main checks everything before writing. The keys are lmkit/runs.py's;
-docs/training.md has several nodes (FSDP), the data order, scaling and the resume rule.
+clip, step, log, eval, save); main checks everything before writing. The keys: lmkit/runs.py.
 """
 import dataclasses
 import hashlib
