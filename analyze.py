@@ -726,11 +726,10 @@ def runs_report(run_dirs, out_dir, window=(0, 500), ks=(6, 9), late=2000):
                ('fig10_loss_late.png', key, f"Figure 10: {key.replace('_', ' ')}, last {late} "
                                             "steps",
                 key, max(0, last - late), False),
-               ('fig8_grad_norm.png', 'grad_norm', 'Figure 8: gradient norm (before '
-                                                   'clipping)', 'grad norm', 0, True),
-               ('fig2_attn_logit.png', 'attn_logit_mean', 'Figure 2: mean attention logit '
-                                                          'q.k/sqrt(d)', 'mean logit',
-                0, False)]
+               ('fig8_grad_norm.png', 'grad_norm', 'Figure 8: gradient norm (before clipping)',
+                'grad norm', 0, True),
+               ('fig2_attn_logit.png', 'attn_logit_mean',
+                'Figure 2: mean attention logit q.k/sqrt(d)', 'mean logit', 0, False)]
     lo, hi = window
     run_list = ', '.join(f"`{d}` ({n['label']})" for d, n in numbers.items())
     lines = ['# Training runs', '', f"Runs: {run_list}.", '',

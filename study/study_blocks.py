@@ -28,33 +28,28 @@ def results(path):
 
 # (file, start marker, end marker, the lines between them)
 BLOCKS = [
-    ('README.md', '<!-- v2: study_results.readme_lines(docs/sink_study_v2/results.json) '
-                  '-->', '<!-- end of v2 -->',
+    ('README.md', '<!-- v2: study_results.readme_lines(docs/sink_study_v2/results.json) -->',
+     '<!-- end of v2 -->',
      lambda: study_results.readme_lines(results('docs/sink_study_v2/results.json'))),
-    ('README.md', '<!-- the sink study: study_results.readme_lines(docs/sink_study/results.json) '
-                  '-->',
-     '<!-- end of the sink study '
-     '-->', lambda: study_results.readme_lines(results('docs/sink_study/results.json'))),
-    ('docs/analysis.md', '<!-- the claims: study_results.claims_table() -->', '<!-- end of the '
-                                                                              'claims -->',
-     study_results.claims_table),
-    ('docs/analysis.md', "<!-- v2's claims: study_results.claims_table('v2') -->", "<!-- end of "
-                                                                                   "v2's claims "
-                                                                                   "-->",
-     lambda: study_results.claims_table('v2')),
-    ('docs/analysis.md', "<!-- v3's claims: study_results.claims_table('v3') -->", "<!-- end of "
-                                                                                   "v3's claims "
-                                                                                   "-->",
-     lambda: study_results.claims_table('v3')),
+    ('README.md',
+     '<!-- the sink study: study_results.readme_lines(docs/sink_study/results.json) -->',
+     '<!-- end of the sink study -->',
+     lambda: study_results.readme_lines(results('docs/sink_study/results.json'))),
+    ('docs/analysis.md', '<!-- the claims: study_results.claims_table() -->',
+     '<!-- end of the claims -->', study_results.claims_table),
+    ('docs/analysis.md', "<!-- v2's claims: study_results.claims_table('v2') -->",
+     "<!-- end of v2's claims -->", lambda: study_results.claims_table('v2')),
+    ('docs/analysis.md', "<!-- v3's claims: study_results.claims_table('v3') -->",
+     "<!-- end of v3's claims -->", lambda: study_results.claims_table('v3')),
     ('docs/analysis.md',
      "<!-- v3's payoff pilot: "
      "study_results.payoff_pilot_lines(docs/sink_study_v3/pilot/results.json) -->",
      "<!-- end of v3's payoff pilot -->",
      lambda: study_results.payoff_pilot_lines(results('docs/sink_study_v3/pilot/results.json'))),
-    ('docs/analysis.md', '<!-- the pilot: '
-                         'study_results.pilot_lines(docs/sink_study/pilot/results.json) -->',
-     '<!-- end of the pilot '
-     '-->', lambda: study_results.pilot_lines(results('docs/sink_study/pilot/results.json'))),
+    ('docs/analysis.md',
+     '<!-- the pilot: study_results.pilot_lines(docs/sink_study/pilot/results.json) -->',
+     '<!-- end of the pilot -->',
+     lambda: study_results.pilot_lines(results('docs/sink_study/pilot/results.json'))),
 ]
 
 

@@ -98,9 +98,8 @@ def loss_tests(results, arm='kd'):
         return claims
     return [(f"{c[0]}_val", 'loss', f"{c[2]}, held-out loss", 'val_loss', *c[4:])
             for c in CLAIM_SETS[claim_set_of(results)][0] if c[3] == 'loss'] + claims + [
-        ('gated_affine_val', 'loss', 'gated against affine, held-out loss (no claim of the '
-                                     'paper)', 'val_loss', GATED,
-         '!=', AFFINE)]
+        ('gated_affine_val', 'loss', 'gated against affine, held-out loss (no claim of the paper)',
+         'val_loss', GATED, '!=', AFFINE)]
 
 
 def loss_claims(results):

@@ -133,16 +133,14 @@ CLAIMS = [
     ('table5_affine_softmax', 'primary', 'Table 5 (k = 9)', 'spikes9', AFFINE, '<', SOFTMAX),
     ('fig4_share_affine_sink', 'secondary', 'Figure 4, by share', 'share', AFFINE, '<', SINK),
     ('fig4_share_sink_softmax', 'secondary', 'Figure 4, by share', 'share', SINK, '<', SOFTMAX),
-    ('fig4_null_affine_sink', 'secondary', 'Figure 4, '
-                                           'first-token-or-null', 'first_or_null', AFFINE, '<',
+    ('fig4_null_affine_sink', 'secondary', 'Figure 4, first-token-or-null', 'first_or_null', AFFINE,
+     '<', SINK),
+    ('fig4_null_sink_softmax', 'secondary', 'Figure 4, first-token-or-null', 'first_or_null', SINK,
+     '<', SOFTMAX),
+    ('fig6_deep_affine_sink', 'secondary', 'Figure 6, deeper half', 'entropy_deep', AFFINE, '>',
      SINK),
-    ('fig4_null_sink_softmax', 'secondary', 'Figure 4, '
-                                            'first-token-or-null', 'first_or_null', SINK, '<',
+    ('fig6_deep_affine_softmax', 'secondary', 'Figure 6, deeper half', 'entropy_deep', AFFINE, '>',
      SOFTMAX),
-    ('fig6_deep_affine_sink', 'secondary', 'Figure 6, deeper '
-                                           'half', 'entropy_deep', AFFINE, '>', SINK),
-    ('fig6_deep_affine_softmax', 'secondary', 'Figure 6, deeper '
-                                              'half', 'entropy_deep', AFFINE, '>', SOFTMAX),
     ('fig3_spread_affine_sink', 'secondary', 'Figure 3', 'row_spread', AFFINE, '>', SINK),
     ('qiu_gate_share', 'secondary', 'Qiu et al. (the gate)', 'share', GATED, '<', SOFTMAX),
     ('gu_affine', 'secondary', 'Gu et al. (seeds with a sink)', 'sink_grown', AFFINE, '<', SOFTMAX),
@@ -150,44 +148,41 @@ CLAIMS = [
     ('gu_gated', 'secondary', 'Gu et al. (seeds with a sink)', 'sink_grown', GATED, '<', SOFTMAX),
     ('w8a8_affine_softmax', 'secondary', 'the payoff: W8A8', 'w8a8', AFFINE, '<', SOFTMAX),
     ('w8a8_affine_sink', 'secondary', 'the payoff: W8A8', 'w8a8', AFFINE, '<', SINK),
-    ('knockout_affine_softmax', 'secondary', 'the payoff: '
-                                             'knockout', 'knockout0', AFFINE, '<', SOFTMAX),
+    ('knockout_affine_softmax', 'secondary', 'the payoff: knockout', 'knockout0', AFFINE, '<',
+     SOFTMAX),
     ('knockout_affine_sink', 'secondary', 'the payoff: knockout', 'knockout0', AFFINE, '<', SINK),
 ]
 # v2 (issue 44; sealed before its runs, docs/analysis.md): the paper's comparisons in the kd arm,
 # v1's primary family, on matched pairs; the secondary readings, each named for whose reading it is
 # (a reading the paper does not make is never a paper claim)
 CLAIMS_V2 = [c for c in CLAIMS if c[1] == 'primary'] + [
-    ('deep_affine_sink', 'secondary', 'Figure 4, deeper half (our '
-                                      'reading)', 'weight_deep', AFFINE, '<', SINK),
-    ('deep_sink_softmax', 'secondary', 'Figure 4, deeper half (our '
-                                       'reading)', 'weight_deep', SINK, '<', SOFTMAX),
-    ('fig6_deep_affine_sink', 'secondary', 'Figure 6, deeper half (our '
-                                           'reading)', 'entropy_deep', AFFINE, '>', SINK),
-    ('fig6_deep_affine_softmax', 'secondary', 'Figure 6, deeper half (our '
-                                              'reading)', 'entropy_deep', AFFINE, '>',
+    ('deep_affine_sink', 'secondary', 'Figure 4, deeper half (our reading)', 'weight_deep', AFFINE,
+     '<', SINK),
+    ('deep_sink_softmax', 'secondary', 'Figure 4, deeper half (our reading)', 'weight_deep', SINK,
+     '<', SOFTMAX),
+    ('fig6_deep_affine_sink', 'secondary', 'Figure 6, deeper half (our reading)', 'entropy_deep',
+     AFFINE, '>', SINK),
+    ('fig6_deep_affine_softmax', 'secondary', 'Figure 6, deeper half (our reading)', 'entropy_deep',
+     AFFINE, '>', SOFTMAX),
+    *[(f'layer{k}_{low}_{high}', 'secondary', f'Figure 4, layer {k} (our reading)', f'weight_l{k}',
+       low, '<', high) for k in range(1, 5) for low, high in ((AFFINE, SINK), (SINK, SOFTMAX))],
+    ('fig4_share_affine_sink', 'secondary', 'Figure 4, by share (our reading)', 'share', AFFINE,
+     '<', SINK),
+    ('fig4_share_sink_softmax', 'secondary', 'Figure 4, by share (our reading)', 'share', SINK, '<',
      SOFTMAX),
-    *[(f'layer{k}_{low}_{high}', 'secondary', f'Figure 4, layer {k} (our '
-                                              'reading)', f'weight_l{k}', low, '<', high)
-      for k in range(1, 5) for low, high in ((AFFINE, SINK), (SINK, SOFTMAX))],
-    ('fig4_share_affine_sink', 'secondary', 'Figure 4, by share (our '
-                                            'reading)', 'share', AFFINE, '<', SINK),
-    ('fig4_share_sink_softmax', 'secondary', 'Figure 4, by share (our '
-                                             'reading)', 'share', SINK, '<', SOFTMAX),
     ('gu_rate_affine', 'secondary', 'Gu et al. (Sink_1)', 'gu_rate', AFFINE, '<', SOFTMAX),
     ('gu_rate_sink', 'secondary', 'Gu et al. (Sink_1)', 'gu_rate', SINK, '<', SOFTMAX),
-    ('gu_raw_affine', 'secondary', 'Gu et al. (Sink_1, raw '
-                                   'rows)', 'gu_rate_raw', AFFINE, '<', SOFTMAX),
+    ('gu_raw_affine', 'secondary', 'Gu et al. (Sink_1, raw rows)', 'gu_rate_raw', AFFINE, '<',
+     SOFTMAX),
     ('gu_raw_sink', 'secondary', 'Gu et al. (Sink_1, raw rows)', 'gu_rate_raw', SINK, '<', SOFTMAX),
-    ('gu16_affine', 'secondary', 'Gu et al. (seeds with Sink_1 >= '
-                                 '1/16)', 'sink_grown16', AFFINE, '<', SOFTMAX),
-    ('gu16_sink', 'secondary', 'Gu et al. (seeds with Sink_1 >= '
-                               '1/16)', 'sink_grown16', SINK, '<', SOFTMAX),
-    ('gu16_gated', 'secondary', 'Gu et al. (seeds with Sink_1 >= '
-                                '1/16)', 'sink_grown16', GATED, '<', SOFTMAX),
-    ('table5_after_affine_softmax', 'secondary', 'Table 5 (k = 9) after the warm-up (our '
-                                                 'reading)', 'spikes9_after',
-     AFFINE, '<', SOFTMAX),
+    ('gu16_affine', 'secondary', 'Gu et al. (seeds with Sink_1 >= 1/16)', 'sink_grown16', AFFINE,
+     '<', SOFTMAX),
+    ('gu16_sink', 'secondary', 'Gu et al. (seeds with Sink_1 >= 1/16)', 'sink_grown16', SINK, '<',
+     SOFTMAX),
+    ('gu16_gated', 'secondary', 'Gu et al. (seeds with Sink_1 >= 1/16)', 'sink_grown16', GATED, '<',
+     SOFTMAX),
+    ('table5_after_affine_softmax', 'secondary', 'Table 5 (k = 9) after the warm-up (our reading)',
+     'spikes9_after', AFFINE, '<', SOFTMAX),
     *[c for c in CLAIMS if c[0] in ('qiu_gate_share', 'w8a8_affine_softmax', 'w8a8_affine_sink',
                                     'knockout_affine_softmax', 'knockout_affine_sink')],
 ]
@@ -225,18 +220,16 @@ def claims_v3(n_layer, payoff):
                            "paper's)", *rest) for cid, family, source, *rest in CLAIMS_V2
              if family == 'primary']
     primary = paper + [
-        ('fig7_val_affine_softmax', 'primary', 'Figures 7 and 10, held-out loss (our '
-                                               'reading)', 'val_loss', AFFINE,
-         '<', SOFTMAX),
-        ('fig7_val_affine_sink', 'primary', 'Figures 7 and 10, held-out loss (our '
-                                            'reading)', 'val_loss', AFFINE, '<',
+        ('fig7_val_affine_softmax', 'primary', 'Figures 7 and 10, held-out loss (our reading)',
+         'val_loss', AFFINE, '<', SOFTMAX),
+        ('fig7_val_affine_sink', 'primary', 'Figures 7 and 10, held-out loss (our reading)',
+         'val_loss', AFFINE, '<', SINK),
+        ('sinklayers_affine_sink', 'primary',
+         "Figure 4, by share in softmax's sink layers (our reading)", 'share_sink', AFFINE, '<',
          SINK),
-        ('sinklayers_affine_sink', 'primary', "Figure 4, by share in softmax's sink layers (our "
-                                              "reading)",
-         'share_sink', AFFINE, '<', SINK),
-        ('sinklayers_sink_softmax', 'primary', "Figure 4, by share in softmax's sink layers (our "
-                                               "reading)",
-         'share_sink', SINK, '<', SOFTMAX)]
+        ('sinklayers_sink_softmax', 'primary',
+         "Figure 4, by share in softmax's sink layers (our reading)", 'share_sink', SINK, '<',
+         SOFTMAX)]
     v1_only = {'fig4_null_affine_sink': "Figure 4, first-token-or-null (v1's reading)",
                'fig4_null_sink_softmax': "Figure 4, first-token-or-null (v1's reading)",
                'fig3_spread_affine_sink': "Figure 3 (the paper's)",
@@ -250,12 +243,11 @@ def claims_v3(n_layer, payoff):
         for k in range(1, n_layer + 1) for low, high in ((AFFINE, SINK), (SINK, SOFTMAX))] + [
         (cid, 'secondary', v1_only[cid], *rest)
         for cid, _, _, *rest in CLAIMS if cid in v1_only] + [
-        ('gated_affine_loss', 'secondary', 'gated against affine (our reading: no claim of the '
-                                           'paper)', 'loss', GATED,
-         '!=', AFFINE),
-        ('gated_affine_val', 'secondary', 'gated against affine, held-out loss (our reading: no '
-                                          'claim of the paper)',
-         'val_loss', GATED, '!=', AFFINE)]
+        ('gated_affine_loss', 'secondary',
+         'gated against affine (our reading: no claim of the paper)', 'loss', GATED, '!=', AFFINE),
+        ('gated_affine_val', 'secondary',
+         'gated against affine, held-out loss (our reading: no claim of the paper)', 'val_loss',
+         GATED, '!=', AFFINE)]
     payoff = [(f'{m}_{AFFINE}_{high}', 'primary' if m == payoff else 'secondary',
                f"the payoff: {MEASURE_NAMES[m]} (Bondarenko et al.'s "
                "reading)", m, AFFINE, '<', high)

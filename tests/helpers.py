@@ -312,17 +312,17 @@ def checkpoint_commands(run, data, tmp_path):
              ['attention', str(run), f'--out_dir={tmp_path / "attention"}',
                                                     f'--data={data}', '--num_seqs=1',
               '--seq_len=16']),
-            ('sample.py '
-             '--ckpt', sample.main, [f'--ckpt={run}', '--num_samples=1', '--max_new_tokens=1']),
-            ('export_hf.py '
-             '--ckpt', export_hf.main, [f'--ckpt={run}', f'--out_dir={tmp_path / "hf"}']),
+            ('sample.py --ckpt', sample.main,
+             [f'--ckpt={run}', '--num_samples=1', '--max_new_tokens=1']),
+            ('export_hf.py --ckpt', export_hf.main,
+             [f'--ckpt={run}', f'--out_dir={tmp_path / "hf"}']),
             ('train.py '
              '--teacher', train.main, [*FIXTURE_RUN, f'--data_dir={data}', f'--teacher={run}',
                                                 f'--out_dir={tmp_path / "student"}']),
             ('a resume', train.main, [*FIXTURE_RUN, f'--data_dir={data}', f'--out_dir={run}']),
             ('distill.py --teacher', distill.main, [f'--teacher={run}', f'--data_dir={data}']),
-            ('train.py --dry_run '
-             '--teacher', train.main, [*FIXTURE_RUN, '--dry_run=True', f'--teacher={run}'])]
+            ('train.py --dry_run --teacher', train.main,
+             [*FIXTURE_RUN, '--dry_run=True', f'--teacher={run}'])]
 
 
 def refusal(capsys, main, argv):

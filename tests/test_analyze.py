@@ -266,8 +266,7 @@ def test_attention_job_bad_input_leaves_no_report(tmp_path):
                                                                                         "the "
                                                                                         "model's "
                                                                                         "block"),
-                          ([small, '--layer=5'], 'layers '
-                                                 '1-2'),
+                          ([small, '--layer=5'], 'layers 1-2'),
                           ([str(tmp_path / 'nothing')], 'no such file')]:
         with pytest.raises(RunError, match=message):
             analyze.main(['attention', *args, f'--out_dir={out}', f'--data={tmp_path / "text.txt"}',

@@ -71,8 +71,8 @@ def test_expands_sets_other_keys_where_it_stands():
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['--nope=1'], "unrecognized arguments: --nope=1 (unknown config key 'nope'); valid keys: "
-                   "--flag, --items, "),
+    (['--nope=1'],
+     "unrecognized arguments: --nope=1 (unknown config key 'nope'); valid keys: --flag, --items, "),
     (['--steps=two'], "steps='two' has type str, expected int (invalid int value: 'two')"),
     (['--steps=1.5'], 'steps=1.5 has type float, expected int'),
     (['--flag=maybe'], "flag='maybe' has type str, expected bool"),
@@ -135,8 +135,8 @@ def test_rules_hold_once_every_key_is_set(capsys):
     ("steps = 5\nname = ('b'\n", 2, "'(' was never closed"),  # a syntax error
     # the file runs and raises
     ("steps = 5\n\nrate = 1 / 0\n", 3, "ZeroDivisionError: division by zero"),
-    ("def f():\n    return undefined\nsteps = f()\n", 2, "NameError: name 'undefined' is not "
-                                                         "defined"),
+    ("def f():\n    return undefined\nsteps = f()\n", 2,
+     "NameError: name 'undefined' is not defined"),
     # written in Latin-1
     ("name = 'caf\xe9'\n", 1, "(unicode error) 'utf-8' codec can't decode byte 0xe9"),
 ])

@@ -184,8 +184,8 @@ def test_fused_kd_loss_without_grad_and_bad_arguments():
         h_s, w_s, h_t, w_t, 1.0, targets, 1.0)[0].item(), rel=1e-12)
     for kwargs, message in [(dict(teacher_weight=w_t[:-1]), 'rows'),
                             (dict(temperature=0.0), 'temperature > 0'),
-                            (dict(kd_alpha=0.5), 'targets when kd_alpha < '
-                                                 '1'), (dict(kd_alpha=1.5), 'kd_alpha <= 1'),
+                            (dict(kd_alpha=0.5),
+                             'targets when kd_alpha < 1'), (dict(kd_alpha=1.5), 'kd_alpha <= 1'),
                             (dict(teacher_hidden=h_t[:, :-1]), 'differ in tokens')]:
         args = dict(student_hidden=h_s, student_weight=w_s, teacher_hidden=h_t,
                     teacher_weight=w_t) | kwargs
@@ -542,8 +542,8 @@ def test_cli_errors(hf_dirs, llama_data, our_teacher, tmp_path, capsys):
              ([teacher, f'--data_dir={tmp_path / "no_meta"}'], 'meta.json: no such file'),
              ([f'--teacher={tmp_path / "nowhere"}', data], 'no such file or directory'),
              ([f'--teacher={our_teacher[1]}', data], 'is not the one the data was tokenized with'),
-             ([teacher, data, '--block_size=129'], "block_size=129 is longer than the teacher's "
-                                                   "128"),
+             ([teacher, data, '--block_size=129'],
+              "block_size=129 is longer than the teacher's 128"),
              ([teacher, data, '--bogus=1'], 'unrecognized arguments: --bogus=1'),
              ([teacher, data, '--batches=two'], "invalid int value: 'two'"),
              ([teacher, data, '--batches=0'], '--batches=0 is out of range: must be >= 1'),

@@ -43,19 +43,18 @@ def test_task_strings():
           'then', ' ' + e)
          for e in ['uses a ladder ', 'a b  c', 'x. y', 'plain.']], 2, [14.0, 6.0, 4.0, 6.0])
     assert docs['piqa'] == ez.Doc([('Question: How do I boil water?\nAnswer:', ' Heat it.'),
-                                   ('Question: How do I boil water?\nAnswer:', ' Freeze '
-                                                                               'it.')], 0,
+                                   ('Question: How do I boil water?\nAnswer:', ' Freeze it.')], 0,
                                   [8.0, 10.0])
     assert docs['boolq'] == ez.Doc([('The sky is blue.\nQuestion: is the sky '
                                      'blue?\nAnswer:', ' no'),
-                                    ('The sky is blue.\nQuestion: is the sky '
-                                     'blue?\nAnswer:', ' yes')], 1, None)
+                                    ('The sky is blue.\nQuestion: is the sky blue?\nAnswer:',
+                                     ' yes')], 1, None)
     # partial scoring: contexts end with the option, the shared continuation is what follows the
     # first "_"
     assert docs['winogrande'] == ez.Doc([("The cup didn't fit in the box because the "
                                           "cup", ' was too big. Really _.'),
-                                         ("The cup didn't fit in the box because the "
-                                          "box", ' was too big. Really _.')],
+                                         ("The cup didn't fit in the box because the box",
+                                          ' was too big. Really _.')],
                                         0, None)
     # strip, then the rest
     assert ez.hellaswag_preprocess(' [header] Go  [title] now   ok ') == ' Go . now  ok'
@@ -186,8 +185,8 @@ def documents(seed=0, n=14, max_length=64):
 
 @pytest.mark.parametrize('attention,bias_norm', [(a, 'seq_len') for a in ATTENTIONS]
                          + [('affine', 'visible'),
-                                                                                          (
-    'affine_gated', 'visible')])
+                                                                                          ('affine_gated',
+                                                                                           'visible')])
 def test_each_documents_context_once_scores_as_one_by_one(attention, bias_norm):
     """score_requests with documents: each document's shared context computed once, its choices
     against the KV cache, for every variant of the registry: the scores of score_one_by_one (one
@@ -248,9 +247,8 @@ def test_c4_windows(bpe):
 
 @pytest.mark.parametrize('task,row,message', [
     ('arc_easy', dict(TASK_ROWS['arc_easy'], answerKey='E'), "bad label answerKey='E'"),
-    ('hellaswag', {k: v for k, v in TASK_ROWS['hellaswag'].items() if k != 'ctx_b'}, "missing "
-                                                                                     "field "
-                                                                                     "'ctx_b'"),
+    ('hellaswag', {k: v for k, v in TASK_ROWS['hellaswag'].items() if k != 'ctx_b'},
+     "missing field 'ctx_b'"),
     ('hellaswag', dict(TASK_ROWS['hellaswag'], label=''), "bad label label=''"),
     ('piqa', dict(TASK_ROWS['piqa'], label=2), 'bad label label=2'),
     ('boolq', dict(TASK_ROWS['boolq'], label=True), 'bad label label=True'),

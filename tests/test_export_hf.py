@@ -421,8 +421,8 @@ def test_bad_checkpoints(exported, tmp_path):
                         (tmp_path / 'garbage.pt', 'not a readable checkpoint of train.py (its 23 '
                                                   'bytes are not the zip archive torch.save '
                                                   'writes)'),
-                        (tmp_path / 'empty.pt', 'not a readable checkpoint of train.py (the file '
-                                                'is empty)'),
+                        (tmp_path / 'empty.pt',
+                         'not a readable checkpoint of train.py (the file is empty)'),
                         (tmp_path / 'truncated.pt', 'not a readable checkpoint'),
                         (tmp_path / 'partial.pt', 'not a checkpoint written by train.py'),
                         (tmp_path / 'other_shape.pt', 'not a readable checkpoint')]:

@@ -116,10 +116,10 @@ def test_out_of_range_is_refused_in_one_line_and_in_range_is_accepted(script, na
     (['--learning_rate=-0.001'], '--learning_rate=-0.001 is out of range: must be in (0, 1]'),
     (['--beta2=1'], '--beta2=1.0 is out of range: must be in [0, 1)'),
     (['--max_iters=0'], '--max_iters=0 is out of range: must be >= 1'),
-    (['--dry_run=True', '--dry_run_world_size=0'], '--dry_run_world_size=0 is out of range: must '
-                                                   'be >= 1'),
-    (['--dry_run=True', '--dry_run_gpu_gib=0'], '--dry_run_gpu_gib=0.0 is out of range: must be > '
-                                                '0'),
+    (['--dry_run=True', '--dry_run_world_size=0'],
+     '--dry_run_world_size=0 is out of range: must be >= 1'),
+    (['--dry_run=True', '--dry_run_gpu_gib=0'],
+     '--dry_run_gpu_gib=0.0 is out of range: must be > 0'),
     (['--rms_norm_eps=0'], '--rms_norm_eps=0.0 is out of range: must be in (0, 0.001]'),
     # accepted before, and trained to a finite but meaningless loss (issue 43), or a NaN checkpoint
     (['--learning_rate=1e999'], '--learning_rate=inf is out of range: must be in (0, 1]'),
@@ -129,13 +129,13 @@ def test_out_of_range_is_refused_in_one_line_and_in_range_is_accepted(script, na
     (['--rms_norm_eps=1e30'], '--rms_norm_eps=1e+30 is out of range: must be in (0, 0.001]'),
     (['--kd_temperature=1e999'], '--kd_temperature=inf is out of range: must be in (0, 100]'),
     # torch.manual_seed's OverflowError, a traceback, before
-    (['--seed=99999999999999999999'], '--seed=99999999999999999999 is out of range: must be in [0, '
-                                      '18446744073709551615]'),
+    (['--seed=99999999999999999999'],
+     '--seed=99999999999999999999 is out of range: must be in [0, 18446744073709551615]'),
     (['--min_lr=0.01'], '--min_lr=0.01 --learning_rate=0.001: must have min_lr <= learning_rate'),
     # (issue 53) "a file: no such file or directory", naming neither the flag nor the path
     (['--out_dir='], "--out_dir=: must have out_dir != ''"),
-    (['--min_lr=1e-4', '--learning_rate=1e-5'], '--min_lr=0.0001 --learning_rate=1e-05: must have '
-                                                'min_lr <= learning_rate'),
+    (['--min_lr=1e-4', '--learning_rate=1e-5'],
+     '--min_lr=0.0001 --learning_rate=1e-05: must have min_lr <= learning_rate'),
 ])
 def test_train_refuses_what_it_used_to_accept(argv, message, capsys):
     assert refused('train', [TINY, *argv], capsys) == message

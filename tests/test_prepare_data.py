@@ -587,8 +587,8 @@ def test_out_dir_with_other_shards_is_refused(tmp_path, checkpoints):
 
 @pytest.mark.parametrize("flag, message", [("--nmu_proc=2", "unrecognized arguments: --nmu_proc=2"),
                                            ("--num_proc=two", "invalid int value"),
-                                           ("--val_every=1", "--val_every=1 is out of range: must "
-                                                             "be >= 2"),
+                                           ("--val_every=1",
+                                            '--val_every=1 is out of range: must be >= 2'),
                                            ("--dtype=int8", "invalid choice")])
 def test_cli_rejects_bad_flags(tmp_path, capsys, flag, message):
     with pytest.raises(SystemExit):

@@ -308,10 +308,10 @@ def block(path, start, end):
 
 
 @pytest.mark.parametrize('study, start, end', [
-    ('sink_study_v2', '<!-- v2: study_results.readme_lines(docs/sink_study_v2/results.json) '
-                      '-->', '<!-- end of v2 -->'),
-    ('sink_study', '<!-- the sink study: study_results.readme_lines(docs/sink_study/results.json) '
-                   '-->',
+    ('sink_study_v2', '<!-- v2: study_results.readme_lines(docs/sink_study_v2/results.json) -->',
+     '<!-- end of v2 -->'),
+    ('sink_study',
+     '<!-- the sink study: study_results.readme_lines(docs/sink_study/results.json) -->',
      '<!-- end of the sink study -->')])
 def test_the_readme_shows_the_committed_studies(study, start, end):
     """Each of the README's study blocks (v2 first), its words included, is its committed

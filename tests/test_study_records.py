@@ -469,8 +469,8 @@ def test_a_config_file_that_is_not_there_is_one_line(flag, tmp_path):
 
 @pytest.mark.parametrize('key, said', [('val_loss', 'it holds NaN or an infinity, which the study '
                                                     'never writes'),
-                                       ('final_kd_loss', 'final_kd_loss is nan, not a finite '
-                                                         'number')])
+                                       ('final_kd_loss',
+                                        'final_kd_loss is nan, not a finite number')])
 def test_a_nan_written_into_a_sealed_record_is_one_line(key, said, tmp_path):
     """Issue 53: a NaN literal edited into a v2 record (which holds a digest) stopped a report with
     JSON's traceback; now one line names the file and says the study never writes one."""

@@ -114,8 +114,8 @@ def last_line(run):
 
 # (test file, pytest -k expression) of the kernel tests, on CUDA and on CPU
 KERNEL_TESTS = dict(cuda=[('tests/test_model.py', 'cuda'),
-                          ('tests/test_distill.py', 'fused_kd_loss_in_training_precision and '
-                                                    'cuda')],
+                          ('tests/test_distill.py',
+                           'fused_kd_loss_in_training_precision and cuda')],
                     cpu=[('tests/test_model.py', 'explicit_reference and float32 and not cuda'),
                          ('tests/test_distill.py', 'fused_kd_loss_in_training_precision and cpu')])
 
