@@ -669,9 +669,8 @@ def label_runs(runs):
         if names.count(name) > 1:
             seeds = [seed_of(s) for s, other in zip(runs, names) if other == name]
             seed = seed_of(r)
-            r[
-                'label'] += f" seed {seed}" if seed is not None and seeds.count(
-                seed) == 1 else f" ({r['dir']})"
+            r['label'] += (f" seed {seed}" if seed is not None and seeds.count(seed) == 1
+                           else f" ({r['dir']})")
     return runs
 
 

@@ -394,8 +394,9 @@ KEYS = dict(
 
 
 def parse_args(argv):
-    return SimpleNamespace(**parse(argv, KEYS, "Load a KD teacher, check it against a data "
-                                               "directory and print its val loss.",
+    return SimpleNamespace(**parse(argv, KEYS,
+                                   "Load a KD teacher, check it against a data directory and print "
+                                   "its val loss.",
                                    prog='distill.py'))
 
 

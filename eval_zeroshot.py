@@ -67,8 +67,9 @@ def is_eval_result(path):
 
 
 def parse_args(argv):
-    args = SimpleNamespace(**parse(argv, KEYS, "Zero-shot accuracy as lm-evaluation-harness v0.4.9 "
-                                               "computes it, and C4 perplexity.",
+    args = SimpleNamespace(**parse(argv, KEYS,
+                                   "Zero-shot accuracy as lm-evaluation-harness v0.4.9 computes "
+                                   "it, and C4 perplexity.",
                                    prog='eval_zeroshot.py'))
     if args.export_data is None and (args.ckpt is None) == (args.hf_model is None):
         fail("give exactly one of --ckpt and --hf_model")

@@ -266,8 +266,9 @@ KEYS = dict(
 
 
 def parse_args(argv):
-    args = SimpleNamespace(**parse(argv, KEYS, "Export one of our checkpoints as a Hugging Face "
-                                               "model directory.",
+    args = SimpleNamespace(**parse(argv, KEYS,
+                                   "Export one of our checkpoints as a Hugging Face model "
+                                   "directory.",
                                    prog='export_hf.py'))
     try:
         args.max_shard_size = parse_size(args.max_shard_size)

@@ -473,8 +473,8 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
         if args.max_tokens and len(train_ids) > budget:  # keep the train tokens within --max_tokens
             # (the last document kept is cut, its dropped bytes counted)
             kept = np.cumsum(lengths) - lengths < budget
-            train_ids, lengths, train_dropped = train_ids[
-                :budget], lengths[kept], train_dropped[kept]
+            train_ids, lengths = train_ids[:budget], lengths[kept]
+            train_dropped = train_dropped[kept]
         for split, ids, n_docs, dropped in (("train", train_ids, len(lengths),
                                              int(train_dropped.sum())),
                                             ("val", val_ids, n_val, val_dropped)):

@@ -17,8 +17,8 @@ class RunError(Exception):
 
 # what each OS fault means for a user, and what to do about it
 OS_FAULTS = {
-    errno.ENOSPC: ("no space left on the device", "free some space (df -h shows where) or write "
-                                                  "elsewhere"),
+    errno.ENOSPC: ("no space left on the device",
+                   "free some space (df -h shows where) or write elsewhere"),
     errno.EDQUOT: ("disk quota exceeded", "free some space within your quota or write elsewhere"),
     errno.EROFS: ("read-only file system", "write to a writable location"),
     errno.EACCES: ("permission denied", "check the permissions (ls -ld) or write elsewhere"),
@@ -26,8 +26,8 @@ OS_FAULTS = {
     errno.ENOENT: ("no such file or directory", "check the path"),
     errno.ENOTDIR: ("a part of the path is a file, not a directory", "check the path"),
     errno.EISDIR: ("is a directory, where a file was expected", "check the path"),
-    errno.EIO: ("input/output error (a failing disk or network file system)", "check the device "
-                                                                              "(dmesg)"),
+    errno.EIO: ("input/output error (a failing disk or network file system)",
+                "check the device (dmesg)"),
 }
 
 

@@ -88,8 +88,8 @@ def claim_dir(path, owner, ours=lambda names: False, writes=()):
     if not names or ours(names):
         return
     foreign = sorted(names & set(writes))
-    kind = next((kind for name, kind in MARKERS.items() if name in names), f"files {owner} did not "
-                                                                           "write")
+    kind = next((kind for name, kind in MARKERS.items() if name in names),
+                f"files {owner} did not write")
     if foreign or kind in MARKERS.values():
         held = ', '.join(sorted((names & set(MARKERS)) | set(foreign))[:6])
         raise RunError(f"{path}: holds {kind} ({held}); {owner} writes only into a new or empty "
@@ -100,11 +100,10 @@ def claim_dir(path, owner, ours=lambda names: False, writes=()):
 # telling first
 MARKERS = {'ckpt.pt': "a train.py run", 'metrics.jsonl': "a train.py run",
            'meta.json': "prepared data (prepare_data.py)",
-           'model.safetensors': "a Hugging Face model", 'model.safetensors.index.json': "a Hugging "
-                                                                                        "Face "
-                                                                                        "model",
-           'numbers.json': "an analyze.py report", 'report.md': "a report (analyze.py or "
-                                                                "quickstart.py)",
+           'model.safetensors': "a Hugging Face model",
+           'model.safetensors.index.json': "a Hugging Face model",
+           'numbers.json': "an analyze.py report",
+           'report.md': "a report (analyze.py or quickstart.py)",
            'config.json': "a model (a train.py run or a Hugging Face directory)"}
 
 

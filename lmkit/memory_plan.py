@@ -51,9 +51,8 @@ def meta_param_counts(cfg):
     if key not in _PARAM_COUNTS:
         with torch.device('meta'):
             model = GPT(cfg)
-        _PARAM_COUNTS[key] = model.get_num_params(), sum(p.numel()
-                                                         for p in model.model.layers[
-            0].parameters())
+        layer = sum(p.numel() for p in model.model.layers[0].parameters())
+        _PARAM_COUNTS[key] = model.get_num_params(), layer
     return _PARAM_COUNTS[key]
 
 
@@ -225,11 +224,8 @@ def print_dry_run(run, model_config):
     accumulation, rest = divmod(run.global_batch_size, world * micro_batch)
     steps = (f"{accumulation} "
              "micro-steps" if accumulation and not rest
-             else f"global_batch_size={run.global_batch_size} "
-                                                                             "is not a multiple of "
-                                                                             f"{world} x "
-                                                                             f"{micro_batch}: a "
-                                                                             "run would stop")
+             else f"global_batch_size={run.global_batch_size} is not a multiple of {world} x "
+                  f"{micro_batch}: a run would stop")
     print(f"memory per GPU, estimated: {'FSDP' if run.fsdp else 'DDP'} on {world} GPUs, "
           f"micro_batch_size={micro_batch} x {model_config.block_size} tokens ({steps}), "
           f"{plan_dtype(run)}, activation_checkpointing={run.activation_checkpointing}; teacher: "

@@ -121,8 +121,8 @@ class Tokenizer(tiktoken.Encoding):
         super().__init__(name, pat_str=pat_str, mergeable_ranks=mergeable_ranks,
                          special_tokens=special_tokens)
         self.nfc, self.inline, self.inline_normalized = nfc, tuple(inline), tuple(inline_normalized)
-        self.bos_token, self.eos_token, self.prefix, self.suffix = bos_token, eos_token, tuple(
-            prefix), tuple(suffix)
+        self.bos_token, self.eos_token = bos_token, eos_token
+        self.prefix, self.suffix = tuple(prefix), tuple(suffix)
         self.doc_prefix = self.prefix
         self.doc_suffix = (self.suffix if self.prefix or self.suffix
                            else (eos_token,) if eos_token else ())

@@ -565,8 +565,8 @@ def argmax_first(values):
 def mean_stderr(values):
     """lm_eval/api/metrics.py (mean, sample_stddev): the mean, and the sample standard deviation (n
     - 1) / sqrt(n) (None for a single document)."""
-    return statistics.fmean(
-        values), statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+    stderr = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+    return statistics.fmean(values), stderr
 
 
 def task_metrics(docs, logliks, log_samples=False):

@@ -100,11 +100,11 @@ def study_keys(variants):
         out_dir=Key('out/sink_study', "where the train.py runs (train/) and their logs (logs/) go"),
         report_dir=Key('', "where the records (runs/), results.json, report.md and the figures go "
                            "(default: out_dir)"),
-        data_dir=Key('data/stdlib_bytes', "the prepared corpus (made here first if missing: "
-                                          "prepare_data.py --source=stdlib --tokenizer=bytes)"),
-        variants=Key(list(PLANS['pilot']['variants']), "comma-separated attention variants "
-                                                       "(model.py's registry)",
-                     choices=variants),
+        data_dir=Key('data/stdlib_bytes',
+                     "the prepared corpus (made here first if missing: prepare_data.py "
+                     "--source=stdlib --tokenizer=bytes)"),
+        variants=Key(list(PLANS['pilot']['variants']),
+                     "comma-separated attention variants (model.py's registry)", choices=variants),
         arms=Key(list(PLANS['pilot']['arms']), "recipe, ce, kd, control (the module's docstring)",
                  choices=ARMS[:4]),  # a teacher arm comes with --teacher_config
         seeds=Key([1, 2, 3], "the ce arm's seeds of the core variants (softmax, sink, gated, "
@@ -112,8 +112,9 @@ def study_keys(variants):
         kd_seeds=Key([1, 2, 3], "the kd arm's student seeds of the core variants", min=0),
         extra_seeds=Key([1, 2, 3], "the ce and kd seeds of affine_gated and softmax1 (when in "
                                    "--variants)", min=0),
-        control_seeds=Key([1, 2, 3, 4, 5], "the control arm's seeds (affine and gated, kd, no "
-                                           "decay on alpha_proj, g_proj)", min=0),
+        control_seeds=Key([1, 2, 3, 4, 5],
+                          "the control arm's seeds (affine and gated, kd, no decay on alpha_proj, "
+                          "g_proj)", min=0),
         teachers=Key([1, 2], "the softmax teachers' seeds (student s distils from the ((s - 1) mod "
                              "count)-th)",
                      min=0),
@@ -620,8 +621,8 @@ def check_seal(args):
     if changed:
         more = f" and {len(changed) - 5} more" if len(changed) > 5 else ''
         # (v2's sealed commit predates study/: its study is the root's sink_study.py)
-        study = 'python -m study.sink_study' if 'study/sink_study.py' in seal[
-            'files'] else 'python sink_study.py'
+        study = ('python -m study.sink_study' if 'study/sink_study.py' in seal['files']
+                 else 'python sink_study.py')
         raise RunError(f"{len(changed)} file(s) differ from the seal {seal['commit'][:12]} "
                        f"({', '.join(changed[:5])}{more}): train the sealed study from a checkout "
                        "of the commit that added its seal: git worktree add ../sealed $(git log -1 "
@@ -771,8 +772,8 @@ def parse_args(argv):
     """(the study's settings as attributes, the train.py overrides) of a command line."""
     keys = study_keys(tuple(ATTENTIONS))
     mine, overrides = split_argv(argv, keys)
-    args = type('Args', (), parse(mine, keys, __doc__.split('\n\n')[1], prog='python -m '
-                                                                             'study.sink_study'))
+    args = type('Args', (),
+                parse(mine, keys, __doc__.split('\n\n')[1], prog='python -m study.sink_study'))
     args.report_dir = args.report_dir or args.out_dir
     for flag in ('config', 'teacher_config'):
         missing = [path for path in getattr(args, flag)
@@ -821,8 +822,8 @@ def main(argv=None):
         records = read_records(args.report_dir)  # as training left them
         waiting = sorted({r['name'] for r in runs} - set(records)) if args.claims in BLIND else []
         if waiting:
-            named = ', '.join(waiting[:6]) + (f" and {len(waiting) - 6} "
-                                              "more" if len(waiting) > 6 else '')
+            named = ', '.join(waiting[:6]) + (f" and {len(waiting) - 6} more" if len(waiting) > 6
+                                              else '')
             print(f"{len(runs) - len(waiting)} of {len(runs)} runs recorded ({len(waiting)} to go: "
                   f"{named}); the {args.claims} study's report is written once, after its last "
                   "run: no measure of its runs is read before", flush=True)
@@ -1067,8 +1068,8 @@ def attempt_times(folder=ATTEMPT_1):
     for name in sorted(os.listdir(os.path.join(HERE, folder))):
         with open(os.path.join(HERE, folder, name), encoding='utf-8') as f:
             r = json.load(f)
-        wall = datetime.datetime.fromisoformat(
-            r['finished']) - datetime.datetime.fromisoformat(r['started'])
+        when = datetime.datetime.fromisoformat
+        wall = when(r['finished']) - when(r['started'])
         kinds['teacher' if r['arm'] == 'teacher' else 'student'].append(
             (wall.total_seconds() - r['seconds'] - r['end_seconds'], r['seconds'] / r['tokens']))
     return {kind: (min(f for f, _ in v), statistics.fmean(t for _, t in v)) for kind,

@@ -80,8 +80,8 @@ def other_claims(results):
             continue
         sealed = 'sealed ' if own in SEALED_SETS else ''
         label = (f"registered in {other}, left out of {own}'s {sealed}set; exploratory"
-                 if names.index(other) < names.index(own) else f"registered in {other}, after "
-                                                               f"{own}'s runs; exploratory")
+                 if names.index(other) < names.index(own)
+                 else f"registered in {other}, after {own}'s runs; exploratory")
         for arm in (a for a in arms_of(results) if a in arms):
             out += exploratory(results, arm, 'other', extra, label)
     return out
@@ -91,9 +91,8 @@ def loss_tests(results, arm='kd'):
     """The held-out loss beside each loss claim of the study's set (the kd arm's loss is the KD
     training loss; the ce arm's is the held-out one already), and gated against affine (no claim of
     the paper: two-sided) on both."""
-    claims = [('gated_affine_loss', 'loss', 'gated against affine (no claim of the '
-                                            'paper)', 'loss', GATED, '!=',
-               AFFINE)]
+    claims = [('gated_affine_loss', 'loss', 'gated against affine (no claim of the paper)', 'loss',
+               GATED, '!=', AFFINE)]
     if arm == 'ce':
         return claims
     return [(f"{c[0]}_val", 'loss', f"{c[2]}, held-out loss", 'val_loss', *c[4:])

@@ -238,8 +238,8 @@ def claims_v3(n_layer, payoff):
                'gu_gated': "Gu et al. (seeds with Sink_1 > 0, v1's rule)"}
     secondary = [c for c in CLAIMS_V2 if c[1] == 'secondary'
                  and not c[3].startswith('weight_l')] + [
-        (f'layer{k}_{low}_{high}', 'secondary', f'Figure 4, layer {k} (our '
-                                                'reading)', f'weight_l{k}', low, '<', high)
+        (f'layer{k}_{low}_{high}', 'secondary', f'Figure 4, layer {k} (our reading)',
+         f'weight_l{k}', low, '<', high)
         for k in range(1, n_layer + 1) for low, high in ((AFFINE, SINK), (SINK, SOFTMAX))] + [
         (cid, 'secondary', v1_only[cid], *rest)
         for cid, _, _, *rest in CLAIMS if cid in v1_only] + [
@@ -269,8 +269,7 @@ CLAIM_ARMS = ('kd', 'ce')  # each claim is tested in both, kd (the paper's setti
 # did turning decay off on alpha_proj, g_proj move these?
 CONTROL_MEASURES = ('weight', 'share', 'loss')
 # Figure 4's comparison, each way the study reads it
-FIGURE_4_MEASURES = dict(weight='first-token weight', share='first-token '
-                                                            'share',
+FIGURE_4_MEASURES = dict(weight='first-token weight', share='first-token share',
                          first_or_null='first-token-or-null')
 
 
@@ -401,8 +400,8 @@ def test_claims(records, claim_set='v1'):
         results.append(dict(id=f'control_{variant}_{measure}', arm='control', family='control',
                             source='the recipe (weight decay on alpha_proj, '
                                    'g_proj)', measure=measure,
-                            low=f'{variant} without decay', direction='!=', high=f'{variant} with '
-                                                                                 'decay', **result))
+                            low=f'{variant} without decay', direction='!=',
+                            high=f'{variant} with decay', **result))
     holm_set = [r for r in results if min(r['n']) >= sig.MIN_SEEDS]
     for r, adjusted in zip(holm_set, sig.holm([r['p'] for r in holm_set])):
         r['p_holm'] = adjusted
@@ -410,8 +409,8 @@ def test_claims(records, claim_set='v1'):
         p = r.get('p_holm')
         r['verdict'] = (f"numbers only (fewer than {sig.MIN_SEEDS} seeds in a "
                         "group)" if p is None else
-                        f"moved (p = {p:.3g})" if p < sig.ALPHA else "did not move detectably (p = "
-                                                                     f"{p:.3g})")
+                        f"moved (p = {p:.3g})" if p < sig.ALPHA
+                        else f"did not move detectably (p = {p:.3g})")
     return out + results
 
 # -----------------------------------------------------------------------------
@@ -508,10 +507,7 @@ def counts_in_words(results, arm):
     rows = [r for r in results['claims'] if r['arm'] == arm and r['family'] == 'primary']
     count, named = tally(rows)
     ours = sum("(the paper's)" not in r['source'] for r in rows)
-    whose = (f"the paper's {len(rows)} primary claims" if not ours or all("(the "
-                                                                          "paper's)" not in r[
-        'source']
-                                                                            for r in rows) else
+    whose = (f"the paper's {len(rows)} primary claims" if not ours or ours == len(rows) else
              f"the {len(rows)} primary claims ({len(rows) - ours} the paper's, {ours} other "
              "readings)")
     return (f"of {whose}, {count('supported')} supported ({named('supported')}), "
@@ -639,8 +635,8 @@ def design_confounds(results):
                         "batches" if shared else ''))
     spread = lambda variant: [r['end']['gu']['sink_rate'] for r in runs if r['variant'] == variant]
     if runs and any(c['measure'] == 'sink_grown' for c in results['claims']):
-        pairs = runs[
-            0]['end']['gu']['samples'] * results['recipe']['n_layer'] * results['recipe']['n_head']
+        recipe = results['recipe']
+        pairs = runs[0]['end']['gu']['samples'] * recipe['n_layer'] * recipe['n_head']
         found.append("\"seeds with a sink\" counts Gu et al.'s Sink₁ > 0, one (layer, head) over "
                      f"0.3 in one of {pairs:,} (sample, layer, head) triples being enough: the kd "
                      "seeds' Sink₁ runs from "
@@ -764,9 +760,8 @@ def report_lines(results):
                       f"{arm_title(results, arm)}", '', *table_lines(results, arm), '',
                       *alpha_lines(results, arm)]
             if os.path.exists(os.path.join(ROOT, results['report_dir'], f'fig4_{arm}.png')):
-                lines += [f"![Figure 4, {arm}](fig4_{arm}.png)", '', "![curves, "
-                                                                     f"{arm}](curves_{arm}.png)",
-                          '']
+                lines += [f"![Figure 4, {arm}](fig4_{arm}.png)", '',
+                          f"![curves, {arm}](curves_{arm}.png)", '']
     lines += ["## The claims, as "
               f"{'fixed before the runs' if sealed(results) else 'registered (not sealed)'}", '',
               *claims_table(results.get('claim_set', 'v1')), '',
@@ -863,8 +858,8 @@ def readme_lines(results):
     """The README's block on the study (tests/test_sink_study.py holds the README to it for the
     committed docs/sink_study/results.json): the command, the primary claims' verdicts of each arm
     (kd first) and the words."""
-    missing = f", {len(results['missing'])} planned runs not yet trained" if results[
-        'missing'] else ''
+    missing = (f", {len(results['missing'])} planned runs not yet trained"
+               if results['missing'] else '')
     lines = [f"`{results['command']}` ({len(results['runs'])} runs{missing}, "
              f"{results['recipe']['tokens']:,} tokens each; {per_run_times(results)}; "
              f"{results['machine']}):"]
@@ -922,9 +917,8 @@ def figures(results, out_dir):
                              [statistics.fmean(p['first_token_weight']) for p in run['curve']],
                              **style)
                 axes[1].plot(tokens, [p['sink_rate'] for p in run['curve']], **style)
-        axes[0].set(title=f"first-token weight, mean over layers ({arm})", xlabel='training tokens '
-                                                                                  '(M)',
-                    ylabel='weight')
+        axes[0].set(title=f"first-token weight, mean over layers ({arm})",
+                    xlabel='training tokens (M)', ylabel='weight')
         axes[1].set(title=f"Gu et al.'s Sink_1^{SINK_THRESHOLD} on the windows "
                           f"({arm})", xlabel='training tokens (M)',
                     ylabel='share of (window, layer, head)')
@@ -1023,8 +1017,8 @@ def where_table(w):
              "null mass |",
              '|---|---|---|---|---|---|']
     for k in range(len(w['gap'])):
-        pair = lambda name: f"{w[name][0][k]:.4f} / {w[name][1][k]:.4f}" if w[
-            name][0] and w[name][1] else '—'
+        pair = lambda name: (f"{w[name][0][k]:.4f} / {w[name][1][k]:.4f}"
+                             if w[name][0] and w[name][1] else '—')
         rate = f"{w['softmax_sink_rate'][k]:.2f}" if w['softmax_sink_rate'] else '—'
         lines.append(f"| {k + 1} | {rate} | {pair('weight')} | {pair('share')} | "
                      f"{pair('row_total')} | {pair('null_mass')} |")
@@ -1060,9 +1054,9 @@ def teacher_words(t):
     grew = (f": every student's largest layer ({span(s['largest'])}) puts more on the first token "
             f"than either teacher's largest ({top:.3f}), so the students' sink is not their "
             "teachers'"
-            if min(s['largest']) > top else ": the students' largest layers put "
-                                            f"{span(s['largest'])} on it, the teachers' at most "
-                                            f"{top:.3f}")
+            if min(s['largest']) > top
+            else f": the students' largest layers put {span(s['largest'])} on it, the teachers' at "
+                 f"most {top:.3f}")
     return (f"The teachers' own first-token weight per layer: {own}. The kd softmax students "
             f"({s['seeds']} seeds): {per_layer(s['first_token_weight'])} (held-out loss "
             f"{s['val_loss']:.3f}){grew}.")

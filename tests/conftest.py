@@ -169,9 +169,8 @@ def layouts(tmp_path_factory):
                                               ("naïve", True)]),
         "bpe", ([], [EOT]), tokenizer_config=qwen_config, config={"model_type": "qwen2"})
     # a template with BOS and EOS: documents are wrapped the same way
-    add("bos_and_eos", hf_tokenizer(byte_level(), specials=["<s>", "</s>"], template="<s> $A "
-                                                                                     "</s>"), "bpe",
-        (["<s>"], ["</s>"]), tokenizer_config={"bos_token": "<s>", "eos_token": "</s>"})
+    add("bos_and_eos", hf_tokenizer(byte_level(), specials=["<s>", "</s>"], template="<s> $A </s>"),
+        "bpe", (["<s>"], ["</s>"]), tokenizer_config={"bos_token": "<s>", "eos_token": "</s>"})
     return out
 
 
@@ -248,9 +247,8 @@ def no_global_state_left_behind():
     def environment():
         return {k: v for k, v in os.environ.items() if not k.startswith('PYTEST_')
                 and 'TORCHINDUCTOR_' not in k}
-    threads, dtype, grad, environ = torch.get_num_threads(
-        ), torch.get_default_dtype(), torch.is_grad_enabled(), \
-        environment()
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    grad, environ = torch.is_grad_enabled(), environment()
     yield
     changed = []
     if torch.get_num_threads() != threads:

@@ -46,8 +46,8 @@ POOL = (list("abcXYZé") + ["the", "don't", "'s", "'LL", "'ve", "x=1", "O'Neil"]
         + ["٣", "²", "½", "Ⅻ", "〇", "१", "12345", "3.14159", "\U00011DE3", "\U00016FF5"]
         + [" ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "\u00a0", "\u3000", "\u2028"]
         + list(".,;:!?-_()[]{}<>\"'/\\@#$%^&*+=~`|")
-        + ["🤖", "👩\u200d💻", "🇺🇸", "你好", "e\u0301", "한국어", "مرحبا", "नमस्ते", "    return "
-                                                                             "x", "def f(a, b):"])
+        + ["🤖", "👩\u200d💻", "🇺🇸", "你好", "e\u0301", "한국어", "مرحبا", "नमस्ते", "    return x",
+           "def f(a, b):"])
 # The pre-tokenizer regexes as the HF tokenizers of Llama-3 (tokenizer.json, "Split" pre-tokenizer)
 # and Qwen1.5/2 (PRETOKENIZE_REGEX of transformers' tokenization_qwen2.py) use them; written out
 # independently of tokenizer.py.
@@ -209,12 +209,12 @@ TASK_ROWS = {
                                    'D.',
                           choices=dict(text=['a', 'b', 'c', 'd'], label=list('ABCD')),
                           answerKey='D'),
-    'hellaswag': dict(ind=4, activity_label='Roof shingle removal', ctx_a='A man is sitting on a '
-                                                                          'roof.',
+    'hellaswag': dict(ind=4, activity_label='Roof shingle removal',
+                      ctx_a='A man is sitting on a roof.',
                       ctx_b='he starts pulling up Roofing. [title] '
                             'Then', ctx='(unused)', split='val',
-                      endings=['  uses a ladder [step] ', 'a [header] b   c', 'x [title] '
-                                                                              'y', 'plain.'],
+                      endings=['  uses a ladder [step] ', 'a [header] b   c', 'x [title] y',
+                               'plain.'],
                       label='2'),
     'piqa': dict(goal='How do I boil water?', sol1='Heat it.', sol2='Freeze it.', label=0),
     'boolq': dict(question='is the sky blue', passage='The sky is blue.', idx=0, label=1),

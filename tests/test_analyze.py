@@ -125,8 +125,8 @@ def test_grad_norm_statistics_and_spikes_on_a_known_series():
     counts = analyze.spike_counts(g, ks=(6, 9), start=100, end=300)
     assert counts == {6: 1, 9: 1}
     s = analyze.grad_norm_statistics(g, 0, 500)
-    assert s[
-        'mean'] == pytest.approx(g[:500].mean()) and s['variance'] == pytest.approx(g[:500].var())
+    assert (s['mean'] == pytest.approx(g[:500].mean())
+            and s['variance'] == pytest.approx(g[:500].var()))
     assert s['cv'] == pytest.approx(g[:500].std() / g[:500].mean())
     with pytest.raises(ValueError, match='only 600 steps'):
         analyze.spike_counts(g, end=700)
@@ -225,9 +225,8 @@ def test_attention_job_writes_every_figure_and_the_numbers(tmp_path):
     seqs = analyze.heldout_sequences(str(tmp_path / 'text.txt'), enc,
                                      tokenizer_info(enc, 'bytes')['sha256'], 4, 32)
     direct = probes.model_statistics(tiny_model('affine'), seqs, 8)
-    assert models[
-        'Affine-Scaled'][
-        'layers'][1]['first_token'] == pytest.approx(direct['layers'][1]['first_token'])
+    assert (models['Affine-Scaled']['layers'][1]['first_token']
+            == pytest.approx(direct['layers'][1]['first_token']))
     affine = models['Affine-Scaled']
     for key in ('first_token_share', 'null_mass', 'first_or_null', 'sink_rate',
                 'value_weighted_first', 'alpha_std',
@@ -235,11 +234,10 @@ def test_attention_job_writes_every_figure_and_the_numbers(tmp_path):
         assert affine['layers'][1][key] == pytest.approx(direct['layers'][1][key])
     assert affine['knockout'] == pytest.approx(probes.knockout_losses(tiny_model('affine'), seqs))
     assert affine['w8a8']['fp'] == pytest.approx(probes.prediction_loss(tiny_model('affine'), seqs))
-    assert affine[
-        'w8a8'][
-        'calibration'] == 2 and affine['gu']['samples'] == 7 and affine['gu']['length'] == 32
-    assert 'sink_rate_null_slot' in models[
-        'Sink']['gu'] and 'sink_rate_null_slot' not in affine['gu']
+    assert (affine['w8a8']['calibration'] == 2 and affine['gu']['samples'] == 7
+            and affine['gu']['length'] == 32)
+    assert ('sink_rate_null_slot' in models['Sink']['gu']
+            and 'sink_rate_null_slot' not in affine['gu'])
     report = (out / 'report.md').read_text()
     for name in ('fig3_row_sums.png', 'fig4_first_token.png', 'fig5_head_total.png',
                  'fig6_entropy.png',
@@ -324,12 +322,12 @@ def test_table_job_lays_out_tables_1_to_3(tmp_path):
     methods = table['methods']
     assert table['objective'] == 'KD from out/teacher' and table['loss'] == 'kd_loss'
 
-    assert methods[
-        'Affine-Scaled']['delta_params'] == 2 * 32 * 4 and methods['Sink']['delta_params'] == 2 * 4
+    assert (methods['Affine-Scaled']['delta_params'] == 2 * 32 * 4
+            and methods['Sink']['delta_params'] == 2 * 4)
     assert 'One run per method' in report
     analyze.main(['table', *runs[:2], f'--out_dir={out}', '--metric=acc'])
-    assert '| Baseline | 0 | **2.820** | **71.70** | **45.0** | 60.0 | **52.5** |' in (
-        out / 'report.md').read_text()
+    assert ('| Baseline | 0 | **2.820** | **71.70** | **45.0** | 60.0 | **52.5** '
+            '|' in (out / 'report.md').read_text())
 
 
 def test_table_job_seeds_give_mean_std_and_a_noise_verdict(tmp_path):
@@ -440,8 +438,8 @@ def test_attention_job_takes_what_a_short_text_has(tmp_path):
     spec = save_checkpoint(tmp_path / 'sink', tiny_model('sink'))
     # 6 windows: 4 read, 2 left
     stats, report = short_text_report(tmp_path, spec, TEXT[:6 * 32], '--num_seqs=4')
-    assert stats[
-        'num_seqs'] == 4 and stats['w8a8']['calibration'] == 2 and stats['gu']['samples'] == 6
+    assert (stats['num_seqs'] == 4 and stats['w8a8']['calibration'] == 2
+            and stats['gu']['samples'] == 6)
     assert set(stats['notes']) == {'w8a8', 'gu'}
     assert ('- Sink: W8A8: ranges fixed on 2 windows of 32 tokens, fewer than --calibration=4: '
             f'{tmp_path / "short.txt"} (192 tokens) has no more beyond the analysed') in report

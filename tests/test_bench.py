@@ -25,8 +25,8 @@ TINY = ['--device=cpu', '--n_layer=1', '--n_embd=128', '--n_head=2', '--n_kv_hea
         '--train_seq_len=64',
         '--eval_docs=3', '--eval_batch_size=4', '--sections=attention,kd,train,eval,harness']
 TITLES = {'attention': 'Attention variants', 'kd': 'KD loss', 'train': 'Training throughput',
-          'eval': 'Zero-shot evaluation', 'study': "The sink study's "
-                                                   "runs", 'processes': 'Processes',
+          'eval': 'Zero-shot evaluation', 'study': "The sink study's runs",
+          'processes': 'Processes',
           'probes': 'What the sink measures cost', 'batched': 'Seeds batched into one model'}
 
 
@@ -70,9 +70,8 @@ def test_attention_table(output):
     assert [(r['variant'], r['T']) for r in rows] == [(v, T) for T in ('512', '1024')
                                                       for v in (*bench.ATTENTIONS, bench.EXPLICIT)]
     for r in rows:
-        assert all(finite(r[key]) for key in ('fwd+bwd (ms)', 'time / softmax', 'peak mem '
-                                                                                '(MiB)', 'mem / '
-                                                                                         'softmax'))
+        assert all(finite(r[key])
+                   for key in ('fwd+bwd (ms)', 'time / softmax', 'peak mem (MiB)', 'mem / softmax'))
         if r['variant'] == 'softmax':
             assert r['time / softmax'] == r['mem / softmax'] == '1.00'
 
@@ -80,9 +79,9 @@ def test_attention_table(output):
 def test_kd_table(output):
     rows = output['kd']
     assert [r['path'] for r in rows] == ['naive', 'fused_kd_loss']
-    assert all(finite(r[key]) for r in rows for key in ('time (s)', 'time / naive', 'peak mem '
-                                                                                    '(MiB)',
-                                                        'mem / naive'))
+    assert all(finite(r[key]) for r in rows
+               for key in ('time (s)', 'time / naive', 'peak mem (MiB)',
+                           'mem / naive'))
     assert float(rows[0]['loss']) == pytest.approx(float(rows[1]['loss']), rel=1e-4)
 
 
@@ -144,8 +143,8 @@ def test_study_section_table(monkeypatch, capsys):
                     (['--compile=True'] * 2, 1)] + [(['--compile=True'], 1)] * 3
     out = capsys.readouterr().out
     (study,), processes = tables(out)['study'], tables(out)['processes']
-    assert (study['variant'], study['train.py eager'], study['train.py '
-                                                             'compiled']) == ('softmax', '1,000',
+    assert (study['variant'], study['train.py eager'], study['train.py compiled']) == ('softmax',
+                                                                                       '1,000',
                                                                               '2,000')
     plain = float(study['plain loop tokens/s'].replace(',', ''))  # shown rounded to a whole token/s
     assert abs(float(study['compiled / plain']) - 2000 / plain) <= 0.005 + 2000 / plain ** 2
@@ -156,8 +155,8 @@ def test_study_section_table(monkeypatch, capsys):
                          {'processes x threads': '1 x 2', 'tokens/s per run': '4,000',
                           'tokens/s in all': '4,000'}]
     assert 'cost 1.0 s of a run\'s 21 s outside its steps' in out
-    assert [(r['batch (windows)'], r['tokens/s'], r["over the study's "
-                                                    "batch"]) for r in tables(out)['batched']] == [
+    assert [(r['batch (windows)'], r['tokens/s'], r["over the study's batch"])
+            for r in tables(out)['batched']] == [
         # the 6th-8th stand-in runs
         ('16', '6,000', '1.00'), ('32', '7,000', '1.17'), ('64', '8,000', '1.33')]
 
@@ -168,12 +167,11 @@ def test_kd_skips_the_naive_path_when_it_cannot_fit(monkeypatch, capsys):
     bench.bench_kd(args, torch.device('cpu'))
     out, err = capsys.readouterr()
     rows = tables(out)['kd']
-    assert [r['path'] for r in rows] == ['naive', 'fused_kd_loss'] and rows[0]['time '
-                                                                               '(s)'].startswith(
-        'skipped')
+    assert ([r['path'] for r in rows] == ['naive', 'fused_kd_loss']
+            and rows[0]['time (s)'].startswith('skipped'))
     estimate = 5 * 64 * 1000 * 4
-    assert f'~{estimate / 2**20:.1f} (estimate)' in rows[0]['peak mem '
-                                                            '(MiB)'] and 'naive skipped' in err
+    assert (f'~{estimate / 2**20:.1f} (estimate)' in rows[0]['peak mem (MiB)'] and 'naive '
+                                                                                   'skipped' in err)
     assert finite(rows[1]['time (s)']) and rows[1]['time / naive'] == '-'
 
 
@@ -192,8 +190,8 @@ def test_probes_section_table(monkeypatch, capsys):
 
 
 def test_bad_arguments(capsys):
-    for argv, message in [(['--sections=attention,bogus'], 'unknown bogus; choose from attention, '
-                                                           'kd, train, eval'),
+    for argv, message in [(['--sections=attention,bogus'],
+                           'unknown bogus; choose from attention, kd, train, eval'),
                           (['--variants=flash'], 'unknown flash; choose from softmax')]:
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
@@ -234,11 +232,10 @@ def test_the_six_tasks_offline_for_both_harnesses(tmp_path):
     strings)."""
     from tools import harness_tasks
     paths = harness_tasks.write_tasks(str(tmp_path / 'data'), 5)
-    assert harness_tasks.write_tasks(str(tmp_path / 'again'), 5) and all(
-        Path(
-        path).read_text(
-        ) == (tmp_path / 'again' / Path(path).relative_to(tmp_path / 'data')).read_text()
-        for path in paths.values())
+    assert (harness_tasks.write_tasks(str(tmp_path / 'again'), 5)
+            and all(Path(path).read_text()
+                    == (tmp_path / 'again' / Path(path).relative_to(tmp_path / 'data')).read_text()
+                    for path in paths.values()))
     for task in paths:
         docs = zeroshot.build_docs(task, *zeroshot.read_rows(task, str(tmp_path / 'data')))
         assert len(docs) == 5 and {len(d.requests) for d in docs} == {4

@@ -193,8 +193,8 @@ def test_from_pretrained_other_variants_initialise_their_extras(attention, hf_di
         else:
             for buffer in (attn.alpha_ma, attn.alpha_sum, attn.alpha_count):
                 assert not buffer.is_meta and torch.equal(buffer, torch.zeros_like(buffer))
-            assert 0.01 < attn.g_proj.weight.std(
-                ) < 0.03 and 0.01 < attn.alpha_proj.weight.std() < 0.03
+            assert (0.01 < attn.g_proj.weight.std() < 0.03
+                    and 0.01 < attn.alpha_proj.weight.std() < 0.03)
     logits, _ = model(torch.randint(0, 512, (1, 16)))
     assert torch.isfinite(logits).all()
 

@@ -104,9 +104,8 @@ def test_paper_configs_name_their_data_teacher_and_out_dir(variant, size, path):
     assert config['data_dir'] == f'data/fineweb_edu_{tokenizer}'
     teacher = {'0.5b': 'Qwen1.5-1.8B', '1b': 'Llama-3.2-3B', '3b': 'Llama-3.1-8B'}[size]
     assert config['teacher'] == f'checkpoints/{teacher}'
-    assert config[
-        'global_batch_size'] == 1024 and config[
-        'block_size'] == 2048 and config['max_iters'] == 9000
+    assert (config['global_batch_size'] == 1024 and config['block_size'] == 2048
+            and config['max_iters'] == 9000)
 
 
 def test_model_key_sets_a_published_shape_and_later_keys_win(tmp_path):

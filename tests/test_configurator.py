@@ -145,7 +145,6 @@ def test_a_config_file_that_does_not_run_is_named_with_its_line(source, line, wh
     path = tmp_path / 'c.py'
     path.write_bytes(source.encode('latin-1'))
     message = error([str(path)], capsys, files=True)
-    assert message.startswith(f"{path}, line {line}: {what}") and message.endswith("; a config "
-                                                                                   "file is "
-                                                                                   "Python: fix "
-                                                                                   "that line")
+    assert message.startswith(
+        f"{path}, line {line}: {what}") and message.endswith(
+        "; a config file is Python: fix that line")

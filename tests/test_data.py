@@ -100,8 +100,8 @@ def test_missing_data_names_the_command_that_prepares_it(tmp_path, monkeypatch, 
     monkeypatch.chdir(tmp_path)  # (where the directory is not: the repo may hold it)
     with pytest.raises(RunError) as e:
         read_meta(out_dir)
-    assert str(
-        e.value) == f"data_dir={out_dir}: no such directory; run prepare_data.py first: {command}"
+    assert (str(e.value) == f"data_dir={out_dir}: no such directory; run prepare_data.py first: "
+                            f"{command}")
     # the same directory under another root: the same command, there
     moved = str(tmp_path / out_dir)
     with pytest.raises(RunError) as e:

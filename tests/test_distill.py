@@ -263,8 +263,8 @@ def training_inputs(precision, B=2, T=40, C_s=64, C_t=96, V=300, seed=0):
 
 
 @pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA (tools/gpu_check.py runs it on a GPU '
-                                          'machine)'))])
+    not torch.cuda.is_available(),
+    reason='needs CUDA (tools/gpu_check.py runs it on a GPU machine)'))])
 @pytest.mark.parametrize('precision', ['float32', 'bf16 autocast', 'bf16 autocast, bf16 hidden'])
 @pytest.mark.parametrize('temperature, kd_alpha', [(1.0, 1.0), (2.0, 1.0), (0.5, 0.3), (2.0, 0.5)])
 def test_fused_kd_loss_in_training_precision_against_float64(precision, temperature, kd_alpha,
@@ -273,8 +273,8 @@ def test_fused_kd_loss_in_training_precision_against_float64(precision, temperat
     h_s.requires_grad_(), w_s.requires_grad_()
     # the reference: the full logits in float64 on the CPU, from the very values the fused loss is
     # given
-    ref_h, ref_w = h_s.detach(
-        ).cpu().double().requires_grad_(), w_s.detach().cpu().double().requires_grad_()
+    ref_h = h_s.detach().cpu().double().requires_grad_()
+    ref_w = w_s.detach().cpu().double().requires_grad_()
     ref = distill.kd_loss(ref_h, ref_w, h_t.cpu().double(), w_t.cpu().double(), temperature,
                           targets.cpu(), kd_alpha)
     ref_grads = torch.autograd.grad(ref[0], (ref_h, ref_w))
@@ -451,10 +451,9 @@ def bytes_meta(**kw):
     return dict(tokenizer=BYTES, vocab_size=BYTES['n_vocab']) | kw
 
 
-@pytest.mark.parametrize('case', ['tokenizer', 'data vocab > teacher rows', 'data vocab > student '
-                                                                            'vocab',
-                                  'student rows != teacher rows', 'block_size > '
-                                                                  'teacher', 'everything'])
+@pytest.mark.parametrize('case',
+                         ['tokenizer', 'data vocab > teacher rows', 'data vocab > student vocab',
+                          'student rows != teacher rows', 'block_size > teacher', 'everything'])
 def test_compatibility_errors(case, our_teacher, hf_dirs):
     _, path = our_teacher
     teacher, spec = distill.load_teacher(str(path)), str(path)
@@ -476,14 +475,14 @@ def test_compatibility_errors(case, our_teacher, hf_dirs):
     # teacher
     tokenizer, block = ('is not the one the data was tokenized with',
                         "block_size=65 is longer than the teacher's 64")
-    small = ["student's vocab_size is 256", "the student has 256 vocabulary rows, the teacher 320; "
-                                            "KD compares the two distributions row by row: set the "
-                                            "student's vocab_size=320"]
-    messages = {'tokenizer': [tokenizer], 'data vocab > teacher rows': ["teacher's lm_head only "
-                                                                        "320 rows"],
+    small = ["student's vocab_size is 256",
+             "the student has 256 vocabulary rows, the teacher 320; KD compares the two "
+             "distributions row by row: set the student's vocab_size=320"]
+    messages = {'tokenizer': [tokenizer],
+                'data vocab > teacher rows': ["teacher's lm_head only 320 rows"],
                 'data vocab > student vocab': small,
-                'student rows != teacher rows': ['the student has 384 vocabulary rows, the teacher '
-                                                 '320'],
+                'student rows != teacher rows': [
+        'the student has 384 vocabulary rows, the teacher 320'],
                 'block_size > teacher': [block], 'everything': [tokenizer, *small, block]}[case]
     with pytest.raises(RunError) as e:
         distill.check_compatibility(teacher, spec, student, meta, block_size)
@@ -518,8 +517,8 @@ def test_cli_prints_the_teachers_val_loss(hf_dirs, llama_data, capsys):
     result = distill.main([f'--teacher={hf_dirs["llama"]}', f'--data_dir={llama_data}',
                            '--batches=2', '--batch_size=2', '--block_size=16', '--device=cpu'])
     out = capsys.readouterr().out
-    assert 'batch 2/2' in out and f"perplexity {result['perplexity']:.2f}" in out and result[
-        'tokens'] == 64
+    assert ('batch 2/2' in out and f"perplexity {result['perplexity']:.2f}" in out
+            and result['tokens'] == 64)
     # the same number from transformers on the documented windows: the first 4 windows of 17 tokens
     # of the val split, window k starting at token 16 k (consecutive windows share one token, as in
     # training)

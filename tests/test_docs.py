@@ -43,8 +43,8 @@ def test_what_docs_memory_says_about_the_plan(memory_tables):
     fits = 0.9 * memory_tables.GPU_GIB
     for row in memory_tables.rows():
         if row.size in ('0.5b', '1b'):
-            assert not row.c.fsdp and row.total(
-                False) <= fits and row.total(False, micro=2 * row.micro) <= fits
+            assert (not row.c.fsdp and row.total(False) <= fits
+                    and row.total(False, micro=2 * row.micro) <= fits)
         else:
             assert row.c.fsdp and row.total(True) <= fits and row.total(False, True,
                                                                         micro=1) > fits, row.name
@@ -227,8 +227,8 @@ def test_the_map_is_the_code():
     keep their limits, its Files table names every Python file outside tests/ with its role, and
     every name a row cites exists where the row says."""
     from scripts import line_counts
-    assert line_counts.in_doc(
-        ) == line_counts.table(), 'regenerate it: python -m scripts.line_counts --write'
+    assert line_counts.in_doc() == line_counts.table(), (
+        'regenerate it: python -m scripts.line_counts --write')
     assert line_counts.reading_set_lines() <= line_counts.LIMITS['reading set']
     for name, limit in line_counts.LIMITS.items():
         if name.endswith('.py'):
@@ -255,8 +255,8 @@ def test_the_map_is_the_code():
             if cited.endswith(('.py', '.md', '.json', '.jsonl',
                                '.pt')) or (owner and owner not in by_stem):
                 continue  # a file's name, or an attribute of a class or of another library
-            assert name in defined[
-                where], f"{names[0]}'s row cites {cited}, which {where} does not define"
+            assert name in defined[where], (
+                f"{names[0]}'s row cites {cited}, which {where} does not define")
 
 
 def defined_names(path):

@@ -185,8 +185,8 @@ def documents(seed=0, n=14, max_length=64):
 
 @pytest.mark.parametrize('attention,bias_norm', [(a, 'seq_len') for a in ATTENTIONS]
                          + [('affine', 'visible'),
-                                                                                          ('affine_gated',
-                                                                                           'visible')])
+                                                                                          (
+    'affine_gated', 'visible')])
 def test_each_documents_context_once_scores_as_one_by_one(attention, bias_norm):
     """score_requests with documents: each document's shared context computed once, its choices
     against the KV cache, for every variant of the registry: the scores of score_one_by_one (one
@@ -277,9 +277,8 @@ def test_cli(tmp_path, bpe, capsys):
     assert list(saved) == list(ez.DEFAULT_TASKS)
     for task in TASK_ROWS:
         r = saved[task]
-        assert r[
-            'n'] == 3 and 0 <= r[
-            'acc'] <= 1 and len(r['docs']) == 3 and r['docs'][2]['doc_index'] == 2
+        assert (r['n'] == 3 and 0 <= r['acc'] <= 1 and len(r['docs']) == 3
+                and r['docs'][2]['doc_index'] == 2)
         assert (r['acc_norm'] is None) == (task in ('boolq', 'winogrande'))
         assert len(r['docs'][0]['logliks']) == len(ez.DOC_BUILDERS[task](TASK_ROWS[task]).requests)
     assert saved['c4']['n'] == 4 and 'c4-new' in saved['c4']['protocol']
@@ -318,8 +317,8 @@ def test_heldout(tmp_path):
     rows = ez.heldout_rows(str(tmp_path), 50)
     assert rows == ez.heldout_rows(str(tmp_path), 50) and len(rows) == 50
     for row in rows:
-        assert len(
-            row['endings']) == 4 and row['context'] + ' ' + row['endings'][row['label']] in text
+        assert (len(row['endings']) == 4 and row['context'] + ' '
+                + row['endings'][row['label']] in text)
     assert len({r['label'] for r in rows}) == 4
     with pytest.raises(RunError, match='too short'):
         ez.heldout_rows(str(tmp_path), 1000)
@@ -482,8 +481,8 @@ def test_an_unreachable_hub_is_one_line_in_seconds(tmp_path, monkeypatch):
                                        r'reached: .*; '
                                        r'offline, export it .* --data_dir=DIR') as e:
         eval_zeroshot.main([f'--ckpt={ckpt}', '--tasks=piqa'])
-    assert time.monotonic(
-        ) - start < 15 and '\n' not in str(e.value) and isinstance(e.value, ez.HubUnreachable)
+    assert (time.monotonic() - start < 15 and '\n' not in str(e.value)
+            and isinstance(e.value, ez.HubUnreachable))
     monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
     # offline mode: datasets reads its cache and connects nowhere
     assert ez.hub_unreachable() is None

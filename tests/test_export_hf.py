@@ -261,9 +261,8 @@ def test_tokenizer_ids_equal_ours(name, exported):
         assert all(hf.convert_tokens_to_ids(char) == byte for char,
                    byte in to_byte.items()) and len(to_byte) == 256
     else:  # the teacher's files, as they were
-        assert (
-            out / 'tokenizer.json').read_bytes(
-            ) == (Path(tok_info['spec']) / 'tokenizer.json').read_bytes()
+        assert ((out / 'tokenizer.json').read_bytes()
+                == (Path(tok_info['spec']) / 'tokenizer.json').read_bytes())
         assert hf.bos_token_id == enc.encode_single_token('<|begin_of_text|>')
 
 
@@ -364,10 +363,9 @@ print(json.dumps(results))
 '''  # noqa: E501 (the script's own lines, kept as they run)
 
 
-@pytest.mark.skipif(not os.path.isfile(TRANSFORMERS4_PYTHON), reason="no transformers 4.x "
-                                                                     "interpreter at "
-                                                                     f"{TRANSFORMERS4_PYTHON} (set "
-                                                                     "TRANSFORMERS4_PYTHON)")
+@pytest.mark.skipif(not os.path.isfile(TRANSFORMERS4_PYTHON),
+                    reason=f"no transformers 4.x interpreter at {TRANSFORMERS4_PYTHON} (set "
+                           "TRANSFORMERS4_PYTHON)")
 def test_transformers_4_reads_the_exports(exported):
     T, lens = 20, [20, 13]
     idx = torch.randint(0, 257, (2, T), generator=torch.Generator().manual_seed(3))
@@ -388,8 +386,8 @@ def test_transformers_4_reads_the_exports(exported):
         print(f"transformers {r['version']}, {name}: max |logit difference| {err:.1e} "
               "(right-padded batch)")
         assert err <= 1e-5
-        assert r[
-            'ids'] == load_tokenizer(tok_info['spec']).encode_ordinary(TEXT) and r['generated'] == 7
+        assert (r['ids'] == load_tokenizer(tok_info['spec']).encode_ordinary(TEXT)
+                and r['generated'] == 7)
 
 # -----------------------------------------------------------------------------
 # Bad input: a clear one-line error, nothing written
@@ -415,12 +413,12 @@ def test_bad_checkpoints(exported, tmp_path):
     state['model_config']['n_layer'] = 3
     torch.save(state, tmp_path / 'other_shape.pt')
     out = tmp_path / 'hf' / 'x'
-    for ckpt, match in [(tmp_path / 'nowhere', 'no such checkpoint'), (tmp_path, 'no such '
-                                                                                 'checkpoint'),
+    for ckpt, match in [(tmp_path / 'nowhere', 'no such checkpoint'),
+                        (tmp_path, 'no such checkpoint'),
                         # (issue 53) not torch's advice to save with _use_new_zipfile_serialization
-                        (tmp_path / 'garbage.pt', 'not a readable checkpoint of train.py (its 23 '
-                                                  'bytes are not the zip archive torch.save '
-                                                  'writes)'),
+                        (tmp_path / 'garbage.pt',
+                         'not a readable checkpoint of train.py (its 23 bytes are not the zip '
+                         'archive torch.save writes)'),
                         (tmp_path / 'empty.pt',
                          'not a readable checkpoint of train.py (the file is empty)'),
                         (tmp_path / 'truncated.pt', 'not a readable checkpoint'),
@@ -435,8 +433,8 @@ def test_out_dir_holding_something_else_is_refused(exported, tmp_path):
     (tmp_path / 'notes').mkdir()
     (tmp_path / 'notes' / 'mine.txt').write_text('keep me')
     (tmp_path / 'a_file').write_text('')
-    for out, match in [(tmp_path / 'notes', 'already holds files '
-                                            '(mine.txt)'), (tmp_path / 'a_file', 'is a file')]:
+    for out, match in [(tmp_path / 'notes', 'already holds files (mine.txt)'),
+                       (tmp_path / 'a_file', 'is a file')]:
         for overwrite in ('False', 'True'):
             refused([f'--ckpt={ckpt}', f'--out_dir={out}', f'--overwrite={overwrite}'], match,
                     tmp_path)

@@ -174,9 +174,9 @@ def test_eval_out_refuses_a_file_it_did_not_write(tmp_path):
     assert json.loads(foreign.read_text()) == {'model_type': 'llama'}
     # (issue 53)
     code, _, err = script('eval_zeroshot.py', f'--ckpt={tmp_path / "nothing"}', f'--out={tmp_path}')
-    assert code == 1 and one_line(err).endswith(f"--out={tmp_path}: is a directory; --out is the "
-                                                "JSON file this run writes, e.g. "
-                                                f"--out={tmp_path / 'eval.json'}")
+    assert (code == 1
+            and one_line(err).endswith(f"--out={tmp_path}: is a directory; --out is the JSON file "
+                                       f"this run writes, e.g. --out={tmp_path / 'eval.json'}"))
     earlier = tmp_path / 'eval.json'
     earlier.write_text(json.dumps({'heldout': {'acc': 0.25, 'n': 4}}))
     assert eval_zeroshot.is_eval_result(earlier) and not eval_zeroshot.is_eval_result(foreign)
@@ -329,8 +329,8 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tmpfs):
         # 4 MB on a 1 MB disk
         checkpoint.save_checkpoint(path, {'step': 2, 'w': torch.zeros(1_000_000)})
     assert error.value.errno == errno.ENOSPC and error.value.filename == path
-    assert errors.describe_os_error(error.value).startswith(f"{path}: no space left on the device; "
-                                                            "free some space")
+    assert (errors.describe_os_error(error.value).startswith(f"{path}: no space left on the "
+                                                             "device; free some space"))
     assert torch.load(path, weights_only=False)['step'] == 1
     assert sorted(os.listdir(disk)) == ['ckpt.pt']  # no temporary file filling the disk
 
@@ -342,16 +342,17 @@ def test_train_on_a_full_disk_is_one_line(data_dir, tmpfs):
     code, _, err = script('train.py',
                           *tiny_args(data_dir, out, '--max_iters=2', '--eval_interval=1'))
     line = one_line(err)
-    assert code == 1 and line.startswith(f"train.py: error: {out / 'ckpt.pt'}: no space left on "
-                                         "the device"), line
+    assert code == 1 and line.startswith(
+        f"train.py: error: {out / 'ckpt.pt'}: no space left on the device"), line
     assert not [name for name in os.listdir(out) if name.endswith('.tmp')]
 
 
 def test_a_read_only_file_system_is_one_line(data_dir, run_dir, tmpfs):
     read_only = tmpfs('ro', '1m', readonly=True)
     code, _, err = script('train.py', *tiny_args(data_dir, read_only / 'run', '--max_iters=1'))
-    assert code == 1 and one_line(err) == (f"train.py: error: {read_only / 'run'}: read-only file "
-                                           "system; write to a writable location")
+    assert (code == 1
+            and one_line(err) == (f"train.py: error: {read_only / 'run'}: read-only file system; "
+                                  "write to a writable location"))
     code, _, err = script('export_hf.py', f'--ckpt={run_dir}', f'--out_dir={read_only / "export"}',
                           '--check=False')
     assert code == 1 and 'read-only file system' in one_line(err)
@@ -366,8 +367,8 @@ def test_permission_denied_and_missing_paths_are_one_line(data_dir, tmp_path, ca
     with pytest.raises(SystemExit) as exit:
         errors.run_script(denied, [])
     assert exit.value.code == 1
-    assert capsys.readouterr().err.endswith(f"error: {tmp_path / 'run'}: permission denied; check "
-                                            "the permissions (ls -ld) or write elsewhere\n")
+    assert (capsys.readouterr().err.endswith(f"error: {tmp_path / 'run'}: permission denied; check "
+                                             "the permissions (ls -ld) or write elsewhere\n"))
     code, _, err = script('train.py', '--device=cpu', f'--data_dir={tmp_path / "missing"}',
                           f'--out_dir={tmp_path / "run"}')
     assert code == 1 and 'missing: no such directory; run prepare_data.py first' in one_line(err)
@@ -508,7 +509,6 @@ def test_a_reader_that_stops_early_gets_no_error():
             "def main(argv):\n"
             "    raise BrokenPipeError(errno.EPIPE, 'Broken pipe')\n"
             "run_script(main)\n")
-    run = subprocess.run([sys.executable, '-c', 'import '
-                                                'errno\n' + code], cwd=ROOT, capture_output=True,
-                         text=True)
+    run = subprocess.run([sys.executable, '-c', 'import errno\n' + code], cwd=ROOT,
+                         capture_output=True, text=True)
     assert run.returncode == 1 and run.stderr == '' and run.stdout == ''

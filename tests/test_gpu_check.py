@@ -42,16 +42,17 @@ def test_check_skips_the_kernel_tests_where_pytest_does_not_run(tmp_path, monkey
     kernels part is then one skipped row that names the cause and the fix, not a failure reading "no
     output"."""
     (tmp_path / 'pygments').mkdir()
-    (tmp_path / 'pygments' / '__init__.py').write_text("raise ModuleNotFoundError(\"No module "
-                                                       "named 'pygments'\")\n")
+    (
+        tmp_path / 'pygments' / '__init__.py').write_text(
+        "raise ModuleNotFoundError(\"No module named 'pygments'\")\n")
     monkeypatch.setenv('PYTHONPATH', str(tmp_path))  # the subprocesses find this pygments first
     check = gpu_check.Check(str(tmp_path / 'check.json'),
                             dict(device='cpu', torch=torch.__version__))
     gpu_check.check_kernel_tests(check, torch.device('cpu'))
     (row,) = check.record['rows']
     assert row['section'] == 'kernels' and row['ok'] is None
-    assert "No module named 'pygments'" in row[
-        'value'] and 'pip install -r requirements-test.txt' in row['value']
+    assert ("No module named 'pygments'" in row['value']
+            and 'pip install -r requirements-test.txt' in row['value'])
 
 
 def test_check_says_what_to_install_where_datasets_is_missing(tmp_path, monkeypatch):

@@ -343,8 +343,8 @@ def test_memory_plan_holds_against_a_fake_tensor_measurement(config):
     assert plan[2] - plan[1] == pytest.approx(peak[2] - peak[1], rel=0.02)
     full = peak[1] + (student.n_layer - 1) * (peak[2] - peak[1])
     planned = sum(memory_plan.memory_plan(c, student, teacher).values())
-    assert full <= planned <= 1.10 * full, (f'plan {planned / 2**30:.2f} GiB, '
-                                            f'measured {full / 2**30:.2f} GiB')
+    assert full <= planned <= 1.10 * full, (
+        f'plan {planned / 2**30:.2f} GiB, measured {full / 2**30:.2f} GiB')
 
 
 # -----------------------------------------------------------------------------
@@ -463,9 +463,8 @@ def test_compiled_training_and_evaluation_never_recompile(data_dir, tmp_path, pa
     torch.multiprocessing.spawn(_compiled_worker,
                                 args=(2, str(tmp_path / 'init'), str(tmp_path / 'result'), data_dir,
                                       parallel, variants), nprocs=2, join=True)
-    expected = {'first micro-step': (2, 0), 'step 1': (0, 0), 'step 2': (0, 0), 'evaluation '
-                                                                                '1': (1, 0),
-                'step 3': (0, 0), 'evaluation 2': (0, 0)}
+    expected = {'first micro-step': (2, 0), 'step 1': (0, 0), 'step 2': (0, 0),
+                'evaluation 1': (1, 0), 'step 3': (0, 0), 'evaluation 2': (0, 0)}
     for rank in range(2):
         results = torch.load(tmp_path / f'result.{rank}', weights_only=False)
         assert tuple(results) == tuple(variants)

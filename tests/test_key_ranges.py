@@ -75,8 +75,8 @@ def refused(script, argv, capsys):
         parse_argv(required + argv)
     message, err = str(e.value), capsys.readouterr().err
     assert e.value.code == 2 and '\n' not in message
-    assert err.startswith('usage: ') and err.endswith("\nerror: "
-                                                      f"{message}\n") and err.count('\n') == 2
+    assert (err.startswith('usage: ') and err.endswith(f"\nerror: {message}\n")
+            and err.count('\n') == 2)
     return message
 
 
@@ -98,8 +98,8 @@ def test_every_numeric_key_has_a_lower_bound():
 def test_out_of_range_is_refused_in_one_line_and_in_range_is_accepted(script, name, key, capsys):
     for bad in outside(key):
         message = refused(script, [f'--{name}={bad}'], capsys)
-        assert message.startswith(
-            f'--{name}=') and 'is out of range: ' in message and bounds(key) in message
+        assert (message.startswith(f'--{name}=') and 'is out of range: ' in message
+                and bounds(key) in message)
     good = (key.default if key.default is not None else key.min if key.min is not None
             else key.above + 1)
     assert config_of(script, [f'--{name}={shown(good)}'])[name] == good

@@ -184,5 +184,6 @@ def test_programs_outside_the_root_run_as_modules():
         done = subprocess.run([sys.executable, os.path.join(ROOT, name)], capture_output=True,
                               text=True)
         module = name[:-3].replace('/', '.')
-        assert (done.returncode, done.stderr) == (1, "run it from the repository's root: python -m "
-                                                     f"{module}\n")
+        assert (done.returncode, done.stderr) == (1,
+                                                  "run it from the repository's root: python -m "
+                                                  f"{module}\n")

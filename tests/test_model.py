@@ -294,8 +294,8 @@ def test_cpu_flash_kernel_gets_grouped_kv(attention, dtype):
     (q, k, v, *_), = forward.args_of('_scaled_dot_product_flash_attention_for_cpu')
     (grad_out, _, k_b, v_b, out,
      *_), = backward.args_of('_scaled_dot_product_flash_attention_for_cpu_backward')
-    assert q.size(
-        1) == cfg.n_head and k.size(1) == v.size(1) == k_b.size(1) == v_b.size(1) == cfg.n_kv_head
+    assert (q.size(1) == cfg.n_head
+            and k.size(1) == v.size(1) == k_b.size(1) == v_b.size(1) == cfg.n_kv_head)
     assert not forward.args_of('clone')  # what repeat_interleave would run
     # what the math kernel would run
     assert not forward.args_of('bmm') and not backward.args_of('bmm')
@@ -348,8 +348,7 @@ def test_sink_backward_takes_grad_out_as_received(dtype, tol):
     def bthd_randn(heads):
         return torch.randn(B, T, heads, D, dtype=dtype).transpose(1, 2)
 
-    q, k, v = bthd_randn(
-        H).requires_grad_(), bthd_randn(H_kv).requires_grad_(), bthd_randn(H_kv).requires_grad_()
+    q, k, v = (bthd_randn(n).requires_grad_() for n in (H, H_kv, H_kv))
     sinks = torch.randn(H, dtype=dtype, requires_grad=True)
     out = sink_attention(q, k, v, sinks, True)
     assert has_bthd_layout(out)
@@ -641,9 +640,8 @@ def test_alpha_stats_stay_float32_when_the_model_is_cast_to_half_precision():
     # 305 tokens counted: bf16 has no 305 (steps of 2 above 256)
     model(torch.randint(0, 97, (5, 61)))
     stats = dict(model.named_buffers())
-    assert len(
-        stats) == 3 * model.config.n_layer and stats[
-        'model.layers.0.self_attn.alpha_count'].item() == 305
+    assert (len(stats) == 3 * model.config.n_layer
+            and stats['model.layers.0.self_attn.alpha_count'].item() == 305)
 
     def same_stats(m, dtype=torch.float32):
         return all(b.dtype == dtype and torch.equal(b, stats[name].to(dtype)) for name,
@@ -671,8 +669,8 @@ def test_alpha_stats_stay_float32_when_the_model_is_cast_to_half_precision():
     meta.to_empty(device='cpu')
     assert all(b.device.type == 'cpu' and b.dtype == torch.float32 for b in meta.buffers())
     m16(torch.randint(0, 97, (5, 61)))  # a bf16 model keeps counting in float32
-    assert m16.model.layers[
-        0].self_attn.alpha_count.item() == 610 and len(m16.update_alpha_ma()) == 2
+    assert (m16.model.layers[0].self_attn.alpha_count.item() == 610
+            and len(m16.update_alpha_ma()) == 2)
 
 
 def test_bf16_affine_output_uses_the_float32_alpha_ma():

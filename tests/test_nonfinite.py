@@ -67,8 +67,8 @@ def test_a_non_finite_validation_loss_is_not_saved(data_dir, tmp_path, monkeypat
 def test_an_infinite_learning_rate_is_refused_before_any_work(data_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         train.main(tiny_args(data_dir, tmp_path / 'run', '--learning_rate=1e999'))
-    assert e.value.code == 2 and str(
-        e.value) == '--learning_rate=inf is out of range: must be in (0, 1]'
+    assert (e.value.code == 2 and str(e.value) == '--learning_rate=inf is out of range: must be in '
+                                                  '(0, 1]')
     assert not (tmp_path / 'run').exists()
 
 
@@ -99,9 +99,8 @@ def test_every_command_refuses_a_checkpoint_with_nan_weights(nan_run, data, tmp_
     main, argv = commands.pop('train.py --dry_run --teacher')
     main(argv)
     assert capsys.readouterr().out.startswith('params: ')
-    assert {'eval_zeroshot.py --ckpt', 'analyze.py attention', 'sample.py --ckpt', 'export_hf.py '
-                                                                                   '--ckpt',
-            'a resume'} <= set(commands)
+    assert {'eval_zeroshot.py --ckpt', 'analyze.py attention', 'sample.py --ckpt',
+            'export_hf.py --ckpt', 'a resume'} <= set(commands)
     for command, (main, argv) in commands.items():
         assert said in refusal(capsys, main, argv), command
     # nothing written

@@ -84,8 +84,8 @@ def test_issue_14_regressions(tmp_path, layouts):
         tok = meta["tokenizer"]
         assert (tok["family"], tok["bos_id"], tok["eos_id"], tok["eos_token"]) == ("bpe", None, eot,
                                                                                    EOT)
-        assert tok["boundary"].startswith("<|endoftext|> after each "
-                                          "document") and tok["prefix"] == tok["suffix"] == []
+        assert (tok["boundary"].startswith("<|endoftext|> after each document")
+                and tok["prefix"] == tok["suffix"] == [])
     # (3): " 100" is one GPT-2 piece but three Qwen2 pieces; the ids are the model's own tokenizer's
     model_dir, hf, _, _ = layouts["qwen2_gpt2_regex"]
     enc = load_tokenizer(str(model_dir))
@@ -151,8 +151,8 @@ def refusal_cases(root, layouts):
         root / "sentencepiece" / "tokenizer.model").write_bytes(
         b"\n\x0f\n\x05<unk>\x15\x00\x00\x00\x00\x18\x02")
     write_json(root / "sentencepiece" / "config.json", {"model_type": "mistral"})
-    cases["sentencepiece"] = (root / "sentencepiece", "has tokenizer.model but no "
-                                                      "tokenizer.json.*only byte-level BPE")
+    cases["sentencepiece"] = (root / "sentencepiece",
+                              "has tokenizer.model but no tokenizer.json.*only byte-level BPE")
     variant("sentencepiece_json", "a SentencePiece-style BPE.*only byte-level BPE", trained(
         models.BPE(unk_token="<unk>", byte_fallback=True), pre_tokenizers.Metaspace(),
         trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"], show_progress=False)), eos)
@@ -160,10 +160,9 @@ def refusal_cases(root, layouts):
         models.WordPiece(unk_token="[UNK]"), pre_tokenizers.BertPreTokenizer(),
         trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[UNK]"], show_progress=False)),
             eos)
-    variant("unigram", "a Unigram model; only byte-level BPE", trained(
-        models.Unigram(),
-                                                                       pre_tokenizers.Metaspace(
-        ), trainers.UnigramTrainer(vocab_size=100, show_progress=False)), eos)
+    variant("unigram", "a Unigram model; only byte-level BPE",
+            trained(models.Unigram(), pre_tokenizers.Metaspace(),
+                    trainers.UnigramTrainer(vocab_size=100, show_progress=False)), eos)
     tok = Tokenizer.from_str(gpt2.to_str())
     tok.normalizer = normalizers.NFKC()
     variant("nfkc", "normalizer NFKC is not supported", tok, eos)
@@ -194,15 +193,16 @@ def refusal_cases(root, layouts):
     shutil.copytree(layouts["llama3_hub"][0], root / "two_vocabularies")
     write_tiktoken_file(root / "two_vocabularies" / "original" / "tokenizer.model",
                         {bytes([b]): b for b in range(256)})
-    cases["two_vocabularies"] = (root / "two_vocabularies", "original/tokenizer.model and "
-                                                            "tokenizer.json hold different "
-                                                            "vocabularies")
+    cases["two_vocabularies"] = (root / "two_vocabularies",
+                                 "original/tokenizer.model and tokenizer.json hold different "
+                                 "vocabularies")
     (root / "slow_codegen").mkdir()
     gpt2.model.save(str(root / "slow_codegen"))
     write_json(root / "slow_codegen" / "tokenizer_config.json",
                {"tokenizer_class": "CodeGenTokenizer"} | eos)
-    cases["slow_codegen"] = (root / "slow_codegen", "tokenizer_class 'CodeGenTokenizer'.*supported "
-                                                    "without a tokenizer.json: GPT2Tokenizer")
+    cases["slow_codegen"] = (root / "slow_codegen",
+                             "tokenizer_class 'CodeGenTokenizer'.*supported without a "
+                             "tokenizer.json: GPT2Tokenizer")
     (root / "empty").mkdir()
     cases["empty"] = (root / "empty", "has no tokenizer.json, vocab.json \\+ merges.txt, or "
                                       "original/tokenizer.model")
@@ -229,8 +229,8 @@ def test_builtin_bytes_layout_and_meta(tmp_path):
     assert split_docs(out_dir, "train") == [d for i, d in enumerate(docs) if i % 10]
     on_disk = json.loads((out_dir / "meta.json").read_text())
     assert on_disk == meta and meta["complete"]
-    assert meta[
-        "dtype"] == "uint16" and meta["vocab_size"] == 257 and meta["tokenizer"]["eos_id"] == 256
+    assert (meta["dtype"] == "uint16" and meta["vocab_size"] == 257
+            and meta["tokenizer"]["eos_id"] == 256)
     assert meta["splits"]["val"]["documents"] == 8 and meta["splits"]["train"]["documents"] == 71
     assert meta["splits"]["train"]["tokens"] == sum(len(d.encode()) + 1 for i, d in enumerate(docs)
                                                     if i % 10)
@@ -346,9 +346,8 @@ def test_resume_after_crash(tmp_path, monkeypatch):
     out_dir = tmp_path / "out"
     crashed = json.loads((out_dir / "meta.json").read_text())
     assert writes == ["train_000000.bin", "val_000000.bin", "train_000001.bin", "val_000001.bin"]
-    assert not crashed[
-        "complete"] and crashed[
-        "progress"]["shards"] == 1 and crashed["progress"]["documents_read"] > 0
+    assert (not crashed["complete"] and crashed["progress"]["shards"] == 1
+            and crashed["progress"]["documents_read"] > 0)
     finished = {n: (out_dir / n).stat().st_mtime_ns for n in ["train_000000.bin", "val_000000.bin"]}
     # written, but not yet recorded in meta.json: redone on resume
     assert (out_dir / "train_000001.bin").exists()
@@ -397,9 +396,9 @@ def test_damaged_and_deleted_shards_are_refused_by_name_and_rebuilt(tmp_path, mo
                f"{zlib.crc32(flip_byte(train_shard, 1000)):08x}, ")
     fix = ("; re-run the prepare_data.py command recorded in meta.json: it rebuilds missing and "
            "damaged shards$")
-    with pytest.raises(RunError, match=damaged + "but meta.json recorded "
-                                                 f"{meta['checksums'][train_shard.name]} when it "
-                                                 f"was written{fix}"):
+    with pytest.raises(RunError, match=damaged
+                       + f"but meta.json recorded {meta['checksums'][train_shard.name]} when it "
+                         f"was written{fix}"):
         Windows(str(out_dir), "train", 32)
     with pytest.raises(RunError, match=damaged):
         train.main(tiny_args(out_dir, tmp_path / "run", "--max_iters=2"))
@@ -413,11 +412,11 @@ def test_damaged_and_deleted_shards_are_refused_by_name_and_rebuilt(tmp_path, mo
         Windows(str(out_dir), "train", 32)
     capsys.readouterr()
     run(tmp_path, *flags)
-    assert capsys.readouterr().err.startswith(f"note: {out_dir / 'train_000000.bin'}: missing "
-                                              f"(meta.json lists it): rebuilding {out_dir}, "
-                                              "reading --source again from the start\n")
-    assert shard_bytes(
-        out_dir) == before and json.loads((out_dir / "meta.json").read_text()) == meta
+    assert (capsys.readouterr().err.startswith(f"note: {out_dir / 'train_000000.bin'}: missing "
+                                               f"(meta.json lists it): rebuilding {out_dir}, "
+                                               "reading --source again from the start\n"))
+    assert (shard_bytes(out_dir) == before
+            and json.loads((out_dir / "meta.json").read_text()) == meta)
     run(tmp_path, *flags)
     assert capsys.readouterr().out == (f"{out_dir} is already complete "
                                        f"({meta['splits']['train']['tokens']:,} train tokens); its "
@@ -509,8 +508,7 @@ def test_text_field_that_is_not_a_string(tmp_path):
     rows = [{"text": f"document {i}", "id": i} for i in range(10)]
     rows[6]["text"] = None
     (tmp_path / "null.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (tmp_path / "x.jsonl").write_text("".join(json.dumps({"text": ["part "
-                                                                   f"{i}", "b"],
+    (tmp_path / "x.jsonl").write_text("".join(json.dumps({"text": [f"part {i}", "b"],
                                                           "body": f"document {i}"}) + "\n"
                                               for i in range(10)))
     null, lists = str(tmp_path / "null.jsonl"), str(tmp_path / "x.jsonl")
@@ -520,11 +518,9 @@ def test_text_field_that_is_not_a_string(tmp_path):
              ([f"--source={lists}"], f"^row 1 of {re.escape(lists)}: field 'text' is a list, not a "
                                      "string; pass the field that holds the text as "
                                      "--text_field=NAME \\(fields: text, body\\)"),
-             ([f"--source={lists}", "--text_field=title"], f"^row 1 of {re.escape(lists)}: no such "
-                                                           "text field 'title'; pass the field "
-                                                           "that holds the text as "
-                                                           "--text_field=NAME \\(fields: text, "
-                                                           "body\\)")]
+             ([f"--source={lists}", "--text_field=title"],
+              f"^row 1 of {re.escape(lists)}: no such text field 'title'; pass the field that "
+              "holds the text as --text_field=NAME \\(fields: text, body\\)")]
     for flags, message in cases:
         with pytest.raises(RunError, match=message):
             run(tmp_path, *flags)
@@ -538,8 +534,8 @@ def test_unreadable_source_files_are_named_with_the_line(tmp_path):
     with an error: one line naming the file and the line, counted from 1 (`datasets` names neither,
     and counts JSON rows from 0)."""
     rows = [json.dumps({"text": f"document {i}"}) for i in range(10)]
-    files = {"latin1.jsonl": "\n".join(rows[:6] + ['{"text": '
-                                                   '"caf\xe9"}'] + rows[6:]).encode("latin-1"),
+    files = {"latin1.jsonl": "\n".join(rows[:6] + ['{"text": "caf\xe9"}']
+                                       + rows[6:]).encode("latin-1"),
              "latin1.txt": "line one\nline two\nna\xefve three\n".encode("latin-1"),
              "broken.jsonl": "\n".join(rows[:4] + ['{"text": "no end}'] + rows[4:]).encode(),
              "string.jsonl": "\n".join(rows[:2] + ['"just text"'] + rows[2:]).encode(),

@@ -129,9 +129,8 @@ def test_sink_rates_and_first_token_measures_of_every_variant(attention):
         assert rates[
             'sink_rate_null_slot'] == pytest.approx(gu_metric(kv_bias_rows(w))[:, 0].mean().item())
     record = probes.sink_record(model, idx)
-    assert record[
-        'sink_rate'] == rates['sink_rate'] and record.get('sink_rate_null_slot') == rates.get(
-        'sink_rate_null_slot')
+    assert (record['sink_rate'] == rates['sink_rate']
+            and record.get('sink_rate_null_slot') == rates.get('sink_rate_null_slot'))
     first, rows = w[..., 1:, 0], w[..., 1:, :].sum(-1)  # queries 1..T-1
     assert record['first_token_weight'] == pytest.approx(first.mean(dim=(0, 2, 3)).tolist(),
                                                          abs=1e-6)
@@ -396,8 +395,8 @@ def test_quantized_losses_at_other_widths_against_a_model_of_quantized_layers():
         assert got['quantized'] == pytest.approx(quantized_reference(model, calibration, sequences,
                                                                      weight_bits,
                                                                      act_bits), rel=1e-5)
-        assert got[
-            'ratio'] == pytest.approx(got['quantized'] / got['fp']) and got['calibration'] == 3
+        assert (got['ratio'] == pytest.approx(got['quantized'] / got['fp'])
+                and got['calibration'] == 3)
         losses[weight_bits, act_bits] = got['quantized']
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # restored
     assert len(set(losses.values())) == len(losses)
@@ -433,11 +432,8 @@ def knockout_reference(model, idx, window, first):
         h = layer.input_layernorm(x)
         q, k, v = a.project(h, cos, sin)
         G = cfg.n_head // cfg.n_kv_head
-        e = torch.where(visible,
-                        torch.exp(q @ k.repeat_interleave(G,
-                                                          1).transpose(
-            -2, -1) / math.sqrt(cfg.head_dim)),
-                        torch.zeros(()))
+        scores = q @ k.repeat_interleave(G, 1).transpose(-2, -1) / math.sqrt(cfg.head_dim)
+        e = torch.where(visible, torch.exp(scores), torch.zeros(()))
         p = {n: t for n, t in [*a.named_parameters(), *a.named_buffers()]}
         seen = torch.full((idx.size(0),), visible.sum(-1).max().item(), dtype=torch.float64)
         A = REFERENCES[variant_name(cfg)](e=e, p=p, x=h, cfg=cfg, visible=visible, seq_lens=seen)

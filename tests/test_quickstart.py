@@ -36,8 +36,8 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     the real model; they cost more than the rest of the run together.)"""
     output = quickstart(tmp_path, '--real_model=False')
     for stage in ('train the softmax teacher', 'distill softmax seed 0', 'distill affine seed 0',
-                  'evaluate affine seed 0', 'analyse: table', 'analyse: attention', 'analyse: '
-                                                                                    'runs'):
+                  'evaluate affine seed 0', 'analyse: table', 'analyse: attention',
+                  'analyse: runs'):
         assert f'] {stage} (at' in output
     out = tmp_path / 'qs'
     report = (out / 'report.md').read_text()
@@ -83,8 +83,8 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     sys.path.insert(0, ROOT)
     import quickstart as script  # (quickstart, above, runs it)
     data = f'--data_dir={tmp_path / "data"}'
-    _, command, done, note, *_ = script.train_stage('train the softmax '
-                                                    'teacher', 'config/quickstart_teacher.py',
+    _, command, done, note, *_ = script.train_stage('train the softmax teacher',
+                                                    'config/quickstart_teacher.py',
                                                     f'{out}/teacher', data, '--max_iters=4')
     assert not done and command[-2:] == ['--init_from=scratch', '--overwrite=True']
     assert note.startswith(f'changed since {out}/teacher was trained: max_iters 3 -> 4. Training '
@@ -93,8 +93,8 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     # its word
     assert (retrained.returncode == 0
             and 'init_from=scratch: starting fresh (replacing' in retrained.stdout)
-    _, command, done, note, *_ = script.train_stage('distill softmax seed '
-                                                    '0', 'config/quickstart_student.py',
+    _, command, done, note, *_ = script.train_stage('distill softmax seed 0',
+                                                    'config/quickstart_student.py',
                                                     f'{out}/softmax_seed0', '--attention=softmax',
                                                     '--seed=0', data,
                                                     '--max_iters=2', teacher=f'{out}/teacher')
@@ -103,17 +103,16 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
                            f'{out}/teacher was trained again')
     # as its retraining would leave it: newer than its evaluation
     os.utime(out / 'softmax_seed0' / 'ckpt.pt')
-    assert script.evaluated(f'{out}/softmax_seed0') == (False, f'{out}/softmax_seed0 was trained '
-                                                               'again after its evaluation: '
-                                                               'evaluating it again, replacing its '
-                                                               'eval.json')
+    assert script.evaluated(f'{out}/softmax_seed0') == (False,
+                                                        f'{out}/softmax_seed0 was trained again '
+                                                        'after its evaluation: evaluating it '
+                                                        'again, replacing its eval.json')
     assert script.evaluated(f'{out}/affine_seed0') == (True, '')
     assert (out / 'NOTES.txt').read_text() == 'a user\'s notes beside the report'
 
 
 def test_quickstart_bad_arguments_say_what_is_valid():
-    for args, message in [(['--variants=softmax,flash'], "unknown "
-                                                         "['flash']"),
+    for args, message in [(['--variants=softmax,flash'], "unknown ['flash']"),
                           (['--seeds=a'], 'comma-separated')]:
         run = subprocess.run([sys.executable, 'quickstart.py', *args], cwd=ROOT,
                              capture_output=True, text=True)
@@ -171,8 +170,7 @@ def test_independent_stages_run_side_by_side_each_output_whole(capsys, monkeypat
                                           [sys.executable, '-c', script.format(0.0, 'quick')],
                                           False, 'a note', 'c')])
     out = capsys.readouterr().out
-    assert [name for name, _, _ in stages.rows] == ['slow', 'done '
-                                                            'before',
+    assert [name for name, _, _ in stages.rows] == ['slow', 'done before',
                                                     'quick'] and stages.rows[1][1] is None
     assert '$ OMP_NUM_THREADS=1 ' in out and 'a note' in out
     assert 'done before (at 0m00s): finished in an earlier run' in out
@@ -181,8 +179,7 @@ def test_independent_stages_run_side_by_side_each_output_whole(capsys, monkeypat
     fails = [sys.executable, '-c', 'import sys; print("why"); sys.exit(3)']
     with pytest.raises(RunError, match=r'fails failed \(exit code 3'):
         stages.run_together([quickstart.Stage('fails', fails),
-                             quickstart.Stage('beside '
-                                              'it',
+                             quickstart.Stage('beside it',
                                               [sys.executable, '-c',
                                                script.format(0.5, 'beside')])])
     out = capsys.readouterr().out
@@ -267,9 +264,8 @@ def test_a_stop_is_said_in_one_line_and_leaves_no_child_training(tmp_path):
         quick = started()
         wait_for_training(student / 'metrics.jsonl')
         if stop == 'student':
-            pid = int(subprocess.run(['pgrep', '-f', 'train.py '
-                                                     f'.*--out_dir={student}'], capture_output=True,
-                                     text=True).stdout.split()[0])
+            pid = int(subprocess.run(['pgrep', '-f', f'train.py .*--out_dir={student}'],
+                                     capture_output=True, text=True).stdout.split()[0])
             os.kill(pid, signal.SIGTERM)
         else:
             quick.send_signal(stop)

@@ -52,8 +52,7 @@ def test_graph_ops_names_what_a_variant_adds(capsys):
     sums of V (forward, and reversed backward)."""
     from tools import graph_ops
     graph_ops.main(['--variants=softmax,gated,affine', '--kernels=False', '--seq_len=16'])
-    rows = {line.split(' | ')[0].strip('| '): line.split(' '
-                                                         '| ')
+    rows = {line.split(' | ')[0].strip('| '): line.split(' | ')
             for line in capsys.readouterr().out.splitlines()
             if line.startswith('| ') and not line.startswith('| variant')}
     assert list(rows) == ['softmax', 'gated', 'affine'] and rows['softmax'][-1].strip(' |') == '-'
@@ -62,9 +61,8 @@ def test_graph_ops_names_what_a_variant_adds(capsys):
             and 'sigmoid_backward.default' in gated)
     assert 'cumsum' not in gated and 'cumsum.default x2' in rows['affine'][-1]
     assert 'flip.default x2' in rows['affine'][-1]  # the cumulative sum's backward: reversed
-    assert int(
-        rows[
-        'gated'][1]) > int(rows['softmax'][1]) and int(rows['affine'][2]) > int(rows['softmax'][2])
+    assert (int(rows['gated'][1]) > int(rows['softmax'][1])
+            and int(rows['affine'][2]) > int(rows['softmax'][2]))
 
 
 # -----------------------------------------------------------------------------

@@ -44,8 +44,8 @@ def test_a_second_writer_is_refused_and_a_killed_writer_does_not_block_the_same_
     capsys.readouterr()
     step = torch.load(run / 'ckpt.pt', weights_only=False)['step']
     train.main(args[:-1] + [f'--max_iters={step + 1}'])  # the same command (with an end in sight)
-    assert capsys.readouterr().out.startswith(f"init_from=auto: resuming from {run / 'ckpt.pt'} at "
-                                              f"step {step}\n")
+    assert (capsys.readouterr().out.startswith(f"init_from=auto: resuming from {run / 'ckpt.pt'} "
+                                               f"at step {step}\n"))
     assert not (run / files.LOCK_NAME).exists()
     # each step once
     assert [r['step'] for r in analyze.load_run(str(run))['records']] == list(range(1, step + 2))
@@ -60,8 +60,9 @@ def test_lock_dir_refuses_a_second_holder_and_leaves_no_empty_directory(tmp_path
             assert (holder['pid'], holder['host'], holder['owner']) == (os.getpid(),
                                                                         socket.gethostname(),
                                                                         'train.py')
-            with pytest.raises(RunError, match=re.escape("another train.py writes there (pid "
-                                                         f"{os.getpid()} on host ")):
+            with pytest.raises(RunError,
+                               match=re.escape(
+                    f"another train.py writes there (pid {os.getpid()} on host ")):
                 # another open file: flock refuses it too
                 with files.lock_dir(str(target), 'train.py'):
                     pass
@@ -109,8 +110,8 @@ def test_read_log_drops_only_a_cut_last_line(tmp_path, capsys):
     for damaged in (b'{"step": 1}\n{"st\n{"step": 3}\n', b'{"step": 1}\n\n{"step": 3}\n',
                     b'{"step": 1}\n[2]\n', b'{"step": 1}\n{"loss": 2.0}'):
         path.write_bytes(damaged)
-        with pytest.raises(RunError, match=re.escape(f"{path}: line 2 is not a record with a "
-                                                     "step")) as e:
+        with pytest.raises(RunError,
+                           match=re.escape(f"{path}: line 2 is not a record with a step")) as e:
             files.read_log(str(path))
         assert '\n' not in str(e.value)
 

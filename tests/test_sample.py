@@ -203,16 +203,16 @@ def test_bad_flags_stop_before_any_work_in_one_line(argv, message, capsys, monke
     with pytest.raises(SystemExit) as e:
         sample.main(['--ckpt=anywhere', *argv])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and err.startswith('usage: '
-                                                'sample.py') and err.splitlines(
-        )[1:] == [f'error: {message}']
+    assert (e.value.code == 2 and err.startswith('usage: sample.py')
+            and err.splitlines()[1:] == [f'error: {message}'])
 
 
 def test_the_checkpoint_is_required(capsys):
     with pytest.raises(SystemExit) as e:
         sample.main([])
-    assert e.value.code == 2 and capsys.readouterr().err.endswith('error: the following arguments '
-                                                                  'are required: --ckpt\n')
+    assert (e.value.code == 2
+            and capsys.readouterr().err.endswith('error: the following arguments are required: '
+                                                 '--ckpt\n'))
 
 
 def test_bad_inputs_are_one_line_errors(runs, tmp_path, capsys, monkeypatch):
@@ -221,22 +221,23 @@ def test_bad_inputs_are_one_line_errors(runs, tmp_path, capsys, monkeypatch):
     (tmp_path / 'empty').mkdir()
     (tmp_path / 'latin1.txt').write_bytes(b'caf\xe9')
     for argv, message in [
-        ([f'--ckpt={tmp_path / "nowhere"}'], f'model {tmp_path / "nowhere"}: '
-                                             f'{tmp_path / "nowhere"}: no such file or directory'),
-        ([f'--ckpt={tmp_path / "empty"}'], f'model {tmp_path / "empty"}: {tmp_path / "empty"}: a '
-                                           'directory with neither config.json'),
+        ([f'--ckpt={tmp_path / "nowhere"}'],
+         f'model {tmp_path / "nowhere"}: {tmp_path / "nowhere"}: no such file or directory'),
+        ([f'--ckpt={tmp_path / "empty"}'],
+         f'model {tmp_path / "empty"}: {tmp_path / "empty"}: a directory with neither config.json'),
         ([f'--ckpt={path}', f'--start=FILE:{tmp_path / "missing.txt"}'],
          f'--start=FILE:{tmp_path / "missing.txt"}: cannot read {tmp_path / "missing.txt"}: No '
          'such file or directory'),
         ([f'--ckpt={path}', f'--start=FILE:{tmp_path / "latin1.txt"}'],
          f'--start=FILE:{tmp_path / "latin1.txt"}: {tmp_path / "latin1.txt"} is not UTF-8 text'),
-        ([f'--ckpt={path}', '--start='], "--start=: an empty prompt, and this model has no start "
-                                         "token to begin with; give some text"),
+        ([f'--ckpt={path}', '--start='],
+         "--start=: an empty prompt, and this model has no start token to begin with; give some "
+         "text"),
         ([f'--ckpt={path}', '--device=gpu'], '--device=gpu: not a device name'),
     ]:
         with pytest.raises(SystemExit) as e:
             run_script(sample.main, argv)
         out, err = capsys.readouterr()
-        assert e.value.code == 1 and out == '' and err.startswith('sample.py: error: '
-                                                                  f'{message}') and \
+        assert e.value.code == 1 and out == '' and err.startswith(
+            f'sample.py: error: {message}') and \
             err.count('\n') == 1, err

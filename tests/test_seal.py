@@ -158,8 +158,8 @@ def test_the_report_written_at_the_seal_is_the_one_regenerated_here():
                     for name in ('report_at_seal.md', 'report.md'))
     start = here.index('## What the records say beyond the registered claims (exploratory)')
     end = next(i for i in range(start + 1, len(here)) if here[i].startswith('## '))
-    assert end - start > 20 and "Claims registered in v1, left out of v2's sealed set" in '\n'.join(
-        here[start:end])
+    assert (end - start > 20 and "Claims registered in v1, left out of v2's sealed "
+                                 "set" in '\n'.join(here[start:end]))
     here = here[:start] + here[end:]
     clause = (r"; besides them, of the 6 claims registered in v1, left out of v2's sealed set "
               r"\(the same tests on "

@@ -100,8 +100,8 @@ def test_the_study_end_to_end(data_dir, tmp_path):
                                                'val_loss'} <= set(run['curve'][0])
         assert run == sink_study.summary(
             json.loads((out / 'runs' / f"{run['name']}.json").read_text()))
-        assert run[
-            'tokens'] == 4096 and len(run['curve']) >= 2 and run['curve'][-1]['tokens'] == 4096
+        assert (run['tokens'] == 4096 and len(run['curve']) >= 2
+                and run['curve'][-1]['tokens'] == 4096)
         assert (run['final_kd_loss'] is None) == (run['arm'] == 'ce')
         assert run['teacher'] == (None if run['arm'] == 'ce' else 'ce_softmax_s1')
         model = GPT.from_pretrained(run['ckpt']).eval()
@@ -117,16 +117,15 @@ def test_the_study_end_to_end(data_dir, tmp_path):
         assert run['first_token_weight'] == pytest.approx(recomputed, abs=2e-6)
         # Gu et al.'s Sink_1 on these windows (its reference: tests/test_probes.py)
         w = torch.stack(attentions, 1)
-        rows = w if model.config.variant.rows_sum_to_one else w.abs(
-            ) / (w.abs().sum(-1, keepdim=True) + 1e-8)
+        rows = (w if model.config.variant.rows_sum_to_one
+                else w.abs() / (w.abs().sum(-1, keepdim=True) + 1e-8))
         assert run['sink_rate'] == pytest.approx(gu_metric(rows)[:, 0].mean().item(), abs=1e-7)
     # the control: weight decay off on alpha_proj and g_proj only; 4096 tokens are 8 steps, all in
     # warmup (lr > 0)
     control = GPT.from_pretrained(str(out / 'train' / 'control_affine_s1'))
     config = json.loads((out / 'train' / 'control_affine_s1' / 'config.json').read_text())
-    assert config['no_decay'] == ['alpha_proj',
-                                  'g_proj'] and results[
-        'runs'][-1]['no_decay'] == config['no_decay']
+    assert (config['no_decay'] == ['alpha_proj', 'g_proj']
+            and results['runs'][-1]['no_decay'] == config['no_decay'])
     assert control.model.layers[0].self_attn.alpha_proj.weight.requires_grad
     # every reader of these checkpoints puts the token first, as their training windows had it
     import analyze
@@ -158,8 +157,8 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     with pytest.raises(RunError, match=r"ce_affine_s9 \(not planned by this command\)"):
         sink_study.main(argv)
     again = sink_study.main(argv + ['--subset=True'])
-    assert again['excluded'] == ['ce_affine_s9'] and len(again['runs']) == 5 and 'ce_affine_s9' in (
-        out / 'report.md').read_text()
+    assert (again['excluded'] == ['ce_affine_s9'] and len(again['runs']) == 5
+            and 'ce_affine_s9' in (out / 'report.md').read_text())
     assert stamps == {p: p.stat().st_mtime_ns for p in stamps}
 
 
@@ -232,13 +231,11 @@ def test_claims_get_their_words_from_the_tests():
     assert first['p_holm'] == pytest.approx(7 * 2 / 924)
     assert first['verdict'] == f"supported (p = {7 * 2 / 924:.3g})"
     assert claims['ce', 'fig4_sink_softmax']['verdict'].startswith('contradicted')
-    assert claims['ce',
-                  'fig7_affine_softmax'][
-        'verdict'] == 'not decided (p = 1; no difference was observed)'
-    assert claims['ce',
-                  'gu_sink'][
-        'test'] == "Fisher's exact" and claims['ce', 'gu_sink']['p'] == pytest.approx(
-        1 / 462)  # 0 of 6 against 6 of 6: 2 / C(12, 6)
+    assert (claims['ce', 'fig7_affine_softmax']['verdict'] == 'not decided (p = 1; no difference '
+                                                              'was observed)')
+    # 0 of 6 against 6 of 6: 2 / C(12, 6)
+    assert claims['ce', 'gu_sink']['test'] == "Fisher's exact"
+    assert claims['ce', 'gu_sink']['p'] == pytest.approx(1 / 462)
     assert all(c['verdict'].startswith('numbers '
                                        'only') for (arm, _), c in claims.items() if arm == 'kd')
     assert claims['kd', 'fig4_affine_sink']['test'] == 'exact permutation within teachers'
@@ -337,8 +334,8 @@ def test_the_readme_shows_the_committed_studies(study, start, end):
     assert text.index('<!-- v2: ') < text.index('<!-- the sink study: ')
     assert (sink_study.PLANS['v2']['kd_seeds'] == list(range(1, 13))
             and 'teach seeds 1-12\nof each variant' in text)
-    assert study_results.MEASURES[
-        'sink_grown16'][1](dict(end=dict(gu=dict(sink_rate=1 / 16)))) == 1.0
+    assert (
+        study_results.MEASURES['sink_grown16'][1](dict(end=dict(gu=dict(sink_rate=1 / 16)))) == 1.0)
     assert "a seed grew a sink where Gu et al.'s Sink₁ ≥ 1/16" in text.replace('\n', ' ')
 
 
@@ -366,8 +363,8 @@ def test_analysis_md_shows_the_claims_and_the_pilot():
         assert ('python -m study.sink_study     # the sink study\'s pilot '
                 '(about an hour on 2 cores)' in f.read())
     # two at a time: the default jobs, one per core, on the 2-core machine that trained all 24
-    assert '--jobs' not in pilot['command'] and pilot['machine'].endswith('2 CPU cores, device cpu '
-                                                                          '(24 runs)')
+    assert ('--jobs' not in pilot['command']
+            and pilot['machine'].endswith('2 CPU cores, device cpu (24 runs)'))
     assert 45 <= sum(r['seconds'] + r['end_seconds'] for r in pilot['runs']) / 2 / 60 <= 80
 
 
@@ -492,8 +489,8 @@ def check_holm_and_verdicts(family, holm_over=None):
             assert c['verdict'].startswith(f"not decided (p = {c['p_holm']:.3g}")
         else:
             agrees = (c['mean'][0] < c['mean'][1]) == (c['direction'] == '<')
-            assert c[
-                'verdict'] == f"{'supported' if agrees else 'contradicted'} (p = {c['p_holm']:.3g})"
+            assert (c['verdict'] == f"{'supported' if agrees else 'contradicted'} (p = "
+                                    f"{c['p_holm']:.3g})")
 
 
 def every_sign_flip(differences):
@@ -573,8 +570,8 @@ def test_matched_seeds_are_compared_in_pairs():
     affine = [record('affine', s, 0.01) for s in range(1, 13)]
     sink = [record('sink', s, 0.02 + 0.001 * s) for s in range(1, 13)]
     paired = study_results.compare(affine, sink, 'weight', '<', 7)
-    assert paired[
-        'test'] == 'exact sign-flip, paired by seed' and paired['p'] == pytest.approx(2 / 4096)
+    assert (paired['test'] == 'exact sign-flip, paired by seed'
+            and paired['p'] == pytest.approx(2 / 4096))
     assert paired['n'] == [12, 12] and paired['difference'] == pytest.approx(-(0.01 + 0.0065))
     unmatched = [dict(r, settings=dict(matched_init=False)) for r in sink]
     assert study_results.compare(affine, unmatched, 'weight', '<',
@@ -609,12 +606,11 @@ def test_v2_claims_on_matched_pairs():
     assert len(claims) == 34 and {c['arm'] for c in claims.values()} == {'kd'}
     assert sum(c['family'] == 'primary' for c in claims.values()) == 7
     first = claims['fig4_affine_sink']
-    assert first[
-        'test'] == 'exact sign-flip, paired by seed' and first['p'] == pytest.approx(2 / 4096)
+    assert (first['test'] == 'exact sign-flip, paired by seed'
+            and first['p'] == pytest.approx(2 / 4096))
     assert first['p_holm'] <= 7 * 2 / 4096 and first['verdict'].startswith('supported')
-    assert claims[
-        'gu16_affine']['test'] == "Fisher's exact" and claims['gu16_affine']['p'] == pytest.approx(
-        2 / math.comb(24, 12))
+    assert (claims['gu16_affine']['test'] == "Fisher's exact"
+            and claims['gu16_affine']['p'] == pytest.approx(2 / math.comb(24, 12)))
     assert claims['layer3_affine_sink']['source'] == 'Figure 4, layer 3 (our reading)'
     assert study_results.claims_table('v2')[2].endswith('| exact sign-flip, paired by seed |')
 
@@ -717,8 +713,8 @@ def check_reading_claims(rows, records):
                                     holm_over=chosen)
             for c in (c for c in chosen if c['direction'] == '!='):
                 lower = c['low'] if c['mean'][0] < c['mean'][1] else c['high']
-                assert c['verdict'] == (f"{lower} lower (p = "
-                                        f"{c['p_holm']:.3g})" if c['p_holm'] < 0.05 else
+                assert c['verdict'] == (f"{lower} lower (p = {c['p_holm']:.3g})"
+                                        if c['p_holm'] < 0.05 else
                                         f"no detectable difference (p = {c['p_holm']:.3g})")
 
 
@@ -760,9 +756,8 @@ def check_payoff_and_teachers(reading, records, teachers):
             assert ranges['kurtosis'] == [min(max(r['attention_kurtosis']) for r in mine),
                                           max(max(r['attention_kurtosis']) for r in mine)]
         moved = max(abs(r['end']['w8a8']['w8a8'] / r['end']['w8a8']['fp'] - 1) for r in runs)
-        assert p[
-            'at_floor'] == (moved <= 0.01) and p['largest_w8a8_change'] == pytest.approx(moved,
-                                                                                         abs=1e-12)
+        assert (p['at_floor'] == (moved <= 0.01)
+                and p['largest_w8a8_change'] == pytest.approx(moved, abs=1e-12))
     by_name = {r['name']: r for r in records}
     t = reading['teachers']
     assert [x['name'] for x in t['teachers']] == teachers

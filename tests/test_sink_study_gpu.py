@@ -174,10 +174,9 @@ def test_the_schedule_keeps_run_alls_rules():
     """schedule (the dry run's simulation): students after their teachers, at most jobs at once, a
     free slot taking the first ready run in priority's order; a teacher not among the runs
     (recorded) holds none back."""
-    runs = [dict(name='t1', teacher=None), dict(name='t2', teacher=None)] + [
-        dict(name=f's{i}', teacher='t1' if i % 2 else 't2')
-                                                                             for i in range(
-        1, 7)] + [dict(name='late', teacher='t0')]
+    runs = ([dict(name='t1', teacher=None), dict(name='t2', teacher=None)]
+            + [dict(name=f's{i}', teacher='t1' if i % 2 else 't2') for i in range(1, 7)]
+            + [dict(name='late', teacher='t0')])
     seconds = dict(t1=10, t2=30, s1=5, s2=7, s3=5, s4=7, s5=20, s6=1, late=3)
     rows = sink_study.schedule(runs, 3, seconds)
     check_schedule(rows, runs, 3, seconds)

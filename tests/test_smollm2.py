@@ -84,17 +84,16 @@ def test_gguf_to_hf_refuses_in_one_line(tmp_path):
     (tmp_path / 'notes.txt').write_text('not a GGUF')
     (tmp_path / 'full').mkdir()
     (tmp_path / 'full' / 'config.json').write_text('{}')
-    cases = [(write_gguf(tmp_path / 'qwen.gguf', tok, 'qwen2'), 'out', "pre 'qwen2'.*use "
-                                                                       "--tokenizer=gguf"),
+    cases = [(write_gguf(tmp_path / 'qwen.gguf', tok, 'qwen2'), 'out',
+              "pre 'qwen2'.*use --tokenizer=gguf"),
              (tmp_path / 'notes.txt', 'out', 'not a readable GGUF file'),
              (tmp_path / 'missing.gguf', 'out', 'no such file'),
              (tmp_path / 'qwen.gguf', 'full', 'exists and is not an empty directory')]
     for gguf, out, message in cases:
         with pytest.raises(RunError, match=message):
             script.main([f'--gguf={gguf}', f'--out_dir={tmp_path / out}', '--tokenizer_only=True'])
-        assert not (tmp_path / 'out').exists() and [p.name
-                                                    for p in (
-            tmp_path / 'full').iterdir()] == ['config.json']
+        assert (not (tmp_path / 'out').exists()
+                and [p.name for p in (tmp_path / 'full').iterdir()] == ['config.json'])
     # nothing left behind
     assert sorted(p.name for p in tmp_path.iterdir()) == ['full', 'notes.txt', 'qwen.gguf']
 
@@ -160,8 +159,8 @@ def test_prepared_data_is_the_tokenizers(teacher, data):
     """The built-in corpus, tokenized: <|im_end|> (id 2) after each document, the ids of
     transformers' tokenizer."""
     meta = json.loads(Path(data, 'meta.json').read_text())
-    assert meta[
-        'tokenizer']['eos_id'] == 2 and meta['vocab_size'] == 49152 and meta['dtype'] == 'uint16'
+    assert (meta['tokenizer']['eos_id'] == 2 and meta['vocab_size'] == 49152
+            and meta['dtype'] == 'uint16')
     ids = read_shard(Path(data, meta['splits']['val']['shards'][0]))
     first = prepare_data.builtin_corpus()[0]
     expected = AutoTokenizer.from_pretrained(teacher)(first,

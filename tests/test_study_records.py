@@ -88,11 +88,10 @@ def test_the_committed_records_pass_and_their_verdicts_regenerate(v1, stdlib_dir
     assert results['machine'] == f"{machines.pop()} (79 runs)" and not machines
 
 
-@pytest.mark.parametrize('case', ['stale copy', 'renamed', 'renamed, name edited', 'weight '
-                                                                                   '-5', 'NaN',
-                                  'teacher edited', 'no_decay '
-                                                    'edited', 'truncated', 'empty', 'not UTF-8',
-                                  'an array', 'a string', 'a folder'])
+@pytest.mark.parametrize('case',
+                         ['stale copy', 'renamed', 'renamed, name edited', 'weight -5', 'NaN',
+                          'teacher edited', 'no_decay edited', 'truncated', 'empty', 'not UTF-8',
+                          'an array', 'a string', 'a folder'])
 def test_a_file_that_is_not_a_valid_record_stops_the_study(case, v1, stdlib_dir, tmp_path):
     """Each of these changed the kd arm's verdicts in silence, or stopped the study with a traceback
     that named no file: now one line names the file, what is wrong, and where to move it."""
@@ -112,8 +111,8 @@ def test_a_file_that_is_not_a_valid_record_stops_the_study(case, v1, stdlib_dir,
     }
     if case in changes:
         edit(runs / target, changes[case])
-    raw = {'truncated': source.read_bytes()[:500], 'empty': b'', 'not '
-                                                                 'UTF-8': b'{"name": "caf\xe9"}',
+    raw = {'truncated': source.read_bytes()[:500], 'empty': b'',
+           'not UTF-8': b'{"name": "caf\xe9"}',
            'an array': b'[1, 2]', 'a string': b'"kd_affine_s1"'}
     if case in raw:
         (runs / target).write_bytes(raw[case])
@@ -186,8 +185,8 @@ def test_a_new_record_knows_what_produced_it(study):
     assert record['commit'] == (git.stdout.strip() if git.returncode == 0 else None)
     assert record['dirty'] in (True, False, None)
     assert record['started'] < record['finished'] and record['finished'].endswith('+00:00')
-    assert record[
-        'digest'] == study_records.digest(record) and record['digest'].startswith('sha256:')
+    assert (record['digest'] == study_records.digest(record)
+            and record['digest'].startswith('sha256:'))
 
 
 @pytest.mark.parametrize('case, expected', [
@@ -274,9 +273,8 @@ def test_a_changed_setting_trains_again_and_says_so(study, tmp_path, capsys):
     assert ('ce_softmax_s1: its record was made with other settings (init_std 0.02 -> 0.03): '
             'trained again' in said)
     assert said.index('trained again') < said.index('$ ')  # before any work
-    assert [r['name']
-            for r in results[
-        'runs']] == ['ce_softmax_s1'] and results['excluded'] == ['kd_softmax_s1']
+    assert ([r['name'] for r in results['runs']] == ['ce_softmax_s1']
+            and results['excluded'] == ['kd_softmax_s1'])
     assert json.loads(
         (out / 'runs' / 'ce_softmax_s1.json').read_text())['settings']['init_std'] == 0.03
 
@@ -395,9 +393,8 @@ def test_teachers_of_their_own_shape(data_dir, tmp_path):
                                '--jobs=1'])
     teacher = json.loads((out / 'runs' / 'teacher_softmax_s101.json').read_text())
     student = json.loads((out / 'runs' / 'kd_softmax_s1.json').read_text())
-    assert teacher[
-        'arm'] == 'teacher' and teacher[
-        'settings']['n_layer'] == 6 and teacher['settings']['seed'] == 101
+    assert (teacher['arm'] == 'teacher' and teacher['settings']['n_layer'] == 6
+            and teacher['settings']['seed'] == 101)
     assert student['teacher'] == 'teacher_softmax_s101' and student['settings']['n_layer'] == 4
     for record in (teacher, student):
         assert record['settings']['matched_init'] and record['no_decay'] == ['alpha_proj', 'g_proj']
@@ -467,9 +464,9 @@ def test_a_config_file_that_is_not_there_is_one_line(flag, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize('key, said', [('val_loss', 'it holds NaN or an infinity, which the study '
-                                                    'never writes'),
-                                       ('final_kd_loss',
+@pytest.mark.parametrize('key, said',
+                         [('val_loss', 'it holds NaN or an infinity, which the study never writes'),
+                          ('final_kd_loss',
                                         'final_kd_loss is nan, not a finite number')])
 def test_a_nan_written_into_a_sealed_record_is_one_line(key, said, tmp_path):
     """Issue 53: a NaN literal edited into a v2 record (which holds a digest) stopped a report with
@@ -503,9 +500,8 @@ def test_the_readme_command_regenerates_a_report_without_the_corpus(tmp_path, mo
     assert 'its report is written from them, as --report_only=True does' in capsys.readouterr().out
     for name in ('report.md', 'results.json'):
         with open(os.path.join(ROOT, 'docs', 'sink_study_v2', name), encoding='utf-8') as f:
-            assert (
-                root / 'docs' / 'sink_study_v2' / name).read_text(
-                encoding='utf-8') == f.read(), name
+            written = (root / 'docs' / 'sink_study_v2' / name).read_text(encoding='utf-8')
+            assert written == f.read(), name
     assert not (root / 'data').exists()
     edit(root / 'docs' / 'sink_study_v2' / 'results.json',
          lambda results: results['corpus'].pop('identity'))

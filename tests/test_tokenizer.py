@@ -55,11 +55,11 @@ def test_same_ids_as_hugging_face(kind, checkpoints):
     # document boundaries use the teacher's special tokens, with the HF ids
     doc = encode_document(enc, "Hi there")
     if kind == "llama":
-        assert doc[
-            0] == hf.token_to_id("<|begin_of_text|>") and doc[1:] == enc.encode_ordinary("Hi there")
+        assert (doc[0] == hf.token_to_id("<|begin_of_text|>")
+                and doc[1:] == enc.encode_ordinary("Hi there"))
     else:
-        assert doc[
-            -1] == hf.token_to_id("<|endoftext|>") and doc[:-1] == enc.encode_ordinary("Hi there")
+        assert (doc[-1] == hf.token_to_id("<|endoftext|>")
+                and doc[:-1] == enc.encode_ordinary("Hi there"))
 
 
 def test_qwen_normalises_to_nfc(checkpoints):
@@ -68,8 +68,9 @@ def test_qwen_normalises_to_nfc(checkpoints):
     decomposed = unicodedata.normalize("NFD", "café naïve Ünïcödé Å ñ ")
     assert decomposed != unicodedata.normalize("NFC", decomposed)
     ids = enc.encode_ordinary(decomposed)
-    assert ids == hf.encode(
-        decomposed).ids == enc.encode_ordinary(unicodedata.normalize("NFC", decomposed))
+    assert (
+        ids == hf.encode(decomposed).ids == enc.encode_ordinary(unicodedata.normalize("NFC",
+                                                                                      decomposed)))
     # without NFC the ids would differ
     assert ids != tiktoken.Encoding.encode_ordinary(enc, decomposed)
     assert enc.encode(decomposed) == list(enc.encode_to_numpy(decomposed)) == ids
@@ -214,8 +215,8 @@ def test_slow_tokenizers_match_transformers(tmp_path, layouts, checkpoints):
             assert enc.encode_ordinary(text) == ref(text,
                                                     add_special_tokens=False)["input_ids"], text
         # no BOS
-        assert ref("Hi there")["input_ids"] == ref("Hi "
-                                                   "there", add_special_tokens=False)["input_ids"]
+        assert ref("Hi there")["input_ids"] == ref("Hi there",
+                                                   add_special_tokens=False)["input_ids"]
         assert encode_document(enc, "Hi there") == ref("Hi there")["input_ids"] + [ref.eos_token_id]
         assert enc.name == ("qwen2" if cls is Qwen2Tokenizer else "bpe")
 
@@ -304,8 +305,7 @@ def test_sha256_keeps_old_data_valid_and_covers_conventions(tmp_path, layouts, c
     # tokenizer
     hf = layouts["gpt2_no_config"][1]
     tok = Tokenizer.from_str(hf.to_str())
-    tok.post_processor = processors.TemplateProcessing(single=f"{EOT} "
-                                                              "$A",
+    tok.post_processor = processors.TemplateProcessing(single=f"{EOT} $A",
                                                        special_tokens=[(EOT, hf.token_to_id(EOT))])
     with_bos = save_layout(tmp_path / "with_bos", tok, tokenizer_config={"eos_token": EOT})
     assert encode_document(load_tokenizer(str(with_bos)), "x") == tok.encode("x").ids
@@ -335,8 +335,8 @@ def test_bytes_the_vocabulary_lacks_are_dropped_as_tokenizers_does(kind, tmp_pat
     lacking = SMOLLM2_LACKS + b"!"
     hf = lossy_tokenizer(pre_tokenizer, lacking)
     enc = load_tokenizer(str(save_layout(tmp_path / kind, hf, tokenizer_config={"eos_token": EOT})))
-    assert enc.missing == bytes(
-        sorted(lacking)) and tokenizer_info(enc, "x")["missing_bytes"] == sorted(lacking)
+    assert (enc.missing == bytes(sorted(lacking))
+            and tokenizer_info(enc, "x")["missing_bytes"] == sorted(lacking))
     texts = lossy_texts()
     assert sum(enc.dropped_bytes(text) > 0 for text in texts) > 50
     for text in texts:
@@ -385,8 +385,7 @@ def test_byte_fallback_with_missing_bytes(tmp_path):
 
 # runs of several missing bytes: within one piece, and across two ('!' then 'q': two pieces for
 # GPT-2's regex, one for Llama-3's, whose letters may follow one other character)
-UNK_RUNS = ["\x04\x06\x13\x14\x16\x1d", "a\x04\x04\x04b", "\x04 "
-                                                          "\x06", "x\x04\U00040000\x06y", "!q",
+UNK_RUNS = ["\x04\x06\x13\x14\x16\x1d", "a\x04\x04\x04b", "\x04 \x06", "x\x04\U00040000\x06y", "!q",
             "x!q!y", "!!qq!!\x04q", "  \x1d\x1d\n\x13", "Q!q\x04!"]
 
 
@@ -474,8 +473,8 @@ def test_smollm2_tokenizers_give_the_ids_of_transformers(flavour, smollm2):
         assert enc.encode(text, allowed_special="all") == ref(text)["input_ids"], text
         plain = ref(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         assert encode_document(enc, text) == plain + [ref.eos_token_id], text
-        assert enc.dropped_bytes(
-            text) == len(text.encode()) - len(symbol_bytes(ref.convert_ids_to_tokens(plain)))
+        assert (enc.dropped_bytes(text)
+                == len(text.encode()) - len(symbol_bytes(ref.convert_ids_to_tokens(plain))))
     assert sum(enc.dropped_bytes(text) > 0 for text in texts) > 50
     assert enc.encode(CHAT,
                       allowed_special="all").count(ref.convert_tokens_to_ids("<|im_start|>")) == 2

@@ -147,9 +147,9 @@ def test_non_finite_loss_stops_or_is_skipped(data_dir, tmp_path, capsys, monkeyp
     train.main(tiny_args(data_dir, tmp_path / 'skip', '--max_iters=4', '--nonfinite=skip',
                          '--max_skipped_frac=1'))
     assert [r['skipped_steps'] for r in metrics(tmp_path / 'skip')] == [0, 1, 2, 3]
-    assert capsys.readouterr().out.endswith("nonfinite=skip: 3 of the run's 4 steps were skipped "
-                                            "(non-finite loss or gradient norm), the first at step "
-                                            "2\n")
+    assert (capsys.readouterr().out.endswith("nonfinite=skip: 3 of the run's 4 steps were skipped "
+                                             "(non-finite loss or gradient norm), the first at "
+                                             "step 2\n"))
     assert torch.load(tmp_path / 'skip' / 'ckpt.pt', weights_only=False)['skipped'] == dict(steps=3,
                                                                                             first=2)
 
@@ -160,13 +160,13 @@ def test_settings_larger_than_the_data_stop_before_any_work(data_dir, tmp_path):
     nothing written."""
     n_train, n_val = (len(Windows(data_dir, split, 32)) for split in ('train', 'val'))
     for args, message in [
-            (['--global_batch_size=100000000'], "global_batch_size=100,000,000: the train split of "
-                                                f"data_dir={data_dir} holds {n_train:,} windows of "
-                                                "32 tokens, and one step would read some of them "
-                                                f"more than once; give at most {n_train:,}"),
-            (['--attention_windows=100000'], "attention_windows=100,000: the val split of "
-                                             f"data_dir={data_dir} holds {n_val:,} windows of 32 "
-                                             f"tokens; give at most {n_val:,}")]:
+            (['--global_batch_size=100000000'],
+             f"global_batch_size=100,000,000: the train split of data_dir={data_dir} holds "
+             f"{n_train:,} windows of 32 tokens, and one step would read some of them more than "
+             f"once; give at most {n_train:,}"),
+            (['--attention_windows=100000'],
+             f"attention_windows=100,000: the val split of data_dir={data_dir} holds {n_val:,} "
+             f"windows of 32 tokens; give at most {n_val:,}")]:
         with pytest.raises(RunError) as e:
             train.main(tiny_args(data_dir, tmp_path / 'run', '--max_iters=1', *args))
         assert str(e.value).startswith(message) and '\n' not in str(e.value)
@@ -215,9 +215,9 @@ def test_sigterm_during_an_evaluation_stops_it_within_a_few_batches(data_dir, tm
     args = tiny_args(data_dir, tmp_path, '--max_iters=4', '--eval_interval=2', '--warmup_iters=0')
     train.main(args + ['--eval_batches=100'])
     assert 1 <= len(read) <= train.EVAL_STOP_EVERY
-    assert capsys.readouterr().out.endswith(f"stopped by a signal: saved {tmp_path / 'ckpt.pt'} at "
-                                            "step 2 (its evaluation, cut short, is not logged); "
-                                            "the same command continues it\n")
+    assert (capsys.readouterr().out.endswith(f"stopped by a signal: saved {tmp_path / 'ckpt.pt'} "
+                                             "at step 2 (its evaluation, cut short, is not "
+                                             "logged); the same command continues it\n"))
     assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 2
     assert [r['step'] for r in metrics(tmp_path) if 'val_loss' in r] == []
     read.append('no more signals')
@@ -260,8 +260,8 @@ def test_overrides_accept_none_lists_dicts_and_ints_for_floats(tmp_path):
                            f'--rope_scaling={scaling}', '--wandb_run_name=run 1'])
     assert c['teacher'] is None and c['learning_rate'] == 1.0 and isinstance(c['learning_rate'],
                                                                              float)
-    assert c[
-        'rope_scaling']['factor'] == 8.0 and c['wandb_run_name'] == 'run 1' and c['n_layer'] == 4
+    assert (c['rope_scaling']['factor'] == 8.0 and c['wandb_run_name'] == 'run 1'
+            and c['n_layer'] == 4)
 
 
 def test_dry_run_prints_parameter_counts_and_the_memory_plan(capsys):
@@ -351,8 +351,8 @@ def test_the_same_command_continues_the_run(data_dir, tmp_path, capsys):
     assert capsys.readouterr().out.startswith('init_from=auto: starting fresh\n')
     # may change on resume
     train.main(tiny_args(data_dir, run, *common, '--max_iters=6', '--micro_batch_size=2'))
-    assert capsys.readouterr().out.startswith(f"init_from=auto: resuming from {run / 'ckpt.pt'} at "
-                                              "step 3\n")
+    assert (capsys.readouterr().out.startswith(f"init_from=auto: resuming from {run / 'ckpt.pt'} "
+                                               "at step 3\n"))
     train.main(tiny_args(data_dir, ref, *common, '--max_iters=6'))
     assert [r['step'] for r in metrics(run)] == list(range(1, 7))
     assert [r['loss'] for r in metrics(run)] == pytest.approx([r['loss'] for r in metrics(ref)],
@@ -370,8 +370,8 @@ def test_scratch_never_replaces_a_checkpoint_silently(data_dir, tmp_path, capsys
     capsys.readouterr()
     train.main(tiny_args(data_dir, tmp_path, '--max_iters=1', '--init_from=scratch',
                          '--overwrite=True'))
-    assert capsys.readouterr().out.startswith("init_from=scratch: starting fresh (replacing "
-                                              f"{tmp_path / 'ckpt.pt'})")
+    assert (capsys.readouterr().out.startswith("init_from=scratch: starting fresh (replacing "
+                                               f"{tmp_path / 'ckpt.pt'})"))
     assert torch.load(tmp_path / 'ckpt.pt',
                       weights_only=False)['step'] == 1 and len(metrics(tmp_path)) == 1
 
@@ -411,8 +411,8 @@ def test_resume_from_a_corrupt_checkpoint_is_one_line(data_dir, tmp_path):
                 train.main(tiny_args(data_dir, tmp_path, '--max_iters=4',
                                      f'--init_from={init_from}'))
             message = str(e.value)
-            assert str(
-                path) in message and 'not a readable checkpoint' in message and '\n' not in message
+            assert (str(path) in message and 'not a readable checkpoint' in message
+                    and '\n' not in message)
             assert '--init_from=scratch --overwrite=True' in message
 
 

@@ -108,9 +108,8 @@ def test_a_key_added_since_a_checkpoint_takes_its_default(data, tmp_path, capsys
     with one line that says so, and the run continues bit for bit; a value other than the default is
     a change like any other."""
     ckpt = checkpoint.read_checkpoint(os.path.join(FIXTURE, 'ckpt.pt'), keys=checkpoint.CKPT_KEYS)
-    del ckpt[
-        'config'][
-        'kd_loss'], ckpt['config']['affine_bias_norm'], ckpt['model_config']['affine_bias_norm']
+    del ckpt['config']['kd_loss'], ckpt['config']['affine_bias_norm']
+    del ckpt['model_config']['affine_bias_norm']
     path = tmp_path / 'run' / 'ckpt.pt'
     resumed = resume(ckpt, data, tmp_path / 'run')
     notes = [line for line in capsys.readouterr().err.splitlines() if 'predates' in line]
@@ -204,8 +203,8 @@ def test_the_refusal_comes_before_anything_unpickles_it(hostile, monkeypatch):
     monkeypatch.setattr(checkpoint, 'code_in', lambda pickled: [])
     with pytest.raises(checkpoint.CheckpointError) as e:
         checkpoint.read_checkpoint(path)
-    assert f"{path} is refused: it holds what torch.load(weights_only=True) refuses (" in str(
-        e.value)
+    assert (f"{path} is refused: it holds what torch.load(weights_only=True) refuses "
+            "(" in str(e.value))
     assert '\n' not in str(e.value) and 'weights_only=False' not in str(e.value)
     assert not marker.exists()
 

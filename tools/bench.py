@@ -157,8 +157,8 @@ def bench_attention(args, device):
                 f'compile={args.compile}; median of {args.steps} interleaved rounds; peak memory '
                 'of one step. Sink runs the LSE-corrected flash kernel on CPU and CUDA. '
                 f'"{EXPLICIT}": Eq. 6 with the T x T matrix built explicitly.',
-                ['variant', 'T', 'fwd+bwd (ms)', 'time / softmax', 'peak mem (MiB)', 'mem / '
-                                                                                     'softmax'],
+                ['variant', 'T', 'fwd+bwd (ms)', 'time / softmax', 'peak mem (MiB)',
+                 'mem / softmax'],
                 rows)
 
 # -----------------------------------------------------------------------------
@@ -196,8 +196,9 @@ def bench_kd(args, device):
     rows = [[name, f'{t:.2f}', ratio(t, base_time), mib(m), ratio(m, base_mem), f'{loss:.6f}']
             for name, (t, m, loss) in results.items()]
     if 'naive' not in results:
-        rows.insert(0, ['naive', 'skipped: would not fit', '-', f'~{mib(estimate)} '
-                                                                '(estimate)', '-', '-'])
+        rows.insert(0,
+                    ['naive', 'skipped: would not fit', '-', f'~{mib(estimate)} (estimate)', '-',
+                     '-'])
     print_table(
         'KD loss: fused_kd_loss vs naive full logits',
         f'{N:,} tokens, V = {V:,}, hidden {C}; one forward + backward of KD (T = 1, pure KD); '
@@ -388,9 +389,8 @@ def bench_study(args, device):
                 "'outside the steps': its seconds of start, compile, evaluations and checkpoints. "
                 f"A study run of {full:,} steps: those seconds plus its steps at the compiled "
                 "rate.",
-                ['variant', 'plain loop tokens/s', 'train.py eager', 'train.py '
-                                                                     'compiled', 'compiled / plain',
-                 'outside the steps (s)', f'a {full:,}-step run (min)'], rows)
+                ['variant', 'plain loop tokens/s', 'train.py eager', 'train.py compiled',
+                 'compiled / plain', 'outside the steps (s)', f'a {full:,}-step run (min)'], rows)
     print_table('Processes',
                 f"{variant}, train.py compiled, {steps} steps: the study's way on a 2-core machine "
                 f"(2 runs side by side, {threads} thread(s) each) against one run with "
@@ -545,9 +545,8 @@ def bench_probes(args, device):
                 f"(analyze.py attention): Gu et al.'s Sink_1 on {GU_SAMPLES} x {GU_LENGTH} tokens, "
                 "W8A8 (4 calibration windows, 16 evaluated), the knockout (16 windows, each k). "
                 "Seconds, median of 3 (end of run: one call).",
-                ['variant', 'evaluation (s)', 'items 1-5 (s)', 'share', "Gu's setting "
-                                                                        "(s)", 'W8A8 (s)',
-                 'knockout (s)'], rows)
+                ['variant', 'evaluation (s)', 'items 1-5 (s)', 'share', "Gu's setting (s)",
+                 'W8A8 (s)', 'knockout (s)'], rows)
 
 # -----------------------------------------------------------------------------
 # eval: eval_zeroshot's batched scoring vs one request at a time
@@ -593,8 +592,8 @@ def bench_eval(args, device):
                                  Progress(f'  eval: {variant} batched', len(docs)), documents)
         t_batched, batched_tokens = time.perf_counter() - t0, sum(tokens)
         t0 = time.perf_counter()
-        single = score_one_by_one(model, requests, Progress(f'  eval: {variant} one by '
-                                                            'one', len(requests)))
+        single = score_one_by_one(model, requests,
+                                  Progress(f'  eval: {variant} one by one', len(requests)))
         t_single, single_tokens = time.perf_counter() - t0, sum(tokens) - batched_tokens
         hook.remove()
         rows.append([variant, str(len(docs)), str(len(requests)), f'{batched_tokens:,}',
@@ -610,9 +609,8 @@ def bench_eval(args, device):
                 f'{args.eval_batch_size}, each document\'s context once where the variant allows '
                 'it (ModelConfig.outputs_depend_on_length); one by one: zeroshot.score_one_by_one '
                 '(the harness at batch size 1).',
-                ['variant', 'docs', 'requests', 'tokens (batched)', 'tokens (one by '
-                                                                    'one)', 'batched docs/s',
-                 'one-by-one docs/s', 'speedup', 'max abs loglik diff'], rows)
+                ['variant', 'docs', 'requests', 'tokens (batched)', 'tokens (one by one)',
+                 'batched docs/s', 'one-by-one docs/s', 'speedup', 'max abs loglik diff'], rows)
 
 
 def timed_process(command, threads):
@@ -646,8 +644,8 @@ def harness_whole_processes(args, device, dtype, tmp):
     --harness_docs each), timed as whole processes: (eval_zeroshot's seconds, lm_eval's, the largest
     log-likelihood difference, the largest accuracy difference)."""
     env_python = os.path.join(args.harness_env, 'bin', 'python')
-    tasks_dir = subprocess.run([env_python, '-c', 'import lm_eval, os; '
-                                                  'print(os.path.dirname(lm_eval.__file__))'],
+    tasks_dir = subprocess.run([env_python, '-c',
+                                'import lm_eval, os; print(os.path.dirname(lm_eval.__file__))'],
                                capture_output=True, text=True).stdout.strip()
     if not tasks_dir:
         raise RunError(f"--harness_env={args.harness_env}: lm_eval does not import with its Python "
@@ -693,9 +691,9 @@ def harness_in_process(args, device, dtype, tmp):
     documents = [d for d, doc in enumerate(docs) for _ in doc.requests]
     score_requests(model, requests[:args.eval_batch_size], args.eval_batch_size)  # warm-up
     t0 = time.perf_counter()
-    ours = score_requests(model, requests, args.eval_batch_size, Progress('  harness: '
-                                                                          'eval_zeroshot',
-                                                                          len(docs)),
+    ours = score_requests(model, requests, args.eval_batch_size,
+                          Progress('  harness: eval_zeroshot',
+                                   len(docs)),
                           documents)
     t_ours = time.perf_counter() - t0
     del model
@@ -744,9 +742,8 @@ def bench_harness(args, device):
                     f'tools/harness_tasks.py), batch size {args.eval_batch_size}: '
                     'zeroshot.score_requests with each context once against HFLM.loglikelihood in '
                     'its own process (tools/lm_eval_scores.py); the scoring calls alone.',
-                    ['documents', 'eval_zeroshot docs/s', 'lm-eval docs/s', 'lm-eval / '
-                                                                            'eval_zeroshot',
-                     'max abs loglik diff'],
+                    ['documents', 'eval_zeroshot docs/s', 'lm-eval docs/s',
+                     'lm-eval / eval_zeroshot', 'max abs loglik diff'],
                     [[str(n), f'{n / t_ours:.1f}', f'{n / t_theirs:.1f}', ratio(t_theirs, t_ours),
                       f'{diff:.1e}']])
 
@@ -833,8 +830,8 @@ def main(argv=None):
     if args.check:
         hand_over_to_gpu_check(args)
     device = torch.device(args.device)
-    name = torch.cuda.get_device_name(
-        device) if device.type == 'cuda' else f'CPU, {torch.get_num_threads()} threads'
+    name = (torch.cuda.get_device_name(device) if device.type == 'cuda'
+            else f'CPU, {torch.get_num_threads()} threads')
     print(f'# tools/bench.py on {name}; torch {torch.__version__}; {dtype_name(device)}')
     # the memory sections first, in a fresh process: their CPU measurement needs a small mmap
     # threshold

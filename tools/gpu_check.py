@@ -143,8 +143,8 @@ def check_kernel_tests(check, device):
         summary = last_line(run)
         passed = re.search(r'(\d+) passed', summary)
         ok = run.returncode == 0 and passed is not None
-        check.add('kernels', f'{path} -k "{expression}"', ok, f'{summary} '
-                                                              f'({time.perf_counter() - t0:.0f} s)',
+        check.add('kernels', f'{path} -k "{expression}"', ok,
+                  f'{summary} ({time.perf_counter() - t0:.0f} s)',
                   'all pass', output=None if ok else run.stdout[-4000:] + run.stderr[-2000:])
 
 
@@ -280,9 +280,8 @@ def check_variants(check, device, args):
         check.add('variants (1B, T=2048)', f'{variant}: fwd+bwd, batch {B}',
                   None if limit is None else time_ratio <= limit,
                   f'{seconds * 1e3:.1f} ms ({time_ratio:.3f}x softmax), peak {peak / 2**30:.2f} '
-                  f'GiB ({mem_ratio:.2f}x)', f'<= {limit}x '
-                                         'softmax' if limit else '', seconds=seconds,
-                  peak_bytes=peak)
+                  f'GiB ({mem_ratio:.2f}x)', f'<= {limit}x softmax' if limit else '',
+                  seconds=seconds, peak_bytes=peak)
         add_compile_row(check, 'variants (1B, T=2048)', variant, *events)
     if results.get(EXPLICIT) and results.get(PROPOSED):
         check.add('variants (1B, T=2048)', f'{PROPOSED} O(T) vs explicit T x T {PROPOSED}', None,
@@ -339,10 +338,9 @@ def check_torchrun(check, device, args, workdir):
     variants = ATTENTIONS if cuda else (PROPOSED,)
     # prepare_data.py reads even the built-in corpus through it
     if importlib.util.find_spec('datasets') is None:
-        check.add('torchrun', 'train.py under torchrun', None, 'skipped: prepare_data.py needs the '
-                                                               'datasets package (pip install -r '
-                                                               'requirements.txt)', 'every variant '
-                                                                                    'runs')
+        check.add('torchrun', 'train.py under torchrun', None,
+                  'skipped: prepare_data.py needs the datasets package (pip install -r '
+                  'requirements.txt)', 'every variant runs')
         return
     data = os.path.join(workdir, 'data')
     prepare_builtin(data)
@@ -437,12 +435,11 @@ def check_resumed_run(check, device, data, out_dir, variant, stopped, proc):
                           'run', continued and jump < 0.25 * fell,
               f'steps {stopped + 1}-{stopped + 10}; loss {losses[stopped - 1]:.3f} -> '
               f'{losses[stopped]:.3f} across the '
-              'restart' if continued else f'exit {proc.returncode}', 'jump < 1/4 of '
-                                                                                 'the fall',
+              'restart' if continued else f'exit {proc.returncode}', 'jump < 1/4 of the fall',
               output=None if continued else out[-3000:])
     check.add('torchrun', f'{variant}: KD loss falls', continued and fell > 0.3,
-              f'{losses[0]:.3f} -> {sum(losses[-3:]) / 3:.3f}' if continued else '-', 'falls by > '
-                                                                                      '0.3')
+              f'{losses[0]:.3f} -> {sum(losses[-3:]) / 3:.3f}' if continued else '-',
+              'falls by > 0.3')
     if continued:
         model = load_teacher(out_dir, 'cpu')  # our checkpoint, on CPU, in float32
         windows = Windows(data, 'val', model.config.block_size)
@@ -506,8 +503,8 @@ def check_mfu(check, device, args):
             free_cuda()
             log(f'  mfu: micro-batch {B} out of memory')
             continue
-        section, peak = '1B affine KD step, 3B teacher', torch.cuda.max_memory_allocated(
-            device) - baseline
+        section = '1B affine KD step, 3B teacher'
+        peak = torch.cuda.max_memory_allocated(device) - baseline
         tokens = accumulation * B * T / seconds
         mfu = step_flops * tokens / H100_BF16_PEAK
         measured_peak = measured_matmul_flops(device, torch.bfloat16, gemm_shapes(student, B * T))
@@ -534,8 +531,8 @@ def check_mfu(check, device, args):
                                "steps", dtypes == {torch.float32},
                       ', '.join(sorted(str(d) for d in dtypes)), 'torch.float32')
         return
-    check.add('1B affine KD step, 3B teacher', 'a micro-batch that fits', False, f'none of {fits} '
-                                                                                 'fit')
+    check.add('1B affine KD step, 3B teacher', 'a micro-batch that fits', False,
+              f'none of {fits} fit')
 
 
 def run_check(args):
@@ -543,8 +540,8 @@ def run_check(args):
     Exit status 1 if a pass/fail check failed; 0 on a machine without a GPU after the CPU parts."""
     cuda = torch.cuda.is_available()
     device = torch.device('cuda' if cuda else 'cpu')
-    name = torch.cuda.get_device_name(
-        device) if cuda else f'CPU ({torch.get_num_threads()} threads), no GPU'
+    name = (torch.cuda.get_device_name(device) if cuda else f'CPU ({torch.get_num_threads()} '
+                                                            'threads), no GPU')
     check = Check(args.check_json,
                   dict(device=name, torch=torch.__version__, date=time.strftime('%Y-%m-%d %H:%M')))
     log(f'tools/gpu_check.py on {name}, torch {torch.__version__}')
@@ -573,9 +570,9 @@ def run_check(args):
             if cuda:
                 free_cuda()
     if not cuda:
-        check.add('GPU', 'CUDA device', None, 'none found: the GPU sections (DDP gradients, '
-                                              'variants at 1B, KD at V=128,256, MFU with the '
-                                              'memory plan) were skipped', 'a GPU')
+        check.add('GPU', 'CUDA device', None,
+                  'none found: the GPU sections (DDP gradients, variants at 1B, KD at V=128,256, '
+                  'MFU with the memory plan) were skipped', 'a GPU')
     check.record['seconds'] = time.perf_counter() - t_start
     check.save()
     check.print()
@@ -587,8 +584,8 @@ CHECK_PARTS = ('kernels', 'torchrun', 'ddp', 'variants', 'kd', 'mfu')
 # tools/bench.py --check hands these over (bench.CHECK_KEYS): the flags keep their names there and
 # here
 KEYS = dict(
-    check_json=Key('out/bench_check.json', 'where the JSON record goes (its folder is made if '
-                                           'missing)'),
+    check_json=Key('out/bench_check.json',
+                   'where the JSON record goes (its folder is made if missing)'),
     check_parts=Key(None, 'only these parts; default all', choices=CHECK_PARTS, types=(list,)),
     check_batch_size=Key(4, 'micro-batch of the 1B variant steps', min=1),
     steps=Key(7, 'timed steps per measured step (median)', min=1),

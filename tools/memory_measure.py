@@ -75,8 +75,8 @@ def fake_peak_memory(c, model_config, teacher_config):
                 # FSDP reduce-scatters and frees a layer's unsharded gradients before MemTracker's
                 # hook, which reads them after accumulation, looks: a warning that it got None (they
                 # were counted when made)
-                warnings.filterwarnings('ignore', 'Expected a tensor or a traceable '
-                                                  'wrapper-subclass')
+                warnings.filterwarnings('ignore',
+                                        'Expected a tensor or a traceable wrapper-subclass')
                 with autocast:
                     loss = compute_loss(student, student, teacher, x, x, c.kd_loss == 'fused',
                                         c.kd_temperature, c.kd_alpha)[0]

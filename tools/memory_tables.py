@@ -132,8 +132,7 @@ def params_table(found):
 
 
 def plan_table(found):
-    header = ['row', 'mode', 'micro-batch', 'weights', 'grads', 'AdamW', 'teacher', 'KD '
-                                                                                    'loss',
+    header = ['row', 'mode', 'micro-batch', 'weights', 'grads', 'AdamW', 'teacher', 'KD loss',
               'activations', '**total**', f'{GPU_GIB} GiB']
     lines = []
     for r in found:
@@ -165,9 +164,8 @@ def size_groups(found):
 
 
 def multi_node_table(found):
-    header = ['rows', '`config/`', 'mode', 'micro-batch', 'accumulation on 8 / 16 / 32 '
-                                                          'GPUs', 'estimate per GPU',
-              'launch (per node)']
+    header = ['rows', '`config/`', 'mode', 'micro-batch', 'accumulation on 8 / 16 / 32 GPUs',
+              'estimate per GPU', 'launch (per node)']
     lines = []
     for size, group in size_groups(found):
         first = group[0]
@@ -196,11 +194,10 @@ def estimate_basis():
 
 
 def flops_table(found):
-    header = ['config', 'student train FLOP/token', 'teacher fwd FLOP/token', f'tokens/s on {GPUS} '
-                                                                              'H100',
-              f'hours for {run_tokens(found) / 1e9:.1f}B tokens', '+FLOPs with act. '
-                                                                  'ckpt', 'compute per micro-step',
-              'FSDP collectives per micro-step']
+    header = ['config', 'student train FLOP/token', 'teacher fwd FLOP/token',
+              f'tokens/s on {GPUS} H100',
+              f'hours for {run_tokens(found) / 1e9:.1f}B tokens', '+FLOPs with act. ckpt',
+              'compute per micro-step', 'FSDP collectives per micro-step']
     lines = []
     for r in found:
         f = Flops(r)
@@ -209,10 +206,10 @@ def flops_table(found):
         # reduce-scatters the fp32 gradients, on every micro-step: 2 + 2 + 4 bytes per parameter
         collectives = (f'{2 * n_params / 1e9:.1f} + {2 * n_params / 1e9:.1f} + '
                        f'{4 * n_params / 1e9:.1f} GB' if r.c.fsdp else '- (DDP)')
-        lines.append([r.name, f'{f.student / 1e9:.1f} G', f'{f.teacher / 1e9:.1f} '
-                                                          'G', f'{f.tokens_per_sec:,.0f}',
-                      f'{f.hours:.0f}', f'{f.recompute:.0%}', f'{f.micro_step_sec:.2f} '
-                                                              's', collectives])
+        lines.append([r.name, f'{f.student / 1e9:.1f} G', f'{f.teacher / 1e9:.1f} G',
+                      f'{f.tokens_per_sec:,.0f}',
+                      f'{f.hours:.0f}', f'{f.recompute:.0%}', f'{f.micro_step_sec:.2f} s',
+                      collectives])
     return ('Estimates, not measurements: FLOPs per token from `lmkit.measure.flops_per_token` '
             f'(the teacher\'s forward: a third of its training FLOPs) at {estimate_basis()}, each '
             'config\'s micro-batch.\n\n'
@@ -244,9 +241,8 @@ def readme_table(found):
 def onegpu_table():
     """The one-GPU tier (config/onegpu.py): each variant's parameters, its plan on one GPU of 24 and
     of 80 GiB at the largest micro-batch that fits there, and the estimated time on one H100."""
-    header = ['config/onegpu.py', 'params', 'extra over softmax', 'one 24 GiB GPU', 'one 80 GiB '
-                                                                                    'GPU',
-              'time on 1 x H100 (estimate)']
+    header = ['config/onegpu.py', 'params', 'extra over softmax', 'one 24 GiB GPU',
+              'one 80 GiB GPU', 'time on 1 x H100 (estimate)']
     lines = []
     for variant in ATTENTIONS:
         r = Row(os.path.join(ROOT, 'config', 'onegpu.py'), f'--attention={variant}')
@@ -336,8 +332,8 @@ def stale(generated):
 
 
 def main(argv):
-    args = parse(argv, dict(write=False, check=False, measure=False), __doc__, prog='python -m '
-                                                                                    'tools.memory_tables')
+    args = parse(argv, dict(write=False, check=False, measure=False), __doc__,
+                 prog='python -m tools.memory_tables')
     if args['measure']:
         print(measured_table(rows()))
         return 0
