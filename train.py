@@ -22,9 +22,8 @@ from datetime import timedelta
 import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict)
 
 from distill import check_compatibility, compute_loss, load_teacher
 from lmkit.data import Windows, first_token_id, read_meta
@@ -246,8 +245,9 @@ def setup_run(c):
         raise RunError("fsdp=True shards the model over the ranks torchrun starts: launch with "
                        "torchrun --nproc_per_node=N train.py ... (N=1 works), or drop --fsdp=True "
                        "for one process")
-    env = os.environ
-    rank, world = (int(env['RANK']), int(env['WORLD_SIZE'])) if distributed else (0, 1)
+    rank, world = 0, 1
+    if distributed:
+        rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
     device = resolve_device(c['device'])
     c['device'] = str(device)
     if distributed and device.type == 'cuda':
