@@ -14,20 +14,24 @@ import json
 import logging
 import multiprocessing
 import os
+import queue
 import re
 import shlex
 import signal
 import sys
 import sysconfig
+import threading
 import time
 from collections import deque
+from multiprocessing import resource_tracker
 from types import SimpleNamespace
 
 import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
 import numpy as np
 
 from configurator import Key, parse
-from lmkit.errors import RunError, Stopped, run_script
+from lmkit.errors import (STOP_SIGNALS, RunError, Stopped, on_stop_signals, raise_stopped,
+                          run_script)
 from lmkit.files import write_json
 from lmkit.data import VERSION, check_shard, read_shard, write_shard
 from lmkit.tokenizer import encode_document, load_tokenizer, tokenizer_info
@@ -277,35 +281,117 @@ def tokenize_chunk(docs):
             np.array(train_dropped, dtype=np.int64), join(val), len(val), val_dropped)
 
 
+def worker_loop(tasks, results, enc, dtype):
+    """A worker process: tokenizes each chunk read from `tasks` and sends (True, result), or (False,
+    the exception it raised), to `results`, until the parent closes its end. A thread reads the
+    chunks as they come, so a parent sending one never waits for this worker to finish the last:
+    with each side waiting to write, both pipes full, neither would go on."""
+    init_worker(enc, dtype)
+    queued = queue.SimpleQueue()
+
+    def read_ahead():
+        try:
+            while True:
+                queued.put(tasks.recv())
+        except EOFError:
+            queued.put(None)
+
+    threading.Thread(target=read_ahead, daemon=True).start()
+    while (docs := queued.get()) is not None:
+        try:
+            reply = True, tokenize_chunk(docs)
+        except Exception as e:  # raised again in the parent, as if it had tokenized the chunk
+            reply = False, e
+        try:
+            results.send(reply)
+        except BrokenPipeError:
+            return
+
+
+def start_worker(context, enc, dtype):
+    """-> (process, the parent's end of its task pipe, of its result pipe)"""
+    task_reader, task_writer = context.Pipe(duplex=False)
+    result_reader, result_writer = context.Pipe(duplex=False)
+    process = context.Process(target=worker_loop, args=(task_reader, result_writer, enc, dtype),
+                              daemon=True)
+    process.start()
+    task_reader.close()
+    result_writer.close()
+    return process, task_writer, result_reader
+
+
+def worker_died(process):
+    process.join()
+    code = process.exitcode
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    return RunError(f"a tokenizer worker (pid {process.pid}) died ({how}); if memory ran out, "
+                    "pass a smaller --num_proc")
+
+
+def send(worker, docs):
+    try:
+        worker[1].send(docs)
+    except BrokenPipeError:
+        raise worker_died(worker[0]) from None
+
+
+def receive(worker):
+    """The result of the oldest chunk a worker holds, or the exception it raised, raised here."""
+    try:
+        ok, result = worker[2].recv()
+    except EOFError:
+        raise worker_died(worker[0]) from None
+    if not ok:
+        raise result
+    return result
+
+
 def tokenize_in_order(chunks, enc, dtype, num_proc):
-    """Yields (tokenize_chunk(docs), tag) for each (docs, tag), in order. Unlike Pool.imap, which
-    reads its whole input ahead into a queue, at most 2 * num_proc chunks are in flight, so memory
-    stays bounded."""
+    """Yields (tokenize_chunk(docs), tag) for each (docs, tag), in order: chunk i goes to worker
+    i % num_proc, which holds at most 2, so memory stays bounded and no worker waits for its next
+    chunk while the caller writes."""
     if num_proc == 1:
         init_worker(enc, dtype)
         for docs, tag in chunks:
             yield tokenize_chunk(docs), tag
         return
     # spawn: workers start clean instead of inheriting the parent's threads (pyarrow) through fork.
-    # A Ctrl-C at the terminal reaches every process of the foreground group: the workers leave it
-    # to the parent, which stops them (the pool's exit) and says so in one line. They ignore it from
-    # their first instruction (an ignored signal stays ignored across exec, and Python keeps it so),
-    # not from their initializer on: one pressed while they start would print a traceback from each.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGINT and SIGTERM are the parent's to handle: it kills the workers on its way out and says
+    # so in one line (a Ctrl-C at the terminal reaches the whole foreground group, a batch system's
+    # SIGTERM every process of the job). The workers inherit both blocked from their first
+    # instruction (a signal mask survives exec); one arriving while they start is held, then
+    # raised. They hold no lock the parent needs, so killing them cannot leave it waiting
+    # (multiprocessing.Pool's terminate could).
+    context, workers, held = multiprocessing.get_context("spawn"), [], []
+    # (the first spawn starts multiprocessing's resource tracker, which unblocks both signals in
+    # the parent once it has: started first, it leaves the mask alone)
+    resource_tracker.ensure_running()
     try:
-        pool = multiprocessing.get_context("spawn").Pool(num_proc, init_worker, (enc, dtype))
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    with pool:
-        pending = deque()
-        for docs, tag in chunks:
-            pending.append((pool.apply_async(tokenize_chunk, (docs,)), tag))
-            if len(pending) >= 2 * num_proc:
-                result, tag = pending.popleft()
-                yield result.get(), tag
+        with on_stop_signals(lambda signum, frame: held.append(signum)):
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                for _ in range(num_proc):
+                    workers.append(start_worker(context, enc, dtype))
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        if held:
+            raise_stopped(held[0], None)
+        pending = deque()  # (worker, tag) of each chunk sent and not yet received, oldest first
+        for i, (docs, tag) in enumerate(chunks):
+            send(workers[i % num_proc], docs)
+            pending.append((workers[i % num_proc], tag))
+            if len(pending) > num_proc:
+                worker, done = pending.popleft()
+                yield receive(worker), done
         while pending:
-            result, tag = pending.popleft()
-            yield result.get(), tag
+            worker, tag = pending.popleft()
+            yield receive(worker), tag
+    finally:
+        for process, *pipes in workers:
+            process.kill()
+            process.join()
+            for pipe in pipes:
+                pipe.close()
 
 # -----------------------------------------------------------------------------------------------
 # The output directory: shards train_000000.bin, val_000000.bin, ... and meta.json, which is

@@ -595,13 +595,11 @@ def test_cli_rejects_bad_flags(tmp_path, capsys, flag, message):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_stop_with_workers_is_one_line_and_leaves_no_process(tmp_path, checkpoints, signum):
-    """Issue 53: Ctrl-C on a BPE run with 2 workers gave a 25-line traceback (every worker's and the
-    parent's). Now a Ctrl-C at the terminal (SIGINT to the whole process group) or SIGTERM to the
-    parent ends it in one line that says the same command continues, and no worker is left. (The
-    whole standard library: at 3M tokens, a quiet machine finished before the signal came, and
-    Python then died of it on its way out.)"""
+def start_with_workers(tmp_path, checkpoints, workers):
+    """prepare_data.py with 2 workers on the whole standard library, in a session of its own, once
+    `workers` of them have started: (the process, the workers' pids). (The whole standard library:
+    at 3M tokens, a quiet machine finished before a signal came, and Python then died of it on its
+    way out.)"""
     qwen = checkpoints["qwen_json"][0]
     argv = [sys.executable, "prepare_data.py", "--source=stdlib", f"--tokenizer={qwen}",
             "--num_proc=2", f"--out_dir={tmp_path / 'out'}"]
@@ -609,21 +607,53 @@ def test_a_stop_with_workers_is_one_line_and_leaves_no_process(tmp_path, checkpo
     proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     deadline = time.time() + 120
-    while len(subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                             text=True).stdout.split()) < 2:
+    while True:  # (the resource tracker is a child too; the workers run spawn_main)
+        pids = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "spawn_main"],
+                              capture_output=True, text=True).stdout.split()
+        if len(pids) >= workers:
+            return proc, [int(pid) for pid in pids]
         assert proc.poll() is None and time.time() < deadline, "the workers did not start"
-        time.sleep(0.2)
-    time.sleep(1)
-    if signum == signal.SIGINT:
-        os.killpg(proc.pid, signum)
-    else:
-        proc.send_signal(signum)
+        time.sleep(0.05)
+
+
+def assert_ends_in_one_line_and_leaves_no_process(proc, last_line):
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and err.strip().splitlines()[-1] == (
-        f"prepare_data.py: error: stopped by {signum.name}; the same command continues from the "
-        "last shards written whole"), err
+    assert proc.returncode == 1 and err.strip().splitlines()[-1] == last_line, err
     assert "Traceback" not in err
     deadline = time.time() + 30
     while subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).returncode == 0:
         assert time.time() < deadline, "a worker outlived the stop"
         time.sleep(0.2)
+
+
+@pytest.mark.parametrize("signum, when", [(signal.SIGINT, "starting"), (signal.SIGINT, "working"),
+                                          (signal.SIGTERM, "working")],
+                         ids=["SIGINT-starting", "SIGINT-working", "SIGTERM-working"])
+def test_a_stop_with_workers_is_one_line_and_leaves_no_process(tmp_path, checkpoints, signum,
+                                                               when):
+    """Issue 53: Ctrl-C on a BPE run with 2 workers gave a 25-line traceback (every worker's and the
+    parent's). Now a Ctrl-C at the terminal (SIGINT to the whole process group) or SIGTERM to the
+    parent ends it in one line that says the same command continues, and no worker is left; also
+    when it comes while the workers start (multiprocessing.Pool once hung there, in its
+    terminate)."""
+    proc, _ = start_with_workers(tmp_path, checkpoints, 1 if when == "starting" else 2)
+    if when == "working":
+        time.sleep(1)
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    assert_ends_in_one_line_and_leaves_no_process(proc, (
+        f"prepare_data.py: error: stopped by {signum.name}; the same command continues from the "
+        "last shards written whole"))
+
+
+def test_a_worker_that_dies_is_one_line_and_leaves_no_process(tmp_path, checkpoints):
+    """A worker killed (the OOM killer, a kill -9) ends the run with one line that names it, where
+    multiprocessing.Pool waited forever for its result."""
+    proc, pids = start_with_workers(tmp_path, checkpoints, 2)
+    time.sleep(1)
+    os.kill(pids[0], signal.SIGKILL)
+    assert_ends_in_one_line_and_leaves_no_process(proc, (
+        f"prepare_data.py: error: a tokenizer worker (pid {pids[0]}) died (killed by SIGKILL); if "
+        "memory ran out, pass a smaller --num_proc"))

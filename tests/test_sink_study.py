@@ -382,12 +382,17 @@ def committed(study='sink_study'):
     return results, records
 
 
-def value(record, measure):
-    """Each claim's measure read from a record, written here from docs/analysis.md's definitions."""
+def value(record, measure, sink_layers=()):
+    """Each claim's measure read from a record, written here from docs/analysis.md's definitions
+    (sink_layers: softmax's, 1-based, for share_sink)."""
     mean = lambda xs: sum(xs) / len(xs)
     if measure == 'loss':
         return record['val_loss'] if record['arm'] == 'ce' else record['final_kd_loss']
+    if measure == 'share_sink':
+        return mean([record['first_token_share'][k - 1] for k in sink_layers]) if sink_layers \
+            else None
     end = record['end']
+    payoff = end.get('payoff', {})
     weights = record['first_token_weight']
     return dict(weight=lambda: mean(weights), share=lambda: mean(record['first_token_share']),
                 first_or_null=lambda: mean(record['first_or_null']),
@@ -404,7 +409,13 @@ def value(record, measure):
                 gu_rate=lambda: end['gu']['sink_rate'],
                 gu_rate_raw=lambda: end['gu']['sink_rate_raw'],
                 sink_grown16=lambda: float(end['gu']['sink_rate'] >= 1 / 16),
-                spikes9_after=lambda: (record['spikes_after_warmup'] or {}).get('9'))[measure]()
+                spikes9_after=lambda: (record['spikes_after_warmup'] or {}).get('9'),
+                # v3's
+                val_loss=lambda: record['val_loss'],
+                **{f'ratio_{q}': lambda q=q: payoff[q] / end['w8a8']['fp']
+                   for q in ('w8a6', 'w4a8', 'w8a4')},
+                ffn_kurtosis=lambda: max(payoff['ffn_kurtosis']),
+                ffn_max_abs=lambda: max(payoff['ffn_max_abs']))[measure]()
 
 
 def every_labelling(a, b, strata_a, strata_b):
@@ -486,7 +497,11 @@ def check_holm_and_verdicts(family, holm_over=None):
         if min(c['n']) < 3:
             assert c['verdict'].startswith(('numbers only', 'not measured')) and 'p_holm' not in c
         elif c['p_holm'] >= 0.05:
-            assert c['verdict'].startswith(f"not decided (p = {c['p_holm']:.3g}")
+            assert c['verdict'].startswith((f"not decided (p = {c['p_holm']:.3g}",
+                                            f"no detectable difference (p = {c['p_holm']:.3g})"))
+        elif c['direction'] == '!=':  # two-sided: which side is lower
+            lower = c['low'] if c['mean'][0] < c['mean'][1] else c['high']
+            assert c['verdict'] == f"{lower} lower (p = {c['p_holm']:.3g})"
         else:
             agrees = (c['mean'][0] < c['mean'][1]) == (c['direction'] == '<')
             assert (c['verdict'] == f"{'supported' if agrees else 'contradicted'} (p = "
@@ -516,12 +531,16 @@ def fisher_by_subsets(hits_a, n_a, hits_b, n_b):
     return float(counts[counts <= counts[hits_a] * (1 + 1e-7)].sum() / counts.sum())
 
 
-def test_every_v2_verdict_recomputed_from_the_committed_records():
-    """Each claim of docs/sink_study_v2/results.json from the records under docs/sink_study_v2/runs:
-    its matched pairs (seed by seed), its values, its p by brute force (every sign flip; every
-    subset for Fisher's), Holm's adjustment by the step-down definition, and its verdict word."""
-    results, records = committed('sink_study_v2')
-    assert results['claim_set'] == 'v2' and len(records) == 50
+@pytest.mark.parametrize('study, claim_set, n_records, n_claims',
+                         [('sink_study_v2', 'v2', 50, 34)])
+def test_every_sealed_verdict_recomputed_from_the_committed_records(study, claim_set, n_records,
+                                                                    n_claims):
+    """Each claim of a sealed study's results.json from the records under its runs/: its matched
+    pairs (seed by seed), its values, its p by brute force (every sign flip; every subset for
+    Fisher's), Holm's adjustment by the step-down definition, and its verdict word. softmax's
+    sink layers (share_sink): where Gu et al.'s Sink_1, mean over softmax's seeds, is >= 1/16."""
+    results, records = committed(study)
+    assert results['claim_set'] == claim_set and len(records) == n_records
     runs = {r['name']: r for r in results['runs']}
     assert sorted(runs) == sorted(r['name'] for r in records)
     for record in records:
@@ -529,11 +548,15 @@ def test_every_v2_verdict_recomputed_from_the_committed_records():
         assert {k: v for k, v in run.items() if k != 'curve'} == {
             k: v for k, v in record.items() if k in run and k != 'curve'}
     claims = results['claims']
-    assert {c['arm'] for c in claims} == {'kd'} and len(claims) == 34
+    assert {c['arm'] for c in claims} == {'kd'} and len(claims) == n_claims
+    group = lambda v: {r['seed']: r for r in records if r['arm'] == 'kd' and r['variant'] == v}
+    softmax_rates = np.mean([r['end']['gu']['sink_rate_per_layer']
+                             for r in group('softmax').values()], axis=0)
+    sink_layers = [k + 1 for k, rate in enumerate(softmax_rates) if rate >= 1 / 16]
     for claim in claims:
-        group = lambda v: {r['seed']: r for r in records if r['arm'] == 'kd' and r['variant'] == v}
         a, b = group(claim['low']), group(claim['high'])
-        va, vb = ({s: v for s, r in side.items() if (v := value(r, claim['measure'])) is not None}
+        va, vb = ({s: v for s, r in side.items()
+                   if (v := value(r, claim['measure'], sink_layers)) is not None}
                   for side in (a, b))
         assert claim['n'] == [len(va), len(vb)]
         if not va or not vb:
@@ -541,7 +564,7 @@ def test_every_v2_verdict_recomputed_from_the_committed_records():
             continue
         assert claim['mean'] == pytest.approx([np.mean(list(va.values())),
                                                np.mean(list(vb.values()))], abs=1e-12)
-        if claim['measure'] == 'sink_grown16':
+        if claim['measure'] in ('sink_grown16', 'sink_grown'):
             p = fisher_by_subsets(int(sum(va.values())), len(va), int(sum(vb.values())), len(vb))
         elif sorted(va) == sorted(vb):
             assert claim['test'] == 'exact sign-flip, paired by seed'
