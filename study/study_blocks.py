@@ -1,9 +1,9 @@
 """
 The sink study's blocks in the docs, generated from its committed results (tests/test_sink_study.py
-holds each to them): README.md's study blocks (study_results.readme_lines of docs/sink_study_v2/ and
-docs/sink_study/ results.json), docs/analysis.md's claims tables (study_results.claims_table), its
-pilot table (study_results.pilot_lines of docs/sink_study/pilot/results.json) and v3's payoff pilot
-(study_results.payoff_pilot_lines).
+holds each to them): README.md's study blocks (study_results.readme_lines of docs/sink_study_v3/
+and docs/sink_study_v2/ results.json), docs/analysis.md's claims tables
+(study_results.claims_table), its pilot table (study_results.pilot_lines of
+docs/sink_study/pilot/results.json) and v3's payoff pilot (study_results.payoff_pilot_lines).
 
     python -m study.study_blocks           # check: exit status 1 and the blocks that differ
     python -m study.study_blocks --write   # write them between their markers (nothing else changes)
@@ -28,13 +28,12 @@ def results(path):
 
 # (file, start marker, end marker, the lines between them)
 BLOCKS = [
+    ('README.md', '<!-- v3: study_results.readme_lines(docs/sink_study_v3/results.json) -->',
+     '<!-- end of v3 -->',
+     lambda: study_results.readme_lines(results('docs/sink_study_v3/results.json'))),
     ('README.md', '<!-- v2: study_results.readme_lines(docs/sink_study_v2/results.json) -->',
      '<!-- end of v2 -->',
      lambda: study_results.readme_lines(results('docs/sink_study_v2/results.json'))),
-    ('README.md',
-     '<!-- the sink study: study_results.readme_lines(docs/sink_study/results.json) -->',
-     '<!-- end of the sink study -->',
-     lambda: study_results.readme_lines(results('docs/sink_study/results.json'))),
     ('docs/analysis.md', '<!-- the claims: study_results.claims_table() -->',
      '<!-- end of the claims -->', study_results.claims_table),
     ('docs/analysis.md', "<!-- v2's claims: study_results.claims_table('v2') -->",

@@ -11,9 +11,10 @@ returns it (results.json's 'reading'), study/study_results.py writes its words (
 import statistics
 
 from study import significance as sig
-from study.study_results import (AFFINE, CLAIM_SETS, GATED, MAX_LAYER_CLAIMS, PAYOFF_FLOOR,
-                                 SEALED_SETS, SOFTMAX, compare, matched_pairs, measured, share_in,
-                                 sink_layers, tested, test_family)
+from study.study_results import (AFFINE, CLAIM_SETS, GATED, MAX_LAYER_CLAIMS, MEASURES,
+                                 PAYOFF_CANDIDATES, PAYOFF_FLOOR, SEALED_SETS, SOFTMAX, compare,
+                                 matched_pairs, measured, share_in, sink_layers, tested,
+                                 test_family)
 
 FIRST_TOKEN_MEASURES = ('weight', 'share', 'first_or_null', 'weight_deep', 'share_sink',
                         *(f'weight_l{k}' for k in range(1, MAX_LAYER_CLAIMS + 1)))
@@ -182,9 +183,11 @@ def value_range(values):
 def payoff_range(results):
     """Per arm and variant, over its seeds: the W8A8 loss ratio, the attention output's kurtosis and
     the residual stream's max |x| (each run's largest layer; Bondarenko et al.'s measures,
-    docs/analysis.md); and whether W8A8 moves any run's loss by more than PAYOFF_FLOOR (else no
-    variant has a quantization cost to remove, and the payoff claims cannot be tested at this
-    scale)."""
+    docs/analysis.md), and the loss ratio of each narrower format the study's primary family tests
+    (v3's W8A4); whether W8A8 moves any run's loss by more than PAYOFF_FLOOR, and how far each
+    narrower format moves it (where none leaves the floor, the payoff cannot be tested here)."""
+    narrower = [m for m in PAYOFF_CANDIDATES
+                if any(c['measure'] == m and c['family'] == 'primary' for c in results['claims'])]
     out = []
     for arm in arms_of(results):
         rows = {}
@@ -196,11 +199,15 @@ def payoff_range(results):
             kurtosis=value_range(max(r['attention_kurtosis']) for r in runs
                                  if r.get('attention_kurtosis')),
             residual_max=value_range(max(r['residual_max_abs']) for r in runs
-                                     if r.get('residual_max_abs')))
+                                     if r.get('residual_max_abs')),
+            **{m: value_range(MEASURES[m][1](r) for r in runs) for m in narrower})
             for v, runs in rows.items()}
         moved = max(abs(r['end']['w8a8']['ratio'] - 1) for runs in rows.values() for r in runs)
         out.append(dict(arm=arm, variants=ranges, largest_w8a8_change=moved,
-                        at_floor=moved <= PAYOFF_FLOOR))
+                        at_floor=moved <= PAYOFF_FLOOR,
+                        narrower={m: [min(x[m][0] for x in ranges.values()) - 1,
+                                      max(x[m][1] for x in ranges.values()) - 1]
+                                  for m in narrower}))
     return out
 
 

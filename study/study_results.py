@@ -526,7 +526,24 @@ def tally(rows):
     return words.count, named
 
 
-def other_counts(results, arm):
+def secondary_counts(results, arm):
+    """The clause in_words adds after the primary counts: the verdicts of the study's own secondary
+    claims, the contradicted by name, so no count of supported claims stands without them; ''
+    where there are none."""
+    rows = [r for r in results['claims'] if r['arm'] == arm and r['family'] == 'secondary']
+    if not rows:
+        return ''
+    count, named = tally([r for r in rows if r['direction'] != '!='])
+    two_sided = '; '.join(f"{r['source']}: {r['verdict'].split(' (')[0]}"
+                          for r in rows if r['direction'] == '!=')
+    return (f"; besides them, of its {len(rows)} secondary claims (Holm within that family), "
+            f"{count('supported')} supported, {count('contradicted')} contradicted "
+            f"({named('contradicted')}), {count('not decided')} not decided, "
+            f"{count('numbers only') + count('not measured')} without a verdict"
+            + (f", and two-sided ({two_sided})" if two_sided else ''))
+
+
+def other_counts(results, arm, after_secondary=False):
     """The clause in_words adds beside the primary counts: the verdicts of every claim another
     registered set tested that this study's set left out (study_reading.other_claims), so no count
     of supported claims stands without them; '' where there are none (or no reading)."""
@@ -534,7 +551,8 @@ def other_counts(results, arm):
     for label, rows in by_label(reading_rows(results, 'other_claims', arm)).items():
         count, named = tally(rows)
         clauses.append(
-            f"; {'and' if clauses else 'besides them,'} of the {len(rows)} claims "
+            f"; {'and' if clauses or after_secondary else 'besides them,'} of the {len(rows)} "
+            "claims "
             f"{label.rsplit(';', 1)[0]} (the same tests on these records, exploratory), "
             f"{count('supported')} supported ({named('supported')}), {count('contradicted')} "
             f"contradicted ({named('contradicted')}), {count('not decided')} not decided and "
@@ -669,8 +687,9 @@ def in_words(results):
                      f"variant: {sink_counts(results, arm, 'sink_grown16')}" if v2 else
                      "Seeds with Gu et al.'s Sink₁ > 0 (one head over 0.3 in one of 100 samples is "
                      f"enough), per variant: {sink_counts(results, arm)}")
-            lines.append(f"In the {arm.upper()} arm{kd}, "
-                         f"{counts_in_words(results, arm)}{other_counts(results, arm)}. "
+            secondary = secondary_counts(results, arm)
+            lines.append(f"In the {arm.upper()} arm{kd}, {counts_in_words(results, arm)}"
+                         f"{secondary}{other_counts(results, arm, bool(secondary))}. "
                          f"{sink_sentence(results, arm)} {grown}.")
     lines.append(control_sentence(results))
     students = [r for r in results['runs'] if r['arm'] == 'kd' and 'settings' in r]
@@ -1026,17 +1045,28 @@ def where_table(w):
 
 
 def payoff_words(p):
-    """The payoff measures' ranges in one arm, and whether this scale can test the payoff."""
+    """The payoff measures' ranges in one arm, and whether this scale can test the payoff: at W8A8,
+    or only at a narrower format the primary family tests (v3's W8A4)."""
     ranges = lambda key, digits: ', '.join(
-        f"{v} "
-        f"{x[key][0]:.{digits}f}–{x[key][1]:.{digits}f}" for v, x in p['variants'].items()
-                                           if x[key])
-    verdict = (f"W8A8 moves no run's loss by more than {PAYOFF_FLOOR:.0%} (at most "
-               f"{p['largest_w8a8_change']:.2%}): at this scale no variant has a quantization cost "
-               "to remove, so this study cannot test the payoff" if p['at_floor'] else
-               f"W8A8 moves some run's loss by {p['largest_w8a8_change']:.2%}")
+        f"{v} {x[key][0]:.{digits}f}–{x[key][1]:.{digits}f}" for v, x in p['variants'].items()
+        if x.get(key))
+    narrower = p.get('narrower') or {}  # (results.json written before it lack it)
+    floor = (f"W8A8 moves no run's loss by more than {PAYOFF_FLOOR:.0%} (at most "
+             f"{p['largest_w8a8_change']:.2%})")
+    left = [m for m, (_, most) in narrower.items() if most > PAYOFF_FLOOR]
+    if not p['at_floor']:
+        verdict = f"W8A8 moves some run's loss by {p['largest_w8a8_change']:.2%}"
+    elif left:
+        moves = ', '.join(f"{MEASURE_NAMES[m]} by {narrower[m][0]:.1%}–{narrower[m][1]:.1%}"
+                          for m in left)
+        verdict = (f"{floor}, {moves}: at this scale the payoff can show only at "
+                   f"{' and '.join(MEASURE_NAMES[m] for m in left)}, which its primary claims test")
+    else:
+        verdict = (f"{floor}: at this scale no variant has a quantization cost to remove, so this "
+                   "study cannot test the payoff")
+    formats = ''.join(f"; the {MEASURE_NAMES[m]} loss ratio {ranges(m, 4)}" for m in narrower)
     return (f"The payoff's measures ({p['arm']} arm, per variant over its seeds): the W8A8 loss "
-            f"ratio {ranges('w8a8', 4)}; the attention output's kurtosis, largest layer, "
+            f"ratio {ranges('w8a8', 4)}{formats}; the attention output's kurtosis, largest layer, "
             f"{ranges('kurtosis', 1)}; the residual stream's max |x|, largest layer, "
             f"{ranges('residual_max', 1)}. {verdict}.")
 
@@ -1052,7 +1082,8 @@ def teacher_words(t):
     s = t['students']
     top = max(max(x['first_token_weight']) for x in t['teachers'])
     grew = (f": every student's largest layer ({span(s['largest'])}) puts more on the first token "
-            f"than either teacher's largest ({top:.3f}), so the students' sink is not their "
+            f"than {'either' if len(t['teachers']) == 2 else 'any'} teacher's largest "
+            f"({top:.3f}), so the students' sink is not their "
             "teachers'"
             if min(s['largest']) > top
             else f": the students' largest layers put {span(s['largest'])} on it, the teachers' at "
@@ -1112,10 +1143,12 @@ def readme_reading_lines(results):
     where = [where_words(w, results['uniform_first_token']) for w in reading['where_from']
              if w['arm'] == 'kd' and w['low'] != GATED]
     limits = [payoff_words(p) for p in reading['payoff']] + [teacher_words(reading['teachers'])]
-    return ['', 'Exploratory (generated; nothing here was fixed before the '
-                'runs): ' + ' '.join(claims), '',
-            (f"**Where Figure 4 comes from**: {' '.join(where)} " if where else '')
-            + '**Limits**: ' + ' '.join(x for x in limits if x)]
+    paragraphs = ([' '.join(claims)] if claims else []) + [
+        (f"**Where Figure 4 comes from**: {' '.join(where)} " if where else '')
+        + '**Limits**: ' + ' '.join(x for x in limits if x)]
+    paragraphs[0] = ('Exploratory (generated; nothing here was fixed before the runs): '
+                     + paragraphs[0])
+    return [line for paragraph in paragraphs for line in ('', paragraph)]
 
 
 def payoff_pilot_lines(results):

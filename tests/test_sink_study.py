@@ -305,23 +305,25 @@ def block(path, start, end):
 
 
 @pytest.mark.parametrize('study, start, end', [
+    ('sink_study_v3', '<!-- v3: study_results.readme_lines(docs/sink_study_v3/results.json) -->',
+     '<!-- end of v3 -->'),
     ('sink_study_v2', '<!-- v2: study_results.readme_lines(docs/sink_study_v2/results.json) -->',
      '<!-- end of v2 -->'),
-    ('sink_study',
-     '<!-- the sink study: study_results.readme_lines(docs/sink_study/results.json) -->',
-     '<!-- end of the sink study -->')])
+    ('sink_study', None, None)])  # v1's block is in its report only
 def test_the_readme_shows_the_committed_studies(study, start, end):
-    """Each of the README's study blocks (v2 first), its words included, is its committed
+    """Each of the README's study blocks (v3 first), its words included, is its committed
     results.json's (study_results.readme_lines), and the report and figures it points to are
-    committed beside it."""
+    committed beside it, each report its results.json's; the seeds the README names are the
+    plans'."""
     from study import sink_study
     from study import study_results
     with open(os.path.join(ROOT, 'docs', study, 'results.json')) as f:
         results = json.load(f)
-    expected = '\n'.join(study_results.readme_lines(results))
-    got = block('README.md', start, end)
-    assert got == expected, (f"README.md's {study} block is not the committed results'; "
-                             f"it should read:\n{expected}")
+    if start:
+        expected = '\n'.join(study_results.readme_lines(results))
+        got = block('README.md', start, end)
+        assert got == expected, (f"README.md's {study} block is not the committed results'; "
+                                 f"it should read:\n{expected}")
     for name in ('report.md', 'fig4_kd.png', 'curves_kd.png'):
         assert os.path.getsize(os.path.join(ROOT, 'docs', study, name)) > 1000, name
     with open(os.path.join(ROOT, 'docs', study, 'report.md')) as f:
@@ -330,10 +332,14 @@ def test_the_readme_shows_the_committed_studies(study, start, end):
     assert results['schema_version'] == sink_study.SCHEMA_VERSION
     with open(os.path.join(ROOT, 'README.md')) as f:
         text = f.read()
-    # the confirmatory study leads
-    assert text.index('<!-- v2: ') < text.index('<!-- the sink study: ')
+    # the newest sealed study leads; v1's block is no longer in the README
+    assert text.index('<!-- v3: ') < text.index('<!-- v2: ') and '<!-- the sink study: ' not in text
     assert (sink_study.PLANS['v2']['kd_seeds'] == list(range(1, 13))
             and 'teach seeds 1-12\nof each variant' in text)
+    v3 = sink_study.PLANS['v3']
+    assert (v3['kd_seeds'] == list(range(201, 213)) and v3['teachers'] == [301, 302, 303, 304]
+            and 'students (seeds 201-212 of each variant, compared seed by seed) and four teachers '
+                '(seeds 301-304' in text.replace('\n', ' '))
     assert (
         study_results.MEASURES['sink_grown16'][1](dict(end=dict(gu=dict(sink_rate=1 / 16)))) == 1.0)
     assert "a seed grew a sink where Gu et al.'s Sink₁ ≥ 1/16" in text.replace('\n', ' ')
@@ -532,7 +538,7 @@ def fisher_by_subsets(hits_a, n_a, hits_b, n_b):
 
 
 @pytest.mark.parametrize('study, claim_set, n_records, n_claims',
-                         [('sink_study_v2', 'v2', 50, 34)])
+                         [('sink_study_v3', 'v3', 52, 56), ('sink_study_v2', 'v2', 50, 34)])
 def test_every_sealed_verdict_recomputed_from_the_committed_records(study, claim_set, n_records,
                                                                     n_claims):
     """Each claim of a sealed study's results.json from the records under its runs/: its matched
@@ -767,11 +773,21 @@ def check_where_from(reading, records, uniform):
             assert part['share_p'] == pytest.approx(exact_p(a, b, claim, share), abs=1e-9)
 
 
-def check_payoff_and_teachers(reading, records, teachers):
+def check_payoff_and_teachers(reading, records, teachers, narrower):
+    """narrower: the formats (w8a4, ...) whose loss ratio the study's primary family tests."""
     for p in reading['payoff']:
         runs = [r for r in records if r['arm'] == p['arm']]
+        ratio = lambda r, q: r['end']['payoff'][q] / r['end']['w8a8']['fp']
+        assert sorted(p.get('narrower', {})) == sorted(f'ratio_{q}' for q in narrower)
+        for q in narrower:  # each format's loss ratio over the full-precision loss, less 1
+            assert p['narrower'][f'ratio_{q}'] == pytest.approx(
+                [min(ratio(r, q) for r in runs) - 1, max(ratio(r, q) for r in runs) - 1],
+                abs=1e-12)
         for variant, ranges in p['variants'].items():
             mine = [r for r in runs if r['variant'] == variant]
+            for q in narrower:
+                assert ranges[f'ratio_{q}'] == pytest.approx(
+                    [min(ratio(r, q) for r in mine), max(ratio(r, q) for r in mine)], abs=1e-12)
             ratios = [r['end']['w8a8']['w8a8'] / r['end']['w8a8']['fp'] for r in mine]
             assert ranges['w8a8'] == pytest.approx([min(ratios), max(ratios)], abs=1e-12)
             assert ranges['residual_max'] == [min(max(r['residual_max_abs']) for r in mine),
@@ -793,17 +809,19 @@ def check_payoff_and_teachers(reading, records, teachers):
                                                                               'first_token_weight'))
 
 
-@pytest.mark.parametrize('study, left_out', [
+@pytest.mark.parametrize('study, left_out, narrower', [
+    ('sink_study_v3', [], ['w8a4']),
     ('sink_study_v2',
      ['fig4_null_affine_sink', 'fig4_null_sink_softmax', 'fig3_spread_affine_sink', 'gu_affine',
-      'gu_sink', 'gu_gated']),
-    ('sink_study', ['deep_affine_sink', 'deep_sink_softmax'])])
-def test_the_reading_recomputed_from_the_committed_records(study, left_out):
+      'gu_sink', 'gu_gated'], []),
+    ('sink_study', ['deep_affine_sink', 'deep_sink_softmax'], [])])
+def test_the_reading_recomputed_from_the_committed_records(study, left_out, narrower):
     """Issue 50: every study's results.json holds its reading, and each number of it recomputes from
-    the records: the claims another registered set tested that this set left out (v2: the six of v1
-    whose test v2's set does not hold; v1: all of v2's that v1's does not), the held-out loss beside
-    each loss claim and gated against affine, where each first-token difference comes from, the
-    payoff's ranges and the teachers'."""
+    the records: the claims another registered set tested that this set left out (v3: none; v2:
+    the six of v1 whose test v2's set does not hold; v1: all of v2's that v1's does not), the
+    held-out loss beside each loss claim and gated against affine (v3's set tests them), where
+    each first-token difference comes from, the payoff's ranges (v3's W8A4 too) and the
+    teachers'."""
     from study import study_results
     results, records = committed(study)
     reading = results['reading']
@@ -824,10 +842,12 @@ def test_the_reading_recomputed_from_the_committed_records(study, left_out):
                                                                                        or [])
     check_reading_claims(other, records)
     losses = reading['loss_claims']
-    assert {c['measure'] for c in losses if c['arm'] == 'kd'} == {'loss', 'val_loss'}
+    in_own_set = held_out <= {c[3:] for c in study_results.CLAIM_SETS[own][0]}
+    assert {c['measure'] for c in losses if c['arm'] == 'kd'} == (
+        set() if in_own_set else {'loss', 'val_loss'})
     check_reading_claims(losses, records)
     check_where_from(reading, records, results['uniform_first_token'])
-    check_payoff_and_teachers(reading, records, results['teachers'])
+    check_payoff_and_teachers(reading, records, results['teachers'], narrower)
     with open(os.path.join(ROOT, 'docs', study, 'report.md')) as f:
         report = f.read()
     assert '## What the records say beyond the registered claims (exploratory)' in report
