@@ -492,8 +492,10 @@ def run_tests():
     if subprocess.call(lint, cwd=HERE) != 0:
         raise RunError("ruff check failed (its findings are above; ruff check --fix . fixes some): "
                        "the tests were not run")
-    tests = Stage('the test suite',
-                  [sys.executable, '-m', 'pytest', '-q', '-n', str(TEST_WORKERS), 'tests'])
+    # (loadgroup: the tests marked with one xdist_group run in one process, their module's fixture
+    # built once)
+    tests = Stage('the test suite', [sys.executable, '-m', 'pytest', '-q', '-n', str(TEST_WORKERS),
+                                     '--dist=loadgroup', 'tests'])
     stages.begin(tests)
     suite = subprocess.Popen(tests.command, cwd=HERE,
                              env={'OMP_WAIT_POLICY': 'PASSIVE', **os.environ})

@@ -61,10 +61,12 @@ def output():
     return tables(run.stdout)
 
 
+@pytest.mark.xdist_group('bench_output')  # its module fixture, built once
 def test_every_section_prints_one_table(output):
     assert list(output) == ['attention', 'kd', 'train', 'eval']
 
 
+@pytest.mark.xdist_group('bench_output')  # its module fixture, built once
 def test_attention_table(output):
     rows = output['attention']
     assert [(r['variant'], r['T']) for r in rows] == [(v, T) for T in ('512', '1024')
@@ -76,6 +78,7 @@ def test_attention_table(output):
             assert r['time / softmax'] == r['mem / softmax'] == '1.00'
 
 
+@pytest.mark.xdist_group('bench_output')  # its module fixture, built once
 def test_kd_table(output):
     rows = output['kd']
     assert [r['path'] for r in rows] == ['naive', 'fused_kd_loss']
@@ -85,6 +88,7 @@ def test_kd_table(output):
     assert float(rows[0]['loss']) == pytest.approx(float(rows[1]['loss']), rel=1e-4)
 
 
+@pytest.mark.xdist_group('bench_output')  # its module fixture, built once
 def test_train_table(output):
     rows = output['train']
     assert [r['variant'] for r in rows] == ['softmax', 'affine']
@@ -92,6 +96,7 @@ def test_train_table(output):
                for r in rows for key in ('step (ms)', 'tokens/s', 'MFU'))
 
 
+@pytest.mark.xdist_group('bench_output')  # its module fixture, built once
 def test_eval_table(output):
     rows = output['eval']
     assert [r['variant'] for r in rows] == ['softmax', 'affine']

@@ -53,6 +53,7 @@ def mirrored(mirror):
     return json.loads((mirror / 'records.json').read_text())
 
 
+@pytest.mark.xdist_group('first_machine')  # its module fixture, built once
 def test_the_mirror_holds_every_record_and_the_state_in_two_files(first_machine):
     """After the study: records.json, every record as report_dir holds it, and state.json (plan,
     seal, command, runs recorded, none training, the time); nothing else (a lent machine returns a
@@ -72,6 +73,7 @@ def test_the_mirror_holds_every_record_and_the_state_in_two_files(first_machine)
     assert datetime.datetime.fromisoformat(state['updated']).tzinfo is not None
 
 
+@pytest.mark.xdist_group('first_machine')  # its module fixture, built once
 def test_a_fresh_machine_restores_the_mirror_and_trains_nothing(first_machine, data_dir, tmp_path,
                                                                 capsys):
     """Empty out_dir and report_dir, the mirror copied back: every record restored, no run trained,
@@ -88,6 +90,7 @@ def test_a_fresh_machine_restores_the_mirror_and_trains_nothing(first_machine, d
             (root / 'report' / 'runs' / name).read_text())
 
 
+@pytest.mark.xdist_group('first_machine')  # its module fixture, built once
 def test_a_fresh_machine_trains_what_the_mirror_lacks_from_the_recorded_teacher(first_machine,
                                                                                 data_dir, tmp_path,
                                                                                 capsys):
@@ -129,6 +132,7 @@ def test_a_teacher_trained_again_must_be_its_record():
         sink_study.same_teacher('t', recorded, dict(recorded, val_loss=2.01))
 
 
+@pytest.mark.xdist_group('first_machine')  # its module fixture, built once
 def test_a_folder_that_is_not_this_studys_mirror_is_refused(first_machine, data_dir, tmp_path):
     """Someone else's files, another plan's mirror or a mirror of another seal: one line, before any
     run, and the folder left as it was."""

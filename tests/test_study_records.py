@@ -172,6 +172,7 @@ def test_a_v1_record_stands_only_on_the_standard_library(v1, data_dir, tmp_path)
         sink_study.main(argv)
 
 
+@pytest.mark.xdist_group('tiny_study')  # its module fixture, built once
 def test_a_new_record_knows_what_produced_it(study):
     """Every train.py setting of the run, the corpus's checksums, the commit and whether the tree
     was dirty, the start and end times, and a digest that an edit breaks."""
@@ -197,6 +198,7 @@ def test_a_new_record_knows_what_produced_it(study):
     ('a key unknown', r'end\.payoff\.ratio_w2a2 is not a field of a record'),
     ('not an object', r'end\.payoff is \[1\.0\], not an object'),
 ])
+@pytest.mark.xdist_group('tiny_study')  # its module fixture, built once
 def test_a_malformed_payoff_is_refused_and_a_record_without_one_passes(case, expected, study,
                                                                        tmp_path):
     """end.payoff (the candidates for v3's payoff measure) is checked as every measure is, one line
@@ -240,6 +242,7 @@ def test_the_committed_records_before_the_payoff_pass():
         assert records and not any('payoff' in r['end'] for r in records.values())
 
 
+@pytest.mark.xdist_group('tiny_study')  # its module fixture, built once
 def test_an_edited_new_record_stops_the_study(study, tmp_path):
     out, argv = copy_of(study, tmp_path)
     edit(out / 'runs' / 'kd_softmax_s1.json', lambda r: r.update(val_loss=1.0))
@@ -250,6 +253,7 @@ def test_an_edited_new_record_stops_the_study(study, tmp_path):
 
 @pytest.mark.parametrize('flag',
                          ['--gate=True', '--affine_act=sigmoid', '--init_std=0.5', 'data_dir'])
+@pytest.mark.xdist_group('tiny_study')  # its module fixture, built once
 def test_a_setting_outside_the_recipe_keys_is_seen(flag, study, tmp_path, stdlib_dir):
     """Only the recipe's keys were compared once: --init_std, --affine_act, --gate and --data_dir
     trained nothing and reported the old records under the new command. Now the report refuses them,
@@ -265,6 +269,7 @@ def test_a_setting_outside_the_recipe_keys_is_seen(flag, study, tmp_path, stdlib
         sink_study.main(argv + ['--report_only=True'])
 
 
+@pytest.mark.xdist_group('tiny_study')  # its module fixture, built once
 def test_a_changed_setting_trains_again_and_says_so(study, tmp_path, capsys):
     out, argv = copy_of(study, tmp_path)
     # the ce run alone
@@ -279,6 +284,7 @@ def test_a_changed_setting_trains_again_and_says_so(study, tmp_path, capsys):
         (out / 'runs' / 'ce_softmax_s1.json').read_text())['settings']['init_std'] == 0.03
 
 
+@pytest.mark.xdist_group('tiny_study')  # its module fixture, built once
 def test_a_seed_given_twice_is_refused_before_any_run(study, tmp_path):
     out, argv = copy_of(study, tmp_path)
     before = sorted(os.listdir(out / 'train'))
@@ -287,6 +293,7 @@ def test_a_seed_given_twice_is_refused_before_any_run(study, tmp_path):
     assert sorted(os.listdir(out / 'train')) == before
 
 
+@pytest.mark.xdist_group('tiny_study')  # its module fixture, built once
 def test_a_failed_child_fails_the_study_with_its_last_line(study, tmp_path):
     """A run that fails (here: its directory holds a log train.py did not write) stops the study,
     which names the run and what the child said last."""
@@ -299,6 +306,7 @@ def test_a_failed_child_fails_the_study_with_its_last_line(study, tmp_path):
         sink_study.main(argv + ['--seeds=1,2', '--kd_seeds=1'])
 
 
+@pytest.mark.xdist_group('tiny_study')  # its module fixture, built once
 def test_the_users_thread_count_is_respected(study, tmp_path, capsys, monkeypatch):
     out, argv = copy_of(study, tmp_path)
     # something to do: its record, from its finished run
