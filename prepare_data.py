@@ -22,7 +22,7 @@ import sys
 import sysconfig
 import threading
 import time
-from collections import deque
+from collections import deque, namedtuple
 from multiprocessing import resource_tracker
 from types import SimpleNamespace
 
@@ -308,8 +308,11 @@ def worker_loop(tasks, results, enc, dtype):
             return
 
 
+# a worker process and the parent's ends of its two pipes
+Worker = namedtuple("Worker", "process tasks results")
+
+
 def start_worker(context, enc, dtype):
-    """-> (process, the parent's end of its task pipe, of its result pipe)"""
     task_reader, task_writer = context.Pipe(duplex=False)
     result_reader, result_writer = context.Pipe(duplex=False)
     process = context.Process(target=worker_loop, args=(task_reader, result_writer, enc, dtype),
@@ -317,7 +320,7 @@ def start_worker(context, enc, dtype):
     process.start()
     task_reader.close()
     result_writer.close()
-    return process, task_writer, result_reader
+    return Worker(process, task_writer, result_reader)
 
 
 def worker_died(process):
@@ -330,17 +333,17 @@ def worker_died(process):
 
 def send(worker, docs):
     try:
-        worker[1].send(docs)
+        worker.tasks.send(docs)
     except BrokenPipeError:
-        raise worker_died(worker[0]) from None
+        raise worker_died(worker.process) from None
 
 
 def receive(worker):
     """The result of the oldest chunk a worker holds, or the exception it raised, raised here."""
     try:
-        ok, result = worker[2].recv()
+        ok, result = worker.results.recv()
     except EOFError:
-        raise worker_died(worker[0]) from None
+        raise worker_died(worker.process) from None
     if not ok:
         raise result
     return result
@@ -387,11 +390,11 @@ def tokenize_in_order(chunks, enc, dtype, num_proc):
             worker, tag = pending.popleft()
             yield receive(worker), tag
     finally:
-        for process, *pipes in workers:
-            process.kill()
-            process.join()
-            for pipe in pipes:
-                pipe.close()
+        for worker in workers:
+            worker.process.kill()
+            worker.process.join()
+            worker.tasks.close()
+            worker.results.close()
 
 # -----------------------------------------------------------------------------------------------
 # The output directory: shards train_000000.bin, val_000000.bin, ... and meta.json, which is
@@ -512,9 +515,11 @@ def prepare(args, command):
     confirmed = [name for split in meta["splits"].values() for name in split["shards"]]
     remove_outputs(args.out_dir, keep={"meta.json", *confirmed})
     write_json(os.path.join(args.out_dir, "meta.json"), meta)
+    progress_line = ProgressLine()
     try:
-        tokenize_to_shards(args, enc, meta, ds, text_field)
-    except RunError:
+        tokenize_to_shards(args, enc, meta, ds, text_field, progress_line)
+    except RunError:  # (a stop too) its message starts on a line of its own
+        progress_line.end()
         if not started:  # bad input found while streaming: leave no partial output behind
             remove_outputs(args.out_dir)
             if not os.listdir(args.out_dir):
@@ -523,7 +528,22 @@ def prepare(args, command):
     return meta
 
 
-def tokenize_to_shards(args, enc, meta, ds, text_field):
+class ProgressLine:
+    """A line on stderr rewritten in place (\r); end() finishes it, once, if it was written."""
+    def __init__(self):
+        self.open = False
+
+    def show(self, text):
+        print(f"\r{text}", end="", file=sys.stderr, flush=True)
+        self.open = True
+
+    def end(self):
+        if self.open:
+            print(file=sys.stderr)
+            self.open = False
+
+
+def tokenize_to_shards(args, enc, meta, ds, text_field, progress_line):
     progress, splits = meta["progress"], meta["splits"]
     chunks = document_chunks(ds, text_field, progress["documents_read"], args.val_every,
                              meta["settings"]["source"])
@@ -576,10 +596,10 @@ def tokenize_to_shards(args, enc, meta, ds, text_field):
         if time.time() - last_print >= 1.0:
             last_print, tokens = time.time(), splits["train"]["tokens"] + splits["val"]["tokens"]
             rate = (tokens - tokens_before) / (last_print - t0)
-            print(f"\r{position[0]:,} documents | {tokens:,} tokens | {rate:,.0f} tokens/s",
-                  end="", file=sys.stderr, flush=True)
+            progress_line.show(f"{position[0]:,} documents | {tokens:,} tokens | {rate:,.0f} "
+                               "tokens/s")
     elapsed = time.time() - t0
-    print(file=sys.stderr)
+    progress_line.end()
     if position[0] == 0:
         raise RunError(f"--source={args.source}: no documents (the input is empty)")
     if splits["train"]["tokens"] == 0 or splits["val"]["tokens"] == 0:
@@ -633,7 +653,6 @@ def main(argv=None):
     try:
         return prepare(parse_args(argv), shlex.join(["python", "prepare_data.py", *argv]))
     except Stopped as e:
-        print(file=sys.stderr)  # (ends the progress line)
         raise RunError(f"{e}; the same command continues from the last shards written "
                        "whole") from None
 
