@@ -37,14 +37,17 @@ from lmkit.probes import GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS as EVALUA
 from lmkit.files import last_logged
 from study.study_records import (ARMS, NO_DECAY, PAYOFF_BITS, PAYOFF_OUTLIERS, RECIPE_KEYS,
                                  SCHEMA_VERSION, SEAL_FILE, SPIKE_KS, record_name)
-from study.study_results import (AFFINE, CLAIM_SETS, CORE, EXTRA, GATED, RECIPE_SEED, SEALED_SETS,
-                                 SOFTMAX, figures, minutes, report_lines, test_claims,
-                                 uniform_first_token)
+from study.study_results import (AFFINE, CLAIM_SETS, CORE, CUSTOM, DECAY, EXTRA, GATED, HEADWISE,
+                                 KD_ARMS, RECIPE_SEED, SEALED_SETS, SINK, SOFTMAX, figures, minutes,
+                                 report_lines, test_claims, uniform_first_token)
 
 FINAL_KD_STEPS = 50  # a kd run's final KD loss: the mean of its last 50 steps' kd_loss
 SPIKE_WINDOW = (0, 500)  # Table 5: median + k MAD over steps 0-500 (a shorter run: all its steps)
 # validation windows of W8A8 and the knockout; W8A8's calibration windows after them
 END_WINDOWS, CALIBRATION = 32, 4
+# end.heldout's validation windows: at the studies' 128 tokens, 32x the 16,384 tokens of v3's
+# val_loss (8 batches of 16), so that it resolves differences v3's could not (docs/analysis.md, v4)
+HELDOUT_WINDOWS = 4096
 
 # claim sets whose report waits for the last run (issue 44: no tested measure is read before it)
 BLIND = SEALED_SETS
@@ -92,7 +95,22 @@ PLANS = {  # what --plan sets (each key may still be given after it)
     'v3_pilot': dict(variants=[SOFTMAX], arms=['kd'], kd_seeds=[901, 902, 903], teachers=[900],
                      out_dir='out/sink_study_v3_pilot', config=[CONFIG, 'config/sink_study_v2.py'],
                      teacher_config=['config/sink_study_v2_teacher.py'], claims='v1'),
+    # v4 (issue 60; sealed, docs/analysis.md): affine against the head-wise gate of its size, and
+    # Figure 4 under v1's decay rule (the decay arm: affine; sink has no matrix of its own, so both
+    # rules train it alike), on 12 fresh seeds under 6 teachers (2 students each); v3's recipe
+    'v4': dict(variants=[SOFTMAX, SINK, GATED, AFFINE, HEADWISE], arms=['kd', DECAY],
+               decay_variants=[AFFINE], kd_seeds=list(range(601, 613)),
+               teachers=list(range(701, 707)), out_dir='out/sink_study_v4',
+               config=[CONFIG, 'config/sink_study_v2.py'],
+               teacher_config=['config/sink_study_v2_teacher.py'], claims='v4'),
+    # your own variant (docs/analysis.md, "Your own variant in the study"): v3's recipe and
+    # teachers' shape, two-sided comparisons on the field's measures between --variants, the first
+    # the baseline; give --variants, --kd_seeds and --teachers
+    'custom': dict(variants=[SOFTMAX, AFFINE], arms=['kd'], kd_seeds=[1, 2, 3], teachers=[11],
+                   out_dir='out/sink_study_custom', config=[CONFIG, 'config/sink_study_v2.py'],
+                   teacher_config=['config/sink_study_v2_teacher.py'], claims=CUSTOM),
 }
+DECAY_CONFIG = 'config/sink_study_decay.py'  # the decay arm's rule, layered on the recipe
 def study_keys(variants):
     return dict(
         plan=Key('pilot', "a study's settings by name (PLANS; docs/analysis.md, The sink study)",
@@ -105,8 +123,8 @@ def study_keys(variants):
                      "--source=stdlib --tokenizer=bytes)"),
         variants=Key(list(PLANS['pilot']['variants']),
                      "comma-separated attention variants (model.py's registry)", choices=variants),
-        arms=Key(list(PLANS['pilot']['arms']), "recipe, ce, kd, control (the module's docstring)",
-                 choices=ARMS[:4]),  # a teacher arm comes with --teacher_config
+        arms=Key(list(PLANS['pilot']['arms']), "recipe, ce, kd, control, decay (docs/analysis.md)",
+                 choices=tuple(a for a in ARMS if a != 'teacher')),  # with --teacher_config
         seeds=Key([1, 2, 3], "the ce arm's seeds of the core variants (softmax, sink, gated, "
                              "affine)", min=0),
         kd_seeds=Key([1, 2, 3], "the kd arm's student seeds of the core variants", min=0),
@@ -115,6 +133,8 @@ def study_keys(variants):
         control_seeds=Key([1, 2, 3, 4, 5],
                           "the control arm's seeds (affine and gated, kd, no decay on alpha_proj, "
                           "g_proj)", min=0),
+        decay_variants=Key([AFFINE], "the decay arm's variants: kd, the kd seeds, decay on their "
+                                     "own projections (v1's rule)", choices=variants),
         teachers=Key([1, 2], "the softmax teachers' seeds (student s distils from the ((s - 1) mod "
                              "count)-th)",
                      min=0),
@@ -129,7 +149,8 @@ def study_keys(variants):
         report_only=Key(False, "write results.json and report.md from the records there are, train "
                                "nothing"),
         claims=Key('v1', "the claims tested (study_results.CLAIM_SETS): v1's, in the kd and ce "
-                         "arms; v2's, v3's and v3_gpu's, in the kd arm", choices=tuple(CLAIM_SETS)),
+                         "arms; v2's, v3's, v3_gpu's and v4's, in the kd arm; custom: two-sided, "
+                         "between --variants", choices=(*CLAIM_SETS, CUSTOM)),
         subset=Key(False, "report on the planned records though runs/ holds others (else they stop "
                           "the study)"),
         mirror_dir=Key('', "a folder that leaves a lent machine ($OUT): records, state and "
@@ -169,9 +190,11 @@ def run_matrix(args):
     """[(arm, variant, seed)] the arguments ask for, the ce arm (where the teachers are) first."""
     out = []
     for arm, core in (('ce', args.seeds), ('kd', args.kd_seeds)):
-        if arm in args.arms:
+        if arm in args.arms:  # v1's extra variants had seeds of their own
             out += [(arm, v, s) for v in args.variants
-                    for s in (core if v in CORE else args.extra_seeds)]
+                    for s in (core if v in CORE or args.claims != 'v1' else args.extra_seeds)]
+    if DECAY in args.arms:
+        out += [(DECAY, v, s) for v in args.decay_variants for s in args.kd_seeds]
     if 'recipe' in args.arms and SOFTMAX in args.variants and ('ce', SOFTMAX,
                                                                RECIPE_SEED) not in out:
         out.append(('recipe', SOFTMAX, RECIPE_SEED))
@@ -199,8 +222,9 @@ def plan_runs(args, overrides):
     runs = []
     for arm, variant, seed in matrix:
         name = record_name(arm, variant, seed)
-        teacher = teacher_of(seed, args) if arm in ('kd', 'control') else None
-        argv = [*args.config, *common, f'--attention={variant}', f'--seed={seed}',
+        teacher = teacher_of(seed, args) if arm in KD_ARMS else None
+        rule = [DECAY_CONFIG] if arm == DECAY else []  # the decay arm: v1's rule over the recipe
+        argv = [*args.config, *rule, *common, f'--attention={variant}', f'--seed={seed}',
                 f"--out_dir={train_dir(args, name)}"]
         argv += [f'--teacher={train_dir(args, teacher)}'] if teacher else []
         argv += [f"--no_decay={','.join(NO_DECAY)}"] if arm == 'control' else []
@@ -289,7 +313,7 @@ def priority(run, runs):
     the extra variants and the recipe's seed, each by seed: a study stopped part way has the most
     useful runs."""
     teacher = any(r['teacher'] == run['name'] for r in runs)
-    arm = dict(kd=1, ce=2, control=3, recipe=5).get(run['arm'], 0)
+    arm = dict(kd=1, decay=2, ce=2, control=3, recipe=5).get(run['arm'], 0)
     return (0 if teacher else arm + 3 * (run['variant'] in EXTRA), run['seed'])
 
 
@@ -312,11 +336,23 @@ def launch(run, logs, env):
         print(run['note'], flush=True)
     print(f"$ {shlex.join(command)}  > {logs}/{run['name']}.log", flush=True)
     seal = dict(seal=run['seal']) if run.get('seal') else {}
-    write_json(os.path.join(logs, f"{run['name']}.start.json"),
-               dict(started=now(), **code_version(), **seal))
+    start = os.path.join(logs, f"{run['name']}.start.json")
+    started = now()
+    write_json(start, dict(first_started=first_start(start) or started, started=started,
+                           **code_version(), **seal))
     log = open(os.path.join(logs, f"{run['name']}.log"), 'a')
     proc = children.start(command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT)
     return proc, run, log
+
+
+def first_start(path):
+    """When a run's first launch started (its start file's first_started, or started where an
+    earlier version wrote only that); None for a new run. A resumed run keeps it."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        start = json.load(f)
+    return start.get('first_started') or start.get('started')
 
 
 def stop_children(running, why):
@@ -441,8 +477,25 @@ def end_measures(out_dir, data_dir, device):
     layers = attention_statistics(model,
                                   windows(T, range(config.attention_windows or 8)).to(device))
     spread = [layer['row_sums'][:, 1:].std().item() for layer in layers]
+    heldout = Windows(os.path.join(HERE, data_dir), 'val', T, first)
     return dict(gu=gu, w8a8=w8a8, knockout=knockout, row_total_std=spread,
-                payoff=payoff_measures(model, calibration, sequences))
+                payoff=payoff_measures(model, calibration, sequences),
+                heldout=heldout_loss(model, heldout, min(HELDOUT_WINDOWS, len(heldout))))
+
+
+def heldout_loss(model, windows, count, batch_size=64):
+    """end.heldout: the mean cross-entropy per target token over the first `count` validation
+    windows (no run trains on them), summed in float64 batch by batch."""
+    import torch
+    device = next(model.parameters()).device
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, count, batch_size):
+            x, y = (torch.from_numpy(a).to(device)
+                    for a in windows.get(range(start, min(count, start + batch_size))))
+            total += model(x, y)[1].item() * y.numel()
+    return dict(loss=total / (count * windows.block_size), windows=count,
+                tokens=count * windows.block_size)
 
 
 def payoff_measures(model, calibration, sequences):
@@ -606,11 +659,18 @@ def provenance(run, data_dir, logs):
     return dict(settings=settings, corpus=corpus_identity(data_dir), **start, finished=now())
 
 
+def blind(args):
+    """Whether the study is blind: a sealed claim set, or a custom plan its user sealed
+    (report_dir/seal.json, study/seal_study.py)."""
+    return args.claims in BLIND or (args.claims == CUSTOM and os.path.isfile(
+        os.path.join(HERE, args.report_dir, SEAL_FILE)))
+
+
 def check_seal(args):
     """The commit a blind study is sealed at (docs/analysis.md, "The seal"), which each of its
     records stores: report_dir/seal.json names it and every file it held outside docs/, and a file
     here that differs stops the study before any work. None for a study that is not blind."""
-    if args.claims not in BLIND:
+    if not blind(args):
         return None
     seal = study_records.read_seal(os.path.join(HERE, args.report_dir))
     if seal is None:
@@ -743,12 +803,14 @@ def collect(args, runs, per_step, command, study, records):
         recipe_text=', '.join(f"{k}={v}" for k, v in recipe.items()),
         teachers=[teacher_of(s, args) for s in range(1, len(args.teachers) + 1)],
         uniform_first_token=uniform_first_token(config.block_size),
-        arms=[a for a in ('kd', 'ce', 'control', 'recipe', 'teacher')
+        arms=[a for a in ('kd', 'ce', 'control', DECAY, 'recipe', 'teacher')
               if any(r['arm'] == a for r in kept)],
         excluded=sorted(left_out), missing=missing, runs=[summary(r) for r in kept])
-    results['claims'] = test_claims(kept, args.claims)
+    results['claims'] = test_claims(kept, args.claims, args.variants)
     if args.claims != 'v1':  # (v1's results.json predates the key)
         results['claim_set'] = args.claims
+    if args.claims == CUSTOM:  # its claims are its variants' (study_results.generic_claims)
+        results['variants'] = args.variants
     # what the records say beyond the claims (exploratory)
     results['reading'] = study_reading.reading(results)
     return results
@@ -773,7 +835,8 @@ def parse_args(argv):
     keys = study_keys(tuple(ATTENTIONS))
     mine, overrides = split_argv(argv, keys)
     args = type('Args', (),
-                parse(mine, keys, __doc__.split('\n\n')[1], prog='python -m study.sink_study'))
+                parse(mine, keys, __doc__.split('\n\n')[1], files=True,
+                      prog='python -m study.sink_study'))
     args.report_dir = args.report_dir or args.out_dir
     for flag in ('config', 'teacher_config'):
         missing = [path for path in getattr(args, flag)
@@ -820,7 +883,7 @@ def main(argv=None):
         if not args.report_only:
             train_all(args, runs, steps, per_step, study, threads, threads_from)
         records = read_records(args.report_dir)  # as training left them
-        waiting = sorted({r['name'] for r in runs} - set(records)) if args.claims in BLIND else []
+        waiting = sorted({r['name'] for r in runs} - set(records)) if blind(args) else []
         if waiting:
             named = ', '.join(waiting[:6]) + (f" and {len(waiting) - 6} more" if len(waiting) > 6
                                               else '')

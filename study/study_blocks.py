@@ -40,6 +40,8 @@ BLOCKS = [
      "<!-- end of v2's claims -->", lambda: study_results.claims_table('v2')),
     ('docs/analysis.md', "<!-- v3's claims: study_results.claims_table('v3') -->",
      "<!-- end of v3's claims -->", lambda: study_results.claims_table('v3')),
+    ('docs/analysis.md', "<!-- v4's claims: study_results.claims_table('v4') -->",
+     "<!-- end of v4's claims -->", lambda: study_results.claims_table('v4')),
     ('docs/analysis.md',
      "<!-- v3's payoff pilot: "
      "study_results.payoff_pilot_lines(docs/sink_study_v3/pilot/results.json) -->",

@@ -12,9 +12,9 @@ import statistics
 
 from study import significance as sig
 from study.study_results import (AFFINE, CLAIM_SETS, GATED, MAX_LAYER_CLAIMS, MEASURES,
-                                 PAYOFF_CANDIDATES, PAYOFF_FLOOR, SEALED_SETS, SOFTMAX, compare,
-                                 matched_pairs, measured, share_in, sink_layers, tested,
-                                 test_family)
+                                 PAYOFF_CANDIDATES, PAYOFF_FLOOR, SEALED_SETS, SOFTMAX,
+                                 STUDY_MEASURES, claims_of, compare, matched_pairs, measured,
+                                 share_in, sink_layers, tested, test_family)
 
 FIRST_TOKEN_MEASURES = ('weight', 'share', 'first_or_null', 'weight_deep', 'share_sink',
                         *(f'weight_l{k}' for k in range(1, MAX_LAYER_CLAIMS + 1)))
@@ -63,21 +63,37 @@ def beyond_model(claim, n_layer):
     return measure.startswith('weight_l') and int(measure[len('weight_l'):]) > n_layer
 
 
+def answerable(claim, results):
+    """Whether the study trained both sides of a claim (a later set's claim on a variant or an arm
+    this study lacks is not one its records answer; one on a measure they lack is, as not
+    measured)."""
+    return all(tested(results['runs'], arm, group)
+               for group in (claim[4], claim[6]) for arm in arms_of(results)[:1])
+
+
+def measurable(claim, results):
+    """Whether any record holds the claim's measure (a measure of the whole study always)."""
+    return claim[3] in STUDY_MEASURES or any(measured(r, claim[3]) is not None
+                                             for r in results['runs'])
+
+
 def other_claims(results):
     """Every claim of another registered set (study_results.CLAIM_SETS) whose test neither this
-    study's set nor loss_claims holds, tested on this study's records in the arms both sets cover,
-    each under the first set that registered it: one exploratory family per (set, arm)."""
+    study's set nor loss_claims holds and that its records answer (answerable), tested on this
+    study's records in the arms both sets cover, each under the first set that registered it: one
+    exploratory family per (set, arm)."""
     own = claim_set_of(results)
-    seen = {signature(c) for c in CLAIM_SETS[own][0] + loss_tests(results)}
-    names = list(CLAIM_SETS)
+    seen = {signature(c) for c in claims_of(results) + loss_tests(results)}
+    names = list(CLAIM_SETS) + ([own] if own not in CLAIM_SETS else [])  # a custom set: last
     out = []
     for other, (claims, arms) in CLAIM_SETS.items():
         extra = []
         for c in claims:
-            if other != own and signature(c) not in seen and not beyond_model(c, results['layers']):
+            if (other != own and signature(c) not in seen and answerable(c, results)
+                    and not beyond_model(c, results['layers'])):
                 seen.add(signature(c))
                 extra.append(c)
-        if not extra:
+        if not any(measurable(c, results) for c in extra):  # a set of measures made after them
             continue
         sealed = 'sealed ' if own in SEALED_SETS else ''
         label = (f"registered in {other}, left out of {own}'s {sealed}set; exploratory"
@@ -97,7 +113,7 @@ def loss_tests(results, arm='kd'):
     if arm == 'ce':
         return claims
     return [(f"{c[0]}_val", 'loss', f"{c[2]}, held-out loss", 'val_loss', *c[4:])
-            for c in CLAIM_SETS[claim_set_of(results)][0] if c[3] == 'loss'] + claims + [
+            for c in claims_of(results) if c[3] == 'loss'] + claims + [
         ('gated_affine_val', 'loss', 'gated against affine, held-out loss (no claim of the paper)',
          'val_loss', GATED, '!=', AFFINE)]
 
@@ -105,7 +121,7 @@ def loss_tests(results, arm='kd'):
 def loss_claims(results):
     """loss_tests in each arm, less those the study's own set tests (v3's): one exploratory family
     per arm."""
-    own = {signature(c) for c in CLAIM_SETS[claim_set_of(results)][0]}
+    own = {signature(c) for c in claims_of(results)}
     out = []
     for arm in arms_of(results):
         tests = [c for c in loss_tests(results, arm) if signature(c) not in own]
@@ -135,7 +151,7 @@ def part_test(a, b, get):
 def first_token_pairs(results):
     """The (low, high) pairs the study's first-token claims compare, in their order."""
     pairs = []
-    for c in CLAIM_SETS[claim_set_of(results)][0]:
+    for c in claims_of(results):
         if c[3] in FIRST_TOKEN_MEASURES and (c[4], c[6]) not in pairs:
             pairs.append((c[4], c[6]))
     return pairs

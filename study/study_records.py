@@ -14,11 +14,12 @@ import re
 
 from lmkit.errors import RunError
 from model import ATTENTIONS
-from study.study_results import RECIPE_SEED, SOFTMAX
+from study.study_results import DECAY, KD_ARMS, RECIPE_SEED, SOFTMAX
 
 SCHEMA_VERSION = 2
-# teacher: a kd teacher of its own shape (v2's); v1's are ce runs
-ARMS = ('recipe', 'ce', 'kd', 'control', 'teacher')
+# teacher: a kd teacher of its own shape (v2's); v1's are ce runs; decay: v4's kd runs under v1's
+# decay rule
+ARMS = ('recipe', 'ce', 'kd', 'control', DECAY, 'teacher')
 NO_DECAY = ['alpha_proj', 'g_proj']  # the control arm's matrices without weight decay
 SPIKE_KS = (6, 9)  # Table 5's k of median + k MAD
 # end.payoff (sink_study.end_measures; records before it lack it): the losses and ratios at coarser
@@ -81,7 +82,8 @@ MEASURES = dict(
 )
 REQUIRED_MEASURES = ('val_loss', 'first_token_weight', 'per_head', 'first_token_share', 'entropy',
                      'row_sum', 'sink_rate', 'sink_rate_per_layer', 'null_mass', 'first_or_null')
-OPTIONAL = ('settings', 'corpus', 'commit', 'dirty', 'started', 'finished', 'digest',
+OPTIONAL = ('settings', 'corpus', 'commit', 'dirty', 'started', 'first_started', 'finished',
+            'digest',
             'spikes_after_warmup',
             # not in records before them; seal: a sealed study's records alone
             'spikes_after_warmup_window', 'seal')
@@ -160,18 +162,19 @@ def check_identity(record):
                       f"{seed}")
     if arm == 'teacher' and variant != SOFTMAX:
         raise Invalid(f"variant is {variant}: a teacher is {SOFTMAX}")
-    if arm in ('kd', 'control'):
+    if arm in KD_ARMS:
         if not isinstance(teacher, str) or not re.fullmatch(rf'(ce|teacher)_{SOFTMAX}_s\d+',
                                                             teacher):
             raise Invalid(f"teacher is {json.dumps(teacher)}: a {arm} run names its teacher, "
                           f"ce_{SOFTMAX}_s<seed> or teacher_{SOFTMAX}_s<seed>")
     elif teacher is not None:
         raise Invalid(f"teacher is {json.dumps(teacher)}: a {arm} run has none")
-    # the control leaves alpha_proj and g_proj out of the decay; any other arm follows its recipe
-    # (v1: none, v2: both)
-    if record.get('no_decay') not in ([NO_DECAY] if arm == 'control' else [[], NO_DECAY]):
+    # the control leaves alpha_proj and g_proj out of the decay, the decay arm decays every matrix
+    # (v1's rule); any other arm follows its recipe (v1: none, v2: both)
+    allowed = {'control': [NO_DECAY], DECAY: [[]]}.get(arm, [[], NO_DECAY])
+    if record.get('no_decay') not in allowed:
         raise Invalid(f"no_decay is {json.dumps(record.get('no_decay'))}; the {arm} arm's is "
-                      f"{NO_DECAY if arm == 'control' else f'[] or {NO_DECAY}'}")
+                      f"{' or '.join(map(json.dumps, allowed))}")
     if record.get('name') != record_name(arm, variant, seed):
         raise Invalid(f"name is {json.dumps(record.get('name'))}, but its arm, variant and seed "
                       f"make it {record_name(arm, variant, seed)}")
@@ -208,6 +211,13 @@ def check_end(end, n_layer):
     shaped(spread, 'end.row_total_std', 'layer', NONNEGATIVE, n_layer, 1)
     if 'payoff' in end:
         check_payoff(end['payoff'], n_layer)
+    if 'heldout' in end:  # (v4's; records before it lack it)
+        heldout = end['heldout']
+        if not isinstance(heldout, dict) or set(heldout) != {'loss', 'windows', 'tokens'}:
+            raise Invalid("end.heldout does not hold exactly loss, windows and tokens")
+        number(heldout['loss'], 'end.heldout.loss', NONNEGATIVE)
+        for key in ('windows', 'tokens'):
+            number(heldout[key], f'end.heldout.{key}', (1, math.inf), integer=True)
 
 
 def payoff_keys():
@@ -247,7 +257,7 @@ def check_run(record, n_layer):
         if not isinstance(record.get(key), str) or not record[key]:
             raise Invalid(f"{key} is not a non-empty string")
     kd = record.get('final_kd_loss')
-    if record['arm'] in ('kd', 'control'):
+    if record['arm'] in KD_ARMS:
         number(kd, 'final_kd_loss', NONNEGATIVE)
     elif kd is not None:
         raise Invalid(f"final_kd_loss is {kd}: a {record['arm']} run has no KD loss")
@@ -296,7 +306,7 @@ def check_provenance(record):
     if 'corpus' in record and not (isinstance(record['corpus'], dict)
                                    and record['corpus'].get('checksums')):
         raise Invalid("corpus does not hold the checksums of the prepared data")
-    for key in ('commit', 'started', 'finished'):
+    for key in ('commit', 'started', 'first_started', 'finished'):
         if record.get(key) is not None and not isinstance(record[key], str):
             raise Invalid(f"{key} is not a string")
     if record.get('dirty') not in (None, True, False):
@@ -377,11 +387,17 @@ def read_records(folder):
     return records
 
 
+# the gate's settings before it had kinds (model.GATES): a bool
+GATE_BEFORE_KINDS = {False: 'none', True: 'elementwise'}
+
+
 def comparable(settings):
     """A run's settings less the keys that may differ (PER_RUN_KEYS, EXECUTION_KEYS), as JSON would
-    hold them."""
-    return json.loads(json.dumps({k: v for k, v in settings.items() if k not in PER_RUN_KEYS
-                                  + EXECUTION_KEYS}))
+    hold them, the gate's bool of older records as the kind it names."""
+    kept = {k: v for k, v in settings.items() if k not in PER_RUN_KEYS + EXECUTION_KEYS}
+    if isinstance(kept.get('gate'), bool):
+        kept['gate'] = GATE_BEFORE_KINDS[kept['gate']]
+    return json.loads(json.dumps(kept))
 
 
 def reuse_problems(record, config, teacher, recipe, corpus, overrides):

@@ -8,13 +8,19 @@ import os
 import statistics
 
 from study import significance as sig
-from model import ATTENTIONS, PAPER_VARIANTS
+from model import PAPER_VARIANTS
 from lmkit.probes import SINK_THRESHOLD, layer_mean
 
 SOFTMAX, SINK, GATED, AFFINE, AFFINE_GATED = PAPER_VARIANTS  # the paper's five, in its order
 CORE = [SOFTMAX, SINK, GATED, AFFINE]  # the variants of the claims
-# affine_gated and ours (softmax1): fewer seeds, numbers
-EXTRA = [v for v in ATTENTIONS if v not in CORE]
+# Qiu et al.'s head-wise gate on softmax: one sigmoid per head, affine's alpha_proj's size (v4)
+HEADWISE = 'headwise_gated'
+# v4's decay arm: kd runs under v1's rule, decay on the variant's own projections (alpha_proj,
+# g_proj). A claim names its runs as variant@arm (AFFINE_DECAY); a bare name is the family's arm.
+DECAY = 'decay'
+AFFINE_DECAY = f'{AFFINE}@{DECAY}'
+# v1's extra variants, affine_gated and ours (softmax1): fewer seeds, numbers
+EXTRA = [AFFINE_GATED, 'softmax1']
 RECIPE_SEED = 0  # the seed the recipe was searched on (softmax, ce): reported, never in a test
 # a real pretrained softmax model's first-token weight, for scale: as the quick start's real-model
 # stage measured it
@@ -27,6 +33,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 # where W8A8 moves no run's loss by more than 1% (the reading's)
 SINK_LAYER_MIN, PAYOFF_FLOOR = 1 / 16, 0.01
 MAX_LAYER_CLAIMS = 8  # per-layer measures (weight_l1, ...) up to the GPU plan's depth
+
+
+KD_ARMS = ('kd', 'control', DECAY)  # the arms whose runs distil from a teacher
 
 
 def minutes(seconds):
@@ -51,7 +60,7 @@ MEASURES = {
                      lambda r: layer_mean(r['entropy'][len(r['entropy']) // 2:])),
     'loss': ("kd arm: the final KD loss (mean of the last 50 steps); ce arm: the CE validation "
              "loss of the last "
-             "evaluation", lambda r: r['final_kd_loss'] if r['arm'] in ('kd', 'control')
+             "evaluation", lambda r: r['final_kd_loss'] if r['arm'] in KD_ARMS
              else r['val_loss']),
     'spikes9': ("gradient-norm spikes over steps 0-500, median + 9 MAD (Table "
                 "5)", lambda r: r['spikes']['9']),
@@ -65,6 +74,8 @@ MEASURES = {
     'knockout0': ("the loss with the first token evicted (k = 0, window a quarter of the context) "
                   "over full attention's", lambda r: r['end']['knockout']['ratio_first_0']),
     'val_loss': ("the CE validation loss of the last evaluation", lambda r: r['val_loss']),
+    'heldout': ("the CE loss on HELDOUT_WINDOWS validation windows at the end (end.heldout: 16x "
+                "the evaluations' tokens)", lambda r: r['end']['heldout']['loss']),
     # v2's secondary readings (docs/analysis.md)
     'weight_deep': ("the first token's raw weight, mean over the deeper half of the layers",
                     lambda r: layer_mean(
@@ -261,10 +272,84 @@ CLAIMS_V3 = claims_v3(4, PAYOFF_V3)  # the CPU plan's students: 4 layers, the pa
 # the GPU plan's: 8, no pilot at that scale, so every payoff claim secondary the study's --claims:
 # the claims, the arms
 CLAIMS_V3_GPU = claims_v3(8, None)
+# the field's measures a comparison with no claim of the paper reads: both losses, Figure 4's
+# weight and its share in softmax's sink layers, Figure 6's entropy, the payoff at W8A4
+GENERIC_MEASURES = ('loss', 'heldout', 'weight', 'share_sink', 'entropy', 'ratio_w8a4')
+CUSTOM = 'custom'  # --claims=custom: generic_claims between the plan's variants
+
+
+def generic_claims(variants):
+    """Two-sided comparisons (no direction claimed) on GENERIC_MEASURES: each later variant against
+    the first (primary), and each pair of the later ones (secondary); share_sink only where softmax
+    is trained (its sink layers come from softmax's runs). A custom plan's claims (docs/analysis.md,
+    "Your own variant in the study")."""
+    base, others = variants[0], list(variants[1:])
+    measures = [m for m in GENERIC_MEASURES if m != 'share_sink' or SOFTMAX in variants]
+    pairs = [(v, base) for v in others] + [(a, b) for i, a in enumerate(others)
+                                           for b in others[i + 1:]]
+    return [(f'{m}_{low}_{high}', 'primary' if high == base else 'secondary',
+             f'{low} against {high} (no claim of the paper)', m, low, '!=', high)
+            for low, high in pairs for m in measures]
+
+
+def claims_v4():
+    """v4 (issue 60; sealed before its runs, docs/analysis.md, "v4"): is affine more than a gate of
+    its own size? Every v3 claim (its variants are all trained), primary and secondary as in v3;
+    added to the primary family: affine against the head-wise gate (Qiu et al.; the same parameter
+    count) on both losses, the share in softmax's sink layers and W8A4, two-sided; the held-out
+    loss on 16x v3's tokens; and Figure 4 in the decay arm (v1's rule). The secondary family adds
+    the head-wise gate's other comparisons and the decay arm's other readings."""
+    v3_primary = [c for c in CLAIMS_V3 if c[1] == 'primary']
+    v3_secondary = [c for c in CLAIMS_V3 if c[1] == 'secondary']
+    same_size = 'affine against the head-wise gate of its size (no claim of the paper)'
+    v1_rule = "under v1's decay rule (decay on alpha_proj)"
+    primary = v3_primary + [
+        (f'{m}_{AFFINE}_{HEADWISE}', 'primary', same_size, m, AFFINE, '!=', HEADWISE)
+        for m in ('loss', 'heldout', 'share_sink', 'ratio_w8a4')] + [
+        (f'heldout_{AFFINE}_{high}', 'primary',
+         "Figures 7 and 10, held-out loss on 16x v3's tokens (our reading)", 'heldout', AFFINE,
+         '<', high) for high in (SOFTMAX, SINK)] + [
+        ('decay_fig4_affine_sink', 'primary', f"Figure 4 {v1_rule} (the paper's)", 'weight',
+         AFFINE_DECAY, '<', SINK)]
+    headwise = [(f'{m}_{HEADWISE}_{high}', 'secondary',
+                 f'the head-wise gate against {high} (no claim of the paper)', m, HEADWISE, '!=',
+                 high) for high in (SOFTMAX, GATED) for m in GENERIC_MEASURES] + [
+        (f'{m}_{AFFINE}_{HEADWISE}', 'secondary', same_size, m, AFFINE, '!=', HEADWISE)
+        for m in ('weight', 'entropy')] + [
+        ('qiu_headwise_share', 'secondary', 'Qiu et al. (the head-wise gate)', 'share', HEADWISE,
+         '<', SOFTMAX),
+        ('gated_affine_heldout', 'secondary',
+         'gated against affine, held-out loss on 16x the tokens (our reading: no claim of the '
+         'paper)', 'heldout', GATED, '!=', AFFINE)]
+    decay = [(f'decay_{cid}', 'secondary', f"{source} {v1_rule}", measure, AFFINE_DECAY, '<', SINK)
+             for cid, source, measure in (
+                 ('fig4_share_affine_sink', 'Figure 4, by share (our reading)', 'share'),
+                 ('sinklayers_affine_sink',
+                  "Figure 4, by share in softmax's sink layers (our reading)", 'share_sink'),
+                 ('fig4_null_affine_sink', "Figure 4, first-token-or-null (v1's reading)",
+                  'first_or_null'))] + [
+        (f'decay_moves_{m}', 'secondary', "v1's decay rule against v3's (affine)", m,
+         AFFINE_DECAY, '!=', AFFINE) for m in ('weight', 'share', 'loss', 'heldout')]
+    return primary + v3_secondary + headwise + decay
+
+
+CLAIMS_V4 = claims_v4()
 CLAIM_SETS = dict(v1=(CLAIMS, ('kd', 'ce')), v2=(CLAIMS_V2, ('kd',)), v3=(CLAIMS_V3, ('kd',)),
-                  v3_gpu=(CLAIMS_V3_GPU, ('kd',)))
+                  v3_gpu=(CLAIMS_V3_GPU, ('kd',)), v4=(CLAIMS_V4, ('kd',)))
 # the claim sets sealed before their runs: tested by a sealed study, reported once
-SEALED_SETS = ('v2', 'v3', 'v3_gpu')
+SEALED_SETS = ('v2', 'v3', 'v3_gpu', 'v4')
+# the sets whose paired comparisons also get a test over their teachers' mean differences
+TEACHER_LEVEL_SETS = ('v4', CUSTOM)
+
+
+def claim_list(claim_set, variants=()):
+    """A set's claims: CLAIM_SETS' own, or a custom plan's (generic_claims of its variants)."""
+    return generic_claims(variants) if claim_set == CUSTOM else CLAIM_SETS[claim_set][0]
+
+
+def claims_of(results):
+    """The claims a study's results.json tested (its claim set, and a custom plan's variants)."""
+    return claim_list(results.get('claim_set', 'v1'), results.get('variants', ()))
 CLAIM_ARMS = ('kd', 'ce')  # each claim is tested in both, kd (the paper's setting) first
 # did turning decay off on alpha_proj, g_proj move these?
 CONTROL_MEASURES = ('weight', 'share', 'loss')
@@ -274,7 +359,10 @@ FIGURE_4_MEASURES = dict(weight='first-token weight', share='first-token share',
 
 
 def tested(records, arm, variant):
-    """The records of (arm, variant) that enter tests: never the recipe's seed."""
+    """The records of (arm, variant) that enter tests: never the recipe's seed. A group named
+    variant@arm takes that arm's runs (v4's decay arm against the kd arm's)."""
+    variant, _, other_arm = variant.partition('@')
+    arm = other_arm or arm
     return [r for r in records if r['arm'] == arm and r['variant'] == variant
             and r['seed'] != RECIPE_SEED]
 
@@ -347,10 +435,24 @@ def compare(a, b, measure, direction, family_size, fisher=False, get=None):
     return out
 
 
-def test_family(records, arm, family, claims):
+def teacher_level_p(a, b, get):
+    """The exact sign-flip p over the teachers: each teacher's mean paired difference of its
+    students (None where the runs are not matched pairs under at least two teachers). With 6
+    teachers it can reach 2 / 2^6 = 0.031 (v4), with v3's 4 no lower than 0.125."""
+    pairs = matched_pairs(a, b)
+    if not pairs or any(x['teacher'] is None for x, _ in pairs):
+        return None
+    by_teacher = {}
+    for x, y in pairs:
+        by_teacher.setdefault(x['teacher'], []).append(get(x) - get(y))
+    means = [statistics.fmean(d) for _, d in sorted(by_teacher.items())]
+    return sig.paired_test(means) if len(means) > 1 else None
+
+
+def test_family(records, arm, family, claims, teacher_level=False):
     """The claims (CLAIMS' tuples) of one family in one arm, each compared (compare), with Holm's
     correction over those that have at least MIN_SEEDS seeds on both sides and each verdict word
-    from its adjusted p."""
+    from its adjusted p; teacher_level: each paired comparison's teacher_level_p beside it."""
     size = sum(min(len(tested(records, arm, c[4])),
                    len(tested(records, arm, c[6]))) >= sig.MIN_SEEDS
                for c in claims) or 1
@@ -359,6 +461,10 @@ def test_family(records, arm, family, claims):
         a, b = tested(records, arm, low), tested(records, arm, high)
         get = STUDY_MEASURES[measure](records, arm) if measure in STUDY_MEASURES else None
         result = compare(a, b, measure, direction, size, fisher=measure in FISHER, get=get)
+        if teacher_level and measure not in FISHER:
+            get = get or MEASURES[measure][1]
+            a, b = ([r for r in runs if measured(r, measure, get) is not None] for runs in (a, b))
+            result['p_teacher'] = teacher_level_p(a, b, get)
         results.append(dict(id=cid, arm=arm, family=family, source=source, measure=measure, low=low,
                             direction=direction, high=high, **result))
     holm_set = [r for r in results if r['p'] is not None and min(r['n']) >= sig.MIN_SEEDS]
@@ -382,15 +488,17 @@ def verdict_word(r):
     return f"no detectable difference (p = {p:.3g})"
 
 
-def test_claims(records, claim_set='v1'):
-    """Every claim of the set (CLAIM_SETS) in each of its arms, with Holm's correction within each
-    (arm, family) over the comparisons that have at least MIN_SEEDS seeds on both sides; and the
-    control arm against kd. A list of result dicts."""
+def test_claims(records, claim_set='v1', variants=()):
+    """Every claim of the set (claim_list: a custom plan's are its variants') in each of its arms,
+    with Holm's correction within each (arm, family) over the comparisons that have at least
+    MIN_SEEDS seeds on both sides; and the control arm against kd. A list of result dicts."""
     out = []
-    claim_list, arms = CLAIM_SETS[claim_set]
+    claims = claim_list(claim_set, variants)
+    arms = ('kd',) if claim_set == CUSTOM else CLAIM_SETS[claim_set][1]
     for arm in arms:
         for family in ('primary', 'secondary'):
-            out += test_family(records, arm, family, [c for c in claim_list if c[1] == family])
+            out += test_family(records, arm, family, [c for c in claims if c[1] == family],
+                               teacher_level=claim_set in TEACHER_LEVEL_SETS)
     controls = [(v, m) for v in (AFFINE, GATED) for m in CONTROL_MEASURES
                 if tested(records, 'control', v) and tested(records, 'kd', v)]
     results = []
@@ -438,6 +546,7 @@ ARM_TITLES = dict(kd="KD arm: students distilled from softmax teachers",
                   ce="CE arm: trained from scratch with cross-entropy (outside the paper's "
                      "setting)",
                   control="Control: kd with weight decay off on alpha_proj and g_proj",
+                  decay="Decay arm: kd under v1's rule, weight decay on alpha_proj and g_proj too",
                   recipe="The recipe's seed (ce softmax, seed 0): reported, never tested",
                   teacher="The kd teachers (softmax, cross-entropy, their own shape): reported, "
                           "never tested")
@@ -744,13 +853,13 @@ def alpha_lines(results, arm):
         f"{m(runs, 'alpha_at_0')} | {m(runs, 'alpha_at_1')} |" for v, runs in by.items()] + ['']
 
 
-def claims_table(claim_set='v1'):
+def claims_table(claim_set='v1', variants=()):
     """The claims as fixed before the runs, one row each (the report and docs/analysis.md show
     it)."""
     lines = ['| id | family | source | claim | measure | test |', '|---|---|---|---|---|---|']
     unpaired = ('exact permutation (kd: within teachers)' if claim_set == 'v1'
                 else 'exact sign-flip, paired by seed')
-    for cid, family, source, measure, low, direction, high in CLAIM_SETS[claim_set][0]:
+    for cid, family, source, measure, low, direction, high in claim_list(claim_set, variants):
         test = "Fisher's exact" if measure in FISHER else unpaired
         lines.append(f"| {cid} | {family} | {source} | {low} {direction} {high} | "
                      f"{MEASURES[measure][0]} | {test} |")
@@ -773,7 +882,7 @@ def report_lines(results):
              f"{SMOLLM2['first_token_mean']} of its attention on the first token on average over "
              f"its 30 layers, {SMOLLM2['first_token_max']} in its largest layer "
              f"({SMOLLM2['source']}).", '', *reading_lines(results)]
-    for arm in ('kd', 'ce', 'control', 'recipe', 'teacher'):
+    for arm in ('kd', 'ce', 'control', DECAY, 'recipe', 'teacher'):
         if any(r['arm'] == arm for r in results['runs']):
             lines += ["## "
                       f"{arm_title(results, arm)}", '', *table_lines(results, arm), '',
@@ -783,7 +892,7 @@ def report_lines(results):
                           f"![curves, {arm}](curves_{arm}.png)", '']
     lines += ["## The claims, as "
               f"{'fixed before the runs' if sealed(results) else 'registered (not sealed)'}", '',
-              *claims_table(results.get('claim_set', 'v1')), '',
+              *claims_table(results.get('claim_set', 'v1'), results.get('variants', ())), '',
               'Columns of the tables: means ± std over seeds of the last evaluation (per layer, '
               'averaged over layers) on the same fixed validation windows; the end-of-run measures '
               '(Sink₁ in Gu et al.\'s setting, W8A8, the knockout, the row-total spread) on the '
@@ -904,7 +1013,7 @@ def figures(results, out_dir):
     windows against tokens."""
     from lmkit.stats import pyplot
     plt = pyplot()
-    for arm in ('kd', 'ce', 'control', 'recipe'):
+    for arm in ('kd', 'ce', 'control', DECAY, 'recipe'):
         by = {}
         for r in results['runs']:
             if r['arm'] == arm:
