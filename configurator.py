@@ -28,7 +28,7 @@ class Key:
     max: float = None
     above: float = None  # and above < value < below, where the bound itself is invalid
     below: float = None
-    types: tuple = ()  # with a None (or dict) default: the types it may take besides None
+    types: tuple = ()  # the types it may take, and None (not with choices and a default)
     required: bool = False  # must be given (not None)
     expands: dict = None  # value -> {key: value, ...}: setting this key sets those, there and then
 
@@ -130,6 +130,8 @@ def read(text, key, where, usage):
     kind = type(key.default) if key.default is not None else (key.types or (str,))[0]
     if text == 'None' and (key.default is None or key.types):
         return None
+    if bool in key.types and text in BOOLS:  # a bool among other types (--gate=True, headwise)
+        return BOOLS[text]
     if kind is str:
         return text
     if kind is bool:
@@ -161,7 +163,8 @@ def check(name, key, value, where, usage=''):
         if unknown := [str(v) for v in value if v not in key.choices]:
             fail(f"{where}: unknown {', '.join(unknown)}; choose from "
                  f"{', '.join(map(str, key.choices))}", usage)
-    elif key.choices is not None and value not in key.choices and value is not None:
+    elif key.choices is not None and value not in key.choices and (value is not None
+                                                                    or key.default is not None):
         fail(f"{where}: invalid choice: {name}={value!r}; valid values: "
              f"{', '.join(map(str, key.choices))}", usage)
     if any(v is not None and not within(key, v)

@@ -3,14 +3,14 @@ The network of "Affine-Scaled Attention: Towards Flexible and Stable Transformer
 al., 2026, https://arxiv.org/abs/2602.23057; equation numbers are the paper's): one Llama-style
 decoder whose attention is one flag, ModelConfig.attention. Its variants, each one entry of VARIANTS
 (the only place that names them): softmax (Eq. 1), sink (Eq. 3), affine (Eq. 6-9) and softmax1
-(Eq. 2); the output gate of Eq. 4-5 goes on any (gated, affine_gated). Each has an O(T) forward on
-a fused kernel (attention_kernels.py) and an explicit T x T form, the tests' reference. Parameter
-names are Hugging Face's Llama/Qwen2: a softmax model's state_dict is an HF checkpoint. The
-README's variant table has the equations; docs/implementation.md, how they are built.
+(Eq. 2); Eq. 4-5's output gate, or Qiu et al.'s per head, goes on any (gated, affine_gated,
+headwise_gated). Each has an O(T) forward on a fused kernel (attention_kernels.py) and an explicit
+T x T form, the tests' reference. Parameter names are HF Llama/Qwen2's (a softmax state_dict is an
+HF checkpoint); the README's variant table has the equations, docs/implementation.md their build.
 """
 import math
 from dataclasses import dataclass, fields
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,7 @@ except ImportError:  # this repository: model.py is a top-level module
 
 AFFINE_ACTS = ('linear_clip', 'sigmoid')
 AFFINE_BIAS_NORMS = ('seq_len', 'visible')
+GATES = ('none', 'elementwise', 'headwise')  # ModelConfig.gate: none, Eq. 4-5's, Qiu et al.'s
 IGNORE_INDEX = -100  # targets with this value are left out of the loss (PyTorch's default)
 
 
@@ -48,7 +49,7 @@ class ModelConfig:
     tie_embeddings: bool = False
     init_std: float = 0.02  # HF's initializer_range
     attention: str = 'softmax'  # one of ATTENTIONS: a VARIANTS entry, or a name of GATED_NAMES
-    gate: bool = False  # Eq. 4-5: the output gate, on any variant (gated, affine_gated have it)
+    gate: str = 'none'  # one of GATES: the output gate, on any variant (Attention.forward)
     affine_act: str = 'linear_clip'  # phi of Eq. 7: Eq. 11 (the paper's), or sigmoid (Eq. 10)
     affine_momentum: float = 0.9  # rho of Eq. 9
     # N of Eq. 8: the call's key length (the paper's; with right padding, each row's), or the keys
@@ -56,12 +57,17 @@ class ModelConfig:
     affine_bias_norm: str = 'seq_len'
 
     def __post_init__(self):
+        if isinstance(self.gate, bool):  # a bool before the head-wise gate: True was Eq. 4-5's
+            self.gate = 'elementwise' if self.gate else 'none'
         for name, choices in [('attention', ATTENTIONS), ('affine_act', AFFINE_ACTS),
-                              ('affine_bias_norm', AFFINE_BIAS_NORMS)]:
+                              ('affine_bias_norm', AFFINE_BIAS_NORMS), ('gate', GATES)]:
             value = getattr(self, name)
             if value not in choices:
                 raise ValueError(f"ModelConfig.{name}={value!r}; valid values: "
                                  + ', '.join(choices))
+        if self.gate not in ('none', self.gate_kind):  # a name of GATED_NAMES fixes its gate
+            raise ValueError(f"ModelConfig.attention={self.attention!r} has the {self.gate_kind} "
+                             f"gate; gate={self.gate!r} contradicts it: leave gate 'none'")
         if self.n_embd % self.n_head or self.n_head % self.n_kv_head or self.head_dim % 2:
             raise ValueError("need n_embd % n_head == 0, n_head % n_kv_head == 0 and an even "
                              f"head_dim; got n_embd={self.n_embd}, n_head={self.n_head}, "
@@ -81,14 +87,19 @@ class ModelConfig:
         return self.n_embd // self.n_head
 
     @property
+    def gate_kind(self):
+        """Its output gate, one of GATES: a GATED_NAMES name's, else the gate flag's."""
+        return GATED_NAMES[self.attention].gate if self.attention in GATED_NAMES else self.gate
+
+    @property
     def is_gated(self):
-        """Eq. 4-5: whether the gate g_proj follows the attention (gate, or a GATED_NAMES name)."""
-        return self.gate or self.attention in GATED_NAMES
+        """Whether a gate g_proj follows the attention (Eq. 4-5's, or Qiu et al.'s per head)."""
+        return self.gate_kind != 'none'
 
     @property
     def variant_name(self):
         """The name of its VARIANTS entry (the gate aside: gated's is softmax)."""
-        return GATED_NAMES[self.attention][0] if self.attention in GATED_NAMES else self.attention
+        return GATED_NAMES[self.attention].base if self.attention in GATED_NAMES else self.attention
 
     @property
     def variant(self):
@@ -142,7 +153,6 @@ MODEL_SHAPES = {
     'tiny': dict(n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=384,
                  vocab_size=320, block_size=256, rope_theta=10000.0, tie_embeddings=True),
 }
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -380,11 +390,14 @@ VARIANTS = {
     'softmax1': Variant(softmax1_forward, softmax1_weights, display='Off-by-One',
                         saved_bytes=no_more_saved, sink=True, check_time=1.05),
 }
-# The paper's gated models (Eq. 4-5) and their display names; its five models in order (Tables 1-2);
-# every value of ModelConfig.attention
-GATED_NAMES = {'gated': ('softmax', 'Gated'), 'affine_gated': ('affine', 'Affine-Scaled + Gated')}
+# Names of variants with a gate: the paper's gated models (Eq. 4-5), and softmax with Qiu et al.'s
+# head-wise gate; the paper's five models in order (Tables 1-2); every ModelConfig.attention value
+Gated = NamedTuple('Gated', [('base', str), ('gate', str), ('display', str)])  # VARIANTS, GATES
+GATED_NAMES = {'gated': Gated('softmax', 'elementwise', 'Gated'),
+               'affine_gated': Gated('affine', 'elementwise', 'Affine-Scaled + Gated'),
+               'headwise_gated': Gated('softmax', 'headwise', 'Head-wise Gated')}
 PAPER_VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
-ATTENTIONS = PAPER_VARIANTS + tuple(name for name in VARIANTS if name not in PAPER_VARIANTS)
+ATTENTIONS = PAPER_VARIANTS + tuple(n for n in [*VARIANTS, *GATED_NAMES] if n not in PAPER_VARIANTS)
 BASELINE, PROPOSED = 'softmax', 'affine'  # the paper's baseline and its own (tools/bench.py)
 EXPLICIT = f'{PROPOSED} (explicit T x T)'  # its explicit weights (Attention.explicit)
 HEAD_STATS = tuple(dict.fromkeys(name for v in VARIANTS.values() for name in v.head_stats))
@@ -409,8 +422,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(H * D, C, bias=False)
         self.explicit = False  # attend through the explicit T x T weights: the slow reference
         self.hidden_keys = None  # explicit's (T, T) keys hidden beyond causal (the knockout)
-        if config.is_gated:  # W_g of Eq. 5: one gate per output channel
-            self.g_proj = nn.Linear(C, H * D, bias=False)
+        if config.is_gated:  # W_g of Eq. 5: one gate per output channel, or per head (Qiu et al.)
+            self.g_proj = nn.Linear(C, H if config.gate_kind == 'headwise' else H * D, bias=False)
         if config.variant.tensors:
             config.variant.tensors(self, config)
 
@@ -438,8 +451,10 @@ class Attention(nn.Module):
                                 positions=positions, seq_lens=seq_lens, cache=cache)
 
         y = y.transpose(1, 2).reshape(B, T, -1)
-        if self.config.is_gated:  # Eq. 4-5: G(X) = sigmoid(W_g X), elementwise, before o_proj
-            y = y * torch.sigmoid(self.g_proj(x))
+        if self.config.is_gated:  # Eq. 4-5: Y * sigmoid(X W_g) per channel, before o_proj; or
+            # per head (Qiu et al. 2025): Y_h * sigmoid(X W_g)_h on all D channels of head h
+            g = torch.sigmoid(self.g_proj(x))  # (B, T, H * D), or (B, T, H)
+            y = (y.view(B, T, g.size(-1), -1) * g[..., None]).flatten(2)
         return self.o_proj(y)
 
     def project(self, x, cos, sin):

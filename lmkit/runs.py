@@ -19,8 +19,8 @@ from lmkit.distributed import resolve_device, resolve_dtype
 from lmkit.errors import RunError
 from lmkit.files import atomic_write, claim_dir, lock_dir, read_log, set_aside, write_json
 from lmkit.memory_plan import print_dry_run
-from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, FIELD_NAMES, GATED_NAMES,
-                   MODEL_SHAPES, ModelConfig)
+from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, BASELINE, FIELD_NAMES, GATED_NAMES,
+                   GATES, MODEL_SHAPES, ModelConfig)
 
 # The keys, the paper's recipe as defaults, and ModelConfig's fields. A key added later defaults to
 # what the code did before it: a checkpoint from before it resumes with it (recorded_config).
@@ -84,6 +84,7 @@ MODEL_FIELD_KEYS = dict(
     rope_theta=dict(above=1, max=1e9, help="RoPE's base"), rope_scaling=dict(types=(dict,)),
     rms_norm_eps=dict(above=0, max=1e-3), init_std=dict(above=0),
     attention=dict(choices=ATTENTIONS), affine_act=dict(choices=AFFINE_ACTS),
+    gate=dict(choices=GATES + (True, False), types=(str, bool)),  # a bool before the head-wise
     affine_momentum=dict(min=0, max=1),
     affine_bias_norm=dict(choices=AFFINE_BIAS_NORMS))
 
@@ -101,8 +102,9 @@ KEY_DEFAULTS = {name: key.default for name, key in KEYS.items()}
 
 
 def load_config(argv, description=''):
-    """Defaults <- config files <- --key=value overrides, each key checked."""
-    return parse(argv, KEYS, description, files=True, prog='train.py', rules=RULES)
+    """Defaults <- config files <- --key=value overrides, each checked, as recorded_config reads."""
+    c = parse(argv, KEYS, description, files=True, prog='train.py', rules=RULES)
+    return recorded_config(c)[0]
 
 
 # A run's config as a typed object, for every other module (a misspelt key: AttributeError)
@@ -121,9 +123,11 @@ def dry_run(c, model_config):
 
 
 def recorded_config(config):
-    """(config with every key added since it was written at its default, those keys)."""
+    """(config with every key added since it was written at its default and the gate's bool of
+    older runs as the kind it names, as ModelConfig reads it; those keys)."""
     missing = [key for key in KEY_DEFAULTS if key not in config]
-    return {**config, **{key: KEY_DEFAULTS[key] for key in missing}}, missing
+    config = {**config, **{key: KEY_DEFAULTS[key] for key in missing}}
+    return {**config, 'gate': ModelConfig(gate=config['gate']).gate}, missing
 
 
 def configure_optimizers(model, weight_decay, lr, betas, fused=None, no_decay=()):
@@ -348,13 +352,13 @@ def load_run(out_dir):
 
 def method_name(config):
     """The paper's name for a model config (a dict): its variant's display name (GATED_NAMES' with
-    the gate), then its options (Table 3's sigmoid ablation says so)."""
+    its gate), then its options (Table 3's sigmoid ablation says so)."""
     config = ModelConfig(**{key: value for key, value in config.items() if key in FIELD_NAMES})
-    of = config.variant_name
+    of, gate = config.variant_name, config.gate_kind
     name = config.variant.display or of
-    if config.is_gated:  # the paper's name for it with the gate, if the paper has one
-        name = next((shown for base, shown in GATED_NAMES.values() if base == of),
-                    f'{name} + Gated')
+    if config.is_gated:  # its name with the gate where it has one, else e.g. 'Sink + Gated'
+        named = {(g.base, g.gate): g.display for g in GATED_NAMES.values()}
+        name = named.get((of, gate), f"{name} + {named[BASELINE, gate]}")
     return name + config.variant.options(config)
 
 

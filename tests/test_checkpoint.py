@@ -20,7 +20,8 @@ from lmkit import checkpoint
 import distill
 from lmkit.checkpoint import config_from_hf
 from lmkit.errors import RunError
-from model import GPT, ModelConfig
+from lmkit import runs
+from model import FIELD_NAMES, GPT, ModelConfig
 from hf_helpers import hf_logits, randomise, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,6 +198,33 @@ def test_from_pretrained_other_variants_initialise_their_extras(attention, hf_di
                     and 0.01 < attn.alpha_proj.weight.std() < 0.03)
     logits, _ = model(torch.randint(0, 512, (1, 16)))
     assert torch.isfinite(logits).all()
+
+
+def test_a_checkpoint_with_the_gate_as_a_bool_loads_and_resumes(tmp_path):
+    """Before the head-wise gate, ModelConfig.gate was a bool: a checkpoint that records gate=True
+    (in its run config and its model_config) loads as the elementwise gate with its own weights,
+    and a command that says --gate=True or --gate=elementwise continues it; --gate=headwise is
+    another run."""
+    argv = ['--attention=sink', '--n_layer=1', '--vocab_size=64']
+    c = runs.load_config([*argv, '--gate=elementwise'])
+    model = GPT(ModelConfig(**{key: c[key] for key in FIELD_NAMES}))
+    meta = dict(tokenizer=dict(sha256='0' * 64), splits=dict(train=dict(tokens=9)))
+    ckpt = dict(model=model.state_dict(), tokenizer={}, data=runs.data_fingerprint(meta),
+                config=c | dict(gate=True),
+                model_config=dataclasses.asdict(model.config) | dict(gate=True))
+    checkpoint.save_checkpoint(str(tmp_path / 'ckpt.pt'), ckpt)
+    loaded = GPT.from_pretrained(str(tmp_path))
+    assert loaded.config.gate == 'elementwise' and loaded.config.gate_kind == 'elementwise'
+    idx = torch.randint(0, 64, (1, 9))
+    assert torch.equal(loaded(idx)[0], model(idx)[0])
+    for gate in ('True', 'elementwise', 'headwise'):
+        now = runs.load_config([*argv, f'--gate={gate}'])
+        config = ModelConfig(**{key: now[key] for key in FIELD_NAMES})
+        if gate == 'headwise':
+            with pytest.raises(RunError, match="gate: 'elementwise' -> 'headwise'"):
+                runs.check_resumable(ckpt, now, config, meta, 'ckpt.pt')
+        else:
+            assert runs.check_resumable(ckpt, now, config, meta, 'ckpt.pt') == {}
 
 
 MEASURE_LOADING = r"""

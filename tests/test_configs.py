@@ -31,9 +31,10 @@ PAPER_DELTA = {
 HF_TOTAL = {'0.5b': 463_987_712, '1b': 1_235_814_400, '3b': 3_212_749_824}
 
 
-def read_config(path):
-    """The model keys of a config file, read (and validated) by train.py's configurator."""
-    config = load_config([path])
+def read_config(*argv):
+    """The model keys of config files (and overrides), read and validated by train.py's
+    configurator."""
+    config = load_config(list(argv))
     return {k: config[k] for k in FIELD_NAMES}
 
 
@@ -62,6 +63,28 @@ def test_paper_config_delta_params(variant, size, path):
     expected_act = 'sigmoid' if variant == 'affine_gated_sigmoid' else 'linear_clip'
     assert model.config.attention == variant.replace('_sigmoid',
                                                      '') and model.config.affine_act == expected_act
+
+
+def test_the_headwise_gate_is_the_size_of_affines_alpha_at_the_sink_studys_shape():
+    """Qiu et al.'s head-wise gate, W_g n_embd x n_head per layer, adds to softmax exactly what
+    affine's W_alpha (Eq. 7) adds, at the sink study's shape (v2's recipe on v1's: the tiny shape,
+    4 layers of 128 channels and 4 heads): 4 x 128 x 4 parameters, on every variant it joins."""
+    study = [os.path.join(CONFIG_DIR, name) for name in ('sink_study.py', 'sink_study_v2.py')]
+
+    def delta(*argv):  # (the model keys, ΔParams), checked against the softmax model's count
+        values = read_config(*study, *argv)
+        model = GPT(ModelConfig(**values))
+        softmax = GPT(ModelConfig(**values | dict(attention='softmax', gate='none')))
+        added = model.get_num_params(variant_only=True)
+        assert model.get_num_params() - softmax.get_num_params() == added
+        return values, added
+
+    values, headwise = delta('--attention=headwise_gated')
+    assert (values['n_layer'], values['n_embd'], values['n_head']) == (4, 128, 4)
+    assert headwise == delta('--attention=affine')[1] == 4 * 128 * 4
+    assert delta('--attention=sink', '--gate=headwise')[1] == 4 * 128 * 4 + 4 * 4  # and the sinks
+    assert delta('--attention=affine', '--gate=headwise')[1] == 2 * 4 * 128 * 4
+    assert delta('--attention=gated')[1] == 4 * 128 * 128  # the elementwise gate: n_embd x n_embd
 
 
 def test_meta_device_build_allocates_nothing():

@@ -91,6 +91,25 @@ def test_errors_are_one_line_naming_key_value_and_expectation(argv, message, cap
     assert message in error(['--out=o', *argv], capsys)
 
 
+def test_a_key_of_strings_and_bools_reads_both(tmp_path, capsys):
+    """A key whose types include bool beside its default's (train.py's gate: a bool before it took
+    names): True/False texts are bools, a bare flag is True, other text is a string; its choices
+    hold both, and None is refused where it is not a choice of a key with a default."""
+    keys = KEYS | dict(kind=Key('none', choices=('none', 'one', True, False), types=(str, bool)))
+    for argv, value in [([], 'none'), (['--kind=one'], 'one'), (['--kind=True'], True),
+                        (['--kind'], True), (['--kind', 'False'], False), (['--kind=0'], False)]:
+        assert parse(['--out=o', *argv], keys)['kind'] == value
+    path = tmp_path / 'c.py'
+    for text, value in [("'one'", 'one'), ('True', True)]:
+        path.write_text(f"kind = {text}\n")
+        assert parse([str(path), '--out=o'], keys, files=True)['kind'] == value
+    for argv, shown in [(['--kind=two'], "'two'"), (['--kind=None'], 'None')]:
+        with pytest.raises(SystemExit) as e:
+            parse(['--out=o', *argv], keys)
+        assert str(e.value) == (f"{argv[0]}: invalid choice: kind={shown}; valid values: none, "
+                                "one, True, False")
+
+
 def test_required(capsys):
     assert 'the following arguments are required: --out' in error(['--steps=2'], capsys)
 

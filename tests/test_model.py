@@ -130,8 +130,19 @@ def reference_attention(attn, x, angles, seq_lens=None):
     x = x.double()
     y = torch.einsum('bhij,bjhd->bihd', A, v).flatten(2)
     if cfg.is_gated:
-        y = y * torch.sigmoid(x @ p['g_proj.weight'].T)  # Eq. 4-5
+        y = gate_reference(y, x, p['g_proj.weight'], cfg)
     return y @ p['o_proj.weight'].T
+
+
+def gate_reference(y, x, w_g, cfg):
+    """The output gate on the attention output y (B, T, H * D), from x (B, T, C) and W_g: Eq. 4-5's
+    sigmoid(X W_g) channel by channel, or Qiu et al. 2025's head-wise gate, head by head: its one
+    sigmoid per (token, head) on all of that head's channels."""
+    g = torch.sigmoid(x @ w_g.T)
+    if cfg.gate_kind == 'elementwise':
+        return y * g  # Eq. 4-5
+    D = cfg.head_dim
+    return torch.cat([y[..., h * D:(h + 1) * D] * g[..., h:h + 1] for h in range(cfg.n_head)], -1)
 
 
 def test_every_variant_has_a_reference_and_explicit_weights():
@@ -162,25 +173,33 @@ def grads_of(attn, x, out, weight):
     return g
 
 
-# Every model: each name of model.ATTENTIONS, and each variant with the gate where that has no name
-# of its own (sink); affine's options too
-GATED = [name for name in VARIANTS if name not in {base for base, _ in GATED_NAMES.values()}]
-MODELS = [(a, False) for a in ATTENTIONS] + [(a, True) for a in GATED]
+def ungated(gate):
+    """The variants that have no name of their own with this gate (elementwise: sink, softmax1)."""
+    return [name for name in VARIANTS
+            if (name, gate) not in {(g.base, g.gate) for g in GATED_NAMES.values()}]
+
+
+# Every model: each name of model.ATTENTIONS, and each variant with the elementwise gate where that
+# has no name of its own (sink); affine's options too. The layer-level cases add the head-wise gate
+# on every variant without a name for it (its code is the same on each: affine's options once).
+MODELS = [(a, 'none') for a in ATTENTIONS] + [(a, 'elementwise') for a in ungated('elementwise')]
 CASES = [(a, gate, act, norm) for a, gate in MODELS for act, norm in
          ([('linear_clip', 'seq_len'), ('sigmoid', 'seq_len'), ('linear_clip', 'visible')]
-          if ModelConfig(attention=a).variant.alpha else [('linear_clip', 'seq_len')])]
+          if ModelConfig(attention=a).variant.alpha else [('linear_clip', 'seq_len')])
+         ] + [(a, 'headwise', 'linear_clip', 'seq_len') for a in ungated('headwise')]
 
 
 def case_id(case):
     return '-'.join(str(c) for c in case
-                    if c not in (False, 'linear_clip', 'seq_len')).replace('True', 'gate')
+                    if c not in ('none', 'linear_clip', 'seq_len')).replace('elementwise', 'gate')
 
 
 def check_against_reference(attention, gate, act, bias_norm, qkv_bias, device, dtype, tol):
     # a seed of its own per case, the same in every process (hash() of strings changes with
     # PYTHONHASHSEED)
     torch.manual_seed(zlib.crc32(repr((attention, act, bias_norm, qkv_bias)
-                                      + (('gate',) if gate else ())).encode()))
+                                      + {'none': (), 'elementwise': ('gate',)}.get(gate, (gate,))
+                                      ).encode()))
     cfg = tiny_config(attention=attention, gate=gate, affine_act=act, affine_bias_norm=bias_norm,
                       qkv_bias=qkv_bias)
     B, T = 3, 37
@@ -490,10 +509,10 @@ def test_rope_tables_match_reference_and_llama3_scaling():
 
 # every model, and affine's other N
 ALL_MODEL_VARIANTS = [(a, gate, 'seq_len') for a, gate in MODELS] + [
-    (a, False, 'visible') for a in VARIANTS if ModelConfig(attention=a).variant.alpha]
+    (a, 'none', 'visible') for a in VARIANTS if ModelConfig(attention=a).variant.alpha]
 
 
-def random_model(attention, bias_norm='seq_len', gate=False, **kw):
+def random_model(attention, bias_norm='seq_len', gate='none', **kw):
     torch.manual_seed(0)
     model = GPT(tiny_config(attention=attention, affine_bias_norm=bias_norm, gate=gate, **kw))
     with torch.no_grad():
@@ -867,6 +886,50 @@ def test_config_validation_messages():
         random_model('affine')(torch.zeros(2, 5, dtype=torch.long), seq_lens=torch.tensor([3, 6]))
 
 
+def test_the_gate_flag_names_its_kind_and_reads_the_bools_it_was():
+    """ModelConfig.gate is one of GATES; True and False, its values before the head-wise gate, read
+    as the kinds they meant (old checkpoints, config.json files, gate=True in Python). A name of
+    GATED_NAMES fixes its gate: the same kind again is allowed, another is refused. Anything else is
+    a one-line error that lists the valid values. W_g is H * D wide, or one column per head."""
+    for gate, kind in [(False, 'none'), (True, 'elementwise'), ('none', 'none'),
+                       ('elementwise', 'elementwise'), ('headwise', 'headwise')]:
+        cfg = tiny_config(attention='sink', gate=gate)
+        assert (cfg.gate, cfg.gate_kind, cfg.is_gated) == (kind, kind, kind != 'none')
+        g_proj = getattr(Attention(cfg), 'g_proj', None)  # W_g: (H * D, C), or (H, C)
+        assert (None if g_proj is None else tuple(g_proj.weight.shape)) == {
+            'none': None, 'elementwise': (4 * 8, 32), 'headwise': (4, 32)}[kind]
+    for attention, kind in [('softmax', 'none'), ('gated', 'elementwise'),
+                            ('affine_gated', 'elementwise'), ('headwise_gated', 'headwise')]:
+        for gate in ('none', kind, kind == 'elementwise'):
+            assert ModelConfig(attention=attention, gate=gate).gate_kind == kind
+    with pytest.raises(ValueError, match=r"^ModelConfig.attention='gated' has the elementwise "
+                                         r"gate; gate='headwise' contradicts it"):
+        ModelConfig(attention='gated', gate='headwise')
+    for bad in ('head', 'True', None, 1, 0.5):
+        with pytest.raises(ValueError) as error:
+            ModelConfig(gate=bad)
+        assert str(error.value) == (f"ModelConfig.gate={bad!r}; valid values: none, elementwise, "
+                                    "headwise")
+
+
+@pytest.mark.parametrize('attention,gate', [('headwise_gated', 'none'), ('sink', 'headwise')])
+def test_headwise_gate_gradients_against_finite_differences(attention, gate):
+    """The head-wise gate's gradients, of W_g and of the layer's input, against
+    torch.autograd.gradcheck's central differences, float64, GQA."""
+    torch.manual_seed(5)
+    cfg = tiny_config(attention=attention, gate=gate)
+    attn = random_attention(cfg, torch.float64)
+    T = 6
+    positions = torch.arange(T)
+    cos, sin = (t.double() for t in rope_cos_sin(cfg, positions))
+    x = torch.randn(2, T, cfg.n_embd, dtype=torch.float64, requires_grad=True)
+    w_g = attn.g_proj.weight.detach().clone().requires_grad_()
+
+    def layer(x, w_g):
+        return torch.func.functional_call(attn, {'g_proj.weight': w_g}, (x, cos, sin, positions))
+    assert torch.autograd.gradcheck(layer, (x, w_g))
+
+
 def _ddp_alpha_worker(rank, world_size, init_file, idx, result_file):
     import torch.distributed as dist
     from lmkit.distributed import DDP_NO_BUFFER_SYNC
@@ -925,7 +988,7 @@ def test_explicit_weights_reproduce_the_forward(attention, gate, act, bias_norm)
     y = (w @ v.repeat_interleave(cfg.n_head // cfg.n_kv_head, dim=1)).transpose(1, 2).reshape(B, T,
                                                                                               -1)
     if cfg.is_gated:
-        y = y * torch.sigmoid(attn.g_proj(x))
+        y = gate_reference(y, x, attn.g_proj.weight, cfg)
     torch.testing.assert_close(attn.o_proj(y), attn(x, cos, sin, positions), rtol=1e-10, atol=1e-12)
     rows = w.sum(-1)
     if variant_name(cfg) == 'softmax':

@@ -245,12 +245,34 @@ def test_data_must_fit_the_model_vocabulary(data_dir, tmp_path):
     (['--warmup_iters', '5'], 'overrides are written --key=value'),
     (['config/nope.py'], 'config file config/nope.py not found'),
     (['--attention=linear'], 'valid values: softmax, sink, gated, affine, affine_gated'),
+    (['--gate=head'], "invalid choice: gate='head'; valid values: none, elementwise, headwise, "
+                      "True, False"),
+    (['--attention=gated', '--gate=headwise'], "^config: ModelConfig.attention='gated' has the "
+                                               "elementwise gate; gate='headwise' contradicts it"),
     (["--init_from=gpt2"], "init_from='gpt2'; valid values: auto, resume, scratch"),
     (['--global_batch_size=6', '--micro_batch_size=4'], 'must be a multiple of world size'),
 ])
 def test_config_errors_are_clear(data_dir, tmp_path, argv, message):
     with pytest.raises((SystemExit, RunError), match=message):  # a flag's error, or the run's
         train.main(tiny_args(data_dir, tmp_path, '--max_iters=1') + argv)
+
+
+def test_the_gate_takes_its_kinds_and_the_bools_it_was(tmp_path):
+    """--gate names its kind (none, elementwise, headwise), or is the bool it was before the
+    head-wise gate (a bare --gate is True), on the command line or in a config file; a bool is
+    recorded as the kind it names, so a run's config says which gate it has."""
+    for argv, kind in [([], 'none'), (['--gate=True'], 'elementwise'), (['--gate'], 'elementwise'),
+                       (['--gate=False'], 'none'), (['--gate', 'True'], 'elementwise'),
+                       (['--gate=headwise'], 'headwise'), (['--gate=elementwise'], 'elementwise'),
+                       (['--gate=none'], 'none')]:
+        assert train.load_config(['config/tiny_cpu.py', *argv])['gate'] == kind, argv
+    for text, kind in [('True', 'elementwise'), ('False', 'none'), ("'headwise'", 'headwise')]:
+        (tmp_path / 'gate.py').write_text(f"gate = {text}\n")
+        assert train.load_config([str(tmp_path / 'gate.py')])['gate'] == kind, text
+    (tmp_path / 'gate.py').write_text("gate = None\n")
+    with pytest.raises(SystemExit, match=r"gate.py: invalid choice: gate=None; valid values: "
+                                         r"none, elementwise, headwise, True, False$"):
+        train.load_config([str(tmp_path / 'gate.py')])
 
 
 def test_overrides_accept_none_lists_dicts_and_ints_for_floats(tmp_path):
