@@ -81,10 +81,12 @@ def saved_bytes_per_token(config, dtype, fsdp):
     # k and v as the kernels save them: grouped in bf16 (flash takes GQA), repeated to every head in
     # float32 on CUDA (the memory-efficient kernel does not; kv_for_kernel)
     kv = 2 * (HD if dtype == 'float32' else KVD)
+    # the gate's values per token: one per channel (Eq. 4-5), or one per head (Qiu et al.)
+    gate = {'none': 0, 'elementwise': HD, 'headwise': H}[config.gate_kind]
     # q, attention output, o_proj's input, k, v; fp32 log-sum-exp
     return (norms + a * (3 * HD + kv) + 4 * H
             # g_proj's copy of X, the gate's input and its sigmoid
-            + config.is_gated * (x_copy + 2 * a * HD)
+            + config.is_gated * (x_copy + a * HD) + a * gate
             # not planned: print_dry_run says so
             + (config.variant.saved_bytes or no_more_saved)(config, a, x_copy)
             + 4 * a * I)  # SwiGLU: gate and up outputs, silu, down_proj's input

@@ -134,11 +134,12 @@ def value_weighted_first_token(attn, x, cos, sin, w, stride=1):
     (B, H): the norm of what token j adds to query i's output through head h, ||w_ij f_i(x_j)|| with
     f_i(x_j) = (g_i * v_j) W_O^h (W_O^h the head's slice of o_proj; g_i the output gate of Eq. 4-5
     where the model has one, else 1), and the first token's share ||w_i0 f_i(x_0)|| / sum_j ||w_ij
-    f_i(x_j)||, averaged over queries i >= 1. A first token that draws weight but contributes little
-    shows here. Norms take |w_ij| (affine's negative weights); the null slot of sink and softmax1
-    has no value and adds nothing; a row that adds nothing at all (every w_ij f = 0) counts 0.
-    stride > 1 averages over the queries i = 1, 1 + stride, 1 + 2 stride, ... only (an evaluation's
-    budget: with a gate the norms cost T^2 D^2 per head, VALUE_WEIGHTED_STRIDE)."""
+    f_i(x_j)||, averaged over queries i >= 1 (Qiu et al.'s head-wise gate, one g_i > 0 per head,
+    cancels from it). A first token that draws weight but contributes little shows here. Norms
+    take |w_ij| (affine's negative weights); the null slot of sink and softmax1 has no value and
+    adds nothing; a row that adds nothing at all (every w_ij f = 0) counts 0. stride > 1 averages
+    over the queries i = 1, 1 + stride, 1 + 2 stride, ... only (an evaluation's budget: with the
+    elementwise gate the norms cost T^2 D^2 per head, VALUE_WEIGHTED_STRIDE)."""
     config = attn.config
     B, T, _ = x.shape
     H, D = config.n_head, config.head_dim
@@ -148,10 +149,10 @@ def value_weighted_first_token(attn, x, cos, sin, w, stride=1):
     # ||f_i(x_j)||^2 = (g_i v_j)' M (g_i v_j), M = W_O^h' W_O^h (H, D, D)
     gram = torch.einsum('chd,che->hde', W, W)
     w = w[:, :, 1::stride].abs()
-    # the gate scales query i's output channel by channel: a product of (g_i x g_i) M and v_j x v_j
-    # over D * D, T^2 D^2 work per head, in float32 (norms to 1e-6) so that the gated evaluations
-    # stay cheap
-    if config.is_gated:
+    # the elementwise gate scales query i's output channel by channel: a product of (g_i x g_i) M
+    # and v_j x v_j over D * D, T^2 D^2 work per head, in float32 (norms to 1e-6) so that the gated
+    # evaluations stay cheap; the head-wise gate scales a row's every term alike, so as ungated
+    if config.gate_kind == 'elementwise':
         g = torch.sigmoid(attn.g_proj(x[:, 1::stride]).float()).view(B, -1, H,
                                                                      D).transpose(1, 2).contiguous()
         # (B, H, queries, D^2)

@@ -138,6 +138,27 @@ def test_activation_estimate_counts_what_autograd_saves(attention, mode):
     assert estimated[1] - estimated[0] == pytest.approx(measured[1] - measured[0], rel=0.1)
 
 
+def test_each_gate_saves_what_the_plan_says():
+    """What each gate adds to the bytes a layer saves for backward (the gated model's less the
+    ungated one's, float32) is the plan's to the byte: the elementwise gate's input and its (B, T,
+    H * D) sigmoid; the head-wise gate's input and its (B, T, H) sigmoid, much less."""
+    batch, T = 2, 64
+    added = {}
+    for gate in ('none', 'elementwise', 'headwise'):
+        config = ModelConfig(n_layer=1, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=176,
+                             block_size=T, attention='sink', gate=gate)
+        model = GPT(config)
+        idx = torch.randint(0, config.vocab_size, (batch, T))
+        measured = saved_bytes(lambda: model(idx, return_hidden=True), False, model.parameters())[1]
+        plan = memory_plan.saved_bytes_per_token(config, 'float32', fsdp=False)
+        added[gate] = (measured, plan * batch * T)
+    for gate in ('elementwise', 'headwise'):
+        assert added[gate][0] - added['none'][0] == added[gate][1] - added['none'][1]
+    # 4 bytes: the gate's input (H * D = 64 values) and its sigmoid, 64 or 4 values, per token
+    assert [added[gate][0] - added['none'][0] for gate in ('elementwise', 'headwise')] == [
+        4 * (64 + 64) * batch * T, 4 * (64 + 4) * batch * T]
+
+
 def test_memory_plan_for_the_3b_row(capsys):
     """The issue's arithmetic: the 3B student with AdamW does not fit an 80 GB GPU under DDP next to
     the 8B teacher; FSDP over 8 GPUs shards its weights, gradients and AdamW state 8 ways, and it

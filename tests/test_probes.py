@@ -13,7 +13,7 @@ import torch
 from lmkit import probes
 from model import ATTENTIONS, GPT, rope_cos_sin
 from test_analyze import explicit_weights, tiny_model
-from test_model import REFERENCES, variant_name
+from test_model import REFERENCES, gate_reference, variant_name
 
 
 # -----------------------------------------------------------------------------
@@ -174,10 +174,12 @@ def test_alpha_summary_by_hand():
 
 
 @pytest.mark.parametrize('stride', [1, 3])
-@pytest.mark.parametrize('attention', ['softmax', 'gated', 'sink', 'affine_gated'])
+@pytest.mark.parametrize('attention', ['softmax', 'gated', 'sink', 'affine_gated',
+                                       'headwise_gated'])
 def test_value_weighted_first_token_against_each_vector(attention, stride):
     """Every contribution w_ij (g_i * v_j) W_O^h built as a vector, one (i, j, h) at a time; with a
-    stride, the queries 1, 1 + stride, ... only (T = 8, stride 3: 1, 4, 7)."""
+    stride, the queries 1, 1 + stride, ... only (T = 8, stride 3: 1, 4, 7). The head-wise gate:
+    g_i is head h's one value on all its D channels."""
     model = tiny_model(attention).double()
     attn, cfg = model.model.layers[0].self_attn, model.config
     T, H, D = 8, cfg.n_head, cfg.head_dim
@@ -187,8 +189,10 @@ def test_value_weighted_first_token_against_each_vector(attention, stride):
     w = attn.weights(x, cos, sin, positions).double()
     got = probes.value_weighted_first_token(attn, x, cos, sin, w, stride)
     v = attn.v_proj(x).view(2, T, cfg.n_kv_head, D)
-    gate = torch.sigmoid(attn.g_proj(x)).view(2, T, H, D) if cfg.is_gated else torch.ones(2, T, H,
-                                                                                          D)
+    gate = torch.ones(2, T, H, D, dtype=torch.float64)
+    if cfg.is_gated:  # (2, T, H * D), or (2, T, H): head h's value repeated on its D channels
+        g = torch.sigmoid(attn.g_proj(x))
+        gate = g.view(2, T, H, D) if cfg.gate_kind == 'elementwise' else gate * g[..., None]
     W, group = attn.o_proj.weight, H // cfg.n_kv_head  # (C, H * D); head h reads kv head h // group
     expected = torch.zeros(2, H, dtype=torch.float64)
     for b in range(2):
@@ -202,7 +206,8 @@ def test_value_weighted_first_token_against_each_vector(attention, stride):
                          for j in range(T)]
                 shares.append(norms[0] / sum(norms))
             expected[b, h] = torch.stack(shares).mean()
-    assert torch.allclose(got, expected, rtol=1e-5 if cfg.is_gated else 1e-10)
+    # the elementwise gate's norms are computed in float32
+    assert torch.allclose(got, expected, rtol=1e-5 if cfg.gate_kind == 'elementwise' else 1e-10)
 
 
 def test_outliers_by_hand_and_on_a_model():
@@ -439,7 +444,7 @@ def knockout_reference(model, idx, window, first):
         A = REFERENCES[variant_name(cfg)](e=e, p=p, x=h, cfg=cfg, visible=visible, seq_lens=seen)
         y = (A @ v.repeat_interleave(G, 1)).transpose(1, 2).flatten(2)
         if cfg.is_gated:
-            y = y * torch.sigmoid(a.g_proj(h))
+            y = gate_reference(y, h, a.g_proj.weight, cfg)
         x = x + a.o_proj(y)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     logits = model.lm_head(model.model.norm(x))
