@@ -608,8 +608,9 @@ def attention_lines(models, sources, data, seed, n_layer):
              f"{sources[names[0]]['seq_len']} tokens drawn (seed {seed}) from `{data}`. Weights "
              "are each variant's effective attention weights (sink: without the sink's mass; "
              "affine: alpha * softmax + beta on the visible keys; gated: the softmax, the gate "
-             "acts after). Entropy is that of |w| normalised over the visible keys (affine weights "
-             "can be negative).", '', '| model | checkpoint |', '|---|---|']
+             "(per channel, or per head) acts after). Entropy is that of |w| normalised over the "
+             "visible keys (affine weights can be negative).", '', '| model | checkpoint |',
+             '|---|---|']
     lines += [f"| {n} | `{sources[n]['spec']}` |" for n in names]
     lines += notes_lines(models, 'sequences')
     lines += ['', '## Per-query attention weight sums (Figure 3)', '', '| model | mean | median '

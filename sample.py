@@ -108,7 +108,8 @@ def main(argv=None):
     cfg = model.config
     how = ('recomputing the window each step (its outputs depend on the sequence length)'
            if cfg.outputs_depend_on_length else 'KV cache')
-    print(f"sample.py: {args.ckpt}: attention={cfg.attention}{' with the gate' * cfg.gate}, "
+    gate = '' if cfg.gate == 'none' else f' with the {cfg.gate} gate'  # beside its attention
+    print(f"sample.py: {args.ckpt}: attention={cfg.attention}{gate}, "
           f"{cfg.n_layer} layers, block_size {cfg.block_size}, {how}; tokenizer {enc.name}; "
           f"{dtype} on {device}", file=sys.stderr)
     torch.manual_seed(args.seed)

@@ -38,8 +38,8 @@ LLAMA3_ROPE = dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0, high_fre
                    original_max_position_embeddings=16)
 # name -> (ModelConfig settings, tokenizer): every variant, both transformers architectures a
 # softmax student becomes, biases, tied and untied heads, Llama-3 rope scaling, both affine
-# activations, a sharded export, both tokenizers, the gate on a variant the paper has without it;
-# then every other variant model.py has, as it comes
+# activations, a sharded export, both tokenizers, each gate on a variant the paper has without it
+# (the elementwise one as the bool it once was); then every other variant model.py has, as it comes
 VARIANTS = {
     'softmax': (dict(attention='softmax', rope_scaling=LLAMA3_ROPE), 'hf'),  # -> LlamaForCausalLM
     # -> Qwen2ForCausalLM
@@ -49,6 +49,7 @@ VARIANTS = {
     'affine': (dict(attention='affine', rope_scaling=LLAMA3_ROPE), 'hf'),  # sharded
     'affine_gated': (dict(attention='affine_gated', affine_act='sigmoid'), 'bytes'),
     'sink_gate': (dict(attention='sink', gate=True), 'bytes'),
+    'sink_headwise': (dict(attention='sink', gate='headwise'), 'bytes'),
 }
 VARIANTS |= {name: (dict(attention=name), 'bytes') for name in ATTENTIONS if name not in VARIANTS}
 SHARDED = 'affine'
@@ -216,8 +217,8 @@ def test_exported_files(name, exported):
                                                    v in expected.items())
     assert (name == SHARDED) == (len(shards) > 1)
     variant_keys = {k.rsplit('.', 1)[-1] for k in state if '.self_attn.' in k} - {'weight', 'bias'}
-    assert variant_keys == {'sink': {'sinks'}, 'sink_gate': {'sinks'}, 'affine': {'alpha_ma'},
-                            'affine_gated': {'alpha_ma'}}.get(name, set())
+    assert variant_keys == {'sink': {'sinks'}, 'sink_gate': {'sinks'}, 'sink_headwise': {'sinks'},
+                            'affine': {'alpha_ma'}, 'affine_gated': {'alpha_ma'}}.get(name, set())
     config = json.loads((out / 'config.json').read_text())
     assert config['tokenizer_info'] == tok_info
     assert config[

@@ -241,3 +241,13 @@ def test_bad_inputs_are_one_line_errors(runs, tmp_path, capsys, monkeypatch):
         assert e.value.code == 1 and out == '' and err.startswith(
             f'sample.py: error: {message}') and \
             err.count('\n') == 1, err
+
+
+@pytest.mark.parametrize('gate,shown', [
+    ('none', 'attention=sink, '), ('elementwise', 'attention=sink with the elementwise gate, '),
+    ('headwise', 'attention=sink with the headwise gate, ')])
+def test_the_first_line_names_the_gate(gate, shown, tmp_path, capsys):
+    """Which gate the gate flag put on the variant, as the flag names it (--gate=headwise)."""
+    path = save_checkpoint(tmp_path / gate, tiny_model(0, attention='sink', gate=gate))
+    run(path, '--num_samples=1', '--max_new_tokens=1')
+    assert f'sample.py: {path}: {shown}2 layers' in capsys.readouterr().err
