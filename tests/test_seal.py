@@ -3,6 +3,7 @@ its claims, tests, recipe, seeds, stopping rule and report before its first run.
 stores that commit and started after it; the runner trains a blind study only from the sealed files;
 and the claims table and the tests' outputs on fixed fixture records are what they were at the seal,
 wherever the code that computes them later moves."""
+import collections
 import datetime
 import hashlib
 import json
@@ -32,6 +33,9 @@ SEALS = dict(
             tables=dict(v3='a4f074e1886bbe9b5d6f176058b5c8d4e2c8a18d5a32dc9720ee1eaca974506e',
                         v3_gpu='701e67e43358cf51f62efdf89f1c09b05bd77666d5a143cef5ec875305dc17ea'),
             outputs='f631786f7d98b78d5b0a1fd833319f1364b017094fcd32edbc9de3ffb317a7e3'),
+    v4=dict(dirs=['sink_study_v4'], fixture='v4_sealed', records=72,
+            tables=dict(v4='a937cdf64cae305fa937d91b33ba9024c40805ae2022e1a0aa30dab76ea6847c'),
+            outputs='2580cde85bd575d9ef4e103672eb6652a5f75946811a2b3af8a8bb6cc1d7e0ff'),
 )
 REPORT_DIRS = [d for seal in SEALS.values() for d in seal['dirs']]
 
@@ -61,7 +65,8 @@ def test_the_tests_outputs_on_the_fixture_records_are_the_sealed_ones(study):
         records = json.load(f)
     with open(os.path.join(fixture, 'claims.json')) as f:
         sealed = json.load(f)
-    assert len(records) == seal['records'] and {r['arm'] for r in records} <= {'kd', 'teacher'}
+    assert len(records) == seal['records']
+    assert {r['arm'] for r in records} <= {'kd', 'teacher', study_results.DECAY}
     outputs = json.loads(canonical(study_results.test_claims(records, next(iter(seal['tables'])))))
     assert outputs == sealed
     assert sha256(canonical(outputs)) == seal['outputs']
@@ -99,6 +104,9 @@ def test_every_record_started_after_the_seal_and_names_it(report_dir):
     for name, record in records.items():
         assert record['seal'] == seal['commit'], name
         assert datetime.datetime.fromisoformat(record['started']) > sealed, name
+        if report_dir not in ('sink_study_v2', 'sink_study_v3', 'sink_study_v3_gpu'):
+            # since v4 a record keeps its first launch's start: the seal came before it
+            assert datetime.datetime.fromisoformat(record['first_started']) > sealed, name
         assert record['dirty'] is False and re.fullmatch(r'[0-9a-f]{40}', record['commit']), name
 
 
@@ -213,12 +221,12 @@ def test_v3_holds_every_claim_v1_or_v2_tested():
     assert {f'weight_l{k}' for k in range(1, 9)} <= {c[3] for c in study_results.CLAIMS_V3_GPU}
 
 
-def used_seeds():
-    """Every seed a committed plan, the v2 recipe search (its logs), the GPU plan's first attempt or
-    the v3 pilot used."""
+def used_seeds(later=('v3', 'v3_gpu', 'v4', 'custom')):
+    """Every seed a committed plan (but the later ones), the v2 recipe search (its logs), the GPU
+    plan's first attempt or the v3 pilot used."""
     seeds = set()
     for name, plan in sink_study.PLANS.items():
-        if not name.startswith('v3') or name == 'v3_pilot':
+        if name not in later:
             seeds |= {*plan.get('seeds', [1, 2, 3]), *plan.get('kd_seeds', [1, 2, 3]),
                       *plan.get('teachers', [1, 2]),
                       *plan.get('extra_seeds', []), *plan.get('control_seeds', []), 0}
@@ -248,3 +256,21 @@ def test_v3_runs_on_fresh_seeds_more_teachers_and_reaches_holms_floor(plan):
     assert 2 / 2 ** n < 0.05 / m
     with open(os.path.join(ROOT, 'docs', 'analysis.md')) as f:
         assert f"{plan}: n = {n} pairs, m = {m} primary claims" in f.read()
+
+
+# -----------------------------------------------------------------------------
+# v4 (issue 60): affine against the head-wise gate, the decay arm, six teachers; sealed
+
+
+def test_v4_runs_on_fresh_seeds_under_six_teachers():
+    """Students and teachers on seeds no earlier plan, search, attempt or pilot has used, v3's and
+    v3_gpu's included; six teachers, each teaching two students, fixed by the plan."""
+    p = sink_study.PLANS['v4']
+    students, teachers = set(p['kd_seeds']), set(p['teachers'])
+    earlier = used_seeds(later=('v4', 'custom'))
+    assert not (students | teachers) & earlier and not students & teachers
+    assert len(teachers) == 6 and len(students) == 12
+    args, _ = sink_study.parse_args(['--plan=v4'])
+    taught = collections.Counter(sink_study.teacher_of(s, args) for s in students)
+    assert sorted(taught) == [f'teacher_softmax_s{t}' for t in sorted(teachers)]
+    assert set(taught.values()) == {2}
