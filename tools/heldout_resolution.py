@@ -9,6 +9,7 @@ taken as independent; the study's paired test across seeds decides a claim.
 import math
 import statistics
 import sys
+import types
 
 from configurator import Key, parse
 from lmkit.errors import run_script
@@ -37,26 +38,27 @@ def window_losses(model, windows, count, batch_size):
 
 
 def main(argv=None):
-    c = parse(sys.argv[1:] if argv is None else argv, KEYS, __doc__.split('\n\n')[1],
-              prog='python -m tools.heldout_resolution')
-    if len(c['runs']) != 2 or not all(c['runs']):
+    args = types.SimpleNamespace(**parse(sys.argv[1:] if argv is None else argv, KEYS,
+                                         __doc__.split('\n\n')[1],
+                                         prog='python -m tools.heldout_resolution'))
+    if len(args.runs) != 2 or not all(args.runs):
         raise SystemExit("heldout_resolution: --runs takes two run directories, a,b")
     from lmkit.data import Windows, first_token_id, read_meta
     from model import GPT
-    first = first_token_id(c['first_token'], read_meta(c['data_dir'])['tokenizer'])
-    windows = Windows(c['data_dir'], 'val', c['block_size'], first)
-    count = min(max(c['windows']), len(windows))
-    a, b = (window_losses(GPT.from_pretrained(run).eval(), windows, count, c['batch_size'])
-            for run in c['runs'])
+    first = first_token_id(args.first_token, read_meta(args.data_dir)['tokenizer'])
+    windows = Windows(args.data_dir, 'val', args.block_size, first)
+    count = min(max(args.windows), len(windows))
+    a, b = (window_losses(GPT.from_pretrained(run).eval(), windows, count, args.batch_size)
+            for run in args.runs)
     differences = [x - y for x, y in zip(a, b)]
     mean, sd = statistics.fmean(differences), statistics.stdev(differences)
-    print(f"{c['runs'][0]} - {c['runs'][1]} over {count} windows: mean difference {mean:.5f}, "
+    print(f"{args.runs[0]} - {args.runs[1]} over {count} windows: mean difference {mean:.5f}, "
           f"sd over windows {sd:.5f}")
     print("| windows | tokens | 95% half-width of the mean difference |\n|---|---|---|")
-    for n in sorted(c['windows']):
+    for n in sorted(args.windows):
         n = min(n, count)
         half = 1.96 * statistics.stdev(differences[:n]) / math.sqrt(n)
-        print(f"| {n:,} | {n * c['block_size']:,} | {half:.5f} |")
+        print(f"| {n:,} | {n * args.block_size:,} | {half:.5f} |")
 
 
 if __name__ == '__main__':
