@@ -556,7 +556,11 @@ def test_every_sealed_verdict_recomputed_from_the_committed_records(study, claim
             k: v for k, v in record.items() if k in run and k != 'curve'}
     claims = results['claims']
     assert {c['arm'] for c in claims} == {'kd'} and len(claims) == n_claims
-    group = lambda v: {r['seed']: r for r in records if r['arm'] == 'kd' and r['variant'] == v}
+
+    def group(name):  # a variant's kd runs, or another arm's (v4: affine@decay)
+        variant, _, arm = name.partition('@')
+        return {r['seed']: r for r in records
+                if r['arm'] == (arm or 'kd') and r['variant'] == variant}
     softmax_rates = np.mean([r['end']['gu']['sink_rate_per_layer']
                              for r in group('softmax').values()], axis=0)
     sink_layers = [k + 1 for k, rate in enumerate(softmax_rates) if rate >= 1 / 16]
@@ -581,6 +585,12 @@ def test_every_sealed_verdict_recomputed_from_the_committed_records(study, claim
             p = every_labelling(list(va.values()), list(vb.values()), teacher(a, va),
                                 teacher(b, vb))
         assert claim['p'] == pytest.approx(p, abs=1e-9), claim['id']
+        if claim.get('p_teacher') is not None:  # v4: the sign flips of the teachers' means
+            by_teacher = {}
+            for seed in va:
+                by_teacher.setdefault(a[seed]['teacher'], []).append(va[seed] - vb[seed])
+            assert claim['p_teacher'] == pytest.approx(
+                every_sign_flip([np.mean(d) for d in by_teacher.values()]), abs=1e-9)
     for family in ('primary', 'secondary'):
         check_holm_and_verdicts([c for c in claims if c['family'] == family])
 
