@@ -167,9 +167,11 @@ def check_logits(out_dir, model, dtype):
     export is compared with our model rounded to bf16): a right-padded batch, logits at the real
     positions. Returns the max difference."""
     from transformers import AutoModelForCausalLM
+    from lmkit.hf_wrapper import hf_native
     # (alpha_ma stays float32 through the casts, as model.py keeps it)
     ours = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype).float()
-    hf = AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=not model.config.hf_native)
+    hf = AutoModelForCausalLM.from_pretrained(out_dir,
+                                              trust_remote_code=not hf_native(model.config))
     # (transformers 5 loads a bf16 export in bf16, alpha_ma float32; 4.x in float32)
     hf = hf.float().eval()
     T = min(model.config.block_size, 16)
@@ -203,12 +205,12 @@ def export(model, tok_info, out_dir, dtype=torch.float32, max_shard_bytes=5 * 10
             enc = write_tokenizer(tok_info, tokenizer, tmp, cfg.block_size)
             special_ids = check_tokenizer(tmp, enc)
             # transformers: imported once main has checked it is there
-            from lmkit.hf_wrapper import hf_config
+            from lmkit.hf_wrapper import hf_config, hf_native
             write_json(os.path.join(tmp, 'config.json'),
                        hf_config(cfg, dtype, special_ids, tok_info), indent=2)
-            generation = dict(special_ids, **({} if cfg.hf_native else dict(use_cache=False)))
+            generation = dict(special_ids, **({} if hf_native(cfg) else dict(use_cache=False)))
             write_json(os.path.join(tmp, 'generation_config.json'), generation, indent=2)
-            if not cfg.hf_native:
+            if not hf_native(cfg):
                 for path in CODE_PATHS:
                     shutil.copyfile(os.path.join(HERE, path),
                                     os.path.join(tmp, os.path.basename(path)))
@@ -304,8 +306,9 @@ def main(argv=None):
     model, tok_info, path = load_checkpoint(args.ckpt)
     err = export(model, tok_info, out, DTYPES[args.dtype], args.max_shard_size, args.tokenizer,
                  args.check)
+    from lmkit.hf_wrapper import hf_native  # (transformers is there: the export checked it)
     cfg = model.config
-    how = ("AutoModelForCausalLM.from_pretrained(DIR)" if cfg.hf_native else
+    how = ("AutoModelForCausalLM.from_pretrained(DIR)" if hf_native(cfg) else
            "AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)")
     checked = (f"; transformers gives our logits (max difference {err:.1e})" if err is not None
                else "")

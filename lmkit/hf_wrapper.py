@@ -1,6 +1,6 @@
 """
 The Hugging Face face of model.py: an export's config.json (hf_config) and, for every model
-transformers' own classes do not compute (ModelConfig.hf_native), the code export_hf.py copies
+transformers' own classes do not compute (hf_native), the code export_hf.py copies
 beside model.py and attention_kernels.py, to which config.json maps the Auto classes
 (trust_remote_code=True). The model is this repository's GPT; this file only translates: a
 right-padded attention_mask into seq_lens, labels into shifted targets, the logits into
@@ -26,6 +26,10 @@ except ImportError:  # in this repository: the network at its root
 
 TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
 
+# The variants that transformers' own Llama and Qwen2 compute, by their key in model.VARIANTS. An
+# export of one without a gate is a plain Llama or Qwen2 and ships no code; any other model ships
+# ours.
+HF_NATIVE = ('softmax',)
 # an export's config.json model_type for the variants transformers does not have
 MODEL_TYPE = 'affine_scaled_gpt'
 # below: what such an export's Auto classes map to
@@ -42,8 +46,13 @@ def transformers_names(config):
                 tie_word_embeddings=config.tie_embeddings)
 
 
+def hf_native(cfg):
+    """Whether transformers' own Llama or Qwen2 computes a ModelConfig's model (HF_NATIVE)."""
+    return cfg.variant_name in HF_NATIVE and not cfg.is_gated
+
+
 def hf_config(cfg, dtype, special_ids, tok_info):
-    """config.json of an export. A model transformers computes itself (ModelConfig.hf_native:
+    """config.json of an export. A model transformers computes itself (hf_native:
     softmax without the gate): its own Llama (Qwen2 when q/k/v have biases) in the hub's layout,
     which 4.x and 5.x both read (5.x writes rope_parameters, which 4.x ignores, falling back to
     rope_theta = 10000). Other models: our ModelConfig under model_config and an auto_map to the
@@ -51,7 +60,7 @@ def hf_config(cfg, dtype, special_ids, tok_info):
     which distill.py checks a KD teacher's data against."""
     common = dict(transformers_names(cfg), **special_ids,
                   torch_dtype=str(dtype).removeprefix('torch.'), tokenizer_info=tok_info)
-    if not cfg.hf_native:
+    if not hf_native(cfg):
         config_class, model_class = WRAPPER_CLASSES
         return dict(architectures=[model_class], model_type=MODEL_TYPE,
                     auto_map={'AutoConfig': f'hf_wrapper.{config_class}',
@@ -121,7 +130,8 @@ class AffineScaledForCausalLM(PreTrainedModel, GenerationMixin):
     def _init_weights(self, module):
         """GPT's init, for what transformers did not load. Transformers 5 also calls it on a layer
         whose saved buffers it loaded (affine's alpha_ma), because of the running sums beside them
-        (never saved: Variant.running): those are zeroed, the loaded ones kept."""
+        (registered with persistent=False, so never saved): those are zeroed, the loaded ones
+        kept."""
         if any(getattr(b, '_is_hf_initialized', False) for b in module.buffers(recurse=False)):
             for name in module._non_persistent_buffers_set:
                 module._buffers[name].zero_()

@@ -5,7 +5,7 @@ backward (saved_bytes_per_token), the fused KD loss's working set (kd_loss_memor
 component (memory_estimate), with the arguments a run's config gives it (memory_plan,
 print_dry_run: a RunConfig's). `python train.py <config> --dry_run=True` prints it;
 tools/memory_tables.py writes it into the docs' tables and, with --measure, holds it against
-memory_measure.fake_peak_memory. Imports flow one way: data -> model -> distill -> memory_plan ->
+memory_measure.fake_peak_memory. Imports flow one way: data -> model -> fused_kd -> memory_plan ->
 runs -> train, memory_measure, bench, gpu_check.
 """
 import os
@@ -13,8 +13,8 @@ import os
 import torch
 
 from lmkit.checkpoint import checkpoint_file, config_from_hf, read_checkpoint, read_hf_config
-from distill import CHUNK_LOGITS, fp32_output_gemm
-from model import FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig, no_more_saved
+from lmkit.fused_kd import CHUNK_LOGITS, fp32_output_gemm
+from model import FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
 
 # The paper's teachers by their checkpoint directory's name: a dry run sizes the teacher from its
 # published shape (model.MODEL_SHAPES) when its checkpoint is not on this machine.
@@ -56,10 +56,28 @@ def meta_param_counts(cfg):
     return _PARAM_COUNTS[key]
 
 
+def no_more_saved(config, a, x_copy):
+    return 0  # a forward that saves nothing for backward beyond softmax attention's
+
+
+def affine_saved_bytes(config, a, x_copy):
+    """alpha_proj's copy of X, alpha in float32 and its views, and the running mean of V in
+    float32."""
+    return x_copy + 12 * config.n_head + 4 * config.n_kv_head * config.head_dim
+
+
+# The bytes per token a variant's forward saves for backward beyond softmax's, by its key in
+# model.VARIANTS, as (config, a, x_copy) -> bytes: a is the bytes of one activation and x_copy those
+# of autocast's copy of X (0 without one). A variant without an entry is planned as softmax, and
+# the dry run says so.
+SAVED_BYTES = {'softmax': no_more_saved, 'sink': no_more_saved, 'affine': affine_saved_bytes,
+               'softmax1': no_more_saved}
+
+
 def saved_bytes_per_token(config, dtype, fsdp):
     """Bytes autograd saves for backward per token in one decoder layer (Block.compute: the two
     RMSNorms, q/k/v, the attention output and log-sum-exp, the gate's and the variant's extras (its
-    entry's Variant.saved_bytes), the SwiGLU MLP), for dtype 'float32' or 'bfloat16' (bf16 autocast
+    entry in SAVED_BYTES), the SwiGLU MLP), for dtype 'float32' or 'bfloat16' (bf16 autocast
     over fp32 weights, or FSDP's bf16 weights with fsdp=True). A change to the forward it counts
     (model.py) is a change here; tests/test_fsdp.py holds it against saved_tensors_hooks for every
     registered variant."""
@@ -88,7 +106,7 @@ def saved_bytes_per_token(config, dtype, fsdp):
             # g_proj's copy of X, the gate's input and its sigmoid
             + config.is_gated * (x_copy + a * HD) + a * gate
             # not planned: print_dry_run says so
-            + (config.variant.saved_bytes or no_more_saved)(config, a, x_copy)
+            + SAVED_BYTES.get(config.variant_name, no_more_saved)(config, a, x_copy)
             + 4 * a * I)  # SwiGLU: gate and up outputs, silu, down_proj's input
 
 
@@ -235,6 +253,6 @@ def print_dry_run(run, model_config):
     for name, value in estimate.items():
         print(f"  {name:<12} {value / 2 ** 30:7.2f} GiB")
     print(f"  {'total':<12} {total:7.2f} GiB of {gpu_gib:g}: {said}")
-    if model_config.variant.saved_bytes is None:
-        print(f"  {model_config.attention}: activation memory not planned (its Variant has no "
-              "saved_bytes): counted as softmax attention's")
+    if model_config.variant_name not in SAVED_BYTES:
+        print(f"  {model_config.attention}: activation memory not planned (memory_plan.SAVED_BYTES "
+              "has no entry for it): counted as softmax attention's")

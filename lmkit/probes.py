@@ -18,8 +18,14 @@ import torch.nn.functional as F
 
 from attention_kernels import attention_scores
 from lmkit.distributed import full_tensor
-from model import HEAD_STATS
 
+# What the measures know about each variant's weights, by its key in model.VARIANTS; a variant
+# without an entry has none of these. HEAD_STATS: its per-head tensors, which the analyses plot and
+# train.py logs. ROWS_SUM_TO_ONE: its rows are a distribution, which Gu et al.'s Sink_1 reads as
+# they are. NULL_SLOT: its rows leave out a sink's own mass, 1 minus the row's sum.
+HEAD_STATS = {'sink': ('sinks',), 'affine': ('alpha_ma',)}
+ROWS_SUM_TO_ONE = ('softmax',)
+NULL_SLOT = ('sink', 'softmax1')
 # Gu et al. (2025)'s epsilon: a head whose first-position score exceeds it has a sink
 SINK_THRESHOLD = 0.3
 # Gu et al.'s own setting: 100 samples of 64 tokens (pretrain/eval_sink_pretrain.py)
@@ -87,11 +93,22 @@ def inspect_attention(model, idx, fn):
 
 def variant_statistics(attn, x):
     """What the analyses read of a layer's variant besides its weights, in float64: alpha (B, T, H)
-    of Eq. 7 on the input x where it has one, and its per-head tensors (Variant.head_stats: sink
+    of Eq. 7 on the input x where it has one, and its per-head tensors (HEAD_STATS: the sink
     logits, alpha_ma)."""
     variant = attn.config.variant
     stats = {'alpha': variant.alpha(attn, x).double()} if variant.alpha else {}
-    return stats | {name: getattr(attn, name).double() for name in variant.head_stats}
+    return stats | {name: getattr(attn, name).double() for name in head_stats(attn.config)}
+
+
+def head_stats(config):
+    """The names of the variant's per-head tensors (HEAD_STATS)."""
+    return HEAD_STATS.get(config.variant_name, ())
+
+
+def weight_rows(config):
+    """What sink_scores needs to know of the variant's rows: (whether they sum to one, whether they
+    leave out a null slot)."""
+    return config.variant_name in ROWS_SUM_TO_ONE, config.variant_name in NULL_SLOT
 
 # -----------------------------------------------------------------------------------------------
 # The measures, each on a layer's explicit weights w (B, H, T, T) (0 on the keys a query does not
@@ -249,19 +266,19 @@ def attention_statistics(model, idx, corner=30, value_stride=1):
     entropy of |w| renormalised (Figure 6), corner (B, c, c) (Figure 9); the variant's own
     (variant_statistics) and activation_outliers'. docs/analysis.md, "The sink's measures"."""
     def statistics(attn, x, cos, sin, positions):
-        variant = attn.config.variant
+        rows_sum_to_one, null_slot = weight_rows(attn.config)
         w = attn.weights(x, cos, sin, positions).double()
         rows = w.sum(-1)  # (B, H, T)
         p = w.abs() / w.abs().sum(-1, keepdim=True).clamp_min(1e-30)
         entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # (B, H, T)
         first = first_token_weights(w)
         null = first['null'].mean(2)
-        sink = sink_scores(w, variant.rows_sum_to_one, variant.sink)
+        sink = sink_scores(w, rows_sum_to_one, null_slot)
         stats = dict(first_token=first['weight'].mean(dim=(1, 2)),
                      first_token_head=first['weight'].mean(2),
                      first_token_share=first['share'].mean(dim=(1, 2)),
                      first_token_share_head=first['share'].mean(2),
-                     null_mass_head=null, sink_mass=null.mean(1) if variant.sink else None,
+                     null_mass_head=null, sink_mass=null.mean(1) if null_slot else None,
                      sink_score=sink['tokens'], sink_score_null_slot=sink['null_slot'],
                      negative_rows=(w.amin(-1) < 0).double().mean(dim=(1, 2)),
                      value_weighted_first_head=value_weighted_first_token(attn, x, cos, sin, w,
@@ -358,14 +375,14 @@ def mean_attention_logit(model, idx):
 
 def variant_tensor_means(model, alpha_means):
     """Per-layer head means of this step's E[alpha] (affine) and of the variant's per-head tensors
-    (Variant.head_stats: affine's alpha_ma, the sink logits), rounded to 5 decimals as train.py logs
+    (HEAD_STATS: affine's alpha_ma, the sink logits), rounded to 5 decimals as train.py logs
     them."""
     layers = [layer.self_attn for layer in model.model.layers]
     stats = {}
     if alpha_means:
         stats['alpha_mean'] = [round(a.mean().item(), 5) for a in alpha_means]
     # a parameter is a shard under FSDP: gathered (every rank calls this)
-    for name in model.config.variant.head_stats:
+    for name in head_stats(model.config):
         stats[name] = [round(full_tensor(getattr(m, name)).mean().item(), 5) for m in layers]
     return stats
 
@@ -383,7 +400,7 @@ def sink_record(model, idx):
     """Every measure of layer_summary on the windows idx (train.py's attention_windows), per layer
     (lists; per layer and head where the name ends in _per_head), rounded to 6 decimals, under the
     names the records had first (RECORD_NAMES); sink_mass (the null slot's) for a variant with one
-    (Variant.sink); and over the model, Gu et al.'s Sink_1^0.3 on these windows (sink_rate;
+    (NULL_SLOT); and over the model, Gu et al.'s Sink_1^0.3 on these windows (sink_rate;
     sink_rate_null_slot) and the repository's earlier measure (sink_rate_mean_head), model_rates;
     the value-weighted share on every VALUE_WEIGHTED_STRIDE-th query. Under FSDP every rank must
     call it."""
@@ -395,7 +412,7 @@ def sink_record(model, idx):
                                 else key)
         record[name] = [round(v, 6) if isinstance(v, float) else [round(h, 6) for h in v]
                         for v in (layer[key] for layer in layers)]
-    if model.config.variant.sink:
+    if weight_rows(model.config)[1]:
         record['sink_mass'] = record['null_mass']
     return record | model_rates(layers)
 
@@ -438,9 +455,9 @@ def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):
         parts.append(attention_statistics(model, idx, corner))
         if progress:
             progress(sum(len(part[0]['first_token']) for part in parts))
-    layers = []
+    layers, per_head = [], head_stats(model.config)
     for per_batch in zip(*parts):
-        s = {key: torch.cat([b[key] for b in per_batch]) if key not in HEAD_STATS
+        s = {key: torch.cat([b[key] for b in per_batch]) if key not in per_head
              else per_batch[0][key] for key in per_batch[0] if per_batch[0][key] is not None}
         layer = layer_summary(s) | dict(row_sum_median=s['row_sums'].median().item(),
                                         head_total=s['head_total'].mean(0).tolist(),
@@ -453,7 +470,7 @@ def model_statistics(model, sequences, corner=30, batch_size=1, progress=None):
                          alpha_quantiles=dict(zip(('min', 'p5', 'p25', 'median', 'p75', 'p95',
                                                    'max'),
                                                   torch.quantile(alpha.flatten(), qs).tolist())))
-        layer.update({key: s[key].tolist() for key in HEAD_STATS if key in s})
+        layer.update({key: s[key].tolist() for key in per_head if key in s})
         layers.append((layer, s['row_sums'].flatten().cpu().numpy()))
     row_sums = np.concatenate([r for _, r in layers])
     lo, hi = float(row_sums.min()), float(row_sums.max())
@@ -471,11 +488,10 @@ def sink_rates(model, sequences, batch_size=1):
     sink_scores): over the model and per layer, on the tokens, on the raw rows and, for a variant
     with a null slot, on the slot."""
     device = next(model.parameters()).device
-    variant = model.config.variant
 
     def scores(attn, x, cos, sin, positions):
-        return sink_scores(attn.weights(x, cos, sin, positions).double(), variant.rows_sum_to_one,
-                           variant.sink)
+        return sink_scores(attn.weights(x, cos, sin, positions).double(),
+                           *weight_rows(model.config))
 
     parts = [inspect_attention(model, idx, scores)
              for idx in batches(sequences, batch_size, device)]

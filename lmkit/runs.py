@@ -350,16 +350,31 @@ def load_run(out_dir):
                 method=method_name(config), objective=objective(config))
 
 
+# The paper's names for its models (Tables 1-3), and ours for the others, by their value of
+# --attention; the analyses' tables and figures show them. A name without an entry shows as itself.
+DISPLAY_NAMES = {'softmax': 'Baseline', 'sink': 'Sink', 'affine': 'Affine-Scaled',
+                 'softmax1': 'Off-by-One', 'gated': 'Gated',
+                 'affine_gated': 'Affine-Scaled + Gated', 'headwise_gated': 'Head-wise Gated'}
+# What the tables add after a variant's name, by its key in model.VARIANTS (Table 3's sigmoid
+# ablation); a variant without an entry adds nothing.
+OPTIONS = {'affine': lambda c: '' if c.affine_act == 'linear_clip' else f' ({c.affine_act})'}
+
+
+def variant_options(config):
+    """What the tables add after the name of a ModelConfig's variant (OPTIONS)."""
+    return OPTIONS.get(config.variant_name, lambda c: '')(config)
+
+
 def method_name(config):
-    """The paper's name for a model config (a dict): its variant's display name (GATED_NAMES' with
-    its gate), then its options (Table 3's sigmoid ablation says so)."""
+    """The paper's name for a model config (a dict): its display name (DISPLAY_NAMES), with the
+    gate where the gated model has no name of its own ('Sink + Gated'), then its options."""
     config = ModelConfig(**{key: value for key, value in config.items() if key in FIELD_NAMES})
     of, gate = config.variant_name, config.gate_kind
-    name = config.variant.display or of
-    if config.is_gated:  # its name with the gate where it has one, else e.g. 'Sink + Gated'
-        named = {(g.base, g.gate): g.display for g in GATED_NAMES.values()}
+    name = DISPLAY_NAMES.get(of, of)
+    if config.is_gated:
+        named = {(g.base, g.gate): DISPLAY_NAMES.get(n, n) for n, g in GATED_NAMES.items()}
         name = named.get((of, gate), f"{name} + {named[BASELINE, gate]}")
-    return name + config.variant.options(config)
+    return name + variant_options(config)
 
 
 def objective(config):

@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_leaves
 
 from lmkit import distributed
 from lmkit import measure
-import distill
+from lmkit import fused_kd
 from tools import gpu_check
 from tools import memory_measure
 from lmkit import memory_plan, runs
@@ -131,10 +131,10 @@ class FakeCuda(TorchFunctionMode):
 def fake_cuda():
     """Fake CUDA tensors with bf16 autocast on: torch.autocast('cuda') switches itself off in a
     build without CUDA, so it is set directly. The KD loss's probe for float32-output bf16 GEMMs
-    needs real values; an sm_80+ GPU with torch >= 2.8 (distill.fp32_output_gemm) answers yes."""
+    needs real values; an sm_80+ GPU with torch >= 2.8 (fused_kd.fp32_output_gemm) answers yes."""
     enabled, dtype = torch.is_autocast_enabled('cuda'), torch.get_autocast_dtype('cuda')
-    gemm_probe = distill.fp32_output_gemm
-    distill.fp32_output_gemm = lambda device, dtype: device.type == 'cuda'
+    gemm_probe = fused_kd.fp32_output_gemm
+    fused_kd.fp32_output_gemm = lambda device, dtype: device.type == 'cuda'
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), FakeCuda():
             torch.set_autocast_enabled('cuda', True)
@@ -144,7 +144,7 @@ def fake_cuda():
         torch.set_autocast_enabled('cuda', enabled)
         torch.set_autocast_dtype('cuda', dtype)
         torch.clear_autocast_cache()
-        distill.fp32_output_gemm = gemm_probe
+        fused_kd.fp32_output_gemm = gemm_probe
 
 
 class Trace(TorchDispatchMode):
@@ -268,7 +268,7 @@ def test_teacher_forward_on_cuda_in_bf16(row):
 
 @pytest.mark.parametrize('row', ROWS)
 def test_kd_loss_on_cuda_runs_bf16_gemms_with_float32_outputs(row):
-    """distill.FusedKDLoss's forward on a micro-batch (4 x 2,048 tokens, V = 128,256) as train.py
+    """fused_kd.FusedKDLoss's forward on a micro-batch (4 x 2,048 tokens, V = 128,256) as train.py
     feeds it on GPUs: student hidden states and lm_head float32 under DDP, bf16 under FSDP; the bf16
     teacher's. It computes the loss's gradients too (autograd cannot run on fake CUDA tensors, so it
     is called as autograd would call it, asked for both gradients). Its four GEMMs per chunk take
@@ -276,7 +276,7 @@ def test_kd_loss_on_cuda_runs_bf16_gemms_with_float32_outputs(row):
     hidden states and the lm_head); no chunk holds more than CHUNK_LOGITS logits."""
     student, teacher, parallel = shapes(row, 'softmax')
     N, V = MICRO_BATCH * student.block_size, student.vocab_size
-    chunk = distill.CHUNK_LOGITS // V  # tokens per chunk, fused_kd_loss's default
+    chunk = fused_kd.CHUNK_LOGITS // V  # tokens per chunk, fused_kd_loss's default
     side = torch.bfloat16 if parallel == 'fsdp' else torch.float32
     with fake_cuda():
         h_s, w_s = (torch.empty(N, student.n_embd, device='cuda', dtype=side),
@@ -288,7 +288,7 @@ def test_kd_loss_on_cuda_runs_bf16_gemms_with_float32_outputs(row):
                               save_for_backward=lambda *t: None,
                               mark_non_differentiable=lambda *t: None)
         with Trace() as trace:
-            loss, _, _ = distill.FusedKDLoss.forward(ctx, h_s, w_s, h_t, w_t, targets, 1.0, 1.0,
+            loss, _, _ = fused_kd.FusedKDLoss.forward(ctx, h_s, w_s, h_t, w_t, targets, 1.0, 1.0,
                                                      chunk)
     assert loss.dtype == torch.float32
     gemms = trace.gemms()
@@ -301,7 +301,7 @@ def test_kd_loss_on_cuda_runs_bf16_gemms_with_float32_outputs(row):
     logits = [t.numel() for _, _, outputs in trace.ops for t in outputs
               # logits, softmaxes and their gradients
               if t.dtype == torch.float32 and t.shape[-1:] == (V,)]
-    assert logits and max(logits) <= distill.CHUNK_LOGITS
+    assert logits and max(logits) <= fused_kd.CHUNK_LOGITS
 
 
 # -----------------------------------------------------------------------------

@@ -112,7 +112,7 @@ def test_sink_rates_and_first_token_measures_of_every_variant(attention):
     model = tiny_model(attention).double()
     idx = torch.randint(0, 300, (3, 16), generator=torch.Generator().manual_seed(1))
     w = torch.stack(explicit_weights(model, idx), 1)  # (samples, layers, heads, T, T)
-    rows_sum_to_one, slot = model.config.variant.rows_sum_to_one, model.config.variant.sink
+    rows_sum_to_one, slot = probes.weight_rows(model.config)
     tokens = w if rows_sum_to_one else w.abs() / (w.abs().sum(-1, keepdim=True) + 1e-8)
     rates = probes.sink_rates(model, idx, batch_size=2)
     # (theirs in float32)

@@ -195,6 +195,6 @@ def test_the_walkthrough_is_the_code_and_its_minimal_entry_works(monkeypatch, ca
     assert torch.isfinite(loss) and all(torch.isfinite(p).all() for p in gpt.parameters())
 
     runs.dry_run(train.load_config([]), config)
-    assert (f"{name}: activation memory not planned (its Variant has no saved_bytes): counted as "
-            "softmax attention's"
+    assert (f"{name}: activation memory not planned (memory_plan.SAVED_BYTES has no entry for "
+            "it): counted as softmax attention's"
             in capsys.readouterr().out)

@@ -68,6 +68,7 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     import export_hf
     from study import sink_study
     from study import study_records
+    from lmkit import probes
     from lmkit.checkpoint import read_checkpoint
     from model import GPT
     from test_analyze import explicit_weights
@@ -117,7 +118,7 @@ def test_the_study_end_to_end(data_dir, tmp_path):
         assert run['first_token_weight'] == pytest.approx(recomputed, abs=2e-6)
         # Gu et al.'s Sink_1 on these windows (its reference: tests/test_probes.py)
         w = torch.stack(attentions, 1)
-        rows = (w if model.config.variant.rows_sum_to_one
+        rows = (w if probes.weight_rows(model.config)[0]
                 else w.abs() / (w.abs().sum(-1, keepdim=True) + 1e-8))
         assert run['sink_rate'] == pytest.approx(gu_metric(rows)[:, 0].mean().item(), abs=1e-7)
     # the control: weight decay off on alpha_proj and g_proj only; 4096 tokens are 8 steps, all in

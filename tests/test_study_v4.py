@@ -169,8 +169,8 @@ def test_the_generic_claims_compare_every_variant_with_the_first_two_sided():
 
 MY_ATTENTION = '''
 
-def halved_forward(attn, q, k, v, visible, **call):  # softmax at half the scores: a test's own
-    return softmax_attention(q * 0.5, k, v, visible)
+def halved_forward(attn, q, k, v, causal, mask, **call):  # softmax at half the scores
+    return softmax_attention(q * 0.5, k, v, causal, mask)
 
 
 def halved_weights(attn, scores, **call):

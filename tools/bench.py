@@ -39,17 +39,17 @@ from lmkit.errors import RunError, run_script
 from lmkit.files import read_log
 from lmkit.zeroshot import build_docs, choice_doc, encode_docs, score_one_by_one, score_requests
 from lmkit.loading import load_model_and_tokenizer
-from distill import kd_problem
-from model import ATTENTIONS, BASELINE, EXPLICIT, FIELD_NAMES, GPT, PROPOSED, ModelConfig
+from model import ATTENTIONS, BASELINE, FIELD_NAMES, GPT, ModelConfig
 from lmkit.probes import (GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS, VALUE_WEIGHTED_STRIDE,
                           activation_outliers, alpha_summary, first_token_weights, hooked_forward,
                           inspect_attention, knockout_losses, mean_attention_logit, sink_rates,
                           sink_record, sink_scores, value_weighted_first_token, variant_statistics,
-                          w8a8_losses)
+                          w8a8_losses, weight_rows)
 from lmkit.tokenizer import load_tokenizer
 from lmkit.runs import configure_optimizers, load_config, run_config
 from tools.harness_tasks import task_rows, write_harness_yamls, write_tasks
 from tools.tables import log, print_table, ratio
+from tools.workloads import EXPLICIT, PROPOSED, kd_problem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
 TINY_CONFIG = os.path.join(ROOT, 'config', 'tiny_cpu.py')
@@ -517,11 +517,10 @@ def bench_probes(args, device):
 
         def items():
             for attn, x, cos, sin, w in layers:
-                v = attn.config.variant
-                first_token_weights(w), sink_scores(w, v.rows_sum_to_one,
-                                                    v.sink), (w.amin(-1) < 0).double().mean()
+                first_token_weights(w), sink_scores(w, *weight_rows(attn.config)), (
+                    w.amin(-1) < 0).double().mean()
                 value_weighted_first_token(attn, x, cos, sin, w, VALUE_WEIGHTED_STRIDE)
-                if v.alpha:
+                if attn.config.variant.alpha:
                     alpha_summary(variant_statistics(attn, x)['alpha'])
 
         base = seconds(evaluation)

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.mem_tracker import MemTracker
 
-import distill
 from distill import compute_loss
+from lmkit import fused_kd
 from lmkit.distributed import apply_fsdp
 from lmkit.memory_plan import plan_dtype
 from lmkit.runs import configure_optimizers
@@ -49,7 +49,7 @@ def fake_peak_memory(c, model_config, teacher_config):
     dist.init_process_group('fake', rank=0, world_size=c.dry_run_world_size)
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), \
-                mock.patch.object(distill, 'fp32_output_gemm', lambda device, dtype: True):
+                mock.patch.object(fused_kd, 'fp32_output_gemm', lambda device, dtype: True):
             student = fake_gpt(model_config, 'cpu')
             for layer in student.model.layers:
                 layer.activation_checkpointing = c.activation_checkpointing

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 from tools import memory_measure  # noqa: E402
 from lmkit import memory_plan  # noqa: E402
-from lmkit.runs import load_config, run_config  # noqa: E402
+from lmkit.runs import load_config, run_config, variant_options  # noqa: E402
 from lmkit.measure import KNOWN_PEAK_BF16, flops_per_token  # noqa: E402
 from configurator import parse  # noqa: E402
 from lmkit.files import atomic_write  # noqa: E402
@@ -52,7 +52,7 @@ class Row:
         self.cfg = ModelConfig(**{k: getattr(self.c, k) for k in FIELD_NAMES})
         # in tables: the attention flag, '_' read as '+' (affine_gated: affine + gated), then its
         # options; rows in model.ATTENTIONS' order, a variant's options after it
-        self.shown = self.cfg.attention.replace('_', ' + ') + self.cfg.variant.options(self.cfg)
+        self.shown = self.cfg.attention.replace('_', ' + ') + variant_options(self.cfg)
         self.order = (ATTENTIONS.index(self.cfg.attention), self.shown)
         self.teacher_name = os.path.basename(os.path.normpath(self.c.teacher))
         self.teacher = ModelConfig(**memory_plan.KNOWN_TEACHERS[self.teacher_name])
