@@ -1,9 +1,10 @@
 """
-The sink study's blocks in the docs, generated from its committed results (tests/test_sink_study.py
-holds each to them): README.md's study blocks (study_results.readme_lines of docs/sink_study_v3/
-and docs/sink_study_v2/ results.json), docs/analysis.md's claims tables
-(study_results.claims_table), its pilot table (study_results.pilot_lines of
-docs/sink_study/pilot/results.json) and v3's payoff pilot (study_results.payoff_pilot_lines).
+The sink study's blocks in the docs, generated from its committed results (tests/test_findings.py
+and tests/test_sink_study.py hold each to them): README.md's findings at a glance
+(study_findings.readme_lines of every docs/sink_study*/results.json: a study that finishes is one
+more column), docs/analysis.md's claims tables (study_results.claims_table), its pilot table
+(study_results.pilot_lines of docs/sink_study/pilot/results.json) and v3's payoff pilot
+(study_results.payoff_pilot_lines).
 
     python -m study.study_blocks           # check: exit status 1 and the blocks that differ
     python -m study.study_blocks --write   # write them between their markers (nothing else changes)
@@ -17,7 +18,7 @@ if __package__ in (None, ''):  # run as a file: its imports need the root, which
     sys.exit("run it from the repository's root: python -m study.study_blocks")
 
 import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
-from study import study_results  # noqa: E402  (after the path: the repository's root)
+from study import study_findings, study_results  # noqa: E402  (after the path: the root)
 from lmkit.files import atomic_write  # noqa: E402
 
 
@@ -28,12 +29,8 @@ def results(path):
 
 # (file, start marker, end marker, the lines between them)
 BLOCKS = [
-    ('README.md', '<!-- v3: study_results.readme_lines(docs/sink_study_v3/results.json) -->',
-     '<!-- end of v3 -->',
-     lambda: study_results.readme_lines(results('docs/sink_study_v3/results.json'))),
-    ('README.md', '<!-- v2: study_results.readme_lines(docs/sink_study_v2/results.json) -->',
-     '<!-- end of v2 -->',
-     lambda: study_results.readme_lines(results('docs/sink_study_v2/results.json'))),
+    ('README.md', '<!-- the findings: study_findings.readme_lines() -->',
+     '<!-- end of the findings -->', study_findings.readme_lines),
     ('docs/analysis.md', '<!-- the claims: study_results.claims_table() -->',
      '<!-- end of the claims -->', study_results.claims_table),
     ('docs/analysis.md', "<!-- v2's claims: study_results.claims_table('v2') -->",

@@ -4,6 +4,8 @@ their tests (study/significance.py), and every word the report, the README's blo
 docs/analysis.md's pilot table say about them, generated from the runs' records (study/sink_study.py
 writes the records; study/study_blocks.py writes the blocks).
 """
+import functools
+import json
 import os
 import statistics
 
@@ -570,12 +572,17 @@ def teachers_in_words(results):
 
 def parameters(settings):
     """A run's parameters from its settings (model.py's GPT on the meta device: nothing
-    allocated)."""
+    allocated), once per model's settings: a report asks for each variant's many times."""
+    from model import FIELD_NAMES
+    return model_parameters(json.dumps({k: settings[k] for k in FIELD_NAMES}, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=None)
+def model_parameters(fields):
     import torch
-    from model import FIELD_NAMES, GPT, ModelConfig
+    from model import GPT, ModelConfig
     with torch.device('meta'):
-        return sum(p.numel()
-                   for p in GPT(ModelConfig(**{k: settings[k] for k in FIELD_NAMES})).parameters())
+        return sum(p.numel() for p in GPT(ModelConfig(**json.loads(fields))).parameters())
 
 
 def arm_title(results, arm):
@@ -636,37 +643,38 @@ def tally(rows):
 
 
 def secondary_counts(results, arm):
-    """The clause in_words adds after the primary counts: the verdicts of the study's own secondary
-    claims, the contradicted by name, so no count of supported claims stands without them; ''
-    where there are none."""
+    """The sentence in_words adds after the primary counts: the verdicts of the study's own
+    secondary claims, the contradicted by name, so no count of supported claims stands without them;
+    '' where there are none."""
     rows = [r for r in results['claims'] if r['arm'] == arm and r['family'] == 'secondary']
     if not rows:
         return ''
     count, named = tally([r for r in rows if r['direction'] != '!='])
     two_sided = '; '.join(f"{r['source']}: {r['verdict'].split(' (')[0]}"
                           for r in rows if r['direction'] == '!=')
-    return (f"; besides them, of its {len(rows)} secondary claims (Holm within that family), "
+    return (f"Besides them, of its {len(rows)} secondary claims (Holm within that family), "
             f"{count('supported')} supported, {count('contradicted')} contradicted "
             f"({named('contradicted')}), {count('not decided')} not decided, "
             f"{count('numbers only') + count('not measured')} without a verdict"
-            + (f", and two-sided ({two_sided})" if two_sided else ''))
+            + (f", and two-sided ({two_sided})" if two_sided else '') + '.')
 
 
-def other_counts(results, arm, after_secondary=False):
-    """The clause in_words adds beside the primary counts: the verdicts of every claim another
-    registered set tested that this study's set left out (study_reading.other_claims), so no count
-    of supported claims stands without them; '' where there are none (or no reading)."""
-    clauses = []
+def other_counts(results, arm):
+    """The sentences in_words adds beside the primary counts, one per other set: the verdicts of
+    every claim another registered set tested that this study's set left out
+    (study_reading.other_claims), so no count of supported claims stands without them; [] where
+    there are none (or no reading)."""
+    out = []
     for label, rows in by_label(reading_rows(results, 'other_claims', arm)).items():
         count, named = tally(rows)
-        clauses.append(
-            f"; {'and' if clauses or after_secondary else 'besides them,'} of the {len(rows)} "
-            "claims "
-            f"{label.rsplit(';', 1)[0]} (the same tests on these records, exploratory), "
-            f"{count('supported')} supported ({named('supported')}), {count('contradicted')} "
-            f"contradicted ({named('contradicted')}), {count('not decided')} not decided and "
-            f"{count('not measured')} not measured (no such value in these records)")
-    return ''.join(clauses)
+        out += [
+            f"Of the {len(rows)} claims {label.rsplit(';', 1)[0]} (the same tests on these "
+            f"records, exploratory), {count('supported')} supported, "
+            f"{count('contradicted')} contradicted ({named('contradicted')}), "
+            f"{count('not decided')} not decided and {count('not measured')} not measured (no "
+            "such value in these records).",
+            f"Those supported: {named('supported')}." if count('supported') else '']
+    return out
 
 
 def reading_rows(results, key, arm):
@@ -689,33 +697,38 @@ def sink_counts(results, arm, measure='sink_grown'):
 
 
 def control_sentence(results):
+    """control_sentences in one paragraph ('' without a control)."""
+    return ' '.join(control_sentences(results))
+
+
+def control_sentences(results):
     """The control's outcome: per variant and measure, whether it moved with alpha_proj and g_proj
     left out of weight decay (its test, against the kd arm), with both means; then, as numbers only
     (no test of it was fixed before the runs), affine's first-token weight without that decay beside
     the kd sink's, whose logits the recipe never decays (vectors: train.configure_optimizers)."""
     rows = [r for r in results['claims'] if r['arm'] == 'control']
     if not rows:
-        return ''
+        return []
     by = {}
     for r in rows:
         # "moved (p = 0.01; 0.008 without, 0.016 with)"
         by.setdefault(r['low'].split()[0], []).append(
             f"{r['measure']} {r['verdict'].rstrip(')')}; {g(r['mean'][0])} without, "
             f"{g(r['mean'][1])} with)")
-    sentence = ("The control (kd, weight decay off on alpha_proj and g_proj, against the kd arm's "
-                "runs with it): " +
-                '; '.join(f"{variant}'s {', '.join(items)}" for variant, items in by.items()) + '.')
+    sentences = ["The control (kd, weight decay off on alpha_proj and g_proj, against the kd arm's "
+                 "runs with it): " + '; '.join(f"{variant}'s {', '.join(items)}"
+                                               for variant, items in by.items()) + '.']
     affine, sink = tested(results['runs'], 'control', AFFINE), tested(results['runs'], 'kd', SINK)
     if affine and sink:  # every measure of Figure 4's comparison, not the one that reads one way
         both = lambda key: (f"{FIGURE_4_MEASURES[key]} "
                             f"{fmt(sig.mean_std([MEASURES[key][1](r) for r in affine]), 4)} "
                             f"against {fmt(sig.mean_std([MEASURES[key][1](r) for r in sink]), 4)}")
-        sentence += (" Figure 4's affine < sink was tested with that decay on alpha_proj; without "
-                     f"it, affine ({len(affine)} seeds) against the kd sink ({len(sink)} seeds; "
-                     "the recipe never decays sink's logits) had "
-                     f"{', '.join(both(k) for k in FIGURE_4_MEASURES)}: numbers only, as no test "
-                     "of this comparison was fixed before the runs.")
-    return sentence
+        sentences.append("Figure 4's affine < sink was tested with that decay on alpha_proj; "
+                         f"without it, affine ({len(affine)} seeds) against the kd sink "
+                         f"({len(sink)} seeds; the recipe never decays sink's logits) had "
+                         f"{', '.join(both(k) for k in FIGURE_4_MEASURES)}: numbers only, as no "
+                         "test of this comparison was fixed before the runs.")
+    return sentences
 
 
 PAPER_WEIGHT_DECAY = 0.1  # Section 5.1
@@ -729,10 +742,17 @@ def layer_means(runs, get):
 
 
 def design_confounds(results):
-    """The confounds of the study's design that its records show (issue 44; v1 has all four, which
-    v2 removes): decay on the variants' own matrices but not on sink's logits, a sink in fewer than
-    half of the layers, teachers that are the students' peers and share their seeds, and "seeds with
-    a sink" counting Sink_1 > 0. '' if none."""
+    """The confounds (confounds) in one paragraph, '' if none."""
+    lead, found = confounds(results)
+    return (lead + ' ' + '; '.join(f"({i}) {text}" for i, text in enumerate(found, 1)) + '.'
+            if found else '')
+
+
+def confounds(results):
+    """(the sentence that leads them, [each confound]) of the study's design that its records show
+    (issue 44; v1 has all four, which v2 removes): decay on the variants' own matrices but not on
+    sink's logits, a sink in fewer than half of the layers, teachers that are the students' peers
+    and share their seeds, and "seeds with a sink" counting Sink_1 > 0."""
     runs = [r for r in results['runs'] if r['arm'] == 'kd' and r['seed'] != RECIPE_SEED]
     found = []
     decayed = [r for r in runs if r['variant'] in (AFFINE, GATED)
@@ -770,14 +790,11 @@ def design_confounds(results):
                      + ', '.join(f"{g(min(spread(v)))} to {g(max(spread(v)))} "
                                  f"({v})" for v in (SOFTMAX, AFFINE)
                                  if spread(v)))
-    if not found:
-        return ''
     why = ("v2's recipe search found no setting within its budget that grows a sink in more "
            "layers: docs/sink_study_v2/search.md" if results.get('claim_set', 'v1') != 'v1'
            else "v2, issue 44, removes them")
     return (f"This design has {len(found)} confound{'s' * (len(found) > 1)} its records show "
-            f"({why}): "
-            + '; '.join(f"({i}) {text}" for i, text in enumerate(found, 1)) + '.')
+            f"({why}):"), found
 
 
 # Section 5.1 and Appendix B.1
@@ -785,6 +802,9 @@ PAPER_SCALE = "the paper's Figure 4 student: 1B parameters, 20B tokens"
 
 
 def in_words(results):
+    """What the study found, a sentence each (the report's bullets): per arm the primary claims'
+    counts, the secondary's, each other set's, whether softmax grew its sink and the seeds with
+    one; the control; the students' sizes and scale."""
     # v2's words and later studies' (v1's report predates them)
     v2 = results.get('claim_set', 'v1') != 'v1'
     lines = []
@@ -796,21 +816,31 @@ def in_words(results):
                      f"variant: {sink_counts(results, arm, 'sink_grown16')}" if v2 else
                      "Seeds with Gu et al.'s Sink₁ > 0 (one head over 0.3 in one of 100 samples is "
                      f"enough), per variant: {sink_counts(results, arm)}")
-            secondary = secondary_counts(results, arm)
-            lines.append(f"In the {arm.upper()} arm{kd}, {counts_in_words(results, arm)}"
-                         f"{secondary}{other_counts(results, arm, bool(secondary))}. "
-                         f"{sink_sentence(results, arm)} {grown}.")
-    lines.append(control_sentence(results))
-    students = [r for r in results['runs'] if r['arm'] == 'kd' and 'settings' in r]
-    if v2 and students:
-        lines.append(f"The students: {parameters(students[0]['settings']):,} parameters, "
-                     f"{results['layers']} layers, {results['recipe']['tokens'] / 1e6:.1f}M tokens "
-                     f"a run ({PAPER_SCALE}): a test of the mechanism, not of the paper's scale.")
+            lines += [f"In the {arm.upper()} arm{kd}, {counts_in_words(results, arm)}.",
+                      secondary_counts(results, arm), *other_counts(results, arm),
+                      sink_sentence(results, arm), f"{grown}."]
+    lines += control_sentences(results)
+    counts = variant_sizes(results)
+    if v2 and counts:
+        lines.append(f"The students: {', '.join(f'{v} {n:,}' for v, n in counts.items())} "
+                     f"parameters, {results['layers']} layers, "
+                     f"{results['recipe']['tokens'] / 1e6:.1f}M tokens a run ({PAPER_SCALE}): a "
+                     "test of the mechanism, not of the paper's scale.")
     else:
         lines.append(f"One small model ({results['layers']} layers) at "
                      f"{results['recipe']['tokens'] / 1e6:.1f}M tokens a run: a test of the "
                      "mechanism, not of the paper's scale.")
-    return ' '.join(line for line in lines if line)
+    return [line for line in lines if line]
+
+
+def variant_sizes(results):
+    """{variant: parameters} of the studied variants, from their runs' settings (model.py on the
+    meta device); {} where the records hold no settings (v1's)."""
+    out = {}
+    for r in results['runs']:
+        if r['arm'] not in ('teacher', 'recipe') and 'settings' in r and r['variant'] not in out:
+            out[r['variant']] = parameters(r['settings'])
+    return out
 
 
 def table_lines(results, arm):
@@ -867,16 +897,25 @@ def claims_table(claim_set='v1', variants=()):
 
 
 def report_lines(results):
+    """The report: its command; at a glance, its table, sentences and figures
+    (study_findings.report_top); what it found, a bullet each; what goes against the paper; then
+    every claim with its numbers, the reading, each arm's measures and the claims as fixed."""
+    # study_findings reads this module's claims and words: imported when a report is written, so
+    # that neither module needs the other first
+    from study import study_findings
     r0 = results
-    confounds = design_confounds(results)
+    lead, found = confounds(results)
     lines = ['# The sink study', '',
              f"Command: `{r0['command']}`. Machine: {r0['machine']}. Runs: {len(r0['runs'])} "
-             f"records; {per_run_times(r0)}.", '',
+             f"records; {per_run_times(r0)}.", '', *study_findings.report_top(results),
+             '## What the study found', '', *(f"- {s}" for s in in_words(results)),
+             *study_findings.report_words(results),
+             *([lead, *(f"- ({i}) {text}{';' if i < len(found) else '.'}"
+                        for i, text in enumerate(found, 1)), ''] if found else []),
+             *study_findings.against_section(results), '## Every claim, with its numbers', '',
              f"Corpus: {describe_corpus(r0['corpus'])}. Every {r0['context']}-token window starts "
              f"with token {r0['bos_id']} (<|endoftext|>). Recipe: {r0['recipe_text']}. Uniform "
              f"attention would put {r0['uniform_first_token']:.4f} on the first token.", '',
-             '## What the study found', '', in_words(results), '',
-             *([confounds, ''] if confounds else []),
              tests_sentence(results), *verdict_lines(results), '',
              "For scale, a real pretrained model, SmolLM2-135M-Instruct, puts "
              f"{SMOLLM2['first_token_mean']} of its attention on the first token on average over "
@@ -982,23 +1021,6 @@ def pilot_lines(results):
     return lines
 
 
-def readme_lines(results):
-    """The README's block on the study (tests/test_sink_study.py holds the README to it for the
-    committed docs/sink_study/results.json): the command, the primary claims' verdicts of each arm
-    (kd first) and the words."""
-    missing = (f", {len(results['missing'])} planned runs not yet trained"
-               if results['missing'] else '')
-    lines = [f"`{results['command']}` ({len(results['runs'])} runs{missing}, "
-             f"{results['recipe']['tokens']:,} tokens each; {per_run_times(results)}; "
-             f"{results['machine']}):"]
-    lines += verdict_lines(results, arms=('kd', 'ce'), families=('primary',))
-    confounds = design_confounds(results)
-    return lines + ['', 'In words '
-                        '(generated): ' + in_words(results)] + (['', confounds] if confounds
-                                                                else []) + \
-        readme_reading_lines(results)
-
-
 def describe_corpus(corpus):
     if corpus['source'] != 'stdlib':
         return f"prepare_data.py --source={corpus['source']} ({corpus['data_dir']})"
@@ -1010,8 +1032,10 @@ def describe_corpus(corpus):
 def figures(results, out_dir):
     """Per arm: fig4_<arm>.png, the per-layer first-token weight and share, mean ± std over seeds,
     per variant; curves_<arm>.png, the first-token weight (mean over layers) and Gu's Sink_1 on the
-    windows against tokens."""
+    windows against tokens; and study_findings.figures' (rows_<arm>.png, claims_<arm>.png)."""
     from lmkit.stats import pyplot
+    from study import study_findings  # (as in report_lines)
+    study_findings.figures(results, out_dir)
     plt = pyplot()
     for arm in ('kd', 'ce', 'control', DECAY, 'recipe'):
         by = {}
@@ -1076,14 +1100,6 @@ def with_pairs(r):
     return claim_line(r).removesuffix('.') + pairs_words(r) + '.'
 
 
-def short_claim(r):
-    """One exploratory comparison in a phrase (the README's paragraphs)."""
-    if r['p'] is None:
-        return f"{r['source']}: {r['low']} {r['direction']} {r['high']} {r['verdict']}"
-    return (f"{r['source']}: {r['low']} {r['direction']} {r['high']} **{r['verdict']}**, "
-            f"{r['low']} {g(r['mean'][0])} vs {r['high']} {g(r['mean'][1])}{pairs_words(r)}")
-
-
 def layers_words(layers):
     if not layers:
         return 'no layer'
@@ -1120,24 +1136,31 @@ def part_words(w, part, uniform):
               f"{part['share'][1]:.3f} (exploratory{p}{below}), with row totals {low} "
               f"{span(at('row_total', 0))} against {high} {span(at('row_total', 1))} and null mass "
               f"{span(at('null_mass', 0))} against {span(at('null_mass', 1))}")
-    rows = statistics.fmean(at('row_total', 0)) - statistics.fmean(at('row_total', 1))
-    # the share does not differ, the rows' totals do, and the same way
-    if (part['share_p'] is not None and part['share_p'] >= sig.ALPHA
-            and (part['gap_fraction'] or 0) >= 0.5 and rows * contribution > 0):
+    if rows_not_share(w, part):
         words += (": the raw difference there is not in the share of the row, but in how much the "
                   "rows hold")
     return words
 
 
-def where_words(w, uniform):
-    """Where one first-token comparison's raw-weight difference comes from, layer by layer."""
+def rows_not_share(w, part):
+    """Whether a part of the layers holds a first-token difference in how much the rows hold, not
+    in the share: the share does not differ there (p >= ALPHA), the part holds at least half of the
+    difference, and the rows' totals differ the same way."""
+    at = lambda side: statistics.fmean(w['row_total'][side][k - 1] for k in part['layers'])
+    contribution = sum(w['gap'][k - 1] for k in part['layers'])
+    return (part['share_p'] is not None and part['share_p'] >= sig.ALPHA
+            and (part['gap_fraction'] or 0) >= 0.5 and (at(0) - at(1)) * contribution > 0)
+
+
+def where_lines(w, uniform):
+    """Where one first-token comparison's raw-weight difference comes from: a line, then a bullet
+    per part of the layers."""
     rates = ', '.join(f'{x:.2f}' for x in w['softmax_sink_rate'] or [])
     total = statistics.fmean(w['gap'])
-    head = (f"{w['low']} − {w['high']} ({w['arm']} arm), first-token weight {total:+.4f} (mean "
+    return [f"{w['low']} − {w['high']} ({w['arm']} arm), first-token weight {total:+.4f} (mean "
             f"over layers; softmax's Gu et al. Sink₁ per layer {rates}, at least 1/16 in "
-            f"{layers_words(w['sink_layers'])}): ")
-    return head + '; '.join(part_words(w, part, uniform) for part in w['parts']
-                            if part['layers']) + '.'
+            f"{layers_words(w['sink_layers'])}):"] + [
+        f"- {part_words(w, part, uniform)}." for part in w['parts'] if part['layers']]
 
 
 def where_table(w):
@@ -1155,7 +1178,8 @@ def where_table(w):
 
 def payoff_words(p):
     """The payoff measures' ranges in one arm, and whether this scale can test the payoff: at W8A8,
-    or only at a narrower format the primary family tests (v3's W8A4)."""
+    or only at a narrower format the primary family tests (v3's W8A4); a line, then a bullet per
+    measure and the verdict."""
     ranges = lambda key, digits: ', '.join(
         f"{v} {x[key][0]:.{digits}f}–{x[key][1]:.{digits}f}" for v, x in p['variants'].items()
         if x.get(key))
@@ -1173,21 +1197,20 @@ def payoff_words(p):
     else:
         verdict = (f"{floor}: at this scale no variant has a quantization cost to remove, so this "
                    "study cannot test the payoff")
-    formats = ''.join(f"; the {MEASURE_NAMES[m]} loss ratio {ranges(m, 4)}" for m in narrower)
-    return (f"The payoff's measures ({p['arm']} arm, per variant over its seeds): the W8A8 loss "
-            f"ratio {ranges('w8a8', 4)}{formats}; the attention output's kurtosis, largest layer, "
-            f"{ranges('kurtosis', 1)}; the residual stream's max |x|, largest layer, "
-            f"{ranges('residual_max', 1)}. {verdict}.")
+    return [f"The payoff's measures ({p['arm']} arm, per variant over its seeds):",
+            f"- the W8A8 loss ratio {ranges('w8a8', 4)};",
+            *(f"- the {MEASURE_NAMES[m]} loss ratio {ranges(m, 4)};" for m in narrower),
+            f"- the attention output's kurtosis, largest layer, {ranges('kurtosis', 1)};",
+            f"- the residual stream's max |x|, largest layer, {ranges('residual_max', 1)}.",
+            f"- {verdict}."]
 
 
 def teacher_words(t):
-    """The teachers' own sink and held-out loss beside the kd softmax students'."""
+    """The teachers' own sink and held-out loss beside the kd softmax students': a line, a bullet
+    per teacher, and one for the students."""
     if not t:
-        return ''
+        return []
     per_layer = lambda xs: ', '.join(f'{x:.3f}' for x in xs)
-    own = '; '.join(f"{x['name']} {per_layer(x['first_token_weight'])} (held-out loss "
-                    f"{x['val_loss']:.3f})"
-                    for x in t['teachers'])
     s = t['students']
     top = max(max(x['first_token_weight']) for x in t['teachers'])
     grew = (f": every student's largest layer ({span(s['largest'])}) puts more on the first token "
@@ -1197,9 +1220,11 @@ def teacher_words(t):
             if min(s['largest']) > top
             else f": the students' largest layers put {span(s['largest'])} on it, the teachers' at "
                  f"most {top:.3f}")
-    return (f"The teachers' own first-token weight per layer: {own}. The kd softmax students "
-            f"({s['seeds']} seeds): {per_layer(s['first_token_weight'])} (held-out loss "
-            f"{s['val_loss']:.3f}){grew}.")
+    return (["The teachers' own first-token weight per layer:"]
+            + [f"- {x['name']} {per_layer(x['first_token_weight'])} (held-out loss "
+               f"{x['val_loss']:.3f});" for x in t['teachers']]
+            + [f"- The kd softmax students ({s['seeds']} seeds): "
+               f"{per_layer(s['first_token_weight'])} (held-out loss {s['val_loss']:.3f}){grew}."])
 
 
 READING_INTRO = ("Nothing here was fixed before the runs: study/study_reading.py computes it from "
@@ -1227,37 +1252,10 @@ def reading_lines(results):
                       f"{len(rows)}):"] + [
                 with_pairs(r) for r in rows] + ['']
     for w in reading['where_from']:
-        lines += [where_words(w, results['uniform_first_token']), '', *where_table(w), '']
-    lines += [payoff_words(p) for p in reading['payoff']] + ['']
-    return lines + ([teacher_words(reading['teachers']), ''] if reading['teachers'] else [])
-
-
-def readme_reading_lines(results):
-    """The README's two paragraphs on the reading: the other claims and the held-out loss in
-    phrases; then where Figure 4's differences come from, the payoff and the teachers."""
-    reading = results.get('reading')
-    if not reading:
-        return []
-    claims = []
-    for arm in ('kd', 'ce'):
-        for label, rows in by_label(reading_rows(results, 'other_claims', arm)).items():
-            claims.append(f"**Claims {label.rsplit(';', 1)[0]}** ({arm}; the same tests on these "
-                          "records): "
-                          + '; '.join(short_claim(r) for r in rows if r['p'] is not None) + '.'
-                          + (' ' + unmeasured(rows) if unmeasured(rows) else ''))
-        rows = reading_rows(results, 'loss_claims', arm)
-        if rows:
-            claims.append("**The held-out loss** "
-                          f"({arm}): " + '; '.join(map(short_claim, rows)) + '.')
-    where = [where_words(w, results['uniform_first_token']) for w in reading['where_from']
-             if w['arm'] == 'kd' and w['low'] != GATED]
-    limits = [payoff_words(p) for p in reading['payoff']] + [teacher_words(reading['teachers'])]
-    paragraphs = ([' '.join(claims)] if claims else []) + [
-        (f"**Where Figure 4 comes from**: {' '.join(where)} " if where else '')
-        + '**Limits**: ' + ' '.join(x for x in limits if x)]
-    paragraphs[0] = ('Exploratory (generated; nothing here was fixed before the runs): '
-                     + paragraphs[0])
-    return [line for paragraph in paragraphs for line in ('', paragraph)]
+        lines += [*where_lines(w, results['uniform_first_token']), '', *where_table(w), '']
+    for p in reading['payoff']:
+        lines += [*payoff_words(p), '']
+    return lines + ([*teacher_words(reading['teachers']), ''] if reading['teachers'] else [])
 
 
 def payoff_pilot_lines(results):

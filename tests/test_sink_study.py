@@ -305,45 +305,27 @@ def block(path, start, end):
     return text.split(start)[1].split(end)[0].strip('\n')
 
 
-@pytest.mark.parametrize('study, start, end', [
-    ('sink_study_v3', '<!-- v3: study_results.readme_lines(docs/sink_study_v3/results.json) -->',
-     '<!-- end of v3 -->'),
-    ('sink_study_v2', '<!-- v2: study_results.readme_lines(docs/sink_study_v2/results.json) -->',
-     '<!-- end of v2 -->'),
-    ('sink_study', None, None)])  # v1's block is in its report only
-def test_the_readme_shows_the_committed_studies(study, start, end):
-    """Each of the README's study blocks (v3 first), its words included, is its committed
-    results.json's (study_results.readme_lines), and the report and figures it points to are
-    committed beside it, each report its results.json's; the seeds the README names are the
-    plans'."""
+@pytest.mark.parametrize('study, plan', [('sink_study_v3', 'v3'), ('sink_study_v2', 'v2'),
+                                         ('sink_study', 'full')])
+def test_each_report_is_its_committed_results(study, plan):
+    """Each committed study's report is its results.json's (study_results.report_lines), the
+    figures it shows are committed beside it, and its records' seeds and teachers are its plan's.
+    The README's findings, where every study is a column, and each report's opening are
+    tests/test_findings.py's."""
     from study import sink_study
     from study import study_results
     with open(os.path.join(ROOT, 'docs', study, 'results.json')) as f:
         results = json.load(f)
-    if start:
-        expected = '\n'.join(study_results.readme_lines(results))
-        got = block('README.md', start, end)
-        assert got == expected, (f"README.md's {study} block is not the committed results'; "
-                                 f"it should read:\n{expected}")
-    for name in ('report.md', 'fig4_kd.png', 'curves_kd.png'):
+    for name in ('report.md', 'fig4_kd.png', 'curves_kd.png', 'rows_kd.png', 'claims_kd.png'):
         assert os.path.getsize(os.path.join(ROOT, 'docs', study, name)) > 1000, name
     with open(os.path.join(ROOT, 'docs', study, 'report.md')) as f:
         # the report is the records' too
         assert f.read() == '\n'.join(study_results.report_lines(results)) + '\n'
     assert results['schema_version'] == sink_study.SCHEMA_VERSION
-    with open(os.path.join(ROOT, 'README.md')) as f:
-        text = f.read()
-    # the newest sealed study leads; v1's block is no longer in the README
-    assert text.index('<!-- v3: ') < text.index('<!-- v2: ') and '<!-- the sink study: ' not in text
-    assert (sink_study.PLANS['v2']['kd_seeds'] == list(range(1, 13))
-            and 'teach seeds 1-12\nof each variant' in text)
-    v3 = sink_study.PLANS['v3']
-    assert (v3['kd_seeds'] == list(range(201, 213)) and v3['teachers'] == [301, 302, 303, 304]
-            and 'students (seeds 201-212 of each variant, compared seed by seed) and four teachers '
-                '(seeds 301-304' in text.replace('\n', ' '))
-    assert (
-        study_results.MEASURES['sink_grown16'][1](dict(end=dict(gu=dict(sink_rate=1 / 16)))) == 1.0)
-    assert "a seed grew a sink where Gu et al.'s Sink₁ ≥ 1/16" in text.replace('\n', ' ')
+    args, _ = sink_study.parse_args([f'--plan={plan}'])
+    seeds = {r['seed'] for r in results['runs'] if r['arm'] == 'kd'}
+    assert seeds == set(args.kd_seeds) and results['teachers'] == [
+        sink_study.teacher_of(s, args) for s in range(1, len(args.teachers) + 1)]
 
 
 def test_analysis_md_shows_the_claims_and_the_pilot():
