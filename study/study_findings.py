@@ -290,15 +290,13 @@ def size_difference(results, low, high, counts=None):
 
 
 def sizes_words(results):
-    """Every variant's parameters, then each comparison of the study (its claims and its reading's)
-    between variants of unequal size with the difference ([] where the records hold no
-    settings)."""
+    """Each comparison of the study (its claims and its reading's) between variants of unequal size,
+    with the difference (every variant's count: in_words' students); where the records hold no
+    settings (v1's), that the sizes cannot be counted from them."""
     counts = variant_sizes(results)
     if not counts:
-        return []
-    base = counts.get(SOFTMAX)
-    each = '; '.join(f"{v} {n:,}" + (f" ({n - base:+,} on softmax)" if base and v != SOFTMAX
-                                     else '') for v, n in counts.items())
+        return ["The records hold no model settings: the variants' sizes cannot be counted from "
+                "them."]
     pairs = []
     for c, _ in results_in(results, 'kd') + results_in(results, 'ce'):
         pair = (c['low'].partition('@')[0], c['high'].partition('@')[0])
@@ -306,9 +304,9 @@ def sizes_words(results):
             pairs.append(pair)
     unequal = [f"{low} against {high}: {size_difference(results, low, high, counts)}"
                for low, high in pairs if size_difference(results, low, high, counts)]
-    return [f"The variants' parameters (model.py at their runs' settings): {each}."] + (
-        [f"Its comparisons between variants of unequal size: {'; '.join(unequal)}."]
-        if unequal else [])
+    return [f"Its comparisons between variants of unequal size (model.py at their runs' "
+            f"settings): {'; '.join(unequal)}."] if unequal else []
+
 
 # -----------------------------------------------------------------------------
 # The words that rules make: against the paper, one loss and not the other, what is not carried,
