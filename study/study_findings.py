@@ -345,7 +345,7 @@ def against_words(results, arm, found, label=None, family=None):
     p = f", p = {found['p_holm']:.2g}" if decided(found) else ''
     if label:
         return (f"{label} {found['low']} is {side} {found['high']} {where} "
-                f"({found['difference']:+.2g}, {word(found)}{p})")
+                f"({found['difference']:+.2g}{p})")
     return (f"{bare(found['source'])}: {found['low']} is {side} {found['high']} {where} "
             f"(difference {found['difference']:+.2g}, 95% interval [{lo:.2g}, {hi:.2g}]; "
             f"{word(found)}{p}{f'; {family}' if family else ''})")
@@ -532,9 +532,9 @@ def against_sentence(subject, rows):
     return ("Against the paper: " + '; '.join(
         ([f"{named} {'are' if sum(map(len, contradicted.values())) > 1 else 'is'} contradicted"]
          if contradicted else [])
-        + ([f"not decided but the other way, {'; '.join(undecided)}"] if undecided else [])
-        + ([f"{more} more not decided the other way, outside the primary family"] if more
-           else [])) + '.')
+        + ([f"pointing the other way, not decided: {'; '.join(undecided)}"] if undecided else [])
+        + ([f"{more} more {'points' if more == 1 else 'point'} the other way outside the primary "
+            "family (its report)"] if more else [])) + '.')
 
 
 def size_sentence(subject, rows):
