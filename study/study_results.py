@@ -1,8 +1,9 @@
 """
 The sink study's results: the claims fixed before its runs (CLAIMS, each on a measure of MEASURES),
-their tests (study/significance.py), and every word the report, the README's block and
-docs/analysis.md's pilot table say about them, generated from the runs' records (study/sink_study.py
-writes the records; study/study_blocks.py writes the blocks).
+their tests (study/significance.py), and every word the report and docs/analysis.md's pilot table
+say about them, generated from the runs' records (study/sink_study.py writes the records;
+study/study_findings.py the report's opening and the README's findings; study/study_blocks.py writes
+the blocks).
 """
 import functools
 import json
@@ -524,7 +525,7 @@ def test_claims(records, claim_set='v1', variants=()):
     return out + results
 
 # -----------------------------------------------------------------------------
-# results.json, the report, the README's block: all generated from the records
+# results.json and the report: all generated from the records
 
 
 def uniform_first_token(context):
