@@ -697,11 +697,6 @@ def sink_counts(results, arm, measure='sink_grown'):
     return ', '.join(f"{v} {int(sum(x))} of {len(x)}" for v, x in by.items())
 
 
-def control_sentence(results):
-    """control_sentences in one paragraph ('' without a control)."""
-    return ' '.join(control_sentences(results))
-
-
 def control_sentences(results):
     """The control's outcome: per variant and measure, whether it moved with alpha_proj and g_proj
     left out of weight decay (its test, against the kd arm), with both means; then, as numbers only
@@ -740,13 +735,6 @@ SINK_LAYER_RATE = 0.25
 
 def layer_means(runs, get):
     return [statistics.fmean(values) for values in zip(*(get(r) for r in runs))]
-
-
-def design_confounds(results):
-    """The confounds (confounds) in one paragraph, '' if none."""
-    lead, found = confounds(results)
-    return (lead + ' ' + '; '.join(f"({i}) {text}" for i, text in enumerate(found, 1)) + '.'
-            if found else '')
 
 
 def confounds(results):

@@ -246,7 +246,7 @@ def test_claims_get_their_words_from_the_tests():
     records += [record('control', v, s, 0.002, teacher=f'ce_softmax_s{1 + s % 2}')
                 for v in ('affine', 'gated') for s in (1, 2, 3)]
     tested = study_results.test_claims(records)
-    words = study_results.control_sentence(dict(runs=records, claims=tested))
+    words = ' '.join(study_results.control_sentences(dict(runs=records, claims=tested)))
     assert ("affine's weight numbers only (fewer than 3 seeds in a group; 0.004 without, "
             "0.0115 with)" in words)
     # every measure of Figure 4's comparison (first_or_null 0.1 on both sides here), never the
@@ -258,7 +258,7 @@ def test_claims_get_their_words_from_the_tests():
 
 
 def test_the_design_confounds_come_from_the_records():
-    """study_results.design_confounds on made-up kd records: each of v1's four confounds is said,
+    """study_results.confounds on made-up kd records: each of v1's four confounds is said,
     with the records' numbers, where the records show it, and none where a design removed them
     (v2's: the variants' own matrices out of the decay, a sink in half of the layers or more, larger
     teachers of other seeds, no "Sink_1 > 0" claim)."""
@@ -277,7 +277,8 @@ def test_the_design_confounds_come_from_the_records():
               runs=[teacher, run('softmax', 1, [0.5, 0.0, 0.0, 0.0]),
                     run('softmax', 2, [0.7, 0.0, 0.0, 0.0]),
                     run('affine', 1, [0.0, 0.0, 0.0, 0.0])])
-    words = study_results.design_confounds(v1)
+    lead, found = study_results.confounds(v1)
+    words = ' '.join([lead] + [f"({i}) {x}" for i, x in enumerate(found, 1)])
     assert words.startswith("This design has 4 confounds its records show")
     assert ("(1) the recipe's weight decay (2; the paper's: 0.1) acts on affine's alpha_proj"
             in words)
@@ -292,7 +293,7 @@ def test_the_design_confounds_come_from_the_records():
     v2 = dict(v1, teachers=['teacher_softmax_s101'], claims=[dict(measure='weight')],
               runs=[larger, run('softmax', 1, [0.5, 0.3, 0.0, 0.0], NO_DECAY),
                     run('affine', 1, [0.0, 0.0, 0.0, 0.0], NO_DECAY)])
-    assert study_results.design_confounds(v2) == ''
+    assert study_results.confounds(v2)[1] == []
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
