@@ -100,17 +100,20 @@ def table_rows(columns):
     return rows
 
 
+def every_result(results, arm):
+    """[(result, its family)] of the arm: the study's own claims, then the reading's tests
+    ('exploratory': tested after the runs, study_reading)."""
+    reading = results.get('reading') or {}
+    return [(r, r['family']) for r in results['claims'] if r['arm'] == arm] + [
+        (r, 'exploratory') for r in reading.get('other_claims', []) + reading.get('loss_claims', [])
+        if r['arm'] == arm]
+
+
 def finding(results, arm, row):
     """(the study's result for the row's test in an arm, its family), its own claim first, else the
-    reading's test of it ('exploratory': tested after the runs); (None, None) where neither."""
-    for r in results['claims']:
-        if r['arm'] == arm and test_of(r) == test_of(row):
-            return r, r['family']
-    reading = results.get('reading') or {}
-    for r in reading.get('other_claims', []) + reading.get('loss_claims', []):
-        if r['arm'] == arm and test_of(r) == test_of(row):
-            return r, 'exploratory'
-    return None, None
+    reading's test of it; (None, None) where neither."""
+    return next(((r, family) for r, family in every_result(results, arm)
+                 if test_of(r) == test_of(row)), (None, None))
 
 
 def word(found):
@@ -352,12 +355,9 @@ def against_words(results, arm, found, label=None, family=None):
 
 
 def results_in(results, arm):
-    """Every result of the arm with a verdict: its own claims, then the reading's (exploratory)."""
-    reading = results.get('reading') or {}
-    rows = [(r, r['family']) for r in results['claims'] if r['arm'] == arm]
-    rows += [(r, 'exploratory') for r in reading.get('other_claims', []) + reading.get(
-        'loss_claims', []) if r['arm'] == arm]
-    return [(r, family) for r, family in rows if r['p'] is not None and family != 'control']
+    """Every result of the arm with a test (every_result but the control's and the unmeasured)."""
+    return [(r, family) for r, family in every_result(results, arm)
+            if r['p'] is not None and family != 'control']
 
 
 def against_lines(results, arm):
