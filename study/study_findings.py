@@ -47,7 +47,7 @@ READINGS = (
 MEASURE_WORDS = dict(weight='raw weight', share='share',
                      share_sink="share in softmax's sink layers",
                      first_or_null='first token or null', entropy='entropy', loss='KD loss',
-                     val_loss='held-out loss', heldout='held-out loss (large set)',
+                     val_loss='held-out loss', heldout='held-out loss on the large set',
                      spikes9='spikes', row_spread='row-total spread', w8a8='W8A8',
                      **{m: name for m, name in MEASURE_NAMES.items()})
 HELD_OUT = ('val_loss', 'heldout')  # the held-out losses beside the KD training loss ('loss')
@@ -90,13 +90,19 @@ def table_rows(columns):
     rows = [dict(label='' if i else label, measure=measure, low=low, direction=direction, high=high)
             for label, measure, tests in READINGS for i, (low, direction, high) in enumerate(tests)]
     seen = {test_of(r) for r in rows}
-    for results, arm in columns:
-        for c in results['claims']:
-            if c['arm'] == arm and c['family'] == 'primary' and test_of(c) not in seen:
-                seen.add(test_of(c))
-                rows.append(dict(label=f"{bare(c['source'])}: "
-                                       f"{MEASURE_WORDS.get(c['measure'], c['measure'])}",
-                                 **dict(zip(('measure', 'low', 'direction', 'high'), test_of(c)))))
+    extra = [c for results, arm in columns for c in results['claims']
+             if c['arm'] == arm and c['family'] == 'primary' and test_of(c) not in seen]
+    measures = {}  # a source's measures: its label names the measure where it has several
+    for c in extra:
+        measures.setdefault(c['source'], set()).add(c['measure'])
+    for c in extra:
+        if test_of(c) in seen:
+            continue
+        label = bare(c['source']) + (f": {MEASURE_WORDS.get(c['measure'], c['measure'])}"
+                                     if len(measures[c['source']]) > 1 else '')
+        seen.add(test_of(c))
+        rows.append(dict(label='' if label in (r['label'] for r in rows) else label,
+                         **dict(zip(('measure', 'low', 'direction', 'high'), test_of(c)))))
     return rows
 
 
@@ -367,24 +373,25 @@ def against_lines(results, arm):
             for r, family in results_in(results, arm) if against(r)]
 
 
+def holds(found):
+    """Whether a result holds: its claim supported, or a two-sided comparison decided."""
+    return decided(found) and found['p_holm'] < sig.ALPHA and word(found) != 'contradicted'
+
+
 def loss_words(results, arm):
     """Where a comparison holds on the KD training loss and not on a held-out loss, or the other way
-    round: one clause each."""
+    round: a clause each, naming the losses it holds on and those it does not."""
     found = {test_of(r): r for r, _ in results_in(results, arm)}
+    loss = lambda r: (f"the {MEASURE_WORDS[r['measure']]} ({word(r)}, p = {r['p_holm']:.2g}; "
+                      f"{relative(r)})")
     clauses = []
     for (measure, low, direction, high), kd in found.items():
-        if measure != 'loss':
-            continue
-        for held in HELD_OUT:
-            other = found.get((held, low, direction, high))
-            if not other or word(kd).startswith('not') == word(other).startswith('not'):
-                continue
-            holds, fails = (kd, other) if not word(kd).startswith('not') else (other, kd)
-            clauses.append(
-                f"{low} {direction} {high} holds on the {MEASURE_WORDS[holds['measure']]} "
-                f"({word(holds)}, p = {holds['p_holm']:.2g}; {relative(holds)}) but not on the "
-                f"{MEASURE_WORDS[fails['measure']]} ({word(fails)}, p = {fails['p_holm']:.2g}; "
-                f"{relative(fails)})")
+        same = [kd] + [found[key] for key in ((h, low, direction, high) for h in HELD_OUT)
+                       if measure == 'loss' and key in found]
+        on, off = [r for r in same if holds(r)], [r for r in same if not holds(r)]
+        if len(same) > 1 and on and off:
+            clauses.append(f"{low} {direction} {high} holds on {listing(map(loss, on))} but not on "
+                           f"{listing(map(loss, off), 'or')}")
     return clauses
 
 

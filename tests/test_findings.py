@@ -393,7 +393,7 @@ def test_a_study_that_finishes_is_one_more_column(studies):
     lines = study_findings.readme_lines([studies[s][0] for s in STUDIES] + [v4])
     rows = table('\n'.join(lines))
     assert rows[0][5] == '[v4](docs/sink_study_v4/report.md): 12 pairs'
-    assert rows[-1][:2] == ["Figure 4 under v1's decay rule: raw weight", 'affine@decay < sink']
+    assert rows[-1][:2] == ["Figure 4 under v1's decay rule", 'affine@decay < sink']
     assert rows[-1][2:5] == ['not tested'] * 3 and rows[-1][5].startswith('**supported** ')
     assert any(line.startswith('- What holds in v4: ') for line in lines)
     with open(os.path.join(ROOT, 'study', 'study_findings.py')) as f:
