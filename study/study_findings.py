@@ -436,7 +436,7 @@ def carried_words(results, earlier):
         out.append(f"{study_name(results)} carries {len(shared) - len(missing)} of "
                    f"{study_name(other)}'s {len(shared)} claims in the arms both trained"
                    + (f"; it does not carry {'; '.join(left)}" if left else
-                      ", and every arm and variant it trained") + '.')
+                      f", and every arm and variant {study_name(other)} trained") + '.')
     return out
 
 
