@@ -26,7 +26,7 @@ from lmkit.distributed import resolve_device
 from configurator import DEVICE, Key, fail, parse
 from lmkit.runs import load_run, method_name
 from lmkit.stats import grad_norm_statistics, pyplot, spike_counts
-from lmkit.files import MARKERS, claim_dir, made_dirs, write_json
+from lmkit.files import MARKERS, check_writable, claim_dir, made_dirs, write_json
 from lmkit.errors import RunError, run_script
 from lmkit.zeroshot import C4_DOCS, HubUnreachable, c4_tokens, read_rows
 from lmkit.loading import load_model_and_tokenizer, window_first_token
@@ -823,6 +823,21 @@ def method_rows(rows, columns):
     return numbers, lines
 
 
+def perplexity_column(runs, eval_file):
+    """(the perplexity column's name, a run's value): C4's where every run's eval file holds it,
+    else each run's last val_ppl; a RunError that names each run without one (it named none)."""
+    if all('c4' in r['eval'] for r in runs):
+        return 'C4 PPL', lambda r: r['eval']['c4']['ppl']
+    lacking = [r['dir'] for r in runs if not any('val_ppl' in x for x in r['records'])]
+    if lacking:
+        raise RunError(f"{', '.join(lacking)}: no val_ppl in metrics.jsonl (the run never reached "
+                       "an evaluation); the perplexity column takes every run's last val_ppl, or "
+                       f"c4 where every run's {eval_file} holds it: train the run to an evaluation "
+                       "(every eval_interval steps, and at its last), or evaluate c4 for every run "
+                       "(eval_zeroshot.py --tasks=...,c4)")
+    return 'Val PPL', lambda r: [x['val_ppl'] for x in r['records'] if 'val_ppl' in x][-1]
+
+
 def table_report(run_dirs, out_dir, eval_file='eval.json', metric='acc_norm'):
     """The `table` job: Tables 1-3 for runs of one model size, one table per training objective and
     data set (rows of different ones are not comparable, and are never pooled or ranked together).
@@ -845,12 +860,7 @@ def table_report(run_dirs, out_dir, eval_file='eval.json', metric='acc_norm'):
             raise RunError(f"{run['dir']}: no config.json (needed for ΔParams)")
         run['data'] = data_identity(run)
     tasks = [(t, name) for t, name in ACCURACY_COLUMNS if all(t in r['eval'] for r in runs)]
-    ppl = ('C4 '
-           'PPL', lambda r: r['eval']['c4']['ppl']) if all('c4' in r['eval'] for r in runs) else \
-        ('Val PPL', lambda r: [x['val_ppl'] for x in r['records'] if 'val_ppl' in x][-1])
-    if ppl[0] == 'Val PPL' and not all(any('val_ppl' in x for x in r['records']) for r in runs):
-        raise RunError("neither a c4 result in every eval file nor a val_ppl in every run's "
-                       "metrics.jsonl")
+    ppl = perplexity_column(runs, eval_file)
 
     def accuracy(r, task):
         result = r['eval'][task]
@@ -987,6 +997,7 @@ def main(argv=None):
                                                                                        f'{argv[0]}',
                                                 rules=rules))
     claim_dir(args.out_dir, 'analyze.py', ours=is_report, writes=('report.md', 'numbers.json'))
+    check_writable(args.out_dir)  # before the analyses: a report that cannot be written is lost
     if args.job == 'attention':
         models, figures = attention_report(args.checkpoints, args.out_dir, args.data, args.num_seqs,
                                            args.seq_len,

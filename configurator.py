@@ -31,6 +31,7 @@ class Key:
     types: tuple = ()  # the types it may take, and None (not with choices and a default)
     required: bool = False  # must be given (not None)
     expands: dict = None  # value -> {key: value, ...}: setting this key sets those, there and then
+    unique: bool = False  # a list key: each element at most once (a repeat would mean nothing)
 
 
 DEVICE = Key('auto', "auto (cuda if available), cpu, cuda, cuda:1, ...")
@@ -167,6 +168,9 @@ def check(name, key, value, where, usage=''):
                                                                     or key.default is not None):
         fail(f"{where}: invalid choice: {name}={value!r}; valid values: "
              f"{', '.join(map(str, key.choices))}", usage)
+    if key.unique and isinstance(value, list) and len({*map(str, value)}) < len(value):
+        fail(f"{where}: {', '.join({str(v): 0 for i, v in enumerate(value) if v in value[:i]})} "
+             f"given more than once; --{name} takes each value once", usage)
     if any(v is not None and not within(key, v)
            for v in (value if isinstance(value, list) else [value])):
         origin = '' if where.startswith('--') else f"{where}: "  # a config file set it

@@ -21,18 +21,19 @@ import torch
 from configurator import DEVICE, Key, fail, parse
 from lmkit.distributed import resolve_device, resolve_dtype
 from lmkit.errors import RunError, run_script
+from lmkit.data import read_meta
 from lmkit.files import made_dirs, write_json
 from lmkit.progress import Progress
-from lmkit.loading import load_model_and_tokenizer, window_first_token
+from lmkit.loading import check_finished, load_model_and_tokenizer, window_first_token
 from lmkit.zeroshot import (C4_DOCS, C4_SHARD, DEFAULT_TASKS, TASKS, build_docs, c4_perplexity,
-                            c4_tokens, encode_docs, export_data, heldout_rows, read_rows,
-                            score_one_by_one, score_requests, task_metrics)
+                            c4_tokens, check_task_files, encode_docs, export_data, heldout_rows,
+                            read_rows, score_one_by_one, score_requests, task_metrics)
 
 
 KEYS = dict(
     ckpt=Key(None, "one of this repo's checkpoints (ckpt.pt or its out_dir)", types=(str,)),
     hf_model=Key(None, "a Hugging Face Llama / Mistral / Qwen2 checkpoint directory", types=(str,)),
-    tasks=Key(list(DEFAULT_TASKS), "comma-separated", choices=tuple(TASKS)),
+    tasks=Key(list(DEFAULT_TASKS), "comma-separated", choices=tuple(TASKS), unique=True),
     limit=Key(None, "only the first N documents of each task", types=(int,), min=1),
     batch_size=Key(32, "sequences per forward pass", min=1),
     device=DEVICE,
@@ -52,6 +53,8 @@ KEYS = dict(
     heldout_docs=Key(100, "heldout: number of documents", min=2),
     one_by_one=Key(False, "score with the one-request-per-forward reference loop (for timing "
                           "comparisons)"),
+    allow_unfinished=Key(False, "evaluate a --ckpt whose run has not reached its max_iters (a "
+                                "stopped run's) as it is"),
 )
 
 
@@ -77,10 +80,11 @@ def parse_args(argv):
 
 
 def evaluate(args, device):
-    """Every task of args.tasks on the model of args.ckpt / args.hf_model: {task: its results},
-    printed as a table."""
+    """Every task of args.tasks on the model of args.ckpt / args.hf_model: {task: its results}."""
     dtype = getattr(torch, resolve_dtype(args.dtype, device))
     model, enc = load_model_and_tokenizer(args.hf_model or args.ckpt, args.tokenizer, device, dtype)
+    if args.ckpt:  # (a file that is no checkpoint: said by the loading, as for every reader)
+        check_finished(args.ckpt, args.allow_unfinished, '--allow_unfinished=True')
     cfg = model.config
     # HFLM: the user's max_length, else the model's positions
     max_length = args.max_length or cfg.block_size
@@ -138,6 +142,11 @@ def evaluate(args, device):
         print(f"{task}: {len(docs)} docs in {time.time() - t0:.1f} s "
               f"({len(docs) / (time.time() - t0):.1f} docs/s)",
               file=sys.stderr)
+    return results
+
+
+def print_results(results):
+    """The results as a table on stdout."""
     print(f"{'task':<14} {'n':>6} {'acc':>7} {'acc_norm':>9} {'stderr':>7}")
     for task, r in results.items():
         if task == 'c4':
@@ -147,7 +156,15 @@ def evaluate(args, device):
         norm = f"{r['acc_norm']:.4f}" if r['acc_norm'] is not None else '-'
         stderr = f"{r['acc_stderr']:.4f}" if r['acc_stderr'] is not None else '-'
         print(f"{task:<14} {r['n']:>6} {r['acc']:>7.4f} {norm:>9} {stderr:>7}")
-    return results
+
+
+def check_inputs(args):
+    """Everything the tasks will read, before the model is loaded and any task scored: each task's
+    file in --data_dir, and the held-out task's data."""
+    if args.data_dir is not None:
+        check_task_files([t for t in args.tasks if t != 'heldout'], args.data_dir)
+    if 'heldout' in args.tasks:
+        read_meta(args.heldout_data)
 
 
 def main(argv=None):
@@ -162,12 +179,14 @@ def main(argv=None):
         raise RunError(f"--out={args.out}: holds something else than an earlier result of "
                        "eval_zeroshot.py, which this run would write over; give another path")
     device = resolve_device(args.device)
+    check_inputs(args)
     # --out's directory now, not after the evaluation: a path that cannot be written stops before
     # any work (and is removed again if the run fails)
     with made_dirs(os.path.dirname(os.path.abspath(args.out))) if args.out else nullcontext():
         results = evaluate(args, device)
-        if args.out:
+        if args.out:  # before the table: a reader of stdout that has gone (| head) loses nothing
             write_json(args.out, results)
+    print_results(results)
     return results
 
 

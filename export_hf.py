@@ -24,6 +24,7 @@ from lmkit.checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, rea
 from configurator import Key, fail, parse
 from lmkit.errors import RunError, run_script
 from lmkit.files import made_dirs, write_json
+from lmkit.loading import check_finished
 from model import GPT
 from lmkit.tokenizer import BYTES_PATTERN, gpt2_unicode_to_byte, load_tokenizer, tokenizer_info
 
@@ -264,6 +265,8 @@ KEYS = dict(
     overwrite=Key(False, "replace an earlier export in out_dir"),
     check=Key(True, "load the export in transformers and compare its logits with ours before it is "
                     "put in place"),
+    allow_unfinished=Key(False, "export a checkpoint whose run has not reached its max_iters (a "
+                                "stopped run's) as it is"),
 )
 
 
@@ -304,6 +307,7 @@ def main(argv=None):
                        f"not write ({', '.join(foreign[:5])}), which replacing it would delete; "
                        "move them out first")
     model, tok_info, path = load_checkpoint(args.ckpt)
+    check_finished(path, args.allow_unfinished, '--allow_unfinished=True')
     err = export(model, tok_info, out, DTYPES[args.dtype], args.max_shard_size, args.tokenizer,
                  args.check)
     from lmkit.hf_wrapper import hf_native  # (transformers is there: the export checked it)

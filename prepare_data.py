@@ -34,6 +34,7 @@ from lmkit.errors import (STOP_SIGNALS, RunError, Stopped, on_stop_signals, rais
                           run_script)
 from lmkit.files import write_json
 from lmkit.data import VERSION, check_shard, read_shard, write_shard
+from lmkit.data_meta import check_meta
 from lmkit.tokenizer import encode_document, load_tokenizer, tokenizer_info
 
 # load_tokenizer lives in tokenizer.py, read_shard in data.py; they stay importable from here,
@@ -436,6 +437,7 @@ def start_or_resume(out_dir, meta):
     if not (isinstance(old, dict) and "settings" in old and "sha256" in old.get("tokenizer", {})):
         raise RunError(f"--out_dir={out_dir} holds a meta.json that prepare_data.py did not write; "
                        "use an empty or new directory")
+    check_meta(old, meta_path)  # (a field edited to another type: named, not a traceback)
     if old["tokenizer"]["sha256"] != meta["tokenizer"]["sha256"]:
         old_tok = old["tokenizer"]
         raise RunError(f"--out_dir={out_dir} holds shards of a different tokenizer "
@@ -476,7 +478,9 @@ def describe_source(args):
     return dict(source=args.source, files=files, text_field=args.text_field)
 
 
-def prepare(args, command):
+def open_run(args, command):
+    """(tokenizer, meta to continue from, the document stream where it continues, its text field);
+    the stream None where out_dir is complete already. Nothing is written."""
     enc = load_tokenizer(args.tokenizer)
     fits = "uint16" if enc.max_token_value < 2 ** 16 else "uint32"
     if args.dtype == "uint16" and fits == "uint32":
@@ -506,11 +510,45 @@ def prepare(args, command):
               f"tokens); its {len(names)} shards are whole"
               + (f" ({unchecked} without a checksum: prepared before checksums were recorded, "
                  "checked for ids below the vocabulary size only)" if unchecked else ""))
-        return meta
+        return enc, meta, None, None
     ds, text_field = open_source(meta["settings"]["source"])  # before anything is written
     if meta["progress"]["stream_state"] is not None:
         ds.load_state_dict(meta["progress"]["stream_state"])
+    return enc, meta, ds, text_field
+
+
+def usable_cores():
+    """The cores this process may run on: a container or taskset may give it fewer than the machine
+    has (os.cpu_count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on every OS)
+        return os.cpu_count() or 1
+
+
+def capped_num_proc(num_proc):
+    """--num_proc, at most the usable cores, with a note where that lowers it: more tokenizer
+    processes than cores only take turns on them, each starting and holding its own tokenizer and
+    chunks."""
+    cores = usable_cores()
+    if num_proc <= cores:
+        return num_proc
+    print(f"note: --num_proc={num_proc} is more than the cores this process may use ({cores}): "
+          f"tokenizing with --num_proc={cores}", file=sys.stderr)
+    return cores
+
+
+def prepare(args, command):
+    args.num_proc = capped_num_proc(args.num_proc)
+    try:
+        enc, meta, ds, text_field = open_run(args, command)
+    except Stopped as e:
+        raise e.again(f"{e} before this run wrote anything: {args.out_dir} is as it "
+                      "was") from None
+    if ds is None:
+        return meta
     started = meta["progress"]["shards"] > 0
+    made = not os.path.isdir(args.out_dir)  # by this run: removed again if it keeps nothing there
     os.makedirs(args.out_dir, exist_ok=True)
     confirmed = [name for split in meta["splits"].values() for name in split["shards"]]
     remove_outputs(args.out_dir, keep={"meta.json", *confirmed})
@@ -518,14 +556,36 @@ def prepare(args, command):
     progress_line = ProgressLine()
     try:
         tokenize_to_shards(args, enc, meta, ds, text_field, progress_line)
-    except RunError:  # (a stop too) its message starts on a line of its own
+    except Stopped as e:  # the shards meta.json lists are whole: kept, for the same command
+        progress_line.end()
+        raise e.again(f"{e}; {kept_after_stop(args.out_dir, made)}") from None
+    except RunError:  # its message starts on a line of its own
         progress_line.end()
         if not started:  # bad input found while streaming: leave no partial output behind
             remove_outputs(args.out_dir)
-            if not os.listdir(args.out_dir):
+            if made:
                 os.rmdir(args.out_dir)
         raise
     return meta
+
+
+def kept_after_stop(out_dir, made):
+    """What a stop leaves in out_dir, said in words: the shards meta.json lists, whole, which the
+    same command continues from (any written after its last update are removed, as a resume would);
+    none at all: this run's files removed, and out_dir where this run made it."""
+    with open(os.path.join(out_dir, "meta.json")) as f:
+        meta = json.load(f)
+    shards = [name for split in meta["splits"].values() for name in split["shards"]]
+    remove_outputs(out_dir, keep={"meta.json", *shards})
+    if shards:
+        return (f"kept {meta['progress']['shards']} shard pair(s) written whole in {out_dir} "
+                f"({meta['splits']['train']['tokens']:,} train tokens, "
+                f"{meta['progress']['documents_read']:,} documents read): the same command "
+                "continues from them")
+    remove_outputs(out_dir)
+    if made and not os.listdir(out_dir):
+        os.rmdir(out_dir)
+    return "no shard was written whole, so nothing was kept: the same command starts again"
 
 
 class ProgressLine:
@@ -629,7 +689,8 @@ KEYS = dict(
     tokenizer=Key("bytes", "bytes | a tiktoken BPE file | a Hugging Face directory's byte-level "
                            "BPE (docs/data.md)"),
     out_dir=Key(None, "where the shards and meta.json go", types=(str,), required=True),
-    num_proc=Key(os.cpu_count() or 1, "tokenizer processes", min=1),
+    num_proc=Key(usable_cores(), "tokenizer processes (at most the cores this process may use)",
+                 min=1),
     max_tokens=Key(0, "stop after this many train tokens (0: no limit)", min=0),
     fineweb_config=Key("sample-10BT", "FineWeb-Edu config, e.g. sample-100BT"),
     text_field=Key("text", "the text column of .jsonl/.json/.parquet and FineWeb-Edu"),
@@ -650,11 +711,7 @@ def parse_args(argv):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        return prepare(parse_args(argv), shlex.join(["python", "prepare_data.py", *argv]))
-    except Stopped as e:
-        raise RunError(f"{e}; the same command continues from the last shards written "
-                       "whole") from None
+    return prepare(parse_args(argv), shlex.join(["python", "prepare_data.py", *argv]))
 
 
 if __name__ == "__main__":

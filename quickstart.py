@@ -23,16 +23,16 @@ from typing import NamedTuple
 
 from configurator import Key, fail, parse  # pure Python: these run before the install
 from lmkit import children
-from lmkit.errors import RunError, Stopped, run_script
+from lmkit.errors import STOP_STATUSES, RunError, Stopped, run_script, stop_name
 from lmkit.files import atomic_write, claim_dir, last_logged
 from lmkit.progress import duration
 
 KEYS = dict(
     tests=Key(False, "install the test requirements, run ruff check . and then the test suite"),
-    seeds=Key([0], "comma-separated student seeds, e.g. 0,1,2", min=0),
+    seeds=Key([0], "comma-separated student seeds, e.g. 0,1,2", min=0, unique=True),
     variants=Key(None, "comma-separated attention variants (default: every one model.py has, "
                        "model.ATTENTIONS)",
-                 types=(list,)),
+                 types=(list,), unique=True),
     out_dir=Key('out/quickstart'),
     data_dir=Key('data/builtin_bytes'),
     teacher_iters=Key(0, "teacher steps (0: the config's)", min=0),
@@ -82,8 +82,7 @@ def minutes(seconds):
 class Stage(NamedTuple):
     """One command of the study: its name, argv, whether an earlier run did it already, a note
     printed before it, the checkpoint it trains or evaluates, and for a training stage the steps it
-    runs to (it has ended well only at the last: train.py saves and exits 0 when stopped by a
-    signal)."""
+    runs to (it has ended well only at the last)."""
     name: str
     command: list
     done: bool = False
@@ -131,18 +130,23 @@ class Stages:
         return process
 
     def ended(self, stage, rc):
-        """(seconds it ran, None), or (seconds, the study's one-line stop) where it failed or, a
-        training stage, ended before its last step."""
+        """(seconds it ran, None), or (seconds, the error the study stops with) where it failed, was
+        stopped (a stopped command exits with 128 + the signal's number: the study stops as if
+        the signal were its own) or, a training stage, ended before its last step."""
         seconds = time.time() - self.running.pop(stage.name)[2]
+        if rc in STOP_STATUSES:
+            return seconds, Stopped(f"{stage.name} was stopped by "
+                                    f"{stop_name(STOP_STATUSES[rc])}", STOP_STATUSES[rc])
         if rc != 0:
-            return seconds, (f"{stage.name} failed (exit code {rc}; its output is above). Fix it "
-                             "and run python quickstart.py again: finished stages are skipped.")
+            return seconds, RunError(f"{stage.name} failed (exit code {rc}; its output is above). "
+                                     "Fix it and run python quickstart.py again: finished stages "
+                                     "are skipped.")
         reached = stage.steps and (trained(stage.checkpoint)[0]
                                    if os.path.isfile(ckpt_path(stage.checkpoint)) else 0)
         if stage.steps and reached < stage.steps:
-            return seconds, (f"{stage.name} ended at step {reached} of {stage.steps} (stopped by a "
-                             "signal?); what it trained is saved: run python quickstart.py again "
-                             "to continue it")
+            return seconds, RunError(f"{stage.name} ended at step {reached} of {stage.steps}; what "
+                                     "it trained is saved: run python quickstart.py again to "
+                                     "continue it")
         return seconds, None
 
     def run(self, stage, optional=False):
@@ -155,11 +159,11 @@ class Stages:
         stderr = process.communicate()[1] or ''
         sys.stderr.write(stderr)
         seconds, failure = self.ended(stage, process.returncode)
-        if failure and optional:
+        if failure and optional and not isinstance(failure, Stopped):
             print(f"{stage.name} failed: skipped, and the report says why", flush=True)
             return (stderr.strip().splitlines() or [f'exit code {process.returncode}'])[-1]
         if failure:
-            raise RunError(failure)
+            raise failure
         self.rows.append((stage.name, seconds, stage.checkpoint))
         return None
 
@@ -172,7 +176,7 @@ class Stages:
         3.7 s on one thread, 14 s on two). A stage per core, on one thread each, keeps every core
         busy. Each stage's output is printed whole when it ends, and a status line every
         STATUS_EVERY seconds meanwhile. A failure stops the study once the stages running with it
-        have ended."""
+        have ended; a stage stopped by a signal stops it at once (study stops the others)."""
         cores = os.cpu_count() or 1
         width = max(1, min(cores, sum(not stage.done for stage in stages)))
         threads = max(1, cores // width)
@@ -189,12 +193,14 @@ class Stages:
                                                  if r[1][0].poll() is not None]:
                 self.show_output(name)
                 seconds, problem = self.ended(stage, process.returncode)
+                if isinstance(problem, Stopped):  # the others are stopped too (study), not awaited
+                    raise problem
                 rows[name], failure = (name, seconds, stage.checkpoint), failure or problem
             if time.time() - last_status >= STATUS_EVERY and self.running:
                 last_status = time.time()
                 print(self.status(waiting), flush=True)
         if failure:
-            raise RunError(failure)
+            raise failure
         self.rows += list(rows.values())
 
     def show_output(self, name):
@@ -438,8 +444,8 @@ def study(args):
     stages = Stages(2 + 2 * len(students) + 3 + 3 * args.real_model)
     try:
         run_stages(args, stages, students)
-    except Stopped as e:
-        raise RunError(stages.stop(str(e))) from None
+    except Stopped as e:  # (exit status 128 + its signal's number, as the signal's own)
+        raise e.again(stages.stop(str(e))) from None
 
 
 def run_stages(args, stages, students):
@@ -504,7 +510,7 @@ def run_tests():
     except Stopped as e:
         suite.send_signal(signal.SIGINT)
         suite.wait()
-        raise RunError(f"{e}: the test suite was stopped (its summary is above)") from None
+        raise e.again(f"{e}: the test suite was stopped (its summary is above)") from None
 
 
 def main(argv=None):

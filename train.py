@@ -30,7 +30,7 @@ from lmkit.data import Windows, first_token_id, read_meta
 from lmkit.distributed import (apply_fsdp, batch_to_device, check_cpu_compiler, compile_layers,
                                full_tensor, init_distributed, local_tensor, preemption_flag,
                                reduce_mean, resolve_device, resolve_dtype, wrap_ddp)
-from lmkit.errors import RunError, run_script
+from lmkit.errors import RunError, print_or_stop, run_script, stopped_after_save
 from lmkit.measure import DeviceTimer, default_peak_flops, estimate_mfu, gemm_shapes
 from lmkit.progress import duration
 from lmkit.probes import mean_attention_logit, sink_record, variant_tensor_means
@@ -190,7 +190,7 @@ class Metrics:
     log_interval steps and evaluation) and wandb (the module, or None)."""
 
     def __init__(self, c, run, start_step, wandb=None):
-        self.c, self.on, self.wandb = c, run.master, wandb
+        self.c, self.on, self.wandb, self.stop = c, run.master, wandb, []  # stop: stdout closed
         self.dts = []  # the steps' times since the last console line: its ETA
         if not self.on:
             return
@@ -212,10 +212,10 @@ class Metrics:
             val = f" | val {record['val_loss']:.4f}" if 'val_loss' in record else ''
             left = (self.c['max_iters'] - record['step']) * statistics.fmean(self.dts)
             self.dts = []
-            print(f"step {record['step']}/{self.c['max_iters']} | loss {record['loss']:.4f}{val} | "
-                  f"lr {record['lr']:.2e} | grad {record['grad_norm']:.3f} | "
-                  f"{record['tokens_per_sec']:,.0f} tok/s | mfu {100 * record['mfu']:.2f}% | "
-                  f"{1000 * record['dt']:.0f} ms | ETA {duration(left)}", flush=True)
+            print_or_stop(f"step {record['step']}/{self.c['max_iters']} | loss {record['loss']:.4f}"
+                          f"{val} | lr {record['lr']:.2e} | grad {record['grad_norm']:.3f} | "
+                          f"{record['tokens_per_sec']:,.0f} tok/s | mfu {100 * record['mfu']:.2f}%"
+                          f" | {1000 * record['dt']:.0f} ms | ETA {duration(left)}", self.stop)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -311,6 +311,8 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
         replacing = f" (replacing {ckpt_path})" if os.path.isfile(ckpt_path) else ''
         how = f"resuming from {ckpt_path} at step {ckpt['step']}" if ckpt is not None else (
             f"starting fresh{replacing}")
+        how += (f": nothing to do, max_iters={c['max_iters']} (a larger one continues the run)"
+                * (ckpt is not None and ckpt['step'] >= c['max_iters']))
         print(f"init_from={c['init_from']}: {how}" + ''.join(
             f"; {key} {change['from']} -> {change['to']} (resume_lr_change=True)"
             for key, change in changes.items()), flush=True)
@@ -405,6 +407,8 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
     raw_model, optimizer, start = build_model(c, model_config, run, data_meta, ckpt_path)
     step, skipped, first_skipped = start['step'], start['skipped'], start['first_skipped']
     saved = step or None  # the step of this run's last checkpoint
+    if step >= c['max_iters']:  # nothing to do (build_model said so): its files left as they are
+        return None
     model = wrap_ddp(raw_model, run.device) if run.ddp else raw_model
     teacher = load_run_teacher(c, model_config, data_meta, run.device)
     peak_flops = c['peak_flops'] or default_peak_flops(
@@ -459,19 +463,17 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
                                "checkpoint, if any, is from before). To continue from it with a "
                                "lower learning rate: --learning_rate=<lower> "
                                "--resume_lr_change=True (or allow more: --max_skipped_frac)")
-            stop = reduce_mean([float(bool(signals))], run.device)[0] > 0
+            stop = reduce_mean([float(bool(signals or metrics.stop))], run.device)[0] > 0
             if evaluated or stop:
                 check_step_finite(step, record, raw_model, run.device, ckpt_path, saved)
                 save(ckpt_path, step, dict(steps=skipped, first=first_skipped), c, run, raw_model,
                      optimizer, model_config, data_meta)
                 saved = step
-            if stop:
-                if run.master:
-                    cut = " (its evaluation, cut short, is not logged)" * (
-                        evaluated and 'val_loss' not in record)
-                    print(f"stopped by a signal: saved {ckpt_path} at step {step}{cut}; the same "
-                          "command continues it", flush=True)
-                break
+            if stop:  # (main raises it: exit status 128 + the signal's number)
+                cut = " (its evaluation, cut short, is not logged)" * (
+                    evaluated and 'val_loss' not in record)
+                return stopped_after_save(signals + metrics.stop, run.master, f"saved {ckpt_path} "
+                                          f"at step {step}{cut}; the same command continues it")
     if skipped and run.master:
         print(f"nonfinite=skip: {skipped} of the run's {step} steps were skipped (non-finite loss "
               f"or gradient norm), the first at step {first_skipped}", flush=True)
@@ -492,9 +494,11 @@ def main(argv):
     claim_out_dir(c['out_dir'])
     # one writer per run: rank 0 holds out_dir (and creates it) until the run ends
     with hold_out_dir(c['out_dir']) if run.master else nullcontext():
-        train(c, model_config, run, data_meta, train_data, val_data, wandb)
+        stop = train(c, model_config, run, data_meta, train_data, val_data, wandb)
     if run.distributed:
         dist.destroy_process_group()
+    if stop:  # every rank stopped at one step, as at a run's end
+        raise stop
 
 
 if __name__ == '__main__':

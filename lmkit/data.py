@@ -11,6 +11,7 @@ import zlib
 
 import numpy as np
 
+from lmkit.data_meta import check_meta
 from lmkit.errors import RunError
 from lmkit.files import atomic_write
 
@@ -128,14 +129,15 @@ def read_meta(data_dir):
     """meta.json of a prepare_data.py output directory (what train.py and distill.py read first)."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isdir(data_dir):
-        raise RunError(f"data_dir={data_dir}: no such directory; run prepare_data.py first: "
+        what = "is a file, not a directory" if os.path.exists(data_dir) else "no such directory"
+        raise RunError(f"data_dir={data_dir}: {what}; run prepare_data.py first: "
                        f"{prepare_command(data_dir)}")
     if not os.path.isfile(path):
         raise RunError(f"{path}: no such file; data_dir must be an output directory of "
                        f"prepare_data.py, which prepares one: {prepare_command(data_dir)}")
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            return check_meta(json.load(f), path)
     except ValueError as e:  # (also not UTF-8)
         raise RunError(f"{path}: damaged, not a JSON file ({e}); prepare the data again into a new "
                        "--out_dir") from None

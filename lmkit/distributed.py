@@ -5,7 +5,6 @@ the ranks' plumbing. docs/training.md, "Ranks", says why each does what it does.
 """
 import inspect
 import os
-import signal
 import sys
 from contextlib import contextmanager
 
@@ -13,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lmkit.errors import RunError
+from lmkit.errors import RunError, on_stop_signals
 
 
 def resolve_device(name):
@@ -153,13 +152,8 @@ def reduce_mean(values, device):
 
 @contextmanager
 def preemption_flag():
-    """While active, SIGTERM / SIGINT only append to the yielded list: the loop finishes its step,
-    saves and exits (cluster preemption, Ctrl-C)."""
+    """While active, SIGTERM, SIGINT and SIGHUP only append to the yielded list: the loop finishes
+    its step, saves and exits (cluster preemption, Ctrl-C, a closed terminal)."""
     flag = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: flag.append(signum))
-                for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with on_stop_signals(lambda signum, frame: flag.append(signum)):
         yield flag
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

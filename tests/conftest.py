@@ -53,13 +53,17 @@ CACHE = Path(os.environ.get('XDG_CACHE_HOME',
 
 def convert(gguf, out, *flags):
     """scripts/gguf_to_hf.py into out, unless an earlier session did (the script puts out in place
-    only when whole)."""
+    only when whole). The conversions an earlier gguf_to_hf.py made (named by another hash) are
+    removed: no session reads them again, and each held the model, 0.5 GB, once more."""
     if not out.is_dir():
         run = subprocess.run([sys.executable, '-m', 'scripts.gguf_to_hf', f'--gguf={gguf}',
                               f'--out_dir={out}', *flags],
                              capture_output=True, text=True, cwd=ROOT)
         # (or another session made it meanwhile)
         assert out.is_dir(), f"gguf_to_hf.py failed:\n{run.stderr[-3000:]}"
+    for earlier in out.parent.glob(f"{out.name.rsplit('-', 1)[0]}-*"):
+        if earlier != out and earlier.is_dir():
+            shutil.rmtree(earlier, ignore_errors=True)
     return out
 
 

@@ -367,6 +367,25 @@ def test_table_job_bad_input(tmp_path):
         assert not out.exists()
 
 
+def test_table_job_names_the_run_without_validation(tmp_path):
+    """Issue 62: one run of several without a val_ppl (and no c4 in the eval files) gave "neither a
+    c4 result in every eval file nor a val_ppl in every run's metrics.jsonl", naming no run. Now
+    the one line names that run, and only it; nothing is written."""
+    runs = [table_run(tmp_path / name, name, 0, 2.0, dict(boolq=0.5))
+            for name in ('softmax', 'affine', 'sink')]
+    records = (tmp_path / 'affine' / 'metrics.jsonl').read_text().splitlines()
+    (tmp_path / 'affine' / 'metrics.jsonl').write_text(records[0] + '\n')  # no evaluation yet
+    out = tmp_path / 'table'
+    done = subprocess.run([sys.executable, 'analyze.py', 'table', *runs, f'--out_dir={out}'],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr.splitlines() == [
+        f"analyze.py: error: {runs[1]}: no val_ppl in metrics.jsonl (the run never reached an "
+        "evaluation); the perplexity column takes every run's last val_ppl, or c4 where every "
+        "run's eval.json holds it: train the run to an evaluation (every eval_interval steps, and "
+        "at its last), or evaluate c4 for every run (eval_zeroshot.py --tasks=...,c4)"]
+    assert not out.exists()
+
+
 def test_table_job_never_ranks_or_pools_runs_of_other_objectives_or_data(tmp_path):
     """A variant trained with KD and with CE: two tables, each loss column named, bold only against
     its own rows."""

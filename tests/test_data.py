@@ -3,6 +3,8 @@ each shard."""
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 import zlib
 from pathlib import Path
@@ -121,3 +123,60 @@ def test_missing_data_of_another_name_gets_the_general_command(tmp_path):
         read_meta(str(tmp_path / "mine"))
     assert str(e.value) == (f"{tmp_path / 'mine' / 'meta.json'}: no such file; data_dir must be an "
                             f"output directory of prepare_data.py, which prepares one: {general}")
+
+
+def train_refusal(data_dir, tmp_path):
+    """train.py on data_dir, run as a user runs it: its exit status and stderr's lines."""
+    done = subprocess.run([sys.executable, "train.py", "--device=cpu", f"--data_dir={data_dir}",
+                           f"--out_dir={tmp_path / 'run'}", "--vocab_size=320", "--block_size=32"],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    return done.returncode, done.stderr.splitlines()
+
+
+def test_a_meta_json_field_of_another_type_is_named(data_dir, tmp_path):
+    """Issue 62: a vocab_size that is a string in meta.json stopped train.py with a traceback
+    (TypeError: '>' not supported between instances of 'str' and 'int'). Now every field is
+    checked for the type prepare_data.py writes it with, and the first that is not is named, in one
+    line, before any work; nothing is written."""
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    meta = json.loads((data / "meta.json").read_text())
+    (data / "meta.json").write_text(json.dumps(dict(meta, vocab_size="257")))
+    assert train_refusal(data, tmp_path) == (1, [
+        f"train.py: error: {data / 'meta.json'}: vocab_size is '257' (a string), where "
+        "prepare_data.py writes an integer: the file was edited or damaged; prepare the data "
+        "again into a new --out_dir"])
+    assert not (tmp_path / "run").exists()
+    edits = [(lambda m: m["splits"]["val"].update(tokens=None), "splits.val.tokens is None (null), "
+              "where prepare_data.py writes an integer"),
+             (lambda m: m["splits"]["train"]["shards"].append(7), "an element of "
+              "splits.train.shards is 7 (an integer), where prepare_data.py writes a string"),
+             (lambda m: m["tokenizer"].update(special_tokens=["<|endoftext|>"]), "tokenizer."
+              "special_tokens is ['<|endoftext|>'] (a list), where prepare_data.py writes an "
+              "object"),
+             (lambda m: m["tokenizer"].update(bos_id=False), "tokenizer.bos_id is False (true or "
+              "false), where prepare_data.py writes an integer or null"),
+             (lambda m: m["checksums"].update({"train_000000.bin": 1}), "an element of checksums "
+              "is 1 (an integer), where prepare_data.py writes a string"),
+             (lambda m: m.pop("splits"), "has no splits"),
+             (lambda m: m.update(dtype="int8"), "dtype is 'int8', where prepare_data.py writes "
+              "uint16 or uint32")]
+    for edit, problem in edits:
+        edited = json.loads(json.dumps(meta))
+        edit(edited)
+        (data / "meta.json").write_text(json.dumps(edited))
+        with pytest.raises(RunError) as e:
+            read_meta(str(data))
+        assert str(e.value) == (f"{data / 'meta.json'}: {problem}: the file was edited or damaged; "
+                                "prepare the data again into a new --out_dir")
+
+
+def test_a_file_given_as_data_dir_is_not_a_directory(tmp_path):
+    """Issue 62: a file passed as data_dir was "no such directory"."""
+    (tmp_path / "data").write_text("not a directory")
+    code, err = train_refusal(tmp_path / "data", tmp_path)
+    assert code == 1 and err == [
+        f"train.py: error: data_dir={tmp_path / 'data'}: is a file, not a directory; run "
+        "prepare_data.py first: python prepare_data.py --source=<builtin, stdlib, fineweb-edu or "
+        "your own files> --tokenizer=<bytes or the teacher's directory> "
+        f"--out_dir={tmp_path / 'data'}"]

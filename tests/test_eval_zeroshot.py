@@ -6,9 +6,12 @@ variant, C4 windowing (GPTQ's c4-new), the heldout task, every bad-input error a
 line."""
 import json
 import math
+import os
 import re
 import socket
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import asdict
 
@@ -23,7 +26,7 @@ from lmkit.data import write_shard
 from lmkit.tokenizer import load_tokenizer, tokenizer_info
 from lmkit.errors import RunError
 from model import ATTENTIONS, GPT, IGNORE_INDEX, ModelConfig
-from helpers import EOT, TASK_ROWS, write_task_data, write_tiktoken_file
+from helpers import EOT, ROOT, TASK_ROWS, write_task_data, write_tiktoken_file
 
 torch.set_num_threads(2)
 BYTES = load_tokenizer('bytes')
@@ -302,6 +305,68 @@ def test_cli(tmp_path, bpe, capsys):
                                        r"checkpoint"):
         eval_zeroshot.main([a for a in common if not a.startswith('--ckpt')]
                            + [f'--ckpt={tmp_path / "broken.pt"}'])
+
+
+def eval_process(*args):
+    """eval_zeroshot.py run as a user runs it: (exit status, stdout, stderr)."""
+    done = subprocess.run([sys.executable, 'eval_zeroshot.py', *args], cwd=ROOT,
+                          capture_output=True, text=True)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_every_tasks_file_is_checked_before_any_task_is_scored(tmp_path):
+    """Issue 62: a --data_dir without c4 scored the six tasks (46 s with SmolLM2), then stopped on
+    c4's missing file, and wrote neither its table nor --out. Now every task's file is looked for
+    first: one line names each one missing, before the model is loaded; nothing is written. A file
+    given as --data_dir is said to be one."""
+    ckpt = write_checkpoint(tmp_path / 'ckpt.pt', tiny_model('affine', dtype=torch.float32))
+    data = write_task_data(tmp_path / 'data')
+    for task in ('c4', 'piqa'):
+        os.remove(ez.task_file(task, data))
+    out = tmp_path / 'results' / 'eval.json'
+    code, stdout, err = eval_process(f'--ckpt={ckpt}', f'--data_dir={data}', f'--out={out}')
+    assert code == 1 and stdout == '' and err.splitlines() == [
+        f"eval_zeroshot.py: error: --data_dir={data}: no file for 2 of the 7 tasks: piqa "
+        f"({data / 'piqa' / 'validation.jsonl'}), c4 ({data / 'c4' / 'validation.jsonl'}); export "
+        f"them there with --export_data={data}, or leave them out of --tasks"]
+    assert not (tmp_path / 'results').exists()
+    code, _, err = eval_process(f'--ckpt={ckpt}', f'--data_dir={ckpt}', '--tasks=boolq')
+    assert code == 1 and err.splitlines() == [
+        f"eval_zeroshot.py: error: --data_dir={ckpt}: is a file, not a directory; give the "
+        "directory that --export_data wrote"]
+
+
+def test_a_task_given_twice_is_refused(tmp_path, capsys):
+    """Issue 62: --tasks=heldout,heldout scored the task twice."""
+    with pytest.raises(SystemExit) as stop:
+        eval_zeroshot.main(['--ckpt=out', '--tasks=heldout,boolq,heldout'])
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == (
+        "error: --tasks=heldout,boolq,heldout: heldout given more than once; --tasks takes each "
+        "value once")
+
+
+def test_an_unfinished_run_is_evaluated_only_when_asked(data_dir, tmp_path, capsys):
+    """Issue 62: a run stopped at step 29 of 300 (its train.py then exited 0, and a chain went on
+    to evaluate it) was scored with no word that it had not finished. Now its evaluation is
+    refused in one line that says so and how to go on; --allow_unfinished=True scores it, with a
+    note."""
+    model = tiny_model('softmax', dtype=torch.float32)
+    ckpt = tmp_path / 'run' / 'ckpt.pt'
+    ckpt.parent.mkdir()
+    torch.save(dict(model=model.state_dict(), model_config=asdict(model.config),
+                    tokenizer=tokenizer_info(BYTES, 'bytes'), step=29,
+                    config=dict(max_iters=300, out_dir=str(ckpt.parent))), ckpt)
+    args = [f'--ckpt={ckpt.parent}', '--tasks=heldout', f'--heldout_data={data_dir}',
+            '--heldout_docs=4']
+    code, stdout, err = eval_process(*args, f'--out={tmp_path / "eval.json"}')
+    assert code == 1 and stdout == '' and err.splitlines() == [
+        f"eval_zeroshot.py: error: {ckpt} holds step 29 of its run's max_iters=300: the run has "
+        "not finished; continue it with the train.py command that started it (it continues from "
+        "this checkpoint), or pass --allow_unfinished=True to use it as it is"]
+    assert not (tmp_path / 'eval.json').exists()
+    assert eval_zeroshot.main(args + ['--allow_unfinished=True'])['heldout']['n'] == 4
+    assert (f"note: {ckpt} holds step 29 of its run's max_iters=300: the run has not finished; "
+            "used as it is (--allow_unfinished=True)") in capsys.readouterr().err.splitlines()
 
 
 def test_heldout(tmp_path):

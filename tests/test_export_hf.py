@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -427,6 +428,30 @@ def test_bad_checkpoints(exported, tmp_path):
                         (tmp_path / 'other_shape.pt', 'not a readable checkpoint')]:
         refused([f'--ckpt={ckpt}', f'--out_dir={out}'], match, tmp_path)
     assert not (tmp_path / 'hf').exists()
+
+
+def test_an_unfinished_run_is_exported_only_when_asked(exported, tmp_path):
+    """Issue 62: a checkpoint of a run stopped at step 29 of 300 was exported as if it were the
+    run's model. Now the export is refused in one line that says so (nothing written), and
+    --allow_unfinished=True exports it."""
+    model, tok_info, _, _ = exported['sink']
+    ckpt = tmp_path / 'run' / 'ckpt.pt'
+    ckpt.parent.mkdir()
+    torch.save(dict(model=model.state_dict(), model_config=dataclasses.asdict(model.config),
+                    tokenizer=tok_info, step=29, optimizer={'state': {}},
+                    config=dict(max_iters=300)), ckpt)
+    out = tmp_path / 'hf'
+    done = subprocess.run([sys.executable, 'export_hf.py', f'--ckpt={ckpt.parent}',
+                           f'--out_dir={out}', '--check=False'], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert done.returncode == 1 and done.stderr.splitlines() == [
+        f"export_hf.py: error: {ckpt} holds step 29 of its run's max_iters=300: the run has not "
+        "finished; continue it with the train.py command that started it (it continues from this "
+        "checkpoint), or pass --allow_unfinished=True to use it as it is"], done.stderr
+    assert not out.exists()
+    export_hf.main([f'--ckpt={ckpt.parent}', f'--out_dir={out}', '--check=False',
+                    '--allow_unfinished=True'])
+    assert (out / 'config.json').is_file() and (out / 'model.safetensors').is_file()
 
 
 def test_out_dir_holding_something_else_is_refused(exported, tmp_path):

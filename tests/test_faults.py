@@ -359,6 +359,11 @@ def test_a_read_only_file_system_is_one_line(data_dir, run_dir, tmpfs):
     code, _, err = script('prepare_data.py', '--source=builtin', f'--out_dir={read_only / "data"}',
                           '--num_proc=1')
     assert code == 1 and 'read-only file system' in one_line(err)
+    # (issue 62) before any analysis: found before a checkpoint that does not exist is looked for
+    code, _, err = script('analyze.py', 'attention', str(read_only / 'no_such_run'),
+                          f'--out_dir={read_only / "analysis"}')
+    assert code == 1 and one_line(err) == (f"analyze.py: error: {read_only / 'analysis'}: "
+                                           "read-only file system; write to a writable location")
 
 
 def test_permission_denied_and_missing_paths_are_one_line(data_dir, tmp_path, capsys):
@@ -459,7 +464,7 @@ def test_compiling_on_a_cpu_without_a_cpp_compiler_is_one_line(data_dir, tmp_pat
     assert not (tmp_path / 'run').exists()
 
 
-def test_a_run_that_has_not_saved_yet_is_named_as_such(tmp_path):
+def test_a_run_that_has_not_saved_yet_is_named_as_such(tmp_path, data_dir):
     """A train.py run directory holds config.json (and metrics.jsonl) from its start, ckpt.pt only
     from its first evaluation: given to a reader before then, it is named as such (not "model_type
     None is not supported")."""
@@ -477,7 +482,7 @@ def test_a_run_that_has_not_saved_yet_is_named_as_such(tmp_path):
         # the dry run's plan reads the teacher's shape
         train.main(['--dry_run=True', f'--teacher={run}'])
     with pytest.raises(errors.RunError, match=f"^model {re.escape(str(run))}: {re.escape(said)}$"):
-        eval_zeroshot.main([f'--ckpt={run}', '--tasks=heldout',
+        eval_zeroshot.main([f'--ckpt={run}', '--tasks=heldout', f'--heldout_data={data_dir}',
                             f'--out={tmp_path / "e" / "r.json"}'])
     assert sorted(os.listdir(tmp_path)) == ['run']  # and no empty directory left for --out
 
@@ -504,11 +509,12 @@ def test_a_failed_start_leaves_no_empty_directory(tmp_path):
 def test_a_reader_that_stops_early_gets_no_error():
     """`python -m tools.bench --help | head -1` ended in "bench.py: error: a file: Broken pipe;
     check the path and the device": the reader stopping early is no fault of the path. Now it ends
-    quietly, exit status 1, as Unix tools do (a script whose write meets a closed pipe)."""
+    quietly, as Unix tools do (a script whose write meets a closed pipe), with the exit status a
+    shell gives a writer SIGPIPE ended: 141 (issue 62: it was 1, as if it had failed)."""
     code = ("from lmkit.errors import run_script\n"
             "def main(argv):\n"
             "    raise BrokenPipeError(errno.EPIPE, 'Broken pipe')\n"
             "run_script(main)\n")
     run = subprocess.run([sys.executable, '-c', 'import errno\n' + code], cwd=ROOT,
                          capture_output=True, text=True)
-    assert run.returncode == 1 and run.stderr == '' and run.stdout == ''
+    assert run.returncode == 141 and run.stderr == '' and run.stdout == ''

@@ -2,12 +2,17 @@
 tests/test_bench.py and tests/test_faults.py hold the hand-over), on a machine without a GPU: its
 CPU parts for real, and the rows it gives where a GPU image lacks what a part needs."""
 import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
 from tools import gpu_check
 
 torch.set_num_threads(2)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_check_on_a_machine_without_a_gpu(tmp_path, capsys, monkeypatch):
@@ -35,6 +40,31 @@ def test_check_on_a_machine_without_a_gpu(tmp_path, capsys, monkeypatch):
     assert all(row[2] == 'pass'
                for row in rows[:-1]) and rows[-1][2] == '-' and 'none found' in rows[-1][3]
     assert 'no GPU' in record['device'] and record['torch'] == torch.__version__
+
+
+def test_a_stopped_check_is_stopped_not_failed(tmp_path):
+    """Issue 62: Ctrl-C during the check wrote `kernels | FAIL | Stopped: stopped by SIGINT` to its
+    table and JSON, as if the machine had failed. Now the part it stopped in is a row "stopped"
+    (not a pass/fail check), the record says it was stopped, the table of what ran is printed, and
+    the exit status is 130 (128 + SIGINT)."""
+    json_path = tmp_path / 'check.json'
+    proc = subprocess.Popen([sys.executable, '-m', 'tools.gpu_check', '--check_parts=kernels',
+                             f'--check_json={json_path}'], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    while (line := proc.stderr.readline()) and line.strip() != 'kernels ...':
+        pass
+    proc.send_signal(signal.SIGINT)  # while the kernel tests run, in pytest
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.splitlines()[-1] == (
+        "gpu_check.py: error: stopped by SIGINT in the kernels part: what ran before it is in the "
+        f"table above and in {json_path}"), err
+    record = json.loads(json_path.read_text())
+    assert record['stopped'] == 'stopped by SIGINT' and [
+        (r['section'], r['ok'], r['stopped']) for r in record['rows']] == [('kernels', None, True)]
+    rows = [line.split('|')[1:4] for line in out.splitlines() if line.startswith('| kernels')]
+    assert [[cell.strip() for cell in row] for row in rows] == [['kernels', 'ran to the end',
+                                                                 'stopped']]
+    assert 'FAIL' not in out + err
 
 
 def test_check_skips_the_kernel_tests_where_pytest_does_not_run(tmp_path, monkeypatch):

@@ -172,6 +172,27 @@ def test_no_module_but_train_and_runs_reads_the_run_config_by_key():
     assert not found, found
 
 
+def test_the_modules_run_with_python_m_answer_help():
+    """Issue 62: `python -m tools.lm_eval_scores --help` gave a traceback, tools.tables,
+    tools.harness_tasks and tools.builtin_data printed nothing, scripts.line_counts --help exited
+    1. Now each prints its docstring and exits 0; those that have no command of their own say so,
+    and say it run bare too (exit status 2)."""
+    import importlib
+    import subprocess
+    for module in ('tools.lm_eval_scores', 'tools.tables', 'tools.harness_tasks',
+                   'tools.builtin_data', 'scripts.line_counts'):
+        done = subprocess.run([sys.executable, '-m', module, '--help'], cwd=ROOT,
+                              capture_output=True, text=True)
+        doc = importlib.import_module(module).__doc__.strip()
+        assert (done.returncode, done.stderr) == (0, '') and done.stdout.startswith(doc), module
+    for module in ('tools.tables', 'tools.harness_tasks', 'tools.builtin_data'):
+        done = subprocess.run([sys.executable, '-m', module], cwd=ROOT, capture_output=True,
+                              text=True)
+        assert done.returncode == 2 and done.stderr == (
+            f"error: {module.split('.')[1]}.py is a module the tools import, with no command of "
+            "its own (--help says what it holds)\n")
+
+
 def test_programs_outside_the_root_run_as_modules():
     """study/, tools/ and scripts/ hold no sys.path edits: their programs run from the root as
     `python -m folder.name`, and run as a file each says so in one line (exit status 1), before any

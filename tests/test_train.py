@@ -17,7 +17,7 @@ import prepare_data
 import train
 from lmkit import runs
 from lmkit.data import Windows, read_shard
-from lmkit.errors import RunError
+from lmkit.errors import RunError, Stopped
 from helpers import ROOT, metrics, tiny_args
 
 
@@ -61,14 +61,79 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(data_dir, tmp_p
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out
-    assert 'stopped by a signal' in out
     stopped_at = torch.load(run / 'ckpt.pt', weights_only=False)['step']
+    # 128 + SIGTERM, as a shell reports a program the signal ended: a chain (train && eval) stops
+    assert proc.returncode == 143 and out.splitlines()[-1] == (
+        f"train.py: error: stopped by SIGTERM: saved {run / 'ckpt.pt'} at step {stopped_at}; the "
+        "same command continues it"), out
     assert stopped_at >= 3 and len(metrics(run)) == stopped_at
     train.main(tiny_args(data_dir, run, *common, f'--max_iters={stopped_at + 3}',
                          '--init_from=resume'))
     train.main(tiny_args(data_dir, ref, *common, f'--max_iters={stopped_at + 3}'))
     assert [r['loss'] for r in metrics(run)] == [r['loss'] for r in metrics(ref)]
+
+
+def train_process(data_dir, run, *extra, **popen_args):
+    """train.py on a tiny config that would run for hours, as a process, once it has logged three
+    steps."""
+    proc = subprocess.Popen([sys.executable, 'train.py',
+                             *tiny_args(data_dir, run, '--max_iters=1000000', *extra)],
+                            cwd=ROOT, text=True, **popen_args)
+    deadline = time.time() + 120
+    while not (os.path.exists(run / 'metrics.jsonl') and len(metrics(run)) >= 3):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.1)
+    return proc
+
+
+def test_sighup_saves_as_sigterm_does(data_dir, tmp_path):
+    """Issue 62: SIGHUP (the terminal or the ssh connection closed) ended train.py at once, exit
+    status 129 and no checkpoint: the steps since the last evaluation were lost. Now it saves the
+    step reached, as SIGTERM and SIGINT do, says so, and exits 129 (128 + SIGHUP)."""
+    run = tmp_path / 'run'
+    proc = train_process(data_dir, run, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    saved = torch.load(run / 'ckpt.pt', weights_only=False)['step']
+    assert proc.returncode == 129 and err.splitlines()[-1] == (
+        f"train.py: error: stopped by SIGHUP: saved {run / 'ckpt.pt'} at step {saved}; the same "
+        "command continues it"), err
+    assert saved >= 3 and [r['step'] for r in metrics(run)] == list(range(1, saved + 1))
+
+
+def test_a_closed_stdout_is_a_stop_that_saves(data_dir, tmp_path):
+    """Issue 62: `train.py ... | head -3` ended at the first console line after head's third, exit
+    status 1, no message and nothing saved. Now the reader gone is a stop like a signal: the step
+    is saved, one line on stderr says so, and the exit status is 141 (128 + SIGPIPE, a shell's
+    own for a writer whose reader is gone)."""
+    run = tmp_path / 'run'
+    proc = train_process(data_dir, run, '--log_interval=1', stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    head = [proc.stdout.readline() for _ in range(3)]  # what head -3 reads, then it ends
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    saved = torch.load(run / 'ckpt.pt', weights_only=False)['step']
+    assert head[0].startswith('init_from=auto: starting fresh') and head[2].startswith('step 1/')
+    assert proc.returncode == 141 and err.splitlines()[-1] == (
+        "train.py: error: stopped: its standard output was closed (the reader of it, say | head, "
+        f"ended): saved {run / 'ckpt.pt'} at step {saved}; the same command continues it"), err
+    assert saved >= 3 and [r['step'] for r in metrics(run)] == list(range(1, saved + 1))
+
+
+def test_a_finished_run_run_again_has_nothing_to_do(data_dir, tmp_path, capsys):
+    """Issue 62: the command of a finished run, run again, said "resuming from ... at step 4" and
+    exited 0 without saying that nothing was left to do. Now it says so, exits 0 and leaves the
+    run's files as they were."""
+    args = tiny_args(data_dir, tmp_path, '--max_iters=4', '--eval_interval=4')
+    train.main(args)
+    before = {name: (tmp_path / name).stat().st_mtime_ns for name in os.listdir(tmp_path)}
+    capsys.readouterr()
+    train.main(args)
+    assert capsys.readouterr().out.splitlines() == [
+        f"init_from=auto: resuming from {tmp_path / 'ckpt.pt'} at step 4: nothing to do, "
+        "max_iters=4 (a larger one continues the run)"]
+    assert {name: (tmp_path / name).stat().st_mtime_ns for name in os.listdir(tmp_path)} == before
 
 
 def test_two_ranks_match_one_process_with_twice_the_accumulation(data_dir, tmp_path):
@@ -206,18 +271,19 @@ def test_an_evaluation_reads_the_val_split_once_at_most(data_dir, tmp_path, caps
     assert 'val_loss' in metrics(tmp_path)[-1]
 
 
-def test_sigterm_during_an_evaluation_stops_it_within_a_few_batches(data_dir, tmp_path, capsys,
+def test_sigterm_during_an_evaluation_stops_it_within_a_few_batches(data_dir, tmp_path,
                                                                     monkeypatch):
     """SIGTERM waited for the evaluation to end (100000 batches took minutes; here 100). Now it
     stops within EVAL_STOP_EVERY batches; the step is saved, its record written without an
     evaluation (none half done), and the same command continues the run."""
     read = reading_val(monkeypatch, on_read=lambda: read or os.kill(os.getpid(), signal.SIGTERM))
     args = tiny_args(data_dir, tmp_path, '--max_iters=4', '--eval_interval=2', '--warmup_iters=0')
-    train.main(args + ['--eval_batches=100'])
+    with pytest.raises(Stopped) as stop:
+        train.main(args + ['--eval_batches=100'])
     assert 1 <= len(read) <= train.EVAL_STOP_EVERY
-    assert (capsys.readouterr().out.endswith(f"stopped by a signal: saved {tmp_path / 'ckpt.pt'} "
-                                             "at step 2 (its evaluation, cut short, is not "
-                                             "logged); the same command continues it\n"))
+    assert stop.value.signum == signal.SIGTERM and str(stop.value) == (
+        f"stopped by SIGTERM: saved {tmp_path / 'ckpt.pt'} at step 2 (its evaluation, cut short, "
+        "is not logged); the same command continues it")
     assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 2
     assert [r['step'] for r in metrics(tmp_path) if 'val_loss' in r] == []
     read.append('no more signals')
@@ -453,49 +519,73 @@ def worker_pids(launcher_pid):
     return pids
 
 
+def wait_until(condition, proc, what):
+    """Until condition() holds, while proc (torchrun) runs; two minutes at most."""
+    deadline = time.time() + 120
+    while not condition():
+        assert proc.poll() is None and time.time() < deadline, f"{what}: {proc.communicate()[0]}"
+        time.sleep(0.02)
+
+
 def test_elastic_restarts_continue_from_the_last_checkpoint(data_dir, tmp_path):
     """torchrun --max-restarts: a worker killed (SIGKILL, no chance to save) twice mid-run; torchrun
     restarts every rank with the same arguments, which continue from the last checkpoint: at most
-    eval_interval steps are redone per kill, and the final weights are bit-identical to an
-    uninterrupted run's."""
-    args = ['--attention=affine', '--max_iters=24', '--eval_interval=4', '--micro_batch_size=2']
+    eval_interval steps are redone per kill, and the weights are bit-identical to an uninterrupted
+    run's. Issue 62, the race it lost under load: its run of 24 steps went on while the test waited
+    to see step 15, and a test process kept off the cores for the few seconds of the last 9 steps
+    found the run over, and no worker to kill. The run now has no end of its own (its learning rate
+    constant after the warmup, so that max_iters changes nothing): SIGTERM ends it, once its
+    second restart has trained, with a save; the reference trains to the step it saved. Each step
+    looked for is one of the attempt now running: a restart's rank 0 writes a new log (a new inode),
+    and until it has, the log read is the attempt's before. torchrun is paused (SIGSTOP) from each
+    kill until the steps redone are counted: a restart meanwhile would rewrite the log read."""
+    args = ['--attention=affine', '--eval_interval=4', '--micro_batch_size=2', '--decay_frac=0.0']
     launch = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
     run, ref = tmp_path / 'run', tmp_path / 'ref'
     proc = subprocess.Popen([*launch, '--max-restarts=2', 'train.py',
-                             *tiny_args(data_dir, run, *args)], cwd=ROOT,
+                             *tiny_args(data_dir, run, *args, '--max_iters=1000000')], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log, before = run / 'metrics.jsonl', None  # before: the log's inode as the last attempt left it
+
+    def logged():
+        """The last step the running attempt has logged (0 before it has written its log)."""
+        try:
+            ours = os.stat(log).st_ino != before
+            return ours and (metrics(run) or [{'step': 0}])[-1]['step']
+        except FileNotFoundError:
+            return 0
     redone = []
     # past a checkpoint (steps 4 and 12), before the next one
     for kill_at, rank in ((6, 1), (15, 0)):
-        deadline = time.time() + 120
-        while time.time() < deadline and not (os.path.exists(run / 'metrics.jsonl') and metrics(run)
-                                              and metrics(run)[-1]['step'] >= kill_at
-                                              and len(worker_pids(proc.pid)) == 2):
-            time.sleep(0.02)
+        wait_until(lambda: logged() >= kill_at and len(worker_pids(proc.pid)) == 2, proc,
+                   f'step {kill_at}')
         workers = worker_pids(proc.pid)
+        proc.send_signal(signal.SIGSTOP)
         os.kill(workers[rank], signal.SIGKILL)
         # the checkpoint first, then the log: a step's record is written before its checkpoint, so a
         # save between the two reads (the other rank may finish a step) cannot make the count
         # negative, as the reverse order could
         saved = torch.load(run / 'ckpt.pt', weights_only=False)['step']
-        redone.append(metrics(run)[-1]['step'] - saved)
-        # restarted: two new workers
-        while time.time() < deadline and not (len(worker_pids(proc.pid)) == 2 and
-                                              not set(
-                worker_pids(proc.pid).values()) & set(workers.values())):
-            time.sleep(0.02)
+        redone.append(logged() - saved)
+        before = os.stat(log).st_ino
+        proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: logged() >= 20, proc, 'step 20')
+    proc.send_signal(signal.SIGTERM)  # torchrun passes it on: every rank saves its step
     out, _ = proc.communicate(timeout=300)
     print(f'steps redone per kill: {redone}')  # shown with pytest -s
-    assert proc.returncode == 0, out
+    stopped = torch.load(run / 'ckpt.pt', weights_only=False)['step']
     assert out.count('init_from=auto: resuming '
                      'from') == 2 and all(0 <= n <= 4 for n in redone), (redone, out)
-    result = subprocess.run([*launch, 'train.py', *tiny_args(data_dir, ref, *args)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
+    assert f'stopped by SIGTERM: saved {run / "ckpt.pt"} at step {stopped}' in out, out
+    result = subprocess.run([*launch, 'train.py', *tiny_args(data_dir, ref, *args,
+                                                             f'--max_iters={stopped}')],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     a, b = (torch.load(d / 'ckpt.pt', weights_only=False) for d in (run, ref))
-    assert a['step'] == b['step'] == 24 and a['model'].keys() == b['model'].keys()
+    assert a['step'] == b['step'] == stopped >= 20 and a['model'].keys() == b['model'].keys()
     # bit-identical
     assert all(torch.equal(a['model'][name], b['model'][name]) for name in b['model'])
+    assert [r['step'] for r in metrics(run)] == list(range(1, stopped + 1))
     assert [r['loss'] for r in metrics(run)] == [r['loss'] for r in metrics(ref)]
 
 

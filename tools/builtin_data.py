@@ -19,3 +19,8 @@ def prepare_builtin(out_dir):
     if done.returncode:
         raise RunError(f"preparing {out_dir} failed: "
                        f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+
+
+if __name__ == '__main__':
+    from tools.tables import not_a_command
+    not_a_command(__doc__)

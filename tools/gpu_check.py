@@ -2,7 +2,9 @@
 The GPU acceptance run: one command that validates a machine end to end before a run of a day or
 more, each check PASS or FAIL (or a report), then one Markdown table, with the same rows in a JSON
 file written as they are measured (--check_json). No network; exit status 1 if a pass/fail check
-failed. Parts: kernels and torchrun, and on a GPU ddp, variants, kd and mfu (docs/benchmarks.md).
+failed; a stop (Ctrl-C, SIGTERM, SIGHUP) is a row "stopped", not a failure, and the table of what
+ran, with exit status 128 + the signal's number. Parts: kernels and torchrun, and on a GPU ddp,
+variants, kd and mfu (docs/benchmarks.md).
 
     python -m tools.gpu_check                          # every part this machine can run
     python -m tools.gpu_check --check_parts=torchrun   # some parts
@@ -39,7 +41,7 @@ from configurator import Key, parse
 from tools.tables import log, print_table, ratio
 from lmkit.data import Windows
 from tools.builtin_data import prepare_builtin
-from lmkit.errors import RunError, run_script
+from lmkit.errors import RunError, Stopped, run_script
 from lmkit.files import read_log, write_json
 from lmkit.memory_plan import KNOWN_TEACHERS, memory_estimate
 from distill import compute_loss, load_teacher
@@ -93,6 +95,16 @@ class Check:
         self.save()
         log(f'  [{ {True: "PASS", False: "FAIL", None: "info"}[ok]}] {section}: {check}: {value}')
 
+    def stopped(self, part, stop):
+        """The row of a part a stop cut short: the machine did not fail it, the check was stopped,
+        and the record says so (its 'stopped': the signal's words)."""
+        self.record['stopped'] = str(stop)
+        self.record['rows'].append(dict(section=part, check='ran to the end', ok=None,
+                                        value=f'{stop}: this part and those after it did not run',
+                                        target='', stopped=True))
+        self.save()
+        log(f'  [stopped] {part}: {stop}')
+
     def save(self):
         write_json(self.json_path, self.record)
 
@@ -100,7 +112,9 @@ class Check:
         return [r for r in self.record['rows'] if r['ok'] is False]
 
     def print(self):
-        rows = [[r['section'], r['check'], {True: 'pass', False: '**FAIL**', None: '-'}[r['ok']],
+        rows = [[r['section'], r['check'],
+                 'stopped' if r.get('stopped') else {True: 'pass', False: '**FAIL**',
+                                                     None: '-'}[r['ok']],
                  str(r['value']), str(r['target'])] for r in self.record['rows']]
         print_table(f"tools/gpu_check.py on {self.record['device']}",
                     f"torch {self.record['torch']}; {len(self.failed())} failed of "
@@ -373,7 +387,7 @@ def check_torchrun(check, device, args, workdir):
         ckpt = os.path.join(out_dir, 'ckpt.pt')
         stopped = read_checkpoint(ckpt, keys=('step',))['step'] if os.path.exists(ckpt) else 0
         saved = (stopped >= stop_after and len(metrics_records(out_dir)) == stopped
-                 and 'stopped by a signal' in outputs.get(v, ''))
+                 and 'stopped by SIGTERM: saved' in outputs.get(v, ''))
         check.add('torchrun', f'{v}: DDP run, SIGTERM saves the step reached', saved,
                   f'stopped at step {stopped}, {len(metrics_records(out_dir))} '
                   'records', f'>= {stop_after}',
@@ -539,9 +553,37 @@ def check_mfu(check, device, args):
               f'none of {fits} fit')
 
 
+def run_parts(check, parts, args, cuda):
+    """Each part of (name, function) that --check_parts asks for, in order; a part that raises is a
+    failed row, and the others still run. A stop ends the parts with a "stopped" row, returned."""
+    part = 'the start'
+    try:
+        for part, fn in parts:
+            if args.check_parts and part not in args.check_parts:
+                continue
+            t0 = time.perf_counter()
+            log(f'{part} ...')
+            try:
+                fn()
+            except Stopped:
+                raise
+            except Exception as e:  # a broken part is a failed row, and the other parts still run
+                check.add(part, 'ran to the end', False, f'{type(e).__name__}: {e}'[:300],
+                          output=traceback.format_exc()[-4000:])
+            log(f'{part}: {time.perf_counter() - t0:.0f} s')
+            if cuda:
+                free_cuda()
+    except Stopped as stop:  # (also between parts) the machine did not fail: the check was stopped
+        check.stopped(part, stop)
+        return stop.again(f"{stop} in the {part} part: what ran before it is in the table above "
+                          f"and in {check.json_path}")
+    return None
+
+
 def run_check(args):
     """The parts above (--check_parts: some of them), one table at the end, the JSON as it goes.
-    Exit status 1 if a pass/fail check failed; 0 on a machine without a GPU after the CPU parts."""
+    Exit status 1 if a pass/fail check failed; 0 on a machine without a GPU after the CPU parts; a
+    stop: the table of what ran, then the stop raised."""
     cuda = torch.cuda.is_available()
     device = torch.device('cuda' if cuda else 'cpu')
     name = (torch.cuda.get_device_name(device) if cuda else f'CPU ({torch.get_num_threads()} '
@@ -560,26 +602,16 @@ def run_check(args):
                       ('variants', lambda: check_variants(check, device, args)),
                       ('kd', lambda: check_kd(check, device, args)),
                       ('mfu', lambda: check_mfu(check, device, args))]
-        for part, fn in parts:
-            if args.check_parts and part not in args.check_parts:
-                continue
-            t0 = time.perf_counter()
-            log(f'{part} ...')
-            try:
-                fn()
-            except Exception as e:  # a broken part is a failed row, and the other parts still run
-                check.add(part, 'ran to the end', False, f'{type(e).__name__}: {e}'[:300],
-                          output=traceback.format_exc()[-4000:])
-            log(f'{part}: {time.perf_counter() - t0:.0f} s')
-            if cuda:
-                free_cuda()
-    if not cuda:
+        stop = run_parts(check, parts, args, cuda)
+    if not cuda and not stop:
         check.add('GPU', 'CUDA device', None,
                   'none found: the GPU sections (DDP gradients, variants at 1B, KD at V=128,256, '
                   'MFU with the memory plan) were skipped', 'a GPU')
     check.record['seconds'] = time.perf_counter() - t_start
     check.save()
     check.print()
+    if stop:
+        raise stop
     return 1 if check.failed() else 0
 
 

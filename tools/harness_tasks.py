@@ -95,3 +95,8 @@ def write_harness_yamls(yaml_dir, harness_tasks_dir, paths):
                     f"task: bench_{task}\ntag: []\ndataset_path: json\ndataset_name: null\n{splits}"
                     f"dataset_kwargs:\n  data_files:\n    {split}: {os.path.abspath(path)}\n")
     return names
+
+
+if __name__ == '__main__':
+    from tools.tables import not_a_command
+    not_a_command(__doc__)

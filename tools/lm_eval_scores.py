@@ -33,5 +33,18 @@ def main(model_dir, pairs_path, batch_size, dtype, device, out_path):
         json.dump(dict(logliks=logliks, seconds=seconds), f)
 
 
+def cli(argv):
+    """The command line: its six arguments, or --help (the docstring); anything else is the usage
+    line and exit status 2, where main(*argv) raised a TypeError."""
+    if argv in (['-h'], ['--help']):
+        print(__doc__.strip())
+        return
+    if len(argv) != 6:
+        sys.exit(f"usage: {USAGE}\n(got {len(argv)} arguments; --help says what each is)")
+    main(*argv)
+
+
+USAGE = 'python -m tools.lm_eval_scores MODEL_DIR PAIRS.json BATCH_SIZE DTYPE DEVICE OUT.json'
+
 if __name__ == '__main__':
-    main(*sys.argv[1:])
+    cli(sys.argv[1:])
