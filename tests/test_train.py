@@ -48,17 +48,24 @@ def test_resume_is_bit_exact(data_dir, tmp_path, attention):
     assert a[-1]['val_loss'] == b[-1]['val_loss']
 
 
+def train_process(data_dir, run, *extra, **popen_args):
+    """train.py on a tiny config that would run for hours, as a process, once it has logged three
+    steps."""
+    proc = subprocess.Popen([sys.executable, 'train.py',
+                             *tiny_args(data_dir, run, '--max_iters=1000000', *extra)],
+                            cwd=ROOT, text=True, **popen_args)
+    deadline = time.time() + 120
+    while not (os.path.exists(run / 'metrics.jsonl') and len(metrics(run)) >= 3):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.1)
+    return proc
+
+
 def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(data_dir, tmp_path):
     run, ref = tmp_path / 'run', tmp_path / 'ref'
     # constant lr after warmup: max_iters may differ
     common = ['--attention=affine', '--decay_frac=0.0']
-    proc = subprocess.Popen([sys.executable, 'train.py',
-                             *tiny_args(data_dir, run, *common, '--max_iters=1000000')],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (os.path.exists(run / 'metrics.jsonl')
-                                          and len(metrics(run)) >= 3):
-        time.sleep(0.1)
+    proc = train_process(data_dir, run, *common, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     stopped_at = torch.load(run / 'ckpt.pt', weights_only=False)['step']
@@ -71,19 +78,6 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(data_dir, tmp_p
                          '--init_from=resume'))
     train.main(tiny_args(data_dir, ref, *common, f'--max_iters={stopped_at + 3}'))
     assert [r['loss'] for r in metrics(run)] == [r['loss'] for r in metrics(ref)]
-
-
-def train_process(data_dir, run, *extra, **popen_args):
-    """train.py on a tiny config that would run for hours, as a process, once it has logged three
-    steps."""
-    proc = subprocess.Popen([sys.executable, 'train.py',
-                             *tiny_args(data_dir, run, '--max_iters=1000000', *extra)],
-                            cwd=ROOT, text=True, **popen_args)
-    deadline = time.time() + 120
-    while not (os.path.exists(run / 'metrics.jsonl') and len(metrics(run)) >= 3):
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.1)
-    return proc
 
 
 def test_sighup_saves_as_sigterm_does(data_dir, tmp_path):
