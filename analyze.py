@@ -16,7 +16,7 @@ import statistics
 import sys
 from types import SimpleNamespace
 
-import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 import numpy as np
 import torch
 
@@ -32,8 +32,8 @@ from lmkit.zeroshot import C4_DOCS, HubUnreachable, c4_tokens, read_rows
 from lmkit.loading import load_model_and_tokenizer, window_first_token
 from lmkit.data import Windows, read_meta, read_split
 from model import FIELD_NAMES, GPT, ModelConfig
-from lmkit.probes import (GU_LENGTH, GU_SAMPLES, knockout_losses, model_statistics, sink_rates,
-                          w8a8_losses)
+from lmkit.sink_costs import (GU_LENGTH, GU_SAMPLES, knockout_losses, model_statistics,
+                              sink_rates, w8a8_losses)
 from lmkit.stats import mean_std
 from lmkit.tokenizer import tokenizer_info
 
@@ -221,7 +221,7 @@ def gu_setting(model, windows, first, sequences, seed, sink_samples, batch_size)
 
 
 def w8a8_setting(model, windows, first, sequences, unread, seed, calibration, batch_size):
-    """(W8A8 (probes.w8a8_losses) on the analysed sequences, its ranges fixed on `calibration`
+    """(W8A8 (sink_costs.w8a8_losses) on the analysed sequences, its ranges fixed on `calibration`
     windows drawn from unread (fewer where there are fewer), a note where it took fewer or none)."""
     length = sequences.size(1)
     count, get, what = windows(length)

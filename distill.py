@@ -10,12 +10,13 @@ docs/training.md, "The KD loss", has the formula, the memory and the precision.
     python distill.py --teacher=out/teacher --data_dir=data/builtin_bytes --block_size=256  # ours
 """
 import math
+import os
 import sys
 import time
 from contextlib import nullcontext
 from types import SimpleNamespace
 
-import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 import torch
 import torch.nn.functional as F
 

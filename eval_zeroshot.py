@@ -15,7 +15,7 @@ import time
 from contextlib import nullcontext
 from types import SimpleNamespace
 
-import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 import torch
 
 from configurator import DEVICE, Key, fail, parse

@@ -16,7 +16,7 @@ import shutil
 import sys
 from types import SimpleNamespace
 
-import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 import torch
 
 from lmkit.checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, read_checkpoint,

@@ -26,7 +26,7 @@ from collections import deque, namedtuple
 from multiprocessing import resource_tracker
 from types import SimpleNamespace
 
-import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 import numpy as np
 
 from configurator import Key, parse

@@ -21,6 +21,7 @@ import time
 from types import SimpleNamespace
 from typing import NamedTuple
 
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 from configurator import Key, fail, parse  # pure Python: these run before the install
 from lmkit import children
 from lmkit.errors import STOP_STATUSES, RunError, Stopped, run_script, stop_name

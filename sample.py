@@ -8,10 +8,11 @@ directory. Each sample is printed decoded, then a line of dashes. docs/implement
     python sample.py --ckpt=out/affine_1b/ckpt.pt --start=FILE:prompt.txt --temperature=0  # greedy
     python sample.py --ckpt=checkpoints/SmolLM2-360M --start="The capital of France is" --top_k=50
 """
+import os
 import sys
 from types import SimpleNamespace
 
-import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 import torch
 
 from lmkit.distributed import resolve_device, resolve_dtype

@@ -6,20 +6,19 @@ Train a student with the paper's recipe (Section 5.1, Appendix B.1), on one CPU 
     python train.py config/affine_3b.py --dry_run=True  # parameter counts, memory plan per GPU
 
 Reading order: train, at the bottom, is the loop as nanoGPT writes it (forward, loss, backward,
-clip, step, log, eval, save); main checks everything before writing. The keys: lmkit/runs.py.
+clip, step, log, eval, save). The functions above it set it up, and main checks everything before
+anything is written. The keys, the checks and their messages, and the records: lmkit/runs.py.
 """
 import dataclasses
 import hashlib
-import json
 import math
 import os
-import statistics
 import sys
 import time
 from contextlib import nullcontext
 from datetime import timedelta
 
-import lmkit  # noqa: F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
@@ -28,20 +27,22 @@ from torch.distributed.checkpoint.state_dict import (
 from distill import check_compatibility, compute_loss, load_teacher
 from lmkit.data import Windows, first_token_id, read_meta
 from lmkit.distributed import (apply_fsdp, batch_to_device, check_cpu_compiler, compile_layers,
-                               full_tensor, init_distributed, local_tensor, preemption_flag,
-                               reduce_mean, resolve_device, resolve_dtype, wrap_ddp)
-from lmkit.errors import RunError, print_or_stop, run_script, stopped_after_save
-from lmkit.measure import DeviceTimer, default_peak_flops, estimate_mfu, gemm_shapes
-from lmkit.progress import duration
+                               full_tensor, init_distributed, preemption_flag, reduce_mean,
+                               resolve_device, resolve_dtype, wrap_ddp)
+from lmkit.errors import RunError, run_script, stopped_after_save
+from lmkit.measure import DeviceTimer, StepMeter
 from lmkit.probes import mean_attention_logit, sink_record, variant_tensor_means
-from lmkit.runs import (checkpoint_path, claim_out_dir, configure_optimizers, dry_run, hold_out_dir,
-                        load_config, resume_point, save_run_checkpoint, set_rng_state, start_log)
+from lmkit.runs import (Metrics, SkippedSteps, check_launch, check_sizes, check_step_finite,
+                        checkpoint_path, claim_out_dir, configure_optimizers, dry_run,
+                        hold_out_dir, import_wandb, load_config, print_how_it_starts,
+                        resume_point, save_run_checkpoint, set_rng_state, start_line,
+                        start_notes, validation_batches)
 from model import FIELD_NAMES, GPT, ModelConfig
 
 SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0's save (NCCL's default: 10 min)
 
 # -----------------------------------------------------------------------------------------------
-# Schedule
+# The schedule, and what an evaluation measures
 
 def learning_rate(step, c):
     """Warmup-stable-decay: linear warmup, constant, linear decay to min_lr (last decay_frac)."""
@@ -53,78 +54,6 @@ def learning_rate(step, c):
     progress = (step - decay_start) / max(1, c['max_iters'] - decay_start)
     return c['learning_rate'] + (c['min_lr'] - c['learning_rate']) * progress
 
-
-# -----------------------------------------------------------------------------------------------
-# Checks beyond the keys' ranges: settings against the data before any work, weights before a save
-
-def validation_batches(c, val_data):
-    """The batches an evaluation reads: eval_batches, but at most one pass over the val split."""
-    return min(c['eval_batches'], math.ceil(len(val_data) / c['micro_batch_size']))
-
-
-def check_sizes(c, train_data, val_data):
-    """RunError where a step's batch or attention_windows asks a split for more than it holds."""
-    where, tokens = f"of data_dir={c['data_dir']}", c['block_size']
-    if c['global_batch_size'] > len(train_data):
-        raise RunError(f"global_batch_size={c['global_batch_size']:,}: the train split {where} "
-                       f"holds {len(train_data):,} windows of {tokens} tokens, and one step would "
-                       f"read some of them more than once; give at most {len(train_data):,}, or "
-                       "prepare more data")
-    if c['attention_windows'] > len(val_data):
-        raise RunError(f"attention_windows={c['attention_windows']:,}: the val split {where} holds "
-                       f"{len(val_data):,} windows of {tokens} tokens; give at most "
-                       f"{len(val_data):,}")
-
-
-def start_notes(c, val_data):
-    """The lines a run starts with where its settings do not do what they say."""
-    notes, batches = [], validation_batches(c, val_data)
-    if batches < c['eval_batches']:
-        notes.append(f"note: eval_batches={c['eval_batches']:,} x "
-                     f"micro_batch_size={c['micro_batch_size']} is more than the {len(val_data):,} "
-                     f"windows the val split of data_dir={c['data_dir']} holds: each evaluation "
-                     f"reads {batches} batch{'es' * (batches > 1)}, every window once")
-    if c['warmup_iters'] > c['max_iters']:  # allowed: a short test of a long run's config
-        notes.append(f"warning: warmup_iters={c['warmup_iters']} is longer than "
-                     f"max_iters={c['max_iters']}: the learning rate never reaches "
-                     f"learning_rate={c['learning_rate']:g}, only "
-                     f"{c['max_iters'] / c['warmup_iters']:.0%} of it at the last step")
-    return notes
-
-
-def nonfinite_weights(model, device):
-    """(names, count) of the state-dict tensors holding NaN or inf, of count float tensors, alike
-    on every rank: a tensor's largest magnitude (one fused _foreach_norm) is finite when it is."""
-    named = [(n, local_tensor(t)) for n, t in model.state_dict().items() if t.is_floating_point()]
-    bad = torch.zeros(len(named), device=device)
-    held = [i for i, (_, t) in enumerate(named) if t.numel()]  # an empty shard has no maximum
-    if held:
-        norms = torch._foreach_norm([named[i][1] for i in held], math.inf)
-        bad[held] = torch.stack([n.float() for n in norms]).isfinite().logical_not().float()
-    bad = reduce_mean(bad, device)
-    return [name for (name, _), flag in zip(named, bad) if flag > 0], len(named)
-
-
-def check_step_finite(step, record, model, device, ckpt_path, saved):
-    """RunError (on every rank alike) where the weights or the evaluation's loss are not finite:
-    out_dir keeps the last good step's checkpoints (saved: its step, or None)."""
-    bad, count = nonfinite_weights(model, device)
-    if bad:
-        what = (f"the weights are not finite after the optimizer step: {len(bad)} of the model's "
-                f"{count} float tensors hold NaN or infinity, the first {bad[0]}")
-    elif not math.isfinite(record.get('val_loss', 0.0)):
-        what = f"the validation loss is {record['val_loss']} (the weights are finite)"
-    else:
-        return
-    kept = (f"out_dir's checkpoints are left as they were ({ckpt_path}: step {saved}). To continue "
-            "from it with a lower learning rate: --learning_rate=<lower> "
-            "--resume_lr_change=True" if saved else
-            "this run saved no checkpoint before it; start again with a lower --learning_rate")
-    raise RunError(f"step {step}: {what}; stopping without saving: {kept}")
-
-
-# -----------------------------------------------------------------------------------------------
-# What a step computes and what an evaluation measures
 
 EVAL_STOP_EVERY = 4  # validation batches between looks at the stop signal (a collective sync)
 
@@ -173,53 +102,7 @@ def evaluation_record(c, run, model, raw_model, val_data, alpha_means, stop=()):
 
 
 # -----------------------------------------------------------------------------------------------
-# The records: out_dir/metrics.jsonl (every step), the console, wandb; rank 0 alone writes
-
-def import_wandb():
-    """The wandb module, imported before anything is written."""
-    try:
-        import wandb
-    except ImportError:
-        raise RunError("wandb_log=True needs the wandb package, which is not installed: pip "
-                       "install wandb (then wandb login), or --wandb_log=False") from None
-    return wandb
-
-
-class Metrics:
-    """Where rank 0 writes the records: metrics.jsonl (every step, and events), the console (every
-    log_interval steps and evaluation) and wandb (the module, or None)."""
-
-    def __init__(self, c, run, start_step, wandb=None):
-        self.c, self.on, self.wandb, self.stop = c, run.master, wandb, []  # stop: stdout closed
-        self.dts = []  # the steps' times since the last console line: its ETA
-        if not self.on:
-            return
-        self.path = start_log(c, start_step)
-        if wandb:
-            wandb.init(project=c['wandb_project'], name=c['wandb_run_name'], config=c)
-
-    def write(self, record):
-        if not self.on:
-            return
-        with open(self.path, 'a') as f:
-            f.write(json.dumps(record) + '\n')
-        if 'event' in record:
-            return
-        if self.wandb:
-            self.wandb.log(record, step=record['step'])
-        self.dts.append(record['dt'])
-        if record['step'] % self.c['log_interval'] == 0 or 'val_loss' in record:
-            val = f" | val {record['val_loss']:.4f}" if 'val_loss' in record else ''
-            left = (self.c['max_iters'] - record['step']) * statistics.fmean(self.dts)
-            self.dts = []
-            print_or_stop(f"step {record['step']}/{self.c['max_iters']} | loss {record['loss']:.4f}"
-                          f"{val} | lr {record['lr']:.2e} | grad {record['grad_norm']:.3f} | "
-                          f"{record['tokens_per_sec']:,.0f} tok/s | mfu {100 * record['mfu']:.2f}%"
-                          f" | {1000 * record['dt']:.0f} ms | ETA {duration(left)}", self.stop)
-
-
-# -----------------------------------------------------------------------------------------------
-# The run: setup, logging, checkpoints, the loop
+# Setup: the ranks, the data, the model, the teacher, the records
 
 @dataclasses.dataclass
 class Run:
@@ -239,15 +122,10 @@ class Run:
 
 
 def setup_run(c):
-    """Ranks (torchrun's RANK, WORLD_SIZE, LOCAL_RANK), the device, the config's 'auto' resolved."""
+    """The ranks (torchrun's RANK, WORLD_SIZE, LOCAL_RANK), the device, the config's 'auto's."""
     distributed = 'RANK' in os.environ
-    if c['fsdp'] and not distributed:
-        raise RunError("fsdp=True shards the model over the ranks torchrun starts: launch with "
-                       "torchrun --nproc_per_node=N train.py ... (N=1 works), or drop --fsdp=True "
-                       "for one process")
-    rank, world = 0, 1
-    if distributed:
-        rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
+    rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
+    accumulation = check_launch(c, distributed, world)
     device = resolve_device(c['device'])
     c['device'] = str(device)
     if distributed and device.type == 'cuda':
@@ -263,10 +141,6 @@ def setup_run(c):
         c['compile'] = device.type == 'cuda'
     if c['compile'] and device.type == 'cpu':
         check_cpu_compiler()
-    accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])
-    if rest or accumulation == 0:
-        raise RunError(f"global_batch_size={c['global_batch_size']} must be a multiple of world "
-                       f"size ({world}) x micro_batch_size ({c['micro_batch_size']})")
     bf16 = c['dtype'] == 'bfloat16'
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     return Run(rank, world, device, distributed, distributed and not c['fsdp'], accumulation,
@@ -285,8 +159,8 @@ def load_data(c, model_config):
 
 
 def init_matched(model, seed):
-    """Each module initialised again from (seed, its name) alone: variants of one seed start equal
-    in every tensor they share (matched_init). The global RNG is left as it was."""
+    """Initialise each module again from (seed, its name) alone, so that variants of one seed start
+    equal in every tensor they share (matched_init). The global RNG is left as it was."""
     with torch.random.fork_rng(devices=[]):
         for name, module in model.named_modules():
             digest = hashlib.sha256(f'{seed}:{name}'.encode()).digest()
@@ -307,21 +181,8 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
     ckpt, changes, predated = resume_point(c, model_config, data_meta, ckpt_path)
     if ckpt is not None:
         model.load_state_dict(ckpt['model'])  # full tensors, before any sharding
-    if run.master:  # the first line of every run says how it started
-        replacing = f" (replacing {ckpt_path})" if os.path.isfile(ckpt_path) else ''
-        how = f"resuming from {ckpt_path} at step {ckpt['step']}" if ckpt is not None else (
-            f"starting fresh{replacing}")
-        how += (f": nothing to do, max_iters={c['max_iters']} (a larger one continues the run)"
-                * (ckpt is not None and ckpt['step'] >= c['max_iters']))
-        print(f"init_from={c['init_from']}: {how}" + ''.join(
-            f"; {key} {change['from']} -> {change['to']} (resume_lr_change=True)"
-            for key, change in changes.items()), flush=True)
-        if predated:
-            print(f"note: {ckpt_path} predates the key{'s' * (len(predated) > 1)} "
-                  f"{', '.join(predated)}; "
-                  f"{'they take their defaults' if len(predated) > 1 else 'it takes its default'} "
-                  f"{', '.join(f'{key}={value!r}' for key, value in predated.items())}",
-                  file=sys.stderr, flush=True)
+    if run.master:
+        print_how_it_starts(c, ckpt, ckpt_path, changes, predated)
     if c['compile']:
         compile_layers(model)
     if c['fsdp']:
@@ -329,14 +190,14 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
     optimizer = configure_optimizers(model, c['weight_decay'], c['learning_rate'],
                                      (c['beta1'], c['beta2']), no_decay=c['no_decay'])
     if ckpt is None:
-        return model, optimizer, dict(step=0, skipped=0, first_skipped=None, lr_changes={})
+        return model, optimizer, dict(step=0, skipped={}, lr_changes={})
     # the full state, keyed by name; under FSDP each rank keeps its shard
     set_optimizer_state_dict(model, optimizer, ckpt['optimizer'],
                              options=StateDictOptions(full_state_dict=True))
     set_rng_state(ckpt['rng'])
-    skipped = ckpt.get('skipped', {})  # a checkpoint from before it was saved counted none
-    return model, optimizer, dict(step=ckpt['step'], skipped=skipped.get('steps', 0),
-                                  first_skipped=skipped.get('first'), lr_changes=changes)
+    # (a checkpoint from before 'skipped' was saved counted none)
+    return model, optimizer, dict(step=ckpt['step'], skipped=ckpt.get('skipped', {}),
+                                  lr_changes=changes)
 
 
 def load_run_teacher(c, model_config, data_meta, device):
@@ -365,9 +226,28 @@ def save(path, step, skipped, c, run, raw_model, optimizer, model_config, data_m
         dist.barrier(group=run.save_group)
 
 
+def start_records(c, run, raw_model, start, train_data, val_data, wandb):
+    """(the step meter, the metrics) of a run, after the notes and the line it starts with."""
+    dtype = torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32
+    meter = StepMeter(raw_model, run.device, dtype, c['global_batch_size'], run.world,
+                      c['micro_batch_size'], c['peak_flops'])
+    metrics = Metrics(c, run, start['step'], wandb)
+    for note in start_notes(c, val_data) if run.master else ():
+        print(note, file=sys.stderr, flush=True)
+    if start['lr_changes']:  # from the first step it applies to
+        metrics.write(dict(step=start['step'] + 1, event='resume_lr_change', **start['lr_changes']))
+    if run.master:
+        print(start_line(c, run, raw_model.get_num_params(), len(train_data), meter.peak_flops))
+    return meter, metrics
+
+
+# -----------------------------------------------------------------------------------------------
+# One optimizer step, and the loop
+
 def take_step(c, run, model, raw_model, teacher, optimizer, train_data, step, teacher_timer):
-    """The optimizer step after `step` steps: micro-steps' forward, loss and backward, clipping,
-    AdamW's update if all is finite. Returns (lr, loss, KD, CE, grad norm, finite)."""
+    """The optimizer step after `step` steps: the micro-steps' forward, loss and backward, then
+    clipping, and AdamW's update if the loss and the gradient norm are finite. Returns (lr, loss,
+    KD, CE, grad norm, finite)."""
     B, lr = c['micro_batch_size'], learning_rate(step, c)
     for group in optimizer.param_groups:
         group['lr'] = lr
@@ -393,41 +273,20 @@ def take_step(c, run, model, raw_model, teacher, optimizer, train_data, step, te
     finite = math.isfinite(loss) and math.isfinite(grad_norm)
     if finite:
         optimizer.step()
-    elif c['nonfinite'] == 'stop':
-        raise RunError(f"step {step + 1}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
-                       "stopping. To continue from the last checkpoint with a lower learning rate: "
-                       "--learning_rate=<lower> --resume_lr_change=True (nonfinite='skip' skips "
-                       "such steps instead)")
     return lr, loss, kd, ce, grad_norm, finite
 
 
 def train(c, model_config, run, data_meta, train_data, val_data, wandb):
-    """The run, in out_dir (which rank 0 holds): the model built or resumed, then the loop."""
+    """The run in out_dir, which rank 0 holds: the model built or resumed, then the loop."""
     ckpt_path = checkpoint_path(c['out_dir'])
     raw_model, optimizer, start = build_model(c, model_config, run, data_meta, ckpt_path)
-    step, skipped, first_skipped = start['step'], start['skipped'], start['first_skipped']
-    saved = step or None  # the step of this run's last checkpoint
+    step, saved = start['step'], start['step'] or None  # saved: the step of the last checkpoint
     if step >= c['max_iters']:  # nothing to do (build_model said so): its files left as they are
         return None
     model = wrap_ddp(raw_model, run.device) if run.ddp else raw_model
     teacher = load_run_teacher(c, model_config, data_meta, run.device)
-    peak_flops = c['peak_flops'] or default_peak_flops(
-        run.device, torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32,
-        gemm_shapes(raw_model, c['micro_batch_size'] * model_config.block_size))
-    metrics = Metrics(c, run, step, wandb)
-    for note in start_notes(c, val_data) if run.master else ():
-        print(note, file=sys.stderr, flush=True)
-    if start['lr_changes']:  # from the first step it applies to
-        metrics.write(dict(step=step + 1, event='resume_lr_change', **start['lr_changes']))
-    if run.master:
-        print(f"GPT: {raw_model.get_num_params():,} parameters, "
-              f"attention={model_config.attention}; {run.world} rank(s) x {run.accumulation} "
-              f"micro-steps x {c['micro_batch_size']} sequences x {model_config.block_size} "
-              f"tokens; {'FSDP' if c['fsdp'] else 'DDP' if run.distributed else 'one process'}, "
-              f"{run.device}, {c['dtype']}"
-              f"{', activation checkpointing' if c['activation_checkpointing'] else ''}; "
-              f"{len(train_data):,} train windows; MFU of a {peak_flops / 1e12:.4g} TFLOP/s peak")
-    teacher_timer = DeviceTimer(run.device)  # the teacher's forward time
+    meter, metrics = start_records(c, run, raw_model, start, train_data, val_data, wandb)
+    skipped, teacher_timer = SkippedSteps(c, start['skipped']), DeviceTimer(run.device)
     model.train()
     with preemption_flag() as signals:
         while step < c['max_iters']:
@@ -436,47 +295,32 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
                 c, run, model, raw_model, teacher, optimizer, train_data, step, teacher_timer)
             alpha_means = raw_model.update_alpha_ma(discard=not finite)  # Eq. 9, this batch's
             optimizer.zero_grad(set_to_none=not run.ddp)  # DDP: in place, they are its buckets
-            step, skipped, dt = step + 1, skipped + (not finite), time.perf_counter() - t0
-            if not finite and first_skipped is None:
-                first_skipped = step
-
-            record = dict(step=step, lr=lr, loss=loss, grad_norm=grad_norm,
-                          tokens_per_sec=c['global_batch_size'] * model_config.block_size / dt,
-                          mfu=estimate_mfu(raw_model, c['global_batch_size'] / run.world, dt,
-                                           peak_flops), dt=dt)
-            if run.device.type == 'cuda':  # this rank's peak so far, against the memory plan
-                record['peak_memory_gib'] = torch.cuda.max_memory_allocated(run.device) / 2 ** 30
+            step, dt = step + 1, time.perf_counter() - t0
+            skipped.count(step, finite, loss, grad_norm)
+            record = dict(step=step, lr=lr, loss=loss, grad_norm=grad_norm) | meter.record(dt)
             if teacher is not None:
                 record.update(kd_loss=kd, ce_loss=ce, teacher_sec=teacher_timer.seconds())
             if c['nonfinite'] == 'skip':
-                record['skipped_steps'] = skipped
+                record['skipped_steps'] = skipped.steps
             evaluated = step % c['eval_interval'] == 0 or step == c['max_iters']
             if evaluated:  # (nothing, where a signal cut it short: then saved below, unevaluated)
                 record |= evaluation_record(c, run, model, raw_model, val_data, alpha_means,
                                             signals)
             metrics.write(record)
-            if skipped > c['max_skipped_frac'] * c['max_iters']:
-                raise RunError(f"step {step}: the run has skipped {skipped} step(s) (non-finite "
-                               f"loss or gradient norm), the first at step {first_skipped}: more "
-                               f"than max_skipped_frac={c['max_skipped_frac']} of "
-                               f"max_iters={c['max_iters']}; stopping without saving (out_dir's "
-                               "checkpoint, if any, is from before). To continue from it with a "
-                               "lower learning rate: --learning_rate=<lower> "
-                               "--resume_lr_change=True (or allow more: --max_skipped_frac)")
+            skipped.check(step)
             stop = reduce_mean([float(bool(signals or metrics.stop))], run.device)[0] > 0
             if evaluated or stop:
                 check_step_finite(step, record, raw_model, run.device, ckpt_path, saved)
-                save(ckpt_path, step, dict(steps=skipped, first=first_skipped), c, run, raw_model,
-                     optimizer, model_config, data_meta)
+                save(ckpt_path, step, skipped.saved(), c, run, raw_model, optimizer, model_config,
+                     data_meta)
                 saved = step
             if stop:  # (main raises it: exit status 128 + the signal's number)
                 cut = " (its evaluation, cut short, is not logged)" * (
                     evaluated and 'val_loss' not in record)
                 return stopped_after_save(signals + metrics.stop, run.master, f"saved {ckpt_path} "
                                           f"at step {step}{cut}; the same command continues it")
-    if skipped and run.master:
-        print(f"nonfinite=skip: {skipped} of the run's {step} steps were skipped (non-finite loss "
-              f"or gradient norm), the first at step {first_skipped}", flush=True)
+    if skipped.steps and run.master:
+        print(skipped.summary(step), flush=True)
 
 
 def main(argv):

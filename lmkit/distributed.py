@@ -4,6 +4,7 @@ needs on a CPU; over torchrun's ranks, compiled per layer, sharded with FSDP2 or
 the ranks' plumbing. docs/training.md, "Ranks", says why each does what it does.
 """
 import inspect
+import math
 import os
 import sys
 from contextlib import contextmanager
@@ -122,6 +123,20 @@ def local_tensor(t):
     """This rank's shard of a DTensor; other tensors as they are. No collective."""
     dtensor = sys.modules.get('torch.distributed.tensor')  # not imported: t is no DTensor
     return t.to_local() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
+
+
+def nonfinite_model_tensors(model, device):
+    """The names of the model's floating-point state-dict tensors that hold NaN or infinity, and
+    how many such tensors there are. Every rank gets the same answer. A tensor is finite when its
+    largest magnitude is, so one fused _foreach_norm checks them all."""
+    named = [(n, local_tensor(t)) for n, t in model.state_dict().items() if t.is_floating_point()]
+    bad = torch.zeros(len(named), device=device)
+    held = [i for i, (_, t) in enumerate(named) if t.numel()]  # an empty shard has no maximum
+    if held:
+        norms = torch._foreach_norm([named[i][1] for i in held], math.inf)
+        bad[held] = torch.stack([n.float() for n in norms]).isfinite().logical_not().float()
+    bad = reduce_mean(bad, device)
+    return [name for (name, _), flag in zip(named, bad) if flag > 0], len(named)
 
 
 def init_distributed(backend):

@@ -9,7 +9,6 @@ from contextlib import contextmanager
 import torch
 
 
-
 def flops_per_token(model, seq_len=None):
     """Training FLOPs per token of a GPT (PaLM, appendix B): 6 x (weights used in matmuls, lm_head
     included even when tied) + 12 x n_layer x n_head x head_dim x seq_len for QK^T and AV, the whole
@@ -97,6 +96,27 @@ def default_peak_flops(device, dtype, shapes):
             if key in name:
                 return flops
     return measured_matmul_flops(device, dtype, shapes)
+
+
+class StepMeter:
+    """What a training step's record says about its speed: tokens per second, MFU against the
+    device's peak (peak_flops, or default_peak_flops' when it is None), the step's seconds and, on
+    CUDA, this rank's peak memory so far (to compare with the memory plan). A step trains
+    `sequences` sequences in all, split over `ranks` ranks in micro-batches of `micro_batch`."""
+
+    def __init__(self, model, device, dtype, sequences, ranks, micro_batch, peak_flops=None):
+        self.model, self.device, self.sequences, self.ranks = model, device, sequences, ranks
+        self.peak_flops = peak_flops or default_peak_flops(
+            device, dtype, gemm_shapes(model, micro_batch * model.config.block_size))
+
+    def record(self, dt):
+        """The speed of a step that took dt seconds."""
+        record = dict(tokens_per_sec=self.sequences * self.model.config.block_size / dt,
+                      mfu=estimate_mfu(self.model, self.sequences / self.ranks, dt,
+                                       self.peak_flops), dt=dt)
+        if self.device.type == 'cuda':
+            record['peak_memory_gib'] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
+        return record
 
 
 class DeviceTimer:

@@ -1,12 +1,15 @@
 """
 What other programs need to know about a train.py run: its keys (KEYS, RunConfig), its optimizer,
-out_dir and checkpoint, the one rule for continuing it (RESUME_MAY_CHANGE), its dry run, and its
-records read back (load_run). Only train.py and this module read a run's config by key.
+out_dir and checkpoint, the one rule for continuing it (RESUME_MAY_CHANGE), its dry run, the checks
+and notes of a run as it goes with their messages, its records (Metrics) and those records read back
+(load_run). Only train.py and this module read a run's config by key.
 """
 import dataclasses
 import json
+import math
 import os
 import random
+import statistics
 import sys
 
 import numpy as np
@@ -15,10 +18,11 @@ import torch
 from configurator import DEVICE, Key, parse
 from lmkit.checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, is_run_config, model_state,
                               previous_checkpoint, read_checkpoint, save_checkpoint)
-from lmkit.distributed import resolve_device, resolve_dtype
-from lmkit.errors import RunError
+from lmkit.distributed import nonfinite_model_tensors, resolve_device, resolve_dtype
+from lmkit.errors import RunError, print_or_stop
 from lmkit.files import atomic_write, claim_dir, lock_dir, read_log, set_aside, write_json
 from lmkit.memory_plan import print_dry_run
+from lmkit.progress import duration
 from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, BASELINE, FIELD_NAMES, GATED_NAMES,
                    GATES, MODEL_SHAPES, ModelConfig)
 
@@ -298,6 +302,194 @@ def save_run_checkpoint(path, c, step, skipped, model_state_dict, optimizer_stat
                                tokenizer=data_meta['tokenizer'], data=data_fingerprint(data_meta)),
                     keep_previous=c['keep_previous'])
 
+
+# -----------------------------------------------------------------------------
+# A run as it goes: the checks before any work, the notes it starts with, the checks after a step,
+# and its records
+
+def check_launch(c, distributed, world):
+    """The micro-steps per optimizer step on each of `world` ranks. RunError where fsdp=True has no
+    ranks to shard over, or where the global batch does not split into whole micro-batches."""
+    if c['fsdp'] and not distributed:
+        raise RunError("fsdp=True shards the model over the ranks torchrun starts: launch with "
+                       "torchrun --nproc_per_node=N train.py ... (N=1 works), or drop --fsdp=True "
+                       "for one process")
+    accumulation, rest = divmod(c['global_batch_size'], world * c['micro_batch_size'])
+    if rest or accumulation == 0:
+        raise RunError(f"global_batch_size={c['global_batch_size']} must be a multiple of world "
+                       f"size ({world}) x micro_batch_size ({c['micro_batch_size']})")
+    return accumulation
+
+
+def validation_batches(c, val_data):
+    """The batches an evaluation reads: eval_batches, but at most one pass over the val split."""
+    return min(c['eval_batches'], math.ceil(len(val_data) / c['micro_batch_size']))
+
+
+def check_sizes(c, train_data, val_data):
+    """RunError where a step's batch or attention_windows asks a split for more than it holds."""
+    where, tokens = f"of data_dir={c['data_dir']}", c['block_size']
+    if c['global_batch_size'] > len(train_data):
+        raise RunError(f"global_batch_size={c['global_batch_size']:,}: the train split {where} "
+                       f"holds {len(train_data):,} windows of {tokens} tokens, and one step would "
+                       f"read some of them more than once; give at most {len(train_data):,}, or "
+                       "prepare more data")
+    if c['attention_windows'] > len(val_data):
+        raise RunError(f"attention_windows={c['attention_windows']:,}: the val split {where} holds "
+                       f"{len(val_data):,} windows of {tokens} tokens; give at most "
+                       f"{len(val_data):,}")
+
+
+def start_notes(c, val_data):
+    """The lines a run starts with where its settings do not do what they say."""
+    notes, batches = [], validation_batches(c, val_data)
+    if batches < c['eval_batches']:
+        notes.append(f"note: eval_batches={c['eval_batches']:,} x "
+                     f"micro_batch_size={c['micro_batch_size']} is more than the {len(val_data):,} "
+                     f"windows the val split of data_dir={c['data_dir']} holds: each evaluation "
+                     f"reads {batches} batch{'es' * (batches > 1)}, every window once")
+    if c['warmup_iters'] > c['max_iters']:  # allowed: a short test of a long run's config
+        notes.append(f"warning: warmup_iters={c['warmup_iters']} is longer than "
+                     f"max_iters={c['max_iters']}: the learning rate never reaches "
+                     f"learning_rate={c['learning_rate']:g}, only "
+                     f"{c['max_iters'] / c['warmup_iters']:.0%} of it at the last step")
+    return notes
+
+
+def start_line(c, run, parameters, train_windows, peak_flops):
+    """The line that says how a run trains: the model, the batch over the ranks, the device."""
+    how = 'FSDP' if c['fsdp'] else 'DDP' if run.distributed else 'one process'
+    recompute = ', activation checkpointing' if c['activation_checkpointing'] else ''
+    return (f"GPT: {parameters:,} parameters, attention={c['attention']}; {run.world} rank(s) x "
+            f"{run.accumulation} micro-steps x {c['micro_batch_size']} sequences x "
+            f"{c['block_size']} tokens; {how}, {run.device}, {c['dtype']}{recompute}; "
+            f"{train_windows:,} train windows; MFU of a {peak_flops / 1e12:.4g} TFLOP/s peak")
+
+
+def print_how_it_starts(c, ckpt, path, changes, predated):
+    """Print the first line of every run: a fresh start, or the checkpoint it resumes and the
+    learning rates the resume changes. Then, on stderr, the keys the checkpoint predates and the
+    defaults they take."""
+    replacing = f" (replacing {path})" if os.path.isfile(path) else ''
+    how = f"resuming from {path} at step {ckpt['step']}" if ckpt is not None else (
+        f"starting fresh{replacing}")
+    how += (f": nothing to do, max_iters={c['max_iters']} (a larger one continues the run)"
+            * (ckpt is not None and ckpt['step'] >= c['max_iters']))
+    print(f"init_from={c['init_from']}: {how}" + ''.join(
+        f"; {key} {change['from']} -> {change['to']} (resume_lr_change=True)"
+        for key, change in changes.items()), flush=True)
+    if predated:
+        print(f"note: {path} predates the key{'s' * (len(predated) > 1)} "
+              f"{', '.join(predated)}; "
+              f"{'they take their defaults' if len(predated) > 1 else 'it takes its default'} "
+              f"{', '.join(f'{key}={value!r}' for key, value in predated.items())}",
+              file=sys.stderr, flush=True)
+
+
+class SkippedSteps:
+    """The steps a run skipped for a non-finite loss or gradient norm (nonfinite='skip'): how many,
+    and the first. With nonfinite='stop' the first such step stops the run instead. A checkpoint
+    keeps both (its 'skipped', from `saved`), so a resumed run counts on."""
+
+    def __init__(self, c, saved):
+        self.c, self.steps, self.first = c, saved.get('steps', 0), saved.get('first')
+
+    def count(self, step, finite, loss, grad_norm):
+        """Count `step`, the step just taken, if its loss or gradient norm was not finite."""
+        if finite:
+            return
+        if self.c['nonfinite'] == 'stop':
+            raise RunError(f"step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
+                           "stopping. To continue from the last checkpoint with a lower learning "
+                           "rate: --learning_rate=<lower> --resume_lr_change=True "
+                           "(nonfinite='skip' skips such steps instead)")
+        self.steps += 1
+        self.first = self.first or step
+
+    def check(self, step):
+        """RunError once the run has skipped more than max_skipped_frac of max_iters."""
+        if self.steps > self.c['max_skipped_frac'] * self.c['max_iters']:
+            raise RunError(f"step {step}: the run has skipped {self.steps} step(s) (non-finite "
+                           f"loss or gradient norm), the first at step {self.first}: more than "
+                           f"max_skipped_frac={self.c['max_skipped_frac']} of "
+                           f"max_iters={self.c['max_iters']}; stopping without saving (out_dir's "
+                           "checkpoint, if any, is from before). To continue from it with a "
+                           "lower learning rate: --learning_rate=<lower> "
+                           "--resume_lr_change=True (or allow more: --max_skipped_frac)")
+
+    def saved(self):
+        """What a checkpoint keeps of them."""
+        return dict(steps=self.steps, first=self.first)
+
+    def summary(self, step):
+        """The line a run that skipped steps ends with."""
+        return (f"nonfinite=skip: {self.steps} of the run's {step} steps were skipped (non-finite "
+                f"loss or gradient norm), the first at step {self.first}")
+
+
+def check_step_finite(step, record, model, device, ckpt_path, saved):
+    """RunError, on every rank alike, where the weights or the evaluation's loss are not finite.
+    out_dir keeps the checkpoints of the last good step (`saved`: its step, or None)."""
+    bad, count = nonfinite_model_tensors(model, device)
+    if bad:
+        what = (f"the weights are not finite after the optimizer step: {len(bad)} of the model's "
+                f"{count} float tensors hold NaN or infinity, the first {bad[0]}")
+    elif not math.isfinite(record.get('val_loss', 0.0)):
+        what = f"the validation loss is {record['val_loss']} (the weights are finite)"
+    else:
+        return
+    kept = (f"out_dir's checkpoints are left as they were ({ckpt_path}: step {saved}). To continue "
+            "from it with a lower learning rate: --learning_rate=<lower> "
+            "--resume_lr_change=True" if saved else
+            "this run saved no checkpoint before it; start again with a lower --learning_rate")
+    raise RunError(f"step {step}: {what}; stopping without saving: {kept}")
+
+
+def import_wandb():
+    """The wandb module, imported before anything is written."""
+    try:
+        import wandb
+    except ImportError:
+        raise RunError("wandb_log=True needs the wandb package, which is not installed: pip "
+                       "install wandb (then wandb login), or --wandb_log=False") from None
+    return wandb
+
+
+class Metrics:
+    """Where rank 0 writes a run's records: out_dir/metrics.jsonl (every step, and events), the
+    console (every log_interval steps, and every evaluation) and wandb (the module, or None)."""
+
+    def __init__(self, c, run, start_step, wandb=None):
+        self.c, self.on, self.wandb, self.stop = c, run.master, wandb, []  # stop: stdout closed
+        self.dts = []  # the steps' times since the last console line: its ETA
+        if not self.on:
+            return
+        self.path = start_log(c, start_step)
+        if wandb:
+            wandb.init(project=c['wandb_project'], name=c['wandb_run_name'], config=c)
+
+    def write(self, record):
+        if not self.on:
+            return
+        with open(self.path, 'a') as f:
+            f.write(json.dumps(record) + '\n')
+        if 'event' in record:
+            return
+        if self.wandb:
+            self.wandb.log(record, step=record['step'])
+        self.dts.append(record['dt'])
+        if record['step'] % self.c['log_interval'] == 0 or 'val_loss' in record:
+            val = f" | val {record['val_loss']:.4f}" if 'val_loss' in record else ''
+            left = (self.c['max_iters'] - record['step']) * statistics.fmean(self.dts)
+            self.dts = []
+            print_or_stop(f"step {record['step']}/{self.c['max_iters']} | loss {record['loss']:.4f}"
+                          f"{val} | lr {record['lr']:.2e} | grad {record['grad_norm']:.3f} | "
+                          f"{record['tokens_per_sec']:,.0f} tok/s | mfu {100 * record['mfu']:.2f}%"
+                          f" | {1000 * record['dt']:.0f} ms | ETA {duration(left)}", self.stop)
+
+
+# -----------------------------------------------------------------------------
+# What the quick start and the sink study plan
 
 RESTART = ['--init_from=scratch', '--overwrite=True']
 

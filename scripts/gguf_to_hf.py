@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
     sys.exit("run it from the repository's root: python -m scripts.gguf_to_hf")
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 from configurator import Key, parse  # noqa: E402
 from lmkit.errors import RunError, run_script  # noqa: E402
 from lmkit.files import write_json

@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
     sys.exit("run it from the repository's root: python -m study.seal_study")
 
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 from configurator import Key, parse  # noqa: E402  (after the path: the repository's root)
 from lmkit.errors import RunError, run_script  # noqa: E402
 from lmkit.files import claim_dir, write_json

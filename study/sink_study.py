@@ -26,7 +26,7 @@ import time
 if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
     sys.exit("run it from the repository's root: python -m study.sink_study")
 
-import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 from study import study_reading, study_records
 from configurator import Key, parse
 from lmkit import children
@@ -34,7 +34,8 @@ from lmkit.errors import (STOP_STATUSES, RunError, Stopped, describe_os_error, o
                           run_script, stop_name)
 from lmkit.files import atomic_write, claim_dir, write_json
 from model import ATTENTIONS
-from lmkit.probes import GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS as EVALUATIONS
+from lmkit.probes import SINK_STUDY_EVALUATIONS as EVALUATIONS
+from lmkit.sink_costs import GU_LENGTH, GU_SAMPLES
 from lmkit.files import last_logged
 from study.study_records import (ARMS, NO_DECAY, PAYOFF_BITS, PAYOFF_OUTLIERS, RECIPE_KEYS,
                                  SCHEMA_VERSION, SEAL_FILE, SPIKE_KS, record_name)
@@ -460,7 +461,8 @@ def end_measures(out_dir, data_dir, device):
     from lmkit.data import Windows, first_token_id, read_meta
     from lmkit.runs import run_config
     from model import GPT
-    from lmkit.probes import attention_statistics, knockout_losses, sink_rates, w8a8_losses
+    from lmkit.probes import attention_statistics
+    from lmkit.sink_costs import knockout_losses, sink_rates, w8a8_losses
     model = GPT.from_pretrained(os.path.join(HERE, out_dir)).to(device).eval()
     with open(os.path.join(HERE, out_dir, 'config.json')) as f:
         config = run_config(json.load(f))
@@ -511,8 +513,8 @@ def payoff_measures(model, calibration, sequences):
     ...), on W8A8's windows and ranges; and Bondarenko et al.'s outliers per layer on the same
     windows (PAYOFF_OUTLIERS: the FFN output's max |x| and kurtosis, the attention output's, the
     residual stream's max |x|; each also without position 0), averaged over the windows
-    (probes.outlier_means)."""
-    from lmkit.probes import outlier_means, quantized_losses
+    (sink_costs.outlier_means)."""
+    from lmkit.sink_costs import outlier_means, quantized_losses
     payoff = {}
     for weight_bits, act_bits in PAYOFF_BITS:
         q = quantized_losses(model, calibration, sequences, weight_bits, act_bits, batch_size=16)

@@ -15,7 +15,7 @@ import torch
 
 import analyze
 import prepare_data
-from lmkit import probes
+from lmkit import probes, sink_costs
 from lmkit.tokenizer import load_tokenizer, tokenizer_info
 from helpers import ROOT, fake_run, write_task_data
 from lmkit.errors import RunError
@@ -97,8 +97,8 @@ def test_attention_statistics_match_the_explicit_matrix(attention):
 def test_model_statistics_are_the_same_for_any_batch_size():
     model = tiny_model('affine')
     idx = torch.randint(0, 300, (4, 16))
-    one, all_four = probes.model_statistics(model, idx, 5,
-                                            batch_size=1), probes.model_statistics(model, idx, 5, 4)
+    one = sink_costs.model_statistics(model, idx, 5, batch_size=1)
+    all_four = sink_costs.model_statistics(model, idx, 5, 4)
     assert json.dumps(one)[:200] and one['row_sums']['n'] == 4 * 16 * 2
     for a, b in zip(one['layers'], all_four['layers']):
         for key in ('first_token', 'entropy', 'row_sum_mean', 'row_sum_median'):
@@ -224,7 +224,7 @@ def test_attention_job_writes_every_figure_and_the_numbers(tmp_path):
     enc = load_tokenizer('bytes')
     seqs = analyze.heldout_sequences(str(tmp_path / 'text.txt'), enc,
                                      tokenizer_info(enc, 'bytes')['sha256'], 4, 32)
-    direct = probes.model_statistics(tiny_model('affine'), seqs, 8)
+    direct = sink_costs.model_statistics(tiny_model('affine'), seqs, 8)
     assert (models['Affine-Scaled']['layers'][1]['first_token']
             == pytest.approx(direct['layers'][1]['first_token']))
     affine = models['Affine-Scaled']
@@ -232,8 +232,10 @@ def test_attention_job_writes_every_figure_and_the_numbers(tmp_path):
                 'value_weighted_first', 'alpha_std',
                 'attention_kurtosis_after_first', 'residual_max_abs'):
         assert affine['layers'][1][key] == pytest.approx(direct['layers'][1][key])
-    assert affine['knockout'] == pytest.approx(probes.knockout_losses(tiny_model('affine'), seqs))
-    assert affine['w8a8']['fp'] == pytest.approx(probes.prediction_loss(tiny_model('affine'), seqs))
+    assert affine['knockout'] == pytest.approx(
+        sink_costs.knockout_losses(tiny_model('affine'), seqs))
+    assert affine['w8a8']['fp'] == pytest.approx(
+        sink_costs.prediction_loss(tiny_model('affine'), seqs))
     assert (affine['w8a8']['calibration'] == 2 and affine['gu']['samples'] == 7
             and affine['gu']['length'] == 32)
     assert ('sink_rate_null_slot' in models['Sink']['gu']
@@ -477,7 +479,7 @@ def test_attention_job_takes_what_a_short_text_has(tmp_path):
     enc = load_tokenizer('bytes')
     seqs = analyze.heldout_sequences(str(tmp_path / 'short.txt'), enc,
                                      tokenizer_info(enc, 'bytes')['sha256'], 2, 32)
-    assert stats['knockout'] == pytest.approx(probes.knockout_losses(tiny_model('sink'), seqs))
+    assert stats['knockout'] == pytest.approx(sink_costs.knockout_losses(tiny_model('sink'), seqs))
 
 
 def test_attention_job_on_a_run_whose_val_split_is_short(tmp_path):

@@ -82,26 +82,58 @@ def test_the_library_imports_no_script_and_neither_it_nor_the_root_imports_the_s
         assert ours <= {name[:-3] for name in PAPER_MODULES}, (module_name(path), ours)
 
 
-def first_import_beyond_the_standard_library(path):
-    """The first module a file imports at its top that is neither Python's own nor the pure-Python
-    configurator."""
+WAIT_POLICY = "os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')"
+
+
+def sets_the_wait_policy_first(path):
+    """Whether a file sets OMP_WAIT_POLICY (WAIT_POLICY) at its top before its first import that is
+    neither Python's own nor the pure-Python configurator."""
     for node in ast.parse(open(path, encoding='utf-8').read()).body:
+        if isinstance(node, ast.Expr) and ast.unparse(node) == WAIT_POLICY:
+            return True
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
             [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
-        for name in names:
-            if name.split('.')[0] not in sys.stdlib_module_names | {'configurator'}:
-                return name
-    return None
+        if any(name.split('.')[0] not in sys.stdlib_module_names | {'configurator'}
+               for name in names):
+            return False
+    return False
 
 
-def test_every_script_imports_the_library_before_torch():
-    """lmkit/__init__.py sets OMP_WAIT_POLICY=PASSIVE (idle threads sleep, not spin: issue 53),
-    which libgomp reads once, when torch loads it: a script whose first import beyond the standard
-    library is not lmkit could load torch first and spin."""
-    late = {module_name(p): first for folder in FOLDERS for p in sources(folder)
-            if is_script(p) and (first := first_import_beyond_the_standard_library(p)) is not None
-            and first.split('.')[0] != 'lmkit'}
+def loads_torch(path):
+    """Whether a file, or a file of ours it imports (at its top or in a function, transitively),
+    imports torch."""
+    ours = {module_name(p): p for folder in FOLDERS for p in sources(folder)}
+    seen, todo = set(), [path]
+    while todo:
+        names = imported(todo.pop())
+        if any(name.split('.')[0] == 'torch' for name in names):
+            return True
+        for name in names & set(ours) - seen:
+            seen.add(name)
+            todo.append(ours[name])
+    return False
+
+
+def test_every_script_that_loads_torch_sets_the_openmp_wait_policy_first():
+    """Idle OpenMP threads sleep, not spin (issue 53; tools/bench.py's threads table). libgomp reads
+    OMP_WAIT_POLICY once, when torch loads it, so every file run as a command that can load torch
+    sets it at its top, before any import that could load torch. A policy the environment gives
+    stays (setdefault)."""
+    late = [module_name(p) for folder in FOLDERS for p in sources(folder)
+            if is_script(p) and loads_torch(p) and not sets_the_wait_policy_first(p)]
     assert not late
+
+
+def test_importing_the_library_changes_no_setting():
+    """Issue 61: `import lmkit` set OMP_WAIT_POLICY, so every script had to import it first. Now
+    importing the library, or a module of it, leaves the environment as it was."""
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != 'OMP_WAIT_POLICY'}
+    code = ("import os, lmkit, lmkit.runs, lmkit.probes; "
+            "print(os.environ.get('OMP_WAIT_POLICY'))")
+    done = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
+                          text=True)
+    assert (done.returncode, done.stdout) == (0, 'None\n'), done.stderr
 
 
 def test_no_function_outside_the_tests_is_over_80_lines():

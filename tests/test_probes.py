@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmkit import probes
+from lmkit import probes, sink_costs
 from model import ATTENTIONS, GPT, rope_cos_sin
 from test_analyze import explicit_weights, tiny_model
 from test_model import REFERENCES, gate_reference, variant_name
@@ -114,7 +114,7 @@ def test_sink_rates_and_first_token_measures_of_every_variant(attention):
     w = torch.stack(explicit_weights(model, idx), 1)  # (samples, layers, heads, T, T)
     rows_sum_to_one, slot = probes.weight_rows(model.config)
     tokens = w if rows_sum_to_one else w.abs() / (w.abs().sum(-1, keepdim=True) + 1e-8)
-    rates = probes.sink_rates(model, idx, batch_size=2)
+    rates = sink_costs.sink_rates(model, idx, batch_size=2)
     # (theirs in float32)
     assert rates['sink_rate'] == pytest.approx(gu_metric(tokens)[:, 0].mean().item(), abs=1e-7)
     assert rates['sink_rate_per_layer'] == pytest.approx(
@@ -274,7 +274,7 @@ def test_outlier_means_over_batches():
     model = tiny_model('sink').double()
     idx = torch.randint(0, 300, (5, 10))
     once = probes.activation_outliers(model, idx)
-    means = probes.outlier_means(model, idx, batch_size=2)  # batches of 2, 2 and 1
+    means = sink_costs.outlier_means(model, idx, batch_size=2)  # batches of 2, 2 and 1
     assert set(means) == set(once[0]) and {'ffn_max_abs', 'ffn_kurtosis_after_first'} <= set(means)
     for key, per_layer in means.items():
         assert per_layer == pytest.approx([layer[key].mean().item() for layer in once], rel=1e-12)
@@ -300,7 +300,7 @@ def test_quantizers_pick_the_nearest_point_of_their_grid(bits):
     top = w.abs().max().item()
     step = top / (2 ** (bits - 1) - 1)
     grid = [k * step for k in range(-2 ** (bits - 1), 2 ** (bits - 1))]
-    assert probes.quantize_symmetric(w,
+    assert sink_costs.quantize_symmetric(w,
                                      bits).tolist() == pytest.approx([nearest_on_grid(v, grid)
                                                                       for v in w.tolist()])
     x = torch.randn(40, generator=g, dtype=torch.float64) * 2 + 0.5
@@ -309,21 +309,21 @@ def test_quantizers_pick_the_nearest_point_of_their_grid(bits):
         step = (hi - lo) / (2 ** bits - 1)
         zero = round(-lo / step)
         grid = [(k - zero) * step for k in range(2 ** bits)]
-        got = probes.quantize_asymmetric(x, low, high, bits).tolist()
+        got = sink_costs.quantize_asymmetric(x, low, high, bits).tolist()
         assert got == pytest.approx([nearest_on_grid(v, grid) for v in x.tolist()], abs=1e-12)
-    assert len(set(probes.quantize_asymmetric(x, -1.3, 2.1, bits).tolist())) <= 2 ** bits
+    assert len(set(sink_costs.quantize_asymmetric(x, -1.3, 2.1, bits).tolist())) <= 2 ** bits
 
 
 def test_quantizers_by_hand():
     w = torch.tensor([-1.0, 0.5, 0.26, 0.001])
-    q = probes.quantize_symmetric(w)
+    q = sink_costs.quantize_symmetric(w)
     assert q.tolist() == pytest.approx([-1.0, 64 / 127, 33 / 127, 0.0])
     x = torch.tensor([-1.0, 0.0, 1.0, 3.0, 5.0, -2.0])
     step = 4 / 255  # range [-1, 3]: zero point round(1 / step) = 64
-    assert probes.quantize_asymmetric(x, -1.0, 3.0).tolist() == pytest.approx(
+    assert sink_costs.quantize_asymmetric(x, -1.0, 3.0).tolist() == pytest.approx(
         [-64 * step, 0.0, round(1 / step) * step, (255 - 64) * step, (255 - 64) * step, -64 * step])
     # [0, 1]
-    assert probes.quantize_asymmetric(torch.tensor([0.601]), 0.2,
+    assert sink_costs.quantize_asymmetric(torch.tensor([0.601]), 0.2,
                                       1.0).item() == pytest.approx(153 / 255)
 
 
@@ -376,7 +376,7 @@ def test_w8a8_against_a_model_of_quantized_layers():
     model = tiny_model('affine_gated')
     calibration, sequences = torch.randint(0, 300, (3, 16)), torch.randint(0, 300, (2, 16))
     before = copy.deepcopy(model.state_dict())
-    got = probes.w8a8_losses(model, calibration, sequences, batch_size=2)
+    got = sink_costs.w8a8_losses(model, calibration, sequences, batch_size=2)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # restored
     quantized = quantized_reference(model, calibration, sequences)
     with torch.no_grad():
@@ -395,7 +395,7 @@ def test_quantized_losses_at_other_widths_against_a_model_of_quantized_layers():
     before = copy.deepcopy(model.state_dict())
     losses = {}
     for weight_bits, act_bits in ((8, 8), (8, 6), (8, 4), (4, 8), (3, 3)):
-        got = probes.quantized_losses(model, calibration, sequences, weight_bits, act_bits,
+        got = sink_costs.quantized_losses(model, calibration, sequences, weight_bits, act_bits,
                                       batch_size=2)
         assert got['quantized'] == pytest.approx(quantized_reference(model, calibration, sequences,
                                                                      weight_bits,
@@ -405,7 +405,8 @@ def test_quantized_losses_at_other_widths_against_a_model_of_quantized_layers():
         losses[weight_bits, act_bits] = got['quantized']
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # restored
     assert len(set(losses.values())) == len(losses)
-    assert losses[8, 8] == probes.w8a8_losses(model, calibration, sequences, batch_size=2)['w8a8']
+    assert losses[8, 8] == sink_costs.w8a8_losses(model, calibration, sequences,
+                                                  batch_size=2)['w8a8']
 
 
 def hidden_by_hand(T, window, first):
@@ -413,7 +414,7 @@ def hidden_by_hand(T, window, first):
 
 
 def test_streaming_mask_by_hand():
-    hidden = probes.streaming_hidden(6, 2, 1)
+    hidden = sink_costs.streaming_hidden(6, 2, 1)
     assert torch.equal(hidden, hidden_by_hand(6, 2, 1))
     # keeps token 0 and its last 2 keys
     assert hidden[5].tolist() == [False, True, True, True, False, False]
@@ -456,16 +457,16 @@ def knockout_reference(model, idx, window, first):
 def test_knockout_against_the_reference_weights_with_keys_removed(attention):
     model = tiny_model(attention).double()
     idx = torch.randint(0, 300, (2, 17), generator=torch.Generator().manual_seed(2))
-    got = probes.knockout_losses(model, idx, batch_size=2)
+    got = sink_costs.knockout_losses(model, idx, batch_size=2)
     assert got['window'] == 4 and not model.model.layers[0].self_attn.explicit
     assert got['full'] == pytest.approx(knockout_reference(model, idx, 4, None), rel=1e-10)
     # the fast path's
-    assert got['full'] == pytest.approx(probes.prediction_loss(model, idx, 2, 4), rel=1e-9)
-    for k in probes.KNOCKOUT_FIRST:
+    assert got['full'] == pytest.approx(sink_costs.prediction_loss(model, idx, 2, 4), rel=1e-9)
+    for k in sink_costs.KNOCKOUT_FIRST:
         assert got[f'first_{k}'] == pytest.approx(knockout_reference(model, idx, 4, k), rel=1e-10)
     assert got['first_0'] != got['full']
     # keeps every key j < 16: all of them
-    nothing_hidden = probes.knockout_losses(model, idx, first=(16,))
+    nothing_hidden = sink_costs.knockout_losses(model, idx, first=(16,))
     assert nothing_hidden['first_16'] == pytest.approx(nothing_hidden['full'], rel=1e-12)
 
 
@@ -507,15 +508,15 @@ def test_softmax_measures_equal_transformers_eager_attention(llama, monkeypatch)
     # head) triples count
     importance = (attentions / torch.arange(64, 0, -1).to(attentions)).sum(-2)[..., 0]
     for epsilon in (probes.SINK_THRESHOLD, importance.median().item()):
-        monkeypatch.setattr(probes, 'SINK_THRESHOLD', epsilon)
+        monkeypatch.setattr(sink_costs, 'SINK_THRESHOLD', epsilon)
         expected = gu_metric(attentions, epsilon)[:, 0].mean().item()
-        assert probes.sink_rates(ours, idx, batch_size=4)['sink_rate'] == pytest.approx(expected,
-                                                                                        abs=1e-7)
+        assert sink_costs.sink_rates(ours, idx, batch_size=4)['sink_rate'] == pytest.approx(
+            expected, abs=1e-7)
     assert 0.3 < expected < 0.7
     # the knockout: transformers' eager attention under an additive mask that hides the same keys
     T, window = 63, 16
-    knockout = probes.knockout_losses(ours, idx, window=window)
-    for k in probes.KNOCKOUT_FIRST:
+    knockout = sink_costs.knockout_losses(ours, idx, window=window)
+    for k in sink_costs.KNOCKOUT_FIRST:
         keep = torch.ones(T, T, dtype=torch.bool).tril() & ~hidden_by_hand(T, window, k)
         mask = torch.zeros(T, T, dtype=torch.float64).masked_fill(~keep,
                                                                   torch.finfo(torch.float64).min)

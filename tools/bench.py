@@ -26,7 +26,7 @@ import types
 if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
     sys.exit("run it from the repository's root: python -m tools.bench")
 
-import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 import torch
 
 from lmkit.progress import Progress
@@ -40,11 +40,11 @@ from lmkit.files import read_log
 from lmkit.zeroshot import build_docs, choice_doc, encode_docs, score_one_by_one, score_requests
 from lmkit.loading import load_model_and_tokenizer
 from model import ATTENTIONS, BASELINE, FIELD_NAMES, GPT, ModelConfig
-from lmkit.probes import (GU_LENGTH, GU_SAMPLES, SINK_STUDY_EVALUATIONS, VALUE_WEIGHTED_STRIDE,
-                          activation_outliers, alpha_summary, first_token_weights, hooked_forward,
-                          inspect_attention, knockout_losses, mean_attention_logit, sink_rates,
-                          sink_record, sink_scores, value_weighted_first_token, variant_statistics,
-                          w8a8_losses, weight_rows)
+from lmkit.probes import (SINK_STUDY_EVALUATIONS, VALUE_WEIGHTED_STRIDE, activation_outliers,
+                          alpha_summary, first_token_weights, hooked_forward, inspect_attention,
+                          mean_attention_logit, sink_record, sink_scores,
+                          value_weighted_first_token, variant_statistics, weight_rows)
+from lmkit.sink_costs import GU_LENGTH, GU_SAMPLES, knockout_losses, sink_rates, w8a8_losses
 from lmkit.tokenizer import load_tokenizer
 from lmkit.runs import configure_optimizers, load_config, run_config
 from tools.harness_tasks import task_rows, write_harness_yamls, write_tasks

@@ -28,7 +28,7 @@ import types
 if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
     sys.exit("run it from the repository's root: python -m tools.gpu_check")
 
-import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if __package__ in (None, ''):  # run as a file: its imports need the root, which `python -m` gives
     sys.exit("run it from the repository's root: python -m tools.graph_ops")
 
-import lmkit  # noqa: E402,F401  (first: it makes idle OpenMP threads sleep, lmkit/__init__.py)
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 import torch  # noqa: E402
 from functorch.compile import make_boxed_func  # noqa: E402
 from torch._functorch.aot_autograd import aot_module_simplified  # noqa: E402

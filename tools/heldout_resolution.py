@@ -7,11 +7,13 @@ taken as independent; the study's paired test across seeds decides a claim.
     python -m tools.heldout_resolution --runs=out/a,out/b --data_dir=data/stdlib_bytes
 """
 import math
+import os
 import statistics
 import sys
 import types
 
 from configurator import Key, parse
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 from lmkit.errors import run_script
 
 KEYS = dict(runs=Key(['', ''], "two train.py run directories (or checkpoints) to compare"),
