@@ -539,8 +539,7 @@ def main(argv=None):
     from lmkit.checkpoint import CheckpointError
     try:
         study(args)
-    # an earlier run's checkpoint that cannot be read: not for us to replace
-    except CheckpointError as e:
+    except CheckpointError as e:  # an earlier run's checkpoint that cannot be read: not ours
         raise RunError(f"{e}. To run its stage again, remove it or give another "
                        "--out_dir.") from None
 

@@ -150,12 +150,12 @@ def code_in(pickled):
     for opcode, arg, _ in pickletools.genops(pickled):
         if opcode.name in ('GLOBAL', 'INST') and not allowed_global(arg.replace(' ', '.')):
             found.append(arg.replace(' ', '.'))
-        # never in torch.save's pickles (protocol 2); named by the two strings
         elif opcode.name == 'STACK_GLOBAL':
-            # pushed before it, unless fetched from the memo
+            # Never in torch.save's pickles (protocol 2). It names the global by the two strings
+            # pushed before it, unless they were fetched from the memo.
             found.append('.'.join(strings[-2:]) or opcode.name)
-        # a global by its number in copyreg's registry: never in torch.save's
         elif opcode.name.startswith('EXT'):
+            # a global by its number in copyreg's registry, never in torch.save's pickles
             found.append(f"copyreg extension {arg}")
         elif isinstance(arg, str):
             strings.append(arg)
@@ -188,18 +188,18 @@ def load_data_only(path):
         with zipfile.ZipFile(path) as archive:
             code = [name for info in archive.infolist() if info.filename.endswith('.pkl')
                     for name in code_in(archive.read(info))]
-    # not a zip, damaged, or saved without checksums (zipfile then
     except (zipfile.BadZipFile, ValueError, OSError):
-        # takes them for wrong): torch.load's own refusal below names what such a file holds
+        # Not a zip, damaged, or saved without checksums (which zipfile takes for wrong ones):
+        # torch.load's own refusal below names what such a file holds.
         code = []
     if code:
         raise refused(path, held_code(code))
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location='cpu', mmap=True, weights_only=True)
-    # its weights-only unpickler refused it: the line of its message saying what (the lines around
-    # it offer weights_only=False, which would run the file's code)
     except pickle.UnpicklingError as e:
+        # The weights-only unpickler refused it. Keep the line of its message that says what; the
+        # lines around it offer weights_only=False, which would run the file's code.
         lines = [line.strip() for line in str(e).splitlines()
                  if line.strip() and 'Check the documentation' not in line]
         reason = lines[-1].rpartition('WeightsUnpickler error: ')[2] if lines else 'no reason given'

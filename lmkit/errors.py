@@ -136,9 +136,10 @@ def run_script(main, argv=None):
         status, message = 128 + e.signum, str(e)
     except RunError as e:
         message = str(e)
-    # the reader of stdout stopped early (| head): quiet, as Unix tools are, with the status a shell
-    # gives a writer SIGPIPE ended (a loop that saved first says so: train.py, print_or_stop)
     except BrokenPipeError:
+        # The reader of stdout stopped early (| head): quiet, as Unix tools are, with the status a
+        # shell gives a writer that SIGPIPE ended. (A loop that saved first says so: train.py,
+        # print_or_stop.)
         output_closed()
         status, message = 128 + signal.SIGPIPE, ''
     except OSError as e:

@@ -165,8 +165,7 @@ def take_lock(path, owner):
             raise RunError(f"{os.path.dirname(path)}: another {owner} writes there ({holder}); two "
                            "writers would interleave its files: wait for it to end (or stop it), "
                            "or write elsewhere") from None
-        # a file system without locks (Lustre mounted without -o flock, some FUSE ones)
-        except OSError as e:
+        except OSError as e:  # a file system without locks (Lustre without -o flock, some FUSE)
             print(f"note: {path}: this file system has no file locks ({e.strerror}), so nothing "
                   f"stops a second {owner} from writing into {os.path.dirname(path)}: run one at a "
                   "time", file=sys.stderr)
@@ -229,8 +228,7 @@ def read_log(path):
     for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
-        # not JSON (or not UTF-8): as the last line, one whose writing was cut short
-        except ValueError:
+        except ValueError:  # not JSON (or not UTF-8): as the last line, one cut short
             if number == len(lines):
                 print(f"note: {path}: line {number}, the last, is cut short (the writer was "
                       "stopped while writing it): dropped", file=sys.stderr)

@@ -1,8 +1,9 @@
 """
-The one home of loading a model: a GPT from our checkpoint, an export or a Hugging Face directory
-(load_model, which GPT.from_pretrained calls), a KD teacher (load_teacher: frozen, in eval mode), a
-model with the tokenizer it was trained with, checked by its sha256 (load_model_and_tokenizer), and
-the token its training windows started with (window_first_token). Every script loads through it.
+The one home of loading a model. load_model builds a GPT from our checkpoint, an export or a
+Hugging Face directory; GPT.from_pretrained calls it (and distill.load_teacher loads the KD teacher
+through that, frozen, in eval mode). load_model_and_tokenizer gives a model with the tokenizer it
+was trained with, checked by its sha256, and window_first_token the token its training windows
+started with. Every script loads through it.
 """
 import os
 import sys
@@ -59,8 +60,7 @@ def load_model_and_tokenizer(spec, tokenizer, device, dtype):
     where it is now) and checked by its sha256 to be the one the model was trained with."""
     try:
         model = GPT.from_pretrained(spec, dtype=dtype, device=device).eval()
-    # unreadable file, unsupported config, tensors that do not fit
-    except (OSError, ValueError, RuntimeError) as e:
+    except (OSError, ValueError, RuntimeError) as e:  # unreadable, unsupported, does not fit
         raise RunError(f"model {spec}: {e}") from e
     path = checkpoint_file(spec)
     if path is None:

@@ -92,9 +92,7 @@ def saved_bytes_per_token(config, dtype, fsdp):
         norms = 2 * (12 * C + 4)
     elif fsdp:  # bf16 weights: the input's fp32 upcast, then normalised and output in bf16
         norms = 2 * (8 * C + 4)
-    # fp32 weights under autocast: fp32 input and normalised; q, k, v, gate_proj and up_proj's bf16
-    # input copies
-    else:
+    else:  # fp32 weights under autocast: fp32 input and normalised, and 5 bf16 copies of the input
         norms = 2 * (8 * C + 4) + 5 * x_copy
     # k and v as the kernels save them: grouped in bf16 (flash takes GQA), repeated to every head in
     # float32 on CUDA (the memory-efficient kernel does not; kv_for_kernel)

@@ -713,9 +713,8 @@ def regenerating(args, runs, per_step, overridden, command):
     records = read_records(args.report_dir)
     try:
         described = study_corpus(args, records, fall_back=True)
-    # (the corpus is neither prepared nor named by results.json: the training path prepares it)
     except RunError:
-        return None
+        return None  # neither prepared nor named by results.json: training prepares it
     study = dict(corpus=described['identity'], corpus_described=described, command=command,
                  overrides=overridden)
     return None if any(reuse_problems(run, records[run['name']], per_step, study)
