@@ -394,11 +394,12 @@ def test_the_readme_is_short_and_no_paragraph_is_long():
 
 
 def test_the_readme_leads_with_the_quick_start_then_the_findings():
-    """The guide's order (issue 63): the quick start, what holds at this scale (its table and
-    figures before any paragraph over FIRST_SCREEN_PARAGRAPH words), the variants, the paper's
-    tables on GPUs, the one-GPU tier, the docs. Issue 62: the first command block makes a virtual
-    environment and installs torch's CPU build before its first command, then gives the quick
-    start, the tests and the sink study, in that order."""
+    """The guide's order (issue 63): the quick start; what holds at this scale (its table, its
+    sentences on what holds, what goes against the paper and what this scale cannot test within a
+    screen, and its figures before any paragraph over FIRST_SCREEN_PARAGRAPH words); the variants;
+    the paper's tables on GPUs; the one-GPU tier; the docs. Issue 62: the first command block makes
+    a virtual environment and installs torch's CPU build before its first command, then gives the
+    quick start, the tests and the sink study, in that order."""
     text = readme_text()
     headings = re.findall(r'^## (.+)$', text, re.M)
     assert headings == ['Quick start', 'What holds at this scale', 'The variants',
@@ -411,6 +412,14 @@ def test_the_readme_leads_with_the_quick_start_then_the_findings():
                          ['python', '-m', 'study.sink_study']]
     figures = text.index('](docs/sink_study_v3/claims_kd.png)')
     before = text[:figures]
+    # the newcomer's question on one screen (50 lines): what holds, what goes against the paper,
+    # what this scale cannot test; the table, then at most five sentences
+    screen = text.split('## What holds at this scale\n')[1].splitlines()[:50]
+    sentences = [line for line in screen if line.startswith('- ')]
+    assert len(sentences) <= 5 and screen.index(sentences[0]) > max(
+        i for i, line in enumerate(screen) if line.startswith('| '))
+    for opening in ('- What holds in ', '- Against the paper: ', '- This scale cannot test '):
+        assert any(line.startswith(opening) for line in sentences), opening
     assert '| reading | the paper says |' in before
     assert all(word_count(p) <= FIRST_SCREEN_PARAGRAPH for p in paragraphs(before))
 
@@ -486,3 +495,31 @@ def test_the_readmes_cache_sizes_are_the_real_models(smollm2):
     assert f"{round(gguf / 1e6)} MB in `~/.cache/affine-scaled-attention/smollm2/`" in text
     assert f"float32 conversion of their own to the cache ({round(float32 / 1e6)} MB)" in text
     assert f"Converted to bfloat16, {round(float32 / 2e6)} MB, it goes to" in text
+
+
+def test_the_readmes_other_numbers_are_the_codes():
+    """The README's numbers outside its generated blocks (tools/memory_tables.py's tables and the
+    findings: tests of their own) and beyond the tests above: the paper's rows on 8 GPUs of 80 GiB
+    (memory_tables' plan) after 20B tokens of data (the command's --max_tokens), evaluated on
+    eval_zeroshot's default tasks; the one-GPU tier's 1B tokens (its config's steps x batch x
+    length) planned for 24 GiB; the one GPU measurement, docs/benchmarks.md's H200 check."""
+    from lmkit import zeroshot
+    from tools import memory_tables
+    text = ' '.join(readme_text().split())
+    assert f"the paper's {memory_tables.GPUS}-GPU rows" in text
+    assert f"--nproc_per_node={memory_tables.GPUS} " in text
+    assert f"With less than {memory_tables.GPU_GIB} GiB" in text
+    data = int(re.search(r'\*\*Data\*\*: (\d+)B tokens', text).group(1))
+    assert f"--out_dir=data/fineweb_edu_llama3 --max_tokens={data:_}_000_000_000 " in text
+    tasks = len(zeroshot.DEFAULT_TASKS) - ('c4' in zeroshot.DEFAULT_TASKS)
+    named = ['no', 'one', 'two', 'three', 'four', 'five', 'six', 'seven'][tasks]
+    assert f"the {named} zero-shot tasks plus C4 perplexity" in text
+    c = runs.run_config(runs.load_config([os.path.join(ROOT, 'config', 'onegpu.py')]))
+    tokens = c.max_iters * c.global_batch_size * c.block_size
+    assert f"on {round(tokens / 1e9)}B tokens: `config/onegpu.py`" in text
+    gib = re.search(r'checks the plan for one (\d+) GiB GPU', text).group(1)
+    assert f"| one {gib} GiB GPU |" in memory_tables.onegpu_table()
+    mfu = re.search(r'\[(\d+\.\d)% MFU on the 1B KD step\]', text).group(1)
+    with open(os.path.join(ROOT, 'docs', 'benchmarks.md'), encoding='utf-8') as f:
+        assert re.search(rf"^\| mfu \| the 1B affine KD step.*\| [\d,]+ tokens/s, {mfu}% MFU of ",
+                         f.read(), re.M)
