@@ -312,6 +312,35 @@ def test_the_core_and_what_train_py_reaches_keep_their_limits():
     assert count(core) <= 2400 and count(reached) <= 4000, (count(core), count(reached))
 
 
+def walkthrough_blocks():
+    """(file, code) of each python block of docs/implementation.md's "One training step, walked
+    through": the file its first line names (`# model.py, GPT.forward`), and the lines after it."""
+    with open(os.path.join(ROOT, 'docs', 'implementation.md'), encoding='utf-8') as f:
+        section = f.read().split('\n## One training step, walked through\n')[1].split('\n## ')[0]
+    blocks = []
+    for block in re.findall(r'```python\n(.*?)```', section, re.S):
+        first, _, code = block.partition('\n')
+        blocks.append((re.match(r'# ([\w/]+\.py), ', first).group(1), code.rstrip('\n')))
+    return blocks
+
+
+def test_the_walkthrough_quotes_the_code_in_reading_order():
+    """Issue 61: docs/implementation.md walks one training step through the model, its attention,
+    the KD loss and the loop, in that order, each part quoting its code: every block is the named
+    file's own lines, one after another as the file has them (their indentation aside)."""
+    import textwrap
+    blocks = walkthrough_blocks()
+    order = ['model.py', 'attention_kernels.py', 'distill.py', 'train.py']
+    files = [path for path, _ in blocks]
+    assert sorted(files, key=order.index) == files and set(files) == set(order)
+    for path, code in blocks:
+        with open(os.path.join(ROOT, path), encoding='utf-8') as f:
+            lines = f.read().splitlines()
+        n = len(code.splitlines())
+        assert any(textwrap.dedent('\n'.join(lines[i:i + n])) == code
+                   for i in range(len(lines) - n + 1)), f'{path}: not its lines:\n{code}'
+
+
 def defined_names(path):
     """Every name a file defines (functions, classes, methods, assignments, attributes, imports) or
     holds as a string."""
