@@ -31,7 +31,7 @@ from lmkit.distributed import (apply_fsdp, batch_to_device, check_cpu_compiler, 
                                resolve_device, resolve_dtype, wrap_ddp)
 from lmkit.errors import RunError, run_script, stopped_after_save
 from lmkit.measure import DeviceTimer, StepMeter
-from lmkit.probes import mean_attention_logit, sink_record, variant_tensor_means
+from lmkit.inspection import mean_attention_logit, variant_tensor_means
 from lmkit.runs import (Metrics, SkippedSteps, check_launch, check_sizes, check_step_finite,
                         checkpoint_path, claim_out_dir, configure_optimizers, dry_run,
                         hold_out_dir, import_wandb, load_config, print_how_it_starts,
@@ -95,7 +95,8 @@ def evaluation_record(c, run, model, raw_model, val_data, alpha_means, stop=()):
     with run.autocast:
         record['attn_logit_mean'], record['attn_logit_abs_mean'] = mean_attention_logit(
             raw_model, batch_to_device(val_data.get([0]), run.device)[0])
-        if c['attention_windows']:  # the same windows at every evaluation
+        if c['attention_windows']:  # the sink study's measures, on the same windows every time
+            from lmkit.probes import sink_record  # (the one call train.py makes into them)
             windows = val_data.get(range(c['attention_windows']))
             record |= sink_record(raw_model, batch_to_device(windows, run.device)[0])
     return record | variant_tensor_means(raw_model, alpha_means)

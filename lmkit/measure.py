@@ -1,8 +1,7 @@
 """
-Measuring and reporting: MFU (a model's FLOPs per token, the device's peak FLOP/s, datasheet or
-measured), a device timer and peak memory.
+Measuring a training step: MFU (a model's FLOPs per token, the device's peak FLOP/s, datasheet or
+measured), the step's speed as its record gives it (StepMeter) and a device timer.
 """
-import re
 import time
 from contextlib import contextmanager
 
@@ -145,36 +144,3 @@ class DeviceTimer:
                     e in self.spans) if self.cuda else sum(self.spans)
         self.spans = []
         return total
-
-
-class PeakMemory:
-    """Peak bytes allocated during the `with` block (beyond what was live when it started): CUDA's
-    allocator peak (max_memory_allocated) on GPU; on CPU the rise of the process's peak resident set
-    size (VmHWM, reset through /proc/self/clear_refs), which follows the live tensors only where
-    freed memory leaves the process (tools/bench.py pins glibc's mmap threshold for that:
-    bench.set_mmap_threshold)."""
-
-    def __init__(self, device):
-        self.device = device
-
-    def _rss(self, field):
-        return int(re.search(rf'{field}:\s+(\d+)',
-                             open('/proc/self/status').read()).group(1)) * 1024
-
-    def __enter__(self):
-        if self.device.type == 'cuda':
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self.start = torch.cuda.memory_allocated()
-        else:
-            with open('/proc/self/clear_refs', 'w') as f:
-                f.write('5')  # reset VmHWM to the current resident size
-            self.start = self._rss('VmRSS')
-        return self
-
-    def __exit__(self, *exc):
-        if self.device.type == 'cuda':
-            torch.cuda.synchronize()
-            self.peak = torch.cuda.max_memory_allocated() - self.start
-        else:
-            self.peak = self._rss('VmHWM') - self.start

@@ -1,27 +1,25 @@
 """Every measurement of a model's attention and activations on a batch of windows, each defined
-once, for train.py's evaluations, analyze.py, the sink study and the quick start's real model.
-Attention measures read each layer's explicit weights (model.Attention.weights) on the inputs the
-model's own forward gives it (inspect_attention), in float64; rows need not sum to one
-(docs/analysis.md, "The sink's measures", has the definitions, their sources and a real model's
-numbers). lmkit/sink_costs.py runs them over many sequences and measures what a sink costs.
+once, for the evaluations of train.py runs with attention_windows, analyze.py, the sink study and
+the quick start's real model. Attention measures read each layer's explicit weights
+(model.Attention.weights) on the inputs the model's own forward gives it (lmkit/inspection.py), in
+float64; rows need not sum to one (docs/analysis.md, "The sink's measures", has the definitions,
+their sources and a real model's numbers). lmkit/sink_costs.py runs them over many sequences and
+measures what a sink costs.
   where attention goes  first_token_weights; Gu et al.'s Sink_1: sink_scores, model_rates
   affine's alpha        alpha_summary; Kobayashi et al.: value_weighted_first_token
   outliers              activation_outliers (Bondarenko et al.)
-  train.py's records    mean_attention_logit, variant_tensor_means, sink_record
+  train.py's records    sink_record
 """
 import statistics
-from contextlib import contextmanager
 
 import torch
 
-from attention_kernels import attention_scores
-from lmkit.distributed import full_tensor
+from lmkit.inspection import attention_hooks, head_stats, hooked_forward
 
 # What the measures know about each variant's weights, by its key in model.VARIANTS; a variant
-# without an entry has none of these. HEAD_STATS: its per-head tensors, which the analyses plot and
-# train.py logs. ROWS_SUM_TO_ONE: its rows are a distribution, which Gu et al.'s Sink_1 reads as
-# they are. NULL_SLOT: its rows leave out a sink's own mass, 1 minus the row's sum.
-HEAD_STATS = {'sink': ('sinks',), 'affine': ('alpha_ma',)}
+# without an entry has neither (its per-head tensors, HEAD_STATS, are lmkit/inspection.py's).
+# ROWS_SUM_TO_ONE: its rows are a distribution, which Gu et al.'s Sink_1 reads as they are.
+# NULL_SLOT: its rows leave out a sink's own mass, 1 minus the row's sum.
 ROWS_SUM_TO_ONE = ('softmax',)
 NULL_SLOT = ('sink', 'softmax1')
 # Gu et al. (2025)'s epsilon: a head whose first-position score exceeds it has a sink
@@ -39,49 +37,6 @@ VALUE_WEIGHTED_STRIDE = 4
 KURTOSIS_EPS = 1e-6
 
 
-@contextmanager
-def eager_eval(model):
-    """The model in eval mode (affine's alpha_ma counts nothing) and eager, compiled layers too:
-    traced, the hooks the measures add (new at every call) would make dynamo recompile every layer,
-    every call."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.compiler.set_stance('force_eager'):
-            yield
-    finally:
-        model.train(was_training)
-
-
-@torch.no_grad()
-def hooked_forward(model, idx, hooks):
-    """An eval-mode, eager forward of idx with the hooks (handles) in place, removed after."""
-    try:
-        with eager_eval(model):
-            model(idx)
-    finally:
-        for hook in hooks:
-            hook.remove()
-
-
-def attention_hooks(model, fn, results):
-    """Pre-hooks that append fn(attention layer, x, cos, sin, positions) to results for every layer,
-    x the layer's own attention input, called inside the layer's forward (where FSDP has gathered
-    its weights; every rank must run the forward then): how the measures below read the explicit
-    attention (Attention.weights) of a real forward."""
-    return [layer.self_attn.register_forward_pre_hook(lambda attn,
-                                                      args: results.append(fn(attn, *args[:4])))
-            for layer in model.model.layers]
-
-
-def inspect_attention(model, idx, fn):
-    """[fn(attention layer, x, cos, sin, positions) for every layer] in an eval-mode forward of idx
-    (attention_hooks)."""
-    results = []
-    hooked_forward(model, idx, attention_hooks(model, fn, results))
-    return results
-
-
 def variant_statistics(attn, x):
     """What the analyses read of a layer's variant besides its weights, in float64: alpha (B, T, H)
     of Eq. 7 on the input x where it has one, and its per-head tensors (HEAD_STATS: the sink
@@ -89,11 +44,6 @@ def variant_statistics(attn, x):
     variant = attn.config.variant
     stats = {'alpha': variant.alpha(attn, x).double()} if variant.alpha else {}
     return stats | {name: getattr(attn, name).double() for name in head_stats(attn.config)}
-
-
-def head_stats(config):
-    """The names of the variant's per-head tensors (HEAD_STATS)."""
-    return HEAD_STATS.get(config.variant_name, ())
 
 
 def weight_rows(config):
@@ -333,38 +283,7 @@ def model_rates(layers):
     return rates
 
 # -----------------------------------------------------------------------------
-# What train.py's evaluations log
-
-
-def mean_attention_logit(model, idx):
-    """Mean of q_i.k_j/sqrt(d) over layers, heads and causal pairs j <= i (paper Figure 2), and of
-    its absolute value, on one sequence: each layer's explicit logits (Attention.weights' scores),
-    one layer at a time, inside its forward (inspect_attention). Under FSDP every rank must call
-    it."""
-    def logits(attn, x, cos, sin, positions):
-        scores = attention_scores(*attn.project(x, cos, sin)[:2])
-        visible = scores[...,
-                         torch.ones(scores.shape[-2:], dtype=torch.bool,
-                                    device=scores.device).tril()]
-        return torch.stack([visible.mean(), visible.abs().mean()])
-
-    # one transfer
-    signed, absolute = zip(*torch.stack(inspect_attention(model, idx[:1], logits)).tolist())
-    return sum(signed) / len(signed), sum(absolute) / len(absolute)
-
-
-def variant_tensor_means(model, alpha_means):
-    """Per-layer head means of this step's E[alpha] (affine) and of the variant's per-head tensors
-    (HEAD_STATS: affine's alpha_ma, the sink logits), rounded to 5 decimals as train.py logs
-    them."""
-    layers = [layer.self_attn for layer in model.model.layers]
-    stats = {}
-    if alpha_means:
-        stats['alpha_mean'] = [round(a.mean().item(), 5) for a in alpha_means]
-    # a parameter is a shard under FSDP: gathered (every rank calls this)
-    for name in head_stats(model.config):
-        stats[name] = [round(full_tensor(getattr(m, name)).mean().item(), 5) for m in layers]
-    return stats
+# What train.py's evaluations log with attention_windows (the sink study's runs)
 
 
 # sink_record's names for layer_summary's keys where the record had them first (a _head key's is

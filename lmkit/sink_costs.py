@@ -9,9 +9,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lmkit.probes import (SINK_THRESHOLD, activation_outliers, attention_statistics, eager_eval,
-                          head_stats, inspect_attention, layer_mean, layer_summary, model_rates,
-                          sink_scores, weight_rows)
+from lmkit.inspection import eager_eval, head_stats, inspect_attention
+from lmkit.probes import (SINK_THRESHOLD, activation_outliers, attention_statistics, layer_mean,
+                          layer_summary, model_rates, sink_scores, weight_rows)
 
 # Gu et al.'s own setting: 100 samples of 64 tokens (pretrain/eval_sink_pretrain.py)
 GU_SAMPLES, GU_LENGTH = 100, 64

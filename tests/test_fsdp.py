@@ -58,7 +58,7 @@ def test_fsdp_matches_one_process_and_resumes_on_another_world_size(data_dir, tm
                 terms = a[step - 1]['attn_logit_abs_mean'] if key == 'attn_logit_mean' else 0.0
                 assert g == pytest.approx(w, rel=1e-5, abs=1e-5 * terms), f'{key} at step {step}'
     if attention == 'sink':  # a sharded parameter, gathered for the statistics
-        # logged rounded to 5 decimals (probes.variant_tensor_means): values equal up to float32
+        # logged rounded to 5 decimals (inspection.variant_tensor_means): values equal up to float32
         # rounding may round to neighbours, whose difference is a hair over 1e-5 (0.32148 - 0.32147
         # = 1.000000000001e-05), which abs=1e-5 refused; 1.5e-5 accepts the same or the adjacent 5th
         # decimal, nothing further

@@ -30,8 +30,7 @@ os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP
 import torch
 
 from lmkit.progress import Progress
-from lmkit.measure import (PeakMemory, default_peak_flops, flops_per_token, gemm_shapes,
-                           measured_matmul_flops)
+from lmkit.measure import default_peak_flops, flops_per_token, gemm_shapes, measured_matmul_flops
 from tools.builtin_data import prepare_builtin
 from lmkit.distributed import autocast, compile_layers, resolve_device
 from configurator import DEVICE, Key, parse, shown
@@ -40,14 +39,15 @@ from lmkit.files import read_log
 from lmkit.zeroshot import build_docs, choice_doc, encode_docs, score_one_by_one, score_requests
 from lmkit.loading import load_model_and_tokenizer
 from model import ATTENTIONS, BASELINE, FIELD_NAMES, GPT, ModelConfig
+from lmkit.inspection import hooked_forward, inspect_attention, mean_attention_logit
 from lmkit.probes import (SINK_STUDY_EVALUATIONS, VALUE_WEIGHTED_STRIDE, activation_outliers,
-                          alpha_summary, first_token_weights, hooked_forward, inspect_attention,
-                          mean_attention_logit, sink_record, sink_scores,
+                          alpha_summary, first_token_weights, sink_record, sink_scores,
                           value_weighted_first_token, variant_statistics, weight_rows)
 from lmkit.sink_costs import GU_LENGTH, GU_SAMPLES, knockout_losses, sink_rates, w8a8_losses
 from lmkit.tokenizer import load_tokenizer
 from lmkit.runs import configure_optimizers, load_config, run_config
 from tools.harness_tasks import task_rows, write_harness_yamls, write_tasks
+from tools.memory_measure import PeakMemory
 from tools.tables import log, print_table, ratio
 from tools.workloads import EXPLICIT, PROPOSED, kd_problem
 

@@ -35,8 +35,7 @@ from torch._dynamo.utils import counters
 
 from lmkit.checkpoint import read_checkpoint
 from lmkit.distributed import autocast, compile_layers, wrap_ddp
-from lmkit.measure import (KNOWN_PEAK_BF16, PeakMemory, flops_per_token, gemm_shapes,
-                           measured_matmul_flops)
+from lmkit.measure import KNOWN_PEAK_BF16, flops_per_token, gemm_shapes, measured_matmul_flops
 from configurator import Key, parse
 from tools.tables import log, print_table, ratio
 from lmkit.data import Windows
@@ -47,6 +46,7 @@ from lmkit.memory_plan import KNOWN_TEACHERS, memory_estimate
 from distill import compute_loss, load_teacher
 from model import ATTENTIONS, BASELINE, FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
 from lmkit.runs import configure_optimizers, load_config, run_config
+from tools.memory_measure import PeakMemory
 from tools.workloads import EXPLICIT, PROPOSED, kd_problem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root

@@ -4,8 +4,10 @@ config on fake tensors (torch's MemTracker: real shapes, no memory, no GPU), wha
 --dry_run's plan (memory_plan.py) is held to by tests/test_gpu_path.py at reduced depth and by
 tools/memory_tables.py --measure=True at full depth. A tool of its own, not part of
 lmkit/memory_plan.py: it runs the micro-step (distill.compute_loss) under MemTracker, which only
-what measures should pay the import of (seconds).
+what measures should pay the import of (seconds). PeakMemory measures a real run's peak, on a GPU
+or on the CPU, for tools/bench.py and tools/gpu_check.py.
 """
+import re
 import sys
 import warnings
 from unittest import mock
@@ -21,6 +23,39 @@ from lmkit.distributed import apply_fsdp
 from lmkit.memory_plan import plan_dtype
 from lmkit.runs import configure_optimizers
 from model import GPT
+
+
+class PeakMemory:
+    """Peak bytes allocated during the `with` block (beyond what was live when it started): CUDA's
+    allocator peak (max_memory_allocated) on GPU; on CPU the rise of the process's peak resident set
+    size (VmHWM, reset through /proc/self/clear_refs), which follows the live tensors only where
+    freed memory leaves the process (tools/bench.py pins glibc's mmap threshold for that:
+    bench.set_mmap_threshold)."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def _rss(self, field):
+        return int(re.search(rf'{field}:\s+(\d+)',
+                             open('/proc/self/status').read()).group(1)) * 1024
+
+    def __enter__(self):
+        if self.device.type == 'cuda':
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+        else:
+            with open('/proc/self/clear_refs', 'w') as f:
+                f.write('5')  # reset VmHWM to the current resident size
+            self.start = self._rss('VmRSS')
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == 'cuda':
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated() - self.start
+        else:
+            self.peak = self._rss('VmHWM') - self.start
 
 
 def fake_gpt(config, device, dtype=torch.float32):
