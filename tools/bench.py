@@ -422,9 +422,9 @@ TINY_CONFIG = os.path.join(ROOT, 'config', 'tiny_cpu.py')
 def bench_threads(args, device):
     """train.py on the CPU as the README's by-hand example runs it (config/tiny_cpu.py), at 1 and 2
     threads, with OpenMP's idle threads as libgomp leaves them (no OMP_WAIT_POLICY: they spin a
-    while, then sleep), spinning (ACTIVE) or sleeping (PASSIVE, what lmkit sets unless the
-    environment holds a policy: lmkit/__init__.py), alone and with every core shared (a busy loop
-    per core, as another job on the machine)."""
+    while, then sleep), spinning (ACTIVE) or sleeping (PASSIVE, which every script sets at its top
+    unless the environment holds a policy), alone and with every core shared (a busy loop per core,
+    as another job on the machine)."""
     if device.type != 'cpu':
         log(f'  threads: a CPU section, skipped on {device.type}')
         return
