@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import re
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -225,15 +226,12 @@ def test_the_one_gpu_loop_runs_as_written(tmp_path, monkeypatch):
 
 def test_the_map_is_the_code():
     """docs/implementation.md's map: its line counts and import layers are scripts/line_counts.py's
-    (from the code), the core, what train.py reaches and the files it names keep their limits, its
-    Files table names every Python file outside tests/ with its role, and every name a row cites
-    exists where the row says."""
+    (from the code), the files it names keep their limits, its Files table names every Python
+    file outside tests/ with its role, and every name a row cites exists where the row says."""
     from scripts import line_counts
     assert line_counts.in_doc() == line_counts.table(), (
         'regenerate it: python -m scripts.line_counts --write')
-    assert line_counts.total(line_counts.core_files()) <= line_counts.LIMITS['core']
-    assert line_counts.total(line_counts.reachable_files()) <= line_counts.LIMITS['reachable']
-    for name, limit in line_counts.LIMITS.items():
+    for name, limit in line_counts.LIMITS.items():  # (the core's and the reach's: the test below)
         if name.endswith('.py'):
             assert line_counts.lines(name) <= limit, name
     with open(os.path.join(ROOT, 'docs', 'implementation.md')) as f:
@@ -309,6 +307,7 @@ def test_the_core_and_what_train_py_reaches_keep_their_limits():
     assert set(line_counts.reachable_files()) == reached
     count = lambda paths: sum(len(open(os.path.join(ROOT, p), 'rb').read().splitlines())
                               for p in paths)
+    assert (line_counts.LIMITS['core'], line_counts.LIMITS['reachable']) == (2400, 4000)
     assert count(core) <= 2400 and count(reached) <= 4000, (count(core), count(reached))
 
 
@@ -489,7 +488,7 @@ def test_the_by_hand_steps_are_the_quick_starts_stages(tmp_path, monkeypatch):
 
     class Recorder:
         def __init__(self, total):
-            self.t0 = 0
+            self.t0 = time.time()  # (the study times itself from here)
 
         def run(self, stage, optional=False):
             commands.append(['python', *stage.command[1:]])
