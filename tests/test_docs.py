@@ -1,7 +1,9 @@
 """The docs say only what the code does: the tables tools/memory_tables.py computes are the ones
 README.md and docs/*.md hold, docs/memory.md's statements about them hold, the training keys'
 defaults in docs/training.md are train.py's, every relative link and #anchor resolves, README.md
-stays a front door (at most 300 lines), and its one-GPU commands run as written."""
+stays a front door (at most 300 lines, 2,500 words, no long paragraph, the findings on its first
+screen), its one-GPU commands run as written, its by-hand steps are the quick start's own, and its
+times, sizes and other numbers are the records' and the code's."""
 import ast
 import fnmatch
 import glob
