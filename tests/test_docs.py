@@ -530,15 +530,22 @@ def test_the_readmes_cache_sizes_are_the_real_models(smollm2):
 def test_the_readmes_other_numbers_are_the_codes():
     """The README's numbers outside its generated blocks (tools/memory_tables.py's tables and the
     findings: tests of their own) and beyond the tests above: the paper's rows on 8 GPUs of 80 GiB
-    (memory_tables' plan) after 20B tokens of data (the command's --max_tokens), evaluated on
-    eval_zeroshot's default tasks; the one-GPU tier's 1B tokens (its config's steps x batch x
-    length) planned for 24 GiB; the one GPU measurement, docs/benchmarks.md's H200 check."""
+    (memory_tables' plan), a 3B row's GPUs under SLURM (scripts/slurm_train.sh's), 20B tokens of
+    data (the command's --max_tokens), evaluated on eval_zeroshot's default tasks; the one-GPU
+    tier's 1B tokens (its config's steps x batch x length) planned for 24 GiB; the one GPU
+    measurement, docs/benchmarks.md's H200 check."""
     from lmkit import zeroshot
     from tools import memory_tables
     text = ' '.join(readme_text().split())
     assert f"the paper's {memory_tables.GPUS}-GPU rows" in text
     assert f"--nproc_per_node={memory_tables.GPUS} " in text
     assert f"With less than {memory_tables.GPU_GIB} GiB" in text
+    # the 3B row under SLURM: its nodes times the script's GPUs per node
+    with open(os.path.join(ROOT, 'scripts', 'slurm_train.sh'), encoding='utf-8') as f:
+        per_node = int(re.search(r'^#SBATCH --gpus-per-node=(\d+)$', f.read(), re.M).group(1))
+    nodes, gpus = re.search(r'sbatch --nodes=(\d+) scripts/slurm_train\.sh config/affine_3b\.py +'
+                            r'# a 3B row on (\d+) GPUs under SLURM', text).groups()
+    assert int(nodes) * per_node == int(gpus)
     data = int(re.search(r'\*\*Data\*\*: (\d+)B tokens', text).group(1))
     assert f"--out_dir=data/fineweb_edu_llama3 --max_tokens={data:_}_000_000_000 " in text
     tasks = len(zeroshot.DEFAULT_TASKS) - ('c4' in zeroshot.DEFAULT_TASKS)
