@@ -12,6 +12,7 @@
 #  mb=8; [ $v = affine_gated ] && mb=4   # what fits 24 GiB (80 GiB: 32, affine_gated 16)
 #  python train.py config/onegpu.py --attention=$v --micro_batch_size=$mb --out_dir=out/onegpu_$v &&
 #      python eval_zeroshot.py --ckpt=out/onegpu_$v --out=out/onegpu_$v/eval.json
+#  [ $? = 0 ] || break   # a stop (exit 128 + its signal) or a failure ends the loop
 # done
 # Then compare them in a Table-1-style report:
 #   python analyze.py table out/onegpu_* --out_dir=out/table_onegpu
