@@ -24,7 +24,7 @@ from lmkit.checkpoint import CKPT_NAME, checkpoint_file, read_checkpoint
 from lmkit.progress import Progress
 from lmkit.distributed import resolve_device
 from configurator import DEVICE, Key, fail, parse
-from lmkit.runs import load_run, method_name
+from lmkit.run_records import load_run, method_name
 from lmkit.stats import grad_norm_statistics, pyplot, spike_counts
 from lmkit.files import MARKERS, check_writable, claim_dir, made_dirs, write_json
 from lmkit.errors import RunError, run_script

@@ -45,7 +45,7 @@ SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0's save (NCCL
 # The schedule, and what an evaluation measures
 
 def learning_rate(step, c):
-    """Warmup-stable-decay: linear warmup, constant, linear decay to min_lr (last decay_frac)."""
+    """Warmup-stable-decay: a linear warmup, a constant rate, then a linear decay to min_lr."""
     if step < c['warmup_iters']:
         return c['learning_rate'] * (step + 1) / c['warmup_iters']
     decay_start = int(c['max_iters'] * (1 - c['decay_frac']))
@@ -60,8 +60,8 @@ EVAL_STOP_EVERY = 4  # validation batches between looks at the stop signal (a co
 
 @torch.no_grad()
 def validation_loss(model, val_data, c, device, autocast, stop=()):
-    """Mean validation loss per token over validation_batches batches, split over ranks (each runs
-    equally many forwards: FSDP's all-gathers are collective). None where `stop` fills meanwhile."""
+    """The mean validation loss per token over validation_batches batches, split over the ranks.
+    Every rank runs as many forwards, as FSDP's all-gathers need. None if `stop` fills meanwhile."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     batches = validation_batches(c, val_data)
     total = torch.zeros(2, dtype=torch.float64, device=device)  # summed loss, token count
@@ -86,8 +86,8 @@ def validation_loss(model, val_data, c, device, autocast, stop=()):
 
 
 def evaluation_record(c, run, model, raw_model, val_data, alpha_means, stop=()):
-    """Validation loss and perplexity, the mean attention logit (Figure 2), the variant's and, with
-    attention_windows, the sink's statistics; every rank takes part. Empty if a signal cut it."""
+    """Measure the validation loss, the mean attention logit (Figure 2), the variant's tensors and,
+    with attention_windows, the sink. Every rank takes part. Empty if a signal cut it short."""
     val_loss = validation_loss(model, val_data, c, run.device, run.autocast, stop)
     if val_loss is None:
         return {}
@@ -123,9 +123,9 @@ class Run:
 
 
 def setup_run(c):
-    """The ranks (torchrun's RANK, WORLD_SIZE, LOCAL_RANK), the device, the config's 'auto's."""
-    distributed = 'RANK' in os.environ
-    rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
+    """Find this process's rank and device (torchrun's environment), and resolve the 'auto's."""
+    distributed, env = 'RANK' in os.environ, os.environ
+    rank, world = (int(env['RANK']), int(env['WORLD_SIZE'])) if distributed else (0, 1)
     accumulation = check_launch(c, distributed, world)
     device = resolve_device(c['device'])
     c['device'] = str(device)
@@ -149,7 +149,7 @@ def setup_run(c):
 
 
 def load_data(c, model_config):
-    """(meta.json, train windows, val windows) of data_dir, checked against the model."""
+    """Read data_dir's meta.json and its train and val windows, checked against the model."""
     meta = read_meta(c['data_dir'])
     if meta['vocab_size'] > model_config.vocab_size:
         raise RunError(f"data_dir={c['data_dir']} was tokenized with {meta['vocab_size']} token "
@@ -170,8 +170,8 @@ def init_matched(model, seed):
 
 
 def build_model(c, model_config, run, data_meta, ckpt_path):
-    """(the GPT, its AdamW, where the loop starts): fresh from the seed, or out_dir's checkpoint
-    continued bit-exactly; compiled and sharded as the config asks."""
+    """Build the GPT and its AdamW, fresh from the seed or continuing out_dir's checkpoint bit for
+    bit, compiled and sharded as the config asks. Returns them and where the loop starts."""
     torch.manual_seed(c['seed'])
     model = GPT(model_config)
     if c['matched_init']:
@@ -202,7 +202,7 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
 
 
 def load_run_teacher(c, model_config, data_meta, device):
-    """The KD teacher (or None) in the run's dtype, checked against the data and the student."""
+    """Load the KD teacher (or None) in the run's dtype, checked against the data and student."""
     if not c['teacher']:
         return None
     dtype = torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32
@@ -214,8 +214,8 @@ def load_run_teacher(c, model_config, data_meta, device):
 
 
 def save(path, step, skipped, c, run, raw_model, optimizer, model_config, data_meta):
-    """ckpt.pt at `step`: full tensors on rank 0's CPU (every rank gathers FSDP's shards); the
-    others wait in the save group's barrier while rank 0 writes."""
+    """Save ckpt.pt at `step`. Every rank gathers FSDP's shards into full tensors on rank 0's CPU,
+    then the others wait in the save group's barrier while rank 0 writes."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state = get_model_state_dict(raw_model, options=options)
     optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
@@ -228,7 +228,7 @@ def save(path, step, skipped, c, run, raw_model, optimizer, model_config, data_m
 
 
 def start_records(c, run, raw_model, start, train_data, val_data, wandb):
-    """(the step meter, the metrics) of a run, after the notes and the line it starts with."""
+    """Print the notes and the line a run starts with; return its step meter and its metrics."""
     dtype = torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32
     meter = StepMeter(raw_model, run.device, dtype, c['global_batch_size'], run.world,
                       c['micro_batch_size'], c['peak_flops'])
@@ -246,9 +246,9 @@ def start_records(c, run, raw_model, start, train_data, val_data, wandb):
 # One optimizer step, and the loop
 
 def take_step(c, run, model, raw_model, teacher, optimizer, train_data, step, teacher_timer):
-    """The optimizer step after `step` steps: the micro-steps' forward, loss and backward, then
-    clipping, and AdamW's update if the loss and the gradient norm are finite. Returns (lr, loss,
-    KD, CE, grad norm, finite)."""
+    """Take the optimizer step after `step` steps: each micro-step's forward, loss and backward,
+    then clipping, then AdamW's update if the loss and the gradient norm are finite. Returns the
+    learning rate, the loss, KD, CE, the gradient norm and whether the step was finite."""
     B, lr = c['micro_batch_size'], learning_rate(step, c)
     for group in optimizer.param_groups:
         group['lr'] = lr

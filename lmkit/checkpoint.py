@@ -466,8 +466,3 @@ def write_safetensors(state, out_dir, max_shard_bytes):
     total = sum(t.numel() * t.element_size() for t in state.values())
     write_json(os.path.join(out_dir, 'model.safetensors.index.json'),
                dict(metadata=dict(total_size=total), weight_map=weight_map), indent=2)
-
-# -----------------------------------------------------------------------------
-# A GPT from any of them
-
-

@@ -52,7 +52,7 @@ def read_shard(path):
 
 
 def map_shard(path):
-    """(the ids as a read-only np.memmap, None), or (None, what is wrong with header or size)."""
+    """Map a shard's ids read-only (np.memmap). Returns (ids, None), or (None, what is wrong)."""
     with open(path, "rb") as f:
         header = f.read(HEADER.size)
     if len(header) < HEADER.size or header[:8] != MAGIC:
@@ -72,8 +72,8 @@ checked = set()
 
 
 def check_shard(path, checksum, vocab_size):
-    """(ids, None), or (None, what is wrong): missing, a bad header or size, a CRC-32 that is not
-    `checksum` (None: not compared), an id >= vocab_size. One pass, once per process."""
+    """Check a shard in one pass, once per process: that it exists, its header and size, its CRC-32
+    (unless checksum is None) and its ids (< vocab_size). Returns (ids, None) or (None, why not)."""
     if not os.path.isfile(path):
         return None, f"{path}: missing (meta.json lists it)"
     ids, fault = map_shard(path)

@@ -1,8 +1,8 @@
 """
 What other programs need to know about a train.py run: its keys (KEYS, RunConfig), its optimizer,
-out_dir and checkpoint, the one rule for continuing it (RESUME_MAY_CHANGE), its dry run, the checks
-and notes of a run as it goes with their messages, its records (Metrics) and those records read back
-(load_run). Only train.py and this module read a run's config by key.
+out_dir and checkpoint, the one rule for continuing it (RESUME_MAY_CHANGE), its dry run, and the
+checks, notes and records (Metrics) of a run as it goes, with their messages. lmkit/run_records.py
+reads a run's records back. Only train.py and this module read a run's config by key.
 """
 import dataclasses
 import json
@@ -23,8 +23,7 @@ from lmkit.errors import RunError, print_or_stop
 from lmkit.files import atomic_write, claim_dir, lock_dir, read_log, set_aside, write_json
 from lmkit.memory_plan import print_dry_run
 from lmkit.progress import duration
-from model import (AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, BASELINE, FIELD_NAMES, GATED_NAMES,
-                   GATES, MODEL_SHAPES, ModelConfig)
+from model import AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, GATES, MODEL_SHAPES, ModelConfig
 
 # The keys, the paper's recipe as defaults, and ModelConfig's fields. A key added later defaults to
 # what the code did before it: a checkpoint from before it resumes with it (recorded_config).
@@ -127,8 +126,8 @@ def dry_run(c, model_config):
 
 
 def recorded_config(config):
-    """(config with every key added since it was written at its default and the gate's bool of
-    older runs as the kind it names, as ModelConfig reads it; those keys)."""
+    """Return a recorded config as this code reads it, and the keys it predates. Every key added
+    since it was written takes its default, and an older run's gate (a bool) becomes its kind."""
     missing = [key for key in KEY_DEFAULTS if key not in config]
     config = {**config, **{key: KEY_DEFAULTS[key] for key in missing}}
     return {**config, 'gate': ModelConfig(gate=config['gate']).gate}, missing
@@ -282,8 +281,8 @@ def checkpoint_to_resume(c, ckpt_path):
 
 
 def resume_point(c, model_config, data_meta, path):
-    """(checkpoint or None, lr_changes, predated keys) of run c: the checkpoint it continues,
-    checked to be the same run but for the learning rates resume_lr_change allows."""
+    """Find the checkpoint run c continues (or None), checked to be the same run but for the
+    learning rates resume_lr_change allows. Returns it, those changes and the keys it predates."""
     ckpt = checkpoint_to_resume(c, path)
     if ckpt is None:
         return None, {}, {}
@@ -512,68 +511,3 @@ def planned_run(argv, cwd=''):
     then = read_checkpoint(path, keys=('step', 'config'))
     changed = changed_settings(recorded_config(then['config'])[0], c, also=('max_iters',))
     return run_config(c), then['step'], [f"{key} {old!r} -> {new!r}" for key, old, new in changed]
-
-
-# -----------------------------------------------------------------------------
-# A run's records, read back
-
-def load_run(out_dir):
-    """A train.py run: its metrics.jsonl step records (no events) and config.json's RunConfig (or
-    None). A log holding a step twice (two writers, or logs joined) is refused."""
-    path = os.path.join(out_dir, 'metrics.jsonl')
-    if not os.path.isfile(path):
-        raise RunError(f"{out_dir}: no metrics.jsonl (not a train.py out_dir)")
-    records, lines = [], {}
-    for number, record in enumerate(read_log(path), 1):
-        if 'event' in record:
-            continue
-        if record['step'] in lines:
-            raise RunError(f"{path}: step {record['step']} is on lines {lines[record['step']]} and "
-                           f"{number}: two train.py wrote this log at once (before runs were "
-                           "locked) or logs were joined; keep one record per step (one run's "
-                           "lines) and run analyze.py again")
-        lines[record['step']] = number
-        records.append(record)
-    if not records:
-        raise RunError(f"{path}: empty (the run has not finished a step)")
-    config_path = os.path.join(out_dir, 'config.json')
-    config = json.load(open(config_path)) if os.path.isfile(config_path) else {}
-    return dict(dir=out_dir, config=run_config(config) if config else None, records=records,
-                method=method_name(config), objective=objective(config))
-
-
-# The paper's names for its models (Tables 1-3), and ours for the others, by their value of
-# --attention; the analyses' tables and figures show them. A name without an entry shows as itself.
-DISPLAY_NAMES = {'softmax': 'Baseline', 'sink': 'Sink', 'affine': 'Affine-Scaled',
-                 'softmax1': 'Off-by-One', 'gated': 'Gated',
-                 'affine_gated': 'Affine-Scaled + Gated', 'headwise_gated': 'Head-wise Gated'}
-# What the tables add after a variant's name, by its key in model.VARIANTS (Table 3's sigmoid
-# ablation); a variant without an entry adds nothing.
-OPTIONS = {'affine': lambda c: '' if c.affine_act == 'linear_clip' else f' ({c.affine_act})'}
-
-
-def variant_options(config):
-    """What the tables add after the name of a ModelConfig's variant (OPTIONS)."""
-    return OPTIONS.get(config.variant_name, lambda c: '')(config)
-
-
-def method_name(config):
-    """The paper's name for a model config (a dict): its display name (DISPLAY_NAMES), with the
-    gate where the gated model has no name of its own ('Sink + Gated'), then its options."""
-    config = ModelConfig(**{key: value for key, value in config.items() if key in FIELD_NAMES})
-    of, gate = config.variant_name, config.gate_kind
-    name = DISPLAY_NAMES.get(of, of)
-    if config.is_gated:
-        named = {(g.base, g.gate): DISPLAY_NAMES.get(n, n) for n, g in GATED_NAMES.items()}
-        name = named.get((of, gate), f"{name} + {named[BASELINE, gate]}")
-    return name + variant_options(config)
-
-
-def objective(config):
-    """What a run minimised: 'CE', or 'KD from <teacher>' with kd_alpha and kd_temperature where
-    not the paper's 1.0. Losses of different objectives are not comparable."""
-    if not config.get('teacher'):
-        return 'CE'
-    settings = ''.join(f", {key}={config[key]}" for key in ('kd_alpha', 'kd_temperature')
-                       if config.get(key, 1.0) != 1.0)
-    return f"KD from {config['teacher']}{settings}"

@@ -545,7 +545,7 @@ STEP_KEYS = ('step', 'lr', 'loss', 'grad_norm', 'tokens_per_sec', 'mfu', 'dt', '
 
 def make_record(run, per_step, data_dir, logs):
     """The record of a finished run (report_dir/runs/<name>.json; docs/analysis.md documents it)."""
-    from lmkit.runs import load_run
+    from lmkit.run_records import load_run
     from lmkit.stats import spike_counts
     loaded = load_run(os.path.join(HERE, run['config'].out_dir))
     records = loaded['records']

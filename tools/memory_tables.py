@@ -24,7 +24,8 @@ import torch  # noqa: E402
 
 from tools import memory_measure  # noqa: E402
 from lmkit import memory_plan  # noqa: E402
-from lmkit.runs import load_config, run_config, variant_options  # noqa: E402
+from lmkit.run_records import variant_options  # noqa: E402
+from lmkit.runs import load_config, run_config  # noqa: E402
 from lmkit.measure import KNOWN_PEAK_BF16, flops_per_token  # noqa: E402
 from configurator import parse  # noqa: E402
 from lmkit.files import atomic_write  # noqa: E402

@@ -1,0 +1,75 @@
+"""
+A train.py run read back: its records (load_run), and the names the analyses' tables and figures
+give it: the paper's name for its model (method_name, from DISPLAY_NAMES and OPTIONS) and what it
+minimised (objective). train.py reads none of it.
+"""
+import json
+import os
+
+from lmkit.errors import RunError
+from lmkit.files import read_log
+from lmkit.runs import run_config
+from model import BASELINE, FIELD_NAMES, GATED_NAMES, ModelConfig
+
+
+def load_run(out_dir):
+    """A train.py run: its metrics.jsonl step records (no events) and config.json's RunConfig (or
+    None). A log holding a step twice (two writers, or logs joined) is refused."""
+    path = os.path.join(out_dir, 'metrics.jsonl')
+    if not os.path.isfile(path):
+        raise RunError(f"{out_dir}: no metrics.jsonl (not a train.py out_dir)")
+    records, lines = [], {}
+    for number, record in enumerate(read_log(path), 1):
+        if 'event' in record:
+            continue
+        if record['step'] in lines:
+            raise RunError(f"{path}: step {record['step']} is on lines {lines[record['step']]} and "
+                           f"{number}: two train.py wrote this log at once (before runs were "
+                           "locked) or logs were joined; keep one record per step (one run's "
+                           "lines) and run analyze.py again")
+        lines[record['step']] = number
+        records.append(record)
+    if not records:
+        raise RunError(f"{path}: empty (the run has not finished a step)")
+    config_path = os.path.join(out_dir, 'config.json')
+    config = json.load(open(config_path)) if os.path.isfile(config_path) else {}
+    return dict(dir=out_dir, config=run_config(config) if config else None, records=records,
+                method=method_name(config), objective=objective(run_config(config)))
+
+
+# The paper's names for its models (Tables 1-3), and ours for the others, by their value of
+# --attention; the analyses' tables and figures show them. A name without an entry shows as itself.
+DISPLAY_NAMES = {'softmax': 'Baseline', 'sink': 'Sink', 'affine': 'Affine-Scaled',
+                 'softmax1': 'Off-by-One', 'gated': 'Gated',
+                 'affine_gated': 'Affine-Scaled + Gated', 'headwise_gated': 'Head-wise Gated'}
+# What the tables add after a variant's name, by its key in model.VARIANTS (Table 3's sigmoid
+# ablation); a variant without an entry adds nothing.
+OPTIONS = {'affine': lambda c: '' if c.affine_act == 'linear_clip' else f' ({c.affine_act})'}
+
+
+def variant_options(config):
+    """What the tables add after the name of a ModelConfig's variant (OPTIONS)."""
+    return OPTIONS.get(config.variant_name, lambda c: '')(config)
+
+
+def method_name(config):
+    """The paper's name for a model config (a dict): its display name (DISPLAY_NAMES), with the
+    gate where the gated model has no name of its own ('Sink + Gated'), then its options."""
+    config = ModelConfig(**{key: value for key, value in config.items() if key in FIELD_NAMES})
+    of, gate = config.variant_name, config.gate_kind
+    name = DISPLAY_NAMES.get(of, of)
+    if config.is_gated:
+        named = {(g.base, g.gate): DISPLAY_NAMES.get(n, n) for n, g in GATED_NAMES.items()}
+        name = named.get((of, gate), f"{name} + {named[BASELINE, gate]}")
+    return name + variant_options(config)
+
+
+def objective(config):
+    """What a run (its RunConfig) minimised: 'CE', or 'KD from <teacher>' with kd_alpha and
+    kd_temperature where they are not the paper's 1.0. Losses of different objectives are not
+    comparable."""
+    if not config.teacher:
+        return 'CE'
+    settings = ''.join(f", {key}={getattr(config, key)}" for key in ('kd_alpha', 'kd_temperature')
+                       if getattr(config, key) != 1.0)
+    return f"KD from {config.teacher}{settings}"
