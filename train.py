@@ -30,8 +30,8 @@ from lmkit.distributed import (apply_fsdp, batch_to_device, check_cpu_compiler, 
                                full_tensor, init_distributed, preemption_flag, reduce_mean,
                                resolve_device, resolve_dtype, wrap_ddp)
 from lmkit.errors import RunError, run_script, stopped_after_save
-from lmkit.measure import DeviceTimer, StepMeter
 from lmkit.inspection import mean_attention_logit, variant_tensor_means
+from lmkit.measure import DeviceTimer, StepMeter
 from lmkit.runs import (Metrics, SkippedSteps, check_launch, check_sizes, check_step_finite,
                         checkpoint_path, claim_out_dir, configure_optimizers, dry_run,
                         hold_out_dir, import_wandb, load_config, print_how_it_starts,
