@@ -35,7 +35,7 @@ from lmkit.errors import (STOP_SIGNALS, RunError, Stopped, on_stop_signals, rais
 from lmkit.files import write_json
 from lmkit.data import VERSION, check_shard, read_shard, write_shard
 from lmkit.data_meta import check_meta
-from lmkit.tokenizer import encode_document, load_tokenizer, tokenizer_info
+from lmkit.tokenizer import encode_documents, load_tokenizer, tokenizer_info
 
 # load_tokenizer lives in tokenizer.py, read_shard in data.py; they stay importable from here,
 # public entry points kept for existing users (`from prepare_data import load_tokenizer,
@@ -270,9 +270,9 @@ def tokenize_chunk(docs):
     every byte drops those bytes, as Hugging Face's tokenizer does
     (tokenizer.Tokenizer.encode_lossy)"""
     train, val, train_dropped, val_dropped = [], [], [], 0
-    for is_val, text in docs:
-        (val if is_val
-         else train).append(np.array(encode_document(worker_enc, text), dtype=worker_dtype))
+    encoded = encode_documents(worker_enc, [text for _, text in docs])
+    for (is_val, text), ids in zip(docs, encoded):
+        (val if is_val else train).append(np.array(ids, dtype=worker_dtype))
         if is_val:
             val_dropped += worker_enc.dropped_bytes(text)
         else:

@@ -2,9 +2,11 @@
 Tokenizers: Hugging Face's byte-level BPE tokenizers (GPT-2, Llama-3, Qwen, SmolLM style), tiktoken
 BPE files and the 'bytes' tokenizer, each rebuilt from its own files as a tiktoken Encoding that
 gives the ids Hugging Face's does (load_tokenizer); a document's ids with its boundary tokens
-(encode_document); what meta.json records about a tokenizer (tokenizer_info). NumPy, tiktoken and
-files.py only, so importing it stays cheap (prepare_data.py's tokenizer workers do). docs/data.md,
-"Tokenizers", has the rules.
+(encode_document, encode_documents); what meta.json records about a tokenizer (tokenizer_info).
+NumPy, tiktoken and files.py only, so importing it stays cheap (prepare_data.py's tokenizer workers
+do). docs/data.md, "Tokenizers", has the rules. A rebuild rather than the `tokenizers` library
+itself, because prepare_data.py runs 4.5-10x faster on it, with the same ids (docs/benchmarks.md,
+"Tokenizer").
 """
 import base64
 import functools
@@ -165,6 +167,11 @@ class Tokenizer(tiktoken.Encoding):
                                  "encode_ordinary)")
         return self._encode(text, tuple(sorted(allowed | set(self._raw_inline))),
                             self._normalized_inline)
+
+    def encode_ordinary_batch(self, texts, *, num_threads=1):
+        """encode_ordinary of each text, one after the other in this thread (tiktoken's own runs a
+        thread pool; prepare_data.py's parallelism is its processes)."""
+        return [self.encode_ordinary(text) for text in texts]
 
     def encode_to_numpy(self, text, **kwargs):
         return np.array(self.encode(text, **kwargs), dtype=np.uint32)
@@ -847,7 +854,13 @@ def encode_document(enc, text):
     """Token ids of one document with its tokenizer's document boundaries (enc.doc_prefix /
     doc_suffix: what the tokenizer puts around a text, else EOS after). Special-token strings inside
     the text are encoded as ordinary text, so data cannot forge a boundary."""
-    return enc.ids(enc.doc_prefix) + enc.encode_ordinary(text) + enc.ids(enc.doc_suffix)
+    return encode_documents(enc, [text])[0]
+
+
+def encode_documents(enc, texts):
+    """encode_document of each text, the texts encoded in one call (enc.encode_ordinary_batch)."""
+    before, after = enc.ids(enc.doc_prefix), enc.ids(enc.doc_suffix)
+    return [before + ids + after for ids in enc.encode_ordinary_batch(texts)]
 
 
 def describe_boundary(enc):

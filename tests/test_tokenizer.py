@@ -10,6 +10,7 @@ import re
 import sys
 import unicodedata
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import tiktoken
@@ -490,3 +491,15 @@ def test_the_two_smollm2_tokenizers_differ_in_pre_tokenization(smollm2):
     assert tokenizer_info(hub, "x")["sha256"] != tokenizer_info(gguf, "x")["sha256"]
     assert hub.decode_tokens_bytes(hub.encode_ordinary("x  1")) == [b"x", b"  ", b"1"]
     assert gguf.decode_tokens_bytes(gguf.encode_ordinary("x  1")) == [b"x", b" ", b" ", b"1"]
+
+
+def test_the_bench_tokenizes_with_both_libraries_and_the_ids_are_equal(capsys):
+    """tools/bench.py's tokenizer section at a tiny size: prepare_data.py run on the rebuild and on
+    `tokenizers` (encode_batch, in spawned workers at --num_proc=2) writes the same shards, or the
+    section raises. Its timings are not checked."""
+    from tools.tokenizer_bench import bench_tokenizer
+    bench_tokenizer(SimpleNamespace(tokenizer_styles=["smollm"], tokenizer_vocab=400,
+                                    tokenizer_every=300, tokenizer_repeats=1), None)
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| smollm")]
+    assert [(row[1], row[-1]) for row in rows] == [("1", "yes |"), ("2", "yes |")]

@@ -1,7 +1,8 @@
 """Benchmarks, side by side in one run on whatever device is found; timings are reports, never
 pass/fail. Sections (docs/benchmarks.md): attention (each variant's step vs softmax and vs the
 explicit T x T affine), kd (fused vs naive), train (tokens/s, MFU), eval (batched vs one by one),
-harness (vs lm-evaluation-harness 0.4.9), study (the sink study's runs vs a plain loop), threads.
+harness (vs lm-evaluation-harness 0.4.9), study (the sink study's runs vs a plain loop), threads,
+tokenizer (prepare_data.py with the tiktoken rebuild vs `tokenizers`).
 
     python -m tools.bench                                        # every section at the sizes below
     python -m tools.bench --sections=attention,train --steps=7   # some sections
@@ -49,6 +50,7 @@ from lmkit.runs import configure_optimizers, load_config, run_config
 from tools.harness_tasks import task_rows, write_harness_yamls, write_tasks
 from tools.memory_measure import PeakMemory
 from tools.tables import log, print_table, ratio
+from tools.tokenizer_bench import bench_tokenizer
 from tools.workloads import EXPLICIT, PROPOSED, kd_problem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
@@ -749,7 +751,8 @@ def bench_harness(args, device):
 
 SECTIONS = dict(attention=bench_attention, kd=bench_kd, train=bench_train, eval=bench_eval,
                 harness=bench_harness,
-                study=bench_study, probes=bench_probes, threads=bench_threads)
+                study=bench_study, probes=bench_probes, threads=bench_threads,
+                tokenizer=bench_tokenizer)
 MEMORY_SECTIONS = ('attention', 'kd')  # they measure peak memory
 # what --check hands over to tools/gpu_check.py, under the same names there: its own keys (None: not
 # given, tools/gpu_check.py's default) and the two that the benchmark sections share with it, whose
@@ -788,6 +791,12 @@ KEYS = dict(
                     min=6),
     study_threads=Key(1, "study: threads per process (the study's: cores / jobs)", min=1),
     threads_steps=Key(30, "threads: steps per train.py run", min=6),
+    # tokenizer (needs tokenizers)
+    tokenizer_styles=Key(['gpt2', 'llama3', 'smollm'], "tokenizer: the tokenizers' "
+                         'pre-tokenizers, comma-separated', choices=('gpt2', 'llama3', 'smollm')),
+    tokenizer_vocab=Key(32000, 'tokenizer: their vocabulary size', min=300),
+    tokenizer_every=Key(4, 'tokenizer: time every k-th file of the standard library', min=1),
+    tokenizer_repeats=Key(2, 'tokenizer: runs of each library (the best is shown)', min=1),
     # harness (needs lm-evaluation-harness 0.4.9, which needs transformers 4)
     harness_model=Key(None, 'harness: a Hugging Face model directory, e.g. what '
                             'scripts/gguf_to_hf.py writes',
