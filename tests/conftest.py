@@ -33,7 +33,9 @@ SLOW = ('test_quickstart_runs_every_stage', 'test_check_on_a_machine_without_a_g
         'test_a_read_only_file_system',
         # tests/test_bench.py's tables of every section (one run of tools/bench.py they share)
         'test_every_section_prints_one_table', 'test_attention_table', 'test_kd_table',
-        'test_train_table', 'test_eval_table')
+        'test_train_table', 'test_eval_table',
+        # prepare_data.py run four times, on tiktoken and on tokenizers (tools/tokenizer_bench.py)
+        'test_the_bench_tokenizes_with_both_libraries')
 
 
 def pytest_configure(config):

@@ -154,8 +154,8 @@ def bench_tokenizer(args, device):
         size = sum(len(text.encode()) for text in timed)
         for style in args.tokenizer_styles:
             log(f'  tokenizer: training a {style}-style BPE')
-            directory = train_tokenizer(style, documents[1::8], args.tokenizer_vocab,
-                                        os.path.join(tmp, style))
+            directory = train_tokenizer(style, documents[1::8][:len(timed)],
+                                        args.tokenizer_vocab, os.path.join(tmp, style))
             for num_proc in (1, 2):
                 rates, tokens = timed_pair(corpus, directory, num_proc, args.tokenizer_repeats,
                                            tmp)
