@@ -422,11 +422,11 @@ TINY_CONFIG = os.path.join(ROOT, 'config', 'tiny_cpu.py')
 
 
 def bench_threads(args, device):
-    """train.py on the CPU as the README's by-hand example runs it (config/tiny_cpu.py), at 1 and 2
-    threads, with OpenMP's idle threads as libgomp leaves them (no OMP_WAIT_POLICY: they spin a
-    while, then sleep), spinning (ACTIVE) or sleeping (PASSIVE, which every script sets at its top
-    unless the environment holds a policy), alone and with every core shared (a busy loop per core,
-    as another job on the machine)."""
+    """train.py on the CPU as docs/training.md's small model by hand runs it (config/tiny_cpu.py),
+    at 1 and 2 threads, with OpenMP's idle threads as libgomp leaves them (no OMP_WAIT_POLICY:
+    they spin a while, then sleep), spinning (ACTIVE) or sleeping (PASSIVE, which every script
+    sets at its top unless the environment holds a policy), alone and with every core shared (a
+    busy loop per core, as another job on the machine)."""
     if device.type != 'cpu':
         log(f'  threads: a CPU section, skipped on {device.type}')
         return
@@ -459,8 +459,9 @@ def bench_threads(args, device):
                     other.kill()
                     other.wait()
     print_table('Threads on a shared CPU',
-                "train.py config/tiny_cpu.py (the README's by-hand example: 830,592 parameters, 16 "
-                f"x 256 tokens a step), {args.threads_steps} steps per run, tokens/s the median "
+                "train.py config/tiny_cpu.py (docs/training.md's small model by hand: 830,592 "
+                f"parameters, 16 x 256 tokens a step), {args.threads_steps} steps per run, "
+                "tokens/s the median "
                 f"step after the first 5; on {os.cpu_count()} cores. libgomp's default: no "
                 "OMP_WAIT_POLICY (idle threads spin a while, then sleep); spinning: ACTIVE; "
                 "sleeping: PASSIVE (this repository's default). Every core shared: one busy Python "
