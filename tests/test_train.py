@@ -61,18 +61,25 @@ def train_process(data_dir, run, *extra, **popen_args):
     return proc
 
 
+def stop_and_read_step(proc, signum, run, stream):
+    """Sends signum to a train_process run and returns the step its checkpoint saved, once the
+    run has exited 128 + signum (as a shell reports a program the signal ended: a chain such as
+    train && eval stops) with its last line on `stream` (0: stdout, 1: stderr) saying so."""
+    proc.send_signal(signum)
+    out = proc.communicate(timeout=120)[stream]
+    saved = torch.load(run / 'ckpt.pt', weights_only=False)['step']
+    assert proc.returncode == 128 + signum and out.splitlines()[-1] == (
+        f"train.py: error: stopped by {signal.Signals(signum).name}: saved {run / 'ckpt.pt'} at "
+        f"step {saved}; the same command continues it"), out
+    return saved
+
+
 def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(data_dir, tmp_path):
     run, ref = tmp_path / 'run', tmp_path / 'ref'
     # constant lr after warmup: max_iters may differ
     common = ['--attention=affine', '--decay_frac=0.0']
     proc = train_process(data_dir, run, *common, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    stopped_at = torch.load(run / 'ckpt.pt', weights_only=False)['step']
-    # 128 + SIGTERM, as a shell reports a program the signal ended: a chain (train && eval) stops
-    assert proc.returncode == 143 and out.splitlines()[-1] == (
-        f"train.py: error: stopped by SIGTERM: saved {run / 'ckpt.pt'} at step {stopped_at}; the "
-        "same command continues it"), out
+    stopped_at = stop_and_read_step(proc, signal.SIGTERM, run, 0)
     assert stopped_at >= 3 and len(metrics(run)) == stopped_at
     train.main(tiny_args(data_dir, run, *common, f'--max_iters={stopped_at + 3}',
                          '--init_from=resume'))
@@ -86,12 +93,7 @@ def test_sighup_saves_as_sigterm_does(data_dir, tmp_path):
     step reached, as SIGTERM and SIGINT do, says so, and exits 129 (128 + SIGHUP)."""
     run = tmp_path / 'run'
     proc = train_process(data_dir, run, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    proc.send_signal(signal.SIGHUP)
-    _, err = proc.communicate(timeout=120)
-    saved = torch.load(run / 'ckpt.pt', weights_only=False)['step']
-    assert proc.returncode == 129 and err.splitlines()[-1] == (
-        f"train.py: error: stopped by SIGHUP: saved {run / 'ckpt.pt'} at step {saved}; the same "
-        "command continues it"), err
+    saved = stop_and_read_step(proc, signal.SIGHUP, run, 1)
     assert saved >= 3 and [r['step'] for r in metrics(run)] == list(range(1, saved + 1))
 
 
