@@ -257,13 +257,13 @@ def newer(path, than):
 
 def training_plan(argv, teacher=None):
     """(done, extra train.py arguments, note, steps, first step) for the train.py stage `argv` (a
-    config file, then overrides), from the checkpoint its out_dir holds (runs.planned_run:
+    config file, then overrides), from the checkpoint its out_dir holds (run_records.planned_run:
     train.py's own rule for continuing a run). Done: it ran the settings train.py would now resolve
     to the end, after the last training of its teacher. The same settings stopped part way: train.py
     continues from the checkpoint. Settings that change what training computes (the keys train.py's
     resume checks, and max_iters), or a teacher trained again since: trained again from scratch, the
     note saying why."""
-    from lmkit.runs import RESTART, planned_run, restart_note  # installed by now
+    from lmkit.run_records import RESTART, planned_run, restart_note  # installed by now
     now, step, changed = planned_run([os.path.join(HERE, argv[0]), *argv[1:]], cwd=HERE)
     if step is None:
         return False, [], '', now.max_iters, 0

@@ -33,9 +33,9 @@ from lmkit.errors import RunError, run_script, stopped_after_save
 from lmkit.inspection import mean_attention_logit, variant_tensor_means
 from lmkit.measure import DeviceTimer, StepMeter
 from lmkit.runs import (Metrics, SkippedSteps, check_launch, check_sizes, check_step_finite,
-                        checkpoint_path, claim_out_dir, configure_optimizers, dry_run,
+                        checkpoint_path, claim_out_dir, configure_optimizers,
                         hold_out_dir, import_wandb, load_config, print_how_it_starts,
-                        resume_point, save_run_checkpoint, set_rng_state, start_line,
+                        resume_point, run_config, save_run_checkpoint, set_rng_state, start_line,
                         start_notes, validation_batches)
 from model import FIELD_NAMES, GPT, ModelConfig
 
@@ -195,8 +195,7 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
     # the full state, keyed by name; under FSDP each rank keeps its shard
     set_optimizer_state_dict(model, optimizer, ckpt['optimizer'],
                              options=StateDictOptions(full_state_dict=True))
-    set_rng_state(ckpt['rng'])
-    # (a checkpoint from before 'skipped' was saved counted none)
+    set_rng_state(ckpt['rng'])  # (a checkpoint older than 'skipped' skipped no step)
     return model, optimizer, dict(step=ckpt['step'], skipped=ckpt.get('skipped', {}),
                                   lr_changes=changes)
 
@@ -330,8 +329,9 @@ def main(argv):
         model_config = ModelConfig(**{k: c[k] for k in FIELD_NAMES})
     except ValueError as e:  # ModelConfig's own checks (variant names, head counts, rope_scaling)
         raise RunError(f"config: {e}")
-    if c['dry_run']:
-        return dry_run(c, model_config)
+    if c['dry_run']:  # the parameter counts and the memory plan, then nothing else
+        from lmkit.memory_plan import print_dry_run  # (the one call train.py makes into it)
+        return print_dry_run(run_config(c), model_config)
     run = setup_run(c)
     wandb = import_wandb() if c['wandb_log'] and run.master else None
     data_meta, train_data, val_data = load_data(c, model_config)

@@ -1,14 +1,17 @@
 """
-A train.py run read back: its records (load_run), and the names the analyses' tables and figures
+A train.py run read back: its records (load_run), the names the analyses' tables and figures
 give it: the paper's name for its model (method_name, from DISPLAY_NAMES and OPTIONS) and what it
-minimised (objective). train.py reads none of it.
+minimised (objective), and what a planned train.py command would do beside the checkpoint its
+out_dir holds (planned_run, for the quick start and the sink study). train.py reads none of it.
 """
 import json
 import os
 
+from lmkit.checkpoint import read_checkpoint
+from lmkit.distributed import resolve_device, resolve_dtype
 from lmkit.errors import RunError
 from lmkit.files import read_log
-from lmkit.runs import run_config
+from lmkit.runs import changed_settings, checkpoint_path, load_config, recorded_config, run_config
 from model import BASELINE, FIELD_NAMES, GATED_NAMES, ModelConfig
 
 
@@ -73,3 +76,29 @@ def objective(config):
     settings = ''.join(f", {key}={getattr(config, key)}" for key in ('kd_alpha', 'kd_temperature')
                        if getattr(config, key) != 1.0)
     return f"KD from {config.teacher}{settings}"
+
+
+# -----------------------------------------------------------------------------
+# What the quick start and the sink study plan
+
+RESTART = ['--init_from=scratch', '--overwrite=True']
+
+
+def restart_note(out_dir, changes):
+    """What the quick start and the sink study say of a run they train again (RESTART)."""
+    return (f"changed since {out_dir} was trained: {'; '.join(changes)}. Training it again from "
+            "scratch, replacing its checkpoint and config.json (its metrics.jsonl is kept aside, "
+            "under a new name)")
+
+
+def planned_run(argv, cwd=''):
+    """(RunConfig, step, changes) of the train.py command argv (run in cwd) beside its out_dir's
+    checkpoint: the step it reached (None: none), and changed settings, max_iters among them."""
+    c = load_config(argv)
+    c['dtype'] = resolve_dtype(c['dtype'], resolve_device(c['device']))  # as setup_run resolves it
+    path = checkpoint_path(os.path.join(cwd, c['out_dir']))
+    if not os.path.exists(path):
+        return run_config(c), None, []
+    then = read_checkpoint(path, keys=('step', 'config'))
+    changed = changed_settings(recorded_config(then['config'])[0], c, also=('max_iters',))
+    return run_config(c), then['step'], [f"{key} {old!r} -> {new!r}" for key, old, new in changed]

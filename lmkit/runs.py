@@ -1,8 +1,8 @@
 """
 What other programs need to know about a train.py run: its keys (KEYS, RunConfig), its optimizer,
-out_dir and checkpoint, the one rule for continuing it (RESUME_MAY_CHANGE), its dry run, and the
-checks, notes and records (Metrics) of a run as it goes, with their messages. lmkit/run_records.py
-reads a run's records back. Only train.py and this module read a run's config by key.
+out_dir and checkpoint, the one rule for continuing it (RESUME_MAY_CHANGE), and the checks, notes
+and records (Metrics) of a run as it goes, with their messages. lmkit/run_records.py reads a run's
+records back. Only train.py and this module read a run's config by key.
 """
 import dataclasses
 import json
@@ -18,10 +18,9 @@ import torch
 from configurator import DEVICE, Key, parse
 from lmkit.checkpoint import (CKPT_KEYS, CKPT_NAME, CheckpointError, is_run_config, model_state,
                               previous_checkpoint, read_checkpoint, save_checkpoint)
-from lmkit.distributed import nonfinite_model_tensors, resolve_device, resolve_dtype
+from lmkit.distributed import nonfinite_model_tensors
 from lmkit.errors import RunError, print_or_stop
 from lmkit.files import atomic_write, claim_dir, lock_dir, read_log, set_aside, write_json
-from lmkit.memory_plan import print_dry_run
 from lmkit.progress import duration
 from model import AFFINE_ACTS, AFFINE_BIAS_NORMS, ATTENTIONS, GATES, MODEL_SHAPES, ModelConfig
 
@@ -75,10 +74,8 @@ TRAIN_KEYS = dict(
     dry_run_gpu_gib=Key(80.0, "memory of one GPU, for the dry run's verdict", above=0),
 )
 
-
 # what must hold between the keys (an empty out_dir would write into the working folder)
 RULES = ('min_lr <= learning_rate', "out_dir != ''")
-
 
 # what each ModelConfig field's key declares besides its default (docs/training.md, Configuration)
 MODEL_FIELD_KEYS = dict(
@@ -91,7 +88,6 @@ MODEL_FIELD_KEYS = dict(
     affine_momentum=dict(min=0, max=1),
     affine_bias_norm=dict(choices=AFFINE_BIAS_NORMS))
 
-
 KEYS = {**TRAIN_KEYS,
         **{f.name: Key(f.default, **{'help': "ModelConfig (model.py)",
                                      **MODEL_FIELD_KEYS.get(f.name, {})})
@@ -99,8 +95,6 @@ KEYS = {**TRAIN_KEYS,
         # a published shape by name: sets its ModelConfig fields where it stands
         'model': Key(None, "a published shape (model.MODEL_SHAPES)", choices=tuple(MODEL_SHAPES),
                      types=(str,), expands=MODEL_SHAPES)}
-
-
 KEY_DEFAULTS = {name: key.default for name, key in KEYS.items()}
 
 
@@ -118,11 +112,6 @@ def run_config(config):
     """The RunConfig of a config dict: load_config's, a checkpoint's or a config.json's."""
     config = recorded_config(config)[0]
     return RunConfig(**{key: config[key] for key in KEYS})
-
-
-def dry_run(c, model_config):
-    """train.py --dry_run=True: parameter counts and the memory plan."""
-    print_dry_run(run_config(c), model_config)
 
 
 def recorded_config(config):
@@ -378,9 +367,7 @@ def print_how_it_starts(c, ckpt, path, changes, predated):
         f"; {key} {change['from']} -> {change['to']} (resume_lr_change=True)"
         for key, change in changes.items()), flush=True)
     if predated:
-        print(f"note: {path} predates the key{'s' * (len(predated) > 1)} "
-              f"{', '.join(predated)}; "
-              f"{'they take their defaults' if len(predated) > 1 else 'it takes its default'} "
+        print(f"note: {path} predates these keys, which take their defaults: "
               f"{', '.join(f'{key}={value!r}' for key, value in predated.items())}",
               file=sys.stderr, flush=True)
 
@@ -485,29 +472,3 @@ class Metrics:
                           f"{val} | lr {record['lr']:.2e} | grad {record['grad_norm']:.3f} | "
                           f"{record['tokens_per_sec']:,.0f} tok/s | mfu {100 * record['mfu']:.2f}%"
                           f" | {1000 * record['dt']:.0f} ms | ETA {duration(left)}", self.stop)
-
-
-# -----------------------------------------------------------------------------
-# What the quick start and the sink study plan
-
-RESTART = ['--init_from=scratch', '--overwrite=True']
-
-
-def restart_note(out_dir, changes):
-    """What the quick start and the sink study say of a run they train again (RESTART)."""
-    return (f"changed since {out_dir} was trained: {'; '.join(changes)}. Training it again from "
-            "scratch, replacing its checkpoint and config.json (its metrics.jsonl is kept aside, "
-            "under a new name)")
-
-
-def planned_run(argv, cwd=''):
-    """(RunConfig, step, changes) of the train.py command argv (run in cwd) beside its out_dir's
-    checkpoint: the step it reached (None: none), and changed settings, max_iters among them."""
-    c = load_config(argv)
-    c['dtype'] = resolve_dtype(c['dtype'], resolve_device(c['device']))  # as setup_run resolves it
-    path = checkpoint_path(os.path.join(cwd, c['out_dir']))
-    if not os.path.exists(path):
-        return run_config(c), None, []
-    then = read_checkpoint(path, keys=('step', 'config'))
-    changed = changed_settings(recorded_config(then['config'])[0], c, also=('max_iters',))
-    return run_config(c), then['step'], [f"{key} {old!r} -> {new!r}" for key, old, new in changed]

@@ -284,10 +284,10 @@ def reuse_problems(run, record, per_step, study):
 
 def state(run, records, per_step, study):
     """recorded (its record may stand for it: study_records.reuse_problems), or train.py's state of
-    its run: done / partial / new / changed (runs.planned_run, the rule the quick start applies too:
-    the same settings continue, changed ones train again from scratch). A record that may not stand
-    is said, with why, before any work."""
-    from lmkit.runs import RESTART, planned_run, restart_note
+    its run: done / partial / new / changed (run_records.planned_run, the rule the quick start
+    applies too: the same settings continue, changed ones train again from scratch). A record
+    that may not stand is said, with why, before any work."""
+    from lmkit.run_records import RESTART, planned_run, restart_note
     record = records.get(run['name'])
     if record:
         problems = reuse_problems(run, record, per_step, study)

@@ -155,6 +155,7 @@ def test_the_walkthrough_is_the_code_and_its_minimal_entry_works(monkeypatch, ca
     import torch
     import analyze
     from lmkit import runs
+    from lmkit.memory_plan import print_dry_run
     import model
     import train
     functions, entry, reference = walkthrough_blocks()
@@ -194,7 +195,7 @@ def test_the_walkthrough_is_the_code_and_its_minimal_entry_works(monkeypatch, ca
     torch.optim.AdamW(gpt.parameters(), lr=1e-2).step()
     assert torch.isfinite(loss) and all(torch.isfinite(p).all() for p in gpt.parameters())
 
-    runs.dry_run(train.load_config([]), config)
+    print_dry_run(runs.run_config(train.load_config([])), config)
     assert (f"{name}: activation memory not planned (memory_plan.SAVED_BYTES has no entry for "
             "it): counted as softmax attention's"
             in capsys.readouterr().out)
