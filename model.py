@@ -508,7 +508,7 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, path, attention='softmax', dtype=torch.float32, device='cpu'):
         """A GPT from a Hugging Face Llama, Mistral or Qwen2 directory, an export or ckpt.pt."""
-        from lmkit.loading import load_model  # imported when called, so model.py stands alone
+        from lmkit.pretrained import load_model  # imported when called, so model.py stands alone
         return load_model(path, attention, dtype, device, cls=cls)
 
     def _init_weights(self, module):

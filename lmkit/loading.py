@@ -1,22 +1,19 @@
 """
-The one home of loading a model. load_model builds a GPT from our checkpoint, an export or a
-Hugging Face directory; GPT.from_pretrained calls it (and distill.load_teacher loads the KD teacher
-through that, frozen, in eval mode). load_model_and_tokenizer gives a model with the tokenizer it
-was trained with, checked by its sha256, and window_first_token the token its training windows
-started with. Every script loads through it.
+What the scripts need to load a model beside GPT.from_pretrained (lmkit/pretrained.py):
+load_model_and_tokenizer gives a model with the tokenizer it was trained with, checked by its
+sha256; window_first_token gives the token its training windows started with; check_finished
+refuses a checkpoint whose run stopped early. sample.py, analyze.py, eval_zeroshot.py, export_hf.py
+and tools/bench.py load through it.
 """
 import os
 import sys
 
-import torch
-
-from lmkit.checkpoint import (CheckpointError, checkpoint_file, config_from_hf, model_state,
-                              read_checkpoint, read_hf_config, read_safetensors, sliding_window)
+from lmkit.checkpoint import checkpoint_file, read_checkpoint
 from lmkit.data import first_token_id
 from lmkit.errors import RunError
 from lmkit.runs import recorded_config, run_config
 from lmkit.tokenizer import load_tokenizer, tokenizer_info
-from model import BASELINE, GPT, ModelConfig, is_variant_tensor
+from model import GPT
 
 
 def check_finished(spec, allowed, flag):
@@ -83,72 +80,3 @@ def load_model_and_tokenizer(spec, tokenizer, device, dtype):
                        f"with (sha256 {info['sha256'][:12]}...); pass --tokenizer=<the right "
                        f"one>{older}")
     return model, enc
-
-
-def load_model(path, attention=BASELINE, dtype=torch.float32, device='cpu', cls=GPT):
-    """GPT.from_pretrained: a model of class cls (model.GPT) from a Hugging Face Llama / Mistral /
-    Qwen2 directory (with attention=model.BASELINE, softmax, model(idx) gives HF's logits; another
-    variant keeps every tensor and initialises its own, sinks, g_proj or alpha_proj, fresh), a
-    directory export_hf.py wrote, or one of this repo's checkpoints (ckpt.pt, or the out_dir holding
-    it); the last two are the variant they hold. The model is built on the meta device and takes the
-    tensors as they are read (cast to dtype, on device): about 1x the model's size in memory."""
-    ckpt_path = checkpoint_file(path)
-    if ckpt_path is not None:  # ours: every tensor of its own variant
-        ckpt = read_checkpoint(ckpt_path)
-        config = ModelConfig(**ckpt['model_config'])
-        if attention not in (BASELINE, config.attention):
-            raise ValueError(f"{ckpt_path}: a {config.attention!r} model cannot be loaded as "
-                             f"{attention!r}")
-        model = cls(config)
-        try:
-            model.load_state_dict(model_state(ckpt))
-        except RuntimeError as e:  # torch's message spans lines: one line of it
-            raise CheckpointError(f"{ckpt_path} is not a readable checkpoint of train.py: its "
-                                  "tensors do not fit its model_config "
-                                  f"({' '.join(str(e).split())})") from None
-        return model.to(device=device, dtype=dtype)
-    hf = read_hf_config(path)
-    exported = 'model_config' in hf
-    config = ModelConfig(**config_from_hf(hf) | ({} if exported else dict(attention=attention)))
-    # an export is always its own variant
-    if exported and attention not in (BASELINE, config.attention):
-        raise ValueError(f"{path}/config.json: an exported {config.attention!r} model cannot be "
-                         f"loaded as {attention!r}")
-    state = read_safetensors(path, dtype, device, keep_fp32=config.variant.fp32)
-    with torch.device('meta'):
-        model = cls(config).to(dtype)
-    # what the directory holds: every tensor of an exported variant, the softmax ones of a published
-    # model
-    expected = {key for key in model.state_dict() if exported or not is_variant_tensor(key)}
-    if config.tie_embeddings:  # lm_head is embed_tokens; HF ignores a stored copy, and so do we
-        expected.discard('lm_head.weight')
-        state.pop('lm_head.weight', None)
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or unexpected:
-        raise ValueError(f"{path}: the tensors do not match its config.json: missing {missing}, "
-                         f"unexpected {unexpected}")
-    model.load_state_dict(state, strict=False, assign=True)
-    # assign=True gave embed_tokens a new Parameter: tie lm_head to it again
-    if config.tie_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    for module in model.modules():  # affine's running alpha sums: never saved, zero at the start
-        for key in module._non_persistent_buffers_set:
-            module._buffers[key] = torch.zeros_like(module._buffers[key], device=device)
-    # what is still on meta is a published model's missing variant tensors: materialised and
-    # initialised
-    fresh = set()
-    for name, module in model.named_modules():
-        own = dict(
-            module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
-        if any(t.is_meta for t in own.values()):
-            fresh |= {f"{name.split('.', 3)[-1]}.{key}" for key in own}  # 'model.layers.N.' dropped
-            module.to_empty(device=device, recurse=False)
-            model._init_weights(module)
-    if fresh:
-        print(f"from_pretrained: attention={attention!r} is not in {path}: initialised fresh in "
-              f"every layer: {', '.join(sorted(fresh))}")
-    if config.block_size == sliding_window(hf):
-        model.length_note = (f", the sliding_window of {path}/config.json: this Mistral attends to "
-                             f"the last {config.block_size} positions, which is full attention "
-                             "only up to that length")
-    return model
