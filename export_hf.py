@@ -19,8 +19,7 @@ from types import SimpleNamespace
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 import torch
 
-from lmkit.checkpoint import (CKPT_NAME, CheckpointError, export_state_dict, read_checkpoint,
-                              write_safetensors)
+from lmkit.checkpoint import CKPT_NAME, CheckpointError, read_checkpoint
 from configurator import Key, fail, parse
 from lmkit.errors import RunError, run_script
 from lmkit.files import made_dirs, write_json
@@ -72,6 +71,44 @@ def parse_size(text):
     if not m:
         raise ValueError(f"expected a size such as 5GB, 500MB or 20KB, got {text!r}")
     return int(float(m.group(1)) * 1000 ** ' KMGT'.index((m.group(2) or ' ')[0].upper()))
+
+
+def export_state_dict(model, dtype):
+    """A GPT's state dict in dtype, as transformers stores it: a tied lm_head once (as
+    embed_tokens), and the variant's float32 buffers (Variant.fp32: affine's alpha_ma) kept float32,
+    as model.py keeps them in every precision."""
+    state = {}
+    for key, t in model.state_dict().items():
+        if key == 'lm_head.weight' and model.config.tie_embeddings:
+            continue
+        keep = t.is_floating_point() and key.rsplit('.', 1)[-1] not in model.config.variant.fp32
+        state[key] = t.detach().to(dtype if keep else t.dtype).contiguous()
+    return state
+
+
+def write_safetensors(state, out_dir, max_shard_bytes):
+    """model.safetensors, or shards model-0000i-of-0000n.safetensors + model.safetensors.index.json
+    when the weights exceed max_shard_bytes (a tensor larger than that gets a shard of its own)."""
+    from safetensors.torch import save_file
+    shards, size = [{}], 0
+    for key, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = t
+        size += nbytes
+    if len(shards) == 1:
+        save_file(state, os.path.join(out_dir, 'model.safetensors'), metadata={'format': 'pt'})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(out_dir, name), metadata={'format': 'pt'})
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    write_json(os.path.join(out_dir, 'model.safetensors.index.json'),
+               dict(metadata=dict(total_size=total), weight_map=weight_map), indent=2)
 
 
 # -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .errors import RunError
-from .files import atomic_write, write_json
+from .files import atomic_write
 
 CKPT_NAME = 'ckpt.pt'
 CKPT_KEYS = ('model', 'optimizer', 'step', 'rng', 'config', 'model_config', 'tokenizer', 'data')
@@ -429,40 +429,3 @@ def read_safetensors(path, dtype, device, keep_fp32=()):
                     state[key] = f.get_tensor(key).to(device=device, dtype=keep)
     return state
 
-
-def export_state_dict(model, dtype):
-    """A GPT's state dict in dtype, as transformers stores it: a tied lm_head once (as
-    embed_tokens), and the variant's float32 buffers (Variant.fp32: affine's alpha_ma) kept float32,
-    as model.py keeps them in every precision."""
-    state = {}
-    for key, t in model.state_dict().items():
-        if key == 'lm_head.weight' and model.config.tie_embeddings:
-            continue
-        keep = t.is_floating_point() and key.rsplit('.', 1)[-1] not in model.config.variant.fp32
-        state[key] = t.detach().to(dtype if keep else t.dtype).contiguous()
-    return state
-
-
-def write_safetensors(state, out_dir, max_shard_bytes):
-    """model.safetensors, or shards model-0000i-of-0000n.safetensors + model.safetensors.index.json
-    when the weights exceed max_shard_bytes (a tensor larger than that gets a shard of its own)."""
-    from safetensors.torch import save_file
-    shards, size = [{}], 0
-    for key, t in state.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][key] = t
-        size += nbytes
-    if len(shards) == 1:
-        save_file(state, os.path.join(out_dir, 'model.safetensors'), metadata={'format': 'pt'})
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, os.path.join(out_dir, name), metadata={'format': 'pt'})
-        weight_map.update(dict.fromkeys(shard, name))
-    total = sum(t.numel() * t.element_size() for t in state.values())
-    write_json(os.path.join(out_dir, 'model.safetensors.index.json'),
-               dict(metadata=dict(total_size=total), weight_map=weight_map), indent=2)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import sample
-from lmkit.checkpoint import export_state_dict, write_safetensors
+from export_hf import export_state_dict, write_safetensors
 from lmkit.hf_wrapper import hf_config
 from lmkit.tokenizer import load_tokenizer, tokenizer_info
 from lmkit.errors import run_script
