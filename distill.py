@@ -1,10 +1,8 @@
-"""Knowledge distillation, as the paper trains every student (Sections 2.1 and 5.1). This file is
-to the paper's training what model.py is to its network. It loads the teacher (load_teacher) and
-checks it against the data and the student (check_compatibility). kd_loss writes the KD loss as
-its definition; lmkit/fused_kd.py computes the same loss in chunks, without the full logits
-(fused_kd_loss). compute_loss gives a micro-batch's loss, CE or KD. Run as a script, it checks a
-teacher before a long run: does it load, fit the data and predict its val split well?
-docs/training.md, "The KD loss", has the formula, the memory and the precision.
+"""Knowledge distillation, as the paper trains every student (Sections 2.1 and 5.1). load_teacher
+loads the teacher and check_compatibility checks it against the data and the student. kd_loss is
+the KD loss as its definition, which fused_kd_loss (lmkit/fused_kd.py) computes in chunks without
+the full logits, and compute_loss gives a micro-batch's loss, CE or KD. Run as a script, it checks
+that a teacher loads, fits the data and predicts its val split well (docs/training.md).
 
     python distill.py --teacher=checkpoints/Llama-3.2-3B --data_dir=data/fineweb_edu_llama3
     python distill.py --teacher=out/teacher --data_dir=data/builtin_bytes --block_size=256  # ours
@@ -24,10 +22,10 @@ from attention_kernels import at_least_fp32
 from configurator import DEVICE, Key, parse
 from lmkit.checkpoint import checkpoint_file, read_checkpoint, read_hf_config
 from lmkit.data import Windows, read_meta
+from lmkit.data_meta import files_mismatch, tokenizer_files
 from lmkit.distributed import resolve_device, resolve_dtype
 from lmkit.errors import RunError, run_script
 from lmkit.fused_kd import fused_kd_loss
-from lmkit.tokenizer import load_tokenizer, tokenizer_info
 from model import GPT, IGNORE_INDEX
 
 # -----------------------------------------------------------------------------
@@ -36,8 +34,7 @@ from model import GPT, IGNORE_INDEX
 
 def load_teacher(spec, device='cpu', dtype=torch.float32):
     """The teacher, a Hugging Face directory or one of our checkpoints (GPT.from_pretrained), on
-    device and in dtype, in eval mode with every parameter frozen. A file that does not load raises
-    a RunError whose one line names it."""
+    device in dtype, in eval mode and frozen; a file that does not load is named in a RunError."""
     try:
         model = GPT.from_pretrained(spec, dtype=dtype, device=device)
     except (OSError, ValueError, RuntimeError) as e:  # unreadable, unsupported, or does not fit
@@ -46,28 +43,33 @@ def load_teacher(spec, device='cpu', dtype=torch.float32):
 
 
 def teacher_tokenizer_info(spec):
-    """The teacher's tokenizer as prepare_data.py's meta.json records it, identified by its sha256.
-    It is rebuilt from a Hugging Face directory's tokenizer files, or read from the dict that one
-    of this repository's checkpoints stores."""
+    """The tokenizer record, as meta.json's, that one of our checkpoints stores or an export_hf.py
+    export keeps in its config.json; None for any other Hugging Face directory."""
     path = checkpoint_file(spec)
-    if path is None:  # export_hf.py records the run's tokenizer in config.json
-        return (read_hf_config(spec).get('tokenizer_info')
-                or tokenizer_info(load_tokenizer(spec), spec))
+    if path is None:
+        return read_hf_config(spec).get('tokenizer_info')
     return read_checkpoint(path)['tokenizer']
 
 
 def check_compatibility(teacher, teacher_spec, student_config, data_meta, block_size):
-    """Check, before step 0, that the teacher fits the data (its meta.json), the student (a
-    ModelConfig, or None to check the teacher against the data only) and the sequence length.
-    Raises a RunError that lists every way it does not."""
+    """Check before step 0 that the teacher fits the data (meta.json), the student (a ModelConfig,
+    or None for the data only) and block_size; a RunError lists every way it does not."""
     data_tok, teacher_tok = data_meta['tokenizer'], teacher_tokenizer_info(teacher_spec)
+    data = f"{data_tok['family']}, {data_tok['n_vocab']:,} tokens, from {data_tok['spec']}"
     n_vocab, teacher_rows = data_meta['vocab_size'], teacher.config.vocab_size
     problems = []
-    if teacher_tok['sha256'] != data_tok['sha256']:
+    if teacher_tok is None:  # a Hugging Face directory, checked by its files (no tokenizer rebuild)
+        if mismatch := files_mismatch(tokenizer_files(teacher_spec), data_tok):
+            problems.append(
+                f"its tokenizer files are not known to build the data's tokenizer ({data}): "
+                f"{mismatch}; if the teacher's tokenizer is the same, run prepare_data.py again on "
+                f"this data_dir with --tokenizer={teacher_spec} and the same other arguments (it "
+                "checks that the tokenizer is the same by its sha256, and records these files); "
+                f"otherwise prepare the data with --tokenizer={teacher_spec}")
+    elif teacher_tok['sha256'] != data_tok['sha256']:
         problems.append(f"its tokenizer ({teacher_tok['family']}, {teacher_tok['n_vocab']:,} "
                         f"tokens, from {teacher_tok['spec']}) is not the one the data was "
-                        f"tokenized with ({data_tok['family']}, {data_tok['n_vocab']:,} tokens, "
-                        f"from {data_tok['spec']}); re-run prepare_data.py with --tokenizer=<the "
+                        f"tokenized with ({data}); re-run prepare_data.py with --tokenizer=<the "
                         "teacher>")
     if n_vocab > teacher_rows:
         problems.append(f"the data has {n_vocab:,} token ids but the teacher's lm_head only "
@@ -93,13 +95,11 @@ def check_compatibility(teacher, teacher_spec, student_config, data_meta, block_
 
 def kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight, temperature=1.0,
             targets=None, kd_alpha=1.0):
-    """(loss, kd, ce): the KD loss of the paper, written as its definition. Both models' full (N, V)
-    logits come first. KD = T^2 * the mean over tokens of KL(teacher || student) at temperature T,
-    CE is the cross-entropy of the student's logits, and loss = kd_alpha * KD + (1 - kd_alpha) *
-    CE. Autograd takes the gradients, and the softmaxes run in at least float32. It takes the
-    arguments of fused_kd_loss and returns what it does, and the tests and tools/bench.py hold the
-    fused loss to it. It holds several (N, V) tensors at once, which fused_kd_loss never does;
-    train.py --kd_loss=plain selects it."""
+    """(loss, kd, ce): the paper's KD loss as its definition, from both models' full (N, V) logits.
+    KD is T^2 times the mean over tokens of KL(teacher || student) at temperature T, CE the
+    student's cross-entropy, and loss = kd_alpha * KD + (1 - kd_alpha) * CE; the softmaxes run in
+    at least float32. fused_kd_loss takes the same arguments, and the tests and tools/bench.py hold
+    it to this one, which train.py --kd_loss=plain selects (docs/training.md, "The KD loss")."""
     T = temperature
     student = at_least_fp32(student_hidden @ student_weight.T)
     teacher = at_least_fp32(teacher_hidden @ teacher_weight.T).detach()
@@ -116,10 +116,9 @@ def kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight, temp
 def compute_loss(model, student, teacher, x, y, fused=True, temperature=1.0, kd_alpha=1.0,
                  teacher_timer=None):
     """(loss, KD, CE) of one micro-batch (x, y): the loss to backpropagate, and KD and CE detached
-    for logging (zeros without a teacher). model is the module to call, compiled or wrapped by DDP
-    or FSDP, and student is the GPT itself, whose lm_head the loss reads. teacher is None for
-    cross-entropy, or a GPT in eval mode whose forward teacher_timer (a DeviceTimer) times. fused
-    picks fused_kd_loss, else kd_loss."""
+    for logging (zeros without a teacher). model is the module to call (compiled, DDP or FSDP),
+    student the GPT whose lm_head the loss reads, teacher None for cross-entropy or a GPT in eval
+    mode whose forward teacher_timer (a DeviceTimer) times; fused picks fused_kd_loss or kd_loss."""
     if teacher is None:
         _, loss = model(x, y)
         zero = loss.detach().new_zeros(())
@@ -137,8 +136,7 @@ def compute_loss(model, student, teacher, x, y, fused=True, temperature=1.0, kd_
 
 KEYS = dict(
     teacher=Key(None, "Hugging Face checkpoint directory, or this repo's ckpt.pt (or a directory "
-                      "holding it)",
-                types=(str,), required=True),
+                      "holding it)", types=(str,), required=True),
     data_dir=Key(None, "an output directory of prepare_data.py", types=(str,), required=True),
     batches=Key(8, "val batches to evaluate", min=1),
     batch_size=Key(4, "sequences per batch", min=1),
@@ -150,10 +148,8 @@ KEYS = dict(
 
 
 def parse_args(argv):
-    return SimpleNamespace(**parse(argv, KEYS,
-                                   "Load a KD teacher, check it against a data directory and print "
-                                   "its val loss.",
-                                   prog='distill.py'))
+    return SimpleNamespace(**parse(argv, KEYS, "Load a KD teacher, check it against a data "
+                                   "directory and print its val loss.", prog='distill.py'))
 
 
 def main(argv=None):
@@ -177,11 +173,10 @@ def main(argv=None):
             for t in windows.get(range(min(args.batches * args.batch_size, len(windows)))))
     total = 0.0
     for i in range(0, len(x), args.batch_size):
-        t0 = time.time()
+        t0, xb, yb = time.time(), x[i:i + args.batch_size], y[i:i + args.batch_size]
         with torch.no_grad():
-            _, loss = teacher(x[i:i + args.batch_size].to(device),
-                              y[i:i + args.batch_size].to(device))
-        total += loss.item() * y[i:i + args.batch_size].numel()
+            _, loss = teacher(xb.to(device), yb.to(device))
+        total += loss.item() * yb.numel()
         print(f"batch {i // args.batch_size + 1}/{math.ceil(len(x) / args.batch_size)}: loss "
               f"{loss.item():.4f} ({time.time() - t0:.1f} s)")
     mean = total / y.numel()

@@ -34,7 +34,7 @@ from lmkit.errors import (STOP_SIGNALS, RunError, Stopped, on_stop_signals, rais
                           run_script)
 from lmkit.files import write_json
 from lmkit.data import VERSION, check_shard, read_shard, write_shard
-from lmkit.data_meta import check_meta
+from lmkit.data_meta import check_meta, tokenizer_files
 from lmkit.tokenizer import encode_documents, load_tokenizer, tokenizer_info
 
 # load_tokenizer lives in tokenizer.py, read_shard in data.py; they stay importable from here,
@@ -478,9 +478,25 @@ def describe_source(args):
     return dict(source=args.source, files=files, text_field=args.text_field)
 
 
+def add_tokenizer_files(out_dir, meta, files, spec):
+    """Add files, the tokenizer files of --tokenizer=spec, to the sets that out_dir's meta.json
+    records as building its tokenizer, where they are not among them yet (data prepared before
+    the record existed, or another copy of the same tokenizer). The caller has checked that spec
+    builds the tokenizer whose sha256 meta.json records, so distill.py may then accept spec as a
+    teacher by its files alone. meta.json is rewritten at once, atomically."""
+    known = meta["tokenizer"].get("files", [])
+    if not files or files[0] in known:
+        return
+    meta["tokenizer"]["files"] = known + files
+    write_json(os.path.join(out_dir, "meta.json"), meta)
+    print(f"{out_dir}: recorded the files of --tokenizer={spec} in meta.json (the tokenizer the "
+          "data was prepared with, by its sha256), so distill.py accepts it as a teacher")
+
+
 def open_run(args, command):
     """(tokenizer, meta to continue from, the document stream where it continues, its text field);
-    the stream None where out_dir is complete already. Nothing is written."""
+    the stream None where out_dir is complete already. Nothing is written, except the tokenizer's
+    files added to the meta.json of an out_dir prepared before (add_tokenizer_files)."""
     enc = load_tokenizer(args.tokenizer)
     fits = "uint16" if enc.max_token_value < 2 ** 16 else "uint32"
     if args.dtype == "uint16" and fits == "uint32":
@@ -488,6 +504,10 @@ def open_run(args, command):
                        "uint32 or auto")
     dtype = fits if args.dtype == "auto" else args.dtype
     tokenizer = tokenizer_info(enc, args.tokenizer)
+    # the sha256 of each file it was built from (none for 'bytes' and a tiktoken file), against
+    # which distill.py checks a Hugging Face teacher without building its tokenizer
+    tokenizer["files"] = ([tokenizer_files(args.tokenizer)] if os.path.isdir(args.tokenizer)
+                          else [])
     settings = dict(tokenizer_sha256=tokenizer["sha256"], dtype=dtype, source=describe_source(args),
                     val_every=args.val_every, shard_tokens=args.shard_tokens,
                     max_tokens=args.max_tokens)
@@ -503,6 +523,8 @@ def open_run(args, command):
         print(f"note: {fault}: rebuilding {args.out_dir}, reading --source again from the "
               "start", file=sys.stderr)
         meta = fresh
+    if meta is not fresh:
+        add_tokenizer_files(args.out_dir, meta, tokenizer["files"], args.tokenizer)
     if meta["complete"]:
         names = [name for split in meta["splits"].values() for name in split["shards"]]
         unchecked = sum(name not in meta.get("checksums", {}) for name in names)

@@ -3,8 +3,19 @@ meta.json's fields, each with the type prepare_data.py writes it with, and check
 lmkit.data.read_meta and a resumed prepare_data.py run hold every meta.json to: a field edited by
 hand or damaged by a bad copy is named in one line, where a reader far from here would otherwise
 stop with a traceback (a vocab_size that is a string: '>' not supported between 'str' and 'int').
+It also names the files a Hugging Face tokenizer is built from (TOKENIZER_FILES), whose sha256s
+meta.json records so that distill.py can check a teacher without rebuilding its tokenizer.
 """
+import hashlib
+import os
+
 from lmkit.errors import RunError
+
+# Every file of a Hugging Face directory that lmkit/tokenizer.py's loader reads, relative to the
+# directory. The loader takes its names from here, and tests/test_tokenizer.py checks that it opens
+# no other, so the sha256s below cover everything that decides the tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "added_tokens.json", "original/tokenizer.model")
 
 # Every field of meta.json, as (its keys from the top, the types prepare_data.py writes it with,
 # and OPTIONAL unless every reader of shards needs it): the others, some added over time, are
@@ -27,7 +38,7 @@ META_FIELDS = [
     (("tokenizer", "eos_token"), (str, NONE), OPTIONAL),
     *[(("tokenizer", key), list, OPTIONAL)
       for key in ("prefix", "suffix", "inline", "inline_normalized", "missing_bytes")],
-    (("tokenizer", "unk"), (list, NONE), OPTIONAL),
+    (("tokenizer", "unk"), (list, NONE), OPTIONAL), (("tokenizer", "files"), list, OPTIONAL),
     (("splits",), dict), (("splits", "train"), dict, OPTIONAL), (("splits", "val"), dict, OPTIONAL),
     *[(("splits", split, *keys), *rest) for split in ("train", "val")
       for keys, *rest in SPLIT_FIELDS],
@@ -41,7 +52,7 @@ ELEMENTS = {("splits", "train", "shards"): str, ("splits", "val", "shards"): str
             ("checksums",): str, ("tokenizer", "special_tokens"): int,
             **{("tokenizer", key): str for key in ("prefix", "suffix", "inline",
                                                    "inline_normalized")},
-            ("tokenizer", "missing_bytes"): int}
+            ("tokenizer", "missing_bytes"): int, ("tokenizer", "files"): dict}
 JSON_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
               list: "a list", dict: "an object", NONE: "null"}
 
@@ -94,3 +105,35 @@ def check_meta(meta, path):
         raise RunError(f"{path}: {problem}: the file was edited or damaged; prepare the data "
                        "again into a new --out_dir")
     return meta
+
+
+def tokenizer_files(directory):
+    """{name: sha256 of its bytes} of the TOKENIZER_FILES that directory holds. meta.json's
+    tokenizer.files lists such dicts, each a set of files known to build the data's tokenizer."""
+    found = {}
+    for name in TOKENIZER_FILES:
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                found[name] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+def files_mismatch(found, tokenizer):
+    """None where found (a directory's tokenizer_files) is one of the sets of files that meta.json's
+    tokenizer record lists as building its tokenizer; else why not, in words: that it lists none,
+    or the files by which found differs from the nearest set, each with how."""
+    known = tokenizer.get("files")
+    if known is None:
+        return "the data's meta.json records none (an older prepare_data.py prepared it)"
+    if not known:
+        return "the data's meta.json records none (its tokenizer was not read from a directory)"
+    if found in known:
+        return None
+
+    def how(name, files):
+        return ("other bytes" if name in found and name in files
+                else "only in the directory" if name in found else "not in the directory")
+
+    return ", ".join(min(([f"{name} ({how(name, files)})" for name in sorted({*found, *files})
+                           if found.get(name) != files.get(name)] for files in known), key=len))

@@ -3,10 +3,10 @@ Tokenizers: Hugging Face's byte-level BPE tokenizers (GPT-2, Llama-3, Qwen, Smol
 BPE files and the 'bytes' tokenizer, each rebuilt from its own files as a tiktoken Encoding that
 gives the ids Hugging Face's does (load_tokenizer); a document's ids with its boundary tokens
 (encode_document, encode_documents); what meta.json records about a tokenizer (tokenizer_info).
-NumPy, tiktoken and files.py only, so importing it stays cheap (prepare_data.py's tokenizer workers
-do). docs/data.md, "Tokenizers", has the rules. A rebuild rather than the `tokenizers` library
-itself, because prepare_data.py runs 4.5-10x faster on it, with the same ids (docs/benchmarks.md,
-"Tokenizer").
+It imports NumPy, tiktoken, errors.py and data_meta.py only, so importing it stays cheap
+(prepare_data.py's tokenizer workers do). docs/data.md, "Tokenizers", has the rules. It is a
+rebuild rather than the `tokenizers` library itself because prepare_data.py runs 4.5-10x faster
+on it, with the same ids (docs/benchmarks.md, "Tokenizer").
 """
 import base64
 import functools
@@ -19,6 +19,7 @@ import unicodedata
 import numpy as np
 import tiktoken
 
+from lmkit.data_meta import TOKENIZER_FILES
 from lmkit.errors import RunError
 
 # -----------------------------------------------------------------------------------------------
@@ -38,7 +39,13 @@ from lmkit.errors import RunError
 #                             tokenizer.py
 # config.json is not read. tiktoken runs byte-level BPE only; anything else, and any setting these
 # files hold that tiktoken cannot reproduce exactly, is refused with a message naming what was
-# found.
+# found. The files' names come from lmkit/data_meta.py, where meta.json's record of their sha256s
+# is defined: a file the loader reads is a file that record covers.
+(TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, VOCAB_JSON, MERGES_TXT, ADDED_TOKENS_JSON,
+ TIKTOKEN_MODEL) = TOKENIZER_FILES
+# Files of the formats tiktoken cannot run, named in the refusal of a directory that has only those
+OTHER_FORMATS = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "tekken.json",
+                 "vocab.txt", "tiktoken.model")
 
 # Pre-tokenization regexes: text is first split into pieces with these, then BPE runs inside each
 # piece. GPT-2: the regex built into Hugging Face's ByteLevel pre-tokenizer (use_regex=true); also
@@ -536,9 +543,9 @@ def load_tokenizer_directory(model_dir):
         return os.path.join(model_dir, *names)
 
     config, special_map = (read_json(path(name)) if os.path.isfile(path(name)) else {}
-                           for name in ("tokenizer_config.json", "special_tokens_map.json"))
-    tiktoken_file = path("original", "tokenizer.model")
-    if os.path.isfile(path("tokenizer.json")):
+                           for name in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP))
+    tiktoken_file = path(TIKTOKEN_MODEL)
+    if os.path.isfile(path(TOKENIZER_JSON)):
         return tokenizer_json_directory(model_dir, config, special_map, tiktoken_file)
 
     if os.path.isfile(tiktoken_file):  # Meta's layout without tokenizer.json: Meta's conventions
@@ -548,13 +555,10 @@ def load_tokenizer_directory(model_dir):
                           or llama3_special_tokens(len(ranks)))
         return make_tokenizer(model_dir, ranks, special_tokens, meta_llama3_conventions())
 
-    if os.path.isfile(path("vocab.json")) and os.path.isfile(path("merges.txt")):
+    if os.path.isfile(path(VOCAB_JSON)) and os.path.isfile(path(MERGES_TXT)):
         return vocab_merges_directory(model_dir, config, special_map)
 
-    found = [name
-             for name in ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
-                          "tekken.json",
-                          "vocab.txt", "tiktoken.model") if os.path.isfile(path(name))]
+    found = [name for name in OTHER_FORMATS if os.path.isfile(path(name))]
     if found:
         raise RunError(f"--tokenizer={model_dir}: has {', '.join(found)} but no tokenizer.json or "
                        "vocab.json + merges.txt (SentencePiece, WordPiece or another format); "
@@ -602,7 +606,7 @@ def tokenizer_json_directory(model_dir, config, special_map, tiktoken_file):
     """The Tokenizer of a directory with a tokenizer.json, which tokenizer_config.json,
     special_tokens_map.json and original/tokenizer.model (tiktoken_file), where present, must agree
     with."""
-    where = os.path.join(model_dir, "tokenizer.json")
+    where = os.path.join(model_dir, TOKENIZER_JSON)
     tokenizer_json = read_json(where)
     class_name = config.get("tokenizer_class")
     class_defaults = TOKENIZER_CLASSES.get(tokenizer_class_key(class_name), {})
@@ -671,7 +675,7 @@ def byte_level_bpe_model(tokenizer_json, where):
 def vocab_merges_directory(model_dir, config, special_map):
     """The Tokenizer of a directory with vocab.json + merges.txt and no tokenizer.json (a "slow"
     tokenizer), whose tokenizer_class gives the regex and the normaliser."""
-    where = os.path.join(model_dir, "vocab.json")
+    where = os.path.join(model_dir, VOCAB_JSON)
     class_name = config.get("tokenizer_class")
     class_key = tokenizer_class_key(class_name)
     if class_key not in (None, "GPT2Tokenizer", "Qwen2Tokenizer"):
@@ -684,7 +688,7 @@ def vocab_merges_directory(model_dir, config, special_map):
         raise RunError(f"{model_dir}: add_prefix_space=true (a space is put before every text) is "
                        "not supported")
     vocab = read_json(where)
-    with open(os.path.join(model_dir, "merges.txt"), encoding="utf-8") as f:
+    with open(os.path.join(model_dir, MERGES_TXT), encoding="utf-8") as f:
         merges = [line.rstrip("\n") for line in f if line.strip()
                   and not line.startswith("#version")]
     added = vocab_merges_added_tokens(model_dir, config, special_map, vocab, bos_token, eos_token)
@@ -708,7 +712,7 @@ def vocab_merges_added_tokens(model_dir, config, special_map, vocab, bos_token, 
     named = [token_content(v) for f in (config, special_map) for k, v in f.items()
              if k in ("bos_token", "eos_token", "unk_token", "pad_token")] + [bos_token, eos_token]
     added = [dict(t, id=int(i)) for i, t in config.get("added_tokens_decoder", {}).items()]
-    legacy = os.path.join(model_dir, "added_tokens.json")
+    legacy = os.path.join(model_dir, ADDED_TOKENS_JSON)
     if not added and os.path.isfile(legacy):
         added = [dict(content=t, id=i, special=t in named, normalized=t not in named)
                  for t, i in read_json(legacy).items()]

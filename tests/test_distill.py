@@ -6,6 +6,8 @@ family_teachers of conftest.py.)"""
 import dataclasses
 import json
 import math
+import re
+import shutil
 import weakref
 
 import numpy as np
@@ -19,7 +21,8 @@ import distill
 from lmkit import memory_plan
 import prepare_data as prep
 import train
-from lmkit.data import read_shard
+from lmkit.data import read_meta, read_shard
+from lmkit.data_meta import tokenizer_files
 from lmkit.tokenizer import load_tokenizer, tokenizer_info
 from lmkit.errors import RunError, run_script
 from model import GPT, ModelConfig
@@ -491,14 +494,69 @@ def test_compatibility_errors(case, our_teacher, hf_dirs):
     assert all(m in text for m in messages), text
 
 
+def prepared_tokenizer(spec):
+    """The tokenizer record prepare_data.py writes for --tokenizer=spec, a directory."""
+    return dict(tokenizer_info(load_tokenizer(spec), spec), files=[tokenizer_files(spec)])
+
+
 def test_hf_teacher_tokenizer_is_checked(hf_dirs):
     spec = str(hf_dirs['llama'])
     teacher = distill.load_teacher(spec)
-    own = tokenizer_info(load_tokenizer(spec), spec)
-    distill.check_compatibility(teacher, spec, teacher.config, dict(tokenizer=own, vocab_size=512),
-                                128)
-    with pytest.raises(RunError, match='llama3, 512 tokens.*bytes, 257 tokens'):
-        distill.check_compatibility(teacher, spec, None, bytes_meta(), 128)
+    distill.check_compatibility(teacher, spec, teacher.config,
+                                dict(tokenizer=prepared_tokenizer(spec), vocab_size=512), 128)
+    # data of another tokenizer, recorded before tokenizer files were, or prepared with 'bytes'
+    for meta, why in [(bytes_meta(), 'an older prepare_data.py prepared it'),
+                      (bytes_meta(tokenizer=dict(BYTES, files=[])),
+                       'its tokenizer was not read from a directory')]:
+        with pytest.raises(RunError, match=re.escape(
+                "its tokenizer files are not known to build the data's tokenizer (bytes, 257 "
+                f"tokens, from bytes): the data's meta.json records none ({why})")):
+            distill.check_compatibility(teacher, spec, None, meta, 128)
+
+
+def test_hf_teacher_is_checked_by_its_tokenizer_files(family_teachers, tmp_path):
+    """A Hugging Face teacher is checked against the data by the sha256 of its tokenizer files,
+    which prepare_data.py records, not by a rebuild of its tokenizer. The teacher whose tokenizer
+    prepared the data is accepted. A copy with one byte more in tokenizer_config.json, and data
+    prepared before the files were recorded, are refused with the remedy. Once prepare_data.py has
+    run again as the remedy says, both teachers are accepted and the shards are as they were."""
+    spec = str(family_teachers['smollm_llama'])
+    teacher, data = distill.load_teacher(spec), tmp_path / 'data'
+    prepare = ['--source=builtin', f'--out_dir={data}', '--num_proc=1', '--val_every=10',
+               '--max_tokens=20000']
+    prep.main([*prepare, f'--tokenizer={spec}'])
+    distill.check_compatibility(teacher, spec, teacher.config, read_meta(str(data)), 16)
+    copy = tmp_path / 'teacher'
+    shutil.copytree(spec, copy)
+    with open(copy / 'tokenizer_config.json', 'a') as f:
+        f.write(' ')
+
+    def refusal(teacher_spec):
+        with pytest.raises(RunError) as e:
+            distill.check_compatibility(teacher, teacher_spec, teacher.config,
+                                        read_meta(str(data)), 16)
+        assert str(e.value).count('\n  - ') == 1
+        assert (f"if the teacher's tokenizer is the same, run prepare_data.py again on this "
+                f"data_dir with --tokenizer={teacher_spec} and the same other arguments (it checks "
+                "that the tokenizer is the same by its sha256, and records these files); otherwise "
+                f"prepare the data with --tokenizer={teacher_spec}") in str(e.value)
+        return str(e.value)
+
+    tok = read_meta(str(data))['tokenizer']
+    assert ("its tokenizer files are not known to build the data's tokenizer ("
+            f"{tok['family']}, {tok['n_vocab']:,} tokens, from {spec}): tokenizer_config.json "
+            "(other bytes); if") in refusal(str(copy))
+    meta = json.loads((data / 'meta.json').read_text())
+    del meta['tokenizer']['files']
+    (data / 'meta.json').write_text(json.dumps(meta))
+    assert ("the data's meta.json records none (an older prepare_data.py prepared it)"
+            in refusal(spec))
+    before = {p.name: p.read_bytes() for p in data.glob('*.bin')}
+    for teacher_spec in (spec, str(copy)):  # the remedy
+        prep.main([*prepare, f'--tokenizer={teacher_spec}'])
+    for teacher_spec in (spec, str(copy)):
+        distill.check_compatibility(teacher, teacher_spec, teacher.config, read_meta(str(data)), 16)
+    assert {p.name: p.read_bytes() for p in data.glob('*.bin')} == before
 
 # -----------------------------------------------------------------------------
 # The sanity tool
@@ -617,14 +675,18 @@ def test_any_tokenizer_family_prepares_and_distills(family_teachers, tmp_path):
             with pytest.raises(RunError, match=f"set the student's vocab_size={rows}"):
                 distill.check_compatibility(teacher, str(teacher_dir),
                                             tiny_config(vocab_size=meta['vocab_size']), meta, 16)
-    # the other teacher's data: its tokenizer differs, named by family and size
-    with pytest.raises(RunError, match='is not the one the data was tokenized with'):
+    # the other teacher's data: its tokenizer differs, and so do its files, named with the data's
+    # tokenizer by family and size
+    with pytest.raises(RunError, match=re.escape(
+            "its tokenizer files are not known to build the data's tokenizer (bpe, ")
+            + r"[\d,]+ tokens, from .*qwen2_padded\): tokenizer.json \(other bytes\), "
+            r"tokenizer_config.json \(other bytes\); if"):
         distill.main([f'--teacher={family_teachers["smollm_llama"]}',
                       f'--data_dir={tmp_path / "qwen2_padded"}'])
     # Mistral's sliding window caps the teacher's length: a longer window is refused, alone among
     # the checks
     spec = str(family_teachers['mistral_window'])
-    own = tokenizer_info(load_tokenizer(spec), spec)
+    own = prepared_tokenizer(spec)
     with pytest.raises(RunError) as e:
         distill.check_compatibility(distill.load_teacher(spec), spec, None,
                                     dict(tokenizer=own, vocab_size=own['n_vocab']), 17)

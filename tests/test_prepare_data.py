@@ -19,6 +19,7 @@ from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import prepare_data as prep  # noqa: E402
 from lmkit.data import Windows, read_shard  # noqa: E402
+from lmkit.data_meta import check_meta, tokenizer_files  # noqa: E402
 from lmkit.errors import RunError  # noqa: E402
 from lmkit.tokenizer import QWEN2_PATTERN, load_tokenizer, tokenizer_info  # noqa: E402
 from helpers import (EOT, SMOLLM2_LACKS, byte_level, corpus, flip_byte, lossy_fuzz,
@@ -454,6 +455,97 @@ def test_data_prepared_before_checksums_keeps_working(tmp_path, capsys):
         Windows(str(out_dir), "train", 32)
     rebuilt, _ = run(tmp_path, *flags)
     assert shard_bytes(out_dir) == before and rebuilt == meta
+
+
+# -----------------------------------------------------------------------------
+# The tokenizer's files in meta.json, against which distill.py checks a Hugging Face teacher
+
+
+def copy_with_one_byte_more(model_dir, copy):
+    """A copy of a tokenizer directory whose tokenizer_config.json ends in one more byte (a space):
+    the same tokenizer, from other files."""
+    shutil.copytree(model_dir, copy)
+    with open(copy / "tokenizer_config.json", "a") as f:
+        f.write(" ")
+    return copy
+
+
+def test_the_tokenizer_files_are_recorded_and_added_for_the_same_tokenizer(tmp_path, checkpoints,
+                                                                           capsys):
+    """A fresh run records the sha256 of each file of its --tokenizer directory (none for bytes).
+    Run again on the complete out_dir with another copy of the same tokenizer, or on data prepared
+    before the record existed, it adds that directory's files, says so in one line and leaves the
+    shards and the rest of meta.json as they were; files already recorded are not added twice."""
+    model_dir = checkpoints["qwen_json"][0]
+    flags = ["--source=builtin", "--val_every=10"]
+    meta, out_dir = run(tmp_path, *flags, f"--tokenizer={model_dir}")
+    assert meta["tokenizer"]["files"] == [tokenizer_files(model_dir)]
+    assert sorted(meta["tokenizer"]["files"][0]) == ["tokenizer.json", "tokenizer_config.json"]
+    before, copy = shard_bytes(out_dir), copy_with_one_byte_more(model_dir, tmp_path / "copy")
+    assert tokenizer_files(copy) != tokenizer_files(model_dir)
+    capsys.readouterr()
+    run(tmp_path, *flags, f"--tokenizer={copy}")
+    added = (f"{out_dir}: recorded the files of --tokenizer={copy} in meta.json (the tokenizer the "
+             "data was prepared with, by its sha256), so distill.py accepts it as a teacher\n")
+    assert capsys.readouterr().out.startswith(added)
+    on_disk = json.loads((out_dir / "meta.json").read_text())
+    assert on_disk["tokenizer"].pop("files") == [tokenizer_files(model_dir), tokenizer_files(copy)]
+    assert on_disk == {**meta, "tokenizer": {k: v for k, v in meta["tokenizer"].items()
+                                             if k != "files"}}
+    assert shard_bytes(out_dir) == before
+    for spec in (model_dir, copy):  # known already: nothing is added or written
+        run(tmp_path, *flags, f"--tokenizer={spec}")
+        assert "recorded the files" not in capsys.readouterr().out
+    (out_dir / "meta.json").write_text(json.dumps(on_disk))  # data prepared before the record
+    run(tmp_path, *flags, f"--tokenizer={model_dir}")
+    assert "recorded the files" in capsys.readouterr().out
+    assert json.loads((out_dir / "meta.json").read_text()) == meta
+    assert shard_bytes(out_dir) == before
+    bytes_meta, _ = run(tmp_path, *flags, "--tokenizer=bytes", out="bytes")
+    assert bytes_meta["tokenizer"]["files"] == []
+
+
+def test_a_resumed_run_adds_the_tokenizer_files(tmp_path, checkpoints, monkeypatch, capsys):
+    """A run that stopped part of the way, resumed with another copy of its tokenizer, records that
+    copy's files too and ends with the shards of an uninterrupted run."""
+    model_dir = checkpoints["qwen_json"][0]
+    monkeypatch.setattr(prep, "CHUNK_CHARS", 30_000)
+    flags = ["--source=builtin", "--val_every=7", "--shard_tokens=20000"]
+    _, reference = run(tmp_path, *flags, f"--tokenizer={model_dir}", out="reference")
+    real_write_shard, writes = prep.write_shard, []
+
+    def dying_write_shard(path, arrays, dtype):  # the first shard pair is whole, then it dies
+        writes.append(path)
+        if len(writes) == 3:
+            raise KeyboardInterrupt
+        return real_write_shard(path, arrays, dtype)
+
+    monkeypatch.setattr(prep, "write_shard", dying_write_shard)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, *flags, f"--tokenizer={model_dir}")
+    monkeypatch.setattr(prep, "write_shard", real_write_shard)
+    out_dir, copy = tmp_path / "out", copy_with_one_byte_more(model_dir, tmp_path / "copy")
+    assert json.loads((out_dir / "meta.json").read_text())["progress"]["shards"] == 1
+    capsys.readouterr()
+    meta, _ = run(tmp_path, *flags, f"--tokenizer={copy}")
+    assert f"recorded the files of --tokenizer={copy}" in capsys.readouterr().out
+    assert meta["complete"] and meta["tokenizer"]["files"] == [tokenizer_files(model_dir),
+                                                               tokenizer_files(copy)]
+    assert shard_bytes(out_dir) == shard_bytes(reference)
+
+
+def test_the_tokenizer_files_field_is_type_checked(tmp_path):
+    """meta.json's tokenizer.files must be a list of objects where present; data prepared before it
+    existed, without it, reads."""
+    meta, _ = run(tmp_path, "--source=builtin", "--val_every=10")
+    for files, message in [("x", "tokenizer.files is 'x' (a string), where prepare_data.py writes "
+                                 "a list"),
+                           (["x"], "an element of tokenizer.files is 'x' (a string), where "
+                                   "prepare_data.py writes an object")]:
+        with pytest.raises(RunError, match=re.escape(f"meta.json: {message}: the file was edited")):
+            check_meta(dict(meta, tokenizer=dict(meta["tokenizer"], files=files)), "meta.json")
+    older = dict(meta, tokenizer={k: v for k, v in meta["tokenizer"].items() if k != "files"})
+    assert check_meta(older, "meta.json") is older
 
 
 # -----------------------------------------------------------------------------

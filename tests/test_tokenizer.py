@@ -2,11 +2,14 @@
 tokenizers built here (helpers.py, and the fixtures checkpoints and layouts of conftest.py) and on
 SmolLM2's."""
 import base64
+import builtins
 import hashlib
 import json
+import os
 import pickle
 import random
 import re
+import shutil
 import sys
 import unicodedata
 from pathlib import Path
@@ -17,6 +20,7 @@ import tiktoken
 from tokenizers import Regex, Tokenizer, pre_tokenizers, processors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lmkit.data_meta import TOKENIZER_FILES  # noqa: E402
 from lmkit.errors import RunError  # noqa: E402
 from lmkit.tokenizer import (FAMILIES, GPT2_DIGIT_RUNS_PATTERN, GPT2_DIGITS_PATTERN,
                              GPT2_PATTERN,  # noqa: E402
@@ -134,6 +138,46 @@ def test_bad_tokenizers(tmp_path, checkpoints):
     with pytest.raises(RunError, match="eos_token '<\\|endoftext\\|>' is not one of its special "
                                        "tokens"):
         load_tokenizer(str(tmp_path / "shuffled"))
+
+
+def test_the_loader_reads_only_the_files_meta_json_records(tmp_path, layouts, checkpoints,
+                                                           monkeypatch):
+    """Every file the directory loader opens or looks for, on each tokenizer directory the tests
+    build, is one of TOKENIZER_FILES, whose sha256s meta.json records so that distill.py can check
+    a teacher by them: the list cannot fall behind the loader. The directories cover every layout
+    it reads: tokenizer.json (with special_tokens_map.json, or original/tokenizer.model beside it),
+    vocab.json + merges.txt (with the legacy added_tokens.json), original/tokenizer.model alone."""
+    legacy = tmp_path / "legacy"
+    shutil.copytree(checkpoints["qwen_vocab"][0], legacy)
+    config = json.loads((legacy / "tokenizer_config.json").read_text())
+    write_json(legacy / "added_tokens.json", {t["content"]: int(i) for i, t
+                                              in config.pop("added_tokens_decoder").items()})
+    write_json(legacy / "tokenizer_config.json", config)
+    directories = [*(d for d, *_ in layouts.values()), *(d for d, _ in checkpoints.values()),
+                   legacy]
+    opened, looked_for = [], []
+
+    def recorded(real, paths):
+        def call(path, *args, **kwargs):
+            paths.append(os.fspath(path))
+            return real(path, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(builtins, "open", recorded(builtins.open, opened))
+    monkeypatch.setattr(os.path, "isfile", recorded(os.path.isfile, looked_for))
+    read = set()
+    for model_dir in directories:
+        opened.clear()
+        looked_for.clear()
+        load_tokenizer(str(model_dir))
+        names = {what: {Path(path).relative_to(model_dir).as_posix() for path in paths
+                        if Path(path) != model_dir}
+                 for what, paths in (("opened", opened), ("looked for", looked_for))}
+        assert names["opened"], model_dir
+        for what, found in names.items():
+            assert found <= set(TOKENIZER_FILES), (model_dir, what, found - set(TOKENIZER_FILES))
+        read |= names["opened"]
+    assert read == set(TOKENIZER_FILES)  # and each of them is read by some layout
 
 
 # -----------------------------------------------------------------------------------------------
