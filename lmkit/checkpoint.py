@@ -1,12 +1,8 @@
 """
-Checkpoints in and out: this repo's training checkpoints (ckpt.pt) and Hugging Face model
-directories, read and written as dicts and tensors (lmkit/loading.py builds a GPT from them; this
-file imports nothing of model.py). Every file a model is read from or written to goes through here,
-so every reader gets the same checks and the same one-line errors (CheckpointError). Reading a
-ckpt.pt runs no code from it: its pickle may name only what torch.save writes for tensors and
-numpy's random state (allowed_global), else it is refused by name before any of it is unpickled.
-What ckpt.pt holds: docs/training.md, "Checkpoints and preemption"; a Hugging Face directory's
-files: docs/export.md.
+This repo's checkpoints (ckpt.pt), read and written, and Hugging Face model directories, read, as
+dicts and tensors; lmkit/pretrained.py builds the GPT. Every reader comes through here and gets the
+same checks and one-line errors. Reading a ckpt.pt runs no code from it (docs/implementation.md,
+"What opening a file may run"). What ckpt.pt holds: docs/training.md, "Checkpoints and preemption".
 """
 import io
 import json
@@ -25,13 +21,11 @@ from .files import atomic_write
 
 CKPT_NAME = 'ckpt.pt'
 CKPT_KEYS = ('model', 'optimizer', 'step', 'rng', 'config', 'model_config', 'tokenizer', 'data')
-# what reading a model (not resuming its training) needs
-MODEL_KEYS = ('model', 'model_config', 'tokenizer')
+MODEL_KEYS = ('model', 'model_config', 'tokenizer')  # what reading a model, not resuming it, needs
 
 
 class CheckpointError(RunError, ValueError):
-    """A file that cannot be read as the checkpoint it should be; the message names it and says what
-    to do."""
+    """A file that cannot be read as the checkpoint it should be; the message says what to do."""
 
 # -----------------------------------------------------------------------------
 # Ours: ckpt.pt
@@ -45,8 +39,7 @@ def checkpoint_file(spec):
     if os.path.isfile(os.path.join(spec, CKPT_NAME)):
         return os.path.join(spec, CKPT_NAME)
     if os.path.isfile(os.path.join(spec, 'config.json')):
-        # train.py writes config.json at its start, ckpt.pt at its first evaluation
-        if is_run_config(spec):
+        if is_run_config(spec):  # train.py writes config.json at its start, ckpt.pt later
             raise CheckpointError(f"{spec}: a train.py run directory with no {CKPT_NAME} yet (a "
                                   "run saves it at every eval_interval steps and at its end); wait "
                                   "for its first save, or give a run that has one")
@@ -59,8 +52,7 @@ def checkpoint_file(spec):
 
 
 def is_run_config(out_dir):
-    """Whether out_dir/config.json is one that train.py wrote (its resolved config, not a Hugging
-    Face model's)."""
+    """Whether out_dir/config.json is train.py's resolved config rather than a model's."""
     try:
         with open(os.path.join(out_dir, 'config.json')) as f:
             config = json.load(f)
@@ -70,9 +62,8 @@ def is_run_config(out_dir):
 
 
 def unreadable(path, error):
-    """Why torch.load could not read path, in words that fit the file: torch's own, for an empty
-    file or one that is not a zip archive at all, advises saving it with
-    _use_new_zipfile_serialization, which misleads."""
+    """Why torch.load could not read path, in words that fit the file. For an empty file, or one
+    that is no zip archive, torch's own message misleads: it advises another way to save it."""
     size = os.path.getsize(path)
     if size == 0:
         return "the file is empty"
@@ -82,65 +73,45 @@ def unreadable(path, error):
 
 
 def read_checkpoint(path, keys=MODEL_KEYS):
-    """One of this repo's checkpoints, memory-mapped: only the tensors used are read from disk (not
-    the optimizer state a training checkpoint also holds), and the ranks of a node share one copy in
-    the page cache. Read as data only (load_data_only): a file that would run code is refused. keys:
-    what the caller needs (CKPT_KEYS to resume training); the bytes of every tensor under them are
-    verified against the checksums written with them (verify_checkpoint), and where they include the
-    model, its weights are checked to be finite (check_weights_finite), before anything is
-    returned."""
+    """One of this repo's checkpoints, read as data only and memory-mapped, so that only the tensors
+    used are read from disk and a node's ranks share one copy. keys names what the caller needs
+    (CKPT_KEYS to resume training): every tensor under them must match its checksum, and the model's
+    weights must be finite. A diverged run's NaN weights would give every reader silent garbage."""
     ckpt = load_data_only(path)
     missing = [key for key in keys if not isinstance(ckpt, dict) or key not in ckpt]
     if missing:
         raise CheckpointError(f"{path} is not a checkpoint written by train.py: it has no "
                               f"{', '.join(missing)}")
     verify_checkpoint(path, keys)
-    # every tool that reads the weights comes through here: none runs a diverged model
-    if 'model' in keys:
-        check_weights_finite(path, ckpt['model'])
+    state = ckpt['model'] if 'model' in keys else {}
+    floats = [name for name, t in state.items() if t.is_floating_point()]
+    if bad := [name for name in floats if not bool(torch.isfinite(state[name]).all())]:
+        raise CheckpointError(f"{path} holds weights that are not finite: {len(bad)} of its "
+                              f"{len(floats)} float tensors hold NaN or infinity, the first "
+                              f"{bad[0]} (a run that diverged); nothing was loaded from it; "
+                              f"{fallback(path)}, or train again with a lower learning rate")
     return ckpt
 
 
-def nonfinite_tensors(state):
-    """The names of the floating-point tensors of a state dict (name -> tensor) that hold a NaN or
-    an infinity."""
-    return [name for name, t in state.items() if t.is_floating_point()
-            and not bool(torch.isfinite(t).all())]
-
-
-def check_weights_finite(path, state):
-    """CheckpointError naming the file, the first tensor of `state` (its model's) that is not finite
-    and how many are not: such weights (a diverged run's) give NaN logits, which every reader would
-    turn into silent garbage."""
-    bad = nonfinite_tensors(state)
-    if bad:
-        floats = sum(t.is_floating_point() for t in state.values())
-        raise CheckpointError(f"{path} holds weights that are not finite: {len(bad)} of its "
-                              f"{floats} float tensors hold NaN or infinity, the first {bad[0]} (a "
-                              f"run that diverged); nothing was loaded from it; {fallback(path)}, "
-                              "or train again with a lower learning rate")
-
-
-# What reading a checkpoint may look up: what torch.save writes for tensors (their rebuild functions
-# and storage types, a state dict's OrderedDict, bytes) and what numpy pickles its random state with
-# (resume.rng_state), under numpy 2's names and numpy 1.x's. Nothing else is ever resolved, let
-# alone called.
+# What a checkpoint may name: what torch.save writes for tensors (their rebuild functions and
+# storage types, a state dict's OrderedDict, bytes) and what numpy pickles its random state with,
+# under numpy 2's names and numpy 1.x's. Nothing else is ever resolved, let alone called.
 _RECONSTRUCT = np.zeros(0).__reduce__()[0]  # the function numpy pickles an array with
 NUMPY_GLOBALS = {'numpy._core.multiarray._reconstruct': _RECONSTRUCT,  # numpy 2's name of it
                  'numpy.core.multiarray._reconstruct': _RECONSTRUCT,  # numpy 1.x's
                  'numpy.ndarray': np.ndarray, 'numpy.dtype': np.dtype}
 TORCH_GLOBALS = ('torch._utils._rebuild_tensor_v2', 'torch._utils._rebuild_tensor_v3',
                  'collections.OrderedDict', '_codecs.encode')
-# what torch.load(weights_only=True) needs besides its own allowlist: the numpy names above, and the
-# class of the random state's dtype (uint32), whose pickled state it sets
+# what torch.load(weights_only=True) must allow besides its own list: the numpy names, and the class
+# of the random state's dtype (uint32), whose pickled state it sets
 SAFE_GLOBALS = [(obj, name) for name, obj in NUMPY_GLOBALS.items()] + [type(np.dtype(np.uint32))]
 
 
 def allowed_global(name):
     """Whether a checkpoint may name the global `name` (module.qualified_name)."""
     module, _, attr = name.rpartition('.')
-    return name in TORCH_GLOBALS or name in NUMPY_GLOBALS or (module == 'torch'
-                                                              and attr.endswith('Storage'))
+    return (name in TORCH_GLOBALS or name in NUMPY_GLOBALS
+            or (module == 'torch' and attr.endswith('Storage')))
 
 
 def code_in(pickled):
@@ -151,11 +122,10 @@ def code_in(pickled):
         if opcode.name in ('GLOBAL', 'INST') and not allowed_global(arg.replace(' ', '.')):
             found.append(arg.replace(' ', '.'))
         elif opcode.name == 'STACK_GLOBAL':
-            # Never in torch.save's pickles (protocol 2). It names the global by the two strings
-            # pushed before it, unless they were fetched from the memo.
+            # not in torch.save's pickles (protocol 2): the global is named by the two strings
+            # pushed before it, unless they came from the memo
             found.append('.'.join(strings[-2:]) or opcode.name)
-        elif opcode.name.startswith('EXT'):
-            # a global by its number in copyreg's registry, never in torch.save's pickles
+        elif opcode.name.startswith('EXT'):  # a global by its copyreg number: not torch.save's
             found.append(f"copyreg extension {arg}")
         elif isinstance(arg, str):
             strings.append(arg)
@@ -170,8 +140,7 @@ def held_code(names):
 
 
 def refused(path, what):
-    """The one line for a file that holds what a checkpoint does not (what) and that nothing was run
-    from."""
+    """The one line for a file that holds `what`, which no checkpoint holds; nothing was run."""
     return CheckpointError(f"{path} is refused: it holds {what}; a checkpoint of train.py holds "
                            "only tensors, plain values and numpy's random state. Nothing in it was "
                            "run. Do not open it with torch.load either; ask its source for the "
@@ -179,18 +148,15 @@ def refused(path, what):
 
 
 def load_data_only(path):
-    """torch.load of a checkpoint that runs no code from it: every pickle in the file is first
-    scanned, without unpickling it, for a global a checkpoint may not name (code_in), and refused in
-    one line naming it; then torch.load(weights_only=True), whose unpickler builds only tensors and
-    plain values (plus SAFE_GLOBALS), reads it. A file that is not a zip archive is refused by
-    torch.load (memory-mapping needs one) before it reads any."""
+    """torch.load of a checkpoint that runs no code from it: every pickle in the file is scanned
+    (code_in), then torch.load(weights_only=True) builds only tensors and plain values (and
+    SAFE_GLOBALS). It refuses unread a file that is not the zip archive memory-mapping needs."""
     try:
         with zipfile.ZipFile(path) as archive:
             code = [name for info in archive.infolist() if info.filename.endswith('.pkl')
                     for name in code_in(archive.read(info))]
     except (zipfile.BadZipFile, ValueError, OSError):
-        # Not a zip, damaged, or saved without checksums (which zipfile takes for wrong ones):
-        # torch.load's own refusal below names what such a file holds.
+        # not a zip, damaged, or saved without CRCs (zipfile balks): torch.load's refusal says which
         code = []
     if code:
         raise refused(path, held_code(code))
@@ -211,14 +177,12 @@ def load_data_only(path):
                               f"{fallback(path)}") from None
 
 
-class _StorageRef:
-    def __init__(self, key):
-        self.key = key
+class _StorageRef(str):
+    """The key of the zip record, data/<key>, that holds one tensor's bytes."""
 
 
 class _Inert:
-    """What the checksum pass builds for a global it does not need (a storage type, bytes, numpy's
-    random state): nothing is called, nothing is kept."""
+    """What the checksum pass builds for a global it does not need: nothing is called or kept."""
 
     def __init__(self, *args, **kwargs):
         pass
@@ -228,17 +192,15 @@ class _Inert:
 
 
 class _TensorsAsRecords(pickle.Unpickler):
-    """A torch.save'd file's data.pkl read without its tensors: each tensor becomes a _StorageRef to
-    the zip record that holds its bytes (torch's persistent id is ('storage', type, key, location,
-    numel); the record is data/<key>). Only the globals a checkpoint may name are resolved
-    (allowed_global), and none to what it is: tensors to their records, an OrderedDict to one, the
-    rest to _Inert."""
+    """A torch.save'd file's data.pkl read without its tensors, each the _StorageRef of its record.
+    Only the globals a checkpoint may name are resolved, and none to what it is: tensors to their
+    records, an OrderedDict to one, the rest to _Inert."""
 
     def __init__(self, file, path):
         super().__init__(file)
         self.path = path
 
-    def persistent_load(self, saved_id):
+    def persistent_load(self, saved_id):  # ('storage', type, key, location, numel)
         return _StorageRef(saved_id[2])
 
     def find_class(self, module, name):
@@ -253,7 +215,7 @@ class _TensorsAsRecords(pickle.Unpickler):
 def _records(obj, where):
     """(where, record key) of every tensor in obj, a nest of dicts, lists and tuples."""
     if isinstance(obj, _StorageRef):
-        yield where, obj.key
+        yield where, obj
     elif isinstance(obj, dict):
         for k, v in obj.items():
             yield from _records(v, f"{where}.{k}")
@@ -263,31 +225,22 @@ def _records(obj, where):
 
 
 def verify_checkpoint(path, keys):
-    """CheckpointError unless the bytes of every tensor under `keys` match the CRC-32 that torch's
-    zip writer computed while it streamed them out in torch.save (one per record, stored in the
-    zip's directory; torch's default, torch.utils.serialization.config.save.compute_crc32). Only
-    those records are read, once, through the page cache that the memory-mapped load then shares. A
-    checksum catches damage (a flipped bit, a bad copy), not tampering. A file without checksums
-    (saved with them turned off) is read unverified, with a note."""
-    try:
-        archive = zipfile.ZipFile(path)
-    except zipfile.BadZipFile:  # torch's legacy (non-zip) format has no checksums
-        print(f"note: {path} has no checksums (torch's legacy format): read "
-              "unverified", file=sys.stderr)
-        return
-    with archive:
+    """CheckpointError unless the bytes of every tensor under `keys` match the CRC-32 torch.save
+    stored with them, which catches damage (a flipped bit, a bad copy), not tampering. Each record
+    is read once, through the page cache the memory-mapped load shares. A file saved without
+    checksums is read unverified, with a note; load_data_only refused one that is not a zip."""
+    with zipfile.ZipFile(path) as archive:
         pickled = next(info for info in archive.infolist() if info.filename.endswith('/data.pkl'))
-        # torch wrote none (torch.utils.serialization.config.save.compute_crc32 turned off)
-        if pickled.CRC == 0:
+        if pickled.CRC == 0:  # torch.utils.serialization.config.save.compute_crc32 was off
             print(f"note: {path} was saved without checksums: read unverified", file=sys.stderr)
             return
         prefix, where = pickled.filename[:-len('data.pkl')], 'its index'
         try:
             tree = _TensorsAsRecords(io.BytesIO(archive.read(pickled)), path).load()
-            for key, where in {record: name for key in keys for name,
-                               record in _records(tree[key], key)}.items():
+            records = {record: name for key in keys for name, record in _records(tree[key], key)}
+            for record, where in records.items():
                 # zipfile checks the CRC-32 once it has read all
-                with archive.open(f"{prefix}data/{key}") as f:
+                with archive.open(f"{prefix}data/{record}") as f:
                     while f.read(1 << 24):
                         pass
         except (zipfile.BadZipFile, KeyError, OSError) as e:
@@ -297,15 +250,13 @@ def verify_checkpoint(path, keys):
 
 
 def previous_checkpoint(path):
-    """Where save_checkpoint keeps the checkpoint before the latest (ckpt.pt -> ckpt.prev.pt): the
-    copy to fall back to if the latest is ever damaged."""
+    """Where save_checkpoint keeps the checkpoint before the latest (ckpt.prev.pt)."""
     root, ext = os.path.splitext(path)
     return f"{root}.prev{ext}"
 
 
 def fallback(path):
-    """What to do about a checkpoint that cannot be read: the copy to fall back to, where there is
-    one."""
+    """What to do about a checkpoint that cannot be read: fall back to its previous one, if any."""
     prev = previous_checkpoint(path)
     if os.path.isfile(prev):
         return (f"fall back to the checkpoint saved before it: mv {prev} {path} (or restore {path} "
@@ -314,18 +265,14 @@ def fallback(path):
 
 
 def model_state(ckpt):
-    """The GPT's tensors of a checkpoint (a torch.compile'd whole model once saved them under
-    _orig_mod.)."""
+    """The GPT's tensors of a checkpoint, less the _orig_mod. of a torch.compile'd model's names."""
     return {key.removeprefix('_orig_mod.'): t for key, t in ckpt['model'].items()}
 
 
 def save_checkpoint(path, state, keep_previous=True):
-    """Atomic (files.atomic_write): a crash or a full disk mid-save leaves the previous checkpoint
-    as it was, and no temporary file. torch's zip writer computes each record's CRC-32 as it streams
-    it out (no second pass over the file); read_checkpoint verifies them. keep_previous: the
-    checkpoint being replaced stays as previous_checkpoint(path) (a hard link, so no copy is made);
-    the older one before it is removed first, so a save needs no more room than one new
-    checkpoint."""
+    """Save atomically: a crash or a full disk mid-save leaves the previous checkpoint as it was.
+    With keep_previous, the one replaced stays as previous_checkpoint(path), a hard link, and the
+    one before it is removed first, so a save needs no more room than one new checkpoint."""
     prev = previous_checkpoint(path)
     if keep_previous and os.path.isfile(path) and os.path.isfile(prev):
         os.remove(prev)
@@ -347,11 +294,10 @@ def read_hf_config(path):
 
 
 def config_from_hf(hf):
-    """ModelConfig's fields (a dict) of a Hugging Face config.json (a dict) of a Llama
-    (2/3/3.1/3.2), Mistral or Qwen2 (also Qwen1.5, Qwen2.5) model, whose attention is then
-    ModelConfig's default, softmax (GPT.from_pretrained may give it another), or of an export_hf.py
-    export, its own ModelConfig as it is. A setting the model does not reproduce exactly is a
-    ValueError naming it, never a silent change."""
+    """ModelConfig's fields (a dict) of a config.json (a dict): a Llama (2/3/3.1/3.2), Mistral or
+    Qwen2 (also Qwen1.5, Qwen2.5) model's, whose attention is then softmax, or an export's own
+    ModelConfig. A setting this model would not reproduce exactly is a ValueError naming it, never
+    a silent change."""
     # an export of a model that transformers' own classes do not compute: our ModelConfig
     if 'model_config' in hf:
         return dict(hf['model_config'])
@@ -372,42 +318,36 @@ def config_from_hf(hf):
                    if hf.get(key)}
     if hf.get('hidden_act', 'silu') != 'silu':
         unsupported['hidden_act'] = hf['hidden_act']
-    # head_dim null (transformers 4.57 writes it so for Mistral) is the default, hidden_size /
-    # num_attention_heads
+    # head_dim null, as transformers 4.57 writes Mistral's, is hidden_size / num_attention_heads
     if hf.get('head_dim') not in (None, n_embd // n_head):
         unsupported['head_dim'] = hf['head_dim']
     if unsupported:
         raise ValueError(f"config.json: unsupported settings {unsupported}")
-    # Mistral's sliding window: each position attends to the last sliding_window positions (itself
-    # included). Up to that many tokens this is full causal attention, which is what this model
-    # computes, so the model's length is capped there: a longer block_size is then refused
-    # (distill.check_compatibility), never computed differently.
+    # Mistral attends to the last sliding_window positions: full causal attention up to that length,
+    # so the length is capped there (distill.py refuses a longer one), never computed differently
     block_size = hf['max_position_embeddings']
     if sliding_window(hf) is not None:
         block_size = min(block_size, sliding_window(hf))
-    return dict(
-        n_layer=hf['num_hidden_layers'], n_head=n_head, n_kv_head=hf.get('num_key_value_heads')
-                or n_head,
-        n_embd=n_embd, intermediate_size=hf['intermediate_size'], vocab_size=hf['vocab_size'],
-        block_size=block_size, rope_theta=hf.get('rope_theta', rope.get('rope_theta', 10000.0)),
-        rope_scaling={k: v for k, v in rope.items() if k != 'rope_theta'} if rope_type == 'llama3'
-                else None,
-        rms_norm_eps=hf['rms_norm_eps'], qkv_bias=model_type == 'qwen2',
-        tie_embeddings=hf.get('tie_word_embeddings', False),
+    llama3 = {k: v for k, v in rope.items() if k != 'rope_theta'} if rope_type == 'llama3' else None
+    return dict(n_layer=hf['num_hidden_layers'], n_head=n_head,
+                n_kv_head=hf.get('num_key_value_heads') or n_head, n_embd=n_embd,
+                intermediate_size=hf['intermediate_size'], vocab_size=hf['vocab_size'],
+                block_size=block_size,
+                rope_theta=hf.get('rope_theta', rope.get('rope_theta', 10000.0)),
+                rope_scaling=llama3, rms_norm_eps=hf['rms_norm_eps'],
+                qkv_bias=model_type == 'qwen2', tie_embeddings=hf.get('tie_word_embeddings', False),
                 init_std=hf.get('initializer_range', 0.02))
 
 
 def sliding_window(hf):
-    """A Mistral config.json's (a dict) sliding_window, which caps the model's length
-    (config_from_hf), or None."""
+    """A Mistral config.json's sliding_window, which caps the model's length, or None."""
     return hf.get('sliding_window') if hf.get('model_type') == 'mistral' else None
 
 
 def read_safetensors(path, dtype, device, keep_fp32=()):
-    """Every tensor of a Hugging Face directory (model.safetensors, or the shards its index lists),
-    each cast to dtype (those whose last name is in keep_fp32 to float32) and moved to device as it
-    is read: on a GPU only one tensor at a time is in host RAM (every rank of an 8-GPU node loads
-    the teacher). RoPE's inv_freq, which older saves hold, is left out (model.py computes it)."""
+    """Every tensor of a Hugging Face directory, cast to dtype (keep_fp32's names to float32) and
+    moved to device as it is read, so that a GPU rank holds one tensor at a time in host RAM. RoPE's
+    inv_freq, which older saves hold, is left out: model.py computes it."""
     from safetensors import safe_open  # only reading needs it
     index = os.path.join(path, 'model.safetensors.index.json')
     if os.path.isfile(index):
@@ -423,8 +363,7 @@ def read_safetensors(path, dtype, device, keep_fp32=()):
         with safe_open(os.path.join(path, name), framework='pt') as f:
             for key in f.keys():
                 if not key.endswith('rotary_emb.inv_freq'):
-                    # an exported model's float32 buffers (affine's alpha_ma) stay so, as model.py
-                    # keeps them
+                    # an export's float32 buffers (alpha_ma) stay so, as model.py keeps them
                     keep = torch.float32 if key.rsplit('.', 1)[-1] in keep_fp32 else dtype
                     state[key] = f.get_tensor(key).to(device=device, dtype=keep)
     return state
