@@ -557,6 +557,12 @@ def test_hf_teacher_is_checked_by_its_tokenizer_files(family_teachers, tmp_path)
     for teacher_spec in (spec, str(copy)):
         distill.check_compatibility(teacher, teacher_spec, teacher.config, read_meta(str(data)), 16)
     assert {p.name: p.read_bytes() for p in data.glob('*.bin')} == before
+    # a tokenizer with another sha256 is still refused, and the remedy does not record its files
+    other = str(family_teachers['mistral'])
+    assert '): tokenizer.json (other bytes); if' in refusal(other)  # (the same tokenizer_config)
+    with pytest.raises(RunError, match='holds shards of a different tokenizer'):
+        prep.main([*prepare, f'--tokenizer={other}'])
+    assert 'tokenizer.json (other bytes)' in refusal(other)
 
 # -----------------------------------------------------------------------------
 # The sanity tool
