@@ -13,7 +13,7 @@ from lmkit.errors import RunError
 
 # Every file of a Hugging Face directory that lmkit/tokenizer.py's loader reads, relative to the
 # directory. The loader takes its names from here, and tests/test_tokenizer.py checks that it opens
-# no other, so the sha256s below cover everything that decides the tokenizer.
+# no other, so the sha256s of tokenizer_files cover everything that decides the tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "added_tokens.json", "original/tokenizer.model")
 
