@@ -1,11 +1,10 @@
 """
 The network of "Affine-Scaled Attention: Towards Flexible and Stable Transformer Attention" (Bae et
-al., 2026, https://arxiv.org/abs/2602.23057), whose equation numbers the comments use. It is one
-Llama-style decoder whose attention is one flag, ModelConfig.attention. Each variant is one entry of
-VARIANTS: softmax (Eq. 1), sink (Eq. 3), affine (Eq. 6-9) and softmax1 (Eq. 2). The output gate of
-Eq. 4-5, or Qiu et al.'s gate per head, goes on any of them. Each variant has an O(T) forward on a
-fused kernel (attention_kernels.py) and an explicit T x T form that the tests hold it to. Its
-parameters have Hugging Face's Llama and Qwen2 names: a softmax state_dict is an HF checkpoint.
+al., 2026, https://arxiv.org/abs/2602.23057), whose equation numbers the comments use: one
+Llama-style decoder whose attention, ModelConfig.attention, names an entry of VARIANTS: softmax
+(Eq. 1), sink (Eq. 3), affine (Eq. 6-9) or softmax1 (Eq. 2), each with or without an output gate
+(Eq. 4-5, or Qiu et al.'s per head). Each has an O(T) forward on a fused kernel and an explicit
+T x T form that the tests hold it to. Its parameters have Hugging Face's Llama and Qwen2 names.
 """
 import math
 from dataclasses import dataclass, fields
@@ -60,8 +59,7 @@ class ModelConfig:
             self.gate = 'elementwise' if self.gate else 'none'
         for name, choices in [('attention', ATTENTIONS), ('affine_act', AFFINE_ACTS),
                               ('affine_bias_norm', AFFINE_BIAS_NORMS), ('gate', GATES)]:
-            value = getattr(self, name)
-            if value not in choices:
+            if (value := getattr(self, name)) not in choices:
                 raise ValueError(f"ModelConfig.{name}={value!r}; valid values: "
                                  + ', '.join(choices))
         if self.gate not in ('none', self.gate_kind):  # a GATED_NAMES name fixes its own gate
@@ -113,36 +111,33 @@ class ModelConfig:
 
 FIELD_NAMES = tuple(f.name for f in fields(ModelConfig))
 
-# The published shapes the paper's students and teachers copy, as ModelConfig fields, from each
-# model's config.json on the Hugging Face hub (Qwen/Qwen1.5-0.5B, Qwen/Qwen1.5-1.8B,
-# meta-llama/Llama-3.2-1B, -3.2-3B, -3.1-8B); block_size is the paper's 2,048 tokens.
+# The published shapes the paper's students and teachers copy, from each model's config.json on the
+# Hugging Face hub (Qwen/Qwen1.5-0.5B and -1.8B, meta-llama/Llama-3.2-1B, -3.2-3B and -3.1-8B), and
+# the one-GPU tier's (HuggingFaceTB/SmolLM2-135M and -360M), at the paper's 2,048 tokens.
 LLAMA3_ROPE = dict(rope_type='llama3', low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=8192)
-QWEN = dict(rope_theta=1000000.0, rope_scaling=None, rms_norm_eps=1e-6, qkv_bias=True)
-LLAMA3 = dict(rope_theta=500000.0, rms_norm_eps=1e-5, qkv_bias=False)
+LLAMA3 = dict(rope_theta=500000.0, rms_norm_eps=1e-5, qkv_bias=False, vocab_size=128256,
+              tie_embeddings=False, block_size=2048)
+LLAMA32 = dict(LLAMA3, intermediate_size=8192, tie_embeddings=True,
+               rope_scaling=dict(LLAMA3_ROPE, factor=32.0))  # Llama 3.2's 1B and 3B
+# vocab_size 151,936 is Qwen's padded embedding (151,646 real tokens)
+QWEN = dict(rope_theta=1000000.0, rope_scaling=None, rms_norm_eps=1e-6, qkv_bias=True,
+            vocab_size=151936, block_size=2048)
 SMOLLM2 = dict(vocab_size=49152, rope_theta=100000.0, rope_scaling=None, rms_norm_eps=1e-5,
-               qkv_bias=False, tie_embeddings=True)
+               qkv_bias=False, tie_embeddings=True, block_size=2048)
 MODEL_SHAPES = {
     'qwen1.5-0.5b': dict(QWEN, n_layer=24, n_head=16, n_kv_head=16, n_embd=1024,
-                         intermediate_size=2816, tie_embeddings=True, block_size=2048,
-                         vocab_size=151936),  # Qwen's padded embedding (151,646 real tokens)
+                         intermediate_size=2816, tie_embeddings=True),
     'qwen1.5-1.8b': dict(QWEN, n_layer=24, n_head=16, n_kv_head=16, n_embd=2048,
-                         intermediate_size=5504, vocab_size=151936, tie_embeddings=False,
-                         block_size=2048),
-    'llama3.2-1b': dict(LLAMA3, n_layer=16, n_head=32, n_kv_head=8, n_embd=2048,
-                        intermediate_size=8192, vocab_size=128256, tie_embeddings=True,
-                        rope_scaling=dict(LLAMA3_ROPE, factor=32.0), block_size=2048),
-    'llama3.2-3b': dict(LLAMA3, n_layer=28, n_head=24, n_kv_head=8, n_embd=3072,
-                        intermediate_size=8192, vocab_size=128256, tie_embeddings=True,
-                        rope_scaling=dict(LLAMA3_ROPE, factor=32.0), block_size=2048),
+                         intermediate_size=5504, tie_embeddings=False),
+    'llama3.2-1b': dict(LLAMA32, n_layer=16, n_head=32, n_kv_head=8, n_embd=2048),
+    'llama3.2-3b': dict(LLAMA32, n_layer=28, n_head=24, n_kv_head=8, n_embd=3072),
     'llama3.1-8b': dict(LLAMA3, n_layer=32, n_head=32, n_kv_head=8, n_embd=4096,
-                        intermediate_size=14336, vocab_size=128256, tie_embeddings=False,
-                        rope_scaling=dict(LLAMA3_ROPE, factor=8.0), block_size=2048),
-    # the one-GPU tier (config/onegpu.py) copies HuggingFaceTB/SmolLM2-135M and -360M
+                        intermediate_size=14336, rope_scaling=dict(LLAMA3_ROPE, factor=8.0)),
     'smollm2-135m': dict(SMOLLM2, n_layer=30, n_head=9, n_kv_head=3, n_embd=576,
-                         intermediate_size=1536, block_size=2048),
+                         intermediate_size=1536),
     'smollm2-360m': dict(SMOLLM2, n_layer=32, n_head=15, n_kv_head=5, n_embd=960,
-                         intermediate_size=2560, block_size=2048),
+                         intermediate_size=2560),
     # the CPU shape of tiny_cpu.py and the quick start, published nowhere (257 byte ids, 320 rows)
     'tiny': dict(n_layer=4, n_head=4, n_kv_head=2, n_embd=128, intermediate_size=384,
                  vocab_size=320, block_size=256, rope_theta=10000.0, tie_embeddings=True),
@@ -166,9 +161,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(config, positions):
-    """The cos and sin tables (T, head_dim), or (B, T, head_dim), of absolute positions, in Hugging
-    Face's rotate-half layout. Each forward computes them rather than storing them, so that a model
-    built on the meta device needs no re-init."""
+    """The cos and sin tables (T, head_dim), or (B, T, head_dim), of absolute positions, in HF's
+    rotate-half layout: computed by each forward, so that a model built on meta needs no re-init."""
     dim = config.head_dim
     exponents = torch.arange(0, dim, 2, device=positions.device).float() / dim
     inv_freq = 1.0 / (config.rope_theta ** exponents)
@@ -188,10 +182,9 @@ def rope_cos_sin(config, positions):
 def apply_rope(x, cos, sin):
     """Rotate x (B, H, T, D) by cos and sin, (T, D), or (B, T, D) where rows have their own
     positions. Channel i pairs with i + D/2 (rotate-half), as in Hugging Face's checkpoints."""
-    if cos.dim() == 3:
-        cos, sin = cos[:, None], sin[:, None]
+    cos, sin = cos.unsqueeze(-3).to(x.dtype), sin.unsqueeze(-3).to(x.dtype)  # a dim for the heads
     x1, x2 = x.chunk(2, dim=-1)
-    return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 class MLP(nn.Module):
@@ -206,13 +199,12 @@ class MLP(nn.Module):
 
 
 # -----------------------------------------------------------------------------------------------
-# The attention variants. Each is written twice, as functions of the layer `attn`:
-#   forward(attn, q, k, v, causal, mask, **call) -> y (B, H, T, D) is the O(T) path. k and v hold
-#       every key the call sees, cached ones included, and causal and mask say which keys each
-#       query sees (attention_kernels.py). call holds alpha, v_new (this call's values),
-#       positions, seq_lens (the real lengths of right-padded rows) and cache.
-#   weights(attn, scores, **call) -> (B, H, T, T), at least float32, is the explicit form. scores
-#       is QK^T / sqrt(d) with hidden keys at -inf, and weights @ V is forward's y.
+# The attention variants, each written twice as functions of the layer `attn`:
+#   forward(attn, q, k, v, causal, mask, **call) -> y (B, H, T, D), the O(T) path. k and v hold
+#       every key the call sees, cached ones included; causal and mask say which each query sees.
+#       call holds alpha, v_new (this call's values), positions, seq_lens and cache.
+#   weights(attn, scores, **call) -> (B, H, T, T), at least float32, the explicit form of the
+#       scores QK^T / sqrt(d) (hidden keys at -inf): weights @ V is forward's y.
 
 def softmax_forward(attn, q, k, v, causal, mask, **call):
     return softmax_attention(q, k, v, causal, mask)  # Eq. 1
@@ -242,15 +234,11 @@ def affine_tensors(attn, config):
     attn.register_buffer('alpha_count', torch.zeros(()), persistent=False)
 
 
-def linear_clip(x):
-    """Eq. 11: 0 for x <= -5, 0.1 x + 0.5 in between, and 1 for x >= 5."""
-    return (0.1 * x + 0.5).clamp(0.0, 1.0)
-
-
 def affine_alpha(attn, x):
-    """Eq. 7: alpha = phi(W_alpha X), one scale per token and head, (B, T, H), at least float32."""
+    """Eq. 7: alpha = phi(W_alpha X), one scale per token and head, (B, T, H), at least float32.
+    phi is Eq. 11's linear clip (0 below -5, 0.1 x + 0.5 between, 1 above 5) or Eq. 10's sigmoid."""
     a = at_least_fp32(attn.alpha_proj(x))
-    return linear_clip(a) if attn.config.affine_act == 'linear_clip' else torch.sigmoid(a)
+    return (0.1 * a + 0.5).clamp(0, 1) if attn.config.affine_act == 'linear_clip' else a.sigmoid()
 
 
 def bias_norm(config, positions, seq_lens, n_keys):
@@ -264,17 +252,15 @@ def bias_norm(config, positions, seq_lens, n_keys):
 
 def affine_scaled(y, alpha, alpha_ma, v_mean):
     """Eq. 6 and 8 without the T x T matrix: [alpha softmax(QK^T / sqrt(d)) + beta] V with beta =
-    (alpha_ma - alpha) / N. Query i sees only keys j <= i (beta on later keys would leak them), and
-    alpha_i and beta_i are constant along a row, so with y = softmax(QK^T / sqrt(d)) V (Eq. 1)
+    (alpha_ma - alpha) / N on the keys j <= i that query i sees. alpha_i and beta_i are constant
+    along a row, so with y = softmax(QK^T / sqrt(d)) V (Eq. 1)
 
         sum_{j<=i} [alpha_i a_ij + beta_i] V_j = alpha_i y_i + (alpha_ma - alpha_i) sum_j<=i V_j / N
 
-    which adds O(T) work to the fused kernel. y is (B, H, T, D), alpha (B, T, H) in float32,
-    alpha_ma (H,), and v_mean (B, H_kv, T, D) is (sum_{j<=i} V_j) / N in float32, shared by the G
-    query heads of a group."""
+    which adds O(T) work to the fused kernel. y is (B, H, T, D), alpha (B, T, H), alpha_ma (H,), and
+    v_mean (B, H_kv, T, D) is (sum_{j<=i} V_j) / N, shared by the G query heads of a group."""
     B, H, T, D = y.shape
-    H_kv = v_mean.size(1)
-    G = H // H_kv
+    H_kv, G = v_mean.size(1), H // v_mean.size(1)
     alpha = alpha.transpose(1, 2).unsqueeze(-1).view(B, H_kv, G, T, 1)
     beta_scale = alpha_ma.view(1, H_kv, G, 1, 1) - alpha
     out = alpha * y.view(B, H_kv, G, T, D) + beta_scale * v_mean.unsqueeze(2)
@@ -331,19 +317,15 @@ def init_variant_tensors(attn, std):
 
 @dataclass(frozen=True)
 class Variant:
-    """One attention variant: what the network needs to compute it. A new variant declares its O(T)
-    forward, its explicit weights and, if it has parameters, its tensors; the other fields have
-    defaults. What only the tools read about a variant lives in the tools, keyed by its name
+    """What the network needs to compute one attention variant. A new one declares its O(T)
+    forward, its explicit weights and, if it has parameters, its tensors; the rest have defaults
     (docs/implementation.md, "Adding your own attention")."""
     forward: Callable  # the O(T) path (above)
     weights: Callable  # the explicit T x T form (above), which the tests and analyses read
-    # (attn, config) registers the tensors it adds to q/k/v/o_proj, under names of its own
-    tensors: Optional[Callable] = None
+    tensors: Optional[Callable] = None  # (attn, config) registers what it adds to q/k/v/o_proj
     init: Callable = init_variant_tensors  # (attn, init_std), also after to_empty
     alpha: Optional[Callable] = None  # (attn, x) -> (B, T, H): Eq. 7's scale, averaged by Eq. 9
-    # buffers kept in float32 in every precision (Attention._apply); those registered with
-    # persistent=False are per-rank running sums, which are never saved or synced
-    fp32: tuple = ()
+    fp32: tuple = ()  # buffers kept float32 in every precision; unsaved ones are per-rank sums
     cache: tuple = ()  # the running sums its KVCache keeps beyond K and V (KVCache.sums' names)
     depends_on_length: Callable = lambda config: False  # ModelConfig.outputs_depend_on_length
 
@@ -365,14 +347,14 @@ GATED_NAMES = {'gated': Gated('softmax', 'elementwise'),
 PAPER_VARIANTS = ('softmax', 'sink', 'gated', 'affine', 'affine_gated')
 ATTENTIONS = PAPER_VARIANTS + tuple(n for n in [*VARIANTS, *GATED_NAMES] if n not in PAPER_VARIANTS)
 BASELINE = 'softmax'  # the paper's baseline
-SOFTMAX_TENSORS = ('q_proj', 'k_proj', 'v_proj', 'o_proj')
 
 
 def is_variant_tensor(key):
     """Whether a parameter or state-dict key names a tensor the variant or the gate adds to softmax
     attention (sinks, g_proj, alpha_proj, alpha_ma): the paper's ΔParams, which softmax lacks."""
     parts = key.split('.')
-    return 'self_attn' in parts and parts[parts.index('self_attn') + 1] not in SOFTMAX_TENSORS
+    return 'self_attn' in parts and parts[parts.index('self_attn') + 1] not in (
+        'q_proj', 'k_proj', 'v_proj', 'o_proj')
 
 
 class Attention(nn.Module):
@@ -408,9 +390,8 @@ class Attention(nn.Module):
         if self.explicit:  # the slow reference: the variant's explicit T x T weights
             if cache is not None:
                 raise ValueError("Attention.explicit computes whole sequences: no KV cache")
-            G = self.config.n_head // self.config.n_kv_head
-            y = self.weights(x, cos, sin, positions, seq_lens,
-                             self.hidden_keys).to(v.dtype) @ v.repeat_interleave(G, 1)
+            weights = self.weights(x, cos, sin, positions, seq_lens, self.hidden_keys)
+            y = weights.to(v.dtype) @ v.repeat_interleave(q.size(1) // v.size(1), 1)
         else:
             y = variant.forward(self, q, k, v, causal, mask, alpha=alpha, v_new=v_new,
                                 positions=positions, seq_lens=seq_lens, cache=cache)
@@ -424,18 +405,15 @@ class Attention(nn.Module):
         return self.o_proj(y)
 
     def project(self, x, cos, sin):
-        """q (B, H, T, D), and k and v (B, H_kv, T, D), from the normed x (B, T, C), with RoPE
-        applied to q and k."""
+        """q (B, H, T, D), and k and v (B, H_kv, T, D), of the normed x (B, T, C); RoPE on q, k."""
         B, T, _ = x.shape
-        H, H_kv, D = self.config.n_head, self.config.n_kv_head, self.config.head_dim
-        q = apply_rope(self.q_proj(x).view(B, T, H, D).transpose(1, 2), cos, sin)
-        k = apply_rope(self.k_proj(x).view(B, T, H_kv, D).transpose(1, 2), cos, sin)
-        return q, k, self.v_proj(x).view(B, T, H_kv, D).transpose(1, 2)
+        q, k, v = (proj(x).view(B, T, -1, self.config.head_dim).transpose(1, 2)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def weights(self, x, cos, sin, positions, seq_lens=None, hidden=None):
-        """The explicit attention weights (B, H, T, T), at least float32 (Variant.weights): weights
-        @ V is the O(T) forward's y. hidden, a (T, T) bool, hides keys beyond the causal mask (the
-        analyses' knockout). alpha_ma's sums are left alone."""
+        """The explicit weights (B, H, T, T), at least float32, that times V give the O(T) forward's
+        y. hidden, a (T, T) bool, hides keys beyond causal (a knockout); alpha_ma's sums stay."""
         variant = self.config.variant
         q, k, _ = self.project(x, cos, sin)
         alpha = variant.alpha(self, x) if variant.alpha else None
@@ -464,14 +442,13 @@ class Block(nn.Module):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.n_embd, config.rms_norm_eps)
         self.mlp = MLP(config)
-        # whether backward recomputes this block from its inputs instead of keeping activations
-        self.activation_checkpointing = False
+        self.activation_checkpointing = False  # backward recomputes the block: no activations kept
 
     def forward(self, x, cos, sin, positions, seq_lens=None, cache=None):
         if not (self.activation_checkpointing and torch.is_grad_enabled()):
             return self.compute(x, cos, sin, positions, seq_lens, cache)
-        # Alpha is counted here, outside the recomputation, which would count it twice.
-        # Checkpointing inside forward keeps FSDP's hooks on this module out of it.
+        # alpha is counted here, outside the recomputation, which would count it twice;
+        # checkpointing inside forward keeps FSDP's hooks on this module out of it
         attn = self.self_attn
         if attn.training and attn.config.variant.alpha:
             with torch.no_grad():
@@ -525,10 +502,9 @@ class GPT(nn.Module):
             module.config.variant.init(module, std)
 
     def forward(self, idx, targets=None, *, seq_lens=None, kv_caches=None, return_hidden=False):
-        """(logits (B, T, vocab), mean cross-entropy or None) of the token ids idx (B, T); with
-        return_hidden=True, the final normed hidden states replace the logits (for fused losses).
-        seq_lens (B,) holds the real lengths of right-padded rows. kv_caches holds one KVCache per
-        layer, and idx goes on after what they hold."""
+        """(logits (B, T, vocab), mean cross-entropy or None) of the token ids idx (B, T), or with
+        return_hidden=True the final normed hidden states (for fused losses) and None. seq_lens (B,)
+        holds right-padded rows' real lengths; idx goes on after what kv_caches (per layer) hold."""
         if return_hidden and targets is not None:
             raise ValueError("return_hidden=True returns hidden states, not logits: compute the "
                              "loss yourself")
@@ -541,10 +517,9 @@ class GPT(nn.Module):
         if return_hidden:
             return x, None
         logits = self.lm_head(x)
-        if targets is None:
-            return logits, None
-        return logits, F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
-                                       ignore_index=IGNORE_INDEX)
+        loss = None if targets is None else F.cross_entropy(
+            logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+        return logits, loss
 
     def token_positions(self, idx, seq_lens=None, kv_caches=None):
         """The positions of idx's tokens after what kv_caches hold (KVCache.positions), checked:
@@ -563,9 +538,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def update_alpha_ma(self, discard=False):
-        """Eq. 9, once per optimizer step: alpha_ma <- rho * alpha_ma + (1 - rho) * E[alpha], the
-        mean over every token of the global batch (the forwards' sums, all-reduced over ranks, then
-        cleared). Step t's forward reads alpha_ma,t-1, our reading where the paper is silent.
+        """Eq. 9, once per optimizer step: alpha_ma <- rho alpha_ma + (1 - rho) E[alpha], E over the
+        global batch. Step t's forward reads alpha_ma,t-1 (our reading: the paper is silent).
         discard=True only clears the sums (a skipped step). Returns E[alpha] per layer, or []."""
         layers = [m.self_attn for m in self.model.layers if m.self_attn.config.variant.alpha]
         if not layers:
@@ -592,8 +566,8 @@ class GPT(nn.Module):
         context keeps its last block_size tokens. Where outputs depend on the call's length, each
         step recomputes the window, unless use_cache=True forces the cache (an approximation)."""
         if temperature < 0 or (top_k is not None and top_k < 1):
-            raise ValueError(f"need temperature >= 0 and top_k >= 1 or None, got {temperature}, "
-                             f"{top_k}")
+            raise ValueError("need temperature >= 0 and top_k >= 1 or None, got "
+                             f"{temperature}, {top_k}")
         use_cache = not self.config.outputs_depend_on_length if use_cache is None else use_cache
         window, caches = self.config.block_size, None
         cache_len = min(window, idx.size(1) + max_new_tokens)  # the most this call can fill
