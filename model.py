@@ -423,9 +423,8 @@ class Attention(nn.Module):
         return variant.weights(self, scores, alpha=alpha, positions=positions, seq_lens=seq_lens)
 
     def _apply(self, fn, recurse=True):
-        """nn.Module's to, half, bfloat16, cuda and to_empty end here. A cast to half precision
-        leaves Variant.fp32's buffers in float32: alpha_ma ~ 0.5 in bf16 is off by up to 2e-3, and
-        alpha_count would stop counting at 256."""
+        """Where to, half, cuda and to_empty end: Variant.fp32's buffers stay float32, as alpha_ma
+        ~ 0.5 in bf16 is off by up to 2e-3, and alpha_count in bf16 would stop counting at 256."""
         before = {name: self._buffers[name] for name in self.config.variant.fp32
                   if name in self._buffers}
         super()._apply(fn, recurse)
@@ -542,14 +541,13 @@ class GPT(nn.Module):
         global batch. Step t's forward reads alpha_ma,t-1 (our reading: the paper is silent).
         discard=True only clears the sums (a skipped step). Returns E[alpha] per layer, or []."""
         layers = [m.self_attn for m in self.model.layers if m.self_attn.config.variant.alpha]
-        if not layers:
-            return []
-        stats = torch.stack([torch.cat([m.alpha_sum, m.alpha_count.view(1)]) for m in layers])
+        stats = [torch.cat([m.alpha_sum, m.alpha_count.view(1)]) for m in layers]
         for m in layers:
             m.alpha_sum.zero_()
             m.alpha_count.zero_()
-        if discard:
+        if discard or not layers:
             return []
+        stats = torch.stack(stats)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(stats)
         if stats[0, -1].item() == 0:
