@@ -1,13 +1,8 @@
-"""
-The one configurator every script uses. A script declares its keys once (name -> default or Key:
-help, choices, valid range) and the rules that tie them; a command line becomes a dict of checked
-values: the defaults <- config files (plain assignments) <- overrides, then the rules.
-
-    --key=value   --key value   --flag (a bool alone: True)   --key=a,b,c (a list)   -h / --help
-
-Errors are argparse's kind: a usage line and one line naming the key, exit status 2. Pure Python:
-quickstart.py parses its flags before torch is installed. docs/training.md, Configuration.
-"""
+"""The one configurator every script uses. A script declares its keys (name -> default or Key) and
+the rules that tie them, and a command line becomes a dict of checked values: the defaults, then
+config files, then overrides (--key=value, --key value, --flag, --key=a,b,c), then the rules.
+Errors are argparse's kind, exit status 2. Pure Python: quickstart.py parses its flags before torch
+is installed. docs/training.md, "Configuration", has the forms."""
 import ast
 import copy
 import os
@@ -50,10 +45,9 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=())
     the list `positional` names, or config files (files=True), or errors. rules: expressions that
     must hold once every key is set, e.g. 'min_lr <= learning_rate'."""
     keys = {name: key if isinstance(key, Key) else Key(key) for name, key in keys.items()}
-    prog = prog or os.path.basename(sys.argv[0])
     bare = f' {positional} ...' if positional else ' [config files]' if files else ''
-    usage = f"usage: {prog}{bare} " + ' '.join(f"--{n}=..." if k.required else f"[--{n}=...]"
-                                                for n, k in keys.items()) + '\n'
+    flags = ' '.join(f"--{n}=..." if k.required else f"[--{n}=...]" for n, k in keys.items())
+    usage = f"usage: {prog or os.path.basename(sys.argv[0])}{bare} {flags}\n"
     config, found, args = {name: key.default for name, key in keys.items()}, [], list(argv)
 
     def set_value(name, value, where):
@@ -70,47 +64,31 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=())
                   + '\n'.join(describe(n, k) for n, k in keys.items())
                   + ''.join(f"\n  must hold: {rule}" for rule in rules))
             raise SystemExit(0)
-        if files and not arg.startswith('--'):
-            if not os.path.isfile(arg):
-                fail(f"config file {arg} not found", usage)
-            values = {}
-            try:
-                with open(arg, 'rb') as f:  # bytes: Python reads the encoding as in any source
-                    exec(compile(f.read(), arg, 'exec'), {}, values)
-            except SyntaxError as e:  # its line counted from 1, as an editor counts
-                where = f", line {e.lineno}" if e.lineno else ''
-                fail(f"{arg}{where}: {e.msg}; a config file is Python: fix that line", usage)
-            except Exception as e:  # the file ran and raised: the line of the file where it did
-                lines = [frame.lineno for frame in traceback.extract_tb(e.__traceback__)
-                         if frame.filename == arg]
-                where = f", line {lines[-1]}" if lines else ''
-                fail(f"{arg}{where}: {type(e).__name__}: {' '.join(str(e).split())}; a config file "
-                     "is Python: fix that line", usage)
-            for name, value in values.items():
+        if arg.startswith('--'):
+            name, sep, text = arg[2:].partition('=')
+            if name not in keys:
+                fail(f"unrecognized arguments: {arg} (unknown config key {name!r}); valid keys: "
+                     f"{', '.join('--' + n for n in sorted(keys))}", usage)
+            if not sep:  # --key value, or a bool flag alone
+                if bool in (type(keys[name].default),) + keys[name].types:
+                    text = args.pop(0) if args and args[0] in BOOLS else 'True'
+                elif files:  # a bare word after it would be a config file
+                    fail(f"{arg}: overrides are written --key=value", usage)
+                elif not args or args[0].startswith('--'):
+                    fail(f"argument {arg}: expected one argument", usage)
+                else:
+                    text = args.pop(0)
+            set_value(name, read(text, keys[name], arg, usage), arg)
+        elif files:
+            for name, value in run_config_file(arg, usage).items():
                 if name not in keys:
                     fail(f"{arg}: unknown config key {name!r}; valid keys: "
                          f"{', '.join(sorted(keys))}", usage)
                 set_value(name, value, arg)
-            continue
-        if not arg.startswith('--'):
-            if not positional:
-                fail(f"unrecognized arguments: {arg}", usage)
+        elif positional:
             found.append(arg)
-            continue
-        name, sep, text = arg[2:].partition('=')
-        if name not in keys:
-            fail(f"unrecognized arguments: {arg} (unknown config key {name!r}); valid keys: "
-                 f"{', '.join('--' + n for n in sorted(keys))}", usage)
-        if not sep:  # --key value, or a bool flag alone
-            if bool in (type(keys[name].default),) + keys[name].types:
-                text = args.pop(0) if args and args[0] in BOOLS else 'True'
-            elif files:  # a bare word after it would be a config file
-                fail(f"{arg}: overrides are written --key=value", usage)
-            elif not args or args[0].startswith('--'):
-                fail(f"argument {arg}: expected one argument", usage)
-            else:
-                text = args.pop(0)
-        set_value(name, read(text, keys[name], arg, usage), arg)
+        else:
+            fail(f"unrecognized arguments: {arg}", usage)
     if positional:
         if not found:
             fail(f"the following arguments are required: {positional}", usage)
@@ -126,17 +104,35 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=())
     return config
 
 
+def run_config_file(path, usage):
+    """The names a config file assigns, with their values; a fault in it names its line."""
+    if not os.path.isfile(path):
+        fail(f"config file {path} not found", usage)
+    values = {}
+    try:
+        with open(path, 'rb') as f:  # bytes: Python reads the encoding as in any source
+            exec(compile(f.read(), path, 'exec'), {}, values)
+    except SyntaxError as e:
+        where = f", line {e.lineno}" if e.lineno else ''
+        fail(f"{path}{where}: {e.msg}; a config file is Python: fix that line", usage)
+    except Exception as e:  # the file ran and raised: the line of the file where it did
+        lines = [frame.lineno for frame in traceback.extract_tb(e.__traceback__)
+                 if frame.filename == path]
+        where = f", line {lines[-1]}" if lines else ''
+        fail(f"{path}{where}: {type(e).__name__}: {' '.join(str(e).split())}; a config file is "
+             "Python: fix that line", usage)
+    return values
+
+
 def read(text, key, where, usage):
     """A command line's text as a value of the key's type (check() then validates it)."""
     kind = type(key.default) if key.default is not None else (key.types or (str,))[0]
     if text == 'None' and (key.default is None or key.types):
         return None
-    if bool in key.types and text in BOOLS:  # a bool among other types (--gate=True, headwise)
+    if text in BOOLS and bool in (kind,) + key.types:  # among other types too (--gate=True)
         return BOOLS[text]
-    if kind is str:
+    if kind in (str, bool):
         return text
-    if kind is bool:
-        return BOOLS.get(text, text)
     if kind is list:
         element = type(key.default[0]) if key.default else str
         try:
@@ -160,14 +156,13 @@ def check(name, key, value, where, usage=''):
         wanted = ' or '.join(t.__name__ for t in allowed if t is not type(None))
         fail(f"{where}: {name}={value!r} has type {type(value).__name__}, expected {names} "
              f"(invalid {wanted} value: {value!r})", usage)
+    valid = ', '.join(map(str, key.choices or ()))
     if key.choices is not None and isinstance(value, list):
         if unknown := [str(v) for v in value if v not in key.choices]:
-            fail(f"{where}: unknown {', '.join(unknown)}; choose from "
-                 f"{', '.join(map(str, key.choices))}", usage)
+            fail(f"{where}: unknown {', '.join(unknown)}; choose from {valid}", usage)
     elif key.choices is not None and value not in key.choices and (value is not None
                                                                     or key.default is not None):
-        fail(f"{where}: invalid choice: {name}={value!r}; valid values: "
-             f"{', '.join(map(str, key.choices))}", usage)
+        fail(f"{where}: invalid choice: {name}={value!r}; valid values: {valid}", usage)
     if key.unique and isinstance(value, list) and len({*map(str, value)}) < len(value):
         fail(f"{where}: {', '.join({str(v): 0 for i, v in enumerate(value) if v in value[:i]})} "
              f"given more than once; --{name} takes each value once", usage)
@@ -188,16 +183,13 @@ def within(key, value):
 
 def bounds(key):
     """The key's range as errors and --help write it: '>= 1', '> 0', 'in [0, 1)'; '' if none."""
-    low = key.min if key.min is not None else key.above
-    high = key.max if key.max is not None else key.below
+    low, opening, at_least = (key.min, '[', '>=') if key.min is not None else (key.above, '(', '>')
+    high, closing, at_most = (key.max, ']', '<=') if key.max is not None else (key.below, ')', '<')
     if low is not None and high is not None:
-        opening, closing = '[' if key.min is not None else '(', ']' if key.max is not None else ')'
         return f"in {opening}{low}, {high}{closing}"
     if low is not None:
-        return f"{'>=' if key.min is not None else '>'} {low}"
-    if high is not None:
-        return f"{'<=' if key.max is not None else '<'} {high}"
-    return ''
+        return f"{at_least} {low}"
+    return f"{at_most} {high}" if high is not None else ''
 
 
 def shown(value):
@@ -207,9 +199,8 @@ def shown(value):
 
 def describe(name, key):
     """One --help line: the key, its default, help, choices, range."""
-    notes = [key.help] if key.help else []
-    notes += [f"one of {', '.join(map(str, key.choices))}"] if key.choices is not None else []
-    notes += [bounds(key)] if bounds(key) else []
+    choices = f"one of {', '.join(map(str, key.choices))}" if key.choices is not None else ''
+    notes = [note for note in (key.help, choices, bounds(key)) if note]
     written = shown(key.default) if isinstance(key.default, list) else repr(key.default)
     default = 'required' if key.required else f"default {written}"
     return f"  --{name:<22} {default}" + (f"; {'; '.join(notes)}" if notes else '')

@@ -1,9 +1,7 @@
 """
-Writing outputs without losing anything: atomic_write (a whole file or the previous one, never a
-part), claim_dir (an output directory checked before any work), made_dirs, set_aside (an earlier log
-kept, never replaced), lock_dir (one writer per run directory), read_log (a JSON-lines log read
-whole lines only) and last_logged (its last step, read from the end). docs/implementation.md has the
-rules. Pure Python: quickstart.py writes through it before torch is installed.
+Writing outputs without losing anything: a file is replaced whole or not at all, an output directory
+is checked before any work, an earlier log is set aside, and a run directory has one writer
+(docs/implementation.md). Pure Python: quickstart.py writes through it before torch is installed.
 """
 import json
 import math
@@ -12,7 +10,7 @@ import socket
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from .errors import RunError, os_error_behind
 
@@ -24,10 +22,8 @@ except ImportError:  # Windows: no flock; lock_dir then says that nothing stops 
 
 @contextmanager
 def atomic_write(path, mode='w'):
-    """Open path for writing ('w' text as UTF-8, or 'wb'); the file appears under its name, whole,
-    when the block ends, or not at all (the previous file, if any, is kept). An OSError (or an error
-    caused by one) leaves the block as that OSError with the path in it; no temporary file is left
-    behind either way."""
+    """Open path for writing ('w' as UTF-8 text, or 'wb'): the file appears whole when the block
+    ends, or not at all. An error caused by an OSError leaves as that OSError, naming the path."""
     tmp = path + '.tmp'
     try:
         with open(tmp, mode, **({} if 'b' in mode else dict(encoding='utf-8'))) as f:
@@ -41,17 +37,14 @@ def atomic_write(path, mode='w'):
         cause = os_error_behind(e)
         if cause is None:
             raise
-        # a failed write names no file: this is the one
-        if cause.errno is not None and cause.filename is None:
+        if cause.errno is not None and cause.filename is None:  # a failed write names no file
             cause.filename = path
         raise cause from None
 
 
 @contextmanager
 def made_dirs(path):
-    """os.makedirs(path) for the block; if the block fails, the directories made here are removed
-    again where they are still empty: a failed start leaves no empty output directory behind (a
-    directory that holds a file by then is kept, with those above it)."""
+    """os.makedirs(path) for the block; if the block fails, the ones made are removed if empty."""
     made, top = [], os.path.abspath(path)
     while not os.path.exists(top):
         made.append(top)  # the deepest first
@@ -69,34 +62,30 @@ def made_dirs(path):
 
 
 def check_writable(path):
-    """An OSError naming path where files cannot be written there, found before any work (a report
-    computed for minutes, then refused, is lost): the nearest directory at or above path that
-    exists takes a file, which is removed again. Nothing else is created."""
+    """Raise an OSError naming path if no file can be written there, before any work is lost to
+    it. A file is made and removed in the nearest directory at or above path that exists."""
     top = os.path.abspath(path)
     while not os.path.exists(top):
         top = os.path.dirname(top)
     try:
         fd, probe = tempfile.mkstemp(dir=top, prefix='.writable.')
-    except OSError as e:  # (named by the path asked for, not the probe's)
-        raise OSError(e.errno, e.strerror, path) from None
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from None  # the path asked for, not the probe's
     os.close(fd)
     os.remove(probe)
 
 
 def write_json(path, obj, indent=1, allow_nan=True):
-    """allow_nan=False: strict JSON, a NaN or infinity is a ValueError (Python's json writes a bare
-    NaN otherwise)."""
+    """Write obj as JSON, atomically. With allow_nan=False a NaN or infinity is a ValueError."""
     with atomic_write(path) as f:
         json.dump(obj, f, indent=indent, ensure_ascii=False, allow_nan=allow_nan)
         f.write('\n')
 
 
 def claim_dir(path, owner, ours=lambda names: False, writes=()):
-    """Check, before any work, that path may be the output directory of `owner` (a script's name),
-    else RunError: it must be a directory or not exist; unless ours(names) says it holds an earlier
-    output of this same script, it must hold none of the files by which another tool's outputs are
-    recognised (MARKERS) and none of the names in `writes` (the script would write over them). Other
-    files (a user's notes) are allowed, and never touched."""
+    """RunError, before any work, unless path may be the output directory of `owner`: a new or
+    empty directory, an earlier output of the same script (ours(names) says so), or one that holds
+    no other tool's output (MARKERS) and none of `writes`. A user's own files are never touched."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise RunError(f"{path}: is a file, not a directory; {owner} writes a directory there: "
                        "give another path")
@@ -112,8 +101,7 @@ def claim_dir(path, owner, ours=lambda names: False, writes=()):
                        "directory or its own earlier output: give another path")
 
 
-# the files by which the outputs of this repo's tools (and Hugging Face's) are recognised, the most
-# telling first
+# the files that mark the outputs of this repo's tools and Hugging Face's, most telling first
 MARKERS = {'ckpt.pt': "a train.py run", 'metrics.jsonl': "a train.py run",
            'meta.json': "prepared data (prepare_data.py)",
            'model.safetensors': "a Hugging Face model",
@@ -124,9 +112,8 @@ MARKERS = {'ckpt.pt': "a train.py run", 'metrics.jsonl': "a train.py run",
 
 
 def set_aside(path):
-    """Rename the file `path` to a free name beside it made from its last change, metrics.jsonl ->
-    metrics.20250102-153000.jsonl (-1, -2, ... after it where taken), and return that name: what an
-    earlier run wrote is kept, never replaced."""
+    """Keep an earlier run's file: rename it to a free name stamped with its last change, such as
+    metrics.20250102-153000.jsonl (then -1, -2 where taken), and return that name."""
     root, ext = os.path.splitext(path)
     stamp = time.strftime('%Y%m%d-%H%M%S', time.localtime(os.path.getmtime(path)))
     aside, n = f"{root}.{stamp}{ext}", 0
@@ -137,30 +124,22 @@ def set_aside(path):
     return aside
 
 
-# in a directory lock_dir holds: who holds it (the lock itself is the kernel's flock on it)
-LOCK_NAME = '.lock'
-
-
-def lock_holder(fd):
-    """Who holds the lock file open as fd, as its holder recorded it (it may not have written it
-    yet)."""
-    try:
-        holder = json.loads(os.pread(fd, 4096, 0))
-        return f"pid {holder['pid']} on host {holder['host']}, since {holder['since']}"
-    except (OSError, ValueError, TypeError, KeyError):
-        return "its pid and host not recorded yet"
+LOCK_NAME = '.lock'  # the file lock_dir flocks, which records who holds it
 
 
 def take_lock(path, owner):
-    """An open descriptor of the lock file `path`, exclusively flock'ed by this process, with this
-    process's pid, host and start time written in it; RunError naming the holder's if another
-    process holds it."""
+    """Open the lock file at path, flock it exclusively and write this process's pid, host and
+    start time into it; returns the descriptor. RunError names the holder if another has it."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = lock_holder(fd)
+            try:  # who holds it, as the holder recorded it (it may not have yet)
+                holder = json.loads(os.pread(fd, 4096, 0))
+                holder = f"pid {holder['pid']} on host {holder['host']}, since {holder['since']}"
+            except (OSError, ValueError, TypeError, KeyError):
+                holder = "its pid and host not recorded yet"
             os.close(fd)
             raise RunError(f"{os.path.dirname(path)}: another {owner} writes there ({holder}); two "
                            "writers would interleave its files: wait for it to end (or stop it), "
@@ -170,13 +149,10 @@ def take_lock(path, owner):
                   f"stops a second {owner} from writing into {os.path.dirname(path)}: run one at a "
                   "time", file=sys.stderr)
             break
-        # the holder removes the file as it ends: if it did after our open, lock the file now there
-        # instead
-        try:
+        # The holder removes the file as it ends. If it did so after our open, lock the new file.
+        with suppress(FileNotFoundError):
             if os.path.samestat(os.fstat(fd), os.stat(path)):
                 break
-        except FileNotFoundError:
-            pass
         os.close(fd)
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps(dict(owner=owner, pid=os.getpid(), host=socket.gethostname(),
@@ -186,40 +162,29 @@ def take_lock(path, owner):
 
 @contextmanager
 def lock_dir(path, owner):
-    """Hold the directory `path` (created if needed) as the only writer of `owner` (a script's name)
-    while the block runs; a second process is refused with RunError, one line naming the first one's
-    pid and host. The lock is flock() on path/LOCK_NAME: the kernel releases it when its process
-    ends, however it ends (kill -9 included), so no stale lock can block the same command from
-    continuing, and a recycled pid is never mistaken for the holder. On exit the lock file is
-    removed, and where the block fails, the directories this call created if they are still empty
-    (made_dirs: a start that failed before writing anything leaves nothing behind). See
-    docs/training.md for shared file systems."""
+    """Hold the directory at path (made if needed) as the only writer of `owner` during the block; a
+    second process gets a RunError naming the first one's pid and host. flock() on path/LOCK_NAME is
+    released by the kernel however its process ends (kill -9 too), so no stale lock blocks a resume.
+    A failed block removes the directories it made (docs/training.md: shared file systems)."""
     lock = os.path.join(path, LOCK_NAME)
     with made_dirs(path):
-        fd = None
+        if fcntl is None:
+            print(f"note: {lock}: no file locks on this OS, so nothing stops a second {owner} "
+                  f"from writing into {path}: run one at a time", file=sys.stderr)
+        fd = None if fcntl is None else take_lock(lock, owner)
         try:
-            if fcntl is None:
-                print(f"note: {lock}: no file locks on this OS, so nothing stops a second {owner} "
-                      f"from writing into {path}: run one at a time", file=sys.stderr)
-            else:
-                fd = take_lock(lock, owner)
             yield
         finally:
             if fd is not None:
-                try:
-                    # while still holding it: one that opened it meanwhile sees it gone, takes a new
-                    # one
+                with suppress(FileNotFoundError):  # removed while held: a later opener sees it gone
                     os.remove(lock)
-                except FileNotFoundError:
-                    pass
                 os.close(fd)
 
 
 def read_log(path):
-    """The records of a JSON-lines log that a process appends to (train.py's metrics.jsonl): each
-    line one JSON object with an integer 'step'; records[i] is line i + 1. A crash while appending
-    can cut the last line short: such a line is dropped, with a note on stderr. Any other line that
-    is not a record is a RunError naming it."""
+    """The records of a JSON-lines log that a process appends to, such as metrics.jsonl: each line
+    is a JSON object with an integer 'step'. A crash while appending can cut the last line short,
+    so that line is dropped with a note; any other line that is not a record is a RunError."""
     with open(path, 'rb') as f:
         lines = f.read().split(b'\n')
     if lines[-1] == b'':  # the file ends with a newline (or is empty)
@@ -234,37 +199,27 @@ def read_log(path):
                       "stopped while writing it): dropped", file=sys.stderr)
                 break
             record = None
-        if isinstance(record, dict) and isinstance(record.get('step'), int):
-            records.append(record)
-        else:
+        if not (isinstance(record, dict) and isinstance(record.get('step'), int)):
             shown = line[:40].decode('utf-8', 'replace') + ('...' if len(line) > 40 else '')
             raise RunError(f"{path}: line {number} is not a record with a step ({shown!r}); only "
                            "its last line can be cut short by a crash, so the file was damaged or "
                            "edited: restore it from a copy, or delete that line")
+        records.append(record)
     return records
 
 
 def last_logged(out_dir):
-    """(the last step out_dir/metrics.jsonl records, whether that step's loss is finite); (0, True)
-    without one. Read from the end in growing blocks: an evaluation's line (every head's measures)
-    can be longer than any fixed tail."""
-    path = os.path.join(out_dir, 'metrics.jsonl')
-    try:
-        with open(path, 'rb') as f:
-            size, block = f.seek(0, os.SEEK_END), 4096
-            while True:
-                f.seek(max(0, size - block))
-                # a block's first line may be cut
-                lines = f.read().splitlines()[0 if block >= size else 1:]
-                for line in reversed(lines):
-                    try:
-                        record = json.loads(line)
-                        return record['step'], math.isfinite(record.get('loss', 0.0))
-                    except (ValueError, KeyError, TypeError):
-                        continue
-                if block >= size:
-                    break
-                block *= 8
-    except OSError:
-        pass
+    """(the last step out_dir/metrics.jsonl records, whether its loss is finite), or (0, True).
+    Read from the end in growing blocks: an evaluation's line can be longer than any fixed tail."""
+    with suppress(OSError), open(os.path.join(out_dir, 'metrics.jsonl'), 'rb') as f:
+        size, block, whole = f.seek(0, os.SEEK_END), 4096, False
+        while not whole:
+            whole = block >= size
+            f.seek(max(0, size - block))
+            lines = f.read().splitlines()[0 if whole else 1:]  # else the first may be cut
+            for line in reversed(lines):
+                with suppress(ValueError, KeyError, TypeError):
+                    record = json.loads(line)
+                    return record['step'], math.isfinite(record.get('loss', 0.0))
+            block *= 8
     return 0, True
