@@ -1,8 +1,8 @@
-"""MFU's two halves (device.py). The FLOPs: flops_per_token against torch's own FLOP counter over a
-real forward and backward of every variant. The peak: measured where the model's matmuls run (their
-shapes, their dtype) and in a way a busy core cannot halve (train.py logged MFUs of 120-130% on a
-shared 2-core CPU when it could). Timings are never pass/fail here: the peak's derivation is checked
-on the matmuls it runs and on a simulated clock."""
+"""MFU's two halves (lmkit/measure.py). The FLOPs: flops_per_token against torch's own FLOP
+counter over a real forward and backward of every variant. The peak: measured where the model's
+matmuls run (their shapes, their dtype) and in a way a busy core cannot halve (train.py logged MFUs
+of 120-130% on a shared 2-core CPU when it could). Timings are never pass/fail here: the peak's
+derivation is checked on the matmuls it runs and on a simulated clock."""
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
