@@ -1,17 +1,16 @@
-"""
-The kernels that compute model.py's attention, kept apart from the math as nanochat keeps its
+"""The kernels that compute model.py's attention, kept apart from the math as nanochat keeps its
 flash_attention.py: softmax_attention (Eq. 1 on PyTorch's fused SDPA kernels), sink_attention (Eq. 3
 in O(T) memory with exact gradients), the explicit T x T forms every variant's reference starts
-from, and KVCache. Paper: https://arxiv.org/abs/2602.23057, Sections 2.2-2.3.
-
-Each kernel takes `causal` and an optional `mask`, which say which keys each query sees. With
-causal=True, query i sees keys j <= i. A (B, 1, T, T_k) bool mask replaces that rule. With neither,
-every query sees every key, as one decoded token does.
-"""
+from, and KVCache. Paper: https://arxiv.org/abs/2602.23057, Sections 2.2-2.3. Each kernel takes
+`causal` and an optional `mask`, which say which keys each query sees. With causal=True, query i
+sees keys j <= i. A (B, 1, T, T_k) bool mask replaces that rule. With neither, every query sees
+every key, as one decoded token does."""
 import math
 
 import torch
 import torch.nn.functional as F
+
+aten = torch.ops.aten
 
 
 def at_least_fp32(t):
@@ -19,10 +18,8 @@ def at_least_fp32(t):
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-# ----------------------------------------------------------------------------------------------
 # Grouped-query attention (n_kv_head < n_head): a fused kernel that reads the groups itself gets
 # the grouped K and V, and one that cannot gets them repeated to every query head.
-
 def needs_repeated_kv(device_type, dtype):
     """Whether the fused kernel cannot read grouped K and V: CUDA float32's memory-efficient kernel
     cannot (torch <= 2.13; SDPA would fall back to a T x T matrix). Flash, cuDNN and CPU can."""
@@ -38,8 +35,7 @@ def kv_for_kernel(q, k, v):
 
 
 def softmax_attention(q, k, v, causal=True, mask=None):
-    """Eq. 1, softmax(QK^T / sqrt(d)) V, on PyTorch's fused SDPA kernels. q is (B, H, T, D), and k
-    and v are (B, H_kv, T_k, D)."""
+    """Eq. 1 on PyTorch's fused SDPA kernels; q is (B, H, T, D), k and v (B, H_kv, T_k, D)."""
     k, v = kv_for_kernel(q, k, v)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                           is_causal=causal and mask is None,
@@ -51,18 +47,13 @@ def sink_attention(q, k, v, sinks, causal=True, mask=None):
     in O(T) memory on CPU and CUDA without a mask (SinkAttention), else as the explicit matrix."""
     if q.device.type in ('cpu', 'cuda') and mask is None:
         return SinkAttention.apply(q, *kv_for_kernel(q, k, v), sinks, causal)
-    G = q.size(1) // k.size(1)  # the explicit matrix needs one K/V head per query head
-    return sink_attention_explicit(q, k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1),
-                                   sinks, causal, mask)
+    return sink_attention_explicit(q, k, v, sinks, causal, mask)
 
 
-# ----------------------------------------------------------------------------------------------
 # The KV cache: what a layer keeps of the tokens it has seen
-
 class KVCache:
     """One layer's keys and values across calls, and a variant's running sums (Variant.cache), for
-    decoding and for scoring the continuations of a context. Rows of a right-padded batch each go
-    on after their own real tokens."""
+    decoding and scoring continuations. Each row of a right-padded batch goes on after its own."""
 
     def __init__(self, max_len):
         self.max_len = max_len
@@ -73,9 +64,8 @@ class KVCache:
         self.sums = {}  # name -> (B, H_kv, 1, D), a float32 sum over each row's real tokens
 
     def positions(self, T, seq_lens=None, device=None):
-        """(positions, the tokens the longest row then reaches) of T new tokens, whose rows hold
-        seq_lens (B,) real ones if given. Positions are (T,) until padding is cached, then (B, T):
-        each row goes on from its own real tokens."""
+        """(positions, the tokens the longest row then reaches) of T new tokens, seq_lens (B,) of
+        them real if given: (T,) until padding is cached, then (B, T), each row after its own."""
         new = torch.arange(T, device=device)
         if not self.padded:
             return new + self.length, self.length + T
@@ -131,21 +121,15 @@ class KVCache:
         return cache
 
 
-# ----------------------------------------------------------------------------------------------
 # The explicit T x T forms: the slow path
-
 def attention_scores(q, k, causal=True, mask=None):
     """QK^T / sqrt(d) as an explicit (B, H, T_q, T_k) matrix, at least float32, with the keys a
     query does not see at -inf. Every explicit form starts here."""
     k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
     scores = at_least_fp32(q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
-    if mask is not None:
-        return scores.masked_fill(~mask, float('-inf'))
-    if causal:
-        T_q, T_k = scores.shape[-2:]
-        later = torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(later, float('-inf'))
-    return scores
+    if causal and mask is None:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    return scores if mask is None else scores.masked_fill(~mask, float('-inf'))
 
 
 def sink_weights(scores, sinks):
@@ -157,14 +141,13 @@ def sink_weights(scores, sinks):
 
 def sink_attention_explicit(q, k, v, sinks, causal=True, mask=None):
     """Eq. 3 through the explicit T x T matrix: for masks, and devices with no LSE kernel."""
+    v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)  # one V head per query head
     return sink_weights(attention_scores(q, k, causal, mask), sinks).to(v.dtype) @ v
 
 
-# -----------------------------------------------------------------------------------------------
 # The sink in O(T) memory: a flash kernel's output corrected by its log-sum-exp (LSE), with exact
 # gradients. Three aten ops return the LSE: CPU flash, CUDA FlashAttention-2 (fp16 and bf16) and
 # CUDA's memory-efficient kernel (fp32, with equal head counts: kv_for_kernel).
-
 def bthd(t):
     """t (B, H, T, D) stored in the (B, T, H, D) layout of the model's q, k and v (no copy if it
     is). CUDA's memory-efficient backward needs `out` in it, unchecked; grad_out arrives in it."""
@@ -174,7 +157,6 @@ def bthd(t):
 def _flash_forward(q, k, v, causal):
     """(out, lse, state), where lse_i = logsumexp_j(q_i.k_j / sqrt(d)) over the keys query i sees
     and `state` is what the kernel's backward needs besides q, k, v, out and lse."""
-    aten = torch.ops.aten
     if q.device.type == 'cpu':
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
         return out, lse, ()
@@ -189,14 +171,12 @@ def _flash_forward(q, k, v, causal):
 
 def _flash_backward(grad_out, q, k, v, out, lse, causal, state):
     """(dq, dk, dv) from the kernel's own backward, for the given `out` and `lse`."""
-    aten = torch.ops.aten
     if q.device.type == 'cpu':
         return aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, q, k, v, out, lse, 0.0, causal)
-    if len(state) == 6:
-        cum_q, cum_k, max_q, max_k, seed, offset = state
+    if len(state) == 6:  # FlashAttention-2: cum_seq_q, cum_seq_k, max_q, max_k, seed, offset
         return aten._scaled_dot_product_flash_attention_backward(
-            grad_out, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, seed, offset)
+            grad_out, q, k, v, out, lse, *state[:4], 0.0, causal, *state[4:])
     lse_padded, seed, offset = state
     lse_padded = lse_padded.clone()
     lse_padded[..., :q.size(2)] = lse
@@ -206,11 +186,9 @@ def _flash_backward(grad_out, q, k, v, out, lse, causal, state):
 
 
 class SinkAttention(torch.autograd.Function):
-    """Eq. 3 exactly, without a T x T matrix. The sink adds e^s to every denominator, so from a
-    flash kernel's lse_i the output is out'_i = out_i * exp(lse_i - lse'_i), with
-    lse'_i = logaddexp(lse_i, s). The flash backward recomputes P = exp(S - lse') and uses
-    rowsum(dO * O'), so handing it O' and lse' gives exact gradients. The sink's own gradient is
-    ds = -sum_i p_sink,i rowsum(dO_i O'_i), with p_sink,i = exp(s - lse'_i)."""
+    """Eq. 3 exactly, without a T x T matrix: out' = out * exp(lse - lse') with lse' =
+    logaddexp(lse, s), and the kernel's own backward given out' and lse'. docs/implementation.md,
+    "Sink with exact gradients in O(T)", derives it and the sink's gradient."""
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, causal):

@@ -1,8 +1,6 @@
-"""
-Reading data: the token shards (each checked against its recorded CRC-32 once per process),
+"""Reading data: the token shards (each checked against its recorded CRC-32 once per process),
 meta.json, the first token of every window, and Windows, what training and the evaluations read.
-NumPy and files.py only, so that importing it stays cheap; docs/data.md has the layout.
-"""
+NumPy and files.py only, so that importing it stays cheap; docs/data.md has the layout."""
 import json
 import os
 import struct
@@ -15,11 +13,8 @@ from lmkit.data_meta import check_meta
 from lmkit.errors import RunError
 from lmkit.files import atomic_write
 
-# -----------------------------------------------------------------------------------------------
-# Shards: a 24-byte little-endian header (magic b"ASASHARD", version uint32, bytes per token uint32,
-# token count uint64), then the token ids. The count reveals a truncated file, the magic another
-# kind; a changed id, the CRC-32 meta.json records (docs/data.md: its cost, why it is enough).
-
+# Shards: a 24-byte little-endian header (magic, version, bytes per token, token count), then the
+# token ids. docs/data.md says what each check catches, and why a CRC-32 is enough.
 MAGIC, VERSION = b"ASASHARD", 1
 HEADER = struct.Struct("<8sIIQ")
 CHECK_BYTES = 1 << 24  # shards are checked 16 MiB at a time
@@ -43,8 +38,7 @@ def write_shard(path, arrays, dtype):
 
 
 def read_shard(path):
-    """The token ids of a shard as a read-only np.memmap, its header validated (read_split checks
-    the checksum and the ids' range, which meta.json gives)."""
+    """A shard's ids as a read-only np.memmap, its header checked (read_split checks the rest)."""
     ids, fault = map_shard(path)
     if fault:
         raise RunError(f"{fault}; {REBUILD}")
@@ -100,10 +94,8 @@ def check_shard(path, checksum, vocab_size):
     return ids, None
 
 
-# -----------------------------------------------------------------------------
-# A prepared directory: meta.json, and the windows training reads from its shards
-
-# the prepare_data.py commands of the directories the configs and the docs name
+# A prepared directory: meta.json, and the windows training reads from its shards. First, the
+# prepare_data.py commands of the directories the configs and the docs name.
 FINEWEB = ("--source=fineweb-edu --fineweb_config=sample-100BT --tokenizer=checkpoints/{teacher} "
            "--out_dir={out} --max_tokens=20_000_000_000 --num_proc=32")
 KNOWN_DATA = {
@@ -119,8 +111,7 @@ GENERAL_DATA = ("--source=<builtin, stdlib, fineweb-edu or your own files> "
 
 
 def prepare_command(data_dir):
-    """The command that prepares data_dir: the exact one for a directory the configs name, else its
-    general form."""
+    """The command that prepares data_dir: exact for a directory the configs name, else general."""
     known = KNOWN_DATA.get("/".join(os.path.normpath(data_dir).split(os.sep)[-2:]), GENERAL_DATA)
     return "python prepare_data.py " + known.replace("{out}", data_dir)
 
@@ -151,8 +142,8 @@ def read_split(data_dir, split, meta=None):
     (check_shard): every reader of shards comes here. meta: its meta.json, read if not given."""
     meta = read_meta(data_dir) if meta is None else meta
     checksums = meta.get("checksums", {})  # none in a meta.json from before they were recorded
-    shards = [name for info in meta["splits"].values() for name in info["shards"]]
-    unchecked = [name for name in shards if name not in checksums]
+    unchecked = [name for info in meta["splits"].values() for name in info["shards"]
+                 if name not in checksums]
     if unchecked and data_dir not in noted:
         noted.add(data_dir)
         print(f"note: {os.path.join(data_dir, 'meta.json')} records no checksum for "
@@ -206,15 +197,12 @@ class Windows:
 
     def get(self, indices):
         """(x, y): int64 arrays (len(indices), block_size), the windows and their targets."""
-        rows = []
-        for i in indices:
-            shard = int(np.searchsorted(self.starts, i, side="right")) - 1
-            offset = (int(i) - int(self.starts[shard])) * self.block_size
-            rows.append(self.shards[shard][offset:offset + self.row])
+        shards = np.searchsorted(self.starts, indices, side="right") - 1
+        offsets = (np.asarray(indices) - self.starts[shards]) * self.block_size
+        rows = [self.shards[s][o:o + self.row] for s, o in zip(shards, offsets)]
         batch = np.stack(rows).astype(np.int64)
         if self.first_token is not None:
-            first = np.full((len(rows), 1), self.first_token, dtype=np.int64)
-            batch = np.concatenate([first, batch], axis=1)
+            batch = np.insert(batch, 0, self.first_token, axis=1)
         return batch[:, :-1], batch[:, 1:]
 
     def step_indices(self, seed, step, global_batch_size):
