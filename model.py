@@ -73,8 +73,7 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.affine_momentum={self.affine_momentum} "
                              "must be in [0, 1]")
         if self.rope_scaling is not None:
-            need = {'rope_type', 'factor', 'low_freq_factor', 'high_freq_factor',
-                    'original_max_position_embeddings'}
+            need = {*LLAMA3_ROPE, 'factor'}  # the keys of Llama 3's dict
             if self.rope_scaling.get('rope_type') != 'llama3' or not need <= set(self.rope_scaling):
                 raise ValueError("rope_scaling must be None or Llama-3's dict with keys "
                                  f"{sorted(need)} and rope_type='llama3'; got {self.rope_scaling}")
@@ -252,13 +251,13 @@ def bias_norm(config, positions, seq_lens, n_keys):
 
 def affine_scaled(y, alpha, alpha_ma, v_mean):
     """Eq. 6 and 8 without the T x T matrix: [alpha softmax(QK^T / sqrt(d)) + beta] V with beta =
-    (alpha_ma - alpha) / N on the keys j <= i that query i sees. alpha_i and beta_i are constant
-    along a row, so with y = softmax(QK^T / sqrt(d)) V (Eq. 1)
+    (alpha_ma - alpha) / N on the keys j <= i (on later keys it would leak them). alpha_i and beta_i
+    are constant along a row, so with y = softmax(QK^T / sqrt(d)) V (Eq. 1)
 
         sum_{j<=i} [alpha_i a_ij + beta_i] V_j = alpha_i y_i + (alpha_ma - alpha_i) sum_j<=i V_j / N
 
-    which adds O(T) work to the fused kernel. y is (B, H, T, D), alpha (B, T, H), alpha_ma (H,), and
-    v_mean (B, H_kv, T, D) is (sum_{j<=i} V_j) / N, shared by the G query heads of a group."""
+    which adds O(T) work to the fused kernel. y is (B, H, T, D); alpha (B, T, H) and v_mean
+    (B, H_kv, T, D) = (sum_{j<=i} V_j) / N are float32, each v_mean head shared by G query heads."""
     B, H, T, D = y.shape
     H_kv, G = v_mean.size(1), H // v_mean.size(1)
     alpha = alpha.transpose(1, 2).unsqueeze(-1).view(B, H_kv, G, T, 1)
@@ -317,15 +316,16 @@ def init_variant_tensors(attn, std):
 
 @dataclass(frozen=True)
 class Variant:
-    """What the network needs to compute one attention variant. A new one declares its O(T)
-    forward, its explicit weights and, if it has parameters, its tensors; the rest have defaults
-    (docs/implementation.md, "Adding your own attention")."""
+    """What the network needs to compute one attention variant (what only the tools read is theirs,
+    keyed by its name). A new one declares its O(T) forward, its explicit weights and, if it has
+    parameters, its tensors; the rest have defaults (docs/implementation.md, "Adding your own
+    attention")."""
     forward: Callable  # the O(T) path (above)
     weights: Callable  # the explicit T x T form (above), which the tests and analyses read
     tensors: Optional[Callable] = None  # (attn, config) registers what it adds to q/k/v/o_proj
     init: Callable = init_variant_tensors  # (attn, init_std), also after to_empty
     alpha: Optional[Callable] = None  # (attn, x) -> (B, T, H): Eq. 7's scale, averaged by Eq. 9
-    fp32: tuple = ()  # buffers kept float32 in every precision; unsaved ones are per-rank sums
+    fp32: tuple = ()  # buffers kept float32 always; unsaved ones are per-rank sums, never synced
     cache: tuple = ()  # the running sums its KVCache keeps beyond K and V (KVCache.sums' names)
     depends_on_length: Callable = lambda config: False  # ModelConfig.outputs_depend_on_length
 
@@ -423,8 +423,8 @@ class Attention(nn.Module):
         return variant.weights(self, scores, alpha=alpha, positions=positions, seq_lens=seq_lens)
 
     def _apply(self, fn, recurse=True):
-        """Where to, half, cuda and to_empty end: Variant.fp32's buffers stay float32, as alpha_ma
-        ~ 0.5 in bf16 is off by up to 2e-3, and alpha_count in bf16 would stop counting at 256."""
+        """nn.Module's to, half, cuda and to_empty end here. Variant.fp32's buffers stay float32:
+        alpha_ma ~ 0.5 in bf16 is off by up to 2e-3, and alpha_count would stop counting at 256."""
         before = {name: self._buffers[name] for name in self.config.variant.fp32
                   if name in self._buffers}
         super()._apply(fn, recurse)
