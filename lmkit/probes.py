@@ -1,118 +1,88 @@
 """Every measurement of a model's attention and activations on a batch of windows, each defined
-once, for the evaluations of train.py runs with attention_windows, analyze.py, the sink study and
-the quick start's real model. Attention measures read each layer's explicit weights
-(model.Attention.weights) on the inputs the model's own forward gives it (lmkit/inspection.py), in
-float64; rows need not sum to one (docs/analysis.md, "The sink's measures", has the definitions,
-their sources and a real model's numbers). lmkit/sink_costs.py runs them over many sequences and
-measures what a sink costs.
-  where attention goes  first_token_weights; Gu et al.'s Sink_1: sink_scores, model_rates
-  affine's alpha        alpha_summary; Kobayashi et al.: value_weighted_first_token
-  outliers              activation_outliers (Bondarenko et al.)
-  train.py's records    sink_record
-"""
+once, for train.py's evaluations with attention_windows, analyze.py, the sink study and the quick
+start's real model. Attention measures read each layer's explicit weights (model.Attention.weights)
+on its own inputs in a real forward (lmkit/inspection.py), in float64; rows need not sum to one.
+docs/analysis.md, "The sink's measures", has the definitions, their sources and a real model's
+numbers; lmkit/sink_costs.py runs them over many sequences and measures what a sink costs."""
 import statistics
 
 import torch
 
 from lmkit.inspection import attention_hooks, head_stats, hooked_forward
 
-# What the measures know about each variant's weights, by its key in model.VARIANTS; a variant
-# without an entry has neither (its per-head tensors, HEAD_STATS, are lmkit/inspection.py's).
-# ROWS_SUM_TO_ONE: its rows are a distribution, which Gu et al.'s Sink_1 reads as they are.
-# NULL_SLOT: its rows leave out a sink's own mass, 1 minus the row's sum.
+# Variants, by their key in model.VARIANTS, whose rows are a distribution, which Gu et al.'s Sink_1
+# reads as they are, and whose rows leave out a null slot's mass, 1 minus the row's sum
 ROWS_SUM_TO_ONE = ('softmax',)
 NULL_SLOT = ('sink', 'softmax1')
-# Gu et al. (2025)'s epsilon: a head whose first-position score exceeds it has a sink
-SINK_THRESHOLD = 0.3
-# added to a row's sum when Gu et al. renormalise it (lit_gpt/inference/model_attn_sim_infer.py)
+SINK_THRESHOLD = 0.3  # Gu et al.'s epsilon: a head whose first-position score exceeds it has a sink
+# added to a row's sum where Gu et al. renormalise it (lit_gpt/inference/model_attn_sim_infer.py)
 GU_ROW_EPS = 1e-8
-# Evaluations per sink study run (the points of its curves), for the study's runs and for
-# tools/bench.py's.
-SINK_STUDY_EVALUATIONS = 8
-# The value-weighted share reads every 4th query (1, 5, 9, ...) at an evaluation. With a gate its
-# norms cost T^2 D^2 per head, 40% of an evaluation on all queries; the stride keeps items 1-5 of
-# the measures within 10% (tools/bench.py --sections=probes).
+SINK_STUDY_EVALUATIONS = 8  # evaluations per sink study run: the points of its curves
+# The value-weighted share reads every 4th query (1, 5, 9, ...) at an evaluation: with a gate its
+# norms cost T^2 D^2 per head, 40% of an evaluation on all queries, and the stride keeps items 1-5
+# of the measures within 10% (tools/bench.py --sections=probes).
 VALUE_WEIGHTED_STRIDE = 4
-# added to std^4 in Bondarenko et al.'s kurtosis (transformers_language/utils.py)
-KURTOSIS_EPS = 1e-6
+KURTOSIS_EPS = 1e-6  # added to s^4 in Bondarenko et al.'s kurtosis (transformers_language/utils.py)
 
 
 def variant_statistics(attn, x):
     """What the analyses read of a layer's variant besides its weights, in float64: alpha (B, T, H)
-    of Eq. 7 on the input x where it has one, and its per-head tensors (HEAD_STATS: the sink
-    logits, alpha_ma)."""
+    of Eq. 7 on the input x where it has one, and its per-head tensors (sink logits, alpha_ma)."""
     variant = attn.config.variant
     stats = {'alpha': variant.alpha(attn, x).double()} if variant.alpha else {}
     return stats | {name: getattr(attn, name).double() for name in head_stats(attn.config)}
 
 
 def weight_rows(config):
-    """What sink_scores needs to know of the variant's rows: (whether they sum to one, whether they
-    leave out a null slot)."""
+    """(whether the variant's rows sum to one, whether they leave out a null slot): sink_scores'."""
     return config.variant_name in ROWS_SUM_TO_ONE, config.variant_name in NULL_SLOT
 
-# -----------------------------------------------------------------------------------------------
-# The measures, each on a layer's explicit weights w (B, H, T, T) (0 on the keys a query does not
-# see)
 
-
+# The measures, each on a layer's explicit weights w (B, H, T, T), 0 on the keys a query cannot see
 def first_token_weights(w):
     """Where each row's attention goes, per query i >= 1 (query 0 sees only token 0), as (B, H, T -
-    1) tensors (docs/analysis.md, "The sink's measures", reads each one per variant):
-      weight  w_i0: the paper's Figure 4 measure, as it plots it;
-      share   w_i0 / sum_j w_ij: where the row's own total goes (unbounded where that nears 0);
-      null    1 - sum_j w_ij: sink's and softmax1's null slot, what affine's scale took away (or
-              added); 0 for softmax;
-    first-token-or-null is weight + null (linear, so its means are theirs): the paper's Figure 9
-    reading of sink. A negative affine w_i0 (beta_i < -alpha_i a_i0) stays negative in all three."""
+    1) tensors: weight w_i0 (the paper's Figure 4); share w_i0 / sum_j w_ij, where the row's own
+    total goes; null 1 - sum_j w_ij, a null slot's mass or what affine's scale took away. The
+    paper's Figure 9 reads weight + null. A negative affine w_i0 stays negative in all three."""
     rows = w[:, :, 1:].sum(-1)
     first = w[:, :, 1:, 0]
     return dict(weight=first, share=first / rows, null=1 - rows)
 
 
 def sink_scores(w, rows_sum_to_one, null_slot):
-    """Gu et al.'s first-position score per sample and head (B, H), as
-    pretrain/eval_sink_pretrain.py computes it (sail-sg/Attention-Sink): key k scores sum_{i>=k}
-    p_ik / (T - k), so query 0's own row counts; a head has a sink where the score exceeds
-    SINK_THRESHOLD (sink_rate). rows: 'tokens' (p = w where rows sum to one, else |w| renormalised,
-    as their sigmoid and elu models), 'raw' (p = w) or 'null_slot' (the slot as an extra position 0,
-    as their key bias; None for a variant without one). docs/analysis.md, "The sink's measures"."""
+    """Gu et al.'s first-position score per sample and head (B, H), as sail-sg/Attention-Sink's
+    pretrain/eval_sink_pretrain.py computes it: key k scores sum_{i>=k} p_ik / (T - k), query 0's
+    own row included, and a head has a sink where the score exceeds SINK_THRESHOLD. 'tokens': p = w
+    where rows sum to one, else |w| renormalised, as for their sigmoid and elu models; 'raw': p = w;
+    'null_slot': the slot as an extra position 0, as their key bias (None without a slot)."""
     T = w.size(-1)
-    if rows_sum_to_one:
-        first = w[..., 0]
-    else:
-        first = w[..., 0].abs() / (w.abs().sum(-1) + GU_ROW_EPS)
+    first = w[..., 0] if rows_sum_to_one else w[..., 0].abs() / (w.abs().sum(-1) + GU_ROW_EPS)
     tokens = first.sum(-1) / T
     slot = (1 + (1 - w.sum(-1)).sum(-1)) / (T + 1) if null_slot else None
     return dict(tokens=tokens, null_slot=slot, raw=w[..., 0].sum(-1) / T)
 
 
 def value_weighted_first_token(attn, x, cos, sin, w, stride=1):
-    """Kobayashi et al. (2020, arXiv 2004.10102)'s reading of the first token, per sample and head
-    (B, H): the norm of what token j adds to query i's output through head h, ||w_ij f_i(x_j)|| with
-    f_i(x_j) = (g_i * v_j) W_O^h (W_O^h the head's slice of o_proj; g_i the output gate of Eq. 4-5
-    where the model has one, else 1), and the first token's share ||w_i0 f_i(x_0)|| / sum_j ||w_ij
-    f_i(x_j)||, averaged over queries i >= 1 (Qiu et al.'s head-wise gate, one g_i > 0 per head,
-    cancels from it). A first token that draws weight but contributes little shows here. Norms
-    take |w_ij| (affine's negative weights); the null slot of sink and softmax1 has no value and
-    adds nothing; a row that adds nothing at all (every w_ij f = 0) counts 0. stride > 1 averages
-    over the queries i = 1, 1 + stride, 1 + 2 stride, ... only (an evaluation's budget: with the
-    elementwise gate the norms cost T^2 D^2 per head, VALUE_WEIGHTED_STRIDE)."""
+    """Kobayashi et al. (2020, arXiv 2004.10102)'s reading of the first token per sample and head
+    (B, H): the mean over queries i >= 1 of ||w_i0 f_i(x_0)|| / sum_j ||w_ij f_i(x_j)||, where
+    f_i(x_j) = (g_i * v_j) W_O^h, W_O^h is the head's slice of o_proj and g_i the output gate of
+    Eq. 4-5 (or 1). A first token that draws weight but adds little shows here. Norms take |w_ij|,
+    a null slot adds nothing and a row that adds nothing counts 0; stride > 1 reads the queries 1,
+    1 + stride, ... only (VALUE_WEIGHTED_STRIDE)."""
     config = attn.config
-    B, T, _ = x.shape
-    H, D = config.n_head, config.head_dim
+    B, H, D = x.size(0), config.n_head, config.head_dim
     # (B, n_kv_head, T, D): head h reads kv head h // (H / n_kv_head)
     v = attn.project(x, cos, sin)[2].double()
     W = attn.o_proj.weight.double().view(-1, H, D)  # (C, H, D)
     # ||f_i(x_j)||^2 = (g_i v_j)' M (g_i v_j), M = W_O^h' W_O^h (H, D, D)
     gram = torch.einsum('chd,che->hde', W, W)
     w = w[:, :, 1::stride].abs()
-    # the elementwise gate scales query i's output channel by channel: a product of (g_i x g_i) M
-    # and v_j x v_j over D * D, T^2 D^2 work per head, in float32 (norms to 1e-6) so that the gated
-    # evaluations stay cheap; the head-wise gate scales a row's every term alike, so as ungated
+    # The elementwise gate scales query i's output channel by channel: a product of (g_i x g_i) M
+    # and v_j x v_j over D * D, T^2 D^2 work per head, in float32 (norms to 1e-6) to keep the
+    # evaluations cheap. Qiu et al.'s head-wise gate scales a row's every term alike and cancels.
     if config.gate_kind == 'elementwise':
-        g = torch.sigmoid(attn.g_proj(x[:, 1::stride]).float()).view(B, -1, H,
-                                                                     D).transpose(1, 2).contiguous()
+        g = torch.sigmoid(attn.g_proj(x[:, 1::stride]).float())
+        g = g.view(B, -1, H, D).transpose(1, 2).contiguous()
         # (B, H, queries, D^2)
         queries = (g.unsqueeze(-1) * g.unsqueeze(-2)).mul_(gram.float()[:, None]).flatten(-2)
         vt = v.float().transpose(-1, -2).contiguous()  # (B, n_kv_head, D, T)
@@ -129,10 +99,9 @@ def value_weighted_first_token(attn, x, cos, sin, w, stride=1):
 
 
 def alpha_summary(alpha):
-    """Affine's alpha (Eq. 7) of one layer, over every token of the sequences read, alpha (N, T, H):
-    its mean; its standard deviation across queries (tokens), per head, averaged over heads (0 if
-    the scale ignored the input, as a per-head constant would); the shares of alphas at the clip
-    bounds of Eq. 11, exactly 0 and exactly 1."""
+    """Affine's alpha (Eq. 7) of one layer over every token read, alpha (N, T, H): its mean; its
+    standard deviation across queries per head, averaged over heads (0 if the scale ignored the
+    input); the shares of alphas exactly at the clip bounds 0 and 1 of Eq. 11."""
     per_head = alpha.flatten(0, 1)
     return dict(alpha_mean=per_head.mean().item(), alpha_std=per_head.std(0).mean().item(),
                 alpha_at_0=(per_head == 0).double().mean().item(),
@@ -155,22 +124,17 @@ def kurtosis(x):
 
 
 def activation_outliers(model, idx):
-    """Per layer, (B,) tensors on the sequences idx (B, T), in float64, each with and without
-    position 0 (where massive activations and sinks sit): Bondarenko et al. (2023, arXiv 2306.12929;
-    validate_clm.py)'s two measures, max |x| per sequence (averaged over sequences by the readers)
-    and kurtosis, on the attention layer's output (o_proj's, what it adds to the residual stream:
-    attention_*) and on the FFN's (layer.mlp's, down_proj's: ffn_*; their OPT's fc2, where their
-    "max FFN inf norm" is read); and max |x| of the residual stream after the layer (Sun et al.
-    2024's massive activations). Computed in the forward's hooks (outlier_hooks), one layer at a
-    time."""
+    """Per layer, (B,) float64 tensors on the sequences idx (B, T), with and without position 0:
+    Bondarenko et al. (2023, arXiv 2306.12929)'s max |x| and kurtosis of the attention layer's
+    output (attention_*) and the FFN's (ffn_*; their OPT's fc2), and max |x| of the residual stream
+    after the layer (Sun et al. 2024's massive activations), computed in the forward's hooks."""
     layers = [{} for _ in model.model.layers]
     hooked_forward(model, idx, outlier_hooks(model, layers))
     return layers
 
 
 def outlier_hooks(model, layers):
-    """Forward hooks that put activation_outliers' measures of each layer into its dict of
-    layers."""
+    """Forward hooks that put activation_outliers' measures of each layer into its dict."""
 
     def measure(stats, prefix, kinds):
         def hook(module, args, out):
@@ -188,13 +152,10 @@ def outlier_hooks(model, layers):
 
 @torch.no_grad()
 def attention_statistics(model, idx, corner=30, value_stride=1):
-    """Per-layer statistics of the effective attention weights w (B, H, T, T) on the sequences idx
-    (B, T): each layer's Attention.weights on its own inputs (inspect_attention), in float64, kept
-    per sequence so that batches concatenate. Means over queries i >= 1 unless noted:
-    first_token(_head), first_token_share(_head), null_mass_head, sink_mass, sink_score(_null_slot),
-    negative_rows, value_weighted_first_head; row_sums (B, T) (Figure 3), head_total (Figure 5),
-    entropy of |w| renormalised (Figure 6), corner (B, c, c) (Figure 9); the variant's own
-    (variant_statistics) and activation_outliers'. docs/analysis.md, "The sink's measures"."""
+    """Per-layer statistics of the weights w (B, H, T, T) on the sequences idx (B, T), in float64
+    and per sequence so that batches concatenate. Means over queries i >= 1: the measures above,
+    negative_rows, row_sums (B, T) (Figure 3), head_total (Figure 5), the entropy of |w|
+    renormalised (Figure 6), corner (B, c, c) (Figure 9), variant_statistics and the outliers."""
     def statistics(attn, x, cos, sin, positions):
         rows_sum_to_one, null_slot = weight_rows(attn.config)
         w = attn.weights(x, cos, sin, positions).double()
@@ -202,12 +163,10 @@ def attention_statistics(model, idx, corner=30, value_stride=1):
         p = w.abs() / w.abs().sum(-1, keepdim=True).clamp_min(1e-30)
         entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # (B, H, T)
         first = first_token_weights(w)
-        null = first['null'].mean(2)
+        weight, share, null = first['weight'], first['share'], first['null'].mean(2)
         sink = sink_scores(w, rows_sum_to_one, null_slot)
-        stats = dict(first_token=first['weight'].mean(dim=(1, 2)),
-                     first_token_head=first['weight'].mean(2),
-                     first_token_share=first['share'].mean(dim=(1, 2)),
-                     first_token_share_head=first['share'].mean(2),
+        stats = dict(first_token=weight.mean(dim=(1, 2)), first_token_head=weight.mean(2),
+                     first_token_share=share.mean(dim=(1, 2)), first_token_share_head=share.mean(2),
                      null_mass_head=null, sink_mass=null.mean(1) if null_slot else None,
                      sink_score=sink['tokens'], sink_score_null_slot=sink['null_slot'],
                      negative_rows=(w.amin(-1) < 0).double().mean(dim=(1, 2)),
@@ -224,21 +183,18 @@ def attention_statistics(model, idx, corner=30, value_stride=1):
     return [layer | stats for layer, stats in zip(layers, outliers)]
 
 
-# the outlier measures train.py's evaluations (sink_record) and analyze.py's layers keep:
-# activation_outliers' FFN measures (ffn_*) are read at the end of a sink study run (its end.payoff,
-# outlier_means), so that the evaluations' records keep the schema the committed ones were validated
-# against
+# The outlier measures train.py's evaluations and analyze.py keep. The FFN's are read at the end of
+# a sink study run (end.payoff), so that records keep the schema the committed ones were checked by.
 OUTLIERS = ('attention_max_abs', 'attention_max_abs_after_first', 'attention_kurtosis',
             'attention_kurtosis_after_first', 'residual_max_abs', 'residual_max_abs_after_first')
 
 
 def layer_summary(s):
-    """One layer's measures as plain numbers, from attention_statistics' tensors of all sequences
-    (concatenated): means over sequences (Gu et al.'s rate: the share of (sequence, head) pairs
-    whose score exceeds SINK_THRESHOLD), per head where the key ends in _head; first_or_null =
-    first_token + null_mass (first_token_weights); alpha's (alpha_summary) where the variant has it.
-    What sink_record logs and analyze.py's numbers.json holds per layer."""
+    """One layer's measures as plain numbers from attention_statistics' tensors of all sequences:
+    means over sequences (per head for a _head key), Gu et al.'s rate of (sequence, head) pairs over
+    SINK_THRESHOLD, first_or_null = first_token + null_mass, and alpha_summary's for affine."""
     head = lambda key: s[key].mean(0)
+    rate = lambda scores: (scores > SINK_THRESHOLD).double().mean().item()
     out = dict(first_token=s['first_token'].mean().item(),
                first_token_head=head('first_token_head').tolist(),
                first_token_share=s['first_token_share'].mean().item(),
@@ -247,62 +203,44 @@ def layer_summary(s):
                null_mass_head=head('null_mass_head').tolist(),
                first_or_null=(s['first_token_head'] + s['null_mass_head']).mean().item(),
                first_or_null_head=head('first_token_head').add(head('null_mass_head')).tolist(),
-               sink_rate=(s['sink_score'] > SINK_THRESHOLD).double().mean().item(),
+               sink_rate=rate(s['sink_score']),
                negative_rows=s['negative_rows'].mean().item(),
                value_weighted_first=s['value_weighted_first_head'].mean().item(),
                value_weighted_first_head=head('value_weighted_first_head').tolist(),
                entropy=s['entropy'].mean().item(), row_sum_mean=s['row_sums'].mean().item())
     if s.get('sink_score_null_slot') is not None:
-        out[
-            'sink_rate_null_slot'] = (
-            s['sink_score_null_slot'] > SINK_THRESHOLD).double().mean().item()
+        out['sink_rate_null_slot'] = rate(s['sink_score_null_slot'])
     if 'alpha' in s:
         out |= alpha_summary(s['alpha'])
     return out | {key: s[key].mean().item() for key in OUTLIERS}
 
 
-def mean_head_sink_rate(layers):
-    """The measure this repository called Sink_1^0.3 before Gu et al.'s (sink_rate): the share of
-    all (layer, head) pairs whose first-token weight, averaged over the sequences and queries i >=
-    1, exceeds SINK_THRESHOLD. It leaves the first token's own row out, thresholds a mean over
-    sequences and reads raw weights (docs/analysis.md)."""
-    heads = [w for layer in layers for w in layer['first_token_head']]
-    return sum(w > SINK_THRESHOLD for w in heads) / len(heads)
-
-
 def model_rates(layers):
-    """Gu et al.'s Sink_1 of a model from layer_summary's layers: their rate, the share of (layer,
-    head) pairs over the threshold averaged over samples, is the mean of the per-layer rates (every
-    layer has the same heads and samples); with a null slot, the same on the slot; and
-    mean_head_sink_rate."""
-    rates = dict(sink_rate=layer_mean([layer['sink_rate'] for layer in layers]),
-                 sink_rate_mean_head=mean_head_sink_rate(layers))
+    """Gu et al.'s Sink_1 of a model from layer_summary's layers, the mean of the per-layer rates
+    (every layer has the same heads and samples), also on the null slot where there is one; and
+    sink_rate_mean_head, this repository's Sink_1^0.3 before: the share of (layer, head) pairs
+    whose first-token weight, averaged over sequences and queries i >= 1, exceeds the threshold."""
+    mean = lambda key: layer_mean([layer[key] for layer in layers])
+    heads = [w for layer in layers for w in layer['first_token_head']]
+    rates = dict(sink_rate=mean('sink_rate'),
+                 sink_rate_mean_head=sum(w > SINK_THRESHOLD for w in heads) / len(heads))
     if 'sink_rate_null_slot' in layers[0]:
-        rates['sink_rate_null_slot'] = layer_mean([layer['sink_rate_null_slot']
-                                                   for layer in layers])
+        rates['sink_rate_null_slot'] = mean('sink_rate_null_slot')
     return rates
 
-# -----------------------------------------------------------------------------
-# What train.py's evaluations log with attention_windows (the sink study's runs)
 
-
-# sink_record's names for layer_summary's keys where the record had them first (a _head key's is
-# _per_head)
+# What train.py's evaluations log with attention_windows: RECORD_NAMES are the records' first names
+# for layer_summary's keys (a key not in it keeps its name, with _head written _per_head)
 RECORD_NAMES = dict(first_token='first_token_weight', first_token_head='first_token_per_head',
-                    row_sum_mean='row_sum',
-                    sink_rate='sink_rate_per_layer',
+                    row_sum_mean='row_sum', sink_rate='sink_rate_per_layer',
                     sink_rate_null_slot='sink_rate_null_slot_per_layer',
                     alpha_mean='alpha_window_mean')
 
 
 def sink_record(model, idx):
-    """Every measure of layer_summary on the windows idx (train.py's attention_windows), per layer
-    (lists; per layer and head where the name ends in _per_head), rounded to 6 decimals, under the
-    names the records had first (RECORD_NAMES); sink_mass (the null slot's) for a variant with one
-    (NULL_SLOT); and over the model, Gu et al.'s Sink_1^0.3 on these windows (sink_rate;
-    sink_rate_null_slot) and the repository's earlier measure (sink_rate_mean_head), model_rates;
-    the value-weighted share on every VALUE_WEIGHTED_STRIDE-th query. Under FSDP every rank must
-    call it."""
+    """layer_summary's measures on the windows idx (attention_windows) per layer, and per head for a
+    _per_head name, rounded to 6 decimals, the null slot's sink_mass and model_rates, the value-
+    weighted share on every VALUE_WEIGHTED_STRIDE-th query. Under FSDP every rank must call it."""
     layers = [layer_summary(layer)
               for layer in attention_statistics(model, idx, value_stride=VALUE_WEIGHTED_STRIDE)]
     record = {}
@@ -320,13 +258,3 @@ def layer_mean(values):
     """The mean over layers of a per-layer record (sink_record's lists, model_statistics' layers);
     None stays None (a measure a variant does not have, such as sink_mass)."""
     return statistics.fmean(values) if values is not None else None
-
-
-def first_token_weight(record):
-    """A run's first-token weight (sink_record's, Figure 4's measure), averaged over layers."""
-    return layer_mean(record['first_token_weight'])
-
-
-def first_token_share(record):
-    """A run's first-token share of each row (sink_record's), averaged over layers."""
-    return layer_mean(record['first_token_share'])
