@@ -46,9 +46,7 @@ def predated_note(path, ckpt):
     train.py since its commit) and any deleted from it, in runs.KEYS' order, each with its
     default."""
     missing = [key for key in runs.KEYS if key not in {**ckpt['config'], **ckpt['model_config']}]
-    many = len(missing) > 1
-    return (f"note: {path} predates the key{'s' * many} {', '.join(missing)}; "
-            f"{'they take their defaults' if many else 'it takes its default'} "
+    return (f"note: {path} predates these keys, which take their defaults: "
             + ', '.join(f"{key}={runs.KEYS[key].default!r}" for key in missing))
 
 
