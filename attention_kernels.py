@@ -52,8 +52,8 @@ def sink_attention(q, k, v, sinks, causal=True, mask=None):
 
 # The KV cache: what a layer keeps of the tokens it has seen
 class KVCache:
-    """One layer's keys and values across calls, and a variant's running sums (Variant.cache), for
-    decoding and scoring continuations. Each row of a right-padded batch goes on after its own."""
+    """A layer's keys and values across calls (decoding, scoring continuations) and a variant's
+    running sums (Variant.cache). Each row of a right-padded batch goes on after its real tokens."""
 
     def __init__(self, max_len):
         self.max_len = max_len
@@ -65,7 +65,7 @@ class KVCache:
 
     def positions(self, T, seq_lens=None, device=None):
         """(positions, the tokens the longest row then reaches) of T new tokens, seq_lens (B,) of
-        them real if given: (T,) until padding is cached, then (B, T), each row after its own."""
+        them real if given. Positions are (T,) until padding is cached, then (B, T), row by row."""
         new = torch.arange(T, device=device)
         if not self.padded:
             return new + self.length, self.length + T

@@ -1,12 +1,6 @@
-"""
-Where a model runs: the device and dtype --device / --dtype name, the C++ compiler torch.compile
-needs on a CPU; over torchrun's ranks, compiled per layer, sharded with FSDP2 or wrapped in DDP, and
-the ranks' plumbing. docs/training.md, "Ranks", says why each does what it does.
-"""
+"""Where a model runs: its device and dtype, and torchrun's ranks (docs/training.md, "Ranks")."""
 import inspect
-import math
 import os
-import sys
 from contextlib import contextmanager
 
 import torch
@@ -17,8 +11,7 @@ from lmkit.errors import RunError, on_stop_signals
 
 
 def resolve_device(name):
-    """--device as a torch.device ('auto': cuda where there is a GPU, else cpu); a RunError before
-    any work for a device this machine lacks."""
+    """--device as a torch.device, or a RunError before any work for a device this machine lacks."""
     if name == 'auto':
         return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     try:
@@ -32,14 +25,13 @@ def resolve_device(name):
     present = hasattr(backend, 'is_available') and backend.is_available()
     count = backend.device_count() if present else 0
     if count == 0:
+        why = (f"torch sees no {device.type} device here (torch.{device.type}.is_available() "
+               "is False); use")
         if device.type == 'cuda' and not torch.backends.cuda.is_built():
             why = (f"this torch ({torch.__version__}) was built without CUDA: install a CUDA build "
                    "of torch, or use")
         elif backend is None:
             why = f"the scripts do not run on {device.type} devices; use"
-        else:
-            why = (f"torch sees no {device.type} device here (torch.{device.type}.is_available() "
-                   "is False); use")
         raise RunError(f"--device={name}: {why} --device=cpu (or auto: a GPU where there is one)")
     if device.index is not None and device.index >= count:
         last = f' to {device.type}:{count - 1}' if count > 1 else ''
@@ -49,8 +41,7 @@ def resolve_device(name):
 
 
 def resolve_dtype(name, device):
-    """--dtype's name ('float32', 'bfloat16'): 'auto' is bfloat16 on a CUDA device that supports it,
-    else float32. getattr(torch, name) is the dtype."""
+    """--dtype's name, 'auto' being bfloat16 on a CUDA device that supports it, else float32."""
     if name != 'auto':
         return name
     return 'bfloat16' if device.type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
@@ -62,8 +53,7 @@ def autocast(device):
 
 
 def check_cpu_compiler():
-    """torch.compile on CPU builds C++: without a compiler the first step would fail deep in a
-    traceback, so say it in one line before any work."""
+    """A RunError before any work where torch.compile on a CPU finds no C++ compiler."""
     from torch._inductor.cpp_builder import get_cpp_compiler
     try:
         get_cpp_compiler()
@@ -74,20 +64,17 @@ def check_cpu_compiler():
                        "docs/benchmarks.md)") from None
 
 
-# DDP must not sync buffers on each forward: alpha_ma's per-rank sums would be overwritten by rank
-# 0's. Newer torch deprecates broadcast_buffers for forward_sync_buffers.
+# DDP must not sync buffers on each forward, or rank 0's would overwrite alpha_ma's per-rank sums
 DDP_NO_BUFFER_SYNC = ({'forward_sync_buffers': False}
                       if 'forward_sync_buffers' in inspect.signature(DDP).parameters
                       else {'broadcast_buffers': False})
 
 
 def apply_fsdp(model, dtype):
-    """FSDP2 in place: one group per decoder layer, the root group for the rest (kept gathered from
-    forward to backward: the KD loss reads lm_head.weight); bfloat16 computes from fp32 shards."""
-    # imported here: FSDP takes as long to import as torch itself, and every script imports this
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    """FSDP2 in place: a group per decoder layer, and a root group kept gathered for the KD loss."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # slow, so imported here
     policy = MixedPrecisionPolicy()
-    if dtype == 'bfloat16':
+    if dtype == 'bfloat16':  # computed in bf16, gathered from the fp32 shards
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=policy)
@@ -95,8 +82,7 @@ def apply_fsdp(model, dtype):
 
 
 def compile_layers(model, backend='inductor'):
-    """torch.compile each decoder layer on its own, in place, as torchtitan does, and DDP's graph
-    splitting off (process-wide); the rest runs eager. backend: the tests' aot_eager."""
+    """Compile each decoder layer on its own, in place (the tests use backend='aot_eager')."""
     torch._dynamo.config.optimize_ddp = False
     for layer in model.model.layers:
         layer.compile(backend=backend)
@@ -104,8 +90,8 @@ def compile_layers(model, backend='inductor'):
 
 
 def wrap_ddp(model, device):
-    """DDP around the GPT, its gradients kept once, as views of the buckets. Wrap after the
-    optimizer state is loaded (which initialises AdamW's state only while no .grad exists)."""
+    """DDP with each .grad a view of its buckets. Wrap it after loading the optimizer state, which
+    AdamW initialises only while no .grad exists."""
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     return DDP(model, device_ids=[device.index] if device.type == 'cuda' else None,
@@ -113,35 +99,21 @@ def wrap_ddp(model, device):
 
 
 def full_tensor(t):
-    """A DTensor (an FSDP-sharded parameter, or a reduction over one) gathered whole; other tensors
-    as they are. A collective under FSDP: every rank must call it."""
-    dtensor = sys.modules.get('torch.distributed.tensor')
-    return t.full_tensor() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
-
-
-def local_tensor(t):
-    """This rank's shard of a DTensor; other tensors as they are. No collective."""
-    dtensor = sys.modules.get('torch.distributed.tensor')  # not imported: t is no DTensor
-    return t.to_local() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
+    """A DTensor gathered whole (a collective every rank must call); other tensors as they are."""
+    return t.full_tensor() if hasattr(t, 'full_tensor') else t  # DTensor is slow to import
 
 
 def nonfinite_model_tensors(model, device):
-    """The names of the model's floating-point state-dict tensors that hold NaN or infinity, and
-    how many such tensors there are. Every rank gets the same answer. A tensor is finite when its
-    largest magnitude is, so one fused _foreach_norm checks them all."""
-    named = [(n, local_tensor(t)) for n, t in model.state_dict().items() if t.is_floating_point()]
-    bad = torch.zeros(len(named), device=device)
-    held = [i for i, (_, t) in enumerate(named) if t.numel()]  # an empty shard has no maximum
-    if held:
-        norms = torch._foreach_norm([named[i][1] for i in held], math.inf)
-        bad[held] = torch.stack([n.float() for n in norms]).isfinite().logical_not().float()
-    bad = reduce_mean(bad, device)
+    """(the names of the model's float tensors that hold NaN or infinity, how many float tensors
+    it has), the same on every rank: each rank checks its own shards of them."""
+    named = [(n, t) for n, t in model.state_dict().items() if t.is_floating_point()]
+    shards = [t.to_local() if hasattr(t, 'to_local') else t for _, t in named]  # (FSDP's DTensors)
+    bad = reduce_mean([float(not t.isfinite().all()) for t in shards], device)
     return [name for (name, _), flag in zip(named, bad) if flag > 0], len(named)
 
 
 def init_distributed(backend):
-    """init_process_group for torchrun's workers, each restart's keys apart from earlier attempts'
-    in the agent's one store (a dead rank's address, read again, fails)."""
+    """init_process_group for torchrun's workers, each restart's keys apart from earlier ones'."""
     store, rank, world = next(dist.rendezvous('env://'))
     attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
     dist.init_process_group(backend, store=dist.PrefixStore(f'train.py/attempt_{attempt}', store),
@@ -149,8 +121,7 @@ def init_distributed(backend):
 
 
 def batch_to_device(arrays, device):
-    """Numpy arrays (a micro-batch) as tensors on device; on CUDA through pinned memory with
-    non_blocking (a copy from pageable memory would wait for the GPU's queued work)."""
+    """NumPy arrays as tensors on device, on CUDA through pinned memory, without blocking."""
     if device.type != 'cuda':
         return [torch.from_numpy(a).to(device) for a in arrays]
     return [torch.from_numpy(a).pin_memory().to(device, non_blocking=True) for a in arrays]
@@ -167,8 +138,7 @@ def reduce_mean(values, device):
 
 @contextmanager
 def preemption_flag():
-    """While active, SIGTERM, SIGINT and SIGHUP only append to the yielded list: the loop finishes
-    its step, saves and exits (cluster preemption, Ctrl-C, a closed terminal)."""
+    """During the block a stop signal only appends to the yielded list: the loop saves and exits."""
     flag = []
     with on_stop_signals(lambda signum, frame: flag.append(signum)):
         yield flag

@@ -105,8 +105,8 @@ def on_stop_signals(handler=raise_stopped):
 
 
 def run_script(main, argv=None):
-    """A script's entry point: main(argv), a RunError or OSError printed as one line with exit
-    status 1, a stop's line (if any) with 128 + signum, and a closed stdout quietly with 141."""
+    """Run main(argv) as a script's entry point: a RunError or OSError prints one line and exits 1,
+    a stop prints its line (if any) and exits 128 + signum, a closed stdout exits 141 quietly."""
     try:
         with on_stop_signals():
             return main(sys.argv[1:] if argv is None else argv)

@@ -62,8 +62,8 @@ def made_dirs(path):
 
 
 def check_writable(path):
-    """Raise an OSError naming path if no file can be written there, before any work is lost to
-    it. A file is made and removed in the nearest directory at or above path that exists."""
+    """Raise an OSError naming path before any work if no file can be written there, by making and
+    removing a file in the nearest directory at or above path that exists."""
     top = os.path.abspath(path)
     while not os.path.exists(top):
         top = os.path.dirname(top)
@@ -182,9 +182,9 @@ def lock_dir(path, owner):
 
 
 def read_log(path):
-    """The records of a JSON-lines log that a process appends to, such as metrics.jsonl: each line
-    is a JSON object with an integer 'step'. A crash while appending can cut the last line short,
-    so that line is dropped with a note; any other line that is not a record is a RunError."""
+    """The records of a JSON-lines log that a process appends to, such as metrics.jsonl: records[i]
+    is line i + 1, a JSON object with an integer 'step'. A crash while appending can cut the last
+    line short: that line is dropped with a note, and any other bad line is a RunError."""
     with open(path, 'rb') as f:
         lines = f.read().split(b'\n')
     if lines[-1] == b'':  # the file ends with a newline (or is empty)
