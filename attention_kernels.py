@@ -18,8 +18,7 @@ def at_least_fp32(t):
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-# Grouped-query attention (n_kv_head < n_head): a fused kernel that reads the groups itself gets
-# the grouped K and V, and one that cannot gets them repeated to every query head.
+# Grouped-query attention (n_kv_head < n_head): K and V grouped where the kernel reads them so
 def needs_repeated_kv(device_type, dtype):
     """Whether the fused kernel cannot read grouped K and V: CUDA float32's memory-efficient kernel
     cannot (torch <= 2.13; SDPA would fall back to a T x T matrix). Flash, cuDNN and CPU can."""
@@ -85,11 +84,10 @@ class KVCache:
                              f"for {T} more")
         start, self.length = self.length, self.length + T
         self.k[:, :, start:self.length], self.v[:, :, start:self.length] = k, v
-        real = torch.ones(B, T, dtype=torch.bool, device=k.device)
-        if seq_lens is not None:
-            real = torch.arange(T, device=k.device) < seq_lens[:, None]
+        self.real[:, start:self.length] = True
+        if seq_lens is not None:  # a row's padding follows its real tokens
+            self.real[:, start:self.length] = torch.arange(T, device=k.device) < seq_lens[:, None]
             self.padded = self.padded or bool((seq_lens < T).any())
-        self.real[:, start:self.length] = real
         k, v = self.k[:, :, :self.length], self.v[:, :, :self.length]
         if start == 0:  # the first call sees only its own tokens, causally
             return k, v, True, None
@@ -145,9 +143,8 @@ def sink_attention_explicit(q, k, v, sinks, causal=True, mask=None):
     return sink_weights(attention_scores(q, k, causal, mask), sinks).to(v.dtype) @ v
 
 
-# The sink in O(T) memory: a flash kernel's output corrected by its log-sum-exp (LSE), with exact
-# gradients. Three aten ops return the LSE: CPU flash, CUDA FlashAttention-2 (fp16 and bf16) and
-# CUDA's memory-efficient kernel (fp32, with equal head counts: kv_for_kernel).
+# The sink in O(T) memory, from the log-sum-exp (LSE) three aten ops return: CPU flash, CUDA
+# FlashAttention-2 (fp16, bf16) and CUDA's memory-efficient kernel (fp32, equal head counts).
 def bthd(t):
     """t (B, H, T, D) stored in the (B, T, H, D) layout of the model's q, k and v (no copy if it
     is). CUDA's memory-efficient backward needs `out` in it, unchecked; grad_out arrives in it."""
