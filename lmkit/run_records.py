@@ -4,6 +4,7 @@ give it: the paper's name for its model (method_name, from DISPLAY_NAMES and OPT
 minimised (objective), and what a planned train.py command would do beside the checkpoint its
 out_dir holds (planned_run, for the quick start and the sink study). train.py reads none of it.
 """
+import dataclasses
 import json
 import os
 
@@ -94,11 +95,13 @@ def restart_note(out_dir, changes):
 def planned_run(argv, cwd=''):
     """(RunConfig, step, changes) of the train.py command argv (run in cwd) beside its out_dir's
     checkpoint: the step it reached (None: none), and changed settings, max_iters among them."""
-    c = load_config(argv)
-    c['dtype'] = resolve_dtype(c['dtype'], resolve_device(c['device']))  # as setup_run resolves it
-    path = checkpoint_path(os.path.join(cwd, c['out_dir']))
+    now = run_config(load_config(argv))
+    # the dtype as train.py's setup_run resolves it
+    now = dataclasses.replace(now, dtype=resolve_dtype(now.dtype, resolve_device(now.device)))
+    path = checkpoint_path(os.path.join(cwd, now.out_dir))
     if not os.path.exists(path):
-        return run_config(c), None, []
+        return now, None, []
     then = read_checkpoint(path, keys=('step', 'config'))
-    changed = changed_settings(recorded_config(then['config'])[0], c, also=('max_iters',))
-    return run_config(c), then['step'], [f"{key} {old!r} -> {new!r}" for key, old, new in changed]
+    changed = changed_settings(recorded_config(then['config'])[0], dataclasses.asdict(now),
+                               also=('max_iters',))
+    return now, then['step'], [f"{key} {old!r} -> {new!r}" for key, old, new in changed]

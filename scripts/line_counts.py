@@ -70,7 +70,7 @@ def module_files():
 
 def module_imports(path, modules, anywhere=False):
     """The files of this repository a file imports at module level (an import inside a function
-    runs only when called, as GPT.from_pretrained's of lmkit.loading, and draws no edge), or
+    runs only when called, as GPT.from_pretrained's of lmkit.pretrained, and draws no edge), or
     anywhere in it. A package's __init__.py, which an import of any of its modules runs, counts."""
     package = os.path.dirname(path).replace(os.sep, '.')
     tree = ast.parse(open(os.path.join(ROOT, path), encoding='utf-8').read())
