@@ -99,7 +99,7 @@ class FusedKDLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_s, w_s, h_t, w_t, targets, temperature, kd_alpha, chunk_size):
         T, shape, device = temperature, h_s.shape, h_s.device
-        # the GEMMs' dtype: autocast's where it is on (but float64, as autocast's), else the inputs'
+        # the GEMMs' dtype: the inputs', or autocast's where it is on (which leaves float64 alone)
         dtype = functools.reduce(torch.promote_types, (h_s.dtype, w_s.dtype, h_t.dtype, w_t.dtype))
         if torch.is_autocast_enabled(device.type) and dtype != torch.float64:
             dtype = torch.get_autocast_dtype(device.type)

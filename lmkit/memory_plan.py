@@ -1,5 +1,5 @@
 """The memory plan: what one GPU holds at the peak of a training step, from the configs alone
-(docs/memory.md). train.py --dry_run=True prints it, tools/memory_tables.py the docs' tables."""
+(docs/memory.md): train.py --dry_run=True prints it and tools/memory_tables.py tabulates it."""
 import os
 
 import torch
@@ -56,7 +56,7 @@ def affine_saved_bytes(config, a, x_copy):
 
 # The bytes per token a variant's forward saves for backward beyond softmax's, by its key in
 # model.VARIANTS, from (config, a, x_copy): a is the bytes of one activation, x_copy those of
-# autocast's copy of X (0 without one). A variant without an entry is planned as softmax (and said).
+# autocast's copy of X (0 without one). A variant without an entry is planned as softmax, noted.
 SAVED_BYTES = {'softmax': no_more_saved, 'sink': no_more_saved, 'affine': affine_saved_bytes,
                'softmax1': no_more_saved}
 
