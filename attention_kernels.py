@@ -183,9 +183,8 @@ def _flash_backward(grad_out, q, k, v, out, lse, causal, state):
 
 
 class SinkAttention(torch.autograd.Function):
-    """Eq. 3 exactly, without a T x T matrix: out' = out * exp(lse - lse') with lse' =
-    logaddexp(lse, s), and the kernel's own backward given out' and lse'. docs/implementation.md,
-    "Sink with exact gradients in O(T)", derives it and the sink's gradient."""
+    """Eq. 3 exactly, without a T x T matrix: out * exp(lse - lse') with lse' = logaddexp(lse, s),
+    and its gradients (docs/implementation.md, "Sink with exact gradients in O(T)")."""
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, causal):
