@@ -31,7 +31,6 @@ from lmkit.distributed import (apply_fsdp, batch_to_device, check_cpu_compiler, 
                                resolve_device, resolve_dtype, wrap_ddp)
 from lmkit.errors import RunError, run_script, stopped_after_save
 from lmkit.inspection import mean_attention_logit, variant_tensor_means
-from lmkit.measure import DeviceTimer, StepMeter
 from lmkit.runs import (Metrics, SkippedSteps, check_launch, check_sizes, check_step_finite,
                         checkpoint_path, claim_out_dir, configure_optimizers,
                         hold_out_dir, import_wandb, load_config, print_how_it_starts,
@@ -227,7 +226,9 @@ def save(path, step, skipped, c, run, raw_model, optimizer, model_config, data_m
 
 
 def start_records(c, run, raw_model, start, train_data, val_data, wandb):
-    """Print the notes and the line a run starts with; return its step meter and its metrics."""
+    """Print the notes and the line a run starts with. Returns its step meter (tokens/s and MFU),
+    the timer of the teacher's forwards and its metrics."""
+    from lmkit.measure import DeviceTimer, StepMeter  # the instruments (docs/training.md, MFU)
     dtype = torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32
     meter = StepMeter(raw_model, run.device, dtype, c['global_batch_size'], run.world,
                       c['micro_batch_size'], c['peak_flops'])
@@ -238,7 +239,7 @@ def start_records(c, run, raw_model, start, train_data, val_data, wandb):
         metrics.write(dict(step=start['step'] + 1, event='resume_lr_change', **start['lr_changes']))
     if run.master:
         print(start_line(c, run, raw_model.get_num_params(), len(train_data), meter.peak_flops))
-    return meter, metrics
+    return meter, DeviceTimer(run.device), metrics
 
 
 # -----------------------------------------------------------------------------------------------
@@ -285,8 +286,9 @@ def train(c, model_config, run, data_meta, train_data, val_data, wandb):
         return None
     model = wrap_ddp(raw_model, run.device) if run.ddp else raw_model
     teacher = load_run_teacher(c, model_config, data_meta, run.device)
-    meter, metrics = start_records(c, run, raw_model, start, train_data, val_data, wandb)
-    skipped, teacher_timer = SkippedSteps(c, start['skipped']), DeviceTimer(run.device)
+    meter, teacher_timer, metrics = start_records(c, run, raw_model, start, train_data, val_data,
+                                                  wandb)
+    skipped = SkippedSteps(c, start['skipped'])
     model.train()
     with preemption_flag() as signals:
         while step < c['max_iters']:

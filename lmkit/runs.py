@@ -208,6 +208,7 @@ RESUME_MAY_CHANGE = {'out_dir', 'data_dir', 'init_from', 'overwrite', 'keep_prev
                      'resume_lr_change', 'attention_windows'}
 # What a resume changes only when asked to (resume_lr_change=True; recorded in metrics.jsonl)
 LR_KEYS = ('learning_rate', 'min_lr')
+LOWER_LR = "with a lower learning rate: --learning_rate=<lower> --resume_lr_change=True"
 
 
 def changed_settings(old, new, also=()):
@@ -386,8 +387,7 @@ class SkippedSteps:
             return
         if self.c['nonfinite'] == 'stop':
             raise RunError(f"step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
-                           "stopping. To continue from the last checkpoint with a lower learning "
-                           "rate: --learning_rate=<lower> --resume_lr_change=True "
+                           f"stopping. To continue from the last checkpoint {LOWER_LR} "
                            "(nonfinite='skip' skips such steps instead)")
         self.steps += 1
         self.first = self.first or step
@@ -399,9 +399,8 @@ class SkippedSteps:
                            f"loss or gradient norm), the first at step {self.first}: more than "
                            f"max_skipped_frac={self.c['max_skipped_frac']} of "
                            f"max_iters={self.c['max_iters']}; stopping without saving (out_dir's "
-                           "checkpoint, if any, is from before). To continue from it with a "
-                           "lower learning rate: --learning_rate=<lower> "
-                           "--resume_lr_change=True (or allow more: --max_skipped_frac)")
+                           f"checkpoint, if any, is from before). To continue from it {LOWER_LR} "
+                           "(or allow more: --max_skipped_frac)")
 
     def saved(self):
         """What a checkpoint keeps of them."""
@@ -425,8 +424,7 @@ def check_step_finite(step, record, model, device, ckpt_path, saved):
     else:
         return
     kept = (f"out_dir's checkpoints are left as they were ({ckpt_path}: step {saved}). To continue "
-            "from it with a lower learning rate: --learning_rate=<lower> "
-            "--resume_lr_change=True" if saved else
+            f"from it {LOWER_LR}" if saved else
             "this run saved no checkpoint before it; start again with a lower --learning_rate")
     raise RunError(f"step {step}: {what}; stopping without saving: {kept}")
 
