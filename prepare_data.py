@@ -22,6 +22,7 @@ import sys
 import sysconfig
 import threading
 import time
+import zlib
 from collections import deque, namedtuple
 from multiprocessing import resource_tracker
 from types import SimpleNamespace
@@ -32,15 +33,40 @@ import numpy as np
 from configurator import Key, parse
 from lmkit.errors import (STOP_SIGNALS, RunError, Stopped, on_stop_signals, raise_stopped,
                           run_script)
-from lmkit.files import write_json
-from lmkit.data import VERSION, check_shard, read_shard, write_shard
+from lmkit.files import atomic_write, write_json
+from lmkit.data import HEADER, MAGIC, REBUILD, VERSION, check_shard, map_shard
 from lmkit.data_meta import check_meta, tokenizer_files
 from lmkit.tokenizer import encode_documents, load_tokenizer, tokenizer_info
 
-# load_tokenizer lives in tokenizer.py, read_shard in data.py; they stay importable from here,
-# public entry points kept for existing users (`from prepare_data import load_tokenizer,
-# read_shard`)
+# load_tokenizer lives in tokenizer.py; it stays importable from here, a public entry point kept for
+# existing users (`from prepare_data import load_tokenizer, read_shard`)
 __all__ = ["load_tokenizer", "read_shard", "main"]
+
+# -----------------------------------------------------------------------------------------------
+# Shards: lmkit/data.py reads them (the format: docs/data.md)
+
+def write_shard(path, arrays, dtype):
+    """Write the concatenation of `arrays` as one shard, atomically. Returns its checksum as
+    meta.json records it: 'crc32:' and the whole file's CRC-32 in 8 hex digits."""
+    dtype = np.dtype(dtype).newbyteorder("<")
+    with atomic_write(path, "wb") as f:
+        data = HEADER.pack(MAGIC, VERSION, dtype.itemsize, sum(len(a) for a in arrays))
+        f.write(data)
+        crc = zlib.crc32(data)
+        for a in arrays:
+            data = np.asarray(a, dtype=dtype).tobytes()
+            f.write(data)
+            crc = zlib.crc32(data, crc)
+    return f"crc32:{crc:08x}"
+
+
+def read_shard(path):
+    """A shard's ids as a read-only np.memmap, its header checked (read_split checks the rest)."""
+    ids, fault = map_shard(path)
+    if fault:
+        raise RunError(f"{fault}; {REBUILD}")
+    return ids
+
 
 # -----------------------------------------------------------------------------------------------
 # Sources: every source is a `datasets` IterableDataset, so reading is streamed (memory does not

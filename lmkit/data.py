@@ -11,7 +11,6 @@ import numpy as np
 
 from lmkit.data_meta import check_meta
 from lmkit.errors import RunError
-from lmkit.files import atomic_write
 
 # Shards: a 24-byte little-endian header (magic, version, bytes per token, token count), then the
 # token ids. docs/data.md says what each check catches, and why a CRC-32 is enough.
@@ -20,29 +19,6 @@ HEADER = struct.Struct("<8sIIQ")
 CHECK_BYTES = 1 << 24  # shards are checked 16 MiB at a time
 REBUILD = ("re-run the prepare_data.py command recorded in meta.json: it rebuilds missing and "
            "damaged shards")
-
-
-def write_shard(path, arrays, dtype):
-    """Write the concatenation of `arrays` as one shard, atomically. Returns its checksum as
-    meta.json records it: 'crc32:' and the whole file's CRC-32 in 8 hex digits."""
-    dtype = np.dtype(dtype).newbyteorder("<")
-    with atomic_write(path, "wb") as f:
-        data = HEADER.pack(MAGIC, VERSION, dtype.itemsize, sum(len(a) for a in arrays))
-        f.write(data)
-        crc = zlib.crc32(data)
-        for a in arrays:
-            data = np.asarray(a, dtype=dtype).tobytes()
-            f.write(data)
-            crc = zlib.crc32(data, crc)
-    return f"crc32:{crc:08x}"
-
-
-def read_shard(path):
-    """A shard's ids as a read-only np.memmap, its header checked (read_split checks the rest)."""
-    ids, fault = map_shard(path)
-    if fault:
-        raise RunError(f"{fault}; {REBUILD}")
-    return ids
 
 
 def map_shard(path):

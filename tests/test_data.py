@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lmkit.data import read_meta, read_shard, read_split, write_shard  # noqa: E402
+from lmkit.data import read_meta, read_split  # noqa: E402
+from prepare_data import read_shard, write_shard  # noqa: E402
 from lmkit.errors import RunError  # noqa: E402
 from helpers import flip_byte  # noqa: E402
 

@@ -21,7 +21,8 @@ import distill
 from lmkit import memory_plan
 import prepare_data as prep
 import train
-from lmkit.data import read_meta, read_shard
+from lmkit.data import read_meta
+from prepare_data import read_shard
 from lmkit.data_meta import tokenizer_files
 from lmkit.tokenizer import load_tokenizer, tokenizer_info
 from lmkit.errors import RunError, run_script

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import eval_zeroshot
 from lmkit import zeroshot as ez
-from lmkit.data import write_shard
+from prepare_data import write_shard
 from lmkit.tokenizer import load_tokenizer, tokenizer_info
 from lmkit.errors import RunError
 from model import ATTENTIONS, GPT, IGNORE_INDEX, ModelConfig

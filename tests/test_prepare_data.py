@@ -18,7 +18,8 @@ from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import prepare_data as prep  # noqa: E402
-from lmkit.data import Windows, read_shard  # noqa: E402
+from lmkit.data import Windows  # noqa: E402
+from prepare_data import read_shard  # noqa: E402
 from lmkit.data_meta import check_meta, tokenizer_files  # noqa: E402
 from lmkit.errors import RunError  # noqa: E402
 from lmkit.tokenizer import QWEN2_PATTERN, load_tokenizer, tokenizer_info  # noqa: E402
@@ -56,10 +57,17 @@ def shard_bytes(out_dir):
     return {p.name: p.read_bytes() for p in sorted(out_dir.glob("*.bin"))}
 
 
-def test_public_entry_points():
-    """Code written against prepare_data.py keeps working: its tokenizer and shard reader are
-    tokenizer.py's and data.py's."""
-    assert prep.load_tokenizer is load_tokenizer and prep.read_shard is read_shard
+def test_public_entry_points(tmp_path):
+    """Code written against prepare_data.py keeps working: its tokenizer is tokenizer.py's, and
+    read_shard gives back the ids write_shard wrote, read-only, refusing a damaged header."""
+    assert prep.load_tokenizer is load_tokenizer
+    path = tmp_path / "train_000000.bin"
+    prep.write_shard(str(path), [np.arange(5), np.array([70_000, 3])], "uint32")
+    ids = prep.read_shard(path)
+    assert ids.tolist() == [0, 1, 2, 3, 4, 70_000, 3] and not ids.flags.writeable
+    path.write_bytes(b"NOTASHRD" + path.read_bytes()[8:])
+    with pytest.raises(RunError, match="not a token shard"):
+        prep.read_shard(path)
 
 # -----------------------------------------------------------------------------
 # Tokenizers read from their own files, through the command line

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import prepare_data
-from lmkit.data import Windows, first_token_id, prefix_id, read_meta, read_shard
+from lmkit.data import Windows, first_token_id, prefix_id, read_meta
+from prepare_data import read_shard
 from lmkit.errors import RunError
 from study.study_records import NO_DECAY
 

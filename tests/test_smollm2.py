@@ -21,7 +21,7 @@ from lmkit import loading
 import export_hf
 import prepare_data
 import train
-from lmkit.data import read_shard
+from prepare_data import read_shard
 from lmkit.tokenizer import load_tokenizer
 from lmkit.errors import RunError
 from model import GPT

@@ -16,7 +16,8 @@ from lmkit import distributed
 import prepare_data
 import train
 from lmkit import runs
-from lmkit.data import Windows, read_shard
+from lmkit.data import Windows
+from prepare_data import read_shard
 from lmkit.errors import RunError, Stopped
 from helpers import ROOT, metrics, tiny_args
 
