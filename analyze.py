@@ -14,6 +14,7 @@ import os
 import shutil
 import statistics
 import sys
+import tempfile
 from types import SimpleNamespace
 
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
@@ -26,7 +27,7 @@ from lmkit.distributed import resolve_device
 from configurator import DEVICE, Key, fail, parse
 from lmkit.run_records import load_run, method_name
 from lmkit.stats import grad_norm_statistics, pyplot, spike_counts
-from lmkit.files import MARKERS, check_writable, claim_dir, made_dirs, write_json
+from lmkit.files import MARKERS, claim_dir, made_dirs, write_json
 from lmkit.errors import RunError, run_script
 from lmkit.zeroshot import C4_DOCS, HubUnreachable, c4_tokens, read_rows
 from lmkit.loading import load_model_and_tokenizer, window_first_token
@@ -36,6 +37,20 @@ from lmkit.sink_costs import (GU_LENGTH, GU_SAMPLES, knockout_losses, model_stat
                               sink_rates, w8a8_losses)
 from lmkit.stats import mean_std
 from lmkit.tokenizer import tokenizer_info
+
+
+def check_writable(path):
+    """Raise an OSError naming path before any work if no file can be written there, by making and
+    removing a file in the nearest directory at or above path that exists."""
+    top = os.path.abspath(path)
+    while not os.path.exists(top):
+        top = os.path.dirname(top)
+    try:
+        fd, probe = tempfile.mkstemp(dir=top, prefix='.writable.')
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from None  # the path asked for, not the probe's
+    os.close(fd)
+    os.remove(probe)
 
 
 def is_report(names):

@@ -25,7 +25,7 @@ os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP
 from configurator import Key, fail, parse  # pure Python: these run before the install
 from lmkit import children
 from lmkit.errors import STOP_STATUSES, RunError, Stopped, run_script, stop_name
-from lmkit.files import atomic_write, claim_dir, last_logged
+from lmkit.files import atomic_write, claim_dir
 from lmkit.progress import duration
 
 KEYS = dict(
@@ -223,7 +223,7 @@ class Stages:
             if not stage.steps:
                 parts.append(f"{name} {minutes(time.time() - start)}")
                 continue
-            step = last_logged(os.path.join(HERE, stage.checkpoint))[0]
+            step = children.last_logged(os.path.join(HERE, stage.checkpoint))[0]
             parts.append(f"{name} step {step}/{stage.steps}")
             left += stage.steps - step
             if step > stage.first_step:

@@ -1,7 +1,8 @@
 """
 The commands a script runs side by side (the quick start's stages, the sink study's runs), started
-so that a stop reaches them through their parent alone, and stopped so that each saves first. Pure
-Python: quickstart.py uses it before torch is installed.
+so that a stop reaches them through their parent alone, stopped so that each saves first, and
+followed by the last step each logged (last_logged). Pure Python: quickstart.py uses it before
+torch is installed.
 
 Each child runs in a session of its own: a Ctrl-C at the terminal reaches the parent only, which
 then stops its children with SIGTERM (train.py finishes its step, saves and exits). On Linux a child
@@ -10,10 +11,14 @@ also gets SIGTERM when its parent dies without doing so (SIGKILL, a crash): prct
 """
 import ctypes
 import ctypes.util
+import json
+import math
+import os
 import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 
 from lmkit.errors import on_stop_signals
 
@@ -57,3 +62,20 @@ def _stop(processes, wait):
             p.wait()
             killed.append(p)
     return killed
+
+
+def last_logged(out_dir):
+    """(the last step out_dir/metrics.jsonl records, whether its loss is finite), or (0, True).
+    Read from the end in growing blocks: an evaluation's line can be longer than any fixed tail."""
+    with suppress(OSError), open(os.path.join(out_dir, 'metrics.jsonl'), 'rb') as f:
+        size, block, whole = f.seek(0, os.SEEK_END), 4096, False
+        while not whole:
+            whole = block >= size
+            f.seek(max(0, size - block))
+            lines = f.read().splitlines()[0 if whole else 1:]  # else the first may be cut
+            for line in reversed(lines):
+                with suppress(ValueError, KeyError, TypeError):
+                    record = json.loads(line)
+                    return record['step'], math.isfinite(record.get('loss', 0.0))
+            block *= 8
+    return 0, True

@@ -4,11 +4,9 @@ is checked before any work, an earlier log is set aside, and a run directory has
 (docs/implementation.md). Pure Python: quickstart.py writes through it before torch is installed.
 """
 import json
-import math
 import os
 import socket
 import sys
-import tempfile
 import time
 from contextlib import contextmanager, suppress
 
@@ -59,20 +57,6 @@ def made_dirs(path):
             except OSError:
                 break
         raise
-
-
-def check_writable(path):
-    """Raise an OSError naming path before any work if no file can be written there, by making and
-    removing a file in the nearest directory at or above path that exists."""
-    top = os.path.abspath(path)
-    while not os.path.exists(top):
-        top = os.path.dirname(top)
-    try:
-        fd, probe = tempfile.mkstemp(dir=top, prefix='.writable.')
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, path) from None  # the path asked for, not the probe's
-    os.close(fd)
-    os.remove(probe)
 
 
 def write_json(path, obj, indent=1, allow_nan=True):
@@ -206,20 +190,3 @@ def read_log(path):
                            "edited: restore it from a copy, or delete that line")
         records.append(record)
     return records
-
-
-def last_logged(out_dir):
-    """(the last step out_dir/metrics.jsonl records, whether its loss is finite), or (0, True).
-    Read from the end in growing blocks: an evaluation's line can be longer than any fixed tail."""
-    with suppress(OSError), open(os.path.join(out_dir, 'metrics.jsonl'), 'rb') as f:
-        size, block, whole = f.seek(0, os.SEEK_END), 4096, False
-        while not whole:
-            whole = block >= size
-            f.seek(max(0, size - block))
-            lines = f.read().splitlines()[0 if whole else 1:]  # else the first may be cut
-            for line in reversed(lines):
-                with suppress(ValueError, KeyError, TypeError):
-                    record = json.loads(line)
-                    return record['step'], math.isfinite(record.get('loss', 0.0))
-            block *= 8
-    return 0, True

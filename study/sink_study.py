@@ -36,7 +36,7 @@ from lmkit.files import atomic_write, claim_dir, write_json
 from model import ATTENTIONS
 from lmkit.probes import SINK_STUDY_EVALUATIONS as EVALUATIONS
 from lmkit.sink_costs import GU_LENGTH, GU_SAMPLES
-from lmkit.files import last_logged
+from lmkit.children import last_logged
 from study.study_records import (ARMS, NO_DECAY, PAYOFF_BITS, PAYOFF_OUTLIERS, RECIPE_KEYS,
                                  SCHEMA_VERSION, SEAL_FILE, SPIKE_KS, record_name)
 from study.study_results import (AFFINE, CLAIM_SETS, CORE, CUSTOM, DECAY, EXTRA, GATED, HEADWISE,
