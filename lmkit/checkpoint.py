@@ -1,9 +1,10 @@
 """
-This repo's checkpoints (ckpt.pt), read and written, and Hugging Face model directories, read, as
-dicts and tensors; lmkit/pretrained.py builds the GPT. Every reader comes through here and gets the
-same checks and one-line errors. Reading a ckpt.pt runs no code from it (docs/implementation.md,
-"What opening a file may run"). What ckpt.pt holds: docs/training.md, "Checkpoints and preemption".
+Checkpoints as dicts and tensors: this repo's ckpt.pt, read and written, and Hugging Face model
+directories, read (lmkit/pretrained.py builds the GPT), with the same checks and one-line errors
+for every reader. Reading a ckpt.pt runs no code from it (docs/implementation.md, "What opening a
+file may run"); what it holds: docs/training.md, "Checkpoints and preemption".
 """
+import contextlib
 import io
 import json
 import os
@@ -27,17 +28,15 @@ MODEL_KEYS = ('model', 'model_config', 'tokenizer')  # what reading a model, not
 class CheckpointError(RunError, ValueError):
     """A file that cannot be read as the checkpoint it should be; the message says what to do."""
 
-# -----------------------------------------------------------------------------
-# Ours: ckpt.pt
+# Ours: ckpt.pt ---------------------------------------------------------------------------------
 
 
 def checkpoint_file(spec):
     """The ckpt.pt of one of this repo's checkpoints (the file, or train.py's out_dir holding it),
     or None for a Hugging Face directory (config.json, no ckpt.pt)."""
-    if os.path.isfile(spec):
-        return spec
-    if os.path.isfile(os.path.join(spec, CKPT_NAME)):
-        return os.path.join(spec, CKPT_NAME)
+    for path in (spec, os.path.join(spec, CKPT_NAME)):
+        if os.path.isfile(path):
+            return path
     if os.path.isfile(os.path.join(spec, 'config.json')):
         if is_run_config(spec):  # train.py writes config.json at its start, ckpt.pt later
             raise CheckpointError(f"{spec}: a train.py run directory with no {CKPT_NAME} yet (a "
@@ -64,8 +63,7 @@ def is_run_config(out_dir):
 def unreadable(path, error):
     """Why torch.load could not read path, in words that fit the file. For an empty file, or one
     that is no zip archive, torch's own message misleads: it advises another way to save it."""
-    size = os.path.getsize(path)
-    if size == 0:
+    if (size := os.path.getsize(path)) == 0:
         return "the file is empty"
     if not zipfile.is_zipfile(path):
         return f"its {size:,} bytes are not the zip archive torch.save writes"
@@ -73,13 +71,11 @@ def unreadable(path, error):
 
 
 def read_checkpoint(path, keys=MODEL_KEYS):
-    """One of this repo's checkpoints, read as data only and memory-mapped, so that only the tensors
-    used are read from disk and a node's ranks share one copy. keys names what the caller needs
-    (CKPT_KEYS to resume training): every tensor under them must match its checksum, and the model's
-    weights must be finite. A diverged run's NaN weights would give every reader silent garbage."""
+    """One of this repo's checkpoints, read as data only and memory-mapped (only the tensors used
+    are read; a node's ranks share one copy). Every tensor under keys, what the caller needs, must
+    match its checksum, and the model's weights must be finite: a diverged run's give garbage."""
     ckpt = load_data_only(path)
-    missing = [key for key in keys if not isinstance(ckpt, dict) or key not in ckpt]
-    if missing:
+    if missing := [key for key in keys if not isinstance(ckpt, dict) or key not in ckpt]:
         raise CheckpointError(f"{path} is not a checkpoint written by train.py: it has no "
                               f"{', '.join(missing)}")
     verify_checkpoint(path, keys)
@@ -102,8 +98,7 @@ NUMPY_GLOBALS = {'numpy._core.multiarray._reconstruct': _RECONSTRUCT,  # numpy 2
                  'numpy.ndarray': np.ndarray, 'numpy.dtype': np.dtype}
 TORCH_GLOBALS = ('torch._utils._rebuild_tensor_v2', 'torch._utils._rebuild_tensor_v3',
                  'collections.OrderedDict', '_codecs.encode')
-# what torch.load(weights_only=True) must allow besides its own list: the numpy names, and the class
-# of the random state's dtype (uint32), whose pickled state it sets
+# what weights_only=True must allow beyond torch's list: numpy's names, the uint32 dtype's class
 SAFE_GLOBALS = [(obj, name) for name, obj in NUMPY_GLOBALS.items()] + [type(np.dtype(np.uint32))]
 
 
@@ -121,9 +116,7 @@ def code_in(pickled):
     for opcode, arg, _ in pickletools.genops(pickled):
         if opcode.name in ('GLOBAL', 'INST') and not allowed_global(arg.replace(' ', '.')):
             found.append(arg.replace(' ', '.'))
-        elif opcode.name == 'STACK_GLOBAL':
-            # not in torch.save's pickles (protocol 2): the global is named by the two strings
-            # pushed before it, unless they came from the memo
+        elif opcode.name == 'STACK_GLOBAL':  # not torch.save's: named by the last two strings
             found.append('.'.join(strings[-2:]) or opcode.name)
         elif opcode.name.startswith('EXT'):  # a global by its copyreg number: not torch.save's
             found.append(f"copyreg extension {arg}")
@@ -148,9 +141,9 @@ def refused(path, what):
 
 
 def load_data_only(path):
-    """torch.load of a checkpoint that runs no code from it: every pickle in the file is scanned
-    (code_in), then torch.load(weights_only=True) builds only tensors and plain values (and
-    SAFE_GLOBALS). It refuses unread a file that is not the zip archive memory-mapping needs."""
+    """torch.load of a checkpoint that runs no code from it: every pickle in it is scanned
+    (code_in), then torch.load(weights_only=True) builds only tensors, plain values and
+    SAFE_GLOBALS. A file that is not the zip archive memory-mapping needs is refused unread."""
     try:
         with zipfile.ZipFile(path) as archive:
             code = [name for info in archive.infolist() if info.filename.endswith('.pkl')
@@ -164,8 +157,7 @@ def load_data_only(path):
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location='cpu', mmap=True, weights_only=True)
     except pickle.UnpicklingError as e:
-        # The weights-only unpickler refused it. Keep the line of its message that says what; the
-        # lines around it offer weights_only=False, which would run the file's code.
+        # Keep the line that says what; the others offer weights_only=False, which would run code.
         lines = [line.strip() for line in str(e).splitlines()
                  if line.strip() and 'Check the documentation' not in line]
         reason = lines[-1].rpartition('WeightsUnpickler error: ')[2] if lines else 'no reason given'
@@ -192,9 +184,8 @@ class _Inert:
 
 
 class _TensorsAsRecords(pickle.Unpickler):
-    """A torch.save'd file's data.pkl read without its tensors, each the _StorageRef of its record.
-    Only the globals a checkpoint may name are resolved, and none to what it is: tensors to their
-    records, an OrderedDict to one, the rest to _Inert."""
+    """A torch.save'd file's data.pkl read with each tensor as the _StorageRef of its record,
+    OrderedDict as itself, and every other global a checkpoint may name as _Inert."""
 
     def __init__(self, file, path):
         super().__init__(file)
@@ -204,8 +195,7 @@ class _TensorsAsRecords(pickle.Unpickler):
         return _StorageRef(saved_id[2])
 
     def find_class(self, module, name):
-        # (read_checkpoint refuses such a file before this pass)
-        if not allowed_global(f"{module}.{name}"):
+        if not allowed_global(f"{module}.{name}"):  # (load_data_only refuses such a file first)
             raise refused(self.path, held_code([f"{module}.{name}"]))
         if module == 'torch._utils':
             return lambda ref, *args, **kwargs: ref
@@ -216,19 +206,16 @@ def _records(obj, where):
     """(where, record key) of every tensor in obj, a nest of dicts, lists and tuples."""
     if isinstance(obj, _StorageRef):
         yield where, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _records(v, f"{where}.{k}")
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _records(v, f"{where}[{i}]")
+    elif isinstance(obj, (dict, list, tuple)):
+        is_dict = isinstance(obj, dict)
+        for k, v in obj.items() if is_dict else enumerate(obj):
+            yield from _records(v, f"{where}.{k}" if is_dict else f"{where}[{k}]")
 
 
 def verify_checkpoint(path, keys):
     """CheckpointError unless the bytes of every tensor under `keys` match the CRC-32 torch.save
-    stored with them, which catches damage (a flipped bit, a bad copy), not tampering. Each record
-    is read once, through the page cache the memory-mapped load shares. A file saved without
-    checksums is read unverified, with a note; load_data_only refused one that is not a zip."""
+    stored with them (damage, not tampering), each record read once into the page cache that the
+    mmap shares. A file without checksums is read with a note; load_data_only refused a non-zip."""
     with zipfile.ZipFile(path) as archive:
         pickled = next(info for info in archive.infolist() if info.filename.endswith('/data.pkl'))
         if pickled.CRC == 0:  # torch.utils.serialization.config.save.compute_crc32 was off
@@ -239,9 +226,8 @@ def verify_checkpoint(path, keys):
             tree = _TensorsAsRecords(io.BytesIO(archive.read(pickled)), path).load()
             records = {record: name for key in keys for name, record in _records(tree[key], key)}
             for record, where in records.items():
-                # zipfile checks the CRC-32 once it has read all
                 with archive.open(f"{prefix}data/{record}") as f:
-                    while f.read(1 << 24):
+                    while f.read(1 << 24):  # zipfile checks the CRC-32 once it has read all
                         pass
         except (zipfile.BadZipFile, KeyError, OSError) as e:
             raise CheckpointError(f"{path} is damaged: {where} does not match the checksum written "
@@ -271,21 +257,18 @@ def model_state(ckpt):
 
 def save_checkpoint(path, state, keep_previous=True):
     """Save atomically: a crash or a full disk mid-save leaves the previous checkpoint as it was.
-    With keep_previous, the one replaced stays as previous_checkpoint(path), a hard link, and the
-    one before it is removed first, so a save needs no more room than one new checkpoint."""
+    keep_previous keeps the one replaced as previous_checkpoint(path), a hard link, and removes the
+    one before it first, so a save needs no more room than one new checkpoint."""
     prev = previous_checkpoint(path)
     if keep_previous and os.path.isfile(path) and os.path.isfile(prev):
         os.remove(prev)
     with atomic_write(path, 'wb') as f:
         torch.save(state, f)
         if keep_previous and os.path.isfile(path):
-            try:
+            with contextlib.suppress(OSError):  # no hard links on this file system: no copy kept
                 os.link(path, prev)
-            except OSError:  # a file system without hard links: no previous copy is kept
-                pass
 
-# -----------------------------------------------------------------------------
-# Hugging Face's: config.json and safetensors
+# Hugging Face's: config.json and safetensors ----------------------------------------------------
 
 
 def read_hf_config(path):
@@ -295,45 +278,38 @@ def read_hf_config(path):
 
 def config_from_hf(hf):
     """ModelConfig's fields (a dict) of a config.json (a dict): a Llama (2/3/3.1/3.2), Mistral or
-    Qwen2 (also Qwen1.5, Qwen2.5) model's, whose attention is then softmax, or an export's own
-    ModelConfig. A setting this model would not reproduce exactly is a ValueError naming it, never
-    a silent change."""
-    # an export of a model that transformers' own classes do not compute: our ModelConfig
-    if 'model_config' in hf:
+    Qwen2 (also Qwen1.5, Qwen2.5) model's, whose attention is then softmax, or an export's own.
+    A setting this model would not reproduce exactly is a ValueError, never a silent change."""
+    if 'model_config' in hf:  # an export of a variant that transformers does not compute
         return dict(hf['model_config'])
     model_type = hf.get('model_type')
     if model_type not in ('llama', 'mistral', 'qwen2'):
         raise ValueError(f"config.json: model_type {model_type!r} is not supported; supported: "
                          "'llama' (Llama 2/3), 'mistral' (Mistral), 'qwen2' "
                          "(Qwen1.5/Qwen2/Qwen2.5)")
-    # transformers >= 5 writes rope_parameters (rope_theta inside it); checkpoints on the hub have
-    # rope_theta and rope_scaling (None, or Llama-3.1's dict) at the top level
+    # transformers >= 5 writes rope_parameters (rope_theta inside); the hub's have rope_scaling
     rope = hf.get('rope_parameters') or hf.get('rope_scaling') or {}
     rope_type = rope.get('rope_type', rope.get('type', 'default'))
     if rope_type not in ('default', 'llama3'):
         raise ValueError(f"config.json: rope_type {rope_type!r} is not supported; supported: "
                          "'default', 'llama3'")
     n_head, n_embd = hf['num_attention_heads'], hf['hidden_size']
-    unsupported = {key: hf[key] for key in ('attention_bias', 'mlp_bias', 'use_sliding_window')
-                   if hf.get(key)}
-    if hf.get('hidden_act', 'silu') != 'silu':
-        unsupported['hidden_act'] = hf['hidden_act']
     # head_dim null, as transformers 4.57 writes Mistral's, is hidden_size / num_attention_heads
-    if hf.get('head_dim') not in (None, n_embd // n_head):
-        unsupported['head_dim'] = hf['head_dim']
-    if unsupported:
+    unsupported_if = dict(attention_bias=hf.get('attention_bias'), mlp_bias=hf.get('mlp_bias'),
+                          use_sliding_window=hf.get('use_sliding_window'),
+                          hidden_act=hf.get('hidden_act', 'silu') != 'silu',
+                          head_dim=hf.get('head_dim') not in (None, n_embd // n_head))
+    if unsupported := {key: hf[key] for key, bad in unsupported_if.items() if bad}:
         raise ValueError(f"config.json: unsupported settings {unsupported}")
     # Mistral attends to the last sliding_window positions: full causal attention up to that length,
     # so the length is capped there (distill.py refuses a longer one), never computed differently
-    block_size = hf['max_position_embeddings']
-    if sliding_window(hf) is not None:
-        block_size = min(block_size, sliding_window(hf))
+    lengths = hf['max_position_embeddings'], sliding_window(hf)
+    block_size = min(n for n in lengths if n is not None)
     llama3 = {k: v for k, v in rope.items() if k != 'rope_theta'} if rope_type == 'llama3' else None
     return dict(n_layer=hf['num_hidden_layers'], n_head=n_head,
                 n_kv_head=hf.get('num_key_value_heads') or n_head, n_embd=n_embd,
                 intermediate_size=hf['intermediate_size'], vocab_size=hf['vocab_size'],
-                block_size=block_size,
-                rope_theta=hf.get('rope_theta', rope.get('rope_theta', 10000.0)),
+                block_size=block_size, rope_theta=hf.get('rope_theta', rope.get('rope_theta', 1e4)),
                 rope_scaling=llama3, rms_norm_eps=hf['rms_norm_eps'],
                 qkv_bias=model_type == 'qwen2', tie_embeddings=hf.get('tie_word_embeddings', False),
                 init_std=hf.get('initializer_range', 0.02))
@@ -345,9 +321,9 @@ def sliding_window(hf):
 
 
 def read_safetensors(path, dtype, device, keep_fp32=()):
-    """Every tensor of a Hugging Face directory, cast to dtype (keep_fp32's names to float32) and
-    moved to device as it is read, so that a GPU rank holds one tensor at a time in host RAM. RoPE's
-    inv_freq, which older saves hold, is left out: model.py computes it."""
+    """Every tensor of a Hugging Face directory, cast to dtype (keep_fp32's, an export's float32
+    buffers, to float32) and moved to device as it is read, so that a GPU rank holds one tensor at a
+    time in host RAM. RoPE's inv_freq, which older saves hold, is left out: model.py computes it."""
     from safetensors import safe_open  # only reading needs it
     index = os.path.join(path, 'model.safetensors.index.json')
     if os.path.isfile(index):
@@ -363,7 +339,6 @@ def read_safetensors(path, dtype, device, keep_fp32=()):
         with safe_open(os.path.join(path, name), framework='pt') as f:
             for key in f.keys():
                 if not key.endswith('rotary_emb.inv_freq'):
-                    # an export's float32 buffers (alpha_ma) stay so, as model.py keeps them
                     keep = torch.float32 if key.rsplit('.', 1)[-1] in keep_fp32 else dtype
                     state[key] = f.get_tensor(key).to(device=device, dtype=keep)
     return state
