@@ -1,8 +1,6 @@
 """
-GPT.from_pretrained's body: a GPT built from one of this repo's checkpoints, a directory that
-export_hf.py wrote, or a Hugging Face Llama, Mistral or Qwen2 directory. It lives apart from
-lmkit/loading.py so that training, which loads a KD teacher through it, reads only the checkpoint
-formats (lmkit/checkpoint.py) and the network, not the tokenizers and run records the scripts need.
+GPT.from_pretrained's body, load_model. It lives apart from lmkit/loading.py so that training,
+which loads a KD teacher through it, reads only lmkit/checkpoint.py's formats and the network.
 """
 import torch
 
@@ -12,12 +10,10 @@ from model import BASELINE, GPT, ModelConfig, is_variant_tensor
 
 
 def load_model(path, attention=BASELINE, dtype=torch.float32, device='cpu', cls=GPT):
-    """A model of class cls (model.GPT) from a Hugging Face Llama / Mistral / Qwen2 directory (with
-    attention=model.BASELINE, softmax, model(idx) gives HF's logits; another variant keeps every
-    tensor and initialises its own, sinks, g_proj or alpha_proj, fresh), a directory export_hf.py
-    wrote, or one of this repo's checkpoints (ckpt.pt, or the out_dir holding it); the last two are
-    the variant they hold. The model is built on the meta device and takes the tensors as they are
-    read (cast to dtype, on device): about 1x the model's size in memory."""
+    """A model of class cls from a Hugging Face Llama / Mistral / Qwen2 directory (with BASELINE,
+    softmax, it gives HF's logits; another variant initialises its own tensors fresh), an export or
+    one of this repo's checkpoints (ckpt.pt or its out_dir), each its own variant. Built on the meta
+    device, it takes each tensor as it is read (cast to dtype, on device): about 1x its memory."""
     ckpt_path = checkpoint_file(path)
     if ckpt_path is not None:  # ours: every tensor of its own variant
         ckpt = read_checkpoint(ckpt_path)
@@ -36,8 +32,7 @@ def load_model(path, attention=BASELINE, dtype=torch.float32, device='cpu', cls=
     hf = read_hf_config(path)
     exported = 'model_config' in hf
     config = ModelConfig(**config_from_hf(hf) | ({} if exported else dict(attention=attention)))
-    # an export is always its own variant
-    if exported and attention not in (BASELINE, config.attention):
+    if exported and attention not in (BASELINE, config.attention):  # an export is its own variant
         raise ValueError(f"{path}/config.json: an exported {config.attention!r} model cannot be "
                          f"loaded as {attention!r}")
     state = read_safetensors(path, dtype, device, keep_fp32=config.variant.fp32)
@@ -52,9 +47,8 @@ def load_model(path, attention=BASELINE, dtype=torch.float32, device='cpu', cls=
 
 
 def load_hf_state(model, state, path, exported, device):
-    """Give the meta-device model the tensors of a Hugging Face directory. An export holds every
-    tensor of its variant; a published model holds only softmax's, so the variant's own tensors are
-    materialised on device and initialised as a new model's would be."""
+    """Give the meta-device model a Hugging Face directory's tensors. A published model holds only
+    softmax's: a variant's own are materialised on device and initialised as a new model's are."""
     config = model.config
     expected = {key for key in model.state_dict() if exported or not is_variant_tensor(key)}
     if config.tie_embeddings:  # lm_head is embed_tokens; HF ignores a stored copy, and so do we
@@ -65,16 +59,14 @@ def load_hf_state(model, state, path, exported, device):
         raise ValueError(f"{path}: the tensors do not match its config.json: missing {missing}, "
                          f"unexpected {unexpected}")
     model.load_state_dict(state, strict=False, assign=True)
-    # assign=True gave embed_tokens a new Parameter: tie lm_head to it again
-    if config.tie_embeddings:
+    if config.tie_embeddings:  # assign=True gave embed_tokens a new Parameter: tie lm_head again
         model.lm_head.weight = model.model.embed_tokens.weight
     for module in model.modules():  # affine's running alpha sums: never saved, zero at the start
         for key in module._non_persistent_buffers_set:
             module._buffers[key] = torch.zeros_like(module._buffers[key], device=device)
     fresh = set()
     for name, module in model.named_modules():
-        own = dict(
-            module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
+        own = dict([*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)])
         if any(t.is_meta for t in own.values()):
             fresh |= {f"{name.split('.', 3)[-1]}.{key}" for key in own}  # 'model.layers.N.' dropped
             module.to_empty(device=device, recurse=False)
