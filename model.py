@@ -69,9 +69,8 @@ class ModelConfig:
             raise ValueError("need n_embd % n_head == 0, n_head % n_kv_head == 0 and an even "
                              f"head_dim; got n_embd={self.n_embd}, n_head={self.n_head}, "
                              f"n_kv_head={self.n_kv_head}")
-        if not 0.0 <= self.affine_momentum <= 1.0:
-            raise ValueError(f"ModelConfig.affine_momentum={self.affine_momentum} "
-                             "must be in [0, 1]")
+        if not 0.0 <= (rho := self.affine_momentum) <= 1.0:
+            raise ValueError(f"ModelConfig.affine_momentum={rho} must be in [0, 1]")
         if self.rope_scaling is not None:
             need = {*LLAMA3_ROPE, 'factor'}  # the keys of Llama 3's dict
             if self.rope_scaling.get('rope_type') != 'llama3' or not need <= set(self.rope_scaling):
@@ -89,7 +88,6 @@ class ModelConfig:
 
     @property
     def is_gated(self):
-        """Whether a gate g_proj scales the attention's output (Eq. 4-5, or Qiu et al.)."""
         return self.gate_kind != 'none'
 
     @property
@@ -103,32 +101,27 @@ class ModelConfig:
 
     @property
     def outputs_depend_on_length(self):
-        """Whether a position's output changes with the tokens after it, so that a KV cache is not
-        exact: affine's does with affine_bias_norm='seq_len' (N of Eq. 8 is the call's length)."""
+        """Whether a position's output changes with later tokens, so that a KV cache is inexact."""
         return self.variant.depends_on_length(self)
 
 
 FIELD_NAMES = tuple(f.name for f in fields(ModelConfig))
 
-# The published shapes the paper's students and teachers copy, from each model's config.json on the
-# Hugging Face hub (Qwen/Qwen1.5-0.5B and -1.8B, meta-llama/Llama-3.2-1B, -3.2-3B and -3.1-8B), and
-# the one-GPU tier's (HuggingFaceTB/SmolLM2-135M and -360M), at the paper's 2,048 tokens.
+# The published shapes that the paper's students and teachers copy, and the one-GPU tier's, from
+# each model's config.json on the Hugging Face hub, at the paper's 2,048 tokens.
 LLAMA3_ROPE = dict(rope_type='llama3', low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=8192)
 LLAMA3 = dict(rope_theta=500000.0, rms_norm_eps=1e-5, qkv_bias=False, vocab_size=128256,
               tie_embeddings=False, block_size=2048)
 LLAMA32 = dict(LLAMA3, intermediate_size=8192, tie_embeddings=True,
                rope_scaling=dict(LLAMA3_ROPE, factor=32.0))  # Llama 3.2's 1B and 3B
-# vocab_size 151,936 is Qwen's padded embedding (151,646 real tokens)
-QWEN = dict(rope_theta=1000000.0, rope_scaling=None, rms_norm_eps=1e-6, qkv_bias=True,
-            vocab_size=151936, block_size=2048)
+QWEN = dict(rope_theta=1000000.0, rope_scaling=None, rms_norm_eps=1e-6, qkv_bias=True, n_layer=24,
+            n_head=16, n_kv_head=16, block_size=2048, vocab_size=151936)  # 151,646 real, padded
 SMOLLM2 = dict(vocab_size=49152, rope_theta=100000.0, rope_scaling=None, rms_norm_eps=1e-5,
                qkv_bias=False, tie_embeddings=True, block_size=2048)
 MODEL_SHAPES = {
-    'qwen1.5-0.5b': dict(QWEN, n_layer=24, n_head=16, n_kv_head=16, n_embd=1024,
-                         intermediate_size=2816, tie_embeddings=True),
-    'qwen1.5-1.8b': dict(QWEN, n_layer=24, n_head=16, n_kv_head=16, n_embd=2048,
-                         intermediate_size=5504, tie_embeddings=False),
+    'qwen1.5-0.5b': dict(QWEN, n_embd=1024, intermediate_size=2816, tie_embeddings=True),
+    'qwen1.5-1.8b': dict(QWEN, n_embd=2048, intermediate_size=5504, tie_embeddings=False),
     'llama3.2-1b': dict(LLAMA32, n_layer=16, n_head=32, n_kv_head=8, n_embd=2048),
     'llama3.2-3b': dict(LLAMA32, n_layer=28, n_head=24, n_kv_head=8, n_embd=3072),
     'llama3.1-8b': dict(LLAMA3, n_layer=32, n_head=32, n_kv_head=8, n_embd=4096,
@@ -143,8 +136,7 @@ MODEL_SHAPES = {
 }
 
 
-# ----------------------------------------------------------------------------------------------
-# Building blocks shared by every variant: RMSNorm, RoPE, SwiGLU
+# Building blocks shared by every variant: RMSNorm, RoPE, SwiGLU --------------------------------
 
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps):
@@ -166,9 +158,8 @@ def rope_cos_sin(config, positions):
     exponents = torch.arange(0, dim, 2, device=positions.device).float() / dim
     inv_freq = 1.0 / (config.rope_theta ** exponents)
     if config.rope_scaling is not None:  # Llama 3.1's frequency scaling (rope_type "llama3")
-        s = config.rope_scaling
-        old_ctx, low, high, factor = (s['original_max_position_embeddings'], s['low_freq_factor'],
-                                      s['high_freq_factor'], s['factor'])
+        old_ctx, low, high, factor = (config.rope_scaling[key] for key in (
+            'original_max_position_embeddings', 'low_freq_factor', 'high_freq_factor', 'factor'))
         wavelen = 2 * math.pi / inv_freq
         # smooth is 0 for long waves, which are slowed by factor, and 1 for short ones, kept
         smooth = ((old_ctx / wavelen - low) / (high - low)).clamp(0.0, 1.0)
@@ -197,8 +188,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-# -----------------------------------------------------------------------------------------------
-# The attention variants, each written twice as functions of the layer `attn`:
+# The attention variants, each written twice as functions of the layer `attn` ------------------
 #   forward(attn, q, k, v, causal, mask, **call) -> y (B, H, T, D), the O(T) path. k and v hold
 #       every key the call sees, cached ones included; causal and mask say which each query sees.
 #       call holds alpha, v_new (this call's values), positions, seq_lens and cache.
@@ -306,8 +296,7 @@ def softmax1_weights(attn, scores, **call):  # rows sum to less than 1: the 1's 
 
 
 def init_variant_tensors(attn, std):
-    """Initialise what a variant adds as Hugging Face's Llama would: parameters normal(0, init_std)
-    (gpt-oss's sinks), buffers zero (alpha_ma,0 = 0), and an nn.Linear like every other."""
+    """Parameters normal(0, init_std), as gpt-oss's sinks; buffers zero (alpha_ma,0 = 0)."""
     for p in attn._parameters.values():
         nn.init.normal_(p, mean=0.0, std=std)
     for b in attn._buffers.values():
@@ -316,10 +305,9 @@ def init_variant_tensors(attn, std):
 
 @dataclass(frozen=True)
 class Variant:
-    """What the network needs to compute one attention variant (what only the tools read is theirs,
-    keyed by its name). A new one declares its O(T) forward, its explicit weights and, if it has
-    parameters, its tensors; the rest have defaults (docs/implementation.md, "Adding your own
-    attention")."""
+    """What the network needs to compute one attention variant; what only the tools read is theirs,
+    keyed by its name. A new one declares its O(T) forward, its explicit weights and any tensors;
+    the rest have defaults (docs/implementation.md, "Adding your own attention")."""
     forward: Callable  # the O(T) path (above)
     weights: Callable  # the explicit T x T form (above), which the tests and analyses read
     tensors: Optional[Callable] = None  # (attn, config) registers what it adds to q/k/v/o_proj
@@ -338,8 +326,7 @@ VARIANTS = {
                       depends_on_length=lambda config: config.affine_bias_norm == 'seq_len'),
     'softmax1': Variant(softmax1_forward, softmax1_weights),
 }
-# The names of variants with a gate: the paper's (Eq. 4-5), and softmax with Qiu et al.'s.
-# ATTENTIONS holds every value of ModelConfig.attention, the paper's five models first.
+# The names with a gate (Eq. 4-5's, or Qiu et al.'s); ATTENTIONS: every name, the paper's five first
 Gated = NamedTuple('Gated', [('base', str), ('gate', str)])  # a key of VARIANTS, one of GATES
 GATED_NAMES = {'gated': Gated('softmax', 'elementwise'),
                'affine_gated': Gated('affine', 'elementwise'),
@@ -397,8 +384,7 @@ class Attention(nn.Module):
                                 positions=positions, seq_lens=seq_lens, cache=cache)
 
         y = y.transpose(1, 2).reshape(B, T, -1)
-        # The gate scales Y before o_proj. Eq. 4-5's is Y * sigmoid(X W_g), channel by channel;
-        # Qiu et al.'s (2025) scales all D channels of head h by sigmoid(X W_g)_h.
+        # the gate before o_proj: Y * sigmoid(X W_g) by channel (Eq. 4-5) or by head (Qiu et al.)
         if self.config.is_gated:
             g = torch.sigmoid(self.g_proj(x))  # (B, T, H * D), or (B, T, H)
             y = (y.view(B, T, g.size(-1), -1) * g[..., None]).flatten(2)
@@ -425,8 +411,7 @@ class Attention(nn.Module):
     def _apply(self, fn, recurse=True):
         """nn.Module's to, half, cuda and to_empty end here. Variant.fp32's buffers stay float32:
         alpha_ma ~ 0.5 in bf16 is off by up to 2e-3, and alpha_count would stop counting at 256."""
-        before = {name: self._buffers[name] for name in self.config.variant.fp32
-                  if name in self._buffers}
+        before = {name: t for name, t in self._buffers.items() if name in self.config.variant.fp32}
         super()._apply(fn, recurse)
         for name, t in before.items():
             if self._buffers[name].dtype in (torch.float16, torch.bfloat16):
@@ -462,8 +447,7 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-# ----------------------------------------------------------------------------------------------
-# The model
+# The model ------------------------------------------------------------------------------------
 
 class GPT(nn.Module):
     length_note = ''  # why block_size is what it is, when something other than training set it
@@ -474,8 +458,7 @@ class GPT(nn.Module):
         self.model = nn.ModuleDict(dict(
             embed_tokens=nn.Embedding(config.vocab_size, config.n_embd),
             layers=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            norm=RMSNorm(config.n_embd, config.rms_norm_eps),
-        ))
+            norm=RMSNorm(config.n_embd, config.rms_norm_eps)))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -488,8 +471,7 @@ class GPT(nn.Module):
         return load_model(path, attention, dtype, device, cls=cls)
 
     def _init_weights(self, module):
-        """Hugging Face Llama's init, also after to_empty(): normal(0, init_std) matrices, zero
-        biases, unit norms, and a variant's tensors as its Variant.init says."""
+        """Hugging Face Llama's init, also after to_empty(); a variant's tensors by Variant.init."""
         std = self.config.init_std
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -521,8 +503,7 @@ class GPT(nn.Module):
         return logits, loss
 
     def token_positions(self, idx, seq_lens=None, kv_caches=None):
-        """The positions of idx's tokens after what kv_caches hold (KVCache.positions), checked:
-        seq_lens must fit idx, and no row may pass block_size."""
+        """idx's token positions after what kv_caches hold, with seq_lens and block_size checked."""
         B, T = idx.shape
         if seq_lens is not None and (seq_lens.shape != (B,) or seq_lens.min() < 1
                                      or seq_lens.max() > T):
