@@ -116,7 +116,7 @@ LLAMA3 = dict(rope_theta=500000.0, rms_norm_eps=1e-5, qkv_bias=False, vocab_size
 LLAMA32 = dict(LLAMA3, intermediate_size=8192, tie_embeddings=True,
                rope_scaling=dict(LLAMA3_ROPE, factor=32.0))  # Llama 3.2's 1B and 3B
 QWEN = dict(rope_theta=1000000.0, rope_scaling=None, rms_norm_eps=1e-6, qkv_bias=True, n_layer=24,
-            n_head=16, n_kv_head=16, block_size=2048, vocab_size=151936)  # 151,646 real, padded
+            n_head=16, n_kv_head=16, block_size=2048, vocab_size=151936)  # padded from 151,646
 SMOLLM2 = dict(vocab_size=49152, rope_theta=100000.0, rope_scaling=None, rms_norm_eps=1e-5,
                qkv_bias=False, tie_embeddings=True, block_size=2048)
 MODEL_SHAPES = {
@@ -296,7 +296,7 @@ def softmax1_weights(attn, scores, **call):  # rows sum to less than 1: the 1's 
 
 
 def init_variant_tensors(attn, std):
-    """Parameters normal(0, init_std), as gpt-oss's sinks; buffers zero (alpha_ma,0 = 0)."""
+    """Draws parameters from normal(0, init_std), as gpt-oss does its sinks, and zeroes buffers."""
     for p in attn._parameters.values():
         nn.init.normal_(p, mean=0.0, std=std)
     for b in attn._buffers.values():
@@ -326,7 +326,7 @@ VARIANTS = {
                       depends_on_length=lambda config: config.affine_bias_norm == 'seq_len'),
     'softmax1': Variant(softmax1_forward, softmax1_weights),
 }
-# The names with a gate (Eq. 4-5's, or Qiu et al.'s); ATTENTIONS: every name, the paper's five first
+# A GATED_NAMES name is a variant with a gate; ATTENTIONS holds every name, the paper's five first
 Gated = NamedTuple('Gated', [('base', str), ('gate', str)])  # a key of VARIANTS, one of GATES
 GATED_NAMES = {'gated': Gated('softmax', 'elementwise'),
                'affine_gated': Gated('affine', 'elementwise'),
@@ -384,7 +384,7 @@ class Attention(nn.Module):
                                 positions=positions, seq_lens=seq_lens, cache=cache)
 
         y = y.transpose(1, 2).reshape(B, T, -1)
-        # the gate before o_proj: Y * sigmoid(X W_g) by channel (Eq. 4-5) or by head (Qiu et al.)
+        # The gate scales Y by sigmoid(X W_g), per channel (Eq. 4-5) or per head (Qiu et al. 2025)
         if self.config.is_gated:
             g = torch.sigmoid(self.g_proj(x))  # (B, T, H * D), or (B, T, H)
             y = (y.view(B, T, g.size(-1), -1) * g[..., None]).flatten(2)

@@ -15,11 +15,11 @@ from lmkit.errors import RunError
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "added_tokens.json", "original/tokenizer.model")
 
-# Every field of meta.json, by its keys from the top, with the types prepare_data.py writes it with.
+# Every field of meta.json, by its dotted name, with the types prepare_data.py writes it with.
 # Every reader of shards needs the REQUIRED ones; the others, some added over time, are checked
 # where present, so data prepared before them still reads.
 NONE = type(None)
-STRING_LISTS = ("prefix", "suffix", "inline", "inline_normalized")  # the tokenizer's
+STRING_LISTS = ("prefix", "suffix", "inline", "inline_normalized")  # tokenizer lists of strings
 SPLIT_FIELDS = dict(tokens=int, documents=int, shards=list, dropped_bytes=int)
 META_FIELDS = {
     "format_version": int, "complete": bool, "vocab_size": int, "dtype": str, "tokenizer": dict,
