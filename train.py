@@ -30,7 +30,6 @@ from lmkit.distributed import (apply_fsdp, batch_to_device, check_cpu_compiler, 
                                full_tensor, init_distributed, preemption_flag, reduce_mean,
                                resolve_device, resolve_dtype, wrap_ddp)
 from lmkit.errors import RunError, run_script, stopped_after_save
-from lmkit.inspection import mean_attention_logit, variant_tensor_means
 from lmkit.runs import (Metrics, SkippedSteps, check_launch, check_sizes, check_step_finite,
                         checkpoint_path, claim_out_dir, configure_optimizers,
                         hold_out_dir, import_wandb, load_config, print_how_it_starts,
@@ -90,15 +89,12 @@ def evaluation_record(c, run, model, raw_model, val_data, alpha_means, stop=()):
     val_loss = validation_loss(model, val_data, c, run.device, run.autocast, stop)
     if val_loss is None:
         return {}
-    record = dict(val_loss=val_loss, val_ppl=math.exp(min(val_loss, 50)))
+    from lmkit.probes import evaluation_measures  # the paper's measures, in one call
+    windows = val_data.get(range(max(1, c['attention_windows'])))  # the same ones every time
     with run.autocast:
-        record['attn_logit_mean'], record['attn_logit_abs_mean'] = mean_attention_logit(
-            raw_model, batch_to_device(val_data.get([0]), run.device)[0])
-        if c['attention_windows']:  # the sink study's measures, on the same windows every time
-            from lmkit.probes import sink_record  # (the one call train.py makes into them)
-            windows = val_data.get(range(c['attention_windows']))
-            record |= sink_record(raw_model, batch_to_device(windows, run.device)[0])
-    return record | variant_tensor_means(raw_model, alpha_means)
+        return dict(val_loss=val_loss, val_ppl=math.exp(min(val_loss, 50))) | evaluation_measures(
+            raw_model, batch_to_device(windows, run.device)[0], c['attention_windows'] > 0,
+            alpha_means)
 
 
 # -----------------------------------------------------------------------------------------------

@@ -1,14 +1,16 @@
 """Every measurement of a model's attention and activations on a batch of windows, each defined
-once, for train.py's evaluations with attention_windows, analyze.py, the sink study and the quick
-start's real model. Attention measures read each layer's explicit weights (model.Attention.weights)
-on its own inputs in a real forward (lmkit/inspection.py), in float64; rows need not sum to one.
+once, for train.py's evaluations (evaluation_measures, its one call), analyze.py, the sink study
+and the quick start's real model. Attention measures read each layer's explicit weights
+(model.Attention.weights) on its own inputs in a real forward (lmkit/inspection.py), in float64;
+rows need not sum to one.
 docs/analysis.md, "The sink's measures", has the definitions, their sources and a real model's
 numbers; lmkit/sink_costs.py runs them over many sequences and measures what a sink costs."""
 import statistics
 
 import torch
 
-from lmkit.inspection import attention_hooks, head_stats, hooked_forward
+from lmkit.inspection import (attention_hooks, head_stats, hooked_forward, mean_attention_logit,
+                              variant_tensor_means)
 
 # Variants, by their key in model.VARIANTS, whose rows are a distribution, which Gu et al.'s Sink_1
 # reads as they are, and whose rows leave out a null slot's mass, 1 minus the row's sum
@@ -252,6 +254,17 @@ def sink_record(model, idx):
     if weight_rows(model.config)[1]:
         record['sink_mass'] = record['null_mass']
     return record | model_rates(layers)
+
+
+def evaluation_measures(model, windows, sink, alpha_means):
+    """What a train.py evaluation logs of attention: the mean attention logit on the first window
+    (Figure 2), the sink's measures on all of them where `sink` (attention_windows > 0), and the
+    variant's tensors with this step's mean alpha (Eq. 9). Under FSDP every rank must call it."""
+    record = dict(zip(('attn_logit_mean', 'attn_logit_abs_mean'),
+                      mean_attention_logit(model, windows[:1])))
+    if sink:
+        record |= sink_record(model, windows)
+    return record | variant_tensor_means(model, alpha_means)
 
 
 def layer_mean(values):
