@@ -199,8 +199,7 @@ def load_run_teacher(c, model_config, data_meta, device):
     """Load the KD teacher (or None) in the run's dtype, checked against the data and student."""
     if not c['teacher']:
         return None
-    dtype = torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32
-    teacher = load_teacher(c['teacher'], device, dtype)
+    teacher = load_teacher(c['teacher'], device, getattr(torch, c['dtype']))
     check_compatibility(teacher, c['teacher'], model_config, data_meta, model_config.block_size)
     if c['compile']:
         compile_layers(teacher)
@@ -225,9 +224,8 @@ def start_records(c, run, raw_model, start, train_data, val_data, wandb):
     """Print the notes and the line a run starts with. Returns its step meter (tokens/s and MFU),
     the timer of the teacher's forwards and its metrics."""
     from lmkit.measure import DeviceTimer, StepMeter  # the instruments (docs/training.md, MFU)
-    dtype = torch.bfloat16 if c['dtype'] == 'bfloat16' else torch.float32
-    meter = StepMeter(raw_model, run.device, dtype, c['global_batch_size'], run.world,
-                      c['micro_batch_size'], c['peak_flops'])
+    meter = StepMeter(raw_model, run.device, getattr(torch, c['dtype']), c['global_batch_size'],
+                      run.world, c['micro_batch_size'], c['peak_flops'])
     metrics = Metrics(c, run, start['step'], wandb)
     for note in start_notes(c, val_data) if run.master else ():
         print(note, file=sys.stderr, flush=True)
