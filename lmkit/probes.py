@@ -2,9 +2,9 @@
 once, for train.py's evaluations (evaluation_measures, its one call), analyze.py, the sink study
 and the quick start's real model. Attention measures read each layer's explicit weights
 (model.Attention.weights) on its own inputs in a real forward (lmkit/inspection.py), in float64;
-rows need not sum to one.
-docs/analysis.md, "The sink's measures", has the definitions, their sources and a real model's
-numbers; lmkit/sink_costs.py runs them over many sequences and measures what a sink costs."""
+rows need not sum to one. docs/analysis.md, "The sink's measures", has the definitions, their
+sources and a real model's numbers; lmkit/sink_costs.py runs them over many sequences and
+measures what a sink costs."""
 import statistics
 
 import torch
