@@ -1,10 +1,9 @@
 """Every measurement of a model's attention and activations on a batch of windows, each defined
-once, for train.py's evaluations (evaluation_measures, its one call), analyze.py, the sink study
-and the quick start's real model. Attention measures read each layer's explicit weights
-(model.Attention.weights) on its own inputs in a real forward (lmkit/inspection.py), in float64;
-rows need not sum to one. docs/analysis.md, "The sink's measures", has the definitions, their
-sources and a real model's numbers; lmkit/sink_costs.py runs them over many sequences and
-measures what a sink costs."""
+once, for train.py's evaluations (evaluation_measures), analyze.py, the sink study and the quick
+start's real model. Attention measures read each layer's explicit weights (model.Attention.weights)
+on its own inputs in a real forward (lmkit/inspection.py), in float64; rows need not sum to one.
+docs/analysis.md, "The sink's measures", has the definitions, their sources and a real model's
+numbers; lmkit/sink_costs.py runs them over many sequences and measures what a sink costs."""
 import statistics
 
 import torch
@@ -12,17 +11,14 @@ import torch
 from lmkit.inspection import (attention_hooks, head_stats, hooked_forward, mean_attention_logit,
                               variant_tensor_means)
 
-# Variants, by their key in model.VARIANTS, whose rows are a distribution, which Gu et al.'s Sink_1
-# reads as they are, and whose rows leave out a null slot's mass, 1 minus the row's sum
-ROWS_SUM_TO_ONE = ('softmax',)
-NULL_SLOT = ('sink', 'softmax1')
+ROWS_SUM_TO_ONE = ('softmax',)  # the variants (keys of model.VARIANTS) whose rows are distributions
+NULL_SLOT = ('sink', 'softmax1')  # whose rows leave out a null slot's mass, 1 minus the row's sum
 SINK_THRESHOLD = 0.3  # Gu et al.'s epsilon: a head whose first-position score exceeds it has a sink
 # added to a row's sum where Gu et al. renormalise it (lit_gpt/inference/model_attn_sim_infer.py)
 GU_ROW_EPS = 1e-8
 SINK_STUDY_EVALUATIONS = 8  # evaluations per sink study run: the points of its curves
-# The value-weighted share reads every 4th query (1, 5, 9, ...) at an evaluation: with a gate its
-# norms cost T^2 D^2 per head, 40% of an evaluation on all queries, and the stride keeps items 1-5
-# of the measures within 10% (tools/bench.py --sections=probes).
+# The value-weighted share reads every 4th query (1, 5, 9, ...): with a gate all queries cost 40%
+# of an evaluation; items 1-5 of the measures stay within 10% (tools/bench.py --sections=probes).
 VALUE_WEIGHTED_STRIDE = 4
 KURTOSIS_EPS = 1e-6  # added to s^4 in Bondarenko et al.'s kurtosis (transformers_language/utils.py)
 
@@ -69,8 +65,8 @@ def value_weighted_first_token(attn, x, cos, sin, w, stride=1):
     (B, H): the mean over queries i >= 1 of ||w_i0 f_i(x_0)|| / sum_j ||w_ij f_i(x_j)||, where
     f_i(x_j) = (g_i * v_j) W_O^h, W_O^h is the head's slice of o_proj and g_i the output gate of
     Eq. 4-5 (or 1). A first token that draws weight but adds little shows here. Norms take |w_ij|,
-    a null slot adds nothing and a row that adds nothing counts 0; stride > 1 reads the queries 1,
-    1 + stride, ... only (VALUE_WEIGHTED_STRIDE)."""
+    a null slot adds nothing, a row that adds nothing counts 0; stride > 1 reads queries 1, 1 +
+    stride, ... only."""
     config = attn.config
     B, H, D = x.size(0), config.n_head, config.head_dim
     # (B, n_kv_head, T, D): head h reads kv head h // (H / n_kv_head)
@@ -88,8 +84,7 @@ def value_weighted_first_token(attn, x, cos, sin, w, stride=1):
         # (B, H, queries, D^2)
         queries = (g.unsqueeze(-1) * g.unsqueeze(-2)).mul_(gram.float()[:, None]).flatten(-2)
         vt = v.float().transpose(-1, -2).contiguous()  # (B, n_kv_head, D, T)
-        # (B, n_kv_head, D^2, T): once per kv head
-        keys = (vt.unsqueeze(-2) * vt.unsqueeze(-3)).flatten(-3, -2)
+        keys = (vt.unsqueeze(-2) * vt.unsqueeze(-3)).flatten(-3, -2)  # (B, n_kv_head, D^2, T)
         squares = queries.view(B, config.n_kv_head, -1, D * D) @ keys  # a kv head's queries at once
         parts = w * squares.view(w.shape).clamp_min_(0).sqrt_()  # (B, H, queries, T)
         first, total = parts[..., 0], parts.sum(-1)
@@ -116,13 +111,13 @@ def max_abs(x):
 
 
 def kurtosis(x):
-    """Bondarenko et al.'s kurtosis per sequence of x (B, T, C), as transformers_language/utils.py
-    computes it on a layer's output flattened per sequence: E[(x - mu)^4] / (s^4 + 1e-6), s the
-    unbiased standard deviation (3 for a Gaussian; outliers make it large)."""
+    """Bondarenko et al.'s kurtosis of each sequence of x (B, T, C), flattened, as
+    transformers_language/utils.py computes it: E[(x - mu)^4] / (s^4 + 1e-6), 3 for a Gaussian,
+    large with outliers."""
     flat = x.flatten(1)
     squares = (flat - flat.mean(1, keepdim=True)).square()
-    return squares.square().mean(1) / ((squares.sum(1) / (flat.size(1) - 1)).square()
-                                       + KURTOSIS_EPS)
+    variance = squares.sum(1) / (flat.size(1) - 1)  # s^2, unbiased
+    return squares.square().mean(1) / (variance.square() + KURTOSIS_EPS)
 
 
 def activation_outliers(model, idx):
@@ -137,7 +132,6 @@ def activation_outliers(model, idx):
 
 def outlier_hooks(model, layers):
     """Forward hooks that put activation_outliers' measures of each layer into its dict."""
-
     def measure(stats, prefix, kinds):
         def hook(module, args, out):
             out = out.double()
@@ -218,10 +212,9 @@ def layer_summary(s):
 
 
 def model_rates(layers):
-    """Gu et al.'s Sink_1 of a model from layer_summary's layers, the mean of the per-layer rates
-    (every layer has the same heads and samples), also on the null slot where there is one; and
-    sink_rate_mean_head, this repository's Sink_1^0.3 before: the share of (layer, head) pairs
-    whose first-token weight, averaged over sequences and queries i >= 1, exceeds the threshold."""
+    """Gu et al.'s Sink_1 from layer_summary's layers, the mean of the per-layer rates (every layer
+    has the same heads and samples), also on a null slot if there is one; and sink_rate_mean_head,
+    the share of (layer, head) pairs whose first_token_head exceeds SINK_THRESHOLD."""
     mean = lambda key: layer_mean([layer[key] for layer in layers])
     heads = [w for layer in layers for w in layer['first_token_head']]
     rates = dict(sink_rate=mean('sink_rate'),
@@ -231,12 +224,10 @@ def model_rates(layers):
     return rates
 
 
-# What train.py's evaluations log with attention_windows: RECORD_NAMES are the records' first names
-# for layer_summary's keys (a key not in it keeps its name, with _head written _per_head)
+# The names train.py's records gave layer_summary's keys first, which sink_record keeps
 RECORD_NAMES = dict(first_token='first_token_weight', first_token_head='first_token_per_head',
-                    row_sum_mean='row_sum', sink_rate='sink_rate_per_layer',
-                    sink_rate_null_slot='sink_rate_null_slot_per_layer',
-                    alpha_mean='alpha_window_mean')
+                    row_sum_mean='row_sum', sink_rate_null_slot='sink_rate_null_slot_per_layer',
+                    sink_rate='sink_rate_per_layer', alpha_mean='alpha_window_mean')
 
 
 def sink_record(model, idx):
@@ -245,12 +236,10 @@ def sink_record(model, idx):
     weighted share on every VALUE_WEIGHTED_STRIDE-th query. Under FSDP every rank must call it."""
     layers = [layer_summary(layer)
               for layer in attention_statistics(model, idx, value_stride=VALUE_WEIGHTED_STRIDE)]
-    record = {}
-    for key in layers[0]:
-        name = RECORD_NAMES.get(key, key[:-len('_head')] + '_per_head' if key.endswith('_head')
-                                else key)
-        record[name] = [round(v, 6) if isinstance(v, float) else [round(h, 6) for h in v]
-                        for v in (layer[key] for layer in layers)]
+    rounded = lambda v: round(v, 6) if isinstance(v, float) else [round(h, 6) for h in v]
+    per_head = lambda key: key[:-len('_head')] + '_per_head' if key.endswith('_head') else key
+    record = {RECORD_NAMES.get(key, per_head(key)): [rounded(layer[key]) for layer in layers]
+              for key in layers[0]}
     if weight_rows(model.config)[1]:
         record['sink_mass'] = record['null_mass']
     return record | model_rates(layers)
