@@ -1,8 +1,7 @@
 """The one configurator every script uses. A script declares its keys (name -> default or Key) and
 the rules that tie them, and a command line becomes a dict of checked values: the defaults, then
-config files, then overrides (--key=value, --key value, --flag, --key=a,b,c), then the rules.
-Errors are argparse's kind, exit status 2. Pure Python: quickstart.py parses its flags before torch
-is installed. docs/training.md, "Configuration", has the forms."""
+config files, then overrides (docs/training.md, "Configuration"), then the rules. Pure Python:
+quickstart.py parses its flags before torch is installed."""
 import ast
 import copy
 import os
@@ -51,10 +50,9 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=())
     config, found, args = {name: key.default for name, key in keys.items()}, [], list(argv)
 
     def set_value(name, value, where):
-        key = keys[name]
-        config[name] = check(name, key, value, where, usage)
-        if key.expands and config[name] is not None:
-            for sub, sub_value in copy.deepcopy(key.expands[config[name]]).items():
+        config[name] = check(name, keys[name], value, where, usage)
+        if keys[name].expands and config[name] is not None:
+            for sub, sub_value in copy.deepcopy(keys[name].expands[config[name]]).items():
                 config[sub] = check(sub, keys[sub], sub_value, where, usage)
 
     while args:
@@ -93,8 +91,7 @@ def parse(argv, keys, doc='', positional=None, files=False, prog=None, rules=())
         if not found:
             fail(f"the following arguments are required: {positional}", usage)
         config[positional] = found
-    missing = [f'--{n}' for n, k in keys.items() if k.required and config[n] is None]
-    if missing:
+    if missing := [f'--{n}' for n, k in keys.items() if k.required and config[n] is None]:
         fail(f"the following arguments are required: {', '.join(missing)}", usage)
     for rule in rules:  # last: a rule ties keys that may be set in any order
         if not eval(rule, {}, config):
@@ -134,12 +131,11 @@ def read(text, key, where, usage):
     if kind in (str, bool):
         return text
     if kind is list:
-        element = type(key.default[0]) if key.default else str
+        item = type(key.default[0]) if key.default else str
         try:
-            return [element(v) for v in text.split(',')]
+            return [item(v) for v in text.split(',')]
         except ValueError:
-            fail(f"{where}: expected comma-separated {element.__name__} values, got {text!r}",
-                 usage)
+            fail(f"{where}: expected comma-separated {item.__name__} values, got {text!r}", usage)
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):

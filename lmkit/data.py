@@ -1,6 +1,7 @@
 """Reading data: the token shards (each checked against its recorded CRC-32 once per process),
 meta.json, the first token of every window, and Windows, what training and the evaluations read.
-NumPy and files.py only, so that importing it stays cheap; docs/data.md has the layout."""
+NumPy, not torch, so that importing it stays cheap. docs/data.md has the shard layout, what each
+check catches, and why a CRC-32 is enough."""
 import json
 import os
 import struct
@@ -12,11 +13,8 @@ import numpy as np
 from lmkit.data_meta import check_meta
 from lmkit.errors import RunError
 
-# Shards: a 24-byte little-endian header (magic, version, bytes per token, token count), then the
-# token ids. docs/data.md says what each check catches, and why a CRC-32 is enough.
 MAGIC, VERSION = b"ASASHARD", 1
-HEADER = struct.Struct("<8sIIQ")
-CHECK_BYTES = 1 << 24  # shards are checked 16 MiB at a time
+HEADER = struct.Struct("<8sIIQ")  # magic, version, bytes per token, token count; then the token ids
 REBUILD = ("re-run the prepare_data.py command recorded in meta.json: it rebuilds missing and "
            "damaged shards")
 
@@ -37,8 +35,7 @@ def map_shard(path):
     return np.memmap(path, dtype=f"<u{itemsize}", mode="r", offset=HEADER.size, shape=count), None
 
 
-# the shard files this process has checked, as (path, inode, size, mtime, checksum, vocab size)
-checked = set()
+checked = set()  # (path, inode, size, mtime, checksum, vocab size) of each shard checked
 
 
 def check_shard(path, checksum, vocab_size):
@@ -51,10 +48,9 @@ def check_shard(path, checksum, vocab_size):
     key = (os.path.abspath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, checksum, vocab_size)
     if fault or key in checked:
         return ids, fault
-    with open(path, "rb") as f:
-        crc = zlib.crc32(f.read(HEADER.size))
+    crc = zlib.crc32(HEADER.pack(MAGIC, VERSION, ids.itemsize, len(ids)))  # as map_shard read it
     bad = None  # the position of the first id out of range
-    step = CHECK_BYTES // ids.itemsize
+    step = (1 << 24) // ids.itemsize  # 16 MiB at a time
     for start in range(0, len(ids), step):
         chunk = ids[start:start + step]
         crc = zlib.crc32(chunk, crc)
@@ -70,8 +66,7 @@ def check_shard(path, checksum, vocab_size):
     return ids, None
 
 
-# A prepared directory: meta.json, and the windows training reads from its shards. First, the
-# prepare_data.py commands of the directories the configs and the docs name.
+# A prepared directory. First, the prepare_data.py commands of those the configs and docs name.
 FINEWEB = ("--source=fineweb-edu --fineweb_config=sample-100BT --tokenizer=checkpoints/{teacher} "
            "--out_dir={out} --max_tokens=20_000_000_000 --num_proc=32")
 KNOWN_DATA = {
@@ -137,8 +132,7 @@ def read_split(data_dir, split, meta=None):
 
 
 def prefix_id(tokenizer):
-    """The first token under first_token='prefix': the tokenizer's BOS, else its end-of-text token
-    (lm-eval's prefix token). tokenizer: meta.json's record of it."""
+    """The tokenizer's BOS, else its end-of-text token (lm-eval's prefix token); from meta.json."""
     token = tokenizer['bos_id'] if tokenizer.get('bos_id') is not None else tokenizer.get('eos_id')
     if token is None:
         raise RunError(f"first_token='prefix': the tokenizer {tokenizer['spec']} has neither a BOS "
@@ -163,9 +157,8 @@ class Windows:
         per_shard = [max(0, (len(s) - self.row) // block_size + 1) for s in self.shards]
         self.starts = np.cumsum([0] + per_shard)  # the first window of each shard
         if self.starts[-1] == 0:
-            raise RunError(f"{data_dir}: the {split} split has fewer than "
-                           f"{'block_size + 1' if first_token is None else 'block_size'} = "
-                           f"{self.row} tokens")
+            raise RunError(f"{data_dir}: the {split} split has fewer than block_size"
+                           f"{' + 1' * (first_token is None)} = {self.row} tokens")
         self.perm_key, self.perm = None, None  # the permutation of the current (seed, epoch)
 
     def __len__(self):
