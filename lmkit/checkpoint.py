@@ -1,9 +1,7 @@
-"""
-Checkpoints as dicts and tensors: this repo's ckpt.pt, read and written, and Hugging Face model
+"""Checkpoints as dicts and tensors: this repo's ckpt.pt, read and written, and Hugging Face model
 directories, read (lmkit/pretrained.py builds the GPT), with the same checks and one-line errors
 for every reader. Reading a ckpt.pt runs no code from it (docs/implementation.md, "What opening a
-file may run"); what it holds: docs/training.md, "Checkpoints and preemption".
-"""
+file may run"); what it holds: docs/training.md, "Checkpoints and preemption"."""
 import contextlib
 import io
 import json
@@ -22,7 +20,6 @@ from .files import atomic_write
 
 CKPT_NAME = 'ckpt.pt'
 CKPT_KEYS = ('model', 'optimizer', 'step', 'rng', 'config', 'model_config', 'tokenizer', 'data')
-MODEL_KEYS = ('model', 'model_config', 'tokenizer')  # what reading a model, not resuming it, needs
 
 
 class CheckpointError(RunError, ValueError):
@@ -70,9 +67,9 @@ def unreadable(path, error):
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
-def read_checkpoint(path, keys=MODEL_KEYS):
+def read_checkpoint(path, keys=('model', 'model_config', 'tokenizer')):
     """One of this repo's checkpoints, read as data only and memory-mapped (only the tensors used
-    are read; a node's ranks share one copy). Every tensor under keys, what the caller needs, must
+    are read; a node's ranks share one copy). Every tensor under keys (a model's, by default) must
     match its checksum, and the model's weights must be finite: a diverged run's give garbage."""
     ckpt = load_data_only(path)
     if missing := [key for key in keys if not isinstance(ckpt, dict) or key not in ckpt]:
@@ -89,9 +86,8 @@ def read_checkpoint(path, keys=MODEL_KEYS):
     return ckpt
 
 
-# What a checkpoint may name: what torch.save writes for tensors (their rebuild functions and
-# storage types, a state dict's OrderedDict, bytes) and what numpy pickles its random state with,
-# under numpy 2's names and numpy 1.x's. Nothing else is ever resolved, let alone called.
+# What a checkpoint may name: what torch.save writes for tensors (rebuild functions, storage types,
+# OrderedDict, bytes) and numpy for its random state. Nothing else is resolved, let alone called.
 _RECONSTRUCT = np.zeros(0).__reduce__()[0]  # the function numpy pickles an array with
 NUMPY_GLOBALS = {'numpy._core.multiarray._reconstruct': _RECONSTRUCT,  # numpy 2's name of it
                  'numpy.core.multiarray._reconstruct': _RECONSTRUCT,  # numpy 1.x's
@@ -306,11 +302,10 @@ def config_from_hf(hf):
     lengths = hf['max_position_embeddings'], sliding_window(hf)
     block_size = min(n for n in lengths if n is not None)
     llama3 = {k: v for k, v in rope.items() if k != 'rope_theta'} if rope_type == 'llama3' else None
-    return dict(n_layer=hf['num_hidden_layers'], n_head=n_head,
-                n_kv_head=hf.get('num_key_value_heads') or n_head, n_embd=n_embd,
-                intermediate_size=hf['intermediate_size'], vocab_size=hf['vocab_size'],
-                block_size=block_size, rope_theta=hf.get('rope_theta', rope.get('rope_theta', 1e4)),
-                rope_scaling=llama3, rms_norm_eps=hf['rms_norm_eps'],
+    return dict(n_layer=hf['num_hidden_layers'], intermediate_size=hf['intermediate_size'],
+                n_head=n_head, n_kv_head=hf.get('num_key_value_heads') or n_head, n_embd=n_embd,
+                vocab_size=hf['vocab_size'], block_size=block_size, rms_norm_eps=hf['rms_norm_eps'],
+                rope_theta=hf.get('rope_theta', rope.get('rope_theta', 1e4)), rope_scaling=llama3,
                 qkv_bias=model_type == 'qwen2', tie_embeddings=hf.get('tie_word_embeddings', False),
                 init_std=hf.get('initializer_range', 0.02))
 
