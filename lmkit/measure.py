@@ -11,9 +11,8 @@ KNOWN_PEAK_BF16 = {'H100 PCIe': 756e12, 'H100': 989e12, 'H200': 989e12, 'A100': 
 
 
 def flops_per_token(model, seq_len=None):
-    """Training FLOPs per token of a GPT as PaLM counts them (appendix B): 6 x the matmuls' weights,
-    a tied lm_head's too, plus 12 x n_layer x n_head x head_dim x seq_len for QK^T and AV over the
-    whole T x T, of which causal kernels compute half. tests/test_mfu.py checks it against torch."""
+    """Training FLOPs per token as PaLM counts them (appendix B): 6 x the matmuls' weights (a tied
+    lm_head's too) plus QK^T and AV over the whole T x T, twice what causal kernels compute."""
     cfg, seq_len = model.config, seq_len or model.config.block_size
     weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     return 6 * weights + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
@@ -29,10 +28,8 @@ def gemm_shapes(model, tokens):
     """(M, K, N) of the matmuls of a step's linear layers on `tokens` rows: the forward, x W^T, and
     backward's input gradient, g W, and weight gradient, g^T x (flops_per_token's 6 x weights)."""
     shapes = set()
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear):
-            n_out, n_in = m.weight.shape
-            shapes |= {(tokens, n_in, n_out), (tokens, n_out, n_in), (n_out, tokens, n_in)}
+    for n_out, n_in in (m.weight.shape for m in model.modules() if isinstance(m, torch.nn.Linear)):
+        shapes |= {(tokens, n_in, n_out), (tokens, n_out, n_in), (n_out, tokens, n_in)}
     return sorted(shapes)
 
 
@@ -56,8 +53,7 @@ def measured_matmul_flops(device, dtype, shapes, trials=5):
     try:
         for shape in shapes:
             m, k, n = (min(d, 8192) for d in shape)  # no faster beyond, only bigger
-            a = torch.randn(m, k, device=device, dtype=dtype)
-            b = torch.randn(k, n, device=device, dtype=dtype)
+            a, b = (torch.randn(*size, device=device, dtype=dtype) for size in ((m, k), (k, n)))
             a @ b  # warm-up: the first call picks the kernel and allocates
             reps = max(1, int(0.01 / matmul_seconds(a, b, 1)))
             seconds = min(matmul_seconds(a, b, reps) for _ in range(trials))
@@ -72,9 +68,8 @@ def default_peak_flops(device, dtype, shapes):
     (only: an H100's float32 peak is 67 TFLOP/s, not 989), else measured_matmul_flops."""
     if device.type == 'cuda' and dtype == torch.bfloat16:
         name = torch.cuda.get_device_name(device)
-        for key, flops in KNOWN_PEAK_BF16.items():
-            if key in name:
-                return flops
+        if peak := next((flops for key, flops in KNOWN_PEAK_BF16.items() if key in name), None):
+            return peak
     return measured_matmul_flops(device, dtype, shapes)
 
 
