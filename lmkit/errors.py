@@ -56,7 +56,6 @@ class Stopped(RunError):
 
 
 def stop_name(signum):
-    """'SIGTERM', ...: the name a stop's message gives its signal."""
     return signal.Signals(signum).name
 
 
@@ -64,8 +63,7 @@ def raise_stopped(signum, frame):
     raise Stopped(f"stopped by {stop_name(signum)}", signum)
 
 
-# the signals that stop a script cleanly (SIGHUP: the terminal or the ssh connection closed)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SIGHUP: the terminal or ssh closed
 # the exit status of a program one stopped: 128 + signum if it saved first, -signum if it was killed
 STOP_STATUSES = {128 + s: s for s in STOP_SIGNALS} | {-s: s for s in STOP_SIGNALS}
 

@@ -1,8 +1,6 @@
-"""
-Writing outputs without losing anything: a file is replaced whole or not at all, an output directory
-is checked before any work, an earlier log is set aside, and a run directory has one writer
-(docs/implementation.md). Pure Python: quickstart.py writes through it before torch is installed.
-"""
+"""Writing outputs without losing anything: a file is replaced whole or not at all, an output
+directory is checked before any work, an earlier log is set aside, a run directory has one writer
+(docs/implementation.md). Pure Python: quickstart.py writes through it before torch is installed."""
 import json
 import os
 import socket
@@ -146,10 +144,9 @@ def take_lock(path, owner):
 
 @contextmanager
 def lock_dir(path, owner):
-    """Hold the directory at path (made if needed) as the only writer of `owner` during the block; a
-    second process gets a RunError naming the first one's pid and host. flock() on path/LOCK_NAME is
-    released by the kernel however its process ends (kill -9 too), so no stale lock blocks a resume.
-    A failed block removes the directories it made (docs/training.md: shared file systems)."""
+    """Hold the directory at path (made_dirs) as the only writer of `owner` during the block. The
+    kernel releases its flock() however the process ends (kill -9 too), so no stale lock blocks a
+    resume (docs/training.md, "One writer per run directory")."""
     lock = os.path.join(path, LOCK_NAME)
     with made_dirs(path):
         if fcntl is None:
