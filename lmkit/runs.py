@@ -240,10 +240,8 @@ def check_resumable(ckpt, c, model_config, data_meta, path):
 def lr_changes(ckpt, c):
     """{key: {'from': the checkpoint's, 'to': this run's}} of the LR_KEYS this resume changes,
     where resume_lr_change=True allows it (else {})."""
-    if not c['resume_lr_change']:
-        return {}
     return {key: {'from': ckpt['config'][key], 'to': c[key]} for key in LR_KEYS
-            if ckpt['config'][key] != c[key]}
+            if c['resume_lr_change'] and ckpt['config'][key] != c[key]}
 
 
 def checkpoint_to_resume(c, ckpt_path):
