@@ -171,7 +171,6 @@ def check(name, key, value, where, usage=''):
 
 
 def within(key, value):
-    """Whether the value (a list key: one element) is in the key's range."""
     return ((key.min is None or value >= key.min) and (key.max is None or value <= key.max)
             and (key.above is None or value > key.above)
             and (key.below is None or value < key.below))

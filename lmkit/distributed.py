@@ -41,7 +41,6 @@ def resolve_device(name):
 
 
 def resolve_dtype(name, device):
-    """--dtype's name, 'auto' being bfloat16 on a CUDA device that supports it, else float32."""
     if name != 'auto':
         return name
     return 'bfloat16' if device.type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
@@ -121,7 +120,6 @@ def init_distributed(backend):
 
 
 def batch_to_device(arrays, device):
-    """NumPy arrays as tensors on device, on CUDA through pinned memory, without blocking."""
     if device.type != 'cuda':
         return [torch.from_numpy(a).to(device) for a in arrays]
     return [torch.from_numpy(a).pin_memory().to(device, non_blocking=True) for a in arrays]

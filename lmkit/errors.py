@@ -31,7 +31,6 @@ OS_FAULTS = {  # what each OS fault means for a user, and what to do about it
 
 
 def describe_os_error(e):
-    """One line for an OSError: the path, what happened and what to do."""
     what, todo = OS_FAULTS.get(e.errno, (e.strerror or str(e), 'check the path and the device'))
     return f"{e.filename or 'a file'}: {what}; {todo}"
 
