@@ -9,22 +9,19 @@ from lmkit.fused_kd import CHUNK_LOGITS, fp32_output_gemm
 from model import FIELD_NAMES, GPT, MODEL_SHAPES, ModelConfig
 
 # The paper's teachers by directory name: a dry run without their checkpoints uses these shapes
-KNOWN_TEACHERS = {'Qwen1.5-1.8B': MODEL_SHAPES['qwen1.5-1.8b'],
-                  'Llama-3.2-3B': MODEL_SHAPES['llama3.2-3b'],
-                  'Llama-3.1-8B': MODEL_SHAPES['llama3.1-8b'],
-                  'SmolLM2-360M': MODEL_SHAPES['smollm2-360m']}
+KNOWN_TEACHERS = {name: MODEL_SHAPES[shape] for name, shape in (
+    ('Qwen1.5-1.8B', 'qwen1.5-1.8b'), ('Llama-3.2-3B', 'llama3.2-3b'),
+    ('Llama-3.1-8B', 'llama3.1-8b'), ('SmolLM2-360M', 'smollm2-360m'))}
 
 
 def teacher_shape(spec):
     """(ModelConfig or None, where it came from) of a teacher, without reading its weights: the
     checkpoint's config if it is here, else KNOWN_TEACHERS by the directory's name, else None."""
     if os.path.exists(spec):
-        path = checkpoint_file(spec)
-        if path is None:
+        if (path := checkpoint_file(spec)) is None:
             return ModelConfig(**config_from_hf(read_hf_config(spec))), spec
         return ModelConfig(**read_checkpoint(path, keys=('model_config',))['model_config']), path
-    name = os.path.basename(os.path.normpath(spec))
-    if name in KNOWN_TEACHERS:
+    if (name := os.path.basename(os.path.normpath(spec))) in KNOWN_TEACHERS:
         source = f"{name}'s published shape (no checkpoint at {spec})"
         return ModelConfig(**KNOWN_TEACHERS[name]), source
     return None, (f"unknown (no checkpoint at {spec}, and not one of {', '.join(KNOWN_TEACHERS)}): "
@@ -54,9 +51,8 @@ def affine_saved_bytes(config, a, x_copy):
     return x_copy + 12 * config.n_head + 4 * config.n_kv_head * config.head_dim
 
 
-# The bytes per token a variant's forward saves for backward beyond softmax's, by its key in
-# model.VARIANTS, from (config, a, x_copy): a is the bytes of one activation, x_copy those of
-# autocast's copy of X (0 without one). A variant without an entry is planned as softmax, noted.
+# Bytes per token a variant's forward saves for backward beyond softmax's, by its model.VARIANTS
+# key, from (config, a, x_copy): a is one activation's bytes, x_copy autocast's copy of X's (or 0).
 SAVED_BYTES = {'softmax': no_more_saved, 'sink': no_more_saved, 'affine': affine_saved_bytes,
                'softmax1': no_more_saved}
 
@@ -103,8 +99,7 @@ def kd_loss_memory(N, V, C_s, C_t, compute_dtype, student_weight_dtype=torch.flo
                   2 * chunk + (n * V * c if fallback else 0),
                   chunk + low_grad,
                   (low_grad or chunk) + n * C_s * (c + h) + (V * C_s * c if fallback else 0))
-    # the chunk's hidden states; a dozen (n,) vectors of 8 bytes at most
-    working += n * (C_s + C_t) * c + 128 * n
+    working += n * (C_s + C_t) * c + 128 * n  # hidden states; a dozen (n,) vectors of <= 8 bytes
     held = V * C_s * a + N * C_s * h
     copies = ((V * C_s * c if student_weight_dtype != compute_dtype else 0)
               + (V * C_t * c if teacher_weight_dtype not in (None, compute_dtype) else 0))
