@@ -1,8 +1,7 @@
 """fused_kd_loss: the KD loss of distill.kd_loss without the full logits, train.py's default. Each
 chunk of tokens turns its logits into the loss and the student's gradients at once and frees them
 before the next chunk's; backward only scales the gradients. docs/training.md, "The KD loss", has
-the formula and the precision; docs/memory.md, "The fused KD loss", what it allocates.
-"""
+the formula and the precision; docs/memory.md, "The fused KD loss", what it allocates."""
 import functools
 
 import torch
@@ -49,10 +48,9 @@ def _add_mm(acc, a, b):
 
 
 def _kd_chunk(h_s, w_s, h_t, w_t, y, valid, T, kd_alpha, acc, need_grad):
-    """One chunk of FusedKDLoss: the KL and the CE summed over its tokens whose valid is 1 (CE 0
-    without targets y), and the loss's gradient with respect to the student's logits s (None unless
-    need_grad). Every step after the float32 (acc) logits works in place where it can, so that at
-    most 3 (n, V) tensors live at once, 4 when T != 1 and kd_alpha < 1."""
+    """One chunk of FusedKDLoss: the KL and CE summed over the tokens whose valid is 1 (CE 0 without
+    targets y), and the loss's gradient in the student's logits s if need_grad. Working in place
+    where it can, it keeps at most 3 (n, V) tensors at once, 4 if T != 1 and kd_alpha < 1."""
     t = _mm(h_t, w_t.T, acc)
     log_p = torch.log_softmax(t if T == 1 else t.div_(T), dim=-1)
     del t  # before the student's logits exist
@@ -146,8 +144,7 @@ class FusedKDLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, grad_kd, grad_ce):
         grad_h, grad_w = ctx.saved_tensors
-        # float32: a bf16 grad_h is scaled in float32, not by a factor rounded to bf16
-        scale = grad_loss / ctx.count
+        scale = grad_loss / ctx.count  # float32: a bf16 grad_h is not scaled by a bf16 factor
         if grad_h is not None:
             grad_h = grad_h.to(scale.dtype).mul_(scale).to(grad_h.dtype).view(ctx.shape)
         if grad_w is not None:
@@ -160,9 +157,8 @@ def fused_kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight
     """(loss, kd, ce): loss = kd_alpha * KD + (1 - kd_alpha) * CE, whose gradients reach
     student_hidden and student_weight only, and kd and ce as detached scalars to log (ce None
     without targets; call .item() when logging, not at every step). The hidden states are the final
-    normed ones, (B, T, C) or (N, C), and the weights (V, C) lm_heads with the same V. KD and CE are
-    means over the tokens whose target is not IGNORE_INDEX, or without targets (kd_alpha = 1) over
-    all. chunk_size defaults to as many tokens as fit CHUNK_LOGITS float32 logits."""
+    normed ones, (B, T, C) or (N, C), and the weights (V, C) lm_heads. KD and CE are means over the
+    tokens whose target is not IGNORE_INDEX, or without targets (kd_alpha = 1) over all."""
     V, N = student_weight.size(0), student_hidden.shape[:-1].numel()
     if teacher_weight.size(0) != V:
         raise ValueError(f"student and teacher lm_heads have {V} and {teacher_weight.size(0)} "
@@ -176,8 +172,7 @@ def fused_kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight
                          f"got temperature={temperature}, kd_alpha={kd_alpha}, "
                          f"targets={targets is not None}")
     chunk_size = chunk_size or max(1, CHUNK_LOGITS // V)
-    # A Function's forward cannot see that gradients are off, as in evaluation: detached inputs
-    # tell it to skip the gradient work
+    # a Function's forward cannot see that gradients are off (evaluation): detached inputs tell it
     if not torch.is_grad_enabled():
         student_hidden, student_weight = student_hidden.detach(), student_weight.detach()
     loss, kd, ce = FusedKDLoss.apply(student_hidden, student_weight, teacher_hidden, teacher_weight,
