@@ -66,10 +66,9 @@ def check_shard(path, checksum, vocab_size):
     return ids, None
 
 
-# A prepared directory. First, the prepare_data.py commands of those the configs and docs name.
 FINEWEB = ("--source=fineweb-edu --fineweb_config=sample-100BT --tokenizer=checkpoints/{teacher} "
            "--out_dir={out} --max_tokens=20_000_000_000 --num_proc=32")
-KNOWN_DATA = {
+KNOWN_DATA = {  # the prepare_data.py flags of the directories the configs and docs name
     "data/builtin_bytes": "--source=builtin --tokenizer=bytes --out_dir={out} --val_every=10",
     "data/stdlib_bytes": "--source=stdlib --tokenizer=bytes --out_dir={out} --val_every=50",
     "data/fineweb_edu_llama3": FINEWEB.replace("{teacher}", "Llama-3.2-3B"),
@@ -146,9 +145,8 @@ def first_token_id(first_token, tokenizer):
 
 
 class Windows:
-    """A split cut into windows of block_size inputs and their next-token targets. first_token None:
-    block_size + 1 consecutive tokens of the stream each (neighbours share one); else that id, then
-    block_size - 1 stream tokens (every stream token a target once)."""
+    """A split's windows of block_size inputs and next-token targets: block_size + 1 stream tokens
+    each (neighbours share one), or the id first_token, then block_size - 1 (each a target once)."""
 
     def __init__(self, data_dir, split, block_size, first_token=None):
         self.shards = read_split(data_dir, split)

@@ -92,7 +92,6 @@ def stopped_after_save(flag, say, saved):
 
 @contextmanager
 def on_stop_signals(handler=raise_stopped):
-    """Send the STOP_SIGNALS to handler during the block (by default: raise Stopped)."""
     previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
         yield
@@ -107,10 +106,8 @@ def run_script(main, argv=None):
     try:
         with on_stop_signals():
             return main(sys.argv[1:] if argv is None else argv)
-    except Stopped as e:
-        status, message = 128 + e.signum, str(e)
-    except RunError as e:
-        status, message = 1, str(e)
+    except RunError as e:  # a stop exits 128 + its signal's number
+        status, message = (128 + e.signum if isinstance(e, Stopped) else 1), str(e)
     except BrokenPipeError:  # stdout's reader stopped early (| head): quiet, as Unix tools are
         output_closed()
         status, message = 128 + signal.SIGPIPE, ''

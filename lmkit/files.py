@@ -49,11 +49,9 @@ def made_dirs(path):
         os.makedirs(path, exist_ok=True)
         yield
     except BaseException:
-        for directory in made:
-            try:
-                os.rmdir(directory)  # only if empty
-            except OSError:
-                break
+        with suppress(OSError):  # the first one not empty (or not removable) ends the removal
+            for directory in made:
+                os.rmdir(directory)
         raise
 
 
