@@ -1,5 +1,4 @@
-"""
-What other programs need to know about a train.py run: its keys (KEYS, RunConfig), its optimizer,
+"""What other programs need to know about a train.py run: its keys (KEYS, RunConfig), its optimizer,
 out_dir and checkpoint, the one rule for continuing it (RESUME_MAY_CHANGE), and the checks, notes
 and records (Metrics) of a run as it goes, with their messages. lmkit/run_records.py reads a run's
 records back. Only train.py and this module read a run's config by key.
@@ -130,9 +129,8 @@ def configure_optimizers(model, weight_decay, lr, betas, fused=None, no_decay=()
     groups = [{'params': [p for (_, p), d in zip(named, decays) if d],
                'weight_decay': weight_decay},
               {'params': [p for (_, p), d in zip(named, decays) if not d], 'weight_decay': 0.0}]
-    params = [p for _, p in named]
     if fused is None:
-        fused = all(p.device.type == 'cuda' for p in params)
+        fused = all(p.device.type == 'cuda' for _, p in named)
     # elsewhere multi-tensor (torch's default only on CUDA): the same numbers, a tenth of the ops
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused, foreach=not fused)
 
@@ -291,8 +289,7 @@ def save_run_checkpoint(path, c, step, skipped, model_state_dict, optimizer_stat
 
 
 # -----------------------------------------------------------------------------
-# A run as it goes: the checks before any work, the notes it starts with, the checks after a step,
-# and its records
+# A run as it goes: the checks before any work and after a step, its first lines and its records
 
 def check_launch(c, distributed, world):
     """The micro-steps per optimizer step on each of `world` ranks. RunError where fsdp=True has no
@@ -357,11 +354,13 @@ def print_how_it_starts(c, ckpt, path, changes, predated):
     """Print the first line of every run: a fresh start, or the checkpoint it resumes and the
     learning rates the resume changes. Then, on stderr, the keys the checkpoint predates and the
     defaults they take."""
-    replacing = f" (replacing {path})" if os.path.isfile(path) else ''
-    how = f"resuming from {path} at step {ckpt['step']}" if ckpt is not None else (
-        f"starting fresh{replacing}")
-    how += (f": nothing to do, max_iters={c['max_iters']} (a larger one continues the run)"
-            * (ckpt is not None and ckpt['step'] >= c['max_iters']))
+    if ckpt is None:
+        how = f"starting fresh (replacing {path})" if os.path.isfile(path) else "starting fresh"
+    elif ckpt['step'] < c['max_iters']:
+        how = f"resuming from {path} at step {ckpt['step']}"
+    else:
+        how = (f"resuming from {path} at step {ckpt['step']}: nothing to do, "
+               f"max_iters={c['max_iters']} (a larger one continues the run)")
     print(f"init_from={c['init_from']}: {how}" + ''.join(
         f"; {key} {change['from']} -> {change['to']} (resume_lr_change=True)"
         for key, change in changes.items()), flush=True)
