@@ -47,7 +47,6 @@ def resolve_dtype(name, device):
 
 
 def autocast(device):
-    """The precision the tools time a step in: bf16 autocast on CUDA, float32 elsewhere."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == 'cuda')
 
 
