@@ -1,10 +1,8 @@
-"""The kernels that compute model.py's attention, kept apart from the math as nanochat keeps its
-flash_attention.py: softmax_attention (Eq. 1 on PyTorch's fused SDPA kernels), sink_attention (Eq. 3
-in O(T) memory with exact gradients), the explicit T x T forms every variant's reference starts
-from, and KVCache. Paper: https://arxiv.org/abs/2602.23057, Sections 2.2-2.3. Each kernel takes
-`causal` and an optional `mask`, which say which keys each query sees. With causal=True, query i
-sees keys j <= i. A (B, 1, T, T_k) bool mask replaces that rule. With neither, every query sees
-every key, as one decoded token does."""
+"""The kernels of model.py's attention (arXiv 2602.23057, Sections 2.2-2.3): softmax_attention
+(Eq. 1 on PyTorch's fused SDPA), sink_attention (Eq. 3 in O(T) memory with exact gradients), the
+explicit T x T forms every variant's reference starts from, and KVCache. Each kernel takes `causal`
+and an optional `mask` (B, 1, T, T_k), which say which keys each query sees: with causal=True, the
+keys j <= i; a bool mask replaces that rule; with neither, every key, as one decoded token does."""
 import math
 
 import torch
@@ -18,7 +16,6 @@ def at_least_fp32(t):
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-# Grouped-query attention (n_kv_head < n_head): K and V grouped where the kernel reads them so
 def needs_repeated_kv(device_type, dtype):
     """Whether the fused kernel cannot read grouped K and V: CUDA float32's memory-efficient kernel
     cannot (torch <= 2.13; SDPA would fall back to a T x T matrix). Flash, cuDNN and CPU can."""
@@ -49,7 +46,6 @@ def sink_attention(q, k, v, sinks, causal=True, mask=None):
     return sink_attention_explicit(q, k, v, sinks, causal, mask)
 
 
-# The KV cache: what a layer keeps of the tokens it has seen
 class KVCache:
     """A layer's keys and values across calls (decoding, scoring continuations) and a variant's
     running sums (Variant.cache). Each row of a right-padded batch goes on after its real tokens."""
@@ -93,12 +89,10 @@ class KVCache:
             return k, v, True, None
         if T == 1 and not self.padded:  # one decoded token sees every cached key
             return k, v, False, None
-        # each query sees its row's real cached tokens, then this call's causally (padding only
-        # ever follows a row's real tokens, so no real query sees it)
+        # a query sees its row's real cached tokens, then this call's causally (padding comes last)
         tril = torch.ones(T, T, dtype=torch.bool, device=k.device).tril()
-        mask = torch.cat([self.real[:, None, None, :start].expand(B, 1, T, start),
-                          tril.expand(B, 1, T, T)], dim=-1)
-        return k, v, False, mask
+        return k, v, False, torch.cat([self.real[:, None, None, :start].expand(B, 1, T, start),
+                                       tril.expand(B, 1, T, T)], dim=-1)
 
     def running_sum(self, name, values, seq_lens=None):
         """Running sums of values (B, H_kv, T, D) along T, continued from the cache's sum `name`
@@ -143,8 +137,7 @@ def sink_attention_explicit(q, k, v, sinks, causal=True, mask=None):
     return sink_weights(attention_scores(q, k, causal, mask), sinks).to(v.dtype) @ v
 
 
-# The sink in O(T) memory, from the log-sum-exp (LSE) three aten ops return: CPU flash, CUDA
-# FlashAttention-2 (fp16, bf16) and CUDA's memory-efficient kernel (fp32, equal head counts).
+# The sink in O(T) memory, from the log-sum-exp (LSE) that three fused kernels return (aten ops)
 def bthd(t):
     """t (B, H, T, D) stored in the (B, T, H, D) layout of the model's q, k and v (no copy if it
     is). CUDA's memory-efficient backward needs `out` in it, unchecked; grad_out arrives in it."""
@@ -174,11 +167,10 @@ def _flash_backward(grad_out, q, k, v, out, lse, causal, state):
     if len(state) == 6:  # FlashAttention-2: cum_seq_q, cum_seq_k, max_q, max_k, seed, offset
         return aten._scaled_dot_product_flash_attention_backward(
             grad_out, q, k, v, out, lse, *state[:4], 0.0, causal, *state[4:])
-    lse_padded, seed, offset = state
-    lse_padded = lse_padded.clone()
+    lse_padded = state[0].clone()  # this lse, then the kernel's padding
     lse_padded[..., :q.size(2)] = lse
     return aten._scaled_dot_product_efficient_attention_backward(
-        grad_out, q, k, v, None, out, lse_padded, seed, offset, 0.0, [True, True, True, False],
+        grad_out, q, k, v, None, out, lse_padded, *state[1:], 0.0, [True, True, True, False],
         causal)[:3]
 
 

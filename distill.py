@@ -1,8 +1,7 @@
-"""Knowledge distillation, as the paper trains every student (Sections 2.1 and 5.1). load_teacher
-loads the teacher and check_compatibility checks it against the data and the student. kd_loss is
-the KD loss as its definition, which fused_kd_loss (lmkit/fused_kd.py) computes in chunks without
-the full logits, and compute_loss gives a micro-batch's loss, CE or KD. Run as a script, it checks
-that a teacher loads, fits the data and predicts its val split well (docs/training.md).
+"""Knowledge distillation, as the paper trains every student (Sections 2.1 and 5.1): loading the
+teacher and checking it against the data and the student, the KD loss as its definition (kd_loss;
+lmkit/fused_kd.py computes it in chunks) and a micro-batch's loss (compute_loss). As a script, it
+checks that a teacher loads, fits the data and predicts its val split well (docs/training.md).
 
     python distill.py --teacher=checkpoints/Llama-3.2-3B --data_dir=data/fineweb_edu_llama3
     python distill.py --teacher=out/teacher --data_dir=data/builtin_bytes --block_size=256  # ours
@@ -28,9 +27,8 @@ from lmkit.errors import RunError, run_script
 from lmkit.fused_kd import fused_kd_loss
 from model import GPT, IGNORE_INDEX
 
-# -----------------------------------------------------------------------------
-# Teachers
 
+# Teachers -------------------------------------------------------------------------------------
 
 def load_teacher(spec, device='cpu', dtype=torch.float32):
     """The teacher, a Hugging Face directory or one of our checkpoints (GPT.from_pretrained), on
@@ -43,10 +41,8 @@ def load_teacher(spec, device='cpu', dtype=torch.float32):
 
 
 def teacher_tokenizer_info(spec):
-    """The tokenizer record, as meta.json's, that one of our checkpoints stores or an export_hf.py
-    export keeps in its config.json; None for any other Hugging Face directory."""
-    path = checkpoint_file(spec)
-    if path is None:
+    """The tokenizer record, as meta.json's, of our checkpoint or export; None for another model."""
+    if (path := checkpoint_file(spec)) is None:
         return read_hf_config(spec).get('tokenizer_info')
     return read_checkpoint(path)['tokenizer']
 
@@ -90,16 +86,14 @@ def check_compatibility(teacher, teacher_spec, student_config, data_meta, block_
         raise RunError(f"teacher {teacher_spec} does not fit:\n  - " + "\n  - ".join(problems))
 
 
-# -----------------------------------------------------------------------------------------------
-# The KD loss, written as its definition (lmkit/fused_kd.py computes it in chunks)
+# The KD loss, written as its definition (lmkit/fused_kd.py computes it in chunks) ------------
 
 def kd_loss(student_hidden, student_weight, teacher_hidden, teacher_weight, temperature=1.0,
             targets=None, kd_alpha=1.0):
-    """(loss, kd, ce): the paper's KD loss as its definition, from both models' full (N, V) logits.
-    KD is T^2 times the mean over tokens of KL(teacher || student) at temperature T, CE the
-    student's cross-entropy, and loss = kd_alpha * KD + (1 - kd_alpha) * CE; the softmaxes run in
-    at least float32. fused_kd_loss takes the same arguments, and the tests and tools/bench.py hold
-    it to this one, which train.py --kd_loss=plain selects (docs/training.md, "The KD loss")."""
+    """(loss, kd, ce) from both models' full (N, V) logits: KD is T^2 times the mean over tokens of
+    KL(teacher || student) at temperature T, CE the student's cross-entropy, and
+    loss = kd_alpha * KD + (1 - kd_alpha) * CE. The tests and tools/bench.py hold fused_kd_loss
+    (same arguments, train.py's default) to this one (docs/training.md, "The KD loss")."""
     T = temperature
     student = at_least_fp32(student_hidden @ student_weight.T)
     teacher = at_least_fp32(teacher_hidden @ teacher_weight.T).detach()
@@ -131,8 +125,7 @@ def compute_loss(model, student, teacher, x, y, fused=True, temperature=1.0, kd_
                                                  targets=y, kd_alpha=kd_alpha)
 
 
-# -----------------------------------------------------------------------------
-# The teacher check (python distill.py)
+# The teacher check (python distill.py) -------------------------------------------------------
 
 KEYS = dict(
     teacher=Key(None, "Hugging Face checkpoint directory, or this repo's ckpt.pt (or a directory "

@@ -1,11 +1,9 @@
-"""
-The network of "Affine-Scaled Attention: Towards Flexible and Stable Transformer Attention" (Bae et
-al., 2026, https://arxiv.org/abs/2602.23057), whose equation numbers the comments use: one
-Llama-style decoder whose attention, ModelConfig.attention, names an entry of VARIANTS: softmax
-(Eq. 1), sink (Eq. 3), affine (Eq. 6-9) or softmax1 (Eq. 2), each with or without an output gate
-(Eq. 4-5, or Qiu et al.'s per head). Each has an O(T) forward on a fused kernel and an explicit
-T x T form that the tests hold it to. Its parameters have Hugging Face's Llama and Qwen2 names.
-"""
+"""The network of "Affine-Scaled Attention: Towards Flexible and Stable Transformer Attention" (Bae
+et al., 2026, https://arxiv.org/abs/2602.23057), whose equation numbers the comments use: a
+Llama-style decoder, with Hugging Face's Llama and Qwen2 parameter names, whose attention
+(ModelConfig.attention) is softmax (Eq. 1), sink (Eq. 3), affine (Eq. 6-9) or softmax1 (Eq. 2),
+each with or without an output gate (Eq. 4-5, or Qiu et al.'s per head). Each has an O(T) forward
+on a fused kernel and an explicit T x T form that the tests hold it to."""
 import math
 from dataclasses import dataclass, fields
 from typing import Callable, NamedTuple, Optional
@@ -16,9 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-# transformers imports an exported model directory (export_hf.py) as a package, so the imports
-# are relative there; it refuses an absolute import of an uninstalled module outside a try
-try:
+try:  # transformers loads an export (export_hf.py) as a package and checks imports outside a try
     from .attention_kernels import (KVCache, at_least_fp32, attention_scores, sink_attention,
                                     sink_weights, softmax_attention)
 except ImportError:  # this repository: model.py is a top-level module
@@ -55,7 +51,7 @@ class ModelConfig:
     affine_bias_norm: str = 'seq_len'
 
     def __post_init__(self):
-        if isinstance(self.gate, bool):  # gate was a bool once, and True meant Eq. 4-5's gate
+        if isinstance(self.gate, bool):  # a bool in a config or checkpoint: True is Eq. 4-5's gate
             self.gate = 'elementwise' if self.gate else 'none'
         for name, choices in [('attention', ATTENTIONS), ('affine_act', AFFINE_ACTS),
                               ('affine_bias_norm', AFFINE_BIAS_NORMS), ('gate', GATES)]:
@@ -83,7 +79,6 @@ class ModelConfig:
 
     @property
     def gate_kind(self):
-        """The output gate, one of GATES: the one a GATED_NAMES name fixes, else the gate flag."""
         return GATED_NAMES[self.attention].gate if self.attention in GATED_NAMES else self.gate
 
     @property
@@ -92,7 +87,6 @@ class ModelConfig:
 
     @property
     def variant_name(self):
-        """The key of its VARIANTS entry, the gate aside (gated's is softmax)."""
         return GATED_NAMES[self.attention].base if self.attention in GATED_NAMES else self.attention
 
     @property
@@ -107,8 +101,7 @@ class ModelConfig:
 
 FIELD_NAMES = tuple(f.name for f in fields(ModelConfig))
 
-# The published shapes that the paper's students and teachers copy, and the one-GPU tier's, from
-# each model's config.json on the Hugging Face hub, at the paper's 2,048 tokens.
+# The shapes the paper's models and the one-GPU tier copy, from each one's config.json on the hub
 LLAMA3_ROPE = dict(rope_type='llama3', low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=8192)
 LLAMA3 = dict(rope_theta=500000.0, rms_norm_eps=1e-5, qkv_bias=False, vocab_size=128256,
@@ -189,11 +182,9 @@ class MLP(nn.Module):
 
 
 # The attention variants, each written twice as functions of the layer `attn` ------------------
-#   forward(attn, q, k, v, causal, mask, **call) -> y (B, H, T, D), the O(T) path. k and v hold
-#       every key the call sees, cached ones included; causal and mask say which each query sees.
-#       call holds alpha, v_new (this call's values), positions, seq_lens and cache.
-#   weights(attn, scores, **call) -> (B, H, T, T), at least float32, the explicit form of the
-#       scores QK^T / sqrt(d) (hidden keys at -inf): weights @ V is forward's y.
+# forward(attn, q, k, v, causal, mask, **call) -> y (B, H, T, D) is the O(T) path over every key
+# the call sees, cached ones included; call holds alpha, v_new, positions, seq_lens and cache.
+# weights(attn, scores, **call) -> A (B, H, T, T), at least float32, is its explicit form: A V = y.
 
 def softmax_forward(attn, q, k, v, causal, mask, **call):
     return softmax_attention(q, k, v, causal, mask)  # Eq. 1
@@ -224,8 +215,7 @@ def affine_tensors(attn, config):
 
 
 def affine_alpha(attn, x):
-    """Eq. 7: alpha = phi(W_alpha X), one scale per token and head, (B, T, H), at least float32.
-    phi is Eq. 11's linear clip (0 below -5, 0.1 x + 0.5 between, 1 above 5) or Eq. 10's sigmoid."""
+    """Eq. 7: alpha = phi(W_alpha X), (B, T, H) in at least float32, phi being Eq. 11 or Eq. 10."""
     a = at_least_fp32(attn.alpha_proj(x))
     return (0.1 * a + 0.5).clamp(0, 1) if attn.config.affine_act == 'linear_clip' else a.sigmoid()
 
@@ -240,14 +230,10 @@ def bias_norm(config, positions, seq_lens, n_keys):
 
 
 def affine_scaled(y, alpha, alpha_ma, v_mean):
-    """Eq. 6 and 8 without the T x T matrix: [alpha softmax(QK^T / sqrt(d)) + beta] V with beta =
-    (alpha_ma - alpha) / N on the keys j <= i (on later keys it would leak them). alpha_i and beta_i
-    are constant along a row, so with y = softmax(QK^T / sqrt(d)) V (Eq. 1)
-
-        sum_{j<=i} [alpha_i a_ij + beta_i] V_j = alpha_i y_i + (alpha_ma - alpha_i) sum_j<=i V_j / N
-
-    which adds O(T) work to the fused kernel. y is (B, H, T, D); alpha (B, T, H) and v_mean
-    (B, H_kv, T, D) = (sum_{j<=i} V_j) / N are float32, each v_mean head shared by G query heads."""
+    """Eq. 6 and 8 without the T x T matrix: beta, constant along a row, goes on the keys j <= i, so
+    row i is alpha_i y_i + (alpha_ma - alpha_i) v_mean_i (docs/implementation.md, "Affine in O(T)").
+    y (B, H, T, D) is softmax(QK^T / sqrt(d)) V; alpha (B, T, H) and v_mean (B, H_kv, T, D) =
+    (sum_{j<=i} V_j) / N are float32, each v_mean head shared by G query heads."""
     B, H, T, D = y.shape
     H_kv, G = v_mean.size(1), H // v_mean.size(1)
     alpha = alpha.transpose(1, 2).unsqueeze(-1).view(B, H_kv, G, T, 1)
@@ -275,8 +261,7 @@ def affine_weights(attn, scores, alpha, positions, seq_lens, **call):
 
 
 def accumulate_alpha(attn, alpha, positions, seq_lens):
-    """Add this micro-batch's sum of alpha per head and its token count, padding left out, to the
-    layer's running sums, which GPT.update_alpha_ma turns into Eq. 9's E[alpha]."""
+    """Add alpha's sum per head and its token count, padding left out, to the sums of Eq. 9."""
     alpha = alpha.detach()
     if seq_lens is None:
         attn.alpha_sum += alpha.sum(dim=(0, 1))
@@ -305,9 +290,8 @@ def init_variant_tensors(attn, std):
 
 @dataclass(frozen=True)
 class Variant:
-    """What the network needs to compute one attention variant; what only the tools read is theirs,
-    keyed by its name. A new one declares its O(T) forward, its explicit weights and any tensors;
-    the rest have defaults (docs/implementation.md, "Adding your own attention")."""
+    """What the network needs to compute one attention variant; the tools keep their own tables,
+    keyed by its name (docs/implementation.md, "Adding your own attention")."""
     forward: Callable  # the O(T) path (above)
     weights: Callable  # the explicit T x T form (above), which the tests and analyses read
     tensors: Optional[Callable] = None  # (attn, config) registers what it adds to q/k/v/o_proj
@@ -338,7 +322,7 @@ BASELINE = 'softmax'  # the paper's baseline
 
 def is_variant_tensor(key):
     """Whether a parameter or state-dict key names a tensor the variant or the gate adds to softmax
-    attention (sinks, g_proj, alpha_proj, alpha_ma): the paper's ΔParams, which softmax lacks."""
+    attention (sinks, g_proj, alpha_proj, alpha_ma): the paper's ΔParams."""
     parts = key.split('.')
     return 'self_attn' in parts and parts[parts.index('self_attn') + 1] not in (
         'q_proj', 'k_proj', 'v_proj', 'o_proj')
@@ -569,7 +553,6 @@ class GPT(nn.Module):
         return idx
 
     def get_num_params(self, variant_only=False):
-        """The number of parameters, tied embeddings counted once; variant_only=True counts those
-        the variant and the gate add to softmax attention (the paper's ΔParams)."""
+        """The parameter count, tied embeddings once, or with variant_only=True the ΔParams only."""
         return sum(p.numel() for name, p in self.named_parameters()
                    if not variant_only or is_variant_tensor(name))
