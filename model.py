@@ -209,7 +209,6 @@ def sink_weights_of(attn, scores, **call):
 def affine_tensors(attn, config):
     attn.alpha_proj = nn.Linear(config.n_embd, config.n_head, bias=False)  # W_alpha of Eq. 7
     attn.register_buffer('alpha_ma', torch.zeros(config.n_head))  # Eq. 9 with alpha_ma,0 = 0
-    # each rank's sums of alpha and of tokens since the last GPT.update_alpha_ma(), never saved
     attn.register_buffer('alpha_sum', torch.zeros(config.n_head), persistent=False)
     attn.register_buffer('alpha_count', torch.zeros(()), persistent=False)
 
@@ -221,12 +220,11 @@ def affine_alpha(attn, x):
 
 
 def bias_norm(config, positions, seq_lens, n_keys):
-    """N of Eq. 8, broadcastable to (B, H, T, 1)."""
-    if config.affine_bias_norm == 'visible':  # the keys query i sees; positions (T,) or (B, T)
+    """N of Eq. 8, broadcastable to (B, H, T, 1): the keys query i sees ('visible'), else each
+    right-padded row's real length, or the call's key length, which counts every cached key too."""
+    if config.affine_bias_norm == 'visible':  # positions (T,) or (B, T)
         return (positions + 1)[..., None, :, None]
-    if seq_lens is not None:
-        return seq_lens.view(-1, 1, 1, 1)  # each right-padded row's real length
-    return n_keys  # the call's key length, which counts every cached key too
+    return n_keys if seq_lens is None else seq_lens.view(-1, 1, 1, 1)
 
 
 def affine_scaled(y, alpha, alpha_ma, v_mean):
@@ -261,7 +259,7 @@ def affine_weights(attn, scores, alpha, positions, seq_lens, **call):
 
 
 def accumulate_alpha(attn, alpha, positions, seq_lens):
-    """Add alpha's sum per head and its token count, padding left out, to the sums of Eq. 9."""
+    """Add alpha's sum per head and its token count, padding left out, to update_alpha_ma's sums."""
     alpha = alpha.detach()
     if seq_lens is None:
         attn.alpha_sum += alpha.sum(dim=(0, 1))
@@ -321,8 +319,7 @@ BASELINE = 'softmax'  # the paper's baseline
 
 
 def is_variant_tensor(key):
-    """Whether a parameter or state-dict key names a tensor the variant or the gate adds to softmax
-    attention (sinks, g_proj, alpha_proj, alpha_ma): the paper's ΔParams."""
+    """Whether a parameter or state-dict key is one that the variant or gate adds (ΔParams)."""
     parts = key.split('.')
     return 'self_attn' in parts and parts[parts.index('self_attn') + 1] not in (
         'q_proj', 'k_proj', 'v_proj', 'o_proj')
