@@ -138,8 +138,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # normalise in float32, then scale in the input dtype, in the order LlamaRMSNorm uses
-        xf = at_least_fp32(x)
+        xf = at_least_fp32(x)  # as LlamaRMSNorm: normalise in float32, then scale in x's dtype
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
 
