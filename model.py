@@ -373,8 +373,10 @@ class Attention(nn.Module):
     def project(self, x, cos, sin):
         """q (B, H, T, D), and k and v (B, H_kv, T, D), of the normed x (B, T, C); RoPE on q, k."""
         B, T, _ = x.shape
-        q, k, v = (proj(x).view(B, T, -1, self.config.head_dim).transpose(1, 2)
-                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        # the head counts as numbers, not -1: a compiled layer keeps them static (SDPA's enable_gqa)
+        heads = self.config.n_head, self.config.n_kv_head, self.config.n_kv_head
+        q, k, v = (proj(x).view(B, T, h, self.config.head_dim).transpose(1, 2)
+                   for proj, h in zip((self.q_proj, self.k_proj, self.v_proj), heads))
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def weights(self, x, cos, sin, positions, seq_lens=None, hidden=None):

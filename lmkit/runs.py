@@ -138,9 +138,6 @@ def configure_optimizers(model, weight_decay, lr, betas, fused=None, no_decay=()
 # -----------------------------------------------------------------------------
 # A run's out_dir and checkpoint
 
-RUN_FILES = (CKPT_NAME, 'config.json', 'metrics.jsonl')  # what a run writes into its out_dir
-
-
 def start_log(c, start_step):
     """out_dir's config.json, and its metrics.jsonl as a run starts it: a resume keeps the records
     up to its step; a fresh start sets an earlier log aside (files.set_aside)."""
@@ -163,9 +160,10 @@ def checkpoint_path(out_dir):
 
 
 def claim_out_dir(out_dir):
-    """RunError, before any work, where out_dir holds files not a run's own (files.claim_dir)."""
+    """RunError, before any work, where out_dir holds files that are not a run's own: another
+    tool's output, or files of the names a run writes (files.claim_dir)."""
     claim_dir(out_dir, 'train.py', ours=lambda names: CKPT_NAME in names or is_run_config(out_dir),
-              writes=RUN_FILES)
+              writes=(CKPT_NAME, 'config.json', 'metrics.jsonl'))
 
 
 def hold_out_dir(out_dir):
