@@ -114,7 +114,7 @@ def prepare(library, corpus, directory, out_dir, num_proc):
     return rate, train + val
 
 
-def shards(out_dir):
+def shard_bytes(out_dir):
     return {name: open(os.path.join(out_dir, name), 'rb').read()
             for name in sorted(os.listdir(out_dir)) if name.endswith('.bin')}
 
@@ -129,8 +129,8 @@ def timed_pair(corpus, directory, num_proc, repeats, tmp):
                                         f'_{num_proc}_{repeat}')
             rate, tokens = prepare(library, corpus, directory, out_dir, num_proc)
             rates[library].append(rate)
-            first = first or shards(out_dir)
-            if shards(out_dir) != first:
+            first = first or shard_bytes(out_dir)
+            if shard_bytes(out_dir) != first:
                 raise RunError(f'{library} wrote other ids than the first run, from {directory}')
     return rates, tokens
 
