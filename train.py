@@ -39,8 +39,7 @@ from model import FIELD_NAMES, GPT, ModelConfig
 
 SAVE_TIMEOUT = timedelta(hours=2)  # how long ranks wait for rank 0's save (NCCL's default: 10 min)
 
-# -----------------------------------------------------------------------------------------------
-# The schedule, and what an evaluation measures
+# The schedule, and what an evaluation measures ------------------------------------------------
 
 def learning_rate(step, c):
     """Warmup-stable-decay: a linear warmup, a constant rate, then a linear decay to min_lr."""
@@ -97,8 +96,7 @@ def evaluation_record(c, run, model, raw_model, val_data, alpha_means, stop=()):
             alpha_means)
 
 
-# -----------------------------------------------------------------------------------------------
-# Setup: the ranks, the data, the model, the teacher, the records
+# Setup: the ranks, the data, the model, the teacher, the records ------------------------------
 
 @dataclasses.dataclass
 class Run:
@@ -236,8 +234,7 @@ def start_records(c, run, raw_model, start, train_data, val_data, wandb):
     return meter, DeviceTimer(run.device), metrics
 
 
-# -----------------------------------------------------------------------------------------------
-# One optimizer step, and the loop
+# One optimizer step, and the loop -------------------------------------------------------------
 
 def take_step(c, run, model, raw_model, teacher, optimizer, train_data, step, teacher_timer):
     """Take the optimizer step after `step` steps: each micro-step's forward, loss and backward,

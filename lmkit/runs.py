@@ -135,8 +135,7 @@ def configure_optimizers(model, weight_decay, lr, betas, fused=None, no_decay=()
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused, foreach=not fused)
 
 
-# -----------------------------------------------------------------------------
-# A run's out_dir and checkpoint
+# A run's out_dir and checkpoint ---------------------------------------------------------------
 
 def start_log(c, start_step):
     """out_dir's config.json, and its metrics.jsonl as a run starts it: a resume keeps the records
@@ -191,8 +190,7 @@ def set_rng_state(state):
         torch.cuda.set_rng_state_all(state['cuda'])
 
 
-# -----------------------------------------------------------------------------
-# Continuing a run: the one rule
+# Continuing a run: the one rule ---------------------------------------------------------------
 
 # What may differ between a checkpoint's run and the run that continues it: nothing that changes
 # what a step computes (docs/training.md, Never lose a run)
@@ -286,8 +284,7 @@ def save_run_checkpoint(path, c, step, skipped, model_state_dict, optimizer_stat
                     keep_previous=c['keep_previous'])
 
 
-# -----------------------------------------------------------------------------
-# A run as it goes: the checks before any work and after a step, its first lines and its records
+# A run as it goes: its checks, its first lines and its records --------------------------------
 
 def check_launch(c, distributed, world):
     """The micro-steps per optimizer step on each of `world` ranks. RunError where fsdp=True has no
