@@ -327,21 +327,29 @@ def test_memory_plan_holds_against_a_fake_tensor_measurement(config):
     """--dry_run's per-GPU plan for a paper row (1B: DDP; 3B: FSDP on 8 GPUs; micro-batch 4 x 2,048
     tokens, KD from the published teacher's shape) against the peak MemTracker measures in a
     training micro-step on fake tensors (memory_measure.fake_peak_memory). Measured with 1 and 2
-    student layers (the teacher whole) and extrapolated, every decoder layer adding the same:
-    peak(n_layer) = peak(1) + (n_layer - 1) (peak(2) - peak(1)); tools/memory_tables.py
-    --measure=True measures full depth, where this extrapolation was exact to 0.01 GiB (1B and 3B).
-    The plan's per-layer step is the measured one within 2%, and its total is conservative by at
-    most 10%: the margin for what it leaves out (the CUDA context, NCCL, fragmentation) is the dry
-    run's verdict's, not the plan's."""
+    student layers and 1 and 2 teacher layers, every layer of the real shape, and extrapolated,
+    every decoder layer (the student's or the teacher's) adding the same: peak(n_layer,
+    n_teacher) = peak(1, 1) + (n_layer - 1) student steps + (n_teacher - 1) teacher steps. The
+    teacher measured whole (28 or 32 layers, most of the measuring time) gave the same peaks to
+    the byte at 1 and 2 student layers (1B and 3B); tools/memory_tables.py --measure=True
+    measures full depth, where the student's extrapolation was exact to 0.01 GiB (1B and 3B).
+    The plan's per-layer steps are the measured ones within 2%, and its total is conservative by
+    at most 10%: the margin for what it leaves out (the CUDA context, NCCL, fragmentation) is the
+    dry run's verdict's, not the plan's."""
     c = runs.run_config(train.load_config([f'config/{config}.py']))
     student, teacher = memory_plan.planned_models(c)
     plan, peak = {}, {}
-    for n_layer in (1, 2):
-        shallow = dataclasses.replace(student, n_layer=n_layer)
-        plan[n_layer] = sum(memory_plan.memory_plan(c, shallow, teacher).values())
-        peak[n_layer] = memory_measure.fake_peak_memory(c, shallow, teacher)
-    assert plan[2] - plan[1] == pytest.approx(peak[2] - peak[1], rel=0.02)
-    full = peak[1] + (student.n_layer - 1) * (peak[2] - peak[1])
+    for depths in ((1, 1), (2, 1), (1, 2)):
+        shallow = (dataclasses.replace(student, n_layer=depths[0]),
+                   dataclasses.replace(teacher, n_layer=depths[1]))
+        plan[depths] = sum(memory_plan.memory_plan(c, *shallow).values())
+        peak[depths] = memory_measure.fake_peak_memory(c, *shallow)
+    step = {model: (peak[deeper] - peak[1, 1], plan[deeper] - plan[1, 1])
+            for model, deeper in (('student', (2, 1)), ('teacher', (1, 2)))}
+    for model, (measured, planned) in step.items():
+        assert planned == pytest.approx(measured, rel=0.02), model
+    full = (peak[1, 1] + (student.n_layer - 1) * step['student'][0]
+            + (teacher.n_layer - 1) * step['teacher'][0])
     planned = sum(memory_plan.memory_plan(c, student, teacher).values())
     assert full <= planned <= 1.10 * full, (
         f'plan {planned / 2**30:.2f} GiB, measured {full / 2**30:.2f} GiB')
@@ -435,39 +443,53 @@ def compiled_run(rank, world, data_dir, parallel, attention):
     return phases, copies
 
 
-def _compiled_worker(rank, world, init_file, result_file, data_dir, parallel, variants):
+def _compiled_worker(rank, world, init_file, result_file, data_dir, variants):
     torch.set_num_threads(1)  # a core each
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
     try:
-        results = {attention: compiled_run(rank, world, data_dir, parallel, attention)
-                   for attention in variants}
+        results = {parallel: {attention: compiled_run(rank, world, data_dir, parallel, attention)
+                              for attention in attentions}
+                   for parallel, attentions in variants.items()}
         torch.save(results, f'{result_file}.{rank}')
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize('parallel', ['ddp', 'fsdp'])
-def test_compiled_training_and_evaluation_never_recompile(data_dir, tmp_path, parallel):
-    """Under FSDP the variants with parameters of their own (sharded with their layers: sink, whose
-    kernel softmax1 runs with zero logits, and affine_gated, which holds affine's and gated's code),
-    under DDP, whose graph splitting does not depend on the attention, softmax: every variant's code
-    once, for the suite's time; 9 layers, 2 gloo ranks, as train.py runs them compiled: the
-    student's layers compile once for training and the teacher's once (the first micro-step), the
-    student's once more for evaluation's eval mode (the first evaluation), and nothing else
-    compiles, on any rank: no recompilation in later steps or evaluations (the attention-logit
-    statistics' hooks run eagerly: traced, they made every layer recompile at every evaluation). No
-    graph breaks. Under DDP one graph per layer, not DDP's bucket-sized pieces
-    (distributed.compile_layers turns dynamo's DDP graph splitting off), and no gradient beside
-    DDP's buckets after a no_sync micro-step."""
-    variants = ('sink', 'affine_gated') if parallel == 'fsdp' else ('softmax',)
+# Under FSDP the variants with parameters of their own (sharded with their layers: sink, whose
+# kernel softmax1 runs with zero logits, and affine_gated, which holds affine's and gated's code),
+# under DDP, whose graph splitting does not depend on the attention, softmax: every variant's code
+# once, for the suite's time
+COMPILED_VARIANTS = {'ddp': ('softmax',), 'fsdp': ('sink', 'affine_gated')}
+
+
+@pytest.fixture(scope='module')
+def compiled_results(data_dir, tmp_path_factory):
+    """[rank 0's, rank 1's] {'ddp' or 'fsdp': {attention: compiled_run's (phases, copies)}}: every
+    run of COMPILED_VARIANTS from one start of the 2 gloo ranks (a start is two processes importing
+    torch and dynamo: tens of seconds on a loaded CPU)."""
+    tmp = tmp_path_factory.mktemp('compiled')
     torch.multiprocessing.spawn(_compiled_worker,
-                                args=(2, str(tmp_path / 'init'), str(tmp_path / 'result'), data_dir,
-                                      parallel, variants), nprocs=2, join=True)
+                                args=(2, str(tmp / 'init'), str(tmp / 'result'), data_dir,
+                                      COMPILED_VARIANTS), nprocs=2, join=True)
+    return [torch.load(tmp / f'result.{rank}', weights_only=False) for rank in range(2)]
+
+
+@pytest.mark.xdist_group('compiled_results')  # its module fixture, built once
+@pytest.mark.parametrize('parallel', ['ddp', 'fsdp'])
+def test_compiled_training_and_evaluation_never_recompile(compiled_results, parallel):
+    """COMPILED_VARIANTS, 9 layers, 2 gloo ranks, as train.py runs them compiled: the student's
+    layers compile once for training and the teacher's once (the first micro-step), the student's
+    once more for evaluation's eval mode (the first evaluation), and nothing else compiles, on any
+    rank: no recompilation in later steps or evaluations (the attention-logit statistics' hooks run
+    eagerly: traced, they made every layer recompile at every evaluation). No graph breaks. Under
+    DDP one graph per layer, not DDP's bucket-sized pieces (distributed.compile_layers turns
+    dynamo's DDP graph splitting off), and no gradient beside DDP's buckets after a no_sync
+    micro-step."""
     expected = {'first micro-step': (2, 0), 'step 1': (0, 0), 'step 2': (0, 0),
                 'evaluation 1': (1, 0), 'step 3': (0, 0), 'evaluation 2': (0, 0)}
-    for rank in range(2):
-        results = torch.load(tmp_path / f'result.{rank}', weights_only=False)
-        assert tuple(results) == tuple(variants)
-        for attention, (phases, copies) in results.items():
+    for rank, results in enumerate(compiled_results):
+        assert tuple(results) == tuple(COMPILED_VARIANTS)
+        assert tuple(results[parallel]) == COMPILED_VARIANTS[parallel]
+        for attention, (phases, copies) in results[parallel].items():
             assert phases == expected, (rank, attention)
             assert copies == (0 if parallel == 'ddp' else None), (rank, attention)
