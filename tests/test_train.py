@@ -359,71 +359,83 @@ def test_dry_run_prints_parameter_counts_and_the_memory_plan(capsys):
                                                        'teacher', 'kd_loss', 'activations', 'total']
 
 
-def _ddp_gradient_worker(rank, world_size, init_file, set_to_none, result_file):
-    """train.py's DDP path (wrap_ddp, no_sync micro-steps, zero_grad) for 2 steps x 3 micro-steps,
-    on 2 gloo ranks; after every micro-step, the storages that hold the parameters' .grad, and the
+def ddp_gradient_storages(world_size, set_to_none):
+    """train.py's DDP path (wrap_ddp, no_sync micro-steps, zero_grad) for 2 steps x 3 micro-steps
+    on this rank: after every micro-step, the storages that hold the parameters' .grad, and the
     buffers DDP all-reduces (read by a communication hook)."""
-    import gc
     import torch.distributed as dist
     from model import GPT, ModelConfig
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, intermediate_size=64,
+                            vocab_size=97, block_size=16, attention='affine'))
+    ddp = distributed.wrap_ddp(model, torch.device('cpu'))
+    buckets = set()
+
+    def hook(state, bucket):  # DDP's own all-reduce, recording which buffers it reduces
+        buckets.add(bucket.buffer().untyped_storage().data_ptr())
+        fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0] / world_size)
+
+    ddp.register_comm_hook(None, hook)
+    optimizer = train.configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95))
+    seen = []  # per micro-step: {storage pointer: bytes} of the .grad tensors
+    for step in range(2):
+        # as train.py's loop: all-reduced in the last micro-step's backward only
+        for micro in range(3):
+            x = torch.randint(0, 97, (2, 16))
+            with ddp.no_sync() if micro < 2 else nullcontext():
+                loss = train.compute_loss(ddp, model, None, x, x)[0]
+                (loss / 3).backward()
+            seen.append({p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
+                         for p in model.parameters() if p.grad is not None})
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=set_to_none)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return ddp, dict(seen=seen, buckets=buckets, param_bytes=param_bytes)
+
+
+def _ddp_gradient_worker(rank, world_size, init_file, result_file):
+    """ddp_gradient_storages with set_to_none False, then True, on 2 gloo ranks started once:
+    {set_to_none: its record}, saved by rank 0."""
+    import gc
+    import torch.distributed as dist
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank,
                             world_size=world_size)
     try:
-        torch.manual_seed(0)
-        model = GPT(ModelConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, intermediate_size=64,
-                                vocab_size=97, block_size=16, attention='affine'))
-        ddp = distributed.wrap_ddp(model, torch.device('cpu'))
-        buckets = set()
-
-        def hook(state, bucket):  # DDP's own all-reduce, recording which buffers it reduces
-            buckets.add(bucket.buffer().untyped_storage().data_ptr())
-            fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
-            return fut.then(lambda f: f.value()[0] / world_size)
-
-        ddp.register_comm_hook(None, hook)
-        optimizer = train.configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95))
-        seen = []  # per micro-step: {storage pointer: bytes} of the .grad tensors
-        for step in range(2):
-            # as train.py's loop: all-reduced in the last micro-step's backward only
-            for micro in range(3):
-                x = torch.randint(0, 97, (2, 16))
-                with ddp.no_sync() if micro < 2 else nullcontext():
-                    loss = train.compute_loss(ddp, model, None, x, x)[0]
-                    (loss / 3).backward()
-                seen.append({p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
-                             for p in model.parameters() if p.grad is not None})
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=set_to_none)
+        results = {}
+        for set_to_none in (False, True):
+            ddp, results[set_to_none] = ddp_gradient_storages(world_size, set_to_none)
+            dist.barrier()
+            del ddp
+            gc.collect()
         if rank == 0:
-            param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-            torch.save(dict(seen=seen, buckets=buckets, param_bytes=param_bytes), result_file)
-        dist.barrier()
-        del ddp
-        gc.collect()
+            torch.save(results, result_file)
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize('set_to_none', [False, True])
-def test_ddp_accumulation_keeps_one_copy_of_the_gradients(tmp_path, set_to_none):
+def test_ddp_accumulation_keeps_one_copy_of_the_gradients(tmp_path):
     """DDP with gradient_as_bucket_view: in train.py's loop (zero_grad in place) every micro-step's
     .grad tensors are views of the buffers DDP all-reduces, so the gradients exist once;
     set_to_none=True (the old loop) is the counter-example that shows the check can fail: the
-    no_sync micro-steps then allocate a second set."""
+    no_sync micro-steps then allocate a second set. Both from one start of the 2 ranks, each with a
+    model and DDP of its own."""
     result = tmp_path / 'result.pt'
-    # recorded after each micro-step's backward: 3 per step, the first 2 inside no_sync
     torch.multiprocessing.spawn(_ddp_gradient_worker,
-                                args=(2, str(tmp_path / 'init'), set_to_none, str(result)),
+                                args=(2, str(tmp_path / 'init'), str(result)),
                                 nprocs=2, join=True)
-    r = torch.load(result, weights_only=False)
-    assert len(r['seen']) == 6 and r['buckets']
-    one_copy = [set(storages) <= r['buckets'] and sum(storages.values()) == r['param_bytes']
-                for storages in r['seen']]
-    if set_to_none:
-        # step 1's no_sync micro-steps: fresh tensors beside the buckets
-        assert not all(one_copy[3:])
-    else:
-        assert all(one_copy)
+    results = torch.load(result, weights_only=False)
+    assert list(results) == [False, True]
+    for set_to_none, r in results.items():
+        # recorded after each micro-step's backward: 3 per step, the first 2 inside no_sync
+        assert len(r['seen']) == 6 and r['buckets']
+        one_copy = [set(storages) <= r['buckets'] and sum(storages.values()) == r['param_bytes']
+                    for storages in r['seen']]
+        if set_to_none:
+            # step 1's no_sync micro-steps: fresh tensors beside the buckets
+            assert not all(one_copy[3:])
+        else:
+            assert all(one_copy)
 
 
 def test_the_same_command_continues_the_run(data_dir, tmp_path, capsys):
