@@ -264,7 +264,7 @@ def test_a_stop_is_said_in_one_line_and_leaves_no_child_training(tmp_path):
     out, student = tmp_path / 'qs', tmp_path / 'qs' / 'softmax_seed0'
     command = [sys.executable, 'quickstart.py', f'--out_dir={out}',
                f'--data_dir={tmp_path / "data"}',
-               '--teacher_iters=2', '--student_iters=100000', '--variants=softmax',
+               '--teacher_iters=1', '--student_iters=100000', '--variants=softmax',
                '--real_model=False']
     started = lambda: subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True)
