@@ -51,6 +51,16 @@ def script(*args, **kwargs):
     return done.returncode, done.stdout, done.stderr
 
 
+def entry_point(main, argv, capsys):
+    """main run through run_script, the entry point of every script (its `__main__`), in this
+    process: (exit status, stderr). For the faults whose command line another test here runs as a
+    process (a process costs seconds of imports)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        errors.run_script(main, argv)
+    return exit.value.code, capsys.readouterr().err
+
+
 def one_line(stderr):
     """The one line a fault gives (asserting that it is one, with no traceback)."""
     assert 'Traceback' not in stderr, stderr
@@ -135,7 +145,7 @@ def test_analyze_rewrites_only_its_own_report(tmp_path):
 
 
 @pytest.mark.parametrize('other', ['data', 'hf_model', 'report'])
-def test_train_refuses_another_tools_directory(data_dir, tmp_path, other):
+def test_train_refuses_another_tools_directory(data_dir, tmp_path, other, capsys):
     out = tmp_path / other
     if other == 'data':
         shutil.copytree(data_dir, out)
@@ -148,7 +158,7 @@ def test_train_refuses_another_tools_directory(data_dir, tmp_path, other):
         (out / 'report.md').write_text('# a report')
         (out / 'numbers.json').write_text('{}')
     before = snapshot(out)
-    code, _, err = script('train.py', *tiny_args(data_dir, out, '--max_iters=1'))
+    code, err = entry_point(train.main, tiny_args(data_dir, out, '--max_iters=1'), capsys)
     assert code == 1 and f"{out}: holds" in one_line(err)
     assert snapshot(out) == before
 
@@ -165,7 +175,7 @@ def test_train_keeps_a_users_file_in_its_run(data_dir, run_dir, tmp_path):
     assert torch.load(run / 'ckpt.prev.pt', weights_only=False)['step'] == 2
 
 
-def test_eval_out_refuses_a_file_it_did_not_write(tmp_path):
+def test_eval_out_refuses_a_file_it_did_not_write(tmp_path, capsys):
     foreign = tmp_path / 'config.json'
     foreign.write_text(json.dumps({'model_type': 'llama'}))
     code, _, err = script('eval_zeroshot.py', f'--ckpt={tmp_path / "nothing"}', f'--out={foreign}')
@@ -173,7 +183,8 @@ def test_eval_out_refuses_a_file_it_did_not_write(tmp_path):
     assert code == 1 and 'holds something else than an earlier result' in one_line(err)
     assert json.loads(foreign.read_text()) == {'model_type': 'llama'}
     # (issue 53)
-    code, _, err = script('eval_zeroshot.py', f'--ckpt={tmp_path / "nothing"}', f'--out={tmp_path}')
+    code, err = entry_point(eval_zeroshot.main,
+                            [f'--ckpt={tmp_path / "nothing"}', f'--out={tmp_path}'], capsys)
     assert (code == 1
             and one_line(err).endswith(f"--out={tmp_path}: is a directory; --out is the JSON file "
                                        f"this run writes, e.g. --out={tmp_path / 'eval.json'}"))
@@ -183,20 +194,20 @@ def test_eval_out_refuses_a_file_it_did_not_write(tmp_path):
 
 
 def test_export_refuses_to_replace_an_export_holding_other_files(run_dir, tmp_path):
+    """The refusal as a user meets it (export_hf.py's command line: one line, exit status 1); the
+    exports before and after it, whose only check is that they succeed, in this process."""
+    import export_hf
     out = tmp_path / 'export'
-    code, _, err = script('export_hf.py', f'--ckpt={run_dir}', f'--out_dir={out}', '--check=False')
-    assert code == 0, err
+    argv = [f'--ckpt={run_dir}', f'--out_dir={out}', '--check=False']
+    export_hf.main(argv)
     (out / 'NOTES.txt').write_text('which run this was')
     (tmp_path / 'beside.txt').write_text('beside the export')
     before = snapshot(tmp_path)
-    code, _, err = script('export_hf.py', f'--ckpt={run_dir}', f'--out_dir={out}', '--check=False',
-                          '--overwrite')
+    code, _, err = script('export_hf.py', *argv, '--overwrite')
     assert code == 1 and 'NOTES.txt' in one_line(err) and 'move them out first' in err
     assert snapshot(tmp_path) == before
     os.remove(out / 'NOTES.txt')
-    code, _, err = script('export_hf.py', f'--ckpt={run_dir}', f'--out_dir={out}', '--check=False',
-                          '--overwrite')
-    assert code == 0, err
+    export_hf.main([*argv, '--overwrite'])
     assert (tmp_path / 'beside.txt').read_text() == 'beside the export'
 
 
@@ -269,13 +280,13 @@ def test_every_record_of_a_checkpoint_carries_a_checksum(run_dir):
     assert len(records) > 10 and all(i.CRC != 0 for i in records)
 
 
-def test_a_damaged_checkpoint_is_refused_and_kept(data_dir, run_dir, tmp_path):
+def test_a_damaged_checkpoint_is_refused_and_kept(data_dir, run_dir, tmp_path, capsys):
     run = tmp_path / 'run'
     shutil.copytree(run_dir, run)
     damage(run / 'ckpt.pt')
     before = snapshot(run)
-    code, _, err = script('train.py',
-                          *tiny_args(data_dir, run, '--max_iters=4', '--eval_interval=1'))
+    code, err = entry_point(train.main,
+                            tiny_args(data_dir, run, '--max_iters=4', '--eval_interval=1'), capsys)
     line = one_line(err)
     assert (code == 1 and f"{run / 'ckpt.pt'} is damaged" in line
             and 'does not match the checksum' in line)
@@ -374,8 +385,8 @@ def test_permission_denied_and_missing_paths_are_one_line(data_dir, tmp_path, ca
     assert exit.value.code == 1
     assert (capsys.readouterr().err.endswith(f"error: {tmp_path / 'run'}: permission denied; check "
                                              "the permissions (ls -ld) or write elsewhere\n"))
-    code, _, err = script('train.py', '--device=cpu', f'--data_dir={tmp_path / "missing"}',
-                          f'--out_dir={tmp_path / "run"}')
+    code, err = entry_point(train.main, ['--device=cpu', f'--data_dir={tmp_path / "missing"}',
+                                         f'--out_dir={tmp_path / "run"}'], capsys)
     assert code == 1 and 'missing: no such directory; run prepare_data.py first' in one_line(err)
     code, _, err = script('distill.py', f'--teacher={tmp_path / "missing"}',
                           f'--data_dir={data_dir}')
