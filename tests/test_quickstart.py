@@ -16,13 +16,20 @@ from lmkit.errors import RunError
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def quickstart(tmp_path, *extra):
-    command = [sys.executable, 'quickstart.py', f'--out_dir={tmp_path / "qs"}',
-               f'--data_dir={tmp_path / "data"}',
-               '--teacher_iters=3', '--student_iters=2', '--variants=softmax,affine', *extra]
-    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return run.stdout + run.stderr
+def quickstart(capfd, tmp_path, *extra):
+    """quickstart.main run in this process, its output and its stages' (they inherit its stdout and
+    stderr): the stages are processes of their own either way, and a process around them would only
+    add its start (a few seconds). The stop test runs python quickstart.py itself."""
+    sys.path.insert(0, ROOT)
+    import quickstart as script
+    capfd.readouterr()
+    try:
+        script.main([f'--out_dir={tmp_path / "qs"}', f'--data_dir={tmp_path / "data"}',
+                     '--teacher_iters=3', '--student_iters=2', '--variants=softmax,affine', *extra])
+    finally:
+        out, err = capfd.readouterr()
+        print(out[-3000:] + err[-3000:])  # shown if it fails
+    return out + err
 
 
 def stage_row(report, stage):
@@ -31,10 +38,11 @@ def stage_row(report, stage):
                      re.M).groups()
 
 
-def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_changed(tmp_path):
+def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_changed(tmp_path,
+                                                                                    capfd):
     """(The real model's stages are left out: tests/test_smollm2.py builds their report section from
     the real model; they cost more than the rest of the run together.)"""
-    output = quickstart(tmp_path, '--real_model=False')
+    output = quickstart(capfd, tmp_path, '--real_model=False')
     for stage in ('train the softmax teacher', 'distill softmax seed 0', 'distill affine seed 0',
                   'evaluate affine seed 0', 'analyse: table', 'analyse: attention',
                   'analyse: runs'):
@@ -70,7 +78,7 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     assert 'Skipped: not asked for (--real_model=False).' in report
 
     # a re-run skips what is done
-    rerun = quickstart(tmp_path, '--real_model=False')
+    rerun = quickstart(capfd, tmp_path, '--real_model=False')
     for stage in ('train the softmax teacher', 'distill affine seed 0', 'evaluate affine seed 0'):
         assert re.search(rf'{stage} \(at \d+m\d+s\): finished in an earlier run with these '
                          r'settings, skipped', rerun)
@@ -81,7 +89,7 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     # it (the student, its evaluation): the plan of each stage (quickstart.train_stage, evaluated),
     # and train.py carrying out the first
     sys.path.insert(0, ROOT)
-    import quickstart as script  # (quickstart, above, runs it)
+    import quickstart as script
     data = f'--data_dir={tmp_path / "data"}'
     _, command, done, note, *_ = script.train_stage('train the softmax teacher',
                                                     'config/quickstart_teacher.py',
