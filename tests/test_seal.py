@@ -19,6 +19,7 @@ from study import study_records
 from study import study_results
 from lmkit.errors import RunError
 from helpers import seal_here
+from test_sink_study import prepare_study_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V2 = os.path.join(ROOT, 'docs', 'sink_study_v2')
@@ -117,12 +118,23 @@ BLIND = ['--variants=softmax', '--arms=kd', '--kd_seeds=1', '--teachers=101', '-
          '--block_size=32', '--compile=False', '--eval_batches=2', '--jobs=1']
 
 
-def test_a_blind_study_trains_only_under_its_seal(data_dir, tmp_path):
+@pytest.fixture(scope='module')
+def study_data(tmp_path_factory):
+    """The built-in corpus with a smaller val split, for the tests that train studies
+    (test_sink_study.prepare_study_corpus)."""
+    return prepare_study_corpus(tmp_path_factory.mktemp('study_data'))
+
+
+def test_a_blind_study_trains_only_under_its_seal(study_data, tmp_path):
     """Without a seal.json, or with one file differing from the seal, a blind study stops before any
     run with one line naming the file and the checkout to train from; under its seal, every record
-    stores the seal's commit."""
+    stores the seal's commit. The same two runs test --teacher_config (v2's larger teachers; one
+    study for both saves training them twice): the teacher is a run of its own shape and seed,
+    recorded in the teacher arm under teacher_softmax_s<seed> with its own settings; the student
+    names it; the report says how much larger it is, from the runs' settings; v2's config layers the
+    recipe's rules on v1's (matched_init, no_decay, a constant learning rate)."""
     out = tmp_path / 'out'
-    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', *BLIND]
+    argv = [f'--out_dir={out}', f'--data_dir={study_data}', *BLIND]
     with pytest.raises(RunError, match=r"^the v2 claims are tested only by a sealed study, and "
                                        r".*seal\.json is not " r"there"):
         sink_study.main([*argv, f'--report_dir={tmp_path / "unsealed"}'])
@@ -144,6 +156,22 @@ def test_a_blind_study_trains_only_under_its_seal(data_dir, tmp_path):
     records = study_records.read_records(str(report / 'runs'))
     assert sorted(records) == ['kd_softmax_s1', 'teacher_softmax_s101']
     assert all(r['seal'] == 'a' * 40 for r in records.values()) and results['claim_set'] == 'v2'
+    teacher, student = records['teacher_softmax_s101'], records['kd_softmax_s1']
+    shape = lambda record: tuple(record['settings'][k] for k in ('n_layer', 'n_embd', 'seed'))
+    assert teacher['arm'] == 'teacher' and shape(teacher) == (6, 192, 101)  # its config's
+    assert student['teacher'] == 'teacher_softmax_s101' and shape(student) == (4, 128, 1)
+    for record in (teacher, student):
+        assert record['settings']['matched_init'] and record['no_decay'] == ['alpha_proj', 'g_proj']
+        assert record['settings']['decay_frac'] == 0.0
+    assert results['teachers'] == ['teacher_softmax_s101'] and results['arms'] == ['kd', 'teacher']
+    # the embeddings (320 x width, tied) and the final norm once, and per layer q and o (width x
+    # width), k and v (width x the 2 kv heads' 64), the MLP (3 x width x its hidden) and two norms
+    count = lambda width, layers, hidden: (320 * width + width + layers * (
+        2 * width * width + 2 * width * 64 + 3 * width * hidden + 2 * width))
+    assert count(128, 4, 384) == 828_544  # the student's (softmax: no parameter of its own)
+    ratio = count(192, 6, 576) / count(128, 4, 384)
+    assert (f"KD arm: students distilled from softmax teachers {ratio:.2f}x "
+            "the students' parameters" in (report / 'report.md').read_text())
 
 
 def test_a_seal_that_is_not_one_is_one_line(tmp_path):

@@ -15,6 +15,33 @@ from lmkit.errors import RunError
 from study.study_records import NO_DECAY
 
 
+# The corpus of the tests that train studies: data_dir's (the built-in one), with fewer documents
+# held out. Every run's end measures read the whole val split (end.heldout: up to 4096 windows), and
+# data_dir's 32k val tokens made that a third of a tiny run's time; 8,192 tokens still hold Gu et
+# al.'s 100 windows of 64 tokens (the GPU shapes' dry run) and every other measure's windows.
+STUDY_VAL_TOKENS = 8192
+
+
+def prepare_study_corpus(root):
+    """The built-in corpus, byte tokens, prepared into root with the val_every whose held-out
+    documents (0, k, 2k, ...; each document's bytes and its end-of-text token) make the smallest
+    val split of at least STUDY_VAL_TOKENS tokens."""
+    sizes = [len(text.encode()) + 1 for text in prepare_data.builtin_corpus()]
+    held_out = {k: sum(sizes[::k]) for k in range(2, len(sizes))}
+    _, every = min((n, k) for k, n in held_out.items() if n >= STUDY_VAL_TOKENS)
+    out = str(root / 'builtin_bytes')
+    prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={out}',
+                       f'--val_every={every}', '--num_proc=1'])
+    assert read_meta(out)['splits']['val']['tokens'] >= STUDY_VAL_TOKENS
+    return out
+
+
+@pytest.fixture(scope='module')
+def study_data(tmp_path_factory):
+    """prepare_study_corpus, once per module (read only)."""
+    return prepare_study_corpus(tmp_path_factory.mktemp('study_data'))
+
+
 def test_prefix_windows_start_with_the_token_and_cover_every_token_once(data_dir):
     """first_token='prefix': every window is [token] + block_size - 1 stream tokens, and its targets
     are the next block_size stream tokens; windows do not overlap, so each stream token is a target
@@ -56,7 +83,7 @@ def test_stdlib_corpus_is_recorded(tmp_path):
     assert bytes(first.astype(np.uint8)) == documents[1].encode()[:200]
 
 
-def test_the_study_end_to_end(data_dir, tmp_path):
+def test_the_study_end_to_end(study_data, tmp_path):
     """study/sink_study.py on a few thousand tokens (softmax and affine: a CE run, a KD run and a
     control run): a record per run, results.json (schema 2, the v1 fields kept), report.md and the
     figures; each run's first-token weights agree with a recomputation from its checkpoint through
@@ -75,8 +102,8 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     from test_analyze import explicit_weights
     from test_probes import gu_metric
     out = tmp_path / 'study'
-    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--variants=softmax,affine', '--seeds=1',
-            '--kd_seeds=1',
+    argv = [f'--out_dir={out}', f'--data_dir={study_data}', '--variants=softmax,affine',
+            '--seeds=1', '--kd_seeds=1',
             '--teachers=1', '--arms=ce,kd,control', '--control_seeds=1', '--tokens=4096',
             '--block_size=32', '--compile=False', '--eval_batches=2']
     results = sink_study.main(argv)
@@ -95,7 +122,7 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     # one seed each
     assert all(c['verdict'].startswith(('numbers only', 'not measured')) for c in results['claims'])
     # the study's fixed windows (attention_windows)
-    windows = Windows(data_dir, 'val', 32, 256).get(range(8))[0]
+    windows = Windows(study_data, 'val', 32, 256).get(range(8))[0]
     idx = torch.from_numpy(windows)
     for run in results['runs']:
         assert set(V1_FIELDS) <= set(run) and {'tokens', 'first_token_weight',
@@ -135,7 +162,7 @@ def test_the_study_end_to_end(data_dir, tmp_path):
     from lmkit import zeroshot
     ce = str(out / 'train' / 'ce_affine_s1')
     assert loading.window_first_token(ce) == 256
-    analyze.main(['attention', ce, f'--out_dir={tmp_path / "attention"}', f'--data={data_dir}',
+    analyze.main(['attention', ce, f'--out_dir={tmp_path / "attention"}', f'--data={study_data}',
                   '--num_seqs=2', '--seq_len=32', '--sink_samples=4'])
     numbers = json.loads((tmp_path / 'attention' / 'numbers.json').read_text())
     assert [m['first_token'] for m in numbers['models'].values()] == [256]
@@ -508,18 +535,25 @@ def every_sign_flip(differences):
     return float(np.mean(np.abs(signs @ d) >= abs(d.sum()) * (1 - 1e-9)))
 
 
+def subset_sizes(k):
+    """How many subsets of k seeds have each size: over every bit mask of the k seeds, or, for more
+    than 12, over each half's (a subset of them all is one of each half's: the counts convolve)."""
+    if k > 12:
+        return np.convolve(subset_sizes(k // 2), subset_sizes(k - k // 2))
+    masks = np.arange(2 ** k)
+    return np.bincount(sum(((masks >> i) & 1 for i in range(k)), 0 * masks), minlength=k + 1)
+
+
 def fisher_by_subsets(hits_a, n_a, hits_b, n_b):
-    """Fisher's two-sided p by counting, over every subset of the n_a + n_b seeds (bit masks) of n_a
-    seeds, the hits it holds (the seeds with the outcome: the lowest bits), then summing the counts
-    no larger than the observed."""
+    """Fisher's two-sided p by counting the subsets of n_a of the n_a + n_b seeds by the hits (the
+    seeds with the outcome) each holds, then summing the counts no larger than the observed. A
+    subset holding x hits is one of the hits' subsets of x seeds with one of the others' of n_a - x
+    (subset_sizes counts each part's: 2^12 masks at most, where the 2^24 subsets of 24 seeds took
+    seconds a count)."""
     n, hits = n_a + n_b, hits_a + hits_b
-    assert n <= 32
-    masks = np.arange(2 ** n, dtype=np.int64)
-    low = np.arange(2 ** 16)
-    bits16 = sum((low >> i) & 1 for i in range(16))  # the set bits of every 16-bit number
-    ones = lambda m: bits16[m & 0xFFFF] + bits16[m >> 16]
-    held = ones(masks & (2 ** hits - 1))[ones(masks) == n_a]
-    counts = np.bincount(held, minlength=n + 1)
+    with_hit, without = subset_sizes(hits), subset_sizes(n - hits)
+    counts = np.array([with_hit[x] * without[n_a - x] if 0 <= n_a - x <= n - hits else 0
+                       for x in range(hits + 1)])
     return float(counts[counts <= counts[hits_a] * (1 + 1e-7)].sum() / counts.sum())
 
 
@@ -640,14 +674,14 @@ def test_v2_claims_on_matched_pairs():
     assert study_results.claims_table('v2')[2].endswith('| exact sign-flip, paired by seed |')
 
 
-def test_the_gpu_plan_and_its_cpu_dry_run(data_dir, tmp_path):
+def test_the_gpu_plan_and_its_cpu_dry_run(study_data, tmp_path):
     """--plan=gpu: v2's design larger (students of 8 layers, 256 wide, 256-token windows; one
     teacher 3.26x their parameters, seed 101; seeds 1-3, 12M tokens a run, on cuda). Without a GPU,
     its dry run on the CPU (a few steps a run, one seed) goes through every stage: the teacher, a
     student of each variant, the end measures, the records (each naming the seal) and the report."""
     from study import sink_study
     from helpers import seal_here
-    argv = ['--plan=gpu', f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}',
+    argv = ['--plan=gpu', f'--data_dir={study_data}', f'--out_dir={tmp_path / "out"}',
             '--report_only=True']
     runs, steps, per_step = sink_study.plan_runs(*sink_study.parse_args(argv))
     assert sorted(r['name'] for r in runs) == sorted(['teacher_softmax_s101'] + [
@@ -659,7 +693,7 @@ def test_the_gpu_plan_and_its_cpu_dry_run(data_dir, tmp_path):
     assert (steps * per_step == 732 * 64 * 256 and student.matched_init
             and student.no_decay == NO_DECAY)
     report = seal_here(tmp_path / 'report')
-    results = sink_study.main(['--plan=gpu', f'--data_dir={data_dir}',
+    results = sink_study.main(['--plan=gpu', f'--data_dir={study_data}',
                                f'--out_dir={tmp_path / "out"}',
                                f'--report_dir={report}', *GPU_DRY_RUN])
     assert sorted(r['name'] for r in results['runs']) == sorted(

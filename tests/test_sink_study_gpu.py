@@ -12,7 +12,7 @@ import pytest
 from lmkit.errors import RunError
 from study import sink_study
 from study.study_results import minutes
-from test_sink_study import GPU_DRY_RUN
+from test_sink_study import GPU_DRY_RUN, prepare_study_corpus
 
 TEACHER = 'teacher_softmax_s501'
 STUDENTS = [f'kd_{v}_s401' for v in ('softmax', 'sink', 'gated', 'affine')]
@@ -32,10 +32,17 @@ def study(data_dir, root, mirror, *more):
 
 
 @pytest.fixture(scope='module')
-def first_machine(data_dir, tmp_path_factory):
+def study_data(tmp_path_factory):
+    """The built-in corpus with a smaller val split, for the tests that train studies
+    (test_sink_study.prepare_study_corpus)."""
+    return prepare_study_corpus(tmp_path_factory.mktemp('study_data'))
+
+
+@pytest.fixture(scope='module')
+def first_machine(study_data, tmp_path_factory):
     """The study trained once with a mirror: (its root, its mirror)."""
     root = tmp_path_factory.mktemp('first_machine')
-    study(data_dir, root, root / 'mirror')
+    study(study_data, root, root / 'mirror')
     return root, root / 'mirror'
 
 
@@ -74,13 +81,13 @@ def test_the_mirror_holds_every_record_and_the_state_in_two_files(first_machine)
 
 
 @pytest.mark.xdist_group('first_machine')  # its module fixture, built once
-def test_a_fresh_machine_restores_the_mirror_and_trains_nothing(first_machine, data_dir, tmp_path,
+def test_a_fresh_machine_restores_the_mirror_and_trains_nothing(first_machine, study_data, tmp_path,
                                                                 capsys):
     """Empty out_dir and report_dir, the mirror copied back: every record restored, no run trained,
     the report written from the first machine's records."""
     root, mirror = first_machine
     shutil.copytree(mirror, tmp_path / 'mirror')
-    results = study(data_dir, tmp_path, tmp_path / 'mirror')
+    results = study(study_data, tmp_path, tmp_path / 'mirror')
     assert "restored 5 record(s)" in capsys.readouterr().out
     assert trained_here(tmp_path) == [] and (tmp_path / 'report' / 'report.md').is_file()
     assert sorted(r['name'] for r in results['runs']) == sorted([TEACHER, *STUDENTS])
@@ -91,9 +98,8 @@ def test_a_fresh_machine_restores_the_mirror_and_trains_nothing(first_machine, d
 
 
 @pytest.mark.xdist_group('first_machine')  # its module fixture, built once
-def test_a_fresh_machine_trains_what_the_mirror_lacks_from_the_recorded_teacher(first_machine,
-                                                                                data_dir, tmp_path,
-                                                                                capsys):
+def test_a_fresh_machine_trains_what_the_mirror_lacks_from_the_recorded_teacher(
+        first_machine, study_data, tmp_path, capsys):
     """A student's record missing from the mirror: its teacher's weights stayed on the first
     machine, so the teacher trains again, is held to its record (the same measures to the last
     digit: the CPU trains it alike) and keeps it; then that student trains, and its record is the
@@ -105,7 +111,7 @@ def test_a_fresh_machine_trains_what_the_mirror_lacks_from_the_recorded_teacher(
     records = mirrored(tmp_path / 'mirror')
     del records[missing]
     (tmp_path / 'mirror' / 'records.json').write_text(json.dumps(records))
-    study(data_dir, tmp_path, tmp_path / 'mirror')
+    study(study_data, tmp_path, tmp_path / 'mirror')
     assert "restored 4 record(s)" in capsys.readouterr().out and trained_here(tmp_path) == [missing,
                                                                                             TEACHER]
     new, first = (json.loads((r / 'report' / 'runs' / f'{missing}.json').read_text())
@@ -119,7 +125,7 @@ def test_a_fresh_machine_trains_what_the_mirror_lacks_from_the_recorded_teacher(
                                                                                  *STUDENTS])
     with pytest.raises(RunError, match=f"{missing}: its record in .* differs from the mirror's"):
         # the first machine's mirror: another training's record of it
-        study(data_dir, tmp_path, mirror)
+        study(study_data, tmp_path, mirror)
 
 
 def test_a_teacher_trained_again_must_be_its_record():
@@ -133,19 +139,19 @@ def test_a_teacher_trained_again_must_be_its_record():
 
 
 @pytest.mark.xdist_group('first_machine')  # its module fixture, built once
-def test_a_folder_that_is_not_this_studys_mirror_is_refused(first_machine, data_dir, tmp_path):
+def test_a_folder_that_is_not_this_studys_mirror_is_refused(first_machine, study_data, tmp_path):
     """Someone else's files, another plan's mirror or a mirror of another seal: one line, before any
     run, and the folder left as it was."""
     notes = tmp_path / 'notes'
     notes.mkdir()
     (notes / 'todo.txt').write_text('mine')
     with pytest.raises(RunError, match=r"holds files that are not a study's mirror \(todo.txt\)"):
-        study(data_dir, tmp_path / 'a', notes)
+        study(study_data, tmp_path / 'a', notes)
     other = tmp_path / 'other'
     other.mkdir()
     (other / 'state.json').write_text(json.dumps(dict(plan='gpu')))
     with pytest.raises(RunError, match=r"holds the mirror of a --plan=gpu study"):
-        study(data_dir, tmp_path / 'b', other)
+        study(study_data, tmp_path / 'b', other)
     assert files_under(notes) == ['todo.txt'] and files_under(other) == ['state.json']
     assert not (tmp_path / 'a' / 'out').exists() and not (tmp_path / 'b' / 'out').exists()
     resealed = tmp_path / 'resealed'
@@ -154,7 +160,7 @@ def test_a_folder_that_is_not_this_studys_mirror_is_refused(first_machine, data_
     (resealed / 'state.json').write_text(json.dumps(state | dict(seal='b' * 40)))
     with pytest.raises(RunError, match=r"mirrors the study sealed at b{40}, not this one's seal "
                                        r"\(a{40}\)"):
-        study(data_dir, tmp_path / 'c', resealed)
+        study(study_data, tmp_path / 'c', resealed)
     assert trained_here(tmp_path / 'c') == [] and not (tmp_path / 'c' / 'report' / 'runs').exists()
 
 

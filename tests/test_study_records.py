@@ -20,6 +20,7 @@ from study import sink_study
 from study import study_records
 from lmkit.errors import RunError
 from lmkit.runs import run_config
+from test_sink_study import prepare_study_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED = os.path.join(ROOT, 'docs', 'sink_study')
@@ -37,11 +38,18 @@ def stdlib_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def study(tmp_path_factory, data_dir):
+def study_data(tmp_path_factory):
+    """The built-in corpus with a smaller val split, for the tests that train studies
+    (test_sink_study.prepare_study_corpus)."""
+    return prepare_study_corpus(tmp_path_factory.mktemp('study_data'))
+
+
+@pytest.fixture(scope='module')
+def study(tmp_path_factory, study_data):
     """A tiny study, trained once: ce_softmax_s1 (the teacher) and kd_softmax_s1. Returns (its dir,
     argv)."""
     out = tmp_path_factory.mktemp('study') / 'tiny'
-    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', *TINY]
+    argv = [f'--out_dir={out}', f'--data_dir={study_data}', *TINY]
     sink_study.main(argv)
     return out, argv
 
@@ -294,25 +302,19 @@ def test_a_seed_given_twice_is_refused_before_any_run(study, tmp_path):
 
 
 @pytest.mark.xdist_group('tiny_study')  # its module fixture, built once
-def test_a_failed_child_fails_the_study_with_its_last_line(study, tmp_path):
+def test_a_failed_child_fails_the_study_with_its_last_line(study, tmp_path, capsys, monkeypatch):
     """A run that fails (here: its directory holds a log train.py did not write) stops the study,
-    which names the run and what the child said last."""
+    which names the run and what the child said last. Before any work it said how many threads each
+    run gets: the user's OMP_NUM_THREADS, where set, is respected (this study also serves that
+    check: it has something to do, and stops after its first launch instead of training)."""
     out, argv = copy_of(study, tmp_path)
     run = out / 'train' / 'ce_softmax_s2'
     run.mkdir()
     (run / 'metrics.jsonl').write_text('{"not": "ours"}\n')
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
     with pytest.raises(RunError, match=r"run ce_softmax_s2 failed \(exit code 1\): 'train.py: "
                                        r"error: .*"):
         sink_study.main(argv + ['--seeds=1,2', '--kd_seeds=1'])
-
-
-@pytest.mark.xdist_group('tiny_study')  # its module fixture, built once
-def test_the_users_thread_count_is_respected(study, tmp_path, capsys, monkeypatch):
-    out, argv = copy_of(study, tmp_path)
-    # something to do: its record, from its finished run
-    (out / 'runs' / 'kd_softmax_s1.json').unlink()
-    monkeypatch.setenv('OMP_NUM_THREADS', '1')
-    sink_study.main(argv)
     assert ('1 at a time, 1 thread(s) each (OMP_NUM_THREADS from the environment)'
             in capsys.readouterr().out)
 
@@ -343,7 +345,7 @@ def children(out):
 
 @pytest.mark.parametrize('signum, to', [(signal.SIGTERM, 'study'), (signal.SIGINT, 'study'),
                                         (signal.SIGTERM, 'run')])
-def test_a_signal_stops_the_children_and_a_rerun_continues(signum, to, data_dir, tmp_path):
+def test_a_signal_stops_the_children_and_a_rerun_continues(signum, to, study_data, tmp_path):
     """SIGTERM once killed the study silently and left its train.py children training as orphans;
     Ctrl-C gave a traceback. Now the study stops its children (each saves its checkpoint), exits
     with one line and 128 + the signal's number (issue 62: as a shell reports a program the signal
@@ -353,7 +355,7 @@ def test_a_signal_stops_the_children_and_a_rerun_continues(signum, to, data_dir,
     out = tmp_path / 'study'
     # (a run the study stops is not rerun here; one stopped alone must still be training then)
     tokens = 30000 if to == 'study' else 3_000_000
-    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--variants=softmax', '--arms=ce',
+    argv = [f'--out_dir={out}', f'--data_dir={study_data}', '--variants=softmax', '--arms=ce',
             '--seeds=1',
             f'--tokens={tokens}', '--block_size=32', '--compile=False', '--eval_batches=1',
             '--jobs=1', '--log_interval=1']
@@ -373,11 +375,10 @@ def test_a_signal_stops_the_children_and_a_rerun_continues(signum, to, data_dir,
     steps = [json.loads(line)['step']
              for line in (out / 'train' / 'ce_softmax_s1' / 'metrics.jsonl').open()]
     assert (out / 'train' / 'ce_softmax_s1' / 'ckpt.pt').is_file() and steps
-    # the same command continues from the checkpoint: every step once
+    # the same command continues from the checkpoint: every step once (in this process: the
+    # study's command is its main, which raises on any failure)
     if signum == signal.SIGTERM and to == 'study':
-        again = subprocess.run([sys.executable, '-m', 'study.sink_study', *argv], cwd=ROOT,
-                               capture_output=True, text=True)
-        assert again.returncode == 0, again.stderr
+        sink_study.main(argv)
         steps = [json.loads(line)['step']
                  for line in (out / 'train' / 'ce_softmax_s1' / 'metrics.jsonl').open()]
         assert steps == list(range(1, steps[-1]
@@ -394,39 +395,6 @@ def test_table_5_after_the_warm_up_leaves_the_warm_up_out():
                                                            spikes_after_warmup_window=[5, 13])
     assert sink_study.spikes_after_warmup(grad, 100) == dict(spikes_after_warmup=None,
                                                              spikes_after_warmup_window=[13, 13])
-
-
-def test_teachers_of_their_own_shape(data_dir, tmp_path):
-    """--teacher_config (v2's larger teachers): the teacher is a run of its own shape and seed,
-    recorded in the teacher arm under teacher_softmax_s<seed> with its own settings; the student
-    names it; the report says how much larger it is, from the runs' settings; v2's config layers the
-    recipe's rules on v1's (matched_init, no_decay, a constant learning rate)."""
-    teacher_config = tmp_path / 'teacher.py'
-    teacher_config.write_text('n_layer = 6\n')
-    out = tmp_path / 'study'
-    results = sink_study.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--variants=softmax',
-                               '--arms=kd',
-                               '--kd_seeds=1', '--teachers=101',
-                               f'--teacher_config={teacher_config}',
-                               '--config=config/sink_study.py,config/sink_study_v2.py',
-                               '--tokens=2048',
-                               '--block_size=32', '--compile=False', '--eval_batches=2',
-                               '--jobs=1'])
-    teacher = json.loads((out / 'runs' / 'teacher_softmax_s101.json').read_text())
-    student = json.loads((out / 'runs' / 'kd_softmax_s1.json').read_text())
-    assert (teacher['arm'] == 'teacher' and teacher['settings']['n_layer'] == 6
-            and teacher['settings']['seed'] == 101)
-    assert student['teacher'] == 'teacher_softmax_s101' and student['settings']['n_layer'] == 4
-    for record in (teacher, student):
-        assert record['settings']['matched_init'] and record['no_decay'] == ['alpha_proj', 'g_proj']
-        assert record['settings']['decay_frac'] == 0.0
-    assert results['teachers'] == ['teacher_softmax_s101'] and results['arms'] == ['kd', 'teacher']
-    # the embeddings (320 x 128, tied) and the final norm once, and 6 layers of 4, each of 196,864
-    # parameters (q, k, v, o: 49,152; the MLP: 147,456; two norms: 256)
-    layer, shared = (828_544 - 320 * 128 - 128) // 4, 320 * 128 + 128
-    ratio = (shared + 6 * layer) / (shared + 4 * layer)
-    assert (f"KD arm: students distilled from softmax teachers {ratio:.2f}x "
-            "the students' parameters" in (out / 'report.md').read_text())
 
 
 def test_the_v2_plan(data_dir, tmp_path, capsys):

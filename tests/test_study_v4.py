@@ -15,6 +15,7 @@ import pytest
 
 from study import sink_study, study_records, study_results
 from study.study_results import AFFINE, AFFINE_DECAY, DECAY, HEADWISE, SINK, SOFTMAX
+from test_sink_study import prepare_study_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -199,8 +200,15 @@ def repository_copy(tmp_path):
     return copy
 
 
+@pytest.fixture(scope='module')
+def study_data(tmp_path_factory):
+    """The built-in corpus with a smaller val split, for the tests that train studies
+    (test_sink_study.prepare_study_corpus)."""
+    return prepare_study_corpus(tmp_path_factory.mktemp('study_data'))
+
+
 @pytest.mark.xdist_group('custom_study')
-def test_a_custom_plan_studies_a_variant_defined_here_end_to_end(data_dir, tmp_path):
+def test_a_custom_plan_studies_a_variant_defined_here_end_to_end(study_data, tmp_path):
     """python -m study.sink_study --plan=custom --variants=softmax,halved in a copy whose model.py
     registers `halved` (the study's files untouched): the teacher and 3 pairs train, each record
     names its variant, and the report tests the generic claims between the two, each with a
@@ -209,7 +217,7 @@ def test_a_custom_plan_studies_a_variant_defined_here_end_to_end(data_dir, tmp_p
     out = tmp_path / 'custom'
     command = [sys.executable, '-m', 'study.sink_study', '--plan=custom',
                '--variants=softmax,halved', '--kd_seeds=1,2,3', '--teachers=11',
-               f'--out_dir={out}', f'--data_dir={data_dir}', '--tokens=2048', '--block_size=32',
+               f'--out_dir={out}', f'--data_dir={study_data}', '--tokens=2048', '--block_size=32',
                '--compile=False', '--eval_batches=2', '--jobs=1']
     done = subprocess.run(command, cwd=copy, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
