@@ -232,6 +232,29 @@ def data_dir(tmp_path_factory):
     return out
 
 
+# The corpus of the tests that train studies: data_dir's, with fewer documents held out. Every run's
+# end measures read the whole val split (end.heldout: up to 4096 windows), and data_dir's 32k val
+# tokens made that a third of a tiny run's time; 8,192 tokens still hold Gu et al.'s 100 windows of
+# 64 tokens (the GPU shapes' dry run) and every other measure's windows.
+STUDY_VAL_TOKENS = 8192
+
+
+@pytest.fixture(scope='session')
+def study_data(tmp_path_factory):
+    """The built-in corpus, byte tokens, with the val_every whose held-out documents (0, k, 2k, ...;
+    each document's bytes and its end-of-text token) make the smallest val split of at least
+    STUDY_VAL_TOKENS tokens; prepared once per test process, read only."""
+    sizes = [len(text.encode()) + 1 for text in prepare_data.builtin_corpus()]
+    held_out = {k: sum(sizes[::k]) for k in range(2, len(sizes))}
+    _, every = min((n, k) for k, n in held_out.items() if n >= STUDY_VAL_TOKENS)
+    out = str(tmp_path_factory.mktemp('study_data') / 'builtin_bytes')
+    prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={out}',
+                       f'--val_every={every}', '--num_proc=1'])
+    with open(os.path.join(out, 'meta.json'), encoding='utf-8') as f:
+        assert json.load(f)['splits']['val']['tokens'] >= STUDY_VAL_TOKENS
+    return out
+
+
 @pytest.fixture(scope='module')
 def family_teachers(tmp_path_factory):
     """Tiny Hugging Face teachers of every model and tokenizer family

@@ -19,7 +19,6 @@ from study import study_records
 from study import study_results
 from lmkit.errors import RunError
 from helpers import seal_here
-from test_sink_study import prepare_study_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V2 = os.path.join(ROOT, 'docs', 'sink_study_v2')
@@ -116,13 +115,6 @@ BLIND = ['--variants=softmax', '--arms=kd', '--kd_seeds=1', '--teachers=101', '-
          '--teacher_config=config/sink_study_v2_teacher.py',
          '--config=config/sink_study.py,config/sink_study_v2.py',
          '--block_size=32', '--compile=False', '--eval_batches=2', '--jobs=1']
-
-
-@pytest.fixture(scope='module')
-def study_data(tmp_path_factory):
-    """The built-in corpus with a smaller val split, for the tests that train studies
-    (test_sink_study.prepare_study_corpus)."""
-    return prepare_study_corpus(tmp_path_factory.mktemp('study_data'))
 
 
 def test_a_blind_study_trains_only_under_its_seal(study_data, tmp_path):

@@ -15,33 +15,6 @@ from lmkit.errors import RunError
 from study.study_records import NO_DECAY
 
 
-# The corpus of the tests that train studies: data_dir's (the built-in one), with fewer documents
-# held out. Every run's end measures read the whole val split (end.heldout: up to 4096 windows), and
-# data_dir's 32k val tokens made that a third of a tiny run's time; 8,192 tokens still hold Gu et
-# al.'s 100 windows of 64 tokens (the GPU shapes' dry run) and every other measure's windows.
-STUDY_VAL_TOKENS = 8192
-
-
-def prepare_study_corpus(root):
-    """The built-in corpus, byte tokens, prepared into root with the val_every whose held-out
-    documents (0, k, 2k, ...; each document's bytes and its end-of-text token) make the smallest
-    val split of at least STUDY_VAL_TOKENS tokens."""
-    sizes = [len(text.encode()) + 1 for text in prepare_data.builtin_corpus()]
-    held_out = {k: sum(sizes[::k]) for k in range(2, len(sizes))}
-    _, every = min((n, k) for k, n in held_out.items() if n >= STUDY_VAL_TOKENS)
-    out = str(root / 'builtin_bytes')
-    prepare_data.main(['--source=builtin', '--tokenizer=bytes', f'--out_dir={out}',
-                       f'--val_every={every}', '--num_proc=1'])
-    assert read_meta(out)['splits']['val']['tokens'] >= STUDY_VAL_TOKENS
-    return out
-
-
-@pytest.fixture(scope='module')
-def study_data(tmp_path_factory):
-    """prepare_study_corpus, once per module (read only)."""
-    return prepare_study_corpus(tmp_path_factory.mktemp('study_data'))
-
-
 def test_prefix_windows_start_with_the_token_and_cover_every_token_once(data_dir):
     """first_token='prefix': every window is [token] + block_size - 1 stream tokens, and its targets
     are the next block_size stream tokens; windows do not overlap, so each stream token is a target

@@ -12,7 +12,7 @@ import pytest
 from lmkit.errors import RunError
 from study import sink_study
 from study.study_results import minutes
-from test_sink_study import GPU_DRY_RUN, prepare_study_corpus
+from test_sink_study import GPU_DRY_RUN
 
 TEACHER = 'teacher_softmax_s501'
 STUDENTS = [f'kd_{v}_s401' for v in ('softmax', 'sink', 'gated', 'affine')]
@@ -29,13 +29,6 @@ def study(data_dir, root, mirror, *more):
         seal_here(report)
     return sink_study.main(['--plan=v3_gpu', f'--data_dir={data_dir}', f'--out_dir={root / "out"}',
                             f'--report_dir={report}', f'--mirror_dir={mirror}', *TINY, *more])
-
-
-@pytest.fixture(scope='module')
-def study_data(tmp_path_factory):
-    """The built-in corpus with a smaller val split, for the tests that train studies
-    (test_sink_study.prepare_study_corpus)."""
-    return prepare_study_corpus(tmp_path_factory.mktemp('study_data'))
 
 
 @pytest.fixture(scope='module')

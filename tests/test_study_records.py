@@ -20,7 +20,6 @@ from study import sink_study
 from study import study_records
 from lmkit.errors import RunError
 from lmkit.runs import run_config
-from test_sink_study import prepare_study_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED = os.path.join(ROOT, 'docs', 'sink_study')
@@ -35,13 +34,6 @@ def stdlib_dir(tmp_path_factory):
     prepare_data.main(['--source=stdlib', '--tokenizer=bytes', f'--out_dir={out}', '--val_every=50',
                        '--num_proc=1', '--max_tokens=60000'])
     return out
-
-
-@pytest.fixture(scope='module')
-def study_data(tmp_path_factory):
-    """The built-in corpus with a smaller val split, for the tests that train studies
-    (test_sink_study.prepare_study_corpus)."""
-    return prepare_study_corpus(tmp_path_factory.mktemp('study_data'))
 
 
 @pytest.fixture(scope='module')

@@ -15,7 +15,6 @@ import pytest
 
 from study import sink_study, study_records, study_results
 from study.study_results import AFFINE, AFFINE_DECAY, DECAY, HEADWISE, SINK, SOFTMAX
-from test_sink_study import prepare_study_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -198,13 +197,6 @@ def repository_copy(tmp_path):
     assert source.count("'halved': Variant(halved_forward") == 1
     (copy / 'model.py').write_text(source)
     return copy
-
-
-@pytest.fixture(scope='module')
-def study_data(tmp_path_factory):
-    """The built-in corpus with a smaller val split, for the tests that train studies
-    (test_sink_study.prepare_study_corpus)."""
-    return prepare_study_corpus(tmp_path_factory.mktemp('study_data'))
 
 
 @pytest.mark.xdist_group('custom_study')
