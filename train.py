@@ -21,8 +21,6 @@ from datetime import timedelta
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # before torch: idle OpenMP threads sleep
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict)
 
 from distill import check_compatibility, compute_loss, load_teacher
 from lmkit.data import Windows, first_token_id, read_meta
@@ -186,6 +184,7 @@ def build_model(c, model_config, run, data_meta, ckpt_path):
     if ckpt is None:
         return model, optimizer, dict(step=0, skipped={}, lr_changes={})
     # the full state, keyed by name; under FSDP each rank keeps its shard
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     set_optimizer_state_dict(model, optimizer, ckpt['optimizer'],
                              options=StateDictOptions(full_state_dict=True))
     set_rng_state(ckpt['rng'])  # (a checkpoint older than 'skipped' skipped no step)
@@ -207,6 +206,8 @@ def load_run_teacher(c, model_config, data_meta, device):
 def save(path, step, skipped, c, run, raw_model, optimizer, model_config, data_meta):
     """Save ckpt.pt at `step`. Every rank gathers FSDP's shards into full tensors on rank 0's CPU,
     then the others wait in the save group's barrier while rank 0 writes."""
+    from torch.distributed.checkpoint.state_dict import (  # slow, so imported here
+        StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state = get_model_state_dict(raw_model, options=options)
     optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
