@@ -24,7 +24,7 @@ import eval_zeroshot
 import prepare_data
 import train
 from model import GPT
-from helpers import fake_run, tiny_args
+from helpers import fake_run, refusal, tiny_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,16 +49,6 @@ def script(*args, **kwargs):
     done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
                           **kwargs)
     return done.returncode, done.stdout, done.stderr
-
-
-def entry_point(main, argv, capsys):
-    """main run through run_script, the entry point of every script (its `__main__`), in this
-    process: (exit status, stderr). For the faults whose command line another test here runs as a
-    process (a process costs seconds of imports)."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit:
-        errors.run_script(main, argv)
-    return exit.value.code, capsys.readouterr().err
 
 
 def one_line(stderr):
@@ -120,8 +110,8 @@ def test_analyze_pointed_at_runs_never_deletes_them(tmp_path, capsys):
     assert set(after) - set(before) == {'report.md', 'numbers.json'}
     run = outcopy / 'softmax'
     before = snapshot(run)
-    code, err = entry_point(analyze.main, ['runs', str(run), f'--out_dir={run}'], capsys)
-    assert code == 1 and 'holds a train.py run' in one_line(err)
+    assert 'holds a train.py run' in refusal(capsys, analyze.main,
+                                             ['runs', str(run), f'--out_dir={run}'])
     assert snapshot(run) == before
 
 
@@ -159,8 +149,7 @@ def test_train_refuses_another_tools_directory(data_dir, tmp_path, other, capsys
         (out / 'report.md').write_text('# a report')
         (out / 'numbers.json').write_text('{}')
     before = snapshot(out)
-    code, err = entry_point(train.main, tiny_args(data_dir, out, '--max_iters=1'), capsys)
-    assert code == 1 and f"{out}: holds" in one_line(err)
+    assert f"{out}: holds" in refusal(capsys, train.main, tiny_args(data_dir, out, '--max_iters=1'))
     assert snapshot(out) == before
 
 
@@ -184,11 +173,10 @@ def test_eval_out_refuses_a_file_it_did_not_write(tmp_path, capsys):
     assert code == 1 and 'holds something else than an earlier result' in one_line(err)
     assert json.loads(foreign.read_text()) == {'model_type': 'llama'}
     # (issue 53)
-    code, err = entry_point(eval_zeroshot.main,
-                            [f'--ckpt={tmp_path / "nothing"}', f'--out={tmp_path}'], capsys)
-    assert (code == 1
-            and one_line(err).endswith(f"--out={tmp_path}: is a directory; --out is the JSON file "
-                                       f"this run writes, e.g. --out={tmp_path / 'eval.json'}"))
+    line = refusal(capsys, eval_zeroshot.main,
+                   [f'--ckpt={tmp_path / "nothing"}', f'--out={tmp_path}'])
+    assert line.endswith(f"--out={tmp_path}: is a directory; --out is the JSON file this run "
+                         f"writes, e.g. --out={tmp_path / 'eval.json'}")
     earlier = tmp_path / 'eval.json'
     earlier.write_text(json.dumps({'heldout': {'acc': 0.25, 'n': 4}}))
     assert eval_zeroshot.is_eval_result(earlier) and not eval_zeroshot.is_eval_result(foreign)
@@ -286,11 +274,9 @@ def test_a_damaged_checkpoint_is_refused_and_kept(data_dir, run_dir, tmp_path, c
     shutil.copytree(run_dir, run)
     damage(run / 'ckpt.pt')
     before = snapshot(run)
-    code, err = entry_point(train.main,
-                            tiny_args(data_dir, run, '--max_iters=4', '--eval_interval=1'), capsys)
-    line = one_line(err)
-    assert (code == 1 and f"{run / 'ckpt.pt'} is damaged" in line
-            and 'does not match the checksum' in line)
+    line = refusal(capsys, train.main,
+                   tiny_args(data_dir, run, '--max_iters=4', '--eval_interval=1'))
+    assert f"{run / 'ckpt.pt'} is damaged" in line and 'does not match the checksum' in line
     assert f"mv {run / 'ckpt.prev.pt'} {run / 'ckpt.pt'}" in line  # the copy to fall back to
     assert snapshot(run) == before  # nothing written over it (nor the metrics)
     for read in (lambda: GPT.from_pretrained(str(run)),
@@ -386,9 +372,9 @@ def test_permission_denied_and_missing_paths_are_one_line(data_dir, tmp_path, ca
     assert exit.value.code == 1
     assert (capsys.readouterr().err.endswith(f"error: {tmp_path / 'run'}: permission denied; check "
                                              "the permissions (ls -ld) or write elsewhere\n"))
-    code, err = entry_point(train.main, ['--device=cpu', f'--data_dir={tmp_path / "missing"}',
-                                         f'--out_dir={tmp_path / "run"}'], capsys)
-    assert code == 1 and 'missing: no such directory; run prepare_data.py first' in one_line(err)
+    line = refusal(capsys, train.main, ['--device=cpu', f'--data_dir={tmp_path / "missing"}',
+                                        f'--out_dir={tmp_path / "run"}'])
+    assert 'missing: no such directory; run prepare_data.py first' in line
     code, _, err = script('distill.py', f'--teacher={tmp_path / "missing"}',
                           f'--data_dir={data_dir}')
     assert code == 1 and 'missing' in one_line(err)
