@@ -19,10 +19,10 @@ import re
 import statistics
 
 from study import significance as sig
-from study.study_results import (AFFINE, CLAIM_SETS, GATED, MEASURE_NAMES, MEASURES, PAPER_SCALE,
-                                 PAYOFF_FLOOR, ROOT, SINK, SOFTMAX, STUDY_MEASURES, layers_words,
-                                 matched_pairs, measured, rows_not_share, sink_layers, tested,
-                                 variant_sizes)
+from study.study_results import (AFFINE, CLAIM_SETS, GATED, MEASURE_NAMES, MEASURE_WORDS,
+                                 MEASURES, PAPER_SCALE, PAYOFF_FLOOR, ROOT, SINK, SOFTMAX,
+                                 STUDY_MEASURES, layers_words, matched_pairs, measured,
+                                 rows_not_share, sink_layers, tested, variant_sizes)
 from lmkit.probes import layer_mean
 
 FIGURE_4 = ((AFFINE, '<', SINK), (SINK, '<', SOFTMAX))
@@ -43,13 +43,6 @@ READINGS = (
     ("gated against affine, KD loss", 'loss', ((GATED, '!=', AFFINE),)),
     ("gated against affine, held-out loss", 'val_loss', ((GATED, '!=', AFFINE),)),
 )
-# a measure in a few words (a row added for a study's primary claim: its source and these)
-MEASURE_WORDS = dict(weight='raw weight', share='share',
-                     share_sink="share in softmax's sink layers",
-                     first_or_null='first token or null', entropy='entropy', loss='KD loss',
-                     val_loss='held-out loss', heldout='held-out loss on the large set',
-                     spikes9='spikes', row_spread='row-total spread', w8a8='W8A8',
-                     **{m: name for m, name in MEASURE_NAMES.items()})
 HELD_OUT = ('val_loss', 'heldout')  # the held-out losses beside the KD training loss ('loss')
 # each per-layer list a measure is the mean over layers of (where each effect comes from)
 LAYER_LISTS = dict(weight=lambda r: r['first_token_weight'], share=lambda r: r['first_token_share'],
@@ -545,12 +538,18 @@ def against_sentence(subject, rows):
 
 
 def size_sentence(subject, rows):
-    """The subject column's two-sided rows decided between variants of unequal size."""
+    """The subject column's two-sided rows between variants of unequal size that it decided, and
+    those between variants of one size, decided or not (affine against a gate of its size)."""
     results, arm = subject
-    by_pair = {}
+    by_pair, same_size = {}, {}
     for row in rows:
         found, _ = finding(results, arm, row)
-        if row['direction'] == '!=' and decided(found) and found['p_holm'] < sig.ALPHA:
+        if row['direction'] != '!=' or not decided(found):
+            continue
+        if not size_difference(results, row['low'], row['high']):
+            same_size.setdefault((row['low'], row['high']), {}).setdefault(word(found), []).append(
+                f"{the(row['measure'])} (p = {found['p_holm']:.2g})")
+        elif found['p_holm'] < sig.ALPHA:
             lower = word(found).split()[0]
             other = row['high'] if lower == row['low'] else row['low']
             counted = pairs_against(results, arm, dict(found, direction='<' if lower == row['high']
@@ -558,10 +557,19 @@ def size_sentence(subject, rows):
             pairs = f" in {counted[0]} of {counted[1]} pairs" if counted else ''
             by_pair.setdefault((lower, other), []).append(
                 f"{MEASURE_WORDS[row['measure']]}{pairs}")
-    return ' '.join(f"{lower.capitalize()} is lower than {other} on the {' and the '.join(on)}, "
-                    f"and larger: {size_difference(results, lower, other)}."
-                    for (lower, other), on in by_pair.items()
-                    if size_difference(results, lower, other).startswith(lower))
+    counts = variant_sizes(results)
+    return ' '.join([f"{lower.capitalize()} is lower than {other} on the {' and the '.join(on)}, "
+                     f"and larger: {size_difference(results, lower, other)}."
+                     for (lower, other), on in by_pair.items()
+                     if size_difference(results, lower, other).startswith(lower)] + [
+        f"{low.capitalize()} against {high}, of one size ({counts[low]:,} parameters each): "
+        + '; '.join(f"{verdict} on {listing(on)}" for verdict, on in verdicts.items()) + '.'
+        for (low, high), verdicts in same_size.items() if low in counts])
+
+
+def the(measure):
+    """A measure's words as a sentence names it: 'the KD loss', 'W8A4'."""
+    return MEASURE_WORDS[measure] if measure in MEASURE_NAMES else f"the {MEASURE_WORDS[measure]}"
 
 
 def sentences(columns, subject):

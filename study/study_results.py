@@ -209,6 +209,13 @@ PAYOFF_CANDIDATES = ('ratio_w8a6', 'ratio_w4a8', 'ratio_w8a4')
 MEASURE_NAMES = dict(ratio_w8a6='W8A6', ratio_w4a8='W4A8', ratio_w8a4='W8A4',
                      ffn_kurtosis='FFN-output kurtosis',
                      ffn_max_abs='FFN-output largest absolute value')
+# a measure in a few words (a row added for a study's primary claim: its source and these)
+MEASURE_WORDS = dict(weight='raw weight', share='share',
+                     share_sink="share in softmax's sink layers",
+                     first_or_null='first token or null', entropy='entropy', loss='KD loss',
+                     val_loss='held-out loss', heldout='held-out loss on the large set',
+                     spikes9='spikes', row_spread='row-total spread', w8a8='W8A8',
+                     **MEASURE_NAMES)
 # payoff_choice on the pilot (docs/sink_study_v3/pilot/), before the seal: W8A4, above 1.01 in its
 # three seeds (1.080-1.091)
 PAYOFF_V3 = 'ratio_w8a4'
@@ -337,6 +344,19 @@ def claims_v4():
 
 
 CLAIMS_V4 = claims_v4()
+# what each verdict of a claim would mean, as the seal said before its runs (docs/analysis.md, v4:
+# "What the decay arm's outcome would mean"); the report quotes the one its verdict picks
+SEALED_MEANINGS = dict(decay_fig4_affine_sink={
+    'supported': "(and Figure 4's affine < sink supported in the kd arm): the decay rule does not "
+                 "decide the verdict at this scale; v1's contradiction came from something else v1 "
+                 "differed in (its teachers of the students' own shape and seeds, no matched "
+                 "pairs, its decay phase)",
+    'contradicted': "the rule decides it: affine's lower first-token weight holds only where its "
+                    "`alpha_proj` is not decayed, and Figure 4's comparison at this scale is a "
+                    "property of the recipe as much as of the method",
+    'not decided': "v1's rule moves affine toward sink without reversing the comparison "
+                   "detectably; the verdict under v3's rule then stands alone and the report says "
+                   "so"})
 CLAIM_SETS = dict(v1=(CLAIMS, ('kd', 'ce')), v2=(CLAIMS_V2, ('kd',)), v3=(CLAIMS_V3, ('kd',)),
                   v3_gpu=(CLAIMS_V3_GPU, ('kd',)), v4=(CLAIMS_V4, ('kd',)))
 # the claim sets sealed before their runs: tested by a sealed study, reported once
@@ -651,7 +671,8 @@ def secondary_counts(results, arm):
     if not rows:
         return ''
     count, named = tally([r for r in rows if r['direction'] != '!='])
-    two_sided = '; '.join(f"{r['source']}: {r['verdict'].split(' (')[0]}"
+    two_sided = '; '.join(f"{r['source']} on {MEASURE_WORDS.get(r['measure'], r['measure'])}: "
+                          f"{r['verdict'].split(' (')[0]}"
                           for r in rows if r['direction'] == '!=')
     return (f"Besides them, of its {len(rows)} secondary claims (Holm within that family), "
             f"{count('supported')} supported, {count('contradicted')} contradicted "
@@ -898,10 +919,11 @@ def report_lines(results):
              f"Command: `{r0['command']}`. Machine: {r0['machine']}. Runs: {len(r0['runs'])} "
              f"records; {per_run_times(r0)}.", '', *study_findings.report_top(results),
              '## What the study found', '', *(f"- {s}" for s in in_words(results)),
-             *study_findings.report_words(results),
+             *sealed_meaning_lines(results), *study_findings.report_words(results),
              *([lead, *(f"- ({i}) {text}{';' if i < len(found) else '.'}"
                         for i, text in enumerate(found, 1)), ''] if found else []),
-             *study_findings.against_section(results), '## Every claim, with its numbers', '',
+             *study_findings.against_section(results), *teacher_level_lines(results),
+             '## Every claim, with its numbers', '',
              f"Corpus: {describe_corpus(r0['corpus'])}. Every {r0['context']}-token window starts "
              f"with token {r0['bos_id']} (<|endoftext|>). Recipe: {r0['recipe_text']}. Uniform "
              f"attention would put {r0['uniform_first_token']:.4f} on the first token.", '',
@@ -931,6 +953,40 @@ def report_lines(results):
         lines += ['', f"Planned runs without a record yet ({len(results['missing'])}; the same "
                       f"command trains them): {', '.join(results['missing'])}."]
     return lines
+
+
+def sealed_meaning_lines(results):
+    """A bullet for each claim whose outcomes the seal gave a meaning (SEALED_MEANINGS): its
+    verdict, and what the seal said beforehand that verdict would mean."""
+    lines = []
+    for c in results['claims']:
+        meaning = SEALED_MEANINGS.get(c['id'], {}).get(c['verdict'].split(' (')[0])
+        if meaning and c.get('p_holm') is not None:
+            word = c['verdict'].split(' (')[0]
+            said = f"{word}{' ' if meaning.startswith('(') else ': '}{meaning}"
+            lines.append(f"- {c['source']}, {c['low']} {c['direction']} {c['high']}: {word} "
+                         f"(p = {c['p_holm']:.2g}). What the seal said beforehand this outcome "
+                         f"would mean (docs/analysis.md): \"{said}.\"")
+    return lines
+
+
+def teacher_level_lines(results):
+    """The primary family's paired claims tested again over the teachers (teacher_level_p), a row
+    each: information beside the verdict, not a verdict; [] where no claim has that test."""
+    rows = [c for c in results['claims']
+            if c['family'] == 'primary' and c.get('p_teacher') is not None]
+    if not rows:
+        return []
+    n = len(results['teachers'])
+    return ["## Over the teachers (information, not a verdict)", '',
+            f"Each primary claim's test again, with the {n} teachers as the units: the exact "
+            "sign-flip test on each teacher's mean paired difference of its students "
+            f"(study_results.teacher_level_p), whose least p is 2/2^{n} = {2 / 2 ** n:.2g}.", '',
+            '| claim | p over the pairs | Holm-adjusted | p over the teachers |',
+            '|---|---|---|---|'] + [
+        f"| {c['source']}: {c['low']} {c['direction']} {c['high']} on "
+        f"{MEASURE_WORDS.get(c['measure'], c['measure'])} | {c['p']:.2g} | {c['p_holm']:.2g} | "
+        f"{c['p_teacher']:.2g} |" for c in rows] + ['']
 
 
 def sealed(results):
