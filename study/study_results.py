@@ -664,21 +664,29 @@ def tally(rows):
 
 
 def secondary_counts(results, arm):
-    """The sentence in_words adds after the primary counts: the verdicts of the study's own
-    secondary claims, the contradicted by name, so no count of supported claims stands without them;
-    '' where there are none."""
+    """The sentences in_words adds after the primary counts: the verdicts of the study's own
+    secondary claims, the contradicted by name, so no count of supported claims stands without them,
+    then a sentence per source of the two-sided ones, their verdicts by measure; [] where there are
+    none."""
     rows = [r for r in results['claims'] if r['arm'] == arm and r['family'] == 'secondary']
     if not rows:
-        return ''
+        return []
     count, named = tally([r for r in rows if r['direction'] != '!='])
-    two_sided = '; '.join(f"{r['source']} on {MEASURE_WORDS.get(r['measure'], r['measure'])}: "
-                          f"{r['verdict'].split(' (')[0]}"
-                          for r in rows if r['direction'] == '!=')
-    return (f"Besides them, of its {len(rows)} secondary claims (Holm within that family), "
+    by_source = {}
+    for r in rows:
+        if r['direction'] == '!=':
+            verdicts = by_source.setdefault(r['source'], {})
+            verdicts.setdefault(r['verdict'].split(' (')[0], []).append(
+                MEASURE_WORDS.get(r['measure'], r['measure']))
+    two_sided = sum(len(m) for verdicts in by_source.values() for m in verdicts.values())
+    return [f"Besides them, of its {len(rows)} secondary claims (Holm within that family), "
             f"{count('supported')} supported, {count('contradicted')} contradicted "
             f"({named('contradicted')}), {count('not decided')} not decided, "
             f"{count('numbers only') + count('not measured')} without a verdict"
-            + (f", and two-sided ({two_sided})" if two_sided else '') + '.')
+            + (f", and {two_sided} two-sided, by what they compare:" if two_sided else '.')] + [
+        f"Two-sided, {source}: " + '; '.join(f"{verdict} on {', '.join(measures)}"
+                                            for verdict, measures in verdicts.items()) + '.'
+        for source, verdicts in by_source.items()]
 
 
 def other_counts(results, arm):
@@ -827,7 +835,7 @@ def in_words(results):
                      "Seeds with Gu et al.'s Sink₁ > 0 (one head over 0.3 in one of 100 samples is "
                      f"enough), per variant: {sink_counts(results, arm)}")
             lines += [f"In the {arm.upper()} arm{kd}, {counts_in_words(results, arm)}.",
-                      secondary_counts(results, arm), *other_counts(results, arm),
+                      *secondary_counts(results, arm), *other_counts(results, arm),
                       sink_sentence(results, arm), f"{grown}."]
     lines += control_sentences(results)
     counts = variant_sizes(results)

@@ -307,8 +307,8 @@ def block(path, start, end):
     return text.split(start)[1].split(end)[0].strip('\n')
 
 
-@pytest.mark.parametrize('study, plan', [('sink_study_v3', 'v3'), ('sink_study_v2', 'v2'),
-                                         ('sink_study', 'full')])
+@pytest.mark.parametrize('study, plan', [('sink_study_v4', 'v4'), ('sink_study_v3', 'v3'),
+                                         ('sink_study_v2', 'v2'), ('sink_study', 'full')])
 def test_each_report_is_its_committed_results(study, plan):
     """Each committed study's report is its results.json's (study_results.report_lines), the
     figures it shows are committed beside it, and its records' seeds and teachers are its plan's.
@@ -531,7 +531,8 @@ def fisher_by_subsets(hits_a, n_a, hits_b, n_b):
 
 
 @pytest.mark.parametrize('study, claim_set, n_records, n_claims',
-                         [('sink_study_v3', 'v3', 52, 56), ('sink_study_v2', 'v2', 50, 34)])
+                         [('sink_study_v4', 'v4', 78, 86), ('sink_study_v3', 'v3', 52, 56),
+                          ('sink_study_v2', 'v2', 50, 34)])
 def test_every_sealed_verdict_recomputed_from_the_committed_records(study, claim_set, n_records,
                                                                     n_claims):
     """Each claim of a sealed study's results.json from the records under its runs/: its matched
@@ -702,8 +703,11 @@ def exact_p(a, b, claim, get):
 
 
 def group(records, arm, variant):
-    return {r['seed']: r for r in records if r['arm'] == arm and r['variant'] == variant
-            and r['seed'] != 0}
+    """{seed: record} of a variant's runs in the arm; a group variant@arm (v4's affine@decay):
+    that arm's."""
+    variant, _, own_arm = variant.partition('@')
+    return {r['seed']: r for r in records if r['arm'] == (own_arm or arm)
+            and r['variant'] == variant and r['seed'] != 0}
 
 
 def reading_value(records, claim):
@@ -813,6 +817,7 @@ def check_payoff_and_teachers(reading, records, teachers, narrower):
 
 
 @pytest.mark.parametrize('study, left_out, narrower', [
+    ('sink_study_v4', [], ['w8a4']),
     ('sink_study_v3', [], ['w8a4']),
     ('sink_study_v2',
      ['fig4_null_affine_sink', 'fig4_null_sink_softmax', 'fig3_spread_affine_sink', 'gu_affine',
@@ -865,9 +870,12 @@ def test_the_reading_recomputed_from_the_committed_records(study, left_out, narr
                                                                                        or [])
     check_reading_claims(other, records)
     losses = reading['loss_claims']
-    in_own_set = held_out <= {c[3:] for c in study_results.CLAIM_SETS[own][0]}
-    assert {c['measure'] for c in losses if c['arm'] == 'kd'} == (
-        set() if in_own_set else {'loss', 'val_loss'})
+    # the held-out loss beside each loss claim of the set, and gated against affine on both
+    # losses, less the tests the set holds (v3's all; v4's head-wise claims' held-out twins not)
+    own_claims = study_results.CLAIM_SETS[own][0]
+    twins = {('val_loss', *c[4:]) for c in own_claims if c[3] == 'loss'} | held_out
+    assert {(c['measure'], c['low'], c['direction'], c['high']) for c in losses
+            if c['arm'] == 'kd'} == twins - {c[3:] for c in own_claims}
     check_reading_claims(losses, records)
     check_where_from(reading, records, results['uniform_first_token'])
     check_payoff_and_teachers(reading, records, results['teachers'], narrower)
