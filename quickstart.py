@@ -338,7 +338,7 @@ def write_report(out_dir, args, stages, students, real_model_skipped):
              "20B tokens). Read differences below against the run-to-run noise the table reports "
              "(run --seeds=0,1,2 to measure it). Nor do they grow the first-token sink the paper "
              "sets out to reduce: `python -m study.sink_study` trains models that do, on CPU, and "
-             "compares every variant against it (its results: docs/sink_study_v3/report.md, the "
+             "compares every variant against it (its results: docs/sink_study_v4/report.md, the "
              "sealed study the README leads with).", '']
     lines += include(os.path.join(out_dir, 'table', 'report.md'), 'table')
     lines += ['']

@@ -533,8 +533,7 @@ def against_sentence(subject, rows):
         ([f"{named} {'are' if sum(map(len, contradicted.values())) > 1 else 'is'} contradicted"]
          if contradicted else [])
         + ([f"pointing the other way, not decided: {'; '.join(undecided)}"] if undecided else [])
-        + ([f"{more} more {'points' if more == 1 else 'point'} the other way outside the primary "
-            "family (its report)"] if more else [])) + '.')
+        + ([f"{more} more outside the primary family (its report)"] if more else [])) + '.')
 
 
 def size_sentence(subject, rows):

@@ -444,7 +444,7 @@ def test_the_readme_leads_with_the_quick_start_then_the_findings():
     assert 'https://download.pytorch.org/whl/cpu' in first[1]
     assert first[2:] == [['python', 'quickstart.py'], ['python', 'quickstart.py', '--tests'],
                          ['python', '-m', 'study.sink_study']]
-    figures = text.index('](docs/sink_study_v3/claims_kd.png)')
+    figures = text.index('/claims_kd.png)')  # the newest study's
     before = text[:figures]
     # the newcomer's question on one screen (50 lines): what holds, what goes against the paper,
     # what this scale cannot test; the table, then at most five sentences

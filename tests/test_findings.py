@@ -302,7 +302,7 @@ def test_the_readmes_sentences_are_v4s_records(studies):
         "Against the paper: Figure 4, first-token-or-null (affine < sink; sink < softmax), Figure "
         "3 (affine > sink) and the payoff: W8A4 (affine < softmax) are contradicted; pointing the "
         "other way, not decided: ") and against.endswith(
-        "; 1 more points the other way outside the primary family (its report).")
+        "; 1 more outside the primary family (its report).")
     for words, measure, low, high in (('spikes', 'spikes9', 'affine', 'softmax'),
                                       ('W8A4', 'ratio_w8a4', 'affine', 'sink'),
                                       ('raw weight', 'weight', 'affine@decay', 'sink')):

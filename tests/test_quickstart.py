@@ -55,9 +55,11 @@ def test_quickstart_runs_every_stage_skips_them_when_rerun_and_redoes_what_chang
     # the teacher's 3 steps x 16 sequences x 256 tokens
     assert 'train on 12,288 tokens or fewer' in report
     assert '`python -m study.sink_study` trains models that do' in report
-    # the study the README leads with (issue 53: it sent readers to v1's)
-    v3 = 'docs/sink_study_v3/report.md'
-    assert v3 in report and os.path.isfile(os.path.join(ROOT, v3))
+    # the study the README leads with, whose figures it shows (issue 53: it sent readers to v1's)
+    with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
+        newest = re.search(r'\]\((docs/sink_study\w*)/claims_kd\.png\)', f.read()).group(1)
+    assert f'{newest}/report.md' in report
+    assert os.path.isfile(os.path.join(ROOT, newest, 'report.md'))
     for figure in re.findall(r'\]\(([^)]+\.png)\)', report):
         assert (out / figure).stat().st_size > 1000
     # Figures 3-6, 9, alpha and where rows go, outliers, knockout of the students; 2, 7, 8, 10 of
