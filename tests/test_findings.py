@@ -443,6 +443,31 @@ def test_v4s_records_keep_their_first_launch(studies):
             "(first_started)." in report('sink_study_v4'))
 
 
+def test_how_v4_ran_is_its_records(studies):
+    """docs/analysis.md's account of how v4's CPU plan ran: its first start, last finish, the
+    records resumed and the hours, recomputed from the records, each at the seal's commit, clean."""
+    results, records = studies['sink_study_v4']
+    text = ' '.join(block('docs/analysis.md', "**How v4's CPU plan ran.**",
+                          "recomputes every one of v4's").split())
+    with open(os.path.join(ROOT, 'docs', 'sink_study_v4', 'seal.json')) as f:
+        seal = json.load(f)['commit']
+    assert all(r['seal'] == seal and r['dirty'] is False for r in records)
+    first = min(records, key=lambda r: started(r, 'first_started'))['first_started']
+    last = max(records, key=lambda r: started(r, 'finished'))['finished']
+    resumed = sum(r['first_started'] != r['started'] for r in records)
+    steps = sum(r['seconds'] for r in records) / 3600
+    wall = sum((started(r, 'finished') - started(r, 'started')).total_seconds()
+               for r in records) / 3600 / 2
+    assert (f"All {len(records)} runs finished at the sealed commit" in text
+            and f"the first started {first} and the last finished {last}," in text
+            and f"{resumed} were resumed from their checkpoints" in text
+            and f"Their steps took {steps:.1f} hours of one core in all, {steps / 2:.1f} hours of "
+                f"the two cores with two runs side by side (their records' starts to finishes, "
+                f"evaluations included: {wall:.1f}): within the issue's 20." in text)
+    assert f"v4's {len(results['claims'])} verdicts" in block(
+        'docs/analysis.md', "**How v4's CPU plan ran.**", '### Your own variant in the study')
+
+
 def test_v4s_report_gives_the_teachers_test_beside_each_primary_claim(studies):
     """v4's table over the teachers, recomputed here: for each primary claim, each teacher's mean
     paired difference of its two students, and the exact sign-flip p of those six means (every
