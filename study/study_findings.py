@@ -731,14 +731,17 @@ def claims_figure(results, arm, plt):
             if point:
                 ax.errorbar(point[0], y, xerr=[[point[0] - point[1][0]], [point[1][1] - point[0]]],
                             fmt='o', color=colour(f), markersize=4, capsize=2)
-        ax.set_yticks(range(len(found)), [
-            f"{bare(f['source'])}: {row_claim(f)}"
-            + ('' if standardised(f) else ' (no spread)') for f in found], fontsize=7)
+        labels = [f"{bare(f['source'])}: {row_claim(f)}" for f in found]
+        ax.set_yticks(range(len(found)), [  # a label two claims share names each one's measure
+            label + (f", {MEASURE_WORDS.get(f['measure'], f['measure'])}"
+                     if labels.count(label) > 1 else '')
+            + ('' if standardised(f) else ' (no spread)') for label, f in zip(labels, found)],
+            fontsize=7)
         ax.axvline(0, color='black', linewidth=0.8)
         ax.invert_yaxis()
         ax.set_title(f"{family} ({len(found)})", fontsize=9, loc='left')
     axes[-1, 0].set_xlabel("the difference and its 95% interval over the sides' pooled standard "
-                           "deviation (> 0: as claimed; two-sided: low - high)", fontsize=8)
+                           "deviation\n(> 0: as claimed; two-sided: low - high)", fontsize=8)
     handles = [plt.Line2D([], [], color=c, marker='o', linestyle='', label=text) for c, text in (
         ('tab:green', 'supported'), ('tab:red', 'contradicted'),
         ('tab:blue', 'two-sided, decided'), ('grey', 'not decided'))]
