@@ -968,9 +968,9 @@ def sealed_meaning_lines(results):
     verdict, and what the seal said beforehand that verdict would mean."""
     lines = []
     for c in results['claims']:
-        meaning = SEALED_MEANINGS.get(c['id'], {}).get(c['verdict'].split(' (')[0])
+        word = c['verdict'].split(' (')[0]
+        meaning = SEALED_MEANINGS.get(c['id'], {}).get(word)
         if meaning and c.get('p_holm') is not None:
-            word = c['verdict'].split(' (')[0]
             said = f"{word}{' ' if meaning.startswith('(') else ': '}{meaning}"
             lines.append(f"- {c['source']}, {c['low']} {c['direction']} {c['high']}: {word} "
                          f"(p = {c['p_holm']:.2g}). What the seal said beforehand this outcome "
@@ -989,7 +989,8 @@ def teacher_level_lines(results):
     return ["## Over the teachers (information, not a verdict)", '',
             f"Each primary claim's test again, with the {n} teachers as the units: the exact "
             "sign-flip test on each teacher's mean paired difference of its students "
-            f"(study_results.teacher_level_p), whose least p is 2/2^{n} = {2 / 2 ** n:.2g}.", '',
+            f"(study_results.teacher_level_p), whose least p is 2/2^{n} = {2 / 2 ** n:.2g}; the "
+            "secondary family's are each claim's p_teacher in results.json.", '',
             '| claim | p over the pairs | Holm-adjusted | p over the teachers |',
             '|---|---|---|---|'] + [
         f"| {c['source']}: {c['low']} {c['direction']} {c['high']} on "

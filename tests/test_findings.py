@@ -263,21 +263,31 @@ def test_the_sentences_on_v3_are_the_records(studies):
     assert loss == (f"On the loss: affine < sink holds on the KD loss (supported, p = "
                     f"{p('loss'):.2g}; {rel('loss')} of sink's) but not on the held-out loss (not "
                     f"decided, p = {p('val_loss'):.2g}; {rel('val_loss')} of sink's).")
+    assert size == gated_sentence(records)
+    assert scale == scale_sentence(results, records)
+
+
+def gated_sentence(records):
+    """'Gated is lower than affine on ... pairs, and larger: ...', from the records."""
     settings = records[0]['settings']
     gated, affine = (parameters(settings, v) for v in ('gated', 'affine'))
-    counts = [pairs_against(*sides(records, m, 'gated', 'affine'), '>') for m in ('loss',
-                                                                                 'val_loss')]
-    assert size == (f"Gated is lower than affine on the KD loss in {counts[0][0]} of "
-                    f"{counts[0][1]} pairs and the held-out loss in {counts[1][0]} of "
-                    f"{counts[1][1]} pairs, and larger: gated +{gated - affine:,} parameters "
-                    f"(+{100 * (gated - affine) / affine:.2g}%).")
+    counts = [pairs_against(*sides(records, m, 'gated', 'affine'), '>')
+              for m in ('loss', 'val_loss')]
+    return (f"Gated is lower than affine on the KD loss in {counts[0][0]} of {counts[0][1]} pairs "
+            f"and the held-out loss in {counts[1][0]} of {counts[1][1]} pairs, and larger: gated "
+            f"+{gated - affine:,} parameters (+{100 * (gated - affine) / affine:.2g}%).")
+
+
+def scale_sentence(results, records):
+    """What this scale cannot test, from the records: the students' size and tokens, the sink's
+    layers, how far W8A8 moves a loss."""
     moved = max(abs(value(r, 'w8a8') - 1) for r in records if r['arm'] == 'kd')
-    students = parameters(settings, 'softmax')
-    assert scale == (f"This scale cannot test the paper's scale ({students:,}-parameter students, "
-                     f"{results['recipe']['tokens'] / 1e6:.1f}M tokens a run; the paper's Figure 4 "
-                     "student: 1B parameters, 20B tokens), a sink in more than "
-                     f"{len(sink_layers(records))} of 4 layers or W8A8's payoff, as W8A8 moves no "
-                     f"loss by 1% (at most {moved:.2%}).")
+    students = parameters(records[0]['settings'], 'softmax')
+    return (f"This scale cannot test the paper's scale ({students:,}-parameter students, "
+            f"{results['recipe']['tokens'] / 1e6:.1f}M tokens a run; the paper's Figure 4 "
+            "student: 1B parameters, 20B tokens), a sink in more than "
+            f"{len(sink_layers(records))} of 4 layers or W8A8's payoff, as W8A8 moves no "
+            f"loss by 1% (at most {moved:.2%}).")
 
 
 def test_the_readmes_sentences_are_v4s_records(studies):
@@ -321,29 +331,17 @@ def test_the_readmes_sentences_are_v4s_records(studies):
                     f"held-out loss on the large set (not decided, p = {p('heldout'):.2g}; "
                     f"{rel('heldout')} of sink's).")
     settings = records[0]['settings']
-    gated, affine, headwise = (parameters(settings, v)
-                               for v in ('gated', 'affine', 'headwise_gated'))
-    counts = [pairs_against(*sides(records, m, 'gated', 'affine'), '>')
-              for m in ('loss', 'val_loss')]
+    affine, headwise = (parameters(settings, v) for v in ('affine', 'headwise_gated'))
     same_p = lambda m: result_for(results, 'kd', (m, 'affine', '!=', 'headwise_gated'))[0]
     same = [(words, same_p(m)['p_holm']) for words, m in (
         ('the KD loss', 'loss'), ('the held-out loss on the large set', 'heldout'),
         ("the share in softmax's sink layers", 'share_sink'), ('W8A4', 'ratio_w8a4'))]
     assert min(p for _, p in same) >= 0.05 and affine == headwise
     same = [f"{words} (p = {p:.2g})" for words, p in same]
-    assert size == (f"Gated is lower than affine on the KD loss in {counts[0][0]} of "
-                    f"{counts[0][1]} pairs and the held-out loss in {counts[1][0]} of "
-                    f"{counts[1][1]} pairs, and larger: gated +{gated - affine:,} parameters "
-                    f"(+{100 * (gated - affine) / affine:.2g}%). Affine against headwise_gated, of "
-                    f"one size ({affine:,} parameters each): no detectable difference on "
+    assert size == (f"{gated_sentence(records)} Affine against headwise_gated, of one size "
+                    f"({affine:,} parameters each): no detectable difference on "
                     f"{', '.join(same[:-1])} and {same[-1]}.")
-    moved = max(abs(value(r, 'w8a8') - 1) for r in records if r['arm'] == 'kd')
-    students = parameters(settings, 'softmax')
-    assert scale == (f"This scale cannot test the paper's scale ({students:,}"
-                     f"-parameter students, {results['recipe']['tokens'] / 1e6:.1f}M tokens a run; "
-                     "the paper's Figure 4 student: 1B parameters, 20B tokens), a sink in more "
-                     f"than {len(sink_layers(records))} of 4 layers or W8A8's payoff, as W8A8 moves"
-                     f" no loss by 1% (at most {moved:.2%}).")
+    assert scale == scale_sentence(results, records)
 
 
 def report(study):
